@@ -1,0 +1,1 @@
+//! Real HTTP backends for tests, benchmarks and the demo.
