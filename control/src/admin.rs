@@ -1,0 +1,102 @@
+//! The admin server on the control thread: `/metrics`, `/healthz`, `/readyz`, `/quitquitquit`.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use kactivator_shards::metrics::AllShardStats;
+use tokio::net::TcpListener;
+
+/// What the admin endpoints read.
+pub struct AdminState {
+    pub stats: AllShardStats,
+    pub pod_name: String,
+    pub registry: prometheus::Registry,
+    /// False until every shard is up, and again from SIGTERM on.
+    pub ready: AtomicBool,
+    /// Set on SIGTERM.
+    pub draining: AtomicBool,
+}
+
+/// Serves admin requests until the runtime stops.
+pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!("admin accept failed: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| handle(request, state.clone()));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    state: Arc<AdminState>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let response = match (request.method(), request.uri().path()) {
+        (&Method::GET, "/metrics") => {
+            let body = crate::metrics::render(&state.stats, &state.pod_name, &state.registry);
+            text(StatusCode::OK, body).map(|mut response| {
+                response.headers_mut().insert(
+                    "content-type",
+                    hyper::header::HeaderValue::from_static(
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    ),
+                );
+                response
+            })
+        }
+        // Liveness: the process and its control thread answer.
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n".into()),
+        (&Method::GET, "/readyz") => {
+            if state.draining.load(Ordering::Acquire) {
+                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
+            } else if state.ready.load(Ordering::Acquire) {
+                text(StatusCode::OK, "ready\n".into())
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "starting\n".into())
+            }
+        }
+        (&Method::POST, "/quitquitquit") => {
+            tracing::info!("exit requested through the admin port");
+            // Let the response go out first.
+            tokio::spawn(async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                std::process::exit(0);
+            });
+            text(StatusCode::OK, "bye\n".into())
+        }
+        (_, "/metrics" | "/healthz" | "/readyz" | "/quitquitquit") => text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed\n".into(),
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz, /readyz\n".into(),
+        ),
+    };
+    Ok(response.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
+}
+
+fn text(status: StatusCode, body: String) -> Result<Response<Full<Bytes>>, hyper::http::Error> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body)))
+}

@@ -1,0 +1,409 @@
+//! The standalone configuration file: listeners, proxy settings, feature gates and revisions.
+//!
+//! TOML, parsed with the maintained `toml` crate. Unknown keys are errors (a typo must not be
+//! silently ignored), and every error names the line and column it was found at.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use kactivator_shards::routing::{LbPolicy, Protocol, Timeouts};
+use serde::Deserialize;
+
+/// Default data port (Knative's `BackendHTTPPort`).
+pub const DEFAULT_HTTP: &str = "0.0.0.0:8012";
+/// Default admin port (metrics and health).
+pub const DEFAULT_ADMIN: &str = "0.0.0.0:9090";
+/// Default time between SIGTERM and closing the listeners (Knative's `DefaultDrainTimeout`).
+pub const DEFAULT_DRAIN_GRACE_SECONDS: u64 = 45;
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub listen: Listen,
+    #[serde(default)]
+    pub proxy: ProxySettings,
+    /// Feature gates, `config-features` style: `"queueproxy.pod-authority" = "enabled"`.
+    #[serde(default)]
+    pub features: BTreeMap<String, String>,
+    #[serde(default)]
+    pub revisions: Vec<RevisionConfig>,
+}
+
+/// Where to listen.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Listen {
+    /// Data port for HTTP/1.1. Default `0.0.0.0:8012`.
+    #[serde(default = "default_http")]
+    pub http: SocketAddr,
+    /// Admin port: `/metrics`, `/healthz`, `/readyz`. Default `0.0.0.0:9090`.
+    #[serde(default = "default_admin")]
+    pub admin: SocketAddr,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Listen {
+            http: default_http(),
+            admin: default_admin(),
+        }
+    }
+}
+
+fn default_http() -> SocketAddr {
+    DEFAULT_HTTP.parse().expect("constant address parses")
+}
+
+fn default_admin() -> SocketAddr {
+    DEFAULT_ADMIN.parse().expect("constant address parses")
+}
+
+/// Proxy behaviour.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProxySettings {
+    /// Cluster domain for the Host fallback `<rev>.<ns>.svc.<domain>`. Default: from
+    /// /etc/resolv.conf, then `CLUSTER_DOMAIN`, then `cluster.local`.
+    #[serde(default)]
+    pub cluster_domain: Option<String>,
+    /// Longest time to dial a pod, in milliseconds. Default 5000.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Idle upstream connections are closed after this many seconds. Default 90.
+    #[serde(default = "default_idle_seconds")]
+    pub upstream_idle_timeout_seconds: u64,
+    /// Idle upstream connections kept per pod and shard. Default 100.
+    #[serde(default = "default_max_idle")]
+    pub max_idle_per_pod: usize,
+    /// Seconds between SIGTERM (readiness fails at once) and closing the listeners. Default 45.
+    #[serde(default = "default_drain_grace")]
+    pub drain_grace_seconds: u64,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        ProxySettings {
+            cluster_domain: None,
+            connect_timeout_ms: default_connect_timeout_ms(),
+            upstream_idle_timeout_seconds: default_idle_seconds(),
+            max_idle_per_pod: default_max_idle(),
+            drain_grace_seconds: default_drain_grace(),
+        }
+    }
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    5000
+}
+fn default_idle_seconds() -> u64 {
+    90
+}
+fn default_max_idle() -> usize {
+    100
+}
+fn default_drain_grace() -> u64 {
+    DEFAULT_DRAIN_GRACE_SECONDS
+}
+
+/// One revision and its pods.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RevisionConfig {
+    pub namespace: String,
+    pub name: String,
+    /// Metric label `service_name`. Default empty.
+    #[serde(default)]
+    pub service: String,
+    /// Metric label `configuration_name`. Default empty.
+    #[serde(default)]
+    pub configuration: String,
+    /// Requests one pod may take at once; 0 = unlimited. Default 0.
+    #[serde(default)]
+    pub container_concurrency: u32,
+    /// `http1` (default) or `h2c`.
+    #[serde(default)]
+    pub protocol: ProtocolName,
+    /// Whole-request timeout in seconds, queueing included. Default 300.
+    #[serde(default = "default_timeout_seconds")]
+    pub timeout_seconds: u64,
+    /// Time to first response byte in seconds; 0 = off. Default 0.
+    #[serde(default)]
+    pub response_start_timeout_seconds: u64,
+    /// Longest gap between response writes in seconds; 0 = off. Default 0.
+    #[serde(default)]
+    pub idle_timeout_seconds: u64,
+    /// `random-choice-2`, `first-available`, `round-robin` or `least-connections`. Default by
+    /// containerConcurrency, as upstream.
+    #[serde(default)]
+    pub load_balancing_policy: Option<LbPolicyName>,
+    /// Pod addresses `ip:port`.
+    #[serde(default)]
+    pub pods: Vec<SocketAddr>,
+}
+
+fn default_timeout_seconds() -> u64 {
+    300
+}
+
+/// Protocol names accepted in the file.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProtocolName {
+    #[default]
+    Http1,
+    H2c,
+}
+
+/// Load-balancing policy names accepted in the file.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum LbPolicyName {
+    RandomChoice2,
+    FirstAvailable,
+    RoundRobin,
+    LeastConnections,
+}
+
+impl RevisionConfig {
+    pub fn protocol(&self) -> Protocol {
+        match self.protocol {
+            ProtocolName::Http1 => Protocol::Http1,
+            ProtocolName::H2c => Protocol::H2c,
+        }
+    }
+
+    pub fn lb_policy(&self) -> LbPolicy {
+        match self.load_balancing_policy {
+            None => LbPolicy::default_for(self.container_concurrency),
+            Some(LbPolicyName::RandomChoice2) => LbPolicy::RandomChoice2,
+            Some(LbPolicyName::FirstAvailable) => LbPolicy::FirstAvailable,
+            Some(LbPolicyName::RoundRobin) => LbPolicy::RoundRobin,
+            Some(LbPolicyName::LeastConnections) => LbPolicy::LeastConnections,
+        }
+    }
+
+    pub fn timeouts(&self) -> Timeouts {
+        let optional = |seconds: u64| (seconds > 0).then(|| Duration::from_secs(seconds));
+        Timeouts {
+            total: Duration::from_secs(self.timeout_seconds),
+            response_start: optional(self.response_start_timeout_seconds),
+            idle: optional(self.idle_timeout_seconds),
+        }
+    }
+}
+
+/// A configuration that could not be loaded, with where and why.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file, when loaded from one.
+    pub source: Option<String>,
+    /// 1-based line and column of the problem, when known.
+    pub position: Option<(usize, usize)>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(source) = &self.source {
+            write!(f, "{source}:")?;
+        }
+        if let Some((line, column)) = self.position {
+            write!(f, "{line}:{column}: ")?;
+        } else if self.source.is_some() {
+            f.write_str(" ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Parses and validates configuration text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|error| ConfigError {
+            source: None,
+            position: error.span().map(|span| line_and_column(text, span.start)),
+            message: error.message().trim_end().to_string(),
+        })?;
+        config.validate(text)?;
+        Ok(config)
+    }
+
+    /// Reads and parses a file; errors carry the file name.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError {
+            source: Some(path.display().to_string()),
+            position: None,
+            message: format!("cannot read: {error}"),
+        })?;
+        Config::parse(&text).map_err(|mut error| {
+            error.source = Some(path.display().to_string());
+            error
+        })
+    }
+
+    fn validate(&self, text: &str) -> Result<(), ConfigError> {
+        let mut seen = HashSet::new();
+        for revision in &self.revisions {
+            let at = |needle: &str| find_position(text, needle);
+            for (field, value) in [("namespace", &revision.namespace), ("name", &revision.name)] {
+                if value.is_empty() || value.contains('/') || value.chars().any(char::is_whitespace)
+                {
+                    return Err(ConfigError {
+                        source: None,
+                        position: at(&format!("\"{value}\"")),
+                        message: format!(
+                            "revision {field} {value:?} must be non-empty, without '/' or spaces"
+                        ),
+                    });
+                }
+            }
+            if !seen.insert((revision.namespace.as_str(), revision.name.as_str())) {
+                return Err(ConfigError {
+                    source: None,
+                    position: at(&format!("\"{}\"", revision.name)),
+                    message: format!(
+                        "revision {}/{} is declared twice",
+                        revision.namespace, revision.name
+                    ),
+                });
+            }
+            if revision.timeout_seconds == 0 {
+                return Err(ConfigError {
+                    source: None,
+                    position: at("timeout_seconds"),
+                    message: format!(
+                        "revision {}/{}: timeout_seconds must be at least 1",
+                        revision.namespace, revision.name
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .map_or(0, |last| last.chars().count())
+        + 1;
+    (line, column)
+}
+
+fn find_position(text: &str, needle: &str) -> Option<(usize, usize)> {
+    text.find(needle)
+        .map(|offset| line_and_column(text, offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+[listen]
+http = "127.0.0.1:18012"
+admin = "127.0.0.1:19090"
+
+[features]
+"queueproxy.pod-authority" = "Enabled"
+
+[[revisions]]
+namespace = "default"
+name = "hello-00001"
+service = "hello"
+container_concurrency = 2
+timeout_seconds = 30
+idle_timeout_seconds = 5
+pods = ["127.0.0.1:8081", "[::1]:8082"]
+"#;
+
+    #[test]
+    fn a_full_file_parses_with_defaults_filled_in() {
+        let config = Config::parse(EXAMPLE).unwrap();
+        assert_eq!(config.listen.http, "127.0.0.1:18012".parse().unwrap());
+        assert_eq!(config.features["queueproxy.pod-authority"], "Enabled");
+        let revision = &config.revisions[0];
+        assert_eq!(revision.pods.len(), 2);
+        assert_eq!(
+            revision.lb_policy(),
+            LbPolicy::FirstAvailable,
+            "CC 2 defaults to first-available"
+        );
+        assert_eq!(revision.timeouts().total, Duration::from_secs(30));
+        assert_eq!(revision.timeouts().idle, Some(Duration::from_secs(5)));
+        assert_eq!(revision.timeouts().response_start, None);
+        assert_eq!(config.proxy.drain_grace_seconds, 45);
+    }
+
+    #[test]
+    fn an_empty_file_is_a_valid_config_with_defaults() {
+        let config = Config::parse("").unwrap();
+        assert_eq!(config.listen.http, "0.0.0.0:8012".parse().unwrap());
+        assert!(config.revisions.is_empty());
+    }
+
+    #[test]
+    fn syntax_errors_name_line_and_column() {
+        let error = Config::parse("[listen]\nhttp = \"127.0.0.1:80\"\nadmin = \n").unwrap_err();
+        assert_eq!(error.position.map(|(line, _)| line), Some(3), "{error}");
+    }
+
+    #[test]
+    fn bad_addresses_and_unknown_keys_are_rejected_where_they_are() {
+        let error = Config::parse(
+            "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\npods = [\"not-an-address\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(error.position.map(|(line, _)| line), Some(4), "{error}");
+        let error = Config::parse(
+            "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\ncontainer_concurency = 1\n",
+        )
+        .unwrap_err();
+        assert!(error.message.contains("container_concurency"), "{error}");
+        assert_eq!(error.position.map(|(line, _)| line), Some(4), "{error}");
+    }
+
+    #[test]
+    fn duplicate_revisions_and_bad_names_are_rejected() {
+        let twice = "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\n[[revisions]]\nnamespace = \"a\"\nname = \"b\"\n";
+        assert!(Config::parse(twice)
+            .unwrap_err()
+            .message
+            .contains("declared twice"));
+        let slash = "[[revisions]]\nnamespace = \"a/b\"\nname = \"c\"\n";
+        assert!(Config::parse(slash)
+            .unwrap_err()
+            .message
+            .contains("without '/'"));
+    }
+
+    #[test]
+    fn unknown_protocols_and_policies_are_rejected() {
+        let bad = "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\nprotocol = \"h3\"\n";
+        assert!(Config::parse(bad).is_err());
+        let bad =
+            "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\nload_balancing_policy = \"random\"\n";
+        assert!(Config::parse(bad).is_err());
+    }
+
+    #[test]
+    fn load_errors_carry_the_file_name() {
+        let error = Config::load(Path::new("/nonexistent/kactivator.toml")).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("/nonexistent/kactivator.toml: cannot read"),
+            "{error}"
+        );
+    }
+}

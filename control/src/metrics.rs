@@ -1,0 +1,275 @@
+//! Prometheus text for `/metrics`: shard counters summed at scrape time, plus the control
+//! plane's own registry.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use kactivator_shards::metrics::{AllShardStats, ShardStats, LATENCY_BUCKETS_MS};
+use kactivator_shards::routing::RevisionLabels;
+use prometheus::{Encoder, TextEncoder};
+
+/// Per-code sums over shards.
+#[derive(Default)]
+struct CodeTotals {
+    count: u64,
+    latency_sum_us: u64,
+    buckets: [u64; LATENCY_BUCKETS_MS.len() + 1],
+}
+
+#[derive(Default)]
+struct RevisionTotals {
+    labels: RevisionLabels,
+    codes: BTreeMap<u16, CodeTotals>,
+    concurrency: u64,
+}
+
+/// Renders every metric. `pod_name` is this activator's pod (a Knative label).
+pub fn render(stats: &AllShardStats, pod_name: &str, registry: &prometheus::Registry) -> String {
+    let mut out = String::with_capacity(8 * 1024);
+    render_requests(&mut out, stats, pod_name);
+    render_shards(&mut out, stats);
+    let mut buffer = Vec::new();
+    if TextEncoder::new()
+        .encode(&registry.gather(), &mut buffer)
+        .is_ok()
+    {
+        out.push_str(&String::from_utf8_lossy(&buffer));
+    }
+    out
+}
+
+fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
+    let mut revisions: BTreeMap<(String, String), RevisionTotals> = BTreeMap::new();
+    for shard in stats.iter() {
+        for block in shard.revisions() {
+            let key = (
+                block.labels.namespace.clone(),
+                block.labels.revision.clone(),
+            );
+            let totals = revisions.entry(key).or_default();
+            totals.labels = block.labels.clone();
+            totals.concurrency += block.concurrency.get();
+            for slot in &block.slots {
+                let code = slot.code();
+                if code == 0 {
+                    continue;
+                }
+                let code_totals = totals.codes.entry(code).or_default();
+                code_totals.count += slot.count.get();
+                code_totals.latency_sum_us += slot.latency_sum_us.get();
+                for (sum, bucket) in code_totals.buckets.iter_mut().zip(&slot.buckets) {
+                    *sum += bucket.get();
+                }
+            }
+        }
+    }
+
+    out.push_str(
+        "# HELP activator_request_concurrency Concurrent requests that are routed to Activator\n",
+    );
+    out.push_str("# TYPE activator_request_concurrency gauge\n");
+    for totals in revisions.values() {
+        let _ = writeln!(
+            out,
+            "activator_request_concurrency{{{}}} {}",
+            base_labels(&totals.labels, pod_name),
+            totals.concurrency
+        );
+    }
+    out.push_str(
+        "# HELP activator_request_count The number of requests that are routed to Activator\n",
+    );
+    out.push_str("# TYPE activator_request_count counter\n");
+    for totals in revisions.values() {
+        for (code, code_totals) in &totals.codes {
+            let _ = writeln!(
+                out,
+                "activator_request_count{{{}}} {}",
+                code_labels(&totals.labels, pod_name, *code),
+                code_totals.count
+            );
+        }
+    }
+    out.push_str("# HELP activator_request_latencies The response time in millisecond\n");
+    out.push_str("# TYPE activator_request_latencies histogram\n");
+    for totals in revisions.values() {
+        for (code, code_totals) in &totals.codes {
+            let labels = code_labels(&totals.labels, pod_name, *code);
+            let mut cumulative = 0;
+            for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&code_totals.buckets) {
+                cumulative += count;
+                let _ = writeln!(
+                    out,
+                    "activator_request_latencies_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            cumulative += code_totals.buckets[LATENCY_BUCKETS_MS.len()];
+            let _ = writeln!(
+                out,
+                "activator_request_latencies_bucket{{{labels},le=\"+Inf\"}} {cumulative}"
+            );
+            let _ = writeln!(
+                out,
+                "activator_request_latencies_sum{{{labels}}} {}",
+                code_totals.latency_sum_us as f64 / 1000.0
+            );
+            let _ = writeln!(
+                out,
+                "activator_request_latencies_count{{{labels}}} {}",
+                code_totals.count
+            );
+        }
+    }
+}
+
+fn render_shards(out: &mut String, stats: &AllShardStats) {
+    out.push_str("# HELP kactivator_shard_info The I/O driver each shard runs on.\n# TYPE kactivator_shard_info gauge\n");
+    for shard in stats.iter() {
+        let _ = writeln!(
+            out,
+            "kactivator_shard_info{{shard=\"{}\",driver=\"{}\"}} 1",
+            shard.index,
+            shard.driver()
+        );
+    }
+    let gauges: [(&str, &str, fn(&ShardStats) -> u64); 2] = [
+        (
+            "kactivator_shard_routing_version",
+            "Routing snapshot version the shard serves.",
+            |s| s.routing_version.get(),
+        ),
+        (
+            "kactivator_shard_connections_open",
+            "Client connections open on the shard.",
+            |s| s.connections_open.get(),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for shard in stats.iter() {
+            let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
+        }
+    }
+    let counters: [(&str, &str, fn(&ShardStats) -> u64); 9] = [
+        (
+            "kactivator_shard_connections_accepted_total",
+            "Client connections accepted.",
+            |s| s.connections_accepted.get(),
+        ),
+        (
+            "kactivator_shard_requests_total",
+            "Requests read, including probes and errors.",
+            |s| s.requests.get(),
+        ),
+        (
+            "kactivator_shard_local_responses_total",
+            "Requests answered by the activator itself (probes).",
+            |s| s.local_responses.get(),
+        ),
+        (
+            "kactivator_shard_bad_requests_total",
+            "Malformed requests refused with 400 or 431.",
+            |s| s.bad_requests.get(),
+        ),
+        (
+            "kactivator_shard_client_aborts_total",
+            "Requests whose client went away before the end.",
+            |s| s.client_aborts.get(),
+        ),
+        (
+            "kactivator_shard_upstream_connects_total",
+            "Connections dialed to pods.",
+            |s| s.upstream_connects.get(),
+        ),
+        (
+            "kactivator_shard_upstream_connect_errors_total",
+            "Dials to pods that failed.",
+            |s| s.upstream_connect_errors.get(),
+        ),
+        (
+            "kactivator_shard_upstream_reuses_total",
+            "Requests sent on a pooled keep-alive connection.",
+            |s| s.upstream_reuses.get(),
+        ),
+        (
+            "kactivator_shard_upstream_stale_discards_total",
+            "Pooled connections found closed or expired.",
+            |s| s.upstream_stale_discards.get(),
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for shard in stats.iter() {
+            let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
+        }
+    }
+}
+
+fn base_labels(labels: &RevisionLabels, pod_name: &str) -> String {
+    format!(
+        "configuration_name=\"{}\",container_name=\"activator\",namespace_name=\"{}\",pod_name=\"{}\",revision_name=\"{}\",service_name=\"{}\"",
+        escape(&labels.configuration),
+        escape(&labels.namespace),
+        escape(pod_name),
+        escape(&labels.revision),
+        escape(&labels.service)
+    )
+}
+
+fn code_labels(labels: &RevisionLabels, pod_name: &str, code: u16) -> String {
+    format!(
+        "{},response_code=\"{code}\",response_code_class=\"{}xx\"",
+        base_labels(labels, pod_name),
+        code / 100
+    )
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_utils::CachePadded;
+    use std::sync::Arc;
+
+    #[test]
+    fn shard_counters_are_summed_per_revision_and_code() {
+        let stats: AllShardStats = Arc::from(vec![
+            CachePadded::new(ShardStats::new(0)),
+            CachePadded::new(ShardStats::new(1)),
+        ]);
+        let labels = RevisionLabels {
+            namespace: "ns".into(),
+            revision: "rev-1".into(),
+            service: "svc".into(),
+            configuration: "cfg".into(),
+        };
+        stats[0]
+            .register_revision(labels.clone())
+            .record(200, 3_000);
+        let second = stats[1].register_revision(labels);
+        second.record(200, 70_000);
+        second.record(502, 1_000);
+        let text = render(&stats, "activator-0", &prometheus::Registry::new());
+        let base = "configuration_name=\"cfg\",container_name=\"activator\",namespace_name=\"ns\",pod_name=\"activator-0\",revision_name=\"rev-1\",service_name=\"svc\"";
+        assert!(text.contains(&format!("activator_request_count{{{base},response_code=\"200\",response_code_class=\"2xx\"}} 2\n")), "{text}");
+        assert!(text.contains(&format!("activator_request_count{{{base},response_code=\"502\",response_code_class=\"5xx\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("activator_request_latencies_bucket{{{base},response_code=\"200\",response_code_class=\"2xx\",le=\"5\"}} 1\n")), "{text}");
+        assert!(text.contains(&format!("activator_request_latencies_bucket{{{base},response_code=\"200\",response_code_class=\"2xx\",le=\"80\"}} 2\n")), "{text}");
+        assert!(text.contains(&format!("activator_request_latencies_sum{{{base},response_code=\"200\",response_code_class=\"2xx\"}} 73\n")), "{text}");
+        assert!(
+            text.contains("kactivator_shard_info{shard=\"1\",driver=\"unknown\"} 1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

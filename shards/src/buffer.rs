@@ -1,0 +1,123 @@
+//! A growable read buffer with a consumed-prefix cursor, filled by monoio's owned-buffer reads.
+
+use std::io;
+
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, CancelHandle, CancelableAsyncReadRent};
+
+/// Bytes read from a socket and not yet consumed. Reads append into spare capacity; consuming
+/// advances a cursor; the buffer compacts itself before growing.
+#[derive(Debug)]
+pub struct InBuf {
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+/// How much a read asks the kernel for.
+pub const READ_CHUNK: usize = 64 * 1024;
+
+impl InBuf {
+    pub fn with_capacity(capacity: usize) -> InBuf {
+        InBuf {
+            buf: Vec::with_capacity(capacity),
+            pos: 0,
+        }
+    }
+
+    /// Unconsumed bytes.
+    #[inline]
+    pub fn data(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.pos == self.buf.len()
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Drops `n` bytes from the front.
+    #[inline]
+    pub fn consume(&mut self, n: usize) {
+        self.pos += n;
+        debug_assert!(self.pos <= self.buf.len());
+        if self.pos == self.buf.len() {
+            self.buf.clear();
+            self.pos = 0;
+        }
+    }
+
+    /// Reads once more from `reader`, appending. Returns the number of bytes read; 0 means EOF.
+    ///
+    /// If this future is dropped mid-read the buffered bytes are lost (the kernel may still own
+    /// the buffer); only drop it when the connection is being abandoned. Use
+    /// [`InBuf::fill_cancelable`] where a read must be interrupted without losing data.
+    pub async fn fill<R: AsyncReadRent>(&mut self, reader: &mut R) -> io::Result<usize> {
+        self.make_room();
+        let (buf, pos) = self.lend();
+        let end = buf.capacity();
+        let start = buf.len();
+        let (result, slice) = reader.read(buf.slice_mut(start..end)).await;
+        self.restore(slice.into_inner(), pos);
+        result
+    }
+
+    /// Like [`InBuf::fill`], but can be interrupted through `cancel` without losing bytes: the
+    /// read then completes with an error of kind `Interrupted` and the buffer is intact.
+    pub async fn fill_cancelable<R: CancelableAsyncReadRent>(
+        &mut self,
+        reader: &mut R,
+        cancel: CancelHandle,
+    ) -> io::Result<usize> {
+        self.make_room();
+        let (buf, pos) = self.lend();
+        let end = buf.capacity();
+        let start = buf.len();
+        let (result, slice) = reader
+            .cancelable_read(buf.slice_mut(start..end), cancel)
+            .await;
+        self.restore(slice.into_inner(), pos);
+        result.map_err(|error| {
+            if error.raw_os_error() == Some(libc::ECANCELED) {
+                io::Error::new(io::ErrorKind::Interrupted, "read cancelled")
+            } else {
+                error
+            }
+        })
+    }
+
+    /// Moves the buffer out for a read, leaving `self` empty but consistent if the read is
+    /// dropped.
+    fn lend(&mut self) -> (Vec<u8>, usize) {
+        let pos = std::mem::take(&mut self.pos);
+        (std::mem::take(&mut self.buf), pos)
+    }
+
+    fn restore(&mut self, buf: Vec<u8>, pos: usize) {
+        self.buf = buf;
+        self.pos = pos;
+    }
+
+    /// Ensures spare capacity for a full read without letting the buffer grow past what is
+    /// needed: consumed bytes are shifted out first.
+    fn make_room(&mut self) {
+        if self.pos > 0
+            && (self.pos == self.buf.len() || self.buf.capacity() - self.buf.len() < READ_CHUNK / 4)
+        {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
+            self.buf.reserve(READ_CHUNK);
+        }
+    }
+
+    /// Capacity currently held, for memory checks.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+}

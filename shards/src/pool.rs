@@ -1,0 +1,197 @@
+//! Per-shard pool of idle keep-alive connections to pods.
+//!
+//! Checkout takes the most recently used connection (warmest, least likely to have been closed
+//! by the pod) and checks with a non-blocking `MSG_PEEK` that the pod has not closed it while it
+//! sat idle, so a stale connection is dropped before a request is written to it. Connections idle
+//! longer than the idle timeout are closed by a sweep.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use monoio::io::{OwnedReadHalf, OwnedWriteHalf, Splitable};
+use monoio::net::TcpStream;
+
+use crate::buffer::InBuf;
+use crate::error::{TransportCause, UpstreamError};
+use crate::metrics::ShardStats;
+
+/// Default longest time an idle upstream connection is kept (Go's `IdleConnTimeout`).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Default idle connections kept per pod (Go's `MAX_IDLE_PROXY_CONNS_PER_HOST`).
+pub const DEFAULT_MAX_IDLE_PER_POD: usize = 100;
+
+/// A connection to one pod, split so the request and the response can flow at the same time.
+pub struct UpstreamConn {
+    pub addr: SocketAddr,
+    pub reader: OwnedReadHalf<TcpStream>,
+    pub writer: OwnedWriteHalf<TcpStream>,
+    /// Bytes read from the pod and not yet consumed.
+    pub inbuf: InBuf,
+    /// Whether this connection served a request before.
+    pub reused: bool,
+    fd: RawFd,
+    idle_since: Instant,
+}
+
+impl UpstreamConn {
+    fn new(addr: SocketAddr, stream: TcpStream) -> UpstreamConn {
+        let fd = stream.as_raw_fd();
+        let (reader, writer) = stream.into_split();
+        UpstreamConn {
+            addr,
+            reader,
+            writer,
+            inbuf: InBuf::with_capacity(16 * 1024),
+            reused: false,
+            fd,
+            idle_since: Instant::now(),
+        }
+    }
+
+    /// Whether the pod closed (or wrote unsolicited bytes on) this idle connection.
+    fn is_stale(&self) -> bool {
+        let mut byte = 0u8;
+        // SAFETY: `fd` belongs to the socket owned by `self.reader`/`self.writer`, which are alive
+        // for this call; recv with MSG_PEEK|MSG_DONTWAIT only inspects the receive queue and
+        // writes at most one byte into `byte`, which outlives the call.
+        let n = unsafe {
+            libc::recv(
+                self.fd,
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            let error = io::Error::last_os_error();
+            // Nothing to read: the connection is quiet and usable.
+            return error.kind() != io::ErrorKind::WouldBlock;
+        }
+        // 0 = the pod closed it; > 0 = bytes nobody asked for (a late response): unusable.
+        true
+    }
+}
+
+/// Pool settings.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolConfig {
+    /// Idle connections older than this are closed. Default 90 s.
+    pub idle_timeout: Duration,
+    /// Most idle connections kept per pod. Default 100.
+    pub max_idle_per_pod: usize,
+    /// Longest time a dial may take. Default 5 s.
+    pub connect_timeout: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_idle_per_pod: DEFAULT_MAX_IDLE_PER_POD,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One shard's idle connections, by pod address.
+pub struct Pool {
+    config: PoolConfig,
+    idle: RefCell<HashMap<SocketAddr, Vec<UpstreamConn>>>,
+}
+
+impl Pool {
+    pub fn new(config: PoolConfig) -> Pool {
+        Pool {
+            config,
+            idle: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// An idle connection to `addr` if a live one exists, else a new one.
+    pub async fn checkout(
+        &self,
+        addr: SocketAddr,
+        stats: &ShardStats,
+    ) -> Result<UpstreamConn, UpstreamError> {
+        if let Some(conn) = self.take_idle(addr, stats) {
+            stats.upstream_reuses.increment();
+            return Ok(conn);
+        }
+        stats.upstream_connects.increment();
+        let dial =
+            monoio::time::timeout(self.config.connect_timeout, TcpStream::connect_addr(addr)).await;
+        let stream = match dial {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                stats.upstream_connect_errors.increment();
+                return Err(UpstreamError::Connect {
+                    addr,
+                    cause: TransportCause::of(&error),
+                });
+            }
+            Err(_elapsed) => {
+                stats.upstream_connect_errors.increment();
+                return Err(UpstreamError::ConnectTimeout {
+                    addr,
+                    after_ms: self.config.connect_timeout.as_millis() as u64,
+                });
+            }
+        };
+        // Small writes (heads) must not wait for Nagle.
+        let _ = stream.set_nodelay(true);
+        Ok(UpstreamConn::new(addr, stream))
+    }
+
+    fn take_idle(&self, addr: SocketAddr, stats: &ShardStats) -> Option<UpstreamConn> {
+        let mut idle = self.idle.borrow_mut();
+        let conns = idle.get_mut(&addr)?;
+        let now = Instant::now();
+        while let Some(mut conn) = conns.pop() {
+            if now.duration_since(conn.idle_since) >= self.config.idle_timeout || conn.is_stale() {
+                stats.upstream_stale_discards.increment();
+                continue;
+            }
+            conn.reused = true;
+            return Some(conn);
+        }
+        None
+    }
+
+    /// Returns a connection whose exchange finished cleanly.
+    pub fn checkin(&self, mut conn: UpstreamConn) {
+        if !conn.inbuf.is_empty() {
+            // Unconsumed bytes mean we lost track of framing: never reuse.
+            return;
+        }
+        conn.idle_since = Instant::now();
+        let mut idle = self.idle.borrow_mut();
+        let conns = idle.entry(conn.addr).or_default();
+        if conns.len() < self.config.max_idle_per_pod {
+            conns.push(conn);
+        }
+    }
+
+    /// Closes connections idle for longer than the timeout. Run periodically.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        let timeout = self.config.idle_timeout;
+        self.idle.borrow_mut().retain(|_, conns| {
+            conns.retain(|conn| now.duration_since(conn.idle_since) < timeout);
+            !conns.is_empty()
+        });
+    }
+
+    /// Closes every idle connection (drain).
+    pub fn clear(&self) {
+        self.idle.borrow_mut().clear();
+    }
+
+    /// Idle connections held, for tests and metrics.
+    pub fn idle_count(&self) -> usize {
+        self.idle.borrow().values().map(Vec::len).sum()
+    }
+}

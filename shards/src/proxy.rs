@@ -1,0 +1,930 @@
+//! One downstream connection: read requests, answer probes locally, proxy the rest to a pod.
+//!
+//! Per request the order of side effects follows upstream's handler chain: probes first, then
+//! revision lookup (404 if unknown), then the wait for a pod, then the exchange. During the
+//! exchange the request body flows to the pod while the response flows back, concurrently, so an
+//! early response, `100 Continue` and streaming in both directions all work. Nothing is retried.
+
+use std::cell::Cell;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
+
+use monoio::time::Instant;
+
+use kactivator_h1::{
+    encode_chunk, encode_last_chunk, parse_request, parse_response, BodyDecoder, BodyEvent,
+    BodyKind, HeadError, Method, Parsed, RequestHead, ResponseHead, Version,
+};
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Canceller, OwnedReadHalf, OwnedWriteHalf,
+    Splitable,
+};
+use monoio::net::TcpStream;
+
+use crate::buffer::InBuf;
+use crate::error::{TransportCause, UpstreamError};
+use crate::identity;
+use crate::pool::UpstreamConn;
+use crate::probes::{self, Health};
+use crate::race::{race, Either};
+use crate::replica::{LocalPod, LocalRevision};
+use crate::rewrite::{self, client_framing, ClientFraming};
+use crate::shard::Shard;
+
+/// Once the first byte of a request arrived, its head must complete within this (Go's
+/// `ReadHeaderTimeout` on the activator's server is one minute).
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Flush to the socket once this much is buffered.
+const WRITE_CHUNK: usize = 64 * 1024;
+/// While waiting for a response, read ahead at most this much of a pipelined next request.
+const WATCH_LIMIT: usize = 64 * 1024;
+/// Status recorded for requests whose client went away (nginx's convention).
+pub const CLIENT_CLOSED: u16 = 499;
+
+/// The body upstream Knative sends on a timeout (no trailing newline).
+const TIMEOUT_BODY: &[u8] = b"activator request timeout";
+
+/// The downstream side of a connection and its reusable scratch buffers.
+struct ClientConn {
+    reader: OwnedReadHalf<TcpStream>,
+    writer: OwnedWriteHalf<TcpStream>,
+    inbuf: InBuf,
+    /// Outbound request head and body bytes on their way to the pod.
+    request_out: Vec<u8>,
+    /// Response bytes on their way to the client.
+    response_out: Vec<u8>,
+    peer: SocketAddr,
+    head: RequestHead,
+    response_head: ResponseHead,
+    key: String,
+    request_id: String,
+}
+
+/// What the exchange needs to know about the request once its head is consumed.
+#[derive(Clone, Copy, Debug)]
+struct RequestMeta {
+    method: Method,
+    version: Version,
+    body: BodyKind,
+    keep_alive: bool,
+    upgrade: bool,
+}
+
+impl RequestMeta {
+    fn of(head: &RequestHead) -> RequestMeta {
+        RequestMeta {
+            method: head.method,
+            version: head.version,
+            body: head.body,
+            keep_alive: head.keep_alive(),
+            upgrade: head.upgrade.is_some(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    KeepAlive,
+    Close,
+}
+
+enum HeadRead {
+    Ready,
+    Closed,
+    Invalid(HeadError),
+}
+
+/// Serves one accepted connection until it closes.
+pub(crate) async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
+    let stats = shard.stats();
+    stats.connections_accepted.increment();
+    stats.connections_open.increment();
+    let _ = stream.set_nodelay(true);
+    let (reader, writer) = stream.into_split();
+    let mut conn = ClientConn {
+        reader,
+        writer,
+        inbuf: InBuf::with_capacity(16 * 1024),
+        request_out: Vec::with_capacity(4 * 1024),
+        response_out: Vec::with_capacity(4 * 1024),
+        peer,
+        head: RequestHead::default(),
+        response_head: ResponseHead::default(),
+        key: String::new(),
+        request_id: String::new(),
+    };
+    loop {
+        match read_request_head(&shard, &mut conn).await {
+            HeadRead::Ready => {}
+            HeadRead::Closed => break,
+            HeadRead::Invalid(error) => {
+                stats.bad_requests.increment();
+                let body = format!(
+                    "{} {}: {error}\n",
+                    error.status(),
+                    rewrite::reason_phrase(error.status())
+                );
+                conn.response_out.clear();
+                rewrite::write_local_response(
+                    error.status(),
+                    body.as_bytes(),
+                    None,
+                    true,
+                    Version::Http11,
+                    false,
+                    false,
+                    &mut conn.response_out,
+                );
+                let _ = write_all(&mut conn.writer, &mut conn.response_out).await;
+                break;
+            }
+        }
+        stats.requests.increment();
+        if handle_request(&shard, &mut conn).await == Next::Close || shard.stopping.is_set() {
+            break;
+        }
+    }
+    // Closing the write half sends FIN now rather than when the read half is dropped.
+    let _ = conn.writer.shutdown().await;
+    stats.connections_open.decrement();
+    shard.connection_closed.notify_all();
+}
+
+async fn read_request_head(shard: &Shard, conn: &mut ClientConn) -> HeadRead {
+    let mut first_byte_at: Option<Instant> = None;
+    loop {
+        if !conn.inbuf.is_empty() {
+            match parse_request(conn.inbuf.data(), &mut conn.head) {
+                Ok(Parsed::Complete) => return HeadRead::Ready,
+                Ok(Parsed::Partial) => {}
+                Err(error) => return HeadRead::Invalid(error),
+            }
+            first_byte_at.get_or_insert_with(Instant::now);
+        }
+        let read = match first_byte_at {
+            Some(start) => match monoio::time::timeout_at(
+                start + HEAD_TIMEOUT,
+                conn.inbuf.fill(&mut conn.reader),
+            )
+            .await
+            {
+                Ok(read) => read,
+                Err(_elapsed) => return HeadRead::Closed,
+            },
+            // Idle between requests: a drain closes the connection here, never mid-request.
+            None => match race(conn.inbuf.fill(&mut conn.reader), shard.stopping.wait()).await {
+                Either::Left(read) => read,
+                Either::Right(()) => return HeadRead::Closed,
+            },
+        };
+        match read {
+            Ok(0) | Err(_) => return HeadRead::Closed,
+            Ok(_) => {}
+        }
+    }
+}
+
+async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
+    let arrival = Instant::now();
+    let meta = RequestMeta::of(&conn.head);
+    let head_len = conn.head.len;
+    let buf = conn.inbuf.data();
+
+    if let Some(answer) = probes::answer(&conn.head, buf, shard.health()) {
+        shard.stats().local_responses.increment();
+        // A probe's body is never read; closing keeps the stream in sync without reading it.
+        let keep_alive =
+            meta.keep_alive && meta.body == BodyKind::Empty && !shard.stopping.is_set();
+        conn.response_out.clear();
+        let extra = answer
+            .extra_header
+            .as_ref()
+            .map(|(name, value)| (*name, value.as_slice()));
+        rewrite::write_local_response(
+            answer.status,
+            &answer.body,
+            extra,
+            answer.error_style,
+            meta.version,
+            keep_alive,
+            meta.method == Method::Head,
+            &mut conn.response_out,
+        );
+        conn.inbuf.consume(head_len);
+        return finish_local(conn, keep_alive).await;
+    }
+
+    let revision_id = identity::revision_of(&conn.head, buf, &shard.settings.cluster_domain);
+    conn.key.clear();
+    if let Some(id) = revision_id {
+        conn.key.push_str(id.namespace);
+        conn.key.push('/');
+        conn.key.push_str(id.name);
+    }
+    let revision = revision_id.and_then(|_| shard.replica.get(&conn.key));
+    let Some(revision) = revision else {
+        let name = revision_id.map_or("", |id| id.name);
+        let body = format!(
+            "Error getting active endpoint: revision.serving.knative.dev \"{name}\" not found\n"
+        );
+        let keep_alive =
+            meta.keep_alive && meta.body == BodyKind::Empty && !shard.stopping.is_set();
+        conn.response_out.clear();
+        rewrite::write_local_response(
+            404,
+            body.as_bytes(),
+            None,
+            true,
+            meta.version,
+            keep_alive,
+            meta.method == Method::Head,
+            &mut conn.response_out,
+        );
+        conn.inbuf.consume(head_len);
+        return finish_local(conn, keep_alive).await;
+    };
+
+    conn.request_id.clear();
+    if let Some(id) = conn
+        .head
+        .header(buf, "x-run-id")
+        .or_else(|| conn.head.header(buf, "x-request-id"))
+    {
+        conn.request_id.push_str(&String::from_utf8_lossy(id));
+    }
+    conn.request_out.clear();
+    let host_at =
+        rewrite::write_request_head(&conn.head, buf, conn.peer.ip(), &mut conn.request_out);
+    conn.inbuf.consume(head_len);
+
+    let counters = revision.counters.clone();
+    counters.concurrency.increment();
+    let (status, next) = proxy_request(shard, conn, &revision, meta, arrival, host_at).await;
+    counters.concurrency.decrement();
+    counters.record(status, arrival.elapsed().as_micros() as u64);
+    next
+}
+
+/// Writes a locally made response and decides whether the connection goes on.
+async fn finish_local(conn: &mut ClientConn, keep_alive: bool) -> Next {
+    match write_all(&mut conn.writer, &mut conn.response_out).await {
+        Ok(()) if keep_alive => Next::KeepAlive,
+        _ => Next::Close,
+    }
+}
+
+/// When each timer of a request fires.
+#[derive(Clone, Copy, Debug)]
+struct Deadlines {
+    /// End of the whole request.
+    total: Instant,
+    /// Latest time for the first response byte.
+    first_byte: Instant,
+    /// Longest gap between response writes.
+    idle: Option<Duration>,
+}
+
+impl Deadlines {
+    fn new(shard_route: &crate::routing::Timeouts, arrival: Instant) -> Deadlines {
+        let total = arrival + shard_route.total;
+        let mut first_byte = total;
+        // Idle also caps the time to first byte: before any write the request counts as idle.
+        for limit in [shard_route.response_start, shard_route.idle]
+            .into_iter()
+            .flatten()
+        {
+            first_byte = first_byte.min(arrival + limit);
+        }
+        Deadlines {
+            total,
+            first_byte,
+            idle: shard_route.idle,
+        }
+    }
+}
+
+/// Waits for a pod, then runs the exchange. Returns the status to record and what happens next.
+async fn proxy_request(
+    shard: &Rc<Shard>,
+    conn: &mut ClientConn,
+    revision: &Rc<LocalRevision>,
+    meta: RequestMeta,
+    arrival: Instant,
+    host_at: usize,
+) -> (u16, Next) {
+    let route = revision.route();
+    let deadlines = Deadlines::new(&route.timeouts, arrival);
+    drop(route);
+
+    let pod = loop {
+        if let Some(pod) = revision.pick() {
+            break pod;
+        }
+        if revision.is_removed() {
+            return respond_error(conn, meta, 503, b"revision is no longer served\n", false).await;
+        }
+        if monoio::time::timeout_at(deadlines.first_byte, revision.changed.notified())
+            .await
+            .is_err()
+        {
+            return respond_error(conn, meta, 504, TIMEOUT_BODY, false).await;
+        }
+    };
+    let _in_flight = InFlight::enter(&pod);
+    rewrite::insert_host(&mut conn.request_out, host_at, pod.tracker.addr);
+
+    let upstream = match shard.pool.checkout(pod.tracker.addr, shard.stats()).await {
+        Ok(upstream) => upstream,
+        Err(error) => {
+            tracing::warn!(request_id = %conn.request_id, pod = %pod.tracker.addr, class = error.class(), "{error}");
+            let body = format!("{error}\n");
+            return respond_error(conn, meta, 502, body.as_bytes(), false).await;
+        }
+    };
+    exchange(shard, conn, upstream, meta, deadlines).await
+}
+
+/// Holds a pod's in-flight count for the duration of a request.
+struct InFlight<'a>(&'a LocalPod);
+
+impl<'a> InFlight<'a> {
+    fn enter(pod: &'a LocalPod) -> InFlight<'a> {
+        pod.tracker.enter();
+        InFlight(pod)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.tracker.leave();
+    }
+}
+
+/// Answers with an error the activator made. `body_consumed` says whether the request body was
+/// read entirely (only then may the connection carry another request).
+async fn respond_error(
+    conn: &mut ClientConn,
+    meta: RequestMeta,
+    status: u16,
+    body: &[u8],
+    body_consumed: bool,
+) -> (u16, Next) {
+    let keep_alive =
+        meta.keep_alive && (body_consumed || meta.body == BodyKind::Empty) && !meta.upgrade;
+    conn.response_out.clear();
+    let error_style = status != 504;
+    rewrite::write_local_response(
+        status,
+        body,
+        None,
+        error_style,
+        meta.version,
+        keep_alive,
+        meta.method == Method::Head,
+        &mut conn.response_out,
+    );
+    (status, finish_local(conn, keep_alive).await)
+}
+
+/// Why sending the request stopped early.
+#[derive(Debug)]
+enum SendError {
+    /// The client closed or reset its connection.
+    ClientGone,
+    /// The client's body framing was invalid.
+    ClientBody,
+    /// Writing to the pod failed; the response may still come.
+    Upstream,
+}
+
+/// How the response side ended.
+enum ReceiveError {
+    /// Nothing was written to the client yet: it can still get a 502.
+    Upstream(UpstreamError),
+    /// Nothing was written yet and a timer fired: 504.
+    Timeout,
+    /// The response started but could not finish: only closing is left.
+    Truncated,
+}
+
+struct Received {
+    status: u16,
+    client_keep_alive: bool,
+    upstream_reusable: bool,
+    upgraded: bool,
+}
+
+/// Runs one request/response exchange over `upstream`.
+async fn exchange(
+    shard: &Rc<Shard>,
+    conn: &mut ClientConn,
+    mut upstream: UpstreamConn,
+    meta: RequestMeta,
+    deadlines: Deadlines,
+) -> (u16, Next) {
+    let ClientConn {
+        reader,
+        writer,
+        inbuf,
+        request_out,
+        response_out,
+        response_head,
+        request_id,
+        ..
+    } = &mut *conn;
+    let body_sent = Cell::new(false);
+    let canceller = Canceller::new();
+    let addr = upstream.addr;
+    let UpstreamConn {
+        reader: upstream_reader,
+        writer: upstream_writer,
+        inbuf: upstream_inbuf,
+        ..
+    } = &mut upstream;
+
+    let (received, sent) = {
+        let send = send_request(
+            request_out,
+            meta,
+            reader,
+            inbuf,
+            upstream_writer,
+            &body_sent,
+            canceller.handle(),
+        );
+        let receive = receive_response(
+            upstream_reader,
+            upstream_inbuf,
+            writer,
+            response_out,
+            response_head,
+            meta,
+            deadlines,
+            addr,
+            shard,
+        );
+        let mut send = pin!(send);
+        let mut receive = pin!(receive);
+        let mut sent: Option<Result<(), SendError>> = None;
+        let received = poll_fn(|cx| {
+            if sent.is_none() {
+                if let Poll::Ready(result) = send.as_mut().poll(cx) {
+                    sent = Some(result);
+                }
+            }
+            if matches!(
+                sent,
+                Some(Err(SendError::ClientGone | SendError::ClientBody))
+            ) {
+                return Poll::Ready(None);
+            }
+            receive.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        // The response is done. A request side still reading ahead is interrupted without losing
+        // bytes; one still sending the body is abandoned, and both connections close.
+        if received.is_some() && sent.is_none() && body_sent.get() {
+            canceller.cancel();
+            sent = Some(send.await);
+        }
+        (received, sent)
+    };
+    let request_complete = body_sent.get();
+    let Some(received) = received else {
+        shard.stats().client_aborts.increment();
+        return match sent {
+            Some(Err(SendError::ClientBody)) => (400, Next::Close),
+            _ => (CLIENT_CLOSED, Next::Close),
+        };
+    };
+    let client_gone = matches!(
+        sent,
+        Some(Err(SendError::ClientGone | SendError::ClientBody))
+    );
+
+    match received {
+        Ok(received) if received.upgraded => {
+            // From here on it is a byte stream in both directions; no timer applies (★).
+            splice_upgraded(
+                reader,
+                inbuf,
+                writer,
+                upstream_reader,
+                upstream_inbuf,
+                upstream_writer,
+            )
+            .await;
+            (101, Next::Close)
+        }
+        Ok(received) => {
+            if received.upstream_reusable && request_complete && !client_gone {
+                shard.pool.checkin(upstream);
+            }
+            let next = if received.client_keep_alive && request_complete && !client_gone {
+                Next::KeepAlive
+            } else {
+                Next::Close
+            };
+            (received.status, next)
+        }
+        Err(ReceiveError::Upstream(error)) => {
+            tracing::warn!(request_id = %request_id, pod = %addr, class = error.class(), "{error}");
+            let body = format!("{error}\n");
+            if client_gone {
+                return (CLIENT_CLOSED, Next::Close);
+            }
+            respond_error(conn, meta, 502, body.as_bytes(), request_complete).await
+        }
+        Err(ReceiveError::Timeout) => {
+            tracing::warn!(request_id = %request_id, pod = %addr, "activator request timeout");
+            respond_error(conn, meta, 504, TIMEOUT_BODY, request_complete).await
+        }
+        Err(ReceiveError::Truncated) => (shard_status_of_truncated(response_head), Next::Close),
+    }
+}
+
+/// The status already sent when a response is cut short: that is what the client saw.
+fn shard_status_of_truncated(head: &ResponseHead) -> u16 {
+    head.status
+}
+
+/// Sends the request head and body to the pod, then watches the client for a disconnect.
+#[allow(clippy::too_many_arguments)]
+async fn send_request(
+    out: &mut Vec<u8>,
+    meta: RequestMeta,
+    reader: &mut OwnedReadHalf<TcpStream>,
+    inbuf: &mut InBuf,
+    upstream: &mut OwnedWriteHalf<TcpStream>,
+    body_sent: &Cell<bool>,
+    cancel: monoio::io::CancelHandle,
+) -> Result<(), SendError> {
+    let mut decoder = BodyDecoder::new(meta.body);
+    let mut trailers: Option<Vec<u8>> = None;
+    loop {
+        // Move every body byte already buffered into `out`, behind the head.
+        let mut finished = false;
+        loop {
+            let (consumed, event) = decoder
+                .decode(inbuf.data())
+                .map_err(|_| SendError::ClientBody)?;
+            match event {
+                Some(BodyEvent::Data(data)) => {
+                    if meta.body == BodyKind::Chunked {
+                        encode_chunk(data, out);
+                    } else {
+                        out.extend_from_slice(data);
+                    }
+                    inbuf.consume(consumed);
+                    if out.len() >= WRITE_CHUNK {
+                        break;
+                    }
+                }
+                Some(BodyEvent::Trailers(raw)) => {
+                    trailers = Some(raw.to_vec());
+                    inbuf.consume(consumed);
+                }
+                Some(BodyEvent::End) => {
+                    if meta.body == BodyKind::Chunked {
+                        encode_last_chunk(trailers.as_deref(), out);
+                    }
+                    inbuf.consume(consumed);
+                    finished = true;
+                    break;
+                }
+                None => {
+                    inbuf.consume(consumed);
+                    break;
+                }
+            }
+        }
+        if !out.is_empty() {
+            write_all(upstream, out)
+                .await
+                .map_err(|_| SendError::Upstream)?;
+        }
+        if finished {
+            break;
+        }
+        if decoder.is_done() {
+            continue;
+        }
+        match inbuf.fill(reader).await {
+            Ok(0) | Err(_) => return Err(SendError::ClientGone),
+            Ok(_) => {}
+        }
+    }
+    body_sent.set(true);
+    if meta.upgrade {
+        // Bytes after an upgrade request belong to the new protocol; leave them to the splice.
+        return std::future::pending().await;
+    }
+    // Read ahead (a pipelined request, or the FIN of a client that gave up) until interrupted.
+    loop {
+        if inbuf.len() >= WATCH_LIMIT {
+            return std::future::pending().await;
+        }
+        match inbuf.fill_cancelable(reader, cancel.clone()).await {
+            Ok(0) => return Err(SendError::ClientGone),
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(_) => return Err(SendError::ClientGone),
+        }
+    }
+}
+
+/// Reads the pod's response and relays it to the client.
+#[allow(clippy::too_many_arguments)]
+async fn receive_response(
+    upstream: &mut OwnedReadHalf<TcpStream>,
+    upstream_inbuf: &mut InBuf,
+    client: &mut OwnedWriteHalf<TcpStream>,
+    out: &mut Vec<u8>,
+    head: &mut ResponseHead,
+    meta: RequestMeta,
+    deadlines: Deadlines,
+    addr: SocketAddr,
+    shard: &Shard,
+) -> Result<Received, ReceiveError> {
+    // The head, relaying any 1xx on the way.
+    loop {
+        match parse_response(upstream_inbuf.data(), meta.method, head) {
+            Ok(Parsed::Complete) if head.is_informational() && head.status != 101 => {
+                if meta.version == Version::Http11 {
+                    out.clear();
+                    rewrite::write_response_head(
+                        head,
+                        upstream_inbuf.data(),
+                        meta.version,
+                        ClientFraming::AsIs,
+                        true,
+                        out,
+                    );
+                    write_all(client, out)
+                        .await
+                        .map_err(|_| ReceiveError::Truncated)?;
+                }
+                upstream_inbuf.consume(head.len);
+                continue;
+            }
+            Ok(Parsed::Complete) => break,
+            Ok(Parsed::Partial) => {}
+            Err(error) => {
+                return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
+                    addr,
+                    reason: error.to_string(),
+                }))
+            }
+        }
+        let read =
+            monoio::time::timeout_at(deadlines.first_byte, upstream_inbuf.fill(upstream)).await;
+        match read {
+            Err(_elapsed) => return Err(ReceiveError::Timeout),
+            Ok(Ok(0)) if upstream_inbuf.is_empty() => {
+                return Err(ReceiveError::Upstream(
+                    UpstreamError::ClosedBeforeResponse { addr },
+                ))
+            }
+            Ok(Ok(0)) => {
+                return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
+                    addr,
+                    reason: "connection closed in the middle of the response head".into(),
+                }))
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                return Err(ReceiveError::Upstream(UpstreamError::Receive {
+                    addr,
+                    cause: TransportCause::of(&error),
+                }))
+            }
+        }
+    }
+
+    if head.status == 101 {
+        if !meta.upgrade {
+            return Err(ReceiveError::Upstream(UpstreamError::UnexpectedSwitch {
+                addr,
+            }));
+        }
+        out.clear();
+        rewrite::write_response_head(
+            head,
+            upstream_inbuf.data(),
+            meta.version,
+            ClientFraming::AsIs,
+            true,
+            out,
+        );
+        upstream_inbuf.consume(head.len);
+        write_all(client, out)
+            .await
+            .map_err(|_| ReceiveError::Truncated)?;
+        return Ok(Received {
+            status: 101,
+            client_keep_alive: false,
+            upstream_reusable: false,
+            upgraded: true,
+        });
+    }
+
+    let framing = client_framing(head.body, meta.version);
+    let upstream_reusable = head.keep_alive() && head.body != BodyKind::UntilClose;
+    let client_keep_alive =
+        meta.keep_alive && framing != ClientFraming::UntilClose && !shard.stopping.is_set();
+    out.clear();
+    rewrite::write_response_head(
+        head,
+        upstream_inbuf.data(),
+        meta.version,
+        framing,
+        client_keep_alive,
+        out,
+    );
+    upstream_inbuf.consume(head.len);
+    let status = head.status;
+
+    let mut decoder = BodyDecoder::new(head.body);
+    let mut trailers: Option<Vec<u8>> = None;
+    let mut wrote_head = false;
+    loop {
+        let mut finished = false;
+        loop {
+            let (consumed, event) = match decoder.decode(upstream_inbuf.data()) {
+                Ok(step) => step,
+                Err(error) if !wrote_head => {
+                    return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
+                        addr,
+                        reason: error.to_string(),
+                    }))
+                }
+                Err(_) => return Err(ReceiveError::Truncated),
+            };
+            match event {
+                Some(BodyEvent::Data(data)) => {
+                    match framing {
+                        ClientFraming::Chunked => encode_chunk(data, out),
+                        ClientFraming::AsIs | ClientFraming::UntilClose => {
+                            out.extend_from_slice(data)
+                        }
+                    }
+                    upstream_inbuf.consume(consumed);
+                    if out.len() >= WRITE_CHUNK {
+                        break;
+                    }
+                }
+                Some(BodyEvent::Trailers(raw)) => {
+                    trailers = Some(raw.to_vec());
+                    upstream_inbuf.consume(consumed);
+                }
+                Some(BodyEvent::End) => {
+                    upstream_inbuf.consume(consumed);
+                    finished = true;
+                    break;
+                }
+                None => {
+                    upstream_inbuf.consume(consumed);
+                    break;
+                }
+            }
+        }
+        if finished && framing == ClientFraming::Chunked {
+            encode_last_chunk(trailers.as_deref(), out);
+        }
+        if !out.is_empty() {
+            write_all(client, out)
+                .await
+                .map_err(|_| ReceiveError::Truncated)?;
+            wrote_head = true;
+        }
+        if finished {
+            return Ok(Received {
+                status,
+                client_keep_alive,
+                upstream_reusable,
+                upgraded: false,
+            });
+        }
+        let deadline = match deadlines.idle {
+            Some(idle) => deadlines.total.min(Instant::now() + idle),
+            None => deadlines.total,
+        };
+        match monoio::time::timeout_at(deadline, upstream_inbuf.fill(upstream)).await {
+            Ok(Ok(0)) => {
+                if decoder.finish().is_err() {
+                    return Err(ReceiveError::Truncated);
+                }
+                // Close-delimited body: the end is the pod's FIN.
+                if framing == ClientFraming::Chunked {
+                    encode_last_chunk(None, out);
+                    write_all(client, out)
+                        .await
+                        .map_err(|_| ReceiveError::Truncated)?;
+                }
+                return Ok(Received {
+                    status,
+                    client_keep_alive,
+                    upstream_reusable: false,
+                    upgraded: false,
+                });
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) | Err(_) => return Err(ReceiveError::Truncated),
+        }
+    }
+}
+
+/// Copies bytes both ways after a `101`, propagating each direction's FIN as a half-close.
+async fn splice_upgraded(
+    client_reader: &mut OwnedReadHalf<TcpStream>,
+    client_inbuf: &mut InBuf,
+    client_writer: &mut OwnedWriteHalf<TcpStream>,
+    upstream_reader: &mut OwnedReadHalf<TcpStream>,
+    upstream_inbuf: &mut InBuf,
+    upstream_writer: &mut OwnedWriteHalf<TcpStream>,
+) {
+    let to_pod = copy_until_eof(client_reader, client_inbuf, upstream_writer);
+    let to_client = copy_until_eof(upstream_reader, upstream_inbuf, client_writer);
+    let mut to_pod = pin!(to_pod);
+    let mut to_client = pin!(to_client);
+    let (mut pod_done, mut client_done) = (false, false);
+    poll_fn(|cx| {
+        if !pod_done {
+            if let Poll::Ready(result) = to_pod.as_mut().poll(cx) {
+                if result.is_err() {
+                    return Poll::Ready(());
+                }
+                pod_done = true;
+            }
+        }
+        if !client_done {
+            if let Poll::Ready(result) = to_client.as_mut().poll(cx) {
+                if result.is_err() {
+                    return Poll::Ready(());
+                }
+                client_done = true;
+            }
+        }
+        if pod_done && client_done {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Copies `reader` into `writer` until EOF, then shuts the writer down (half-close).
+async fn copy_until_eof<R: AsyncReadRent, W: AsyncWriteRent>(
+    reader: &mut R,
+    inbuf: &mut InBuf,
+    writer: &mut W,
+) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(16 * 1024);
+    buf.extend_from_slice(inbuf.data());
+    let buffered = inbuf.len();
+    inbuf.consume(buffered);
+    loop {
+        if !buf.is_empty() {
+            write_all(writer, &mut buf).await?;
+        }
+        buf.clear();
+        let (read, returned) = reader.read(buf).await;
+        buf = returned;
+        match read {
+            Ok(0) => {
+                writer.shutdown().await?;
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(error) => {
+                let _ = writer.shutdown().await;
+                return Err(error);
+            }
+        }
+    }
+}
+
+/// Writes all of `out` and clears it, keeping its allocation.
+async fn write_all<W: AsyncWriteRent>(writer: &mut W, out: &mut Vec<u8>) -> io::Result<()> {
+    let buf = std::mem::take(out);
+    let (result, mut buf) = writer.write_all(buf).await;
+    buf.clear();
+    *out = buf;
+    result.map(|_| ())
+}
+
+impl Shard {
+    fn health(&self) -> Health {
+        if self.draining.is_set() {
+            Health::Draining
+        } else {
+            Health::Healthy
+        }
+    }
+}

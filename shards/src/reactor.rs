@@ -1,0 +1,203 @@
+//! Builds one monoio reactor per shard on its own pinned thread, choosing the I/O driver.
+//!
+//! io_uring is tried first unless epoll is forced; when the kernel refuses it (EPERM under a
+//! default container seccomp profile, ENOSYS on old kernels, `io_uring_disabled`) the shard falls
+//! back to epoll and says so. Both drivers run the same code: monoio dispatches each operation on
+//! the driver of the current thread.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::str::FromStr;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use monoio::{Driver, IoUringDriver, LegacyDriver, Runtime, RuntimeBuilder};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::metrics::AllShardStats;
+use crate::routing::ShardCommand;
+use crate::shard::{self, Shard, ShardSettings};
+
+/// Submission queue entries per io_uring instance.
+const URING_ENTRIES: u32 = 1024;
+/// Listen backlog of each shard's listener.
+const BACKLOG: i32 = 4096;
+
+/// Which I/O driver the operator asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DriverChoice {
+    /// io_uring when the kernel allows it, else epoll.
+    #[default]
+    Auto,
+    IoUring,
+    Epoll,
+}
+
+impl FromStr for DriverChoice {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.to_ascii_lowercase().as_str() {
+            "auto" => Ok(DriverChoice::Auto),
+            "io-uring" | "io_uring" | "iouring" | "uring" => Ok(DriverChoice::IoUring),
+            "epoll" | "legacy" => Ok(DriverChoice::Epoll),
+            other => Err(format!(
+                "unknown driver {other:?} (expected auto, io-uring or epoll)"
+            )),
+        }
+    }
+}
+
+/// The driver a shard actually runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverKind {
+    IoUring,
+    Epoll,
+}
+
+impl DriverKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DriverKind::IoUring => "io-uring",
+            DriverKind::Epoll => "epoll",
+        }
+    }
+}
+
+impl fmt::Display for DriverKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Binds one SO_REUSEPORT listener per shard on `addr`. Binding happens on the calling thread so
+/// a bad address fails start-up with a clear error; port 0 is resolved by the first bind and
+/// reused by the rest.
+pub fn bind_listeners(
+    addr: SocketAddr,
+    count: usize,
+) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let mut listeners = Vec::with_capacity(count);
+    let mut bound = addr;
+    for _ in 0..count {
+        let socket = Socket::new(
+            Domain::for_address(bound),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&bound.into())?;
+        socket.listen(BACKLOG)?;
+        let listener: std::net::TcpListener = socket.into();
+        bound = listener.local_addr()?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// Everything a shard thread needs.
+pub struct ShardSpec {
+    pub index: usize,
+    pub cpu: Option<usize>,
+    pub driver: DriverChoice,
+    pub listener: std::net::TcpListener,
+    pub commands: flume::Receiver<ShardCommand>,
+    pub settings: Arc<ShardSettings>,
+    pub stats: AllShardStats,
+}
+
+/// Starts a shard thread. `started` receives the driver in use, or why the shard could not start.
+pub fn spawn_shard(
+    spec: ShardSpec,
+    started: mpsc::Sender<Result<DriverKind, String>>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("shard-{}", spec.index))
+        .spawn(move || {
+            if let Some(cpu) = spec.cpu {
+                if let Err(error) = monoio::utils::bind_to_cpu_set([cpu]) {
+                    tracing::warn!(shard = spec.index, cpu, "could not pin shard: {error:?}");
+                }
+            }
+            match build_runtime(spec.driver) {
+                Ok(Reactor::IoUring(runtime)) => {
+                    run_on(runtime, DriverKind::IoUring, spec, started)
+                }
+                Ok(Reactor::Epoll(runtime)) => run_on(runtime, DriverKind::Epoll, spec, started),
+                Err(error) => {
+                    let _ = started.send(Err(error));
+                }
+            }
+        })
+}
+
+enum Reactor {
+    IoUring(Runtime<monoio::time::TimeDriver<IoUringDriver>>),
+    Epoll(Runtime<monoio::time::TimeDriver<LegacyDriver>>),
+}
+
+fn build_runtime(choice: DriverChoice) -> Result<Reactor, String> {
+    let uring = || {
+        RuntimeBuilder::<IoUringDriver>::new()
+            .with_entries(URING_ENTRIES)
+            .enable_timer()
+            .build()
+    };
+    let epoll = || {
+        RuntimeBuilder::<LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .map_err(|error| format!("cannot build the epoll reactor: {error}"))
+    };
+    match choice {
+        DriverChoice::Epoll => epoll().map(Reactor::Epoll),
+        DriverChoice::IoUring => uring()
+            .map(Reactor::IoUring)
+            .map_err(|error| format!("io_uring was forced but the kernel refused it: {error}")),
+        DriverChoice::Auto => match uring() {
+            Ok(runtime) => Ok(Reactor::IoUring(runtime)),
+            Err(error) => {
+                tracing::warn!("io_uring unavailable ({error}); falling back to epoll");
+                epoll().map(Reactor::Epoll)
+            }
+        },
+    }
+}
+
+fn run_on<D: Driver>(
+    mut runtime: Runtime<D>,
+    kind: DriverKind,
+    spec: ShardSpec,
+    started: mpsc::Sender<Result<DriverKind, String>>,
+) {
+    *spec.stats[spec.index]
+        .driver
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = kind.as_str();
+    let ShardSpec {
+        index,
+        listener,
+        commands,
+        settings,
+        stats,
+        ..
+    } = spec;
+    runtime.block_on(async move {
+        let listener = match monoio::net::TcpListener::from_std(listener) {
+            Ok(listener) => listener,
+            Err(error) => {
+                let _ = started.send(Err(format!(
+                    "shard {index}: cannot register listener: {error}"
+                )));
+                return;
+            }
+        };
+        let _ = started.send(Ok(kind));
+        let shard = Rc::new(Shard::new(index, settings, stats));
+        shard::run(shard, listener, commands).await;
+    });
+}

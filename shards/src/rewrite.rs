@@ -1,0 +1,464 @@
+//! Header rewriting on the way through: the outbound request head the pod sees, the response head
+//! the client sees, and heads of responses the activator makes itself. Pure functions writing into
+//! a caller's buffer, so the steady state allocates nothing.
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+
+use kactivator_h1::{BodyKind, RequestHead, ResponseHead, Version};
+
+/// Hop-by-hop headers that never cross the proxy (RFC 9110 §7.6.1 plus the legacy ones Go drops).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Request headers that the activator consumes or replaces.
+const CONSUMED_REQUEST_HEADERS: [&str; 7] = [
+    "host",
+    "knative-serving-revision",
+    "knative-serving-namespace",
+    "k-network-hash",
+    "k-proxy-request",
+    "x-forwarded-for",
+    "x-run-id",
+];
+
+/// Writes the head the pod receives. Returns nothing; `out` is appended to.
+///
+/// * request line as received, always as HTTP/1.1;
+/// * hop-by-hop headers and those named in `Connection` removed;
+/// * the revision headers, `K-Network-Hash` and inbound `K-Proxy-Request` removed;
+/// * `Host` = the pod address, the original Host kept in `K-Original-Host` (unless present);
+/// * `K-Proxy-Request: activator`; `X-Forwarded-For` with the client appended;
+/// * `X-Run-Id`, when present, replaces `X-Request-Id`;
+/// * framing re-declared: `Content-Length` kept, chunked declared, upgrade re-declared.
+///
+/// The pod is not known yet when the head is rewritten (the request may wait for one), so the
+/// `Host` line is left out and its offset returned; [`insert_host`] adds it once a pod is picked.
+pub fn write_request_head(
+    head: &RequestHead,
+    buf: &[u8],
+    client: IpAddr,
+    out: &mut Vec<u8>,
+) -> usize {
+    out.extend_from_slice(head.method_span.of(buf));
+    out.push(b' ');
+    out.extend_from_slice(origin_form(head.target.of(buf)));
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let host_at = out.len();
+
+    let connection_named = connection_tokens(head, buf);
+    let run_id = head
+        .header(buf, "x-run-id")
+        .filter(|value| !value.is_empty());
+    let mut forwarded_for: Option<&[u8]> = None;
+    let mut has_original_host = false;
+    let mut wants_trailers = false;
+    for (name, value) in head.headers(buf) {
+        if name.eq_ignore_ascii_case(b"x-forwarded-for") {
+            // Go joins repeated X-Forwarded-For values; the last one is enough to chain, and
+            // repeated headers are rare, so keep the first and let later ones be folded in.
+            forwarded_for = Some(forwarded_for.map_or(value, |first| first));
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"te") {
+            wants_trailers |= head.te_trailers;
+            continue;
+        }
+        if is_listed(name, &HOP_BY_HOP) || is_listed(name, &CONSUMED_REQUEST_HEADERS) {
+            continue;
+        }
+        if connection_named
+            .iter()
+            .flatten()
+            .any(|token| name.eq_ignore_ascii_case(token))
+        {
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"x-request-id") && run_id.is_some() {
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"k-original-host") {
+            has_original_host = true;
+        }
+        put_header(out, name, value);
+    }
+    if !has_original_host {
+        if let Some(host) = head.header(buf, "host").filter(|host| !host.is_empty()) {
+            put_header(out, b"K-Original-Host", host);
+        }
+    }
+    if let Some(run_id) = run_id {
+        put_header(out, b"X-Request-Id", run_id);
+    }
+    out.extend_from_slice(b"K-Proxy-Request: activator\r\nX-Forwarded-For: ");
+    if let Some(previous) = forwarded_for {
+        out.extend_from_slice(previous);
+        out.extend_from_slice(b", ");
+    }
+    let _ = write!(out, "{client}");
+    out.extend_from_slice(b"\r\n");
+    if wants_trailers {
+        out.extend_from_slice(b"TE: trailers\r\n");
+    }
+    if head.body == BodyKind::Chunked {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    if let Some(upgrade) = head.upgrade {
+        out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: ");
+        out.extend_from_slice(upgrade.of(buf));
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    host_at
+}
+
+/// Inserts `Host: <pod>` at the offset [`write_request_head`] returned.
+pub fn insert_host(out: &mut Vec<u8>, host_at: usize, pod: SocketAddr) {
+    let mut line = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut line[..]);
+    let _ = write!(cursor, "Host: {pod}\r\n");
+    let len = cursor.position() as usize;
+    out.splice(host_at..host_at, line[..len].iter().copied());
+}
+
+/// How the response body will be framed towards the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientFraming {
+    /// No body (HEAD, 1xx, 204, 304) or a Content-Length body passed through.
+    AsIs,
+    /// Re-chunked (HTTP/1.1 client, body chunked or close-delimited upstream).
+    Chunked,
+    /// Raw bytes, the client connection closes at the end (HTTP/1.0 client, unknown length).
+    UntilClose,
+}
+
+/// Picks the client framing for a response body.
+pub fn client_framing(upstream: BodyKind, client_version: Version) -> ClientFraming {
+    match (upstream, client_version) {
+        (BodyKind::Empty | BodyKind::Length(_), _) => ClientFraming::AsIs,
+        (BodyKind::Chunked | BodyKind::UntilClose, Version::Http11) => ClientFraming::Chunked,
+        (BodyKind::Chunked | BodyKind::UntilClose, Version::Http10) => ClientFraming::UntilClose,
+    }
+}
+
+/// Writes the response head the client receives: status line in the client's version,
+/// hop-by-hop headers dropped, framing and connection management re-declared.
+pub fn write_response_head(
+    head: &ResponseHead,
+    buf: &[u8],
+    client_version: Version,
+    framing: ClientFraming,
+    keep_alive: bool,
+    out: &mut Vec<u8>,
+) {
+    out.extend_from_slice(match client_version {
+        Version::Http10 => b"HTTP/1.0 ",
+        Version::Http11 => b"HTTP/1.1 ",
+    });
+    let _ = write!(out, "{} ", head.status);
+    out.extend_from_slice(head.reason.of(buf));
+    out.extend_from_slice(b"\r\n");
+    let connection_named = response_connection_tokens(head, buf);
+    let switching = head.status == 101;
+    for (name, value) in head.headers(buf) {
+        if switching
+            && (name.eq_ignore_ascii_case(b"upgrade") || name.eq_ignore_ascii_case(b"connection"))
+        {
+            put_header(out, name, value);
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"trailer") {
+            // Announced trailers only make sense when we send a chunked body.
+            if framing == ClientFraming::Chunked {
+                put_header(out, name, value);
+            }
+            continue;
+        }
+        if is_listed(name, &HOP_BY_HOP)
+            || connection_named
+                .iter()
+                .flatten()
+                .any(|token| name.eq_ignore_ascii_case(token))
+        {
+            continue;
+        }
+        if framing != ClientFraming::AsIs && name.eq_ignore_ascii_case(b"content-length") {
+            continue;
+        }
+        put_header(out, name, value);
+    }
+    if framing == ClientFraming::Chunked {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    if !switching && !head.is_informational() {
+        match (keep_alive, client_version) {
+            (false, _) => out.extend_from_slice(b"Connection: close\r\n"),
+            (true, Version::Http10) => out.extend_from_slice(b"Connection: keep-alive\r\n"),
+            (true, Version::Http11) => {}
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes a complete response the activator produces itself. `error_style` adds the headers Go's
+/// `http.Error` sends.
+pub fn write_local_response(
+    status: u16,
+    body: &[u8],
+    extra_header: Option<(&str, &[u8])>,
+    error_style: bool,
+    version: Version,
+    keep_alive: bool,
+    head_only: bool,
+    out: &mut Vec<u8>,
+) {
+    out.extend_from_slice(match version {
+        Version::Http10 => b"HTTP/1.0 ",
+        Version::Http11 => b"HTTP/1.1 ",
+    });
+    let _ = write!(out, "{status} {}\r\n", reason_phrase(status));
+    if !body.is_empty() || error_style {
+        out.extend_from_slice(b"Content-Type: text/plain; charset=utf-8\r\n");
+    }
+    if error_style {
+        out.extend_from_slice(b"X-Content-Type-Options: nosniff\r\n");
+    }
+    if let Some((name, value)) = extra_header {
+        put_header(out, name.as_bytes(), value);
+    }
+    let _ = write!(out, "Content-Length: {}\r\n", body.len());
+    match (keep_alive, version) {
+        (false, _) => out.extend_from_slice(b"Connection: close\r\n"),
+        (true, Version::Http10) => out.extend_from_slice(b"Connection: keep-alive\r\n"),
+        (true, Version::Http11) => {}
+    }
+    out.extend_from_slice(b"\r\n");
+    if !head_only {
+        out.extend_from_slice(body);
+    }
+}
+
+/// Standard reason phrases for the codes the activator itself sends.
+pub fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
+
+fn put_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn is_listed(name: &[u8], list: &[&str]) -> bool {
+    list.iter()
+        .any(|entry| name.eq_ignore_ascii_case(entry.as_bytes()))
+}
+
+/// Up to eight extra header names listed in `Connection` (beyond the standard tokens).
+type NamedTokens<'b> = [Option<&'b [u8]>; 8];
+
+fn connection_tokens<'b>(head: &RequestHead, buf: &'b [u8]) -> NamedTokens<'b> {
+    collect_tokens(
+        head.headers(buf)
+            .filter(|(name, _)| name.eq_ignore_ascii_case(b"connection"))
+            .map(|(_, v)| v),
+    )
+}
+
+fn response_connection_tokens<'b>(head: &ResponseHead, buf: &'b [u8]) -> NamedTokens<'b> {
+    collect_tokens(
+        head.headers(buf)
+            .filter(|(name, _)| name.eq_ignore_ascii_case(b"connection"))
+            .map(|(_, v)| v),
+    )
+}
+
+fn collect_tokens<'b>(values: impl Iterator<Item = &'b [u8]>) -> NamedTokens<'b> {
+    let mut tokens: NamedTokens<'b> = [None; 8];
+    let mut count = 0;
+    for value in values {
+        for token in value.split(|&b| b == b',') {
+            let token = token.trim_ascii();
+            let standard = [&b"close"[..], b"keep-alive", b"upgrade"]
+                .iter()
+                .any(|s| token.eq_ignore_ascii_case(s));
+            if token.is_empty() || standard || count == tokens.len() {
+                continue;
+            }
+            tokens[count] = Some(token);
+            count += 1;
+        }
+    }
+    tokens
+}
+
+/// Turns an absolute-form target (`http://host/path?q`) into origin form (`/path?q`).
+fn origin_form(target: &[u8]) -> &[u8] {
+    let rest = if target.len() > 7 && target[..7].eq_ignore_ascii_case(b"http://") {
+        &target[7..]
+    } else if target.len() > 8 && target[..8].eq_ignore_ascii_case(b"https://") {
+        &target[8..]
+    } else {
+        return target;
+    };
+    match rest.iter().position(|&b| b == b'/' || b == b'?') {
+        Some(at) if rest[at] == b'/' => &rest[at..],
+        _ => b"/",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kactivator_h1::{parse_request, parse_response, Method, Parsed};
+
+    fn outbound(raw: &str) -> String {
+        let mut head = RequestHead::default();
+        assert!(matches!(
+            parse_request(raw.as_bytes(), &mut head),
+            Ok(Parsed::Complete)
+        ));
+        let mut out = Vec::new();
+        let host_at = write_request_head(
+            &head,
+            raw.as_bytes(),
+            "192.168.1.9".parse().unwrap(),
+            &mut out,
+        );
+        insert_host(&mut out, host_at, "10.0.0.5:8012".parse().unwrap());
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn outbound_request_is_rewritten_as_knative_does() {
+        let out = outbound(
+            "POST /api?x=1 HTTP/1.1\r\nHost: hello.default.svc.cluster.local\r\nKnative-Serving-Namespace: default\r\n\
+             Knative-Serving-Revision: hello-1\r\nConnection: keep-alive, X-Secret\r\nX-Secret: s\r\nKeep-Alive: 5\r\n\
+             K-Network-Hash: h\r\nK-Proxy-Request: evil\r\nContent-Length: 3\r\nUser-Agent: curl\r\n\r\nabc",
+        );
+        assert_eq!(
+            out,
+            "POST /api?x=1 HTTP/1.1\r\nHost: 10.0.0.5:8012\r\nContent-Length: 3\r\nUser-Agent: curl\r\n\
+             K-Original-Host: hello.default.svc.cluster.local\r\nK-Proxy-Request: activator\r\n\
+             X-Forwarded-For: 192.168.1.9\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn existing_original_host_and_forwarded_for_are_kept_and_extended() {
+        let out = outbound("GET / HTTP/1.1\r\nHost: a\r\nK-Original-Host: first\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n");
+        assert!(out.contains("K-Original-Host: first\r\n"), "{out}");
+        assert!(!out.contains("K-Original-Host: a\r\n"), "{out}");
+        assert!(
+            out.contains("X-Forwarded-For: 1.2.3.4, 192.168.1.9\r\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn run_id_replaces_request_id() {
+        let out =
+            outbound("GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: old\r\nX-Run-Id: run-7\r\n\r\n");
+        assert!(out.contains("X-Request-Id: run-7\r\n"), "{out}");
+        assert!(!out.contains("old") && !out.contains("X-Run-Id"), "{out}");
+    }
+
+    #[test]
+    fn chunked_and_upgrade_framing_is_redeclared() {
+        let out = outbound(
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTE: trailers\r\n\r\n",
+        );
+        assert!(
+            out.ends_with("TE: trailers\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            "{out}"
+        );
+        let out = outbound("GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n");
+        assert!(out.contains("Sec-WebSocket-Key: k\r\n"), "{out}");
+        assert!(
+            out.ends_with("Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn absolute_form_targets_become_origin_form() {
+        assert!(
+            outbound("GET http://example.com/a/b?c HTTP/1.1\r\nHost: example.com\r\n\r\n")
+                .starts_with("GET /a/b?c HTTP/1.1\r\n")
+        );
+        assert!(
+            outbound("GET http://example.com HTTP/1.1\r\nHost: example.com\r\n\r\n")
+                .starts_with("GET / HTTP/1.1\r\n")
+        );
+    }
+
+    #[test]
+    fn response_head_drops_hop_by_hop_and_rechunks_for_old_clients() {
+        let raw = "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\nX-App: 1\r\n\r\n";
+        let mut head = ResponseHead::default();
+        assert!(matches!(
+            parse_response(raw.as_bytes(), Method::Get, &mut head),
+            Ok(Parsed::Complete)
+        ));
+        let framing = client_framing(head.body, Version::Http10);
+        assert_eq!(framing, ClientFraming::UntilClose);
+        let mut out = Vec::new();
+        write_response_head(
+            &head,
+            raw.as_bytes(),
+            Version::Http10,
+            framing,
+            false,
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.0 200 OK\r\nX-App: 1\r\nConnection: close\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn local_error_responses_match_go_http_error() {
+        let mut out = Vec::new();
+        write_local_response(
+            404,
+            b"nope\n",
+            None,
+            true,
+            Version::Http11,
+            true,
+            false,
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n\
+             Content-Length: 5\r\n\r\nnope\n"
+        );
+    }
+}

@@ -1,0 +1,180 @@
+//! Routing snapshots: what the control thread publishes and what each shard keeps a replica of.
+//!
+//! The control thread owns the truth and sends per-revision updates, each stamped with a version,
+//! over one channel per shard. A shard applies them to its local replica between requests, so a
+//! request never waits on the control thread. Pod trackers are `Arc`s that the control thread
+//! reuses by address across versions: the in-flight count of a pod survives every update.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+/// Default per-revision request timeout (Knative `revision-timeout-seconds`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `namespace/name`, the key every map of revisions uses.
+pub fn revision_key(namespace: &str, name: &str) -> String {
+    let mut key = String::with_capacity(namespace.len() + name.len() + 1);
+    key.push_str(namespace);
+    key.push('/');
+    key.push_str(name);
+    key
+}
+
+/// Wire protocol the revision's pods speak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Protocol {
+    #[default]
+    Http1,
+    H2c,
+}
+
+/// How a revision spreads requests over its pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LbPolicy {
+    RandomChoice2,
+    FirstAvailable,
+    RoundRobin,
+    LeastConnections,
+}
+
+impl LbPolicy {
+    /// Upstream's default by containerConcurrency: 0 → random-choice-2, 1..=3 → first-available,
+    /// more → round-robin.
+    pub fn default_for(container_concurrency: u32) -> LbPolicy {
+        match container_concurrency {
+            0 => LbPolicy::RandomChoice2,
+            1..=3 => LbPolicy::FirstAvailable,
+            _ => LbPolicy::RoundRobin,
+        }
+    }
+
+    /// Parses the names used by the fork's `loadBalancingPolicy` field.
+    pub fn parse(text: &str) -> Option<LbPolicy> {
+        match text {
+            "random-choice-2" => Some(LbPolicy::RandomChoice2),
+            "first-available" => Some(LbPolicy::FirstAvailable),
+            "round-robin" => Some(LbPolicy::RoundRobin),
+            "least-connections" => Some(LbPolicy::LeastConnections),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LbPolicy::RandomChoice2 => "random-choice-2",
+            LbPolicy::FirstAvailable => "first-available",
+            LbPolicy::RoundRobin => "round-robin",
+            LbPolicy::LeastConnections => "least-connections",
+        }
+    }
+}
+
+/// The three per-request timers of a revision. Time queued in the activator counts against all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Whole request, from arrival to the end of the response (`timeoutSeconds`). Default 300 s.
+    pub total: Duration,
+    /// Arrival to the first response byte (`responseStartTimeoutSeconds`); `None` = off.
+    pub response_start: Option<Duration>,
+    /// Longest gap between response writes (`idleTimeoutSeconds`); `None` = off.
+    pub idle: Option<Duration>,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            total: DEFAULT_TIMEOUT,
+            response_start: None,
+            idle: None,
+        }
+    }
+}
+
+/// One pod as every shard sees it. Shared by all shards and kept across snapshot versions.
+#[derive(Debug)]
+pub struct PodTracker {
+    pub addr: SocketAddr,
+    /// Requests this process has in flight to the pod, summed over shards.
+    in_flight: CachePadded<AtomicU32>,
+}
+
+impl PodTracker {
+    pub fn new(addr: SocketAddr) -> PodTracker {
+        PodTracker {
+            addr,
+            in_flight: CachePadded::new(AtomicU32::new(0)),
+        }
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn enter(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn leave(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Labels Knative puts on per-revision metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RevisionLabels {
+    pub namespace: String,
+    pub revision: String,
+    pub service: String,
+    pub configuration: String,
+}
+
+/// Everything a shard needs to route one revision, as of one version.
+#[derive(Debug)]
+pub struct RevisionRoute {
+    /// `namespace/name`.
+    pub key: Arc<str>,
+    pub labels: RevisionLabels,
+    /// Per-pod concurrency limit; 0 = unlimited.
+    pub container_concurrency: u32,
+    pub protocol: Protocol,
+    pub timeouts: Timeouts,
+    pub lb_policy: LbPolicy,
+    /// Routable pods, sorted by address.
+    pub pods: Vec<Arc<PodTracker>>,
+}
+
+/// One change to the routing table.
+#[derive(Clone, Debug)]
+pub enum RoutingUpdate {
+    /// Add a revision or replace its route.
+    Upsert {
+        version: u64,
+        route: Arc<RevisionRoute>,
+    },
+    /// The revision is gone.
+    Remove { version: u64, key: Arc<str> },
+}
+
+impl RoutingUpdate {
+    pub fn version(&self) -> u64 {
+        match self {
+            RoutingUpdate::Upsert { version, .. } | RoutingUpdate::Remove { version, .. } => {
+                *version
+            }
+        }
+    }
+}
+
+/// Everything the control thread tells a shard. It only ever flows control → shard.
+#[derive(Clone, Debug)]
+pub enum ShardCommand {
+    Routing(RoutingUpdate),
+    /// Readiness is already failing; keep serving requests but report draining on probes.
+    BeginDrain,
+    /// Stop accepting, close idle connections, finish in-flight work, then exit.
+    StopAccepting,
+}

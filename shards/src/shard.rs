@@ -1,0 +1,131 @@
+//! One shard: a reactor thread's accept loop, its routing replica, pool and counters.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use monoio::net::TcpListener;
+
+use crate::metrics::{AllShardStats, ShardStats};
+use crate::pool::{Pool, PoolConfig};
+use crate::proxy;
+use crate::race::{race, Either};
+use crate::replica::Replica;
+use crate::routing::ShardCommand;
+use crate::signal::{LocalEvent, LocalNotify};
+
+/// How often idle upstream connections are swept.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Settings every shard shares, fixed at start-up.
+#[derive(Clone, Debug)]
+pub struct ShardSettings {
+    /// Domain for the Host fallback `<rev>.<ns>.svc.<domain>`. Default `cluster.local`.
+    pub cluster_domain: String,
+    /// Upstream connection pool settings.
+    pub pool: PoolConfig,
+}
+
+impl Default for ShardSettings {
+    fn default() -> Self {
+        ShardSettings {
+            cluster_domain: "cluster.local".into(),
+            pool: PoolConfig::default(),
+        }
+    }
+}
+
+/// Shard-local state, shared by the shard's tasks through `Rc`.
+pub struct Shard {
+    pub index: usize,
+    pub settings: Arc<ShardSettings>,
+    all_stats: AllShardStats,
+    pub replica: Replica,
+    pub pool: Pool,
+    /// Set on `BeginDrain`: probes fail, requests are still served.
+    pub draining: LocalEvent,
+    /// Set on `StopAccepting`: no new connections, idle ones close.
+    pub stopping: LocalEvent,
+    /// Fires whenever a client connection closes (drain waits on it).
+    pub connection_closed: LocalNotify,
+}
+
+impl Shard {
+    pub fn new(index: usize, settings: Arc<ShardSettings>, all_stats: AllShardStats) -> Shard {
+        let pool = Pool::new(settings.pool);
+        Shard {
+            index,
+            settings,
+            all_stats,
+            replica: Replica::default(),
+            pool,
+            draining: LocalEvent::default(),
+            stopping: LocalEvent::default(),
+            connection_closed: LocalNotify::default(),
+        }
+    }
+
+    #[inline]
+    pub fn stats(&self) -> &ShardStats {
+        &self.all_stats[self.index]
+    }
+
+    fn apply(&self, command: ShardCommand) {
+        match command {
+            ShardCommand::Routing(update) => self.replica.apply(update, self.stats()),
+            ShardCommand::BeginDrain => self.draining.set(),
+            ShardCommand::StopAccepting => {
+                self.draining.set();
+                self.stopping.set();
+                self.pool.clear();
+            }
+        }
+    }
+}
+
+/// Runs a shard until it has stopped accepting and its last connection closed.
+pub async fn run(shard: Rc<Shard>, listener: TcpListener, commands: flume::Receiver<ShardCommand>) {
+    // Apply whatever the control thread queued before we started, so the first request already
+    // sees the initial routing table.
+    while let Ok(command) = commands.try_recv() {
+        shard.apply(command);
+    }
+    let command_shard = shard.clone();
+    monoio::spawn(async move {
+        while let Ok(command) = commands.recv_async().await {
+            command_shard.apply(command);
+        }
+        // The control thread is gone: nothing will ever update routing again; stop cleanly.
+        command_shard.apply(ShardCommand::StopAccepting);
+    });
+    let sweep_shard = shard.clone();
+    monoio::spawn(async move {
+        while !sweep_shard.stopping.is_set() {
+            monoio::time::sleep(SWEEP_INTERVAL).await;
+            sweep_shard.pool.sweep();
+        }
+    });
+
+    loop {
+        let accepted = {
+            let accept = listener.accept();
+            let stop = shard.stopping.wait();
+            race(accept, stop).await
+        };
+        match accepted {
+            Either::Left(Ok((stream, peer))) => {
+                monoio::spawn(proxy::serve_connection(shard.clone(), stream, peer));
+            }
+            Either::Left(Err(error)) => {
+                // EMFILE and friends: back off briefly rather than spin.
+                tracing::warn!(shard = shard.index, "accept failed: {error}");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Either::Right(()) => break,
+        }
+    }
+    drop(listener);
+    while shard.stats().connections_open.get() > 0 {
+        shard.connection_closed.notified().await;
+    }
+}

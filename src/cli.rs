@@ -1,0 +1,86 @@
+//! Command-line flags and environment. Every flag has an environment twin for container use.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kactivator_shards::reactor::DriverChoice;
+
+/// A thread-per-core Knative activator.
+#[derive(Debug, Parser)]
+#[command(name = "kactivator", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Standalone configuration file (TOML). Without it kactivator starts with no revisions.
+    #[arg(long, short = 'c', env = "KACTIVATOR_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+
+    /// Number of shards (reactor threads). Default: the CPUs this process may use (affinity mask
+    /// capped by the cgroup CPU quota).
+    #[arg(long, env = "KACTIVATOR_SHARDS", global = true)]
+    pub shards: Option<usize>,
+
+    /// I/O driver: `auto` tries io_uring and falls back to epoll when the kernel refuses it.
+    #[arg(long, env = "KACTIVATOR_DRIVER", default_value = "auto", value_parser = parse_driver, global = true)]
+    pub driver: DriverChoice,
+
+    /// Data port address, overriding the file's `listen.http`.
+    #[arg(long, env = "KACTIVATOR_HTTP", global = true)]
+    pub http: Option<SocketAddr>,
+
+    /// Admin port address (metrics, health), overriding the file's `listen.admin`.
+    #[arg(long, env = "KACTIVATOR_ADMIN", global = true)]
+    pub admin: Option<SocketAddr>,
+
+    /// Seconds between SIGTERM and closing the listeners, overriding `proxy.drain_grace_seconds`.
+    #[arg(long, env = "KACTIVATOR_DRAIN_GRACE_SECONDS", global = true)]
+    pub drain_grace_seconds: Option<u64>,
+
+    /// This activator's pod name (metric label `pod_name`), as Knative passes it.
+    #[arg(long, env = "POD_NAME", default_value = "kactivator", global = true)]
+    pub pod_name: String,
+
+    #[command(flatten)]
+    pub logging: Logging,
+}
+
+#[derive(Debug, Args)]
+pub struct Logging {
+    /// Log format.
+    #[arg(
+        long,
+        env = "KACTIVATOR_LOG_FORMAT",
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
+
+    /// Log filter, `RUST_LOG` syntax (e.g. `info`, `kactivator_shards=debug`).
+    #[arg(long, env = "KACTIVATOR_LOG", default_value = "info", global = true)]
+    pub log: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start a few demo backends and a kactivator in front of them, and print what to try.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Number of demo backends (pods).
+    #[arg(long, default_value_t = 3)]
+    pub pods: usize,
+}
+
+fn parse_driver(text: &str) -> Result<DriverChoice, String> {
+    text.parse()
+}

@@ -1,0 +1,69 @@
+//! `kactivator demo`: real backends on loopback and a kactivator in front of them, nothing to
+//! install. Prints what to try, then serves until Ctrl-C.
+
+use kactivator_control::config::{Config, RevisionConfig};
+use kactivator_testkit::backend::{self, BackendConfig};
+
+use crate::cli::{Cli, DemoArgs};
+use crate::start::{self, StartError};
+
+pub fn run(cli: &Cli, args: &DemoArgs) -> Result<(), StartError> {
+    let mut handles = Vec::with_capacity(args.pods);
+    for index in 0..args.pods.max(1) {
+        let handle = backend::spawn(BackendConfig {
+            name: format!("hello-pod-{index}"),
+            revision_name: Some("hello".into()),
+            revision_namespace: Some("default".into()),
+        })?;
+        handles.push(handle);
+    }
+    let mut config = match &cli.config {
+        Some(path) => Config::load(path)?,
+        None => demo_defaults(),
+    };
+    config.revisions.push(RevisionConfig {
+        namespace: "default".into(),
+        name: "hello".into(),
+        service: "hello".into(),
+        configuration: "hello".into(),
+        container_concurrency: 0,
+        protocol: Default::default(),
+        timeout_seconds: 300,
+        response_start_timeout_seconds: 0,
+        idle_timeout_seconds: 0,
+        load_balancing_policy: None,
+        pods: handles.iter().map(|handle| handle.addr()).collect(),
+    });
+    let http = cli.http.unwrap_or(config.listen.http);
+    let admin = cli.admin.unwrap_or(config.listen.admin);
+    let pods: Vec<String> = handles
+        .iter()
+        .map(|handle| handle.addr().to_string())
+        .collect();
+    start::run_with(cli, Some(config), || {
+        println!(
+            "\nkactivator demo: revision default/hello with {} pods ({})\n\n\
+             Try:\n  \
+             curl -i http://{http}/ -H 'Knative-Serving-Namespace: default' -H 'Knative-Serving-Revision: hello'\n  \
+             curl -i http://{http}/ -H 'Host: hello.default.svc.cluster.local'\n  \
+             curl -i http://{http}/headers -H 'Host: hello.default.svc.cluster.local'\n  \
+             curl -i http://{http}/ -H 'Host: nope.default.svc.cluster.local'      # unknown revision: 404\n  \
+             curl -i http://{http}/ -H 'K-Network-Probe: activator'                  # answered by the activator\n  \
+             curl -s http://{admin}/metrics | grep activator_request_count\n\n\
+             Ctrl-C drains and exits.\n",
+            pods.len(),
+            pods.join(", ")
+        );
+    })?;
+    drop(handles);
+    Ok(())
+}
+
+fn demo_defaults() -> Config {
+    let mut config = Config::default();
+    config.listen.http = "127.0.0.1:8012".parse().expect("constant address parses");
+    config.listen.admin = "127.0.0.1:9090".parse().expect("constant address parses");
+    // A demo should stop promptly on Ctrl-C.
+    config.proxy.drain_grace_seconds = 0;
+    config
+}

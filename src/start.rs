@@ -1,0 +1,191 @@
+//! Start-up and shutdown: configuration, placement, listeners, shard threads, the control thread,
+//! and the drain that ends it all.
+
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use kactivator_control::config::{Config, ConfigError};
+use kactivator_control::publisher::Publisher;
+use kactivator_control::ControlPlane;
+use kactivator_shards::identity::detect_cluster_domain;
+use kactivator_shards::metrics::{AllShardStats, ShardStats};
+use kactivator_shards::pool::PoolConfig;
+use kactivator_shards::reactor::{self, DriverKind, ShardSpec};
+use kactivator_shards::shard::ShardSettings;
+use kactivator_shards::topology::CpuBudget;
+
+use crate::cli::{Cli, LogFormat, Logging};
+
+/// Why kactivator could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Shard(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl StartError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            StartError::Config(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+pub fn init_logging(logging: &Logging) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&logging.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match logging.log_format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Loads the configuration named on the command line (or `preset`), applying flag overrides.
+fn effective_config(cli: &Cli, preset: Option<Config>) -> Result<Config, StartError> {
+    let mut config = match (preset, &cli.config) {
+        (Some(config), _) => config,
+        (None, Some(path)) => Config::load(path)?,
+        (None, None) => {
+            tracing::warn!("no --config given: starting with no revisions (try `kactivator demo`)");
+            Config::default()
+        }
+    };
+    if let Some(http) = cli.http {
+        config.listen.http = http;
+    }
+    if let Some(admin) = cli.admin {
+        config.listen.admin = admin;
+    }
+    if let Some(grace) = cli.drain_grace_seconds {
+        config.proxy.drain_grace_seconds = grace;
+    }
+    Ok(config)
+}
+
+/// Runs kactivator until it has drained. `preset` replaces the file (the demo uses it);
+/// `on_ready` runs once everything listens.
+pub fn run(cli: &Cli, preset: Option<Config>) -> Result<(), StartError> {
+    run_with(cli, preset, || {})
+}
+
+pub fn run_with(
+    cli: &Cli,
+    preset: Option<Config>,
+    on_ready: impl FnOnce(),
+) -> Result<(), StartError> {
+    let config = effective_config(cli, preset)?;
+    let budget = CpuBudget::detect();
+    let placement = budget.place(cli.shards);
+    tracing::info!(
+        shards = placement.shards,
+        cpus = ?budget.cpus,
+        quota = ?budget.quota,
+        pins = ?placement.pins,
+        unpinned = placement.unpinned_reason.unwrap_or(""),
+        "placement"
+    );
+
+    let listeners =
+        reactor::bind_listeners(config.listen.http, placement.shards).map_err(|source| {
+            StartError::Bind {
+                addr: config.listen.http,
+                source,
+            }
+        })?;
+    let admin_listener =
+        std::net::TcpListener::bind(config.listen.admin).map_err(|source| StartError::Bind {
+            addr: config.listen.admin,
+            source,
+        })?;
+
+    let cluster_domain = config.proxy.cluster_domain.clone().unwrap_or_else(|| {
+        detect_cluster_domain(
+            std::fs::read_to_string("/etc/resolv.conf").ok().as_deref(),
+            std::env::var("CLUSTER_DOMAIN").ok().as_deref(),
+        )
+    });
+    let settings = Arc::new(ShardSettings {
+        cluster_domain,
+        pool: PoolConfig {
+            idle_timeout: Duration::from_secs(config.proxy.upstream_idle_timeout_seconds),
+            max_idle_per_pod: config.proxy.max_idle_per_pod,
+            connect_timeout: Duration::from_millis(config.proxy.connect_timeout_ms),
+        },
+    });
+    let stats: AllShardStats = (0..placement.shards)
+        .map(|index| CachePadded::new(ShardStats::new(index)))
+        .collect();
+
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        (0..placement.shards).map(|_| flume::unbounded()).unzip();
+    let publisher = Publisher::new(senders);
+    let control = ControlPlane::new(
+        config.clone(),
+        publisher,
+        stats.clone(),
+        cli.pod_name.clone(),
+    );
+
+    let (started_tx, started_rx) = mpsc::channel();
+    let mut threads = Vec::with_capacity(placement.shards);
+    for (index, (listener, commands)) in listeners.into_iter().zip(receivers).enumerate() {
+        let spec = ShardSpec {
+            index,
+            cpu: placement.pins.as_ref().map(|pins| pins[index]),
+            driver: cli.driver,
+            listener,
+            commands,
+            settings: settings.clone(),
+            stats: stats.clone(),
+        };
+        threads.push(reactor::spawn_shard(spec, started_tx.clone())?);
+    }
+    drop(started_tx);
+    let mut drivers: Vec<DriverKind> = Vec::with_capacity(placement.shards);
+    for _ in 0..placement.shards {
+        match started_rx.recv() {
+            Ok(Ok(kind)) => drivers.push(kind),
+            Ok(Err(reason)) => return Err(StartError::Shard(reason)),
+            Err(_) => {
+                return Err(StartError::Shard(
+                    "a shard thread exited during start-up".into(),
+                ))
+            }
+        }
+    }
+    let driver = drivers.first().map_or("none", |kind| kind.as_str());
+    tracing::info!(
+        http = %config.listen.http,
+        admin = %config.listen.admin,
+        shards = placement.shards,
+        driver,
+        revisions = control.revision_count(),
+        "kactivator is serving"
+    );
+    on_ready();
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("control")
+        .build()?;
+    runtime.block_on(control.run(admin_listener))?;
+    for thread in threads {
+        let _ = thread.join();
+    }
+    tracing::info!("drained; bye");
+    Ok(())
+}
