@@ -472,6 +472,11 @@ async fn exchange(
         let mut receive = pin!(receive);
         let mut sent: Option<Result<(), SendError>> = None;
         let received = poll_fn(|cx| {
+            // The response side goes first: a client that closes right after reading the whole
+            // response must not turn a finished exchange into an abort.
+            if let Poll::Ready(received) = receive.as_mut().poll(cx) {
+                return Poll::Ready(Some(received));
+            }
             if sent.is_none() {
                 if let Poll::Ready(result) = send.as_mut().poll(cx) {
                     sent = Some(result);
@@ -483,7 +488,7 @@ async fn exchange(
             ) {
                 return Poll::Ready(None);
             }
-            receive.as_mut().poll(cx).map(Some)
+            Poll::Pending
         })
         .await;
         // The response is done. A request side still reading ahead is interrupted without losing

@@ -1,0 +1,423 @@
+//! Shared harness for end-to-end tests: starts the real `kactivator` binary on loopback with a
+//! generated config, waits until it is ready, and offers small blocking HTTP helpers.
+//!
+//! The I/O driver comes from `KACTIVATOR_DRIVER` in the environment, so `.ci/run` runs every
+//! test once per driver.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kactivator_testkit::ports::free_port;
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// A running kactivator process, killed on drop.
+pub struct Activator {
+    child: Option<Child>,
+    pub http: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: PathBuf,
+    pub config_path: PathBuf,
+}
+
+/// A `[[revisions]]` table for the config.
+pub fn revision(namespace: &str, name: &str, pods: &[SocketAddr], extra: &str) -> String {
+    let pods: Vec<String> = pods.iter().map(|pod| format!("\"{pod}\"")).collect();
+    format!(
+        "[[revisions]]\nnamespace = \"{namespace}\"\nname = \"{name}\"\npods = [{}]\n{extra}\n",
+        pods.join(", ")
+    )
+}
+
+pub fn scratch_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "kactivator-test-{}-{}",
+        std::process::id(),
+        NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+impl Activator {
+    /// Starts kactivator with these `[[revisions]]` and default settings (2 shards).
+    pub fn start(revisions: &str) -> Activator {
+        Activator::start_with(revisions, "", &["--shards", "2"], &[])
+    }
+
+    /// Starts kactivator with revisions, extra `[proxy]` keys, flags and environment.
+    pub fn start_with(
+        revisions: &str,
+        proxy: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Activator {
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let dir = scratch_dir();
+        let config_path = dir.join("kactivator.toml");
+        let config = format!("[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 1\n{proxy}\n\n{revisions}");
+        std::fs::write(&config_path, config).expect("write config");
+        let mut activator = Activator {
+            child: None,
+            http,
+            admin,
+            dir,
+            config_path,
+        };
+        activator.spawn(args, env);
+        activator.wait_ready();
+        activator
+    }
+
+    fn spawn(&mut self, args: &[&str], env: &[(&str, &str)]) {
+        let stderr = std::fs::File::create(self.dir.join("stderr.log")).expect("stderr log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kactivator"));
+        command
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(args)
+            .env("KACTIVATOR_LOG", "info,kactivator_shards=debug");
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        self.child = Some(command.spawn().expect("spawn kactivator"));
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|child| child.try_wait().ok().flatten())
+            {
+                panic!(
+                    "kactivator exited during start-up ({status}):\n{}",
+                    self.stderr()
+                );
+            }
+            if admin_get(self.admin, "/readyz").is_some_and(|(status, _)| status == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("kactivator did not become ready:\n{}", self.stderr());
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
+    pub fn metrics(&self) -> String {
+        admin_get(self.admin, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    /// Sum of a metric's samples whose label set contains every `labels` fragment.
+    pub fn metric_sum(&self, name: &str, labels: &[&str]) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
+            .filter(|line| labels.iter().all(|label| line.contains(label)))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Resident memory of the process in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn send_signal(&self, signal: &str) {
+        Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill");
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut()?.try_wait().ok().flatten() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let stream = TcpStream::connect(self.http).expect("connect to kactivator");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        stream
+    }
+}
+
+impl Drop for Activator {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- kactivator stderr ---\n{}", self.stderr());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `GET path` on the admin port: (status, body), or None if it does not answer.
+pub fn admin_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).ok()?;
+    let response = parse_response(&raw)?;
+    Some((
+        response.status,
+        String::from_utf8_lossy(&response.body).into_owned(),
+    ))
+}
+
+/// A parsed HTTP/1.x response.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub version: u8,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Bytes after this response (the next pipelined one).
+    pub rest: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Parses one complete response from `raw` (Content-Length, chunked, or to the end).
+pub fn parse_response(raw: &[u8]) -> Option<Response> {
+    parse_response_to(raw, false)
+}
+
+fn parse_response_to(raw: &[u8], head_request: bool) -> Option<Response> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut parsed = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(head_len) = parsed.parse(raw).ok()? else {
+        return None;
+    };
+    let status = parsed.code?;
+    let version = parsed.version?;
+    let headers: Vec<(String, String)> = parsed
+        .headers
+        .iter()
+        .map(|h| {
+            (
+                h.name.to_string(),
+                String::from_utf8_lossy(h.value).into_owned(),
+            )
+        })
+        .collect();
+    let find = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let rest = &raw[head_len..];
+    let no_body = head_request || status == 204 || status == 304 || (100..200).contains(&status);
+    let (body, consumed) = if no_body {
+        (Vec::new(), 0)
+    } else if find("transfer-encoding")
+        .is_some_and(|te| te.to_ascii_lowercase().contains("chunked"))
+    {
+        decode_chunked(rest)?
+    } else if let Some(length) = find("content-length") {
+        let length: usize = length.trim().parse().ok()?;
+        if rest.len() < length {
+            return None;
+        }
+        (rest[..length].to_vec(), length)
+    } else {
+        (rest.to_vec(), rest.len())
+    };
+    Some(Response {
+        status,
+        version,
+        headers,
+        body,
+        rest: rest[consumed..].to_vec(),
+    })
+}
+
+/// Decodes a chunked body; returns (body, bytes consumed) or None if incomplete.
+pub fn decode_chunked(mut raw: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let total = raw.len();
+    let mut body = Vec::new();
+    loop {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&raw[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            // Trailers end with an empty line.
+            let end = raw
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map(|p| p + 4)
+                .or_else(|| raw.starts_with(b"\r\n").then_some(2))?;
+            let trailer_block = &raw[..end];
+            let end = if trailer_block.starts_with(b"\r\n") {
+                2
+            } else {
+                end
+            };
+            raw = &raw[end..];
+            return Some((body, total - raw.len()));
+        }
+        if raw.len() < size + 2 {
+            return None;
+        }
+        body.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+/// Reads from `stream` until one full response is parsed (or EOF).
+pub fn read_response(stream: &mut TcpStream, buffered: &mut Vec<u8>) -> Option<Response> {
+    read_response_for(stream, buffered, false)
+}
+
+pub fn read_response_for(
+    stream: &mut TcpStream,
+    buffered: &mut Vec<u8>,
+    head_request: bool,
+) -> Option<Response> {
+    let mut chunk = [0u8; 64 * 1024];
+    loop {
+        if let Some(response) = parse_complete(buffered, head_request) {
+            *buffered = response.rest.clone();
+            return Some(response);
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => {
+                return parse_response_to(buffered, head_request).map(|r| {
+                    buffered.clear();
+                    r
+                })
+            }
+            Ok(n) => buffered.extend_from_slice(&chunk[..n]),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Like parse_response but refuses a close-delimited body (it may not be complete yet).
+fn parse_complete(raw: &[u8], head_request: bool) -> Option<Response> {
+    let response = parse_response_to(raw, head_request)?;
+    let delimited = head_request
+        || response.header("content-length").is_some()
+        || response.header("transfer-encoding").is_some()
+        || response.status == 204
+        || response.status == 304
+        || (100..200).contains(&response.status);
+    delimited.then_some(response)
+}
+
+/// Sends `raw` on a new connection and reads one response.
+pub fn exchange(addr: SocketAddr, raw: &[u8]) -> Response {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream.write_all(raw).expect("write request");
+    let mut buffered = Vec::new();
+    read_response(&mut stream, &mut buffered).expect("a response")
+}
+
+/// A GET for revision `default/<name>` via the Knative headers.
+pub fn get(name: &str, path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: example.com\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: {name}\r\n\r\n")
+}
+
+/// Runs curl with the given arguments; returns (exit ok, stdout).
+pub fn curl(args: &[&str]) -> (bool, Vec<u8>) {
+    let output = Command::new("curl")
+        .args(["-sS", "--max-time", "60"])
+        .args(args)
+        .output()
+        .expect("curl is installed");
+    if !output.status.success() {
+        eprintln!(
+            "curl {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    (output.status.success(), output.stdout)
+}
+
+/// Waits until `condition` holds or the limit passes.
+pub fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    condition()
+}
+
+/// Reads a line-oriented stream until `needle` shows up.
+pub fn read_until(reader: &mut BufReader<TcpStream>, needle: &str) -> String {
+    let mut seen = String::new();
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        seen.push_str(&line);
+        if seen.contains(needle) {
+            break;
+        }
+        line.clear();
+    }
+    seen
+}
