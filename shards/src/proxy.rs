@@ -627,12 +627,13 @@ async fn send_request(
     body_sent.set(true);
     if meta.upgrade {
         // Bytes after an upgrade request belong to the new protocol; leave them to the splice.
-        return std::future::pending().await;
+        return Ok(());
     }
     // Read ahead (a pipelined request, or the FIN of a client that gave up) until interrupted.
     loop {
         if inbuf.len() >= WATCH_LIMIT {
-            return std::future::pending().await;
+            // Enough read ahead; stop watching rather than buffer without bound.
+            return Ok(());
         }
         match inbuf.fill_cancelable(reader, cancel.clone()).await {
             Ok(0) => return Err(SendError::ClientGone),

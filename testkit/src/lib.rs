@@ -1,1 +1,12 @@
-//! Real HTTP backends for tests, benchmarks and the demo.
+//! Real HTTP/1.1 backends for end-to-end tests, benchmarks and `kactivator demo`.
+//!
+//! Nothing here uses kactivator code: the backends are plain tokio + hyper servers, so a
+//! bug in the proxy cannot hide behind the same bug in the thing it is tested against.
+//! [`backend`] starts servers, [`pattern`] describes the checkable byte pattern served by
+//! `/bytes` and verified by `/sink`, and [`ports`] hands out free local ports.
+
+pub mod backend;
+pub mod pattern;
+pub mod ports;
+
+pub use pattern::{pattern_byte, pattern_checksum};

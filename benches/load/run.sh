@@ -1,0 +1,811 @@
+#!/usr/bin/env bash
+# Load benchmark: kactivator (io-uring and epoll drivers) against nginx and haproxy, side by side
+# on this machine, in the two 2-core layouts of BENCHMARKS.md, plus callgrind instructions per
+# proxied request. See benches/load/README.md for what the numbers mean.
+#
+#   bash benches/load/run.sh [--quick] [--rounds N] [--duration SECS] [--no-load]
+#                            [--no-callgrind] [--no-kactivator]
+#   KACTIVATOR_BIN=/path/to/kactivator bash benches/load/run.sh   # measure that binary, no build
+set -euo pipefail
+
+# The whole script is one compound command, so bash parses all of it before running any of it and
+# an edit to this file (git pull, a rebase) during a run cannot derail the run.
+{
+
+usage() {
+  cat <<'EOF'
+usage: bash benches/load/run.sh [options]
+
+  --quick            wrk 3 s, 1 round, smaller callgrind counts (a smoke test, not a figure)
+  --rounds N         wrk rounds per layout, order alternating between rounds (default 3)
+  --duration SECS    wrk duration per measurement (default 10)
+  --no-load          skip the wrk layouts
+  --no-callgrind     skip the callgrind instruction counts
+  --no-kactivator    measure only the direct path and the peers
+
+Environment: KACTIVATOR_BIN=PATH measures that kactivator binary instead of building
+target/release/kactivator. Results go to target/bench-results/load-<timestamp>.txt.
+EOF
+}
+
+# === options ===
+
+rounds=3
+duration=10
+warmup=1
+callgrind_n1=5000
+callgrind_n2=25000
+callgrind_connections=10
+want_load=1
+want_callgrind=1
+want_kactivator=1
+while (($#)); do
+  case "$1" in
+    --quick) rounds=1 duration=3 callgrind_n1=1000 callgrind_n2=6000 ;;
+    --rounds) rounds=${2:?--rounds needs a value}; shift ;;
+    --duration) duration=${2:?--duration needs a value}; shift ;;
+    --no-load) want_load=0 ;;
+    --no-callgrind) want_callgrind=0 ;;
+    --no-kactivator) want_kactivator=0 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --rounds must be a positive integer" >&2; exit 2; }
+[[ $duration =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --duration must be a positive integer" >&2; exit 2; }
+
+# === fixed layout of the benchmark ===
+
+readonly BACKEND_PORT=18100
+readonly KACT_URING_PORT=18400 KACT_URING_ADMIN=19400
+readonly KACT_EPOLL_PORT=18403 KACT_EPOLL_ADMIN=19403
+readonly NGINX_PORT=18401
+readonly HAPROXY_PORT=18402
+readonly PROXY_CPU=0 CLIENT_CPU=1
+# Routing headers for kactivator; the backend and the peers ignore them.
+readonly ROUTE_HEADERS=(-H 'Knative-Serving-Namespace: default' -H 'Knative-Serving-Revision: bench')
+# Generous start-up timeouts: valgrind makes start-up 10-50x slower.
+readonly START_TIMEOUT=10 VALGRIND_START_TIMEOUT=60 VALGRIND_EXIT_TIMEOUT=120
+# A wrk run during which other processes used more than this share (%) of the CPUs is flagged.
+readonly FOREIGN_CPU_LIMIT=5
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$repo"
+export PATH="$PATH:/usr/sbin:/sbin"
+
+stamp=$(date +%Y%m%d-%H%M%S)
+results_dir="$repo/target/bench-results"
+results="$results_dir/load-$stamp.txt"
+mkdir -p "$results_dir"
+: >"$results"
+
+work=$(mktemp -d /tmp/kactivator-load.XXXXXX)
+chmod 755 "$work" # nginx workers run as nobody and read below it
+records="$work/records.tsv" # layout round row rps p50_us p99_us errors foreign_cpu_percent
+: >"$records"
+
+log() { printf '[load %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() {
+  log "FATAL: $*"
+  exit 1
+}
+# Appends to the raw results file.
+raw() { printf '%s\n' "$*" >>"$results"; }
+
+# === process bookkeeping and clean-up ===
+
+started_pids=()
+
+descendants() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null || true); do
+    descendants "$child"
+    echo "$child"
+  done
+}
+
+# wait_exit PID TIMEOUT_SECS: returns 0 once PID has exited, 1 if it still runs at the timeout.
+wait_exit() {
+  local pid=$1 timeout=$2 i
+  for ((i = 0; i < timeout * 10; i++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  ! kill -0 "$pid" 2>/dev/null
+}
+
+# stop_pid PID [SIGNAL [TIMEOUT_SECS]]: signals PID (and its descendants, so that nginx workers do
+# not outlive their master), waits, then SIGKILLs whatever is left. Returns PID's exit status
+# when it was our child, 137 if it had to be killed.
+stop_pid() {
+  local pid=$1 signal=${2:-TERM} timeout=${3:-5} tree status=0
+  kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || status=$?; return "$status"; }
+  tree="$(descendants "$pid") $pid"
+  # shellcheck disable=SC2086 # word splitting of the pid list is intended
+  kill -s "$signal" $tree 2>/dev/null || true
+  if ! wait_exit "$pid" "$timeout"; then
+    # shellcheck disable=SC2086
+    kill -KILL $tree 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    return 137
+  fi
+  # shellcheck disable=SC2086
+  kill -KILL $tree 2>/dev/null || true # stray children of a master that already exited
+  wait "$pid" 2>/dev/null || status=$?
+  return "$status"
+}
+
+# shellcheck disable=SC2317 # reached through the EXIT trap
+cleanup() {
+  local status=$? pid stray
+  trap - EXIT INT TERM
+  for pid in "${started_pids[@]}"; do
+    stop_pid "$pid" TERM 3 || true
+  done
+  # Anything still running from our work directory (e.g. a child re-parented after its parent
+  # died) is ours.
+  stray=$(pgrep -f "$work" || true)
+  if [[ -n $stray ]]; then
+    log "killing stray processes: $stray"
+    # shellcheck disable=SC2086
+    kill -KILL $stray 2>/dev/null || true
+  fi
+  if ((status != 0)); then
+    local kept="$results_dir/load-$stamp-logs"
+    mkdir -p "$kept"
+    cp "$work"/*.log "$work"/*.err "$kept/" 2>/dev/null || true
+    if rmdir "$kept" 2>/dev/null; then
+      log "failed (exit $status)"
+    else
+      log "failed (exit $status); server logs kept in $kept/"
+    fi
+  fi
+  rm -rf "$work"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start NAME CPU COMMAND...: runs COMMAND pinned to CPU in the background, output in
+# $work/NAME.log; sets $last_pid.
+last_pid=
+start() {
+  local name=$1 cpu=$2
+  shift 2
+  taskset -c "$cpu" "$@" >"$work/$name.log" 2>&1 &
+  last_pid=$!
+  started_pids+=("$last_pid")
+  raw "start $name (pid $last_pid, cpu $cpu): $*"
+}
+
+forget_pid() {
+  local pid=$1 kept=() p
+  for p in "${started_pids[@]}"; do [[ $p == "$pid" ]] || kept+=("$p"); done
+  started_pids=("${kept[@]}")
+}
+
+log_tail() {
+  local name=$1
+  if [[ -s $work/$name.log ]]; then
+    sed 's/^/    | /' "$work/$name.log" | tail -n 15 >&2
+  fi
+  if [[ -s $work/$name.err ]]; then
+    sed 's/^/    | /' "$work/$name.err" | tail -n 15 >&2
+  fi
+}
+
+# wake PORT: opens and closes a TCP connection to PORT, to wake a reactor (see valgrind_wake_port).
+wake() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null || true
+}
+
+# http_status MAX_SECS WAKE_PORT CURL_ARGS...: prints the status of one curl request (000 if none).
+# With a WAKE_PORT, that port is woken every 50 ms while the request is pending.
+http_status() {
+  local max_time=$1 wake_port=$2 curl_pid status_file="$work/status.$BASHPID"
+  shift 2
+  if [[ -z $wake_port ]]; then
+    curl -s -o /dev/null -w '%{http_code}' --max-time "$max_time" "$@" || true
+    return 0
+  fi
+  curl -s -o /dev/null -w '%{http_code}' --max-time "$max_time" "$@" >"$status_file" &
+  curl_pid=$!
+  while kill -0 "$curl_pid" 2>/dev/null; do
+    wake "$wake_port"
+    sleep 0.05
+  done
+  wait "$curl_pid" 2>/dev/null || true
+  cat "$status_file"
+  rm -f "$status_file"
+}
+
+# wait_http NAME PID URL TIMEOUT_SECS [WAKE_PORT]: polls URL until it answers 200 while PID lives,
+# waking WAKE_PORT while each request is pending if given. Returns 1 (after saying why) if PID
+# exits or the timeout passes.
+wait_http() {
+  local name=$1 pid=$2 url=$3 timeout=$4 wake_port=${5:-} code deadline
+  deadline=$((SECONDS + timeout))
+  while ((SECONDS < deadline)); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      log "$name exited during start-up (pid $pid); last log lines:"
+      log_tail "$name"
+      return 1
+    fi
+    code=$(http_status 2 "$wake_port" "$url")
+    [[ $code == 200 ]] && return 0
+    sleep 0.1
+  done
+  log "$name did not answer 200 on $url within ${timeout}s (last status: ${code:-none}); last log lines:"
+  log_tail "$name"
+  return 1
+}
+
+# check_proxied NAME URL: one request through the data path must return 200 "ok" from the
+# backend.
+check_proxied() {
+  local name=$1 url=$2 body
+  body=$(curl -s --max-time 5 -f "${ROUTE_HEADERS[@]}" "$url") || {
+    log "$name: GET $url failed: $(curl -s -o /dev/null -w 'status %{http_code}' --max-time 5 "${ROUTE_HEADERS[@]}" "$url" || true)"
+    return 1
+  }
+  [[ $body == ok ]] || { log "$name: GET $url returned body '${body:0:80}', expected 'ok'"; return 1; }
+}
+
+require_port_free() {
+  local port
+  for port in "$@"; do
+    if [[ -n $(ss -Htln "sport = :$port") ]]; then
+      die "port $port is already in use (ss -tlnp 'sport = :$port' shows who); stop it first"
+    fi
+  done
+}
+
+# cpu_snapshot: prints "busy total ours" in clock ticks. busy = user + nice + system + steal of all
+# CPUs; ours = CPU time of every process we started (and their children, e.g. nginx workers)
+# plus that of this shell's reaped children (wrk). busy - ours is what other work on the machine
+# took while we measured.
+cpu_snapshot() {
+  local pid p ticks ours=0 busy_total
+  busy_total=$(awk '/^cpu / { print $2 + $3 + $4 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  for pid in "${started_pids[@]}"; do
+    for p in $pid $(descendants "$pid"); do
+      # Fields after "pid (comm) ": utime and stime are the 12th and 13th.
+      ticks=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }')
+      ours=$((ours + ${ticks:-0}))
+    done
+  done
+  ticks=$(sed 's/^.*) //' "/proc/$$/stat" | awk '{ print $14 + $15 }')
+  echo "$busy_total $((ours + ticks))"
+}
+
+# foreign_percent BEFORE AFTER: share of the machine's CPU capacity that others used in between.
+foreign_percent() {
+  awk -v a="$1" -v b="$2" 'BEGIN {
+    split(a, x, " "); split(b, y, " ")
+    total = y[2] - x[2]; foreign = (y[1] - x[1]) - (y[3] - x[3])
+    if (foreign < 0) foreign = 0
+    printf "%d", (total > 0 ? 100 * foreign / total : 0)
+  }'
+}
+
+# === tools ===
+
+install_tools() {
+  local missing=() tool
+  for tool in wrk nginx haproxy valgrind curl; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+  done
+  command -v callgrind_annotate >/dev/null || missing+=(valgrind)
+  command -v ss >/dev/null || missing+=(iproute2)
+  command -v taskset >/dev/null || missing+=(util-linux)
+  ((${#missing[@]})) || return 0
+  ((EUID == 0)) || die "missing ${missing[*]} and not root: apt-get install -y ${missing[*]}"
+  log "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+kactivator_bin=${KACTIVATOR_BIN:-$repo/target/release/kactivator}
+kactivator_note=
+
+build() {
+  log "building kactivator-loadgen (release)"
+  cargo build --release --quiet -p kactivator-loadgen || die "kactivator-loadgen did not build"
+  local target_dir=${CARGO_TARGET_DIR:-target}
+  [[ $target_dir == /* ]] || target_dir="$repo/$target_dir"
+  loadgen_bin="$target_dir/release/kactivator-loadgen"
+  [[ -x $loadgen_bin ]] || die "kactivator-loadgen built but $loadgen_bin is missing"
+
+  ((want_kactivator)) || { kactivator_note="kactivator rows not requested (--no-kactivator)"; return 0; }
+  if [[ -n ${KACTIVATOR_BIN:-} ]]; then
+    [[ -x $KACTIVATOR_BIN ]] || die "KACTIVATOR_BIN=$KACTIVATOR_BIN is not an executable file"
+    log "using KACTIVATOR_BIN=$KACTIVATOR_BIN (not building)"
+    return 0
+  fi
+  log "building kactivator (release, target dir $repo/target)"
+  if ! env -u CARGO_TARGET_DIR cargo build --release --quiet -p kactivator --bin kactivator \
+    >"$work/kactivator-build.log" 2>&1; then
+    log "kactivator does not build; its rows are skipped. Last lines of the build:"
+    tail -n 20 "$work/kactivator-build.log" | sed 's/^/    | /' >&2
+    kactivator_note="kactivator rows skipped: the binary does not build"
+    want_kactivator=0
+  fi
+}
+
+# === server configurations ===
+
+# nginx_conf FILE NAME PORT MODE: MODE is "backend" (return 200 "ok"), "proxy" (to the backend)
+# or "proxy-single" (proxy with master_process off, for valgrind).
+nginx_conf() {
+  local file=$1 name=$2 port=$3 mode=$4 location master=""
+  if [[ $mode == backend ]]; then
+    location='return 200 "ok";'
+  else
+    location='proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection "";'
+  fi
+  [[ $mode == proxy-single ]] && master="master_process off;"
+  mkdir -p "$work/$name-temp"
+  cat >"$file" <<EOF
+daemon off;
+$master
+worker_processes 1;
+pid $work/$name.pid;
+error_log $work/$name.err warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 10000000;
+  client_body_temp_path $work/$name-temp/body;
+  proxy_temp_path $work/$name-temp/proxy;
+  fastcgi_temp_path $work/$name-temp/fastcgi;
+  uwsgi_temp_path $work/$name-temp/uwsgi;
+  scgi_temp_path $work/$name-temp/scgi;
+  upstream be { server 127.0.0.1:$BACKEND_PORT; keepalive 128; keepalive_requests 10000000; }
+  server {
+    listen 127.0.0.1:$port reuseport backlog=4096;
+    location / { $location }
+  }
+}
+EOF
+}
+
+start_nginx() {
+  local name=$1 cpu=$2 port=$3 mode=$4
+  nginx_conf "$work/$name.conf" "$name" "$port" "$mode"
+  nginx -t -q -p "$work" -e "$work/$name.err" -c "$work/$name.conf" >"$work/$name.log" 2>&1 ||
+    { log_tail "$name"; die "$name: nginx rejected its configuration"; }
+  start "$name" "$cpu" nginx -p "$work" -e "$work/$name.err" -c "$work/$name.conf"
+}
+
+start_haproxy() {
+  local name=$1 cpu=$2
+  cat >"$work/$name.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 4000
+defaults
+  mode http
+  option http-keep-alive
+  http-reuse always
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend fe
+  bind 127.0.0.1:$HAPROXY_PORT
+  default_backend be
+backend be
+  server s1 127.0.0.1:$BACKEND_PORT
+EOF
+  start "$name" "$cpu" haproxy -db -f "$work/$name.cfg"
+}
+
+kactivator_conf() {
+  local file=$1 port=$2 admin=$3
+  cat >"$file" <<EOF
+[listen]
+http = "127.0.0.1:$port"
+admin = "127.0.0.1:$admin"
+
+[[revisions]]
+namespace = "default"
+name = "bench"
+container_concurrency = 0
+pods = ["127.0.0.1:$BACKEND_PORT"]
+EOF
+}
+
+# start_kactivator NAME DRIVER PORT ADMIN [WRAPPER...]: the wrapper (valgrind) goes before the
+# binary.
+start_kactivator() {
+  local name=$1 driver=$2 port=$3 admin=$4
+  shift 4
+  kactivator_conf "$work/$name.toml" "$port" "$admin"
+  start "$name" "$PROXY_CPU" "$@" "$kactivator_bin" --config "$work/$name.toml" --shards 1 --driver "$driver"
+}
+
+# stop_kactivator PID ADMIN_PORT TIMEOUT_SECS [WAKE_PORT]: asks for a clean exit over the admin
+# port (signals do not get through io_uring_enter under valgrind), waking WAKE_PORT until the
+# process is gone if given; signals only if that did not work.
+stop_kactivator() {
+  local pid=$1 admin=$2 timeout=$3 wake_port=${4:-} quit_pid i
+  curl -s -o /dev/null --max-time "$timeout" -X POST "http://127.0.0.1:$admin/quitquitquit" &
+  quit_pid=$!
+  for ((i = 0; i < timeout * 20; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    [[ -n $wake_port ]] && wake "$wake_port"
+    sleep 0.05
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "kactivator (pid $pid) still runs ${timeout}s after POST /quitquitquit; sending SIGTERM"
+  fi
+  kill "$quit_pid" 2>/dev/null || true
+  wait "$quit_pid" 2>/dev/null || true
+  stop_pid "$pid" TERM 5
+}
+
+# === the rows ===
+
+rows=(direct kact-uring kact-epoll nginx haproxy)
+declare -A label=(
+  [direct]="direct to backend"
+  [kact-uring]="kactivator io-uring"
+  [kact-epoll]="kactivator epoll"
+  [nginx]="nginx proxy"
+  [haproxy]="haproxy"
+)
+declare -A port_of=(
+  [direct]=$BACKEND_PORT
+  [kact-uring]=$KACT_URING_PORT
+  [kact-epoll]=$KACT_EPOLL_PORT
+  [nginx]=$NGINX_PORT
+  [haproxy]=$HAPROXY_PORT
+)
+declare -A skipped=() # row -> reason
+url_of() { echo "http://127.0.0.1:${port_of[$1]}/"; }
+
+# === wrk layouts ===
+
+to_us() { awk -v v="$1" 'BEGIN {
+  n = v + 0
+  if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1000000; else print n
+}'; }
+
+# measure LAYOUT ROUND ROW SECS: one wrk run; appends a record unless ROUND is "warmup".
+measure() {
+  local layout=$1 round=$2 row=$3 secs=$4 out rps p50 p99 errors before foreign
+  out="$work/wrk-$layout-$round-$row.txt"
+  before=$(cpu_snapshot)
+  if ! taskset -c "$CLIENT_CPU" wrk -t1 -c50 -d"${secs}s" --latency "${ROUTE_HEADERS[@]}" "$(url_of "$row")" >"$out" 2>&1; then
+    cat "$out" >&2
+    die "wrk failed against ${label[$row]} ($(url_of "$row"))"
+  fi
+  foreign=$(foreign_percent "$before" "$(cpu_snapshot)")
+  [[ $round == warmup ]] && return 0
+  rps=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
+  p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
+  p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
+  errors=$(awk '/Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 }
+                /Non-2xx or 3xx responses:/ { n += $5 }
+                END { print n + 0 }' "$out")
+  [[ -n $rps && -n $p50 && -n $p99 ]] || { cat "$out" >&2; die "could not parse wrk output for ${label[$row]}"; }
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$layout" "$round" "$row" "$rps" "$p50" "$p99" "$errors" "$foreign" >>"$records"
+  raw "--- wrk layout=$layout round=$round row=$row rps=$rps p50_us=$p50 p99_us=$p99 errors=$errors foreign_cpu=$foreign%"
+  cat "$out" >>"$results"
+  local note=""
+  ((errors == 0)) || note+=", $errors ERRORS"
+  ((foreign <= FOREIGN_CPU_LIMIT)) || note+=", other processes used $foreign% of the CPUs"
+  log "$layout round $round ${label[$row]}: ${rps} rps, p50 ${p50} us, p99 ${p99} us$note"
+}
+
+# run_layout LAYOUT BACKEND_CPU
+run_layout() {
+  local layout=$1 backend_cpu=$2 row round pids=() order=() active=()
+  log "layout $layout: proxies on cpu$PROXY_CPU, backend on cpu$backend_cpu, wrk on cpu$CLIENT_CPU"
+  require_port_free "$BACKEND_PORT" "$NGINX_PORT" "$HAPROXY_PORT" \
+    "$KACT_URING_PORT" "$KACT_URING_ADMIN" "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
+
+  start_nginx "backend-$layout" "$backend_cpu" "$BACKEND_PORT" backend
+  pids+=("$last_pid")
+  wait_http "backend-$layout" "$last_pid" "$(url_of direct)" "$START_TIMEOUT" ||
+    die "the nginx backend (backend-$layout) did not start"
+  check_proxied "backend" "$(url_of direct)" || die "the nginx backend answers wrongly"
+  active+=(direct)
+
+  start_nginx "nginx-$layout" "$PROXY_CPU" "$NGINX_PORT" proxy
+  pids+=("$last_pid")
+  if ! { wait_http "nginx-$layout" "$last_pid" "$(url_of nginx)" "$START_TIMEOUT" &&
+    check_proxied "nginx proxy" "$(url_of nginx)"; }; then
+    die "the nginx proxy (nginx-$layout) did not start"
+  fi
+  active+=(nginx)
+
+  start_haproxy "haproxy-$layout" "$PROXY_CPU"
+  pids+=("$last_pid")
+  if ! { wait_http "haproxy-$layout" "$last_pid" "$(url_of haproxy)" "$START_TIMEOUT" &&
+    check_proxied "haproxy" "$(url_of haproxy)"; }; then
+    die "haproxy (haproxy-$layout) did not start"
+  fi
+  active+=(haproxy)
+
+  local kact_pid_uring="" kact_pid_epoll=""
+  if ((want_kactivator)); then
+    for row in kact-uring kact-epoll; do
+      [[ -n ${skipped[$row]:-} ]] && continue
+      local driver=io-uring port=$KACT_URING_PORT admin=$KACT_URING_ADMIN
+      [[ $row == kact-epoll ]] && driver=epoll port=$KACT_EPOLL_PORT admin=$KACT_EPOLL_ADMIN
+      start_kactivator "$row-$layout" "$driver" "$port" "$admin"
+      if wait_http "$row-$layout" "$last_pid" "http://127.0.0.1:$admin/readyz" "$START_TIMEOUT" &&
+        check_proxied "${label[$row]}" "$(url_of "$row")"; then
+        active+=("$row")
+        if [[ $row == kact-uring ]]; then kact_pid_uring=$last_pid; else kact_pid_epoll=$last_pid; fi
+      else
+        skipped[$row]="did not start (--driver $driver); see the log above"
+        log "${label[$row]}: SKIPPED, ${skipped[$row]}"
+        stop_pid "$last_pid" TERM 2 || true
+        forget_pid "$last_pid"
+      fi
+    done
+  fi
+
+  # Fixed row order, restricted to what is up; rounds alternate forward and backward so that no
+  # row always runs first (or right after the same neighbour).
+  for row in "${rows[@]}"; do
+    [[ " ${active[*]} " == *" $row "* ]] && order+=("$row")
+  done
+  for row in "${order[@]}"; do measure "$layout" warmup "$row" "$warmup"; done
+  for ((round = 1; round <= rounds; round++)); do
+    if ((round % 2 == 1)); then
+      for row in "${order[@]}"; do measure "$layout" "$round" "$row" "$duration"; done
+    else
+      for ((i = ${#order[@]} - 1; i >= 0; i--)); do measure "$layout" "$round" "${order[i]}" "$duration"; done
+    fi
+  done
+
+  if [[ -n $kact_pid_uring ]]; then
+    stop_kactivator "$kact_pid_uring" "$KACT_URING_ADMIN" 5 || log "kactivator io-uring: exit status $? after quitquitquit"
+    forget_pid "$kact_pid_uring"
+  fi
+  if [[ -n $kact_pid_epoll ]]; then
+    stop_kactivator "$kact_pid_epoll" "$KACT_EPOLL_ADMIN" 5 || log "kactivator epoll: exit status $? after quitquitquit"
+    forget_pid "$kact_pid_epoll"
+  fi
+  local pid
+  for pid in "${pids[@]}"; do
+    stop_pid "$pid" TERM 5 || true
+    forget_pid "$pid"
+  done
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END {
+  if (NR == 0) exit
+  if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2
+}'; }
+
+# metric LAYOUT ROW COLUMN: median of a records column (4 rps, 5 p50, 6 p99); column 7 (errors)
+# is summed over the rounds instead.
+metric() {
+  if (($3 == 7)); then
+    awk -F'\t' -v l="$1" -v r="$2" '$1 == l && $3 == r { n += $7 } END { print n + 0 }' "$records"
+  else
+    awk -F'\t' -v l="$1" -v r="$2" -v c="$3" '$1 == l && $3 == r { print $c }' "$records" | median
+  fi
+}
+
+fmt_rps() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN { printf "%.1fk", v / 1000 }' || printf '—'; }
+fmt_us() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN { if (v < 1000) printf "%d µs", v + 0.5; else printf "%.2f ms", v / 1000 }' || printf '—'; }
+ratio() { [[ -n $1 && -n $2 ]] && awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "—" }' || printf '—'; }
+
+report_load() {
+  local row layout cells err errors any_errors=0
+  echo
+  echo "## Throughput and latency (wrk -t1 -c50 -d${duration}s, median of $rounds alternating round(s))"
+  echo
+  echo "| path | L1 rps | L1 p50 | L1 p99 | L2 rps | L2 p50 | L2 p99 |"
+  echo "|---|---|---|---|---|---|---|"
+  for row in "${rows[@]}"; do
+    cells=""
+    for layout in L1 L2; do
+      if [[ -z $(metric "$layout" "$row" 4) ]]; then
+        cells+=" skipped | — | — |"
+        continue
+      fi
+      errors=$(metric "$layout" "$row" 7)
+      err=""
+      if ((errors > 0)); then
+        any_errors=1
+        err=" (!$errors errors)"
+      fi
+      cells+=" $(fmt_rps "$(metric "$layout" "$row" 4)")$err | $(fmt_us "$(metric "$layout" "$row" 5)") | $(fmt_us "$(metric "$layout" "$row" 6)") |"
+    done
+    echo "| ${label[$row]} |$cells"
+  done
+  if ((any_errors)); then
+    echo
+    echo "(!N errors) = wrk counted N socket errors or non-2xx responses over the rounds: that row's figures are not valid."
+  fi
+  local noisy
+  noisy=$(awk -F'\t' -v limit="$FOREIGN_CPU_LIMIT" '$8 > limit { n++; if ($8 > max) max = $8 }
+    END { if (n) printf "in %d of %d wrk runs other processes used more than %d%% of the CPUs (up to %d%%)", n, NR, limit, max }' "$records")
+  if [[ -n $noisy ]]; then
+    echo
+    echo "WARNING: $noisy. The wall-clock figures above are not trustworthy;"
+    echo "rerun on a quiet machine (instruction counts are unaffected)."
+  fi
+  echo
+  echo "| rps ratio, same run | L1 | L2 |"
+  echo "|---|---|---|"
+  local pair a b
+  for pair in kact-uring:nginx kact-epoll:nginx kact-uring:haproxy kact-epoll:haproxy kact-uring:kact-epoll nginx:direct; do
+    a=${pair%%:*} b=${pair##*:}
+    echo "| ${label[$a]} ÷ ${label[$b]} | $(ratio "$(metric L1 "$a" 4)" "$(metric L1 "$b" 4)") | $(ratio "$(metric L2 "$a" 4)" "$(metric L2 "$b" 4)") |"
+  done
+}
+
+# === callgrind ===
+
+declare -A instructions=() # "row n" -> total instructions
+
+# callgrind_total FILE: the program's total instruction count from a complete callgrind output.
+# Callgrind writes the file only at exit and ends it with "totals:", so a missing totals line
+# means the profile is incomplete.
+callgrind_total() {
+  awk '/^totals:/ { n = $2 } END { if (n != "") print n }' "$1"
+}
+
+# callgrind_one ROW N: runs ROW under callgrind, drives N requests through it, stops it cleanly.
+#
+# Valgrind 3.19 does not release its big lock while a thread blocks in io_uring_enter, so while an
+# io-uring shard waits for completions every other thread of the process (the admin endpoint's
+# among them) is frozen: /readyz and /quitquitquit hang. Opening and closing a connection to the
+# data port wakes the shard and lets the other threads run; kactivator is woken that way while
+# its admin endpoint is polled. A bare connect costs a few thousand instructions and no proxied
+# request, the same few in both runs, so it does not show in the marginal figure.
+callgrind_one() {
+  local row=$1 n=$2 name="cg-$1-$2" out pid status=0 lg
+  out="$work/$name.out"
+  local valgrind=(valgrind --tool=callgrind "--callgrind-out-file=$out")
+  case $row in
+    nginx)
+      nginx_conf "$work/$name.conf" "$name" "$NGINX_PORT" proxy-single
+      start "$name" "$PROXY_CPU" "${valgrind[@]}" nginx -p "$work" -e "$work/$name.err" -c "$work/$name.conf"
+      pid=$last_pid
+      wait_http "$name" "$pid" "$(url_of nginx)" "$VALGRIND_START_TIMEOUT" ||
+        die "nginx under valgrind ($name) did not start"
+      ;;
+    kact-uring | kact-epoll)
+      local driver=io-uring port=$KACT_URING_PORT admin=$KACT_URING_ADMIN
+      [[ $row == kact-epoll ]] && driver=epoll port=$KACT_EPOLL_PORT admin=$KACT_EPOLL_ADMIN
+      start_kactivator "$name" "$driver" "$port" "$admin" "${valgrind[@]}"
+      pid=$last_pid
+      if ! wait_http "$name" "$pid" "http://127.0.0.1:$admin/readyz" "$VALGRIND_START_TIMEOUT" "$port"; then
+        stop_pid "$pid" KILL 2 || true
+        forget_pid "$pid"
+        return 1
+      fi
+      ;;
+  esac
+  check_proxied "$name" "$(url_of "$row")" || die "$name does not proxy to the backend"
+
+  lg=$(taskset -c "$CLIENT_CPU" "$loadgen_bin" --url "$(url_of "$row")" --requests "$n" \
+    --connections "$callgrind_connections" "${ROUTE_HEADERS[@]}" 2>"$work/$name-loadgen.err") || {
+    cat "$work/$name-loadgen.err" >&2
+    die "$name: loadgen reported errors: $lg"
+  }
+  raw "--- callgrind $name loadgen: $lg"
+
+  if [[ $row == nginx ]]; then
+    stop_pid "$pid" QUIT "$VALGRIND_EXIT_TIMEOUT" || status=$?
+  else
+    stop_kactivator "$pid" "${admin:?}" "$VALGRIND_EXIT_TIMEOUT" "${port:?}" || status=$?
+  fi
+  forget_pid "$pid"
+  ((status == 0)) || die "$name did not exit cleanly (status $status): its callgrind profile is incomplete"
+  local total
+  total=$(callgrind_total "$out")
+  [[ -n $total ]] || die "$name: no totals line in $out: the profile is incomplete"
+  instructions["$row $n"]=$total
+  mkdir -p "$results_dir/load-$stamp-callgrind"
+  cp "$out" "$results_dir/load-$stamp-callgrind/$row-$n.out"
+  raw "--- callgrind $name instructions=$total"
+  log "callgrind ${label[$row]}, $n requests: $total instructions"
+}
+
+run_callgrind() {
+  local row n backend_pid cg_rows=(nginx)
+  ((want_kactivator)) && cg_rows=(kact-uring kact-epoll nginx)
+  log "callgrind: proxy under valgrind on cpu$PROXY_CPU, backend and loadgen on cpu$CLIENT_CPU, $callgrind_connections connections"
+  require_port_free "$BACKEND_PORT" "$NGINX_PORT" "$KACT_URING_PORT" "$KACT_URING_ADMIN" "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
+  start_nginx backend-cg "$CLIENT_CPU" "$BACKEND_PORT" backend
+  backend_pid=$last_pid
+  wait_http backend-cg "$backend_pid" "$(url_of direct)" "$START_TIMEOUT" || die "the nginx backend (backend-cg) did not start"
+  for row in "${cg_rows[@]}"; do
+    if [[ -n ${skipped[$row]:-} ]]; then
+      log "${label[$row]} under callgrind: SKIPPED, it did not start without valgrind either"
+      continue
+    fi
+    for n in "$callgrind_n1" "$callgrind_n2"; do
+      if ! callgrind_one "$row" "$n"; then
+        skipped["cg-$row"]="did not start under valgrind"
+        log "${label[$row]} under callgrind: SKIPPED, did not start"
+        break
+      fi
+    done
+  done
+  stop_pid "$backend_pid" TERM 5 || true
+  forget_pid "$backend_pid"
+}
+
+# per_request ROW: marginal instructions per proxied request, (I(N2) - I(N1)) / (N2 - N1).
+per_request() {
+  local i1=${instructions["$1 $callgrind_n1"]:-} i2=${instructions["$1 $callgrind_n2"]:-}
+  [[ -n $i1 && -n $i2 ]] || return 0
+  awk -v a="$i1" -v b="$i2" -v n1="$callgrind_n1" -v n2="$callgrind_n2" 'BEGIN { printf "%.0f", (b - a) / (n2 - n1) }'
+}
+
+report_callgrind() {
+  local row nginx_per per
+  nginx_per=$(per_request nginx)
+  echo
+  echo "## Instructions per proxied request (callgrind, user space, all threads; (I(N2) - I(N1)) / (N2 - N1), $callgrind_connections connections)"
+  echo
+  echo "| proxy | I(N1=$callgrind_n1) | I(N2=$callgrind_n2) | instructions/request | ÷ nginx |"
+  echo "|---|---|---|---|---|"
+  for row in kact-uring kact-epoll nginx; do
+    per=$(per_request "$row")
+    if [[ -z $per ]]; then
+      echo "| ${label[$row]} | skipped | — | — | — |"
+      continue
+    fi
+    echo "| ${label[$row]} | ${instructions["$row $callgrind_n1"]} | ${instructions["$row $callgrind_n2"]} | $per | $(ratio "$per" "$nginx_per") |"
+  done
+}
+
+# === main ===
+
+started_at=$SECONDS
+{
+  echo "kactivator load benchmark $stamp"
+  echo "host: $(uname -r), $(nproc) CPUs; $(wrk --version 2>&1 | head -n 1); $(nginx -v 2>&1); $(haproxy -v | head -n 1)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)')"
+  echo "options: rounds=$rounds duration=${duration}s callgrind N1=$callgrind_n1 N2=$callgrind_n2 kactivator=$kactivator_bin"
+} >>"$results"
+
+install_tools
+build
+if ((!want_kactivator)); then
+  skipped[kact-uring]=$kactivator_note
+  skipped[kact-epoll]=$kactivator_note
+fi
+
+if ((want_load)); then
+  run_layout L1 "$PROXY_CPU"
+  run_layout L2 "$CLIENT_CPU"
+fi
+if ((want_callgrind)); then
+  run_callgrind
+fi
+
+{
+  echo
+  echo "# kactivator load benchmark, $stamp ($(nproc) CPUs, $(uname -r))"
+  if ((want_load)); then report_load; fi
+  if ((want_callgrind)); then report_callgrind; fi
+  echo
+  for row in "${!skipped[@]}"; do
+    if [[ $row == cg-* ]]; then
+      echo "- skipped ${label[${row#cg-}]} under callgrind: ${skipped[$row]}"
+    else
+      echo "- skipped ${label[$row]}: ${skipped[$row]}"
+    fi
+  done
+  echo "Raw results: $results ($((SECONDS - started_at)) s)"
+} | tee -a "$results"
+
+# A kactivator that builds but does not start is a failure; one that does not build yet is not.
+for row in "${!skipped[@]}"; do
+  [[ ${skipped[$row]} == "did not start"* ]] && exit 1
+done
+exit 0
+}

@@ -1,0 +1,323 @@
+//! Test backends: real HTTP/1.1 servers that mimic a Knative queue-proxy in front of a
+//! user container, with routes for streaming, delays, trailers, upgrades and half-close.
+//!
+//! Each backend built by [`spawn`] runs on its own OS thread with a current-thread tokio
+//! runtime, so it never competes with the code under test for a runtime, and it exposes
+//! its counters ([`Stats`]) as shared atomics.
+//!
+//! Routes (every response carries `X-Backend: <name>`, plus `X-Knative-Revision-Name` and
+//! `X-Knative-Revision-Namespace` when configured):
+//!
+//! | route | response |
+//! |---|---|
+//! | `/` | `hello from <name>\n` |
+//! | `/healthz` | `queue` if `K-Network-Probe: queue`, else `ok` |
+//! | `/echo` | the request body, streamed back; Content-Type and Content-Length copied |
+//! | `/headers` | JSON describing method, uri, version, headers and `body_bytes` |
+//! | `/bytes/<n>` | `n` pattern bytes with a Content-Length |
+//! | `/chunked/<n>` | `n` pattern bytes, chunked |
+//! | `/sink` | JSON `{"bytes": n, "checksum": c}` of the request body |
+//! | `/delay/<ms>` | `slept <ms>\n` after sleeping |
+//! | `/status/<code>` | that status with `status <code>\n` (no body for 204 and 304) |
+//! | `/trailers` | chunked `hello\n` with trailers `x-checksum: abc`, `x-final: yes` |
+//! | `/slow-body/<n>/<ms>` | `n` KiB of pattern bytes, one KiB every `ms` |
+//! | `/close` | `bye\n` with `Connection: close` |
+//! | `/ws` | websocket echo |
+//! | `/ws-half-close` | raw echo after `Upgrade: echo`, reporting the client's half-close |
+//! | anything else | 404 `no route\n` |
+//!
+//! Routes that do not use the request body read and discard it before responding, so
+//! that the connection stays reusable.
+
+mod bodies;
+mod routes;
+mod stats;
+mod upgrades;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
+
+pub use crate::pattern::{pattern_byte, pattern_checksum};
+pub use stats::Stats;
+pub use upgrades::EOF_MARKER;
+
+use routes::Identity;
+use stats::{ConnectionGuard, Counters};
+
+/// Pending-connection queue length; the standard library's 128 overflows under the
+/// connection storms of benchmarks.
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// Pause after a failed accept (typically out of file descriptors), so the accept loop
+/// does not spin while the condition lasts.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+/// Who a backend claims to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendConfig {
+    /// Sent as `X-Backend` and in the `/` greeting.
+    pub name: String,
+    /// Sent as `X-Knative-Revision-Name` when set.
+    pub revision_name: Option<String>,
+    /// Sent as `X-Knative-Revision-Namespace` when set.
+    pub revision_namespace: Option<String>,
+}
+
+impl BackendConfig {
+    /// A backend called `name`, without revision headers.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            revision_name: None,
+            revision_namespace: None,
+        }
+    }
+
+    /// Adds the revision headers a queue-proxy would send.
+    pub fn with_revision(
+        mut self,
+        revision_name: impl Into<String>,
+        revision_namespace: impl Into<String>,
+    ) -> Self {
+        self.revision_name = Some(revision_name.into());
+        self.revision_namespace = Some(revision_namespace.into());
+        self
+    }
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        Self::named("backend")
+    }
+}
+
+/// State shared by all connections of one backend.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    identity: Identity,
+    counters: Arc<Counters>,
+}
+
+impl Shared {
+    fn new(config: &BackendConfig) -> io::Result<Self> {
+        Ok(Self {
+            identity: Identity::new(
+                &config.name,
+                config.revision_name.as_deref(),
+                config.revision_namespace.as_deref(),
+            )?,
+            counters: Arc::default(),
+        })
+    }
+}
+
+/// State of one accepted connection; alive as long as the connection (or the stream it
+/// was upgraded to) is.
+#[derive(Debug)]
+pub(crate) struct ConnectionContext {
+    shared: Arc<Shared>,
+    _open: ConnectionGuard,
+}
+
+/// Starts a backend on 127.0.0.1 with an ephemeral port; see [`BackendHandle::addr`].
+pub fn spawn(config: BackendConfig) -> io::Result<BackendHandle> {
+    spawn_on(SocketAddr::from(([127, 0, 0, 1], 0)), config)
+}
+
+/// Starts a backend on `addr` on its own thread. Binding happens before this returns, so
+/// the backend accepts connections as soon as the handle exists.
+pub fn spawn_on(addr: SocketAddr, config: BackendConfig) -> io::Result<BackendHandle> {
+    let shared = Arc::new(Shared::new(&config)?);
+    let runtime = build_runtime()?;
+    let listener = {
+        // Binding registers the socket with this runtime's reactor, which needs its context.
+        let _entered = runtime.enter();
+        bind(addr)?
+    };
+    let local_addr = listener.local_addr()?;
+    let counters = Arc::clone(&shared.counters);
+    let (stop_sender, stop_receiver) = oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name(format!("backend-{}", config.name))
+        .spawn(move || {
+            // A dropped sender counts as a stop request too, hence the ignored result.
+            runtime.block_on(serve(listener, shared, async move {
+                let _ = stop_receiver.await;
+            }));
+            // Dropping the runtime cancels every connection task, closing their sockets.
+            drop(runtime);
+        })?;
+    Ok(BackendHandle {
+        addr: local_addr,
+        counters,
+        stop_sender: Some(stop_sender),
+        thread: Some(thread),
+    })
+}
+
+/// A running backend. Dropping it stops the backend, like [`BackendHandle::shutdown`].
+#[derive(Debug)]
+pub struct BackendHandle {
+    addr: SocketAddr,
+    counters: Arc<Counters>,
+    stop_sender: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BackendHandle {
+    /// The address the backend listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr><path>`, for clients that want a URL.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot()
+    }
+
+    /// Zeroes `requests` and `connections_accepted` and restarts `max_in_flight` from the
+    /// current `in_flight`. The gauges `in_flight` and `connections_open` keep counting
+    /// what is actually live.
+    pub fn reset_stats(&self) {
+        self.counters.reset();
+    }
+
+    /// Stops accepting, closes every connection and joins the backend's thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(stop_sender) = self.stop_sender.take() {
+            let _ = stop_sender.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            // A panic on the backend thread has already been reported by the panic hook;
+            // re-raising it here could abort a test that is unwinding.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for BackendHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Runs a backend on the current thread until the process receives SIGTERM or SIGINT,
+/// then returns `Ok(())`.
+pub fn run_forever(addr: SocketAddr, config: BackendConfig) -> io::Result<()> {
+    run_until_signal(addr, config, |_| {})
+}
+
+/// Like [`run_forever`], and calls `on_ready` with the bound address once the backend
+/// accepts connections and the signal handlers are installed (so a signal sent after
+/// `on_ready` always ends in a clean exit, never the default signal action).
+pub fn run_until_signal(
+    addr: SocketAddr,
+    config: BackendConfig,
+    on_ready: impl FnOnce(SocketAddr),
+) -> io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+
+    let shared = Arc::new(Shared::new(&config)?);
+    let runtime = build_runtime()?;
+    runtime.block_on(async move {
+        let listener = bind(addr)?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        on_ready(listener.local_addr()?);
+        let stop = async move {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        };
+        serve(listener, shared, stop).await;
+        Ok(())
+    })
+}
+
+fn build_runtime() -> io::Result<Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// Binds a listener with address reuse (so a backend can be restarted on the port it
+/// just left, as a restarted pod would be) and a deep accept queue.
+fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Accepts connections until `stop` completes.
+async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: impl Future<Output = ()>) {
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = &mut stop => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _peer)) => serve_connection(stream, &shared),
+            Err(error) => {
+                tracing::warn!(%error, "test backend failed to accept a connection");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
+}
+
+fn serve_connection(stream: TcpStream, shared: &Arc<Shared>) {
+    // Small responses should leave immediately, as they do from Go's queue-proxy, which
+    // also disables Nagle's algorithm.
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "could not disable Nagle's algorithm");
+    }
+    let connection = Arc::new(ConnectionContext {
+        shared: Arc::clone(shared),
+        _open: shared.counters.connection_opened(),
+    });
+    // The service owns the context; hyper drops the service when the connection ends,
+    // which releases `connections_open` unless an upgrade task still holds the context.
+    let service = service_fn(move |request| {
+        let connection = Arc::clone(&connection);
+        async move { Ok::<_, Infallible>(routes::handle(request, connection).await) }
+    });
+    tokio::spawn(async move {
+        let served = http1::Builder::new()
+            .writev(true)
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades()
+            .await;
+        if let Err(error) = served {
+            tracing::debug!(%error, "test backend connection ended with an error");
+        }
+    });
+}

@@ -1,0 +1,52 @@
+//! `kactivator-testbackend`: one test backend as a standalone process, for demos and for
+//! tests that need the backend outside their own process (to kill it, for example).
+//!
+//! Prints `listening on <addr>` once ready and serves until SIGTERM or SIGINT.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::Parser;
+use kactivator_testkit::backend::{run_until_signal, BackendConfig};
+
+/// A Knative-queue-proxy-like HTTP/1.1 backend for exercising kactivator.
+#[derive(Debug, Parser)]
+#[command(name = "kactivator-testbackend", version)]
+struct Arguments {
+    /// Address to listen on; port 0 picks a free port (see the `listening on` line).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    listen: SocketAddr,
+    /// Name reported in `X-Backend` and the `/` greeting.
+    #[arg(long)]
+    name: String,
+    /// Revision name reported in `X-Knative-Revision-Name`.
+    #[arg(long)]
+    revision_name: Option<String>,
+    /// Revision namespace reported in `X-Knative-Revision-Namespace`.
+    #[arg(long)]
+    revision_namespace: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let arguments = Arguments::parse();
+    let config = BackendConfig {
+        name: arguments.name,
+        revision_name: arguments.revision_name,
+        revision_namespace: arguments.revision_namespace,
+    };
+    let served = run_until_signal(arguments.listen, config, |addr| {
+        // Whoever started this process waits for this line to learn the port, so it must
+        // not sit in a buffer.
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "listening on {addr}");
+        let _ = stdout.flush();
+    });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("kactivator-testbackend: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
