@@ -122,6 +122,9 @@ fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
     }
 }
 
+/// A per-shard metric: name, help text, and how to read it.
+type ShardMetric = (&'static str, &'static str, fn(&ShardStats) -> u64);
+
 fn render_shards(out: &mut String, stats: &AllShardStats) {
     out.push_str("# HELP kactivator_shard_info The I/O driver each shard runs on.\n# TYPE kactivator_shard_info gauge\n");
     for shard in stats.iter() {
@@ -132,7 +135,7 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             shard.driver()
         );
     }
-    let gauges: [(&str, &str, fn(&ShardStats) -> u64); 2] = [
+    let gauges: [ShardMetric; 2] = [
         (
             "kactivator_shard_routing_version",
             "Routing snapshot version the shard serves.",
@@ -150,7 +153,7 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
         }
     }
-    let counters: [(&str, &str, fn(&ShardStats) -> u64); 9] = [
+    let counters: [ShardMetric; 9] = [
         (
             "kactivator_shard_connections_accepted_total",
             "Client connections accepted.",

@@ -33,7 +33,7 @@ use crate::pool::UpstreamConn;
 use crate::probes::{self, Health};
 use crate::race::{race, Either};
 use crate::replica::{LocalPod, LocalRevision};
-use crate::rewrite::{self, client_framing, ClientFraming};
+use crate::rewrite::{self, client_framing, ClientFraming, ClientSide, LocalResponse};
 use crate::shard::Shard;
 
 /// Once the first byte of a request arrived, its head must complete within this (Go's
@@ -131,13 +131,17 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, peer: 
                 );
                 conn.response_out.clear();
                 rewrite::write_local_response(
-                    error.status(),
-                    body.as_bytes(),
-                    None,
-                    true,
-                    Version::Http11,
-                    false,
-                    false,
+                    &LocalResponse {
+                        status: error.status(),
+                        body: body.as_bytes(),
+                        extra_header: None,
+                        error_style: true,
+                    },
+                    ClientSide {
+                        version: Version::Http11,
+                        keep_alive: false,
+                        head_only: false,
+                    },
                     &mut conn.response_out,
                 );
                 let _ = write_all(&mut conn.writer, &mut conn.response_out).await;
@@ -206,13 +210,17 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
             .as_ref()
             .map(|(name, value)| (*name, value.as_slice()));
         rewrite::write_local_response(
-            answer.status,
-            &answer.body,
-            extra,
-            answer.error_style,
-            meta.version,
-            keep_alive,
-            meta.method == Method::Head,
+            &LocalResponse {
+                status: answer.status,
+                body: &answer.body,
+                extra_header: extra,
+                error_style: answer.error_style,
+            },
+            ClientSide {
+                version: meta.version,
+                keep_alive,
+                head_only: meta.method == Method::Head,
+            },
             &mut conn.response_out,
         );
         conn.inbuf.consume(head_len);
@@ -236,13 +244,17 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
             meta.keep_alive && meta.body == BodyKind::Empty && !shard.stopping.is_set();
         conn.response_out.clear();
         rewrite::write_local_response(
-            404,
-            body.as_bytes(),
-            None,
-            true,
-            meta.version,
-            keep_alive,
-            meta.method == Method::Head,
+            &LocalResponse {
+                status: 404,
+                body: body.as_bytes(),
+                extra_header: None,
+                error_style: true,
+            },
+            ClientSide {
+                version: meta.version,
+                keep_alive,
+                head_only: meta.method == Method::Head,
+            },
             &mut conn.response_out,
         );
         conn.inbuf.consume(head_len);
@@ -379,13 +391,17 @@ async fn respond_error(
     conn.response_out.clear();
     let error_style = status != 504;
     rewrite::write_local_response(
-        status,
-        body,
-        None,
-        error_style,
-        meta.version,
-        keep_alive,
-        meta.method == Method::Head,
+        &LocalResponse {
+            status,
+            body,
+            extra_header: None,
+            error_style,
+        },
+        ClientSide {
+            version: meta.version,
+            keep_alive,
+            head_only: meta.method == Method::Head,
+        },
         &mut conn.response_out,
     );
     (status, finish_local(conn, keep_alive).await)

@@ -209,41 +209,55 @@ pub fn write_response_head(
     out.extend_from_slice(b"\r\n");
 }
 
-/// Writes a complete response the activator produces itself. `error_style` adds the headers Go's
-/// `http.Error` sends.
-pub fn write_local_response(
-    status: u16,
-    body: &[u8],
-    extra_header: Option<(&str, &[u8])>,
-    error_style: bool,
-    version: Version,
-    keep_alive: bool,
-    head_only: bool,
-    out: &mut Vec<u8>,
-) {
-    out.extend_from_slice(match version {
+/// A complete response the activator produces itself.
+#[derive(Clone, Copy, Debug)]
+pub struct LocalResponse<'a> {
+    pub status: u16,
+    pub body: &'a [u8],
+    pub extra_header: Option<(&'a str, &'a [u8])>,
+    /// Go `http.Error` style: adds `X-Content-Type-Options: nosniff`.
+    pub error_style: bool,
+}
+
+/// What the client side of the connection needs to frame a response.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientSide {
+    pub version: Version,
+    pub keep_alive: bool,
+    /// The request was HEAD: headers only.
+    pub head_only: bool,
+}
+
+/// Writes a response the activator makes itself.
+pub fn write_local_response(response: &LocalResponse<'_>, client: ClientSide, out: &mut Vec<u8>) {
+    out.extend_from_slice(match client.version {
         Version::Http10 => b"HTTP/1.0 ",
         Version::Http11 => b"HTTP/1.1 ",
     });
-    let _ = write!(out, "{status} {}\r\n", reason_phrase(status));
-    if !body.is_empty() || error_style {
+    let _ = write!(
+        out,
+        "{} {}\r\n",
+        response.status,
+        reason_phrase(response.status)
+    );
+    if !response.body.is_empty() || response.error_style {
         out.extend_from_slice(b"Content-Type: text/plain; charset=utf-8\r\n");
     }
-    if error_style {
+    if response.error_style {
         out.extend_from_slice(b"X-Content-Type-Options: nosniff\r\n");
     }
-    if let Some((name, value)) = extra_header {
+    if let Some((name, value)) = response.extra_header {
         put_header(out, name.as_bytes(), value);
     }
-    let _ = write!(out, "Content-Length: {}\r\n", body.len());
-    match (keep_alive, version) {
+    let _ = write!(out, "Content-Length: {}\r\n", response.body.len());
+    match (client.keep_alive, client.version) {
         (false, _) => out.extend_from_slice(b"Connection: close\r\n"),
         (true, Version::Http10) => out.extend_from_slice(b"Connection: keep-alive\r\n"),
         (true, Version::Http11) => {}
     }
     out.extend_from_slice(b"\r\n");
-    if !head_only {
-        out.extend_from_slice(body);
+    if !client.head_only {
+        out.extend_from_slice(response.body);
     }
 }
 
@@ -445,16 +459,18 @@ mod tests {
     #[test]
     fn local_error_responses_match_go_http_error() {
         let mut out = Vec::new();
-        write_local_response(
-            404,
-            b"nope\n",
-            None,
-            true,
-            Version::Http11,
-            true,
-            false,
-            &mut out,
-        );
+        let response = LocalResponse {
+            status: 404,
+            body: b"nope\n",
+            extra_header: None,
+            error_style: true,
+        };
+        let client = ClientSide {
+            version: Version::Http11,
+            keep_alive: true,
+            head_only: false,
+        };
+        write_local_response(&response, client, &mut out);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n\

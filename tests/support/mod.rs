@@ -76,7 +76,48 @@ impl Activator {
         activator
     }
 
+    /// Like `start_with`, but the child runs under a seccomp filter that refuses io_uring.
+    pub fn start_without_io_uring(
+        revisions: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Activator, String> {
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let dir = scratch_dir();
+        let config_path = dir.join("kactivator.toml");
+        let config = format!("[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 1\n\n{revisions}");
+        std::fs::write(&config_path, config).expect("write config");
+        let mut activator = Activator {
+            child: None,
+            http,
+            admin,
+            dir,
+            config_path,
+        };
+        activator.spawn_with(args, env, true);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Some(status) = activator
+                .child
+                .as_mut()
+                .and_then(|child| child.try_wait().ok().flatten())
+            {
+                return Err(format!("exited with {status}: {}", activator.stderr()));
+            }
+            if admin_get(activator.admin, "/readyz").is_some_and(|(status, _)| status == 200) {
+                return Ok(activator);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!("never became ready: {}", activator.stderr()))
+    }
+
     fn spawn(&mut self, args: &[&str], env: &[(&str, &str)]) {
+        self.spawn_with(args, env, false);
+    }
+
+    fn spawn_with(&mut self, args: &[&str], env: &[(&str, &str)], refuse_io_uring: bool) {
         let stderr = std::fs::File::create(self.dir.join("stderr.log")).expect("stderr log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_kactivator"));
         command
@@ -91,6 +132,14 @@ impl Activator {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
+        if refuse_io_uring {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec and only calls
+            // async-signal-safe prctl(2) with data that lives on its stack.
+            unsafe {
+                command.pre_exec(refuse_io_uring_setup);
+            }
+        }
         self.child = Some(command.spawn().expect("spawn kactivator"));
     }
 
@@ -341,9 +390,8 @@ pub fn read_response_for(
         }
         match stream.read(&mut chunk) {
             Ok(0) => {
-                return parse_response_to(buffered, head_request).map(|r| {
+                return parse_response_to(buffered, head_request).inspect(|_r| {
                     buffered.clear();
-                    r
                 })
             }
             Ok(n) => buffered.extend_from_slice(&chunk[..n]),
@@ -420,4 +468,56 @@ pub fn read_until(reader: &mut BufReader<TcpStream>, needle: &str) -> String {
         line.clear();
     }
     seen
+}
+
+/// Installs a seccomp filter making `io_uring_setup` fail with EPERM, as Docker's and
+/// containerd's default profiles do. Runs in the child between fork and exec.
+fn refuse_io_uring_setup() -> std::io::Result<()> {
+    const IO_URING_SETUP: u32 = 425; // same number on x86_64 and aarch64
+    let filter = [
+        // Load the syscall number.
+        libc::sock_filter {
+            code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: IO_URING_SETUP,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: plain prctl calls; `program` and `filter` outlive them.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &program as *const libc::sock_fprog,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
