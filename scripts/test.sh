@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole test suite, exactly as CI runs it: formatting, lints, then every test once per I/O
+# driver (io_uring and epoll), then a replay of the codec's fuzz seeds.
+#
+# Works on a fresh machine with a Rust toolchain: it installs the few system tools the
+# end-to-end tests drive (curl) when they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_packages=()
+command -v curl >/dev/null 2>&1 || need_packages+=(curl)
+if ((${#need_packages[@]})); then
+  echo "== installing ${need_packages[*]}"
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq && apt-get install -y -qq "${need_packages[@]}"
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq "${need_packages[@]}"
+  fi
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+for driver in io-uring epoll; do
+  echo "== test suite, driver: $driver"
+  KACTIVATOR_DRIVER=$driver cargo test --workspace --locked
+done
+
+echo "== replaying the HTTP/1 codec's fuzz seeds"
+cargo test --manifest-path shards/h1/fuzz/Cargo.toml --locked
+
+echo "== all green"
