@@ -45,8 +45,11 @@ impl StartError {
 pub fn init_logging(logging: &Logging) {
     let filter = tracing_subscriber::EnvFilter::try_new(&logging.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    // Colour codes only for a person at a terminal, never into a log file or collector.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match logging.log_format {
         LogFormat::Json => builder.json().try_init(),

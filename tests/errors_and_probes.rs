@@ -270,3 +270,45 @@ fn a_client_that_vanishes_while_waiting_for_the_response_is_noticed() {
         backend.stats()
     );
 }
+
+#[test]
+fn a_pooled_connection_the_pod_closed_while_idle_is_not_used() {
+    // A pod that answers one request per connection with keep-alive, then closes the idle
+    // connection shortly after: the next request must go out on a fresh connection, not fail.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf);
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                std::thread::sleep(Duration::from_millis(50));
+                // Closing an idle keep-alive connection is the pod's right.
+            });
+        }
+    });
+    let activator = Activator::start(&revision("default", "flaky", &[addr], ""));
+    let mut stream = activator.connect();
+    let mut buffered = Vec::new();
+    for _ in 0..3 {
+        stream.write_all(get("flaky", "/").as_bytes()).unwrap();
+        let response = support::read_response(&mut stream, &mut buffered).unwrap();
+        assert_eq!((response.status, response.text().as_str()), (200, "ok"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "each request needed a fresh connection"
+    );
+    assert!(
+        activator.metric_sum("kactivator_shard_upstream_stale_discards_total", &[]) >= 2.0,
+        "{}",
+        activator.metrics()
+    );
+}

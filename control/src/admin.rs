@@ -27,7 +27,7 @@ pub struct AdminState {
 /// Serves admin requests until the runtime stops.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
                 tracing::warn!("admin accept failed: {error}");
@@ -37,7 +37,9 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
         };
         let state = state.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| handle(request, state.clone()));
+            let local = peer.ip().is_loopback();
+            let service =
+                hyper::service::service_fn(move |request| handle(request, state.clone(), local));
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
@@ -45,9 +47,11 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     }
 }
 
+/// `from_loopback`: the caller is on this host; only such callers may stop the process.
 async fn handle(
     request: Request<Incoming>,
     state: Arc<AdminState>,
+    from_loopback: bool,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let response = match (request.method(), request.uri().path()) {
         (&Method::GET, "/metrics") => {
@@ -73,6 +77,10 @@ async fn handle(
                 text(StatusCode::SERVICE_UNAVAILABLE, "starting\n".into())
             }
         }
+        (&Method::POST, "/quitquitquit") if !from_loopback => text(
+            StatusCode::FORBIDDEN,
+            "quitquitquit is only accepted from loopback\n".into(),
+        ),
         (&Method::POST, "/quitquitquit") => {
             tracing::info!("exit requested through the admin port");
             // Let the response go out first.

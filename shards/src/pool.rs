@@ -6,7 +6,6 @@
 //! longer than the idle timeout are closed by a sweep.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
@@ -14,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use monoio::io::{OwnedReadHalf, OwnedWriteHalf, Splitable};
 use monoio::net::TcpStream;
+use rustc_hash::FxHashMap;
 
 use crate::buffer::InBuf;
 use crate::error::{TransportCause, UpstreamError};
@@ -100,14 +100,14 @@ impl Default for PoolConfig {
 /// One shard's idle connections, by pod address.
 pub struct Pool {
     config: PoolConfig,
-    idle: RefCell<HashMap<SocketAddr, Vec<UpstreamConn>>>,
+    idle: RefCell<FxHashMap<SocketAddr, Vec<UpstreamConn>>>,
 }
 
 impl Pool {
     pub fn new(config: PoolConfig) -> Pool {
         Pool {
             config,
-            idle: RefCell::new(HashMap::new()),
+            idle: RefCell::new(FxHashMap::default()),
         }
     }
 

@@ -58,7 +58,10 @@ struct ClientConn {
     request_out: Vec<u8>,
     /// Response bytes on their way to the client.
     response_out: Vec<u8>,
-    peer: SocketAddr,
+    /// The client's IP as text, for `X-Forwarded-For`; formatted once per connection.
+    peer_ip: Vec<u8>,
+    /// Interrupts the read-ahead on the client once a response is complete; one per connection.
+    canceller: Canceller,
     head: RequestHead,
     response_head: ResponseHead,
     key: String,
@@ -112,7 +115,8 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, peer: 
         inbuf: InBuf::with_capacity(16 * 1024),
         request_out: Vec::with_capacity(4 * 1024),
         response_out: Vec::with_capacity(4 * 1024),
-        peer,
+        peer_ip: peer.ip().to_string().into_bytes(),
+        canceller: Canceller::new(),
         head: RequestHead::default(),
         response_head: ResponseHead::default(),
         key: String::new(),
@@ -271,7 +275,7 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
     }
     conn.request_out.clear();
     let host_at =
-        rewrite::write_request_head(&conn.head, buf, conn.peer.ip(), &mut conn.request_out);
+        rewrite::write_request_head(&conn.head, buf, &conn.peer_ip, &mut conn.request_out);
     conn.inbuf.consume(head_len);
 
     let counters = revision.counters.clone();
@@ -348,7 +352,7 @@ async fn proxy_request(
         }
     };
     let _in_flight = InFlight::enter(&pod);
-    rewrite::insert_host(&mut conn.request_out, host_at, pod.tracker.addr);
+    rewrite::insert_host(&mut conn.request_out, host_at, &pod.host_line);
 
     let upstream = match shard.pool.checkout(pod.tracker.addr, shard.stats()).await {
         Ok(upstream) => upstream,
@@ -451,10 +455,10 @@ async fn exchange(
         response_out,
         response_head,
         request_id,
+        canceller,
         ..
     } = &mut *conn;
     let body_sent = Cell::new(false);
-    let canceller = Canceller::new();
     let addr = upstream.addr;
     let UpstreamConn {
         reader: upstream_reader,
@@ -510,7 +514,9 @@ async fn exchange(
         // The response is done. A request side still reading ahead is interrupted without losing
         // bytes; one still sending the body is abandoned, and both connections close.
         if received.is_some() && sent.is_none() && body_sent.get() {
-            canceller.cancel();
+            // Cancelling hands back a fresh canceller that keeps the old one's bookkeeping
+            // capacity, so a keep-alive connection allocates nothing here after its first request.
+            *canceller = std::mem::take(canceller).cancel();
             sent = Some(send.await);
         }
         (received, sent)

@@ -140,12 +140,58 @@ enum Reactor {
     Epoll(Runtime<monoio::time::TimeDriver<LegacyDriver>>),
 }
 
+/// io_uring setup flags used unless `KACTIVATOR_URING_SETUP` says otherwise.
+///
+/// Measured here (BENCHMARKS.md, layout L2): without flags the io_uring driver ran at 0.86× the
+/// epoll driver, because every completion interrupts the running shard to run kernel task work.
+/// `COOP_TASKRUN` defers that work to our next kernel entry, `SINGLE_ISSUER` lets the kernel
+/// skip submission locking (one shard thread owns its ring), `DEFER_TASKRUN` batches completion
+/// work into `io_uring_enter(GETEVENTS)`. With all three io_uring ran at 1.12× epoll.
+/// Kernels older than 6.1 refuse some of them; the shard then retries without flags.
+pub const DEFAULT_URING_SETUP: &str = "coop,single,defer";
+
+/// Parses a comma list of `coop`, `single`, `defer`, `taskrun` (or `none`) into a builder.
+fn uring_builder(flags: &str) -> io_uring::Builder {
+    let mut builder = io_uring::IoUring::builder();
+    for flag in flags
+        .split(',')
+        .map(str::trim)
+        .filter(|flag| !flag.is_empty() && *flag != "none")
+    {
+        match flag {
+            "coop" => builder.setup_coop_taskrun(),
+            "single" => builder.setup_single_issuer(),
+            "defer" => builder.setup_defer_taskrun(),
+            "taskrun" => builder.setup_taskrun_flag(),
+            other => {
+                tracing::warn!("ignoring unknown io_uring setup flag {other:?}");
+                continue;
+            }
+        };
+    }
+    builder
+}
+
 fn build_runtime(choice: DriverChoice) -> Result<Reactor, String> {
     let uring = || {
-        RuntimeBuilder::<IoUringDriver>::new()
-            .with_entries(URING_ENTRIES)
-            .enable_timer()
-            .build()
+        let flags = std::env::var("KACTIVATOR_URING_SETUP")
+            .unwrap_or_else(|_| DEFAULT_URING_SETUP.to_string());
+        let build = |flags: &str| {
+            RuntimeBuilder::<IoUringDriver>::new()
+                .with_entries(URING_ENTRIES)
+                .uring_builder(uring_builder(flags))
+                .enable_timer()
+                .build()
+        };
+        build(&flags).or_else(|error| {
+            if flags.is_empty() || flags == "none" {
+                return Err(error);
+            }
+            tracing::warn!(
+                "io_uring setup flags {flags:?} refused ({error}); retrying without them"
+            );
+            build("none")
+        })
     };
     let epoll = || {
         RuntimeBuilder::<LegacyDriver>::new()

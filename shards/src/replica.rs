@@ -5,9 +5,10 @@
 //! here is each pod's in-flight counter.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
 
 use crate::metrics::{RevisionCounters, ShardStats};
 use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
@@ -17,6 +18,15 @@ use crate::signal::LocalNotify;
 #[derive(Debug)]
 pub struct LocalPod {
     pub tracker: Arc<PodTracker>,
+    /// `Host: <ip:port>\r\n`, formatted once here rather than for every request.
+    pub host_line: Box<[u8]>,
+}
+
+impl LocalPod {
+    pub fn new(tracker: Arc<PodTracker>) -> LocalPod {
+        let host_line = crate::rewrite::host_line(tracker.addr);
+        LocalPod { tracker, host_line }
+    }
 }
 
 /// One revision as seen by one shard. Survives route updates: waiters and counters stay.
@@ -55,11 +65,7 @@ impl LocalRevision {
         *self.pods.borrow_mut() = route
             .pods
             .iter()
-            .map(|tracker| {
-                Rc::new(LocalPod {
-                    tracker: tracker.clone(),
-                })
-            })
+            .map(|tracker| Rc::new(LocalPod::new(tracker.clone())))
             .collect();
         *self.route.borrow_mut() = route;
         self.removed.set(false);
@@ -70,9 +76,9 @@ impl LocalRevision {
 /// The shard's routing table.
 #[derive(Debug, Default)]
 pub struct Replica {
-    revisions: RefCell<HashMap<Arc<str>, Rc<LocalRevision>>>,
+    revisions: RefCell<FxHashMap<Arc<str>, Rc<LocalRevision>>>,
     /// Metric blocks outlive a revision's removal so counters never go backwards.
-    counters: RefCell<HashMap<Arc<str>, Arc<RevisionCounters>>>,
+    counters: RefCell<FxHashMap<Arc<str>, Arc<RevisionCounters>>>,
     version: Cell<u64>,
 }
 

@@ -3,7 +3,7 @@
 //! a caller's buffer, so the steady state allocates nothing.
 
 use std::io::Write;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use kactivator_h1::{BodyKind, RequestHead, ResponseHead, Version};
 
@@ -46,7 +46,7 @@ const CONSUMED_REQUEST_HEADERS: [&str; 7] = [
 pub fn write_request_head(
     head: &RequestHead,
     buf: &[u8],
-    client: IpAddr,
+    client_ip: &[u8],
     out: &mut Vec<u8>,
 ) -> usize {
     out.extend_from_slice(head.method_span.of(buf));
@@ -104,7 +104,7 @@ pub fn write_request_head(
         out.extend_from_slice(previous);
         out.extend_from_slice(b", ");
     }
-    let _ = write!(out, "{client}");
+    out.extend_from_slice(client_ip);
     out.extend_from_slice(b"\r\n");
     if wants_trailers {
         out.extend_from_slice(b"TE: trailers\r\n");
@@ -121,13 +121,25 @@ pub fn write_request_head(
     host_at
 }
 
-/// Inserts `Host: <pod>` at the offset [`write_request_head`] returned.
-pub fn insert_host(out: &mut Vec<u8>, host_at: usize, pod: SocketAddr) {
-    let mut line = [0u8; 64];
-    let mut cursor = std::io::Cursor::new(&mut line[..]);
-    let _ = write!(cursor, "Host: {pod}\r\n");
-    let len = cursor.position() as usize;
-    out.splice(host_at..host_at, line[..len].iter().copied());
+/// Inserts the pod's `Host: <ip:port>\r\n` line (see [`host_line`]) at the offset
+/// [`write_request_head`] returned.
+pub fn insert_host(out: &mut Vec<u8>, host_at: usize, host_line: &[u8]) {
+    out.splice(host_at..host_at, host_line.iter().copied());
+}
+
+/// The `Host` line for a pod, formatted once per pod rather than once per request.
+pub fn host_line(pod: SocketAddr) -> Box<[u8]> {
+    format!("Host: {pod}\r\n").into_bytes().into_boxed_slice()
+}
+
+/// Appends a status code as three ASCII digits without going through `core::fmt`.
+fn push_status(out: &mut Vec<u8>, status: u16) {
+    let status = status.min(999);
+    out.extend_from_slice(&[
+        b'0' + (status / 100) as u8,
+        b'0' + (status / 10 % 10) as u8,
+        b'0' + (status % 10) as u8,
+    ]);
 }
 
 /// How the response body will be framed towards the client.
@@ -164,7 +176,8 @@ pub fn write_response_head(
         Version::Http10 => b"HTTP/1.0 ",
         Version::Http11 => b"HTTP/1.1 ",
     });
-    let _ = write!(out, "{} ", head.status);
+    push_status(out, head.status);
+    out.push(b' ');
     out.extend_from_slice(head.reason.of(buf));
     out.extend_from_slice(b"\r\n");
     let connection_named = response_connection_tokens(head, buf);
@@ -358,13 +371,12 @@ mod tests {
             Ok(Parsed::Complete)
         ));
         let mut out = Vec::new();
-        let host_at = write_request_head(
-            &head,
-            raw.as_bytes(),
-            "192.168.1.9".parse().unwrap(),
+        let host_at = write_request_head(&head, raw.as_bytes(), b"192.168.1.9", &mut out);
+        insert_host(
             &mut out,
+            host_at,
+            &host_line("10.0.0.5:8012".parse().unwrap()),
         );
-        insert_host(&mut out, host_at, "10.0.0.5:8012".parse().unwrap());
         String::from_utf8(out).unwrap()
     }
 

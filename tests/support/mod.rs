@@ -132,12 +132,21 @@ impl Activator {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
-        if refuse_io_uring {
+        {
             use std::os::unix::process::CommandExt;
             // SAFETY: the closure runs in the forked child before exec and only calls
             // async-signal-safe prctl(2) with data that lives on its stack.
             unsafe {
-                command.pre_exec(refuse_io_uring_setup);
+                command.pre_exec(move || {
+                    // A test runner that is killed must not leave kactivators behind.
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if refuse_io_uring {
+                        refuse_io_uring_setup()?;
+                    }
+                    Ok(())
+                });
             }
         }
         self.child = Some(command.spawn().expect("spawn kactivator"));
