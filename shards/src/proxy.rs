@@ -43,6 +43,8 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 const WRITE_CHUNK: usize = 64 * 1024;
 /// While waiting for a response, read ahead at most this much of a pipelined next request.
 const WATCH_LIMIT: usize = 64 * 1024;
+/// How long after the request is sent the client connection starts being watched.
+const READ_AHEAD_DELAY: Duration = Duration::from_millis(5);
 /// Status recorded for requests whose client went away (nginx's convention).
 pub const CLIENT_CLOSED: u16 = 499;
 
@@ -411,6 +413,17 @@ async fn respond_error(
     (status, finish_local(conn, keep_alive).await)
 }
 
+/// How far the request side got; the response side reads it to decide how to stop it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SendPhase {
+    /// Head or body still going to the pod.
+    Body,
+    /// Everything sent; waiting a moment before reading ahead on the client.
+    Sent,
+    /// A cancelable read on the client is in flight.
+    ReadingAhead,
+}
+
 /// Why sending the request stopped early.
 #[derive(Debug)]
 enum SendError {
@@ -458,7 +471,7 @@ async fn exchange(
         canceller,
         ..
     } = &mut *conn;
-    let body_sent = Cell::new(false);
+    let phase = Cell::new(SendPhase::Body);
     let addr = upstream.addr;
     let UpstreamConn {
         reader: upstream_reader,
@@ -474,7 +487,7 @@ async fn exchange(
             reader,
             inbuf,
             upstream_writer,
-            &body_sent,
+            &phase,
             canceller.handle(),
         );
         let receive = receive_response(
@@ -513,15 +526,16 @@ async fn exchange(
         .await;
         // The response is done. A request side still reading ahead is interrupted without losing
         // bytes; one still sending the body is abandoned, and both connections close.
-        if received.is_some() && sent.is_none() && body_sent.get() {
+        if received.is_some() && sent.is_none() && phase.get() == SendPhase::ReadingAhead {
             // Cancelling hands back a fresh canceller that keeps the old one's bookkeeping
             // capacity, so a keep-alive connection allocates nothing here after its first request.
             *canceller = std::mem::take(canceller).cancel();
             sent = Some(send.await);
         }
+        // In `Sent` no read is in flight: dropping the request side loses nothing.
         (received, sent)
     };
-    let request_complete = body_sent.get();
+    let request_complete = phase.get() != SendPhase::Body;
     let Some(received) = received else {
         shard.stats().client_aborts.increment();
         return match sent {
@@ -588,7 +602,7 @@ async fn send_request(
     reader: &mut OwnedReadHalf<TcpStream>,
     inbuf: &mut InBuf,
     upstream: &mut OwnedWriteHalf<TcpStream>,
-    body_sent: &Cell<bool>,
+    phase: &Cell<SendPhase>,
     cancel: monoio::io::CancelHandle,
 ) -> Result<(), SendError> {
     let mut decoder = BodyDecoder::new(meta.body);
@@ -646,12 +660,16 @@ async fn send_request(
             Ok(_) => {}
         }
     }
-    body_sent.set(true);
+    phase.set(SendPhase::Sent);
     if meta.upgrade {
         // Bytes after an upgrade request belong to the new protocol; leave them to the splice.
         return Ok(());
     }
     // Read ahead (a pipelined request, or the FIN of a client that gave up) until interrupted.
+    // Most responses arrive within microseconds; waiting a moment first saves a read and its
+    // cancellation per request, and a vanished client is still noticed within milliseconds.
+    monoio::time::sleep(READ_AHEAD_DELAY).await;
+    phase.set(SendPhase::ReadingAhead);
     loop {
         if inbuf.len() >= WATCH_LIMIT {
             // Enough read ahead; stop watching rather than buffer without bound.
