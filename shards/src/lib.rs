@@ -17,6 +17,7 @@ pub mod rewrite;
 pub mod routing;
 pub mod shard;
 pub mod signal;
+pub mod throttle;
 pub mod topology;
 
 pub use proxy::{CLIENT_CLOSED, HEAD_TIMEOUT};

@@ -1,0 +1,4 @@
+//! The throttling core, sans-IO: per-pod slots shared across shards, and (as they land) load
+//! balancing, capacity maths and subsetting. Nothing here awaits or reads a clock.
+
+pub mod slots;
