@@ -59,14 +59,13 @@ pub fn write_request_head(
     let run_id = head
         .header(buf, "x-run-id")
         .filter(|value| !value.is_empty());
-    let mut forwarded_for: Option<&[u8]> = None;
+    let mut forwarded_for = false;
     let mut has_original_host = false;
     let mut wants_trailers = false;
     for (name, value) in head.headers(buf) {
         if name.eq_ignore_ascii_case(b"x-forwarded-for") {
-            // Go joins repeated X-Forwarded-For values; the last one is enough to chain, and
-            // repeated headers are rare, so keep the first and let later ones be folded in.
-            forwarded_for = Some(forwarded_for.map_or(value, |first| first));
+            // Re-emitted below as one header with the client appended.
+            forwarded_for = true;
             continue;
         }
         if name.eq_ignore_ascii_case(b"te") {
@@ -100,9 +99,15 @@ pub fn write_request_head(
         put_header(out, b"X-Request-Id", run_id);
     }
     out.extend_from_slice(b"K-Proxy-Request: activator\r\nX-Forwarded-For: ");
-    if let Some(previous) = forwarded_for {
-        out.extend_from_slice(previous);
-        out.extend_from_slice(b", ");
+    if forwarded_for {
+        // As Go's ReverseProxy: every earlier value, joined with ", ", then the client.
+        let earlier = head
+            .headers(buf)
+            .filter(|(name, _)| name.eq_ignore_ascii_case(b"x-forwarded-for"));
+        for (_, value) in earlier {
+            out.extend_from_slice(value);
+            out.extend_from_slice(b", ");
+        }
     }
     out.extend_from_slice(client_ip);
     out.extend_from_slice(b"\r\n");
@@ -393,6 +398,16 @@ mod tests {
              K-Original-Host: hello.default.svc.cluster.local\r\nK-Proxy-Request: activator\r\n\
              X-Forwarded-For: 192.168.1.9\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn repeated_forwarded_for_headers_are_joined_before_the_client() {
+        let out = outbound("GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2, 3.3.3.3\r\n\r\n");
+        assert!(
+            out.contains("X-Forwarded-For: 1.1.1.1, 2.2.2.2, 3.3.3.3, 192.168.1.9\r\n"),
+            "{out}"
+        );
+        assert_eq!(out.matches("X-Forwarded-For").count(), 1, "{out}");
     }
 
     #[test]
