@@ -312,3 +312,52 @@ fn a_pooled_connection_the_pod_closed_while_idle_is_not_used() {
         activator.metrics()
     );
 }
+
+#[test]
+fn a_large_single_chunk_followed_by_its_end_completes_at_once() {
+    // The pod writes one 300 KB chunk and the terminating chunk in one go, then keeps the
+    // connection open: the end is already buffered when the proxy's output fills, and it must
+    // be forwarded without waiting for bytes the pod will never send.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let size = 300_000;
+                    let mut response = format!(
+                        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{size:x}\r\n"
+                    )
+                    .into_bytes();
+                    response.extend(std::iter::repeat_n(b'z', size));
+                    response.extend_from_slice(b"\r\n0\r\n\r\n");
+                    let _ = stream.write_all(&response);
+                }
+            });
+        }
+    });
+    let activator = Activator::start(&revision(
+        "default",
+        "bigchunk",
+        &[addr],
+        "timeout_seconds = 20",
+    ));
+    let mut stream = activator.connect();
+    let mut buffered = Vec::new();
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        stream.write_all(get("bigchunk", "/").as_bytes()).unwrap();
+        let response = support::read_response(&mut stream, &mut buffered).unwrap();
+        assert_eq!((response.status, response.body.len()), (200, 300_000));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+}

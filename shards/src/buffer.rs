@@ -116,6 +116,12 @@ impl InBuf {
         }
     }
 
+    /// Appends bytes as if read from a socket (unit tests of code that consumes an `InBuf`).
+    #[cfg(test)]
+    pub fn extend_for_test(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
     /// Capacity currently held, for memory checks.
     pub fn capacity(&self) -> usize {
         self.buf.capacity()

@@ -17,8 +17,8 @@ use std::time::Duration;
 use monoio::time::Instant;
 
 use kactivator_h1::{
-    encode_chunk, encode_last_chunk, parse_request, parse_response, BodyDecoder, BodyEvent,
-    BodyKind, HeadError, Method, Parsed, RequestHead, ResponseHead, Version,
+    encode_chunk, encode_last_chunk, parse_request, parse_response, BodyDecoder, BodyError,
+    BodyEvent, BodyKind, HeadError, Method, Parsed, RequestHead, ResponseHead, Version,
 };
 use monoio::io::{
     AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Canceller, OwnedReadHalf, OwnedWriteHalf,
@@ -607,57 +607,23 @@ async fn send_request(
 ) -> Result<(), SendError> {
     let mut decoder = BodyDecoder::new(meta.body);
     let mut trailers: Option<Vec<u8>> = None;
+    let chunked = meta.body == BodyKind::Chunked;
     loop {
-        // Move every body byte already buffered into `out`, behind the head.
-        let mut finished = false;
-        loop {
-            let (consumed, event) = decoder
-                .decode(inbuf.data())
-                .map_err(|_| SendError::ClientBody)?;
-            match event {
-                Some(BodyEvent::Data(data)) => {
-                    if meta.body == BodyKind::Chunked {
-                        encode_chunk(data, out);
-                    } else {
-                        out.extend_from_slice(data);
-                    }
-                    inbuf.consume(consumed);
-                    if out.len() >= WRITE_CHUNK {
-                        break;
-                    }
-                }
-                Some(BodyEvent::Trailers(raw)) => {
-                    trailers = Some(raw.to_vec());
-                    inbuf.consume(consumed);
-                }
-                Some(BodyEvent::End) => {
-                    if meta.body == BodyKind::Chunked {
-                        encode_last_chunk(trailers.as_deref(), out);
-                    }
-                    inbuf.consume(consumed);
-                    finished = true;
-                    break;
-                }
-                None => {
-                    inbuf.consume(consumed);
-                    break;
-                }
-            }
-        }
+        // Move the body bytes already buffered into `out`, behind the head.
+        let progress = reframe(&mut decoder, inbuf, chunked, &mut trailers, out)
+            .map_err(|_| SendError::ClientBody)?;
         if !out.is_empty() {
             write_all(upstream, out)
                 .await
                 .map_err(|_| SendError::Upstream)?;
         }
-        if finished {
-            break;
-        }
-        if decoder.is_done() {
-            continue;
-        }
-        match inbuf.fill(reader).await {
-            Ok(0) | Err(_) => return Err(SendError::ClientGone),
-            Ok(_) => {}
+        match progress {
+            Reframed::Finished => break,
+            Reframed::OutputFull => continue,
+            Reframed::NeedInput => match inbuf.fill(reader).await {
+                Ok(0) | Err(_) => return Err(SendError::ClientGone),
+                Ok(_) => {}
+            },
         }
     }
     phase.set(SendPhase::Sent);
@@ -798,63 +764,36 @@ async fn receive_response(
     let mut decoder = BodyDecoder::new(head.body);
     let mut trailers: Option<Vec<u8>> = None;
     let mut wrote_head = false;
+    let chunked = framing == ClientFraming::Chunked;
     loop {
-        let mut finished = false;
-        loop {
-            let (consumed, event) = match decoder.decode(upstream_inbuf.data()) {
-                Ok(step) => step,
-                Err(error) if !wrote_head => {
-                    return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
-                        addr,
-                        reason: error.to_string(),
-                    }))
-                }
-                Err(_) => return Err(ReceiveError::Truncated),
-            };
-            match event {
-                Some(BodyEvent::Data(data)) => {
-                    match framing {
-                        ClientFraming::Chunked => encode_chunk(data, out),
-                        ClientFraming::AsIs | ClientFraming::UntilClose => {
-                            out.extend_from_slice(data)
-                        }
-                    }
-                    upstream_inbuf.consume(consumed);
-                    if out.len() >= WRITE_CHUNK {
-                        break;
-                    }
-                }
-                Some(BodyEvent::Trailers(raw)) => {
-                    trailers = Some(raw.to_vec());
-                    upstream_inbuf.consume(consumed);
-                }
-                Some(BodyEvent::End) => {
-                    upstream_inbuf.consume(consumed);
-                    finished = true;
-                    break;
-                }
-                None => {
-                    upstream_inbuf.consume(consumed);
-                    break;
-                }
+        let progress = match reframe(&mut decoder, upstream_inbuf, chunked, &mut trailers, out) {
+            Ok(progress) => progress,
+            Err(error) if !wrote_head => {
+                return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
+                    addr,
+                    reason: error.to_string(),
+                }))
             }
-        }
-        if finished && framing == ClientFraming::Chunked {
-            encode_last_chunk(trailers.as_deref(), out);
-        }
+            Err(_) => return Err(ReceiveError::Truncated),
+        };
         if !out.is_empty() {
             write_all(client, out)
                 .await
                 .map_err(|_| ReceiveError::Truncated)?;
             wrote_head = true;
         }
-        if finished {
-            return Ok(Received {
-                status,
-                client_keep_alive,
-                upstream_reusable,
-                upgraded: false,
-            });
+        match progress {
+            Reframed::Finished => {
+                return Ok(Received {
+                    status,
+                    client_keep_alive,
+                    upstream_reusable,
+                    upgraded: false,
+                });
+            }
+            // More is already buffered: never wait on the socket for bytes we hold.
+            Reframed::OutputFull => continue,
+            Reframed::NeedInput => {}
         }
         let deadline = match deadlines.idle {
             Some(idle) => deadlines.total.min(Instant::now() + idle),
@@ -881,6 +820,60 @@ async fn receive_response(
             }
             Ok(Ok(_)) => {}
             Ok(Err(_)) | Err(_) => return Err(ReceiveError::Truncated),
+        }
+    }
+}
+
+/// How far [`reframe`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reframed {
+    /// The body ended; its end is framed in the output.
+    Finished,
+    /// The output holds a write's worth; undecoded input may remain.
+    OutputFull,
+    /// Everything buffered was used; read more.
+    NeedInput,
+}
+
+/// Moves decoded body bytes from `input` into `out` in the outgoing framing (chunked or raw),
+/// until the output holds a write's worth, the input runs dry, or the body ends. Trailers are
+/// kept and written with the last chunk.
+fn reframe(
+    decoder: &mut BodyDecoder,
+    input: &mut InBuf,
+    chunked: bool,
+    trailers: &mut Option<Vec<u8>>,
+    out: &mut Vec<u8>,
+) -> Result<Reframed, BodyError> {
+    loop {
+        let (consumed, event) = decoder.decode(input.data())?;
+        match event {
+            Some(BodyEvent::Data(data)) => {
+                if chunked {
+                    encode_chunk(data, out);
+                } else {
+                    out.extend_from_slice(data);
+                }
+                input.consume(consumed);
+                if out.len() >= WRITE_CHUNK {
+                    return Ok(Reframed::OutputFull);
+                }
+            }
+            Some(BodyEvent::Trailers(raw)) => {
+                *trailers = Some(raw.to_vec());
+                input.consume(consumed);
+            }
+            Some(BodyEvent::End) => {
+                input.consume(consumed);
+                if chunked {
+                    encode_last_chunk(trailers.as_deref(), out);
+                }
+                return Ok(Reframed::Finished);
+            }
+            None => {
+                input.consume(consumed);
+                return Ok(Reframed::NeedInput);
+            }
         }
     }
 }
@@ -972,5 +965,48 @@ impl Shard {
         } else {
             Health::Healthy
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reframing_stops_at_a_full_output_without_dropping_the_buffered_end() {
+        // One chunk larger than a write, with the body's end already in the same buffer.
+        let size = WRITE_CHUNK + 100;
+        let mut raw = format!("{size:x}\r\n").into_bytes();
+        raw.extend(std::iter::repeat_n(b'x', size));
+        raw.extend_from_slice(b"\r\n0\r\n\r\nNEXT");
+        let mut input = InBuf::with_capacity(raw.len());
+        input.extend_for_test(&raw);
+        let mut decoder = BodyDecoder::new(BodyKind::Chunked);
+        let (mut trailers, mut out) = (None, Vec::new());
+        let first = reframe(&mut decoder, &mut input, false, &mut trailers, &mut out).unwrap();
+        assert_eq!(first, Reframed::OutputFull);
+        out.clear();
+        // The caller must come back before reading the socket: the end is here already.
+        let second = reframe(&mut decoder, &mut input, false, &mut trailers, &mut out).unwrap();
+        assert_eq!(second, Reframed::Finished);
+        assert_eq!(
+            input.data(),
+            b"NEXT",
+            "the next message's bytes stay buffered"
+        );
+    }
+
+    #[test]
+    fn chunked_output_carries_trailers_in_the_last_chunk() {
+        let raw = b"3\r\nabc\r\n0\r\nx-sum: 1\r\n\r\n";
+        let mut input = InBuf::with_capacity(raw.len());
+        input.extend_for_test(raw);
+        let mut decoder = BodyDecoder::new(BodyKind::Chunked);
+        let (mut trailers, mut out) = (None, Vec::new());
+        assert_eq!(
+            reframe(&mut decoder, &mut input, true, &mut trailers, &mut out).unwrap(),
+            Reframed::Finished
+        );
+        assert_eq!(out, b"3\r\nabc\r\n0\r\nx-sum: 1\r\n\r\n");
     }
 }

@@ -2,4 +2,5 @@
 //! balancing, capacity maths and subsetting. Nothing here awaits or reads a clock.
 
 pub mod gate;
+pub mod lb;
 pub mod slots;

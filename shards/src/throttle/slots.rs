@@ -80,6 +80,16 @@ impl PodSlots {
     }
 }
 
+impl crate::throttle::lb::Slots for PodSlots {
+    fn in_flight(&self) -> u32 {
+        PodSlots::in_flight(self)
+    }
+
+    fn try_acquire(&self) -> bool {
+        PodSlots::try_acquire(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
