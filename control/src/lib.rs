@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod config;
 pub mod metrics;
+pub mod pod_state;
 pub mod publisher;
 pub mod standalone;
 pub mod table;
