@@ -335,9 +335,7 @@ async fn proxy_request(
     arrival: Instant,
     host_at: usize,
 ) -> (u16, Next) {
-    let route = revision.route();
-    let deadlines = Deadlines::new(&route.timeouts, arrival);
-    drop(route);
+    let deadlines = Deadlines::new(&revision.timeouts(), arrival);
 
     let pod = loop {
         if let Some(pod) = revision.pick() {
@@ -585,13 +583,9 @@ async fn exchange(
             tracing::warn!(request_id = %request_id, pod = %addr, "activator request timeout");
             respond_error(conn, meta, 504, TIMEOUT_BODY, request_complete).await
         }
-        Err(ReceiveError::Truncated) => (shard_status_of_truncated(response_head), Next::Close),
+        // The status already sent is what the client saw.
+        Err(ReceiveError::Truncated) => (response_head.status, Next::Close),
     }
-}
-
-/// The status already sent when a response is cut short: that is what the client saw.
-fn shard_status_of_truncated(head: &ResponseHead) -> u16 {
-    head.status
 }
 
 /// Sends the request head and body to the pod, then watches the client for a disconnect.

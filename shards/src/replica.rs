@@ -46,6 +46,12 @@ impl LocalRevision {
         self.route.borrow().clone()
     }
 
+    /// The revision's timers, read without cloning the shared route (an `Arc` clone would be an
+    /// atomic write to a cache line every shard reads).
+    pub fn timeouts(&self) -> crate::routing::Timeouts {
+        self.route.borrow().timeouts
+    }
+
     pub fn is_removed(&self) -> bool {
         self.removed.get()
     }
