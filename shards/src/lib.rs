@@ -12,6 +12,7 @@ pub mod probes;
 mod proxy;
 mod race;
 pub mod reactor;
+pub mod reframe;
 pub mod replica;
 pub mod rewrite;
 pub mod routing;

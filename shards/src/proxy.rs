@@ -17,8 +17,8 @@ use std::time::Duration;
 use monoio::time::Instant;
 
 use kactivator_h1::{
-    encode_chunk, encode_last_chunk, parse_request, parse_response, BodyDecoder, BodyError,
-    BodyEvent, BodyKind, HeadError, Method, Parsed, RequestHead, ResponseHead, Version,
+    encode_last_chunk, parse_request, parse_response, BodyDecoder, BodyKind, HeadError, Method,
+    Parsed, RequestHead, ResponseHead, Version,
 };
 use monoio::io::{
     AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Canceller, OwnedReadHalf, OwnedWriteHalf,
@@ -32,6 +32,7 @@ use crate::identity;
 use crate::pool::UpstreamConn;
 use crate::probes::{self, Health};
 use crate::race::{race, Either};
+use crate::reframe::{reframe, Reframed};
 use crate::replica::{LocalPod, LocalRevision};
 use crate::rewrite::{self, client_framing, ClientFraming, ClientSide, LocalResponse};
 use crate::shard::Shard;
@@ -39,8 +40,6 @@ use crate::shard::Shard;
 /// Once the first byte of a request arrived, its head must complete within this (Go's
 /// `ReadHeaderTimeout` on the activator's server is one minute).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
-/// Flush to the socket once this much is buffered.
-const WRITE_CHUNK: usize = 64 * 1024;
 /// While waiting for a response, read ahead at most this much of a pipelined next request.
 const WATCH_LIMIT: usize = 64 * 1024;
 /// How long after the request is sent the client connection starts being watched.
@@ -818,60 +817,6 @@ async fn receive_response(
     }
 }
 
-/// How far [`reframe`] got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reframed {
-    /// The body ended; its end is framed in the output.
-    Finished,
-    /// The output holds a write's worth; undecoded input may remain.
-    OutputFull,
-    /// Everything buffered was used; read more.
-    NeedInput,
-}
-
-/// Moves decoded body bytes from `input` into `out` in the outgoing framing (chunked or raw),
-/// until the output holds a write's worth, the input runs dry, or the body ends. Trailers are
-/// kept and written with the last chunk.
-fn reframe(
-    decoder: &mut BodyDecoder,
-    input: &mut InBuf,
-    chunked: bool,
-    trailers: &mut Option<Vec<u8>>,
-    out: &mut Vec<u8>,
-) -> Result<Reframed, BodyError> {
-    loop {
-        let (consumed, event) = decoder.decode(input.data())?;
-        match event {
-            Some(BodyEvent::Data(data)) => {
-                if chunked {
-                    encode_chunk(data, out);
-                } else {
-                    out.extend_from_slice(data);
-                }
-                input.consume(consumed);
-                if out.len() >= WRITE_CHUNK {
-                    return Ok(Reframed::OutputFull);
-                }
-            }
-            Some(BodyEvent::Trailers(raw)) => {
-                *trailers = Some(raw.to_vec());
-                input.consume(consumed);
-            }
-            Some(BodyEvent::End) => {
-                input.consume(consumed);
-                if chunked {
-                    encode_last_chunk(trailers.as_deref(), out);
-                }
-                return Ok(Reframed::Finished);
-            }
-            None => {
-                input.consume(consumed);
-                return Ok(Reframed::NeedInput);
-            }
-        }
-    }
-}
-
 /// Copies bytes both ways after a `101`, propagating each direction's FIN as a half-close.
 async fn splice_upgraded(
     client_reader: &mut OwnedReadHalf<TcpStream>,
@@ -959,48 +904,5 @@ impl Shard {
         } else {
             Health::Healthy
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reframing_stops_at_a_full_output_without_dropping_the_buffered_end() {
-        // One chunk larger than a write, with the body's end already in the same buffer.
-        let size = WRITE_CHUNK + 100;
-        let mut raw = format!("{size:x}\r\n").into_bytes();
-        raw.extend(std::iter::repeat_n(b'x', size));
-        raw.extend_from_slice(b"\r\n0\r\n\r\nNEXT");
-        let mut input = InBuf::with_capacity(raw.len());
-        input.extend_for_test(&raw);
-        let mut decoder = BodyDecoder::new(BodyKind::Chunked);
-        let (mut trailers, mut out) = (None, Vec::new());
-        let first = reframe(&mut decoder, &mut input, false, &mut trailers, &mut out).unwrap();
-        assert_eq!(first, Reframed::OutputFull);
-        out.clear();
-        // The caller must come back before reading the socket: the end is here already.
-        let second = reframe(&mut decoder, &mut input, false, &mut trailers, &mut out).unwrap();
-        assert_eq!(second, Reframed::Finished);
-        assert_eq!(
-            input.data(),
-            b"NEXT",
-            "the next message's bytes stay buffered"
-        );
-    }
-
-    #[test]
-    fn chunked_output_carries_trailers_in_the_last_chunk() {
-        let raw = b"3\r\nabc\r\n0\r\nx-sum: 1\r\n\r\n";
-        let mut input = InBuf::with_capacity(raw.len());
-        input.extend_for_test(raw);
-        let mut decoder = BodyDecoder::new(BodyKind::Chunked);
-        let (mut trailers, mut out) = (None, Vec::new());
-        assert_eq!(
-            reframe(&mut decoder, &mut input, true, &mut trailers, &mut out).unwrap(),
-            Reframed::Finished
-        );
-        assert_eq!(out, b"3\r\nabc\r\n0\r\nx-sum: 1\r\n\r\n");
     }
 }
