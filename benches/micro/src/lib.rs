@@ -1,0 +1,1 @@
+//! Micro-benchmarks live in `benches/`; this crate has no library code of its own.
