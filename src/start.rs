@@ -137,21 +137,27 @@ pub fn run_with(
         (0..placement.shards).map(|_| flume::unbounded()).unzip();
     let publisher = Publisher::new(senders);
     let control = ControlPlane::new(
+        placement.shards,
         config.clone(),
         publisher,
         stats.clone(),
         cli.pod_name.clone(),
     );
 
+    let (grant_senders, grant_receivers): (Vec<_>, Vec<_>) =
+        (0..placement.shards).map(|_| flume::unbounded()).unzip();
     let (started_tx, started_rx) = mpsc::channel();
     let mut threads = Vec::with_capacity(placement.shards);
-    for (index, (listener, commands)) in listeners.into_iter().zip(receivers).enumerate() {
+    let shard_inputs = listeners.into_iter().zip(receivers).zip(grant_receivers);
+    for (index, ((listener, commands), grants)) in shard_inputs.enumerate() {
         let spec = ShardSpec {
             index,
             cpu: placement.pins.as_ref().map(|pins| pins[index]),
             driver: cli.driver,
             listener,
             commands,
+            grants,
+            peers: grant_senders.clone(),
             settings: settings.clone(),
             stats: stats.clone(),
         };

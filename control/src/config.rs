@@ -141,9 +141,17 @@ pub struct RevisionConfig {
     /// containerConcurrency, as upstream.
     #[serde(default)]
     pub load_balancing_policy: Option<LbPolicyName>,
+    /// Most requests that may wait for a free pod slot; more get 503
+    /// `pending request queue full`. Default 10 000.
+    #[serde(default = "default_queue_depth")]
+    pub queue_depth: u32,
     /// Pod addresses `ip:port`.
     #[serde(default)]
     pub pods: Vec<SocketAddr>,
+}
+
+fn default_queue_depth() -> u32 {
+    kactivator_shards::routing::DEFAULT_QUEUE_DEPTH
 }
 
 fn default_timeout_seconds() -> u64 {

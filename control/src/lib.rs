@@ -36,12 +36,13 @@ impl ControlPlane {
     /// Builds the routing table from `config` and queues it for every shard, so a shard's first
     /// request already sees it.
     pub fn new(
+        shards: usize,
         config: Config,
         publisher: Publisher,
         stats: AllShardStats,
         pod_name: String,
     ) -> ControlPlane {
-        let mut table = RoutingTable::default();
+        let mut table = RoutingTable::new(shards);
         publisher.publish(table.replace_all(standalone::desired_revisions(&config)));
         let admin = Arc::new(AdminState {
             stats,

@@ -21,6 +21,7 @@ struct RevisionTotals {
     labels: RevisionLabels,
     codes: BTreeMap<u16, CodeTotals>,
     concurrency: u64,
+    queued: u64,
 }
 
 /// Renders every metric. `pod_name` is this activator's pod (a Knative label).
@@ -49,6 +50,7 @@ fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
             let totals = revisions.entry(key).or_default();
             totals.labels = block.labels.clone();
             totals.concurrency += block.concurrency.get();
+            totals.queued += block.queued.get();
             for slot in &block.slots {
                 let code = slot.code();
                 if code == 0 {
@@ -74,6 +76,18 @@ fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
             "activator_request_concurrency{{{}}} {}",
             base_labels(&totals.labels, pod_name),
             totals.concurrency
+        );
+    }
+    out.push_str(
+        "# HELP kactivator_revision_queued Requests waiting in the activator for a pod slot.\n",
+    );
+    out.push_str("# TYPE kactivator_revision_queued gauge\n");
+    for totals in revisions.values() {
+        let labels = base_labels(&totals.labels, pod_name);
+        let _ = writeln!(
+            out,
+            "kactivator_revision_queued{{{labels}}} {}",
+            totals.queued
         );
     }
     out.push_str(

@@ -21,6 +21,7 @@ pub fn desired_revisions(config: &Config) -> Vec<DesiredRevision> {
             protocol: revision.protocol(),
             timeouts: revision.timeouts(),
             lb_policy: revision.lb_policy(),
+            queue_depth: revision.queue_depth,
             pods: revision.pods.clone(),
         })
         .collect()

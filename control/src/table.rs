@@ -12,6 +12,8 @@ use kactivator_shards::routing::{
     revision_key, LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate,
     Timeouts,
 };
+use kactivator_shards::throttle::gate::RevisionGate;
+use kactivator_shards::throttle::slots::UNLIMITED;
 
 /// What a revision should look like, from any source.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +23,8 @@ pub struct DesiredRevision {
     pub protocol: Protocol,
     pub timeouts: Timeouts,
     pub lb_policy: LbPolicy,
+    /// Most requests that may wait for the revision.
+    pub queue_depth: u32,
     /// Routable pods.
     pub pods: Vec<SocketAddr>,
 }
@@ -34,16 +38,26 @@ impl DesiredRevision {
 struct Entry {
     desired: DesiredRevision,
     trackers: HashMap<SocketAddr, Arc<PodTracker>>,
+    gate: Arc<RevisionGate>,
 }
 
 /// All revisions and the last version published.
-#[derive(Default)]
 pub struct RoutingTable {
     revisions: BTreeMap<String, Entry>,
     version: u64,
+    /// Shards, for each revision's admission gate.
+    shards: usize,
 }
 
 impl RoutingTable {
+    pub fn new(shards: usize) -> RoutingTable {
+        RoutingTable {
+            revisions: BTreeMap::new(),
+            version: 0,
+            shards,
+        }
+    }
+
     pub fn version(&self) -> u64 {
         self.version
     }
@@ -100,10 +114,18 @@ impl RoutingTable {
         {
             return None;
         }
+        let shards = self.shards;
         let entry = self.revisions.entry(key.clone()).or_insert_with(|| Entry {
             desired: desired.clone(),
             trackers: HashMap::new(),
+            gate: Arc::new(RevisionGate::new(shards)),
         });
+        // Standalone, this activator is the only one: it may use each pod's whole
+        // containerConcurrency (subsetting applies once activator replicas are known).
+        let capacity = match desired.container_concurrency {
+            0 => UNLIMITED,
+            limit => limit,
+        };
         // Reuse trackers by address: a pod's in-flight count must survive every version.
         let mut trackers = HashMap::with_capacity(pods.len());
         for addr in &pods {
@@ -111,7 +133,8 @@ impl RoutingTable {
                 .trackers
                 .get(addr)
                 .cloned()
-                .unwrap_or_else(|| Arc::new(PodTracker::new(*addr)));
+                .unwrap_or_else(|| Arc::new(PodTracker::new(*addr, capacity)));
+            tracker.slots.set_capacity(capacity);
             trackers.insert(*addr, tracker);
         }
         let route = RevisionRoute {
@@ -122,6 +145,8 @@ impl RoutingTable {
             timeouts: desired.timeouts,
             lb_policy: desired.lb_policy,
             pods: pods.iter().map(|addr| trackers[addr].clone()).collect(),
+            gate: entry.gate.clone(),
+            queue_depth: desired.queue_depth,
         };
         entry.desired = desired;
         entry.trackers = trackers;
@@ -148,6 +173,7 @@ mod tests {
             protocol: Protocol::Http1,
             timeouts: Timeouts::default(),
             lb_policy: LbPolicy::RoundRobin,
+            queue_depth: 100,
             pods: pods.iter().map(|p| p.parse().unwrap()).collect(),
         }
     }
@@ -166,7 +192,7 @@ mod tests {
 
     #[test]
     fn versions_increase_and_unchanged_revisions_publish_nothing() {
-        let mut table = RoutingTable::default();
+        let mut table = RoutingTable::new(2);
         let first = table.replace_all(vec![
             revision("a", &["10.0.0.1:8012"]),
             revision("b", &["10.0.0.2:8012"]),
@@ -188,7 +214,7 @@ mod tests {
 
     #[test]
     fn trackers_survive_new_versions_by_address() {
-        let mut table = RoutingTable::default();
+        let mut table = RoutingTable::new(2);
         let first = table.replace_all(vec![revision("a", &["10.0.0.1:8012"])]);
         let kept = tracker_of(&first[0], "10.0.0.1:8012");
         let second = table.replace_all(vec![revision("a", &["10.0.0.1:8012", "10.0.0.9:8012"])]);
@@ -201,7 +227,7 @@ mod tests {
 
     #[test]
     fn a_revision_with_no_pods_is_still_published() {
-        let mut table = RoutingTable::default();
+        let mut table = RoutingTable::new(2);
         let updates = table.replace_all(vec![revision("cold", &[])]);
         let RoutingUpdate::Upsert { route, .. } = &updates[0] else {
             panic!()

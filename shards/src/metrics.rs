@@ -98,6 +98,8 @@ pub struct RevisionCounters {
     pub overflow: Counter,
     /// Requests of this revision currently in this shard (queued or proxied).
     pub concurrency: Gauge,
+    /// Requests of this revision waiting in this shard's queue for a pod slot.
+    pub queued: Gauge,
 }
 
 impl RevisionCounters {
@@ -107,6 +109,7 @@ impl RevisionCounters {
             slots: Default::default(),
             overflow: Counter::default(),
             concurrency: Gauge::default(),
+            queued: Gauge::default(),
         }
     }
 

@@ -36,6 +36,7 @@ use crate::reframe::{reframe, Reframed};
 use crate::replica::{LocalPod, LocalRevision};
 use crate::rewrite::{self, client_framing, ClientFraming, ClientSide, LocalResponse};
 use crate::shard::Shard;
+use crate::throttle::gate::{Admission, WaiterId};
 
 /// Once the first byte of a request arrived, its head must complete within this (Go's
 /// `ReadHeaderTimeout` on the activator's server is one minute).
@@ -47,6 +48,8 @@ const READ_AHEAD_DELAY: Duration = Duration::from_millis(5);
 /// Status recorded for requests whose client went away (nginx's convention).
 pub const CLIENT_CLOSED: u16 = 499;
 
+/// The body upstream Knative sends when the queue is full.
+const QUEUE_FULL_BODY: &[u8] = b"pending request queue full\n";
 /// The body upstream Knative sends on a timeout (no trailing newline).
 const TIMEOUT_BODY: &[u8] = b"activator request timeout";
 
@@ -336,21 +339,39 @@ async fn proxy_request(
 ) -> (u16, Next) {
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
 
-    let pod = loop {
-        if let Some(pod) = revision.pick() {
-            break pod;
+    let pod = match revision.admit(shard) {
+        Admission::Proceed(pod) => pod,
+        Admission::Rejected => {
+            return respond_error(conn, meta, 503, QUEUE_FULL_BODY, false).await;
         }
-        if revision.is_removed() {
-            return respond_error(conn, meta, 503, b"revision is no longer served\n", false).await;
-        }
-        if monoio::time::timeout_at(deadlines.first_byte, revision.changed.notified())
-            .await
-            .is_err()
-        {
-            return respond_error(conn, meta, 504, TIMEOUT_BODY, false).await;
+        Admission::Queued(id) => {
+            let waiting = Queued {
+                revision,
+                shard,
+                id,
+                done: false,
+            };
+            match monoio::time::timeout_at(deadlines.first_byte, waiting).await {
+                Ok(Some(pod)) => pod,
+                Ok(None) => {
+                    return respond_error(
+                        conn,
+                        meta,
+                        503,
+                        b"revision is no longer served\n",
+                        false,
+                    )
+                    .await;
+                }
+                Err(_elapsed) => return respond_error(conn, meta, 504, TIMEOUT_BODY, false).await,
+            }
         }
     };
-    let _in_flight = InFlight::enter(&pod);
+    let _held = Held {
+        pod: &pod,
+        revision,
+        shard,
+    };
     rewrite::insert_host(&mut conn.request_out, host_at, &pod.host_line);
 
     let upstream = match shard.pool.checkout(pod.tracker.addr, shard.stats()).await {
@@ -364,19 +385,49 @@ async fn proxy_request(
     exchange(shard, conn, upstream, meta, deadlines).await
 }
 
-/// Holds a pod's in-flight count for the duration of a request.
-struct InFlight<'a>(&'a LocalPod);
+/// A queued request waiting for its slot. Dropped before the slot arrives (timeout, client
+/// gone), it frees its place in the queue, or the slot granted meanwhile.
+struct Queued<'a> {
+    revision: &'a LocalRevision,
+    shard: &'a Shard,
+    id: WaiterId,
+    done: bool,
+}
 
-impl<'a> InFlight<'a> {
-    fn enter(pod: &'a LocalPod) -> InFlight<'a> {
-        pod.tracker.enter();
-        InFlight(pod)
+impl Future for Queued<'_> {
+    type Output = Option<Rc<LocalPod>>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Self::Output> {
+        let ready = self.revision.poll_grant(self.id, cx);
+        if ready.is_ready() {
+            self.done = true;
+        }
+        ready
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        self.0.tracker.leave();
+        if !self.done {
+            self.revision.cancel(self.id, self.shard);
+        }
+    }
+}
+
+/// Holds a pod slot for the duration of a request; giving it back hands it to the oldest
+/// waiter on any shard.
+struct Held<'a> {
+    pod: &'a LocalPod,
+    revision: &'a LocalRevision,
+    shard: &'a Shard,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.revision.release(self.pod, self.shard);
     }
 }
 

@@ -17,7 +17,7 @@ use monoio::{Driver, IoUringDriver, LegacyDriver, Runtime, RuntimeBuilder};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::metrics::AllShardStats;
-use crate::routing::ShardCommand;
+use crate::routing::{Grant, ShardCommand};
 use crate::shard::{self, Shard, ShardSettings};
 
 /// Submission queue entries per io_uring instance.
@@ -106,6 +106,10 @@ pub struct ShardSpec {
     pub driver: DriverChoice,
     pub listener: std::net::TcpListener,
     pub commands: flume::Receiver<ShardCommand>,
+    /// Slots granted to this shard by others.
+    pub grants: flume::Receiver<Grant>,
+    /// Every shard's grant mailbox, by index.
+    pub peers: Vec<flume::Sender<Grant>>,
     pub settings: Arc<ShardSettings>,
     pub stats: AllShardStats,
 }
@@ -228,6 +232,8 @@ fn run_on<D: Driver>(
         index,
         listener,
         commands,
+        grants,
+        peers,
         settings,
         stats,
         ..
@@ -243,7 +249,7 @@ fn run_on<D: Driver>(
             }
         };
         let _ = started.send(Ok(kind));
-        let shard = Rc::new(Shard::new(index, settings, stats));
-        shard::run(shard, listener, commands).await;
+        let shard = Rc::new(Shard::new(index, settings, stats, peers));
+        shard::run(shard, listener, commands, grants).await;
     });
 }

@@ -1,18 +1,22 @@
 //! A shard's replica of the routing table, updated from the control thread's snapshots.
 //!
 //! Everything here is shard-local (`Rc`, `Cell`): a request clones `Rc`s, never `Arc`s, so the
-//! request path touches no cache line another shard writes. The only shared state reached from
-//! here is each pod's in-flight counter.
+//! request path touches no cache line another shard writes. The shared state reached from here
+//! is each pod's slots and each revision's admission gate (`throttle`).
 
 use std::cell::{Cell, RefCell};
+use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHasher};
 
-use crate::metrics::{RevisionCounters, ShardStats};
-use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
-use crate::signal::LocalNotify;
+use crate::metrics::RevisionCounters;
+use crate::routing::{Grant, PodTracker, RevisionRoute, RoutingUpdate};
+use crate::shard::Shard;
+use crate::throttle::gate::{Admission, Effect, LocalQueue, QueueLimits, RevisionGate, WaiterId};
+use crate::throttle::lb::{Balancer, Slots};
 
 /// One pod as seen by one shard.
 #[derive(Debug)]
@@ -29,15 +33,37 @@ impl LocalPod {
     }
 }
 
-/// One revision as seen by one shard. Survives route updates: waiters and counters stay.
+/// Load balancers see a shard's pods through the shared slots of their trackers.
+impl Slots for Rc<LocalPod> {
+    fn in_flight(&self) -> u32 {
+        self.tracker.slots.in_flight()
+    }
+
+    fn try_acquire(&self) -> bool {
+        self.tracker.slots.try_acquire()
+    }
+}
+
+/// A queued request's mailbox: the slot it was granted, and who to wake.
+#[derive(Debug, Default)]
+struct WaiterSlot {
+    granted: Option<Rc<LocalPod>>,
+    waker: Option<Waker>,
+}
+
+/// One revision as seen by one shard. Survives route updates: waiters, the load balancer's
+/// state and counters stay.
 #[derive(Debug)]
 pub struct LocalRevision {
+    key: Arc<str>,
     route: RefCell<Arc<RevisionRoute>>,
+    /// Cross-shard admission; the same object in every version of the revision.
+    gate: Arc<RevisionGate>,
     pods: RefCell<Vec<Rc<LocalPod>>>,
-    cursor: Cell<usize>,
+    balancer: RefCell<Balancer>,
+    queue: RefCell<LocalQueue>,
+    waiters: RefCell<FxHashMap<WaiterId, WaiterSlot>>,
     removed: Cell<bool>,
-    /// Fires on every update of this revision (new pods, removal).
-    pub changed: LocalNotify,
     pub counters: Arc<RevisionCounters>,
 }
 
@@ -56,15 +82,150 @@ impl LocalRevision {
         self.removed.get()
     }
 
-    /// Picks a routable pod, round robin over the shard's view.
-    pub fn pick(&self) -> Option<Rc<LocalPod>> {
-        let pods = self.pods.borrow();
-        if pods.is_empty() {
-            return None;
+    /// Requests waiting for this revision on all shards.
+    pub fn waiting(&self) -> u32 {
+        self.gate.waiting()
+    }
+
+    /// Admits an arriving request: a slot now, a place in the queue, or a refusal.
+    pub fn admit(&self, shard: &Shard) -> Admission<Rc<LocalPod>> {
+        let limits = QueueLimits {
+            revision_depth: self.route.borrow().queue_depth,
+        };
+        let mut effects = Vec::new();
+        let admission =
+            self.queue
+                .borrow_mut()
+                .admit(&self.gate, limits, || self.try_acquire(), &mut effects);
+        if let Admission::Queued(id) = admission {
+            // Before the effects: the dispatch inside `admit` may have served this very waiter.
+            self.waiters.borrow_mut().insert(id, WaiterSlot::default());
         }
-        let at = self.cursor.get() % pods.len();
-        self.cursor.set(at + 1);
-        Some(pods[at].clone())
+        self.apply_effects(effects, shard);
+        self.publish_queued();
+        admission
+    }
+
+    /// Polls a queued request: its slot once granted, `None` if the revision went away.
+    pub fn poll_grant(&self, id: WaiterId, cx: &mut Context<'_>) -> Poll<Option<Rc<LocalPod>>> {
+        let mut waiters = self.waiters.borrow_mut();
+        let Some(slot) = waiters.get_mut(&id) else {
+            return Poll::Ready(None);
+        };
+        if let Some(pod) = slot.granted.take() {
+            waiters.remove(&id);
+            return Poll::Ready(Some(pod));
+        }
+        if self.removed.get() {
+            return Poll::Ready(None);
+        }
+        slot.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// A queued request gave up (timeout, client gone, revision removed): frees its place, or
+    /// the slot it was granted meanwhile.
+    pub fn cancel(&self, id: WaiterId, shard: &Shard) {
+        let slot = self.waiters.borrow_mut().remove(&id);
+        if self.queue.borrow_mut().cancel(&self.gate, id) {
+            self.publish_queued();
+            return;
+        }
+        if let Some(WaiterSlot {
+            granted: Some(pod), ..
+        }) = slot
+        {
+            self.release(&pod, shard);
+        }
+    }
+
+    /// Gives a slot back and hands free slots to waiters, on any shard.
+    pub fn release(&self, pod: &LocalPod, shard: &Shard) {
+        pod.tracker.slots.release();
+        self.dispatch(shard);
+    }
+
+    /// Serves waiters while slots are free (after a release, a grant or new capacity).
+    pub fn dispatch(&self, shard: &Shard) {
+        if self.gate.waiting() == 0 {
+            return;
+        }
+        let mut effects = Vec::new();
+        self.queue
+            .borrow_mut()
+            .dispatch(&self.gate, || self.try_acquire(), &mut effects);
+        self.apply_effects(effects, shard);
+        self.publish_queued();
+    }
+
+    /// A slot granted by another shard arrived.
+    pub fn receive_grant(&self, tracker: Arc<PodTracker>, shard: &Shard) {
+        let pod = self
+            .pods
+            .borrow()
+            .iter()
+            .find(|pod| Arc::ptr_eq(&pod.tracker, &tracker))
+            .cloned()
+            // The pod left this shard's view meanwhile; the slot is still real.
+            .unwrap_or_else(|| Rc::new(LocalPod::new(tracker)));
+        let mut effects = Vec::new();
+        let unused = self.queue.borrow_mut().receive_grant(
+            &self.gate,
+            pod,
+            || self.try_acquire(),
+            &mut effects,
+        );
+        self.apply_effects(effects, shard);
+        self.publish_queued();
+        if let Some(pod) = unused {
+            self.release(&pod, shard);
+        }
+    }
+
+    /// This shard's queue length, for the `kactivator_revision_queued` gauge.
+    fn publish_queued(&self) {
+        self.counters.queued.set(self.queue.borrow().len() as u64);
+    }
+
+    fn try_acquire(&self) -> Option<Rc<LocalPod>> {
+        let pods = self.pods.borrow();
+        self.balancer
+            .borrow_mut()
+            .pick(&pods)
+            .map(|at| pods[at].clone())
+    }
+
+    fn apply_effects(&self, effects: Vec<Effect<Rc<LocalPod>>>, shard: &Shard) {
+        for effect in effects {
+            match effect {
+                Effect::Wake { waiter, pod } => {
+                    let mut waiters = self.waiters.borrow_mut();
+                    match waiters.get_mut(&waiter) {
+                        Some(slot) => {
+                            slot.granted = Some(pod);
+                            if let Some(waker) = slot.waker.take() {
+                                waker.wake();
+                            }
+                        }
+                        None => {
+                            // Only cancel removes a waiter, and it leaves the queue first; if that
+                            // ever breaks, the slot must still go back.
+                            drop(waiters);
+                            self.release(&pod, shard);
+                        }
+                    }
+                }
+                Effect::Grant { shard: to, pod } => {
+                    let grant = Grant {
+                        key: self.key.clone(),
+                        pod: pod.tracker.clone(),
+                    };
+                    if !shard.send_grant(to, grant) {
+                        self.release(&pod, shard);
+                    }
+                }
+            }
+        }
     }
 
     fn apply(&self, route: Arc<RevisionRoute>) {
@@ -73,9 +234,20 @@ impl LocalRevision {
             .iter()
             .map(|tracker| Rc::new(LocalPod::new(tracker.clone())))
             .collect();
+        self.balancer.borrow_mut().set_policy(route.lb_policy);
         *self.route.borrow_mut() = route;
         self.removed.set(false);
-        self.changed.notify_all();
+    }
+
+    /// The revision is gone: every local waiter is woken to answer.
+    fn remove(&self) {
+        self.pods.borrow_mut().clear();
+        self.removed.set(true);
+        for slot in self.waiters.borrow_mut().values_mut() {
+            if let Some(waker) = slot.waker.take() {
+                waker.wake();
+            }
+        }
     }
 }
 
@@ -104,13 +276,17 @@ impl Replica {
     }
 
     /// Applies one update from the control thread.
-    pub fn apply(&self, update: RoutingUpdate, stats: &ShardStats) {
+    pub fn apply(&self, update: RoutingUpdate, shard: &Shard) {
+        let stats = shard.stats();
         let version = update.version();
         match update {
             RoutingUpdate::Upsert { route, .. } => {
                 let existing = self.revisions.borrow().get(&route.key).cloned();
-                match existing {
-                    Some(revision) => revision.apply(route),
+                let revision = match existing {
+                    Some(revision) => {
+                        revision.apply(route);
+                        revision
+                    }
                     None => {
                         let counters = self
                             .counters
@@ -118,26 +294,33 @@ impl Replica {
                             .entry(route.key.clone())
                             .or_insert_with(|| stats.register_revision(route.labels.clone()))
                             .clone();
+                        let seed = (shard.index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                            ^ hash_key(&route.key);
                         let revision = Rc::new(LocalRevision {
+                            key: route.key.clone(),
                             route: RefCell::new(route.clone()),
+                            gate: route.gate.clone(),
                             pods: RefCell::new(Vec::new()),
-                            cursor: Cell::new(0),
+                            balancer: RefCell::new(Balancer::new(route.lb_policy, seed)),
+                            queue: RefCell::new(LocalQueue::new(shard.index)),
+                            waiters: RefCell::new(FxHashMap::default()),
                             removed: Cell::new(false),
-                            changed: LocalNotify::default(),
                             counters,
                         });
                         revision.apply(route.clone());
                         self.revisions
                             .borrow_mut()
-                            .insert(route.key.clone(), revision);
+                            .insert(route.key.clone(), revision.clone());
+                        revision
                     }
-                }
+                };
+                // New pods or capacity may serve requests already waiting.
+                revision.dispatch(shard);
             }
             RoutingUpdate::Remove { key, .. } => {
-                if let Some(revision) = self.revisions.borrow_mut().remove(&key) {
-                    revision.pods.borrow_mut().clear();
-                    revision.removed.set(true);
-                    revision.changed.notify_all();
+                let removed = self.revisions.borrow_mut().remove(&key);
+                if let Some(revision) = removed {
+                    revision.remove();
                 }
             }
         }
@@ -147,4 +330,10 @@ impl Replica {
             stats.routing_version.set(version);
         }
     }
+}
+
+fn hash_key(key: &str) -> u64 {
+    let mut hasher = FxHasher::default();
+    key.hash(&mut hasher);
+    hasher.finish()
 }

@@ -6,11 +6,14 @@
 //! reuses by address across versions: the in-flight count of a pod survives every update.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
+use crate::throttle::gate::RevisionGate;
+use crate::throttle::slots::PodSlots;
+
+/// Default most requests waiting per revision.
+pub const DEFAULT_QUEUE_DEPTH: u32 = 10_000;
 
 /// Default per-revision request timeout (Knative `revision-timeout-seconds`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -94,33 +97,36 @@ impl Default for Timeouts {
     }
 }
 
-/// One pod as every shard sees it. Shared by all shards and kept across snapshot versions.
+/// One pod as every shard sees it. Shared by all shards and kept across snapshot versions, so
+/// its in-flight count carries over when the routing changes.
 #[derive(Debug)]
 pub struct PodTracker {
     pub addr: SocketAddr,
-    /// Requests this process has in flight to the pod, summed over shards.
-    in_flight: CachePadded<AtomicU32>,
+    /// Requests this process has in flight to the pod, summed over shards, and this activator's
+    /// share of containerConcurrency.
+    pub slots: PodSlots,
 }
 
 impl PodTracker {
-    pub fn new(addr: SocketAddr) -> PodTracker {
+    pub fn new(addr: SocketAddr, capacity: u32) -> PodTracker {
         PodTracker {
             addr,
-            in_flight: CachePadded::new(AtomicU32::new(0)),
+            slots: PodSlots::new(capacity),
         }
     }
 
     pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.slots.in_flight()
     }
+}
 
-    pub(crate) fn enter(&self) {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-    }
-
-    pub(crate) fn leave(&self) {
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
+/// A slot on a pod, handed from the shard that found it free to the shard whose waiter is the
+/// oldest (see `throttle::gate`).
+#[derive(Debug)]
+pub struct Grant {
+    /// The revision, `namespace/name`.
+    pub key: Arc<str>,
+    pub pod: Arc<PodTracker>,
 }
 
 /// Labels Knative puts on per-revision metrics.
@@ -145,6 +151,10 @@ pub struct RevisionRoute {
     pub lb_policy: LbPolicy,
     /// Routable pods, sorted by address.
     pub pods: Vec<Arc<PodTracker>>,
+    /// Cross-shard admission; the same object in every version of the revision.
+    pub gate: Arc<RevisionGate>,
+    /// Most requests that may wait for this revision (★ upstream's queue is unbounded).
+    pub queue_depth: u32,
 }
 
 /// One change to the routing table.

@@ -11,7 +11,7 @@ use crate::pool::{Pool, PoolConfig};
 use crate::proxy;
 use crate::race::{race, Either};
 use crate::replica::Replica;
-use crate::routing::ShardCommand;
+use crate::routing::{Grant, ShardCommand};
 use crate::signal::{LocalEvent, LocalNotify};
 
 /// How often idle upstream connections are swept.
@@ -48,10 +48,17 @@ pub struct Shard {
     pub stopping: LocalEvent,
     /// Fires whenever a client connection closes (drain waits on it).
     pub connection_closed: LocalNotify,
+    /// Every shard's grant mailbox, this one's included, by shard index.
+    peers: Vec<flume::Sender<Grant>>,
 }
 
 impl Shard {
-    pub fn new(index: usize, settings: Arc<ShardSettings>, all_stats: AllShardStats) -> Shard {
+    pub fn new(
+        index: usize,
+        settings: Arc<ShardSettings>,
+        all_stats: AllShardStats,
+        peers: Vec<flume::Sender<Grant>>,
+    ) -> Shard {
         let pool = Pool::new(settings.pool);
         Shard {
             index,
@@ -62,7 +69,16 @@ impl Shard {
             draining: LocalEvent::default(),
             stopping: LocalEvent::default(),
             connection_closed: LocalNotify::default(),
+            peers,
         }
+    }
+
+    /// Sends a slot to another shard's oldest waiter. False if that shard is gone (the caller
+    /// then releases the slot).
+    pub fn send_grant(&self, shard: usize, grant: Grant) -> bool {
+        self.peers
+            .get(shard)
+            .is_some_and(|peer| peer.send(grant).is_ok())
     }
 
     #[inline]
@@ -72,7 +88,7 @@ impl Shard {
 
     fn apply(&self, command: ShardCommand) {
         match command {
-            ShardCommand::Routing(update) => self.replica.apply(update, self.stats()),
+            ShardCommand::Routing(update) => self.replica.apply(update, self),
             ShardCommand::BeginDrain => self.draining.set(),
             ShardCommand::StopAccepting => {
                 self.draining.set();
@@ -84,7 +100,12 @@ impl Shard {
 }
 
 /// Runs a shard until it has stopped accepting and its last connection closed.
-pub async fn run(shard: Rc<Shard>, listener: TcpListener, commands: flume::Receiver<ShardCommand>) {
+pub async fn run(
+    shard: Rc<Shard>,
+    listener: TcpListener,
+    commands: flume::Receiver<ShardCommand>,
+    grants: flume::Receiver<Grant>,
+) {
     // Apply whatever the control thread queued before we started, so the first request already
     // sees the initial routing table.
     while let Ok(command) = commands.try_recv() {
@@ -97,6 +118,18 @@ pub async fn run(shard: Rc<Shard>, listener: TcpListener, commands: flume::Recei
         }
         // The control thread is gone: nothing will ever update routing again; stop cleanly.
         command_shard.apply(ShardCommand::StopAccepting);
+    });
+    let grant_shard = shard.clone();
+    monoio::spawn(async move {
+        while let Ok(grant) = grants.recv_async().await {
+            match grant_shard.replica.get(&grant.key) {
+                Some(revision) => revision.receive_grant(grant.pod, &grant_shard),
+                // The revision is gone here: nobody to serve, give the slot back.
+                None => {
+                    grant.pod.slots.release();
+                }
+            }
+        }
     });
     let sweep_shard = shard.clone();
     monoio::spawn(async move {

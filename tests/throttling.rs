@@ -1,0 +1,137 @@
+//! Per-pod concurrency through the real binary: never more than containerConcurrency requests
+//! in flight to a pod from this process, summed over shards; bounded queues; queue time counts
+//! against the revision's timeout.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use kactivator_testkit::backend::{self, BackendConfig};
+use support::{exchange, get, revision, Activator};
+
+#[test]
+fn never_more_than_container_concurrency_in_flight_per_pod_across_shards() {
+    let pods: Vec<_> = (0..2)
+        .map(|i| backend::spawn(BackendConfig::named(format!("pod-{i}"))).unwrap())
+        .collect();
+    let addrs: Vec<_> = pods.iter().map(|pod| pod.addr()).collect();
+    let activator = Activator::start(&revision(
+        "default",
+        "scarce",
+        &addrs,
+        "container_concurrency = 1",
+    ));
+    // 100 clients on their own connections (spread over both shards), 3 requests each.
+    let clients: Vec<_> = (0..100)
+        .map(|_| {
+            let http = activator.http;
+            std::thread::spawn(move || {
+                let mut stream = std::net::TcpStream::connect(http).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(60)))
+                    .unwrap();
+                let mut buffered = Vec::new();
+                let mut statuses = Vec::new();
+                for _ in 0..3 {
+                    stream
+                        .write_all(get("scarce", "/delay/5").as_bytes())
+                        .unwrap();
+                    statuses
+                        .push(support::read_response(&mut stream, &mut buffered).map(|r| r.status));
+                }
+                statuses
+            })
+        })
+        .collect();
+    for client in clients {
+        for status in client.join().unwrap() {
+            assert_eq!(status, Some(200));
+        }
+    }
+    for pod in &pods {
+        let stats = pod.stats();
+        assert_eq!(
+            stats.max_in_flight, 1,
+            "a pod with containerConcurrency 1 saw {stats:?}"
+        );
+        assert!(stats.requests >= 50, "both pods serve: {stats:?}");
+    }
+    let total: u64 = pods.iter().map(|pod| pod.stats().requests).sum();
+    assert_eq!(total, 300);
+}
+
+/// Opens an upgraded connection through the activator: it holds its pod slot until closed.
+fn hold_slot_with_an_upgrade(activator: &Activator, name: &str) -> std::net::TcpStream {
+    let mut stream = activator.connect();
+    let request = format!(
+        "GET /ws-half-close HTTP/1.1\r\nHost: {name}.default.svc.cluster.local\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"));
+    stream
+}
+
+#[test]
+fn a_full_queue_answers_503_pending_request_queue_full() {
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    let activator = Activator::start(&revision(
+        "default",
+        "tight",
+        &[pod.addr()],
+        "container_concurrency = 1\nqueue_depth = 2",
+    ));
+    let holder = hold_slot_with_an_upgrade(&activator, "tight");
+    // Two fit in the queue, the third is refused at once.
+    let http = activator.http;
+    let waiting: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || exchange(http, get("tight", "/").as_bytes())))
+        .collect();
+    let queued =
+        || activator.metric_sum("kactivator_revision_queued", &["revision_name=\"tight\""]);
+    assert!(
+        support::eventually(Duration::from_secs(5), || queued() == 2.0),
+        "{}",
+        activator.metrics()
+    );
+    let response = exchange(activator.http, get("tight", "/").as_bytes());
+    assert_eq!(
+        (response.status, response.text().as_str()),
+        (503, "pending request queue full\n")
+    );
+    // Freeing the slot serves both waiters.
+    drop(holder);
+    for waiter in waiting {
+        assert_eq!(waiter.join().unwrap().status, 200);
+    }
+}
+
+#[test]
+fn queue_time_counts_against_the_revision_timeout() {
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    let activator = Activator::start(&revision(
+        "default",
+        "slow",
+        &[pod.addr()],
+        "container_concurrency = 1\ntimeout_seconds = 1",
+    ));
+    let _holder = hold_slot_with_an_upgrade(&activator, "slow");
+    let started = Instant::now();
+    let response = exchange(activator.http, get("slow", "/").as_bytes());
+    assert_eq!(
+        (response.status, response.text().as_str()),
+        (504, "activator request timeout")
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(3),
+        "waited {waited:?}"
+    );
+    assert_eq!(pod.stats().requests, 1, "only the upgrade reached the pod");
+}
