@@ -345,15 +345,9 @@ async fn proxy_request(
             return respond_error(conn, meta, 503, QUEUE_FULL_BODY, false).await;
         }
         Admission::Queued(id) => {
-            let waiting = Queued {
-                revision,
-                shard,
-                id,
-                done: false,
-            };
-            match monoio::time::timeout_at(deadlines.first_byte, waiting).await {
-                Ok(Some(pod)) => pod,
-                Ok(None) => {
+            match wait_for_slot(conn, revision, shard, id, deadlines.first_byte).await {
+                Waited::Granted(pod) => pod,
+                Waited::Removed => {
                     return respond_error(
                         conn,
                         meta,
@@ -363,7 +357,13 @@ async fn proxy_request(
                     )
                     .await;
                 }
-                Err(_elapsed) => return respond_error(conn, meta, 504, TIMEOUT_BODY, false).await,
+                Waited::TimedOut => {
+                    return respond_error(conn, meta, 504, TIMEOUT_BODY, false).await
+                }
+                Waited::ClientGone => {
+                    shard.stats().client_aborts.increment();
+                    return (CLIENT_CLOSED, Next::Close);
+                }
             }
         }
     };
@@ -383,6 +383,90 @@ async fn proxy_request(
         }
     };
     exchange(shard, conn, upstream, meta, deadlines).await
+}
+
+/// How a wait in the queue ended.
+enum Waited {
+    Granted(Rc<LocalPod>),
+    /// The revision was removed while the request waited.
+    Removed,
+    TimedOut,
+    /// The client closed its connection: its place in the queue is already given up.
+    ClientGone,
+}
+
+/// Waits for a slot while watching the client: a client that leaves frees its place at once
+/// instead of at its deadline. Bytes read meanwhile (the body, a pipelined request) stay
+/// buffered: when the slot comes first, the read is cancelled through monoio's cancelable read.
+async fn wait_for_slot(
+    conn: &mut ClientConn,
+    revision: &LocalRevision,
+    shard: &Shard,
+    id: WaiterId,
+    deadline: Instant,
+) -> Waited {
+    let ClientConn {
+        reader,
+        inbuf,
+        canceller,
+        ..
+    } = conn;
+    let handle = canceller.handle();
+    let waiting = monoio::time::timeout_at(
+        deadline,
+        Queued {
+            revision,
+            shard,
+            id,
+            done: false,
+        },
+    );
+    // Resolves true when the client is gone, false when it stopped watching (cancelled, or
+    // enough read ahead).
+    let watch = async {
+        loop {
+            if inbuf.len() >= WATCH_LIMIT {
+                return false;
+            }
+            match inbuf.fill_cancelable(reader, handle.clone()).await {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => return false,
+                Err(_) => return true,
+            }
+        }
+    };
+    let mut waiting = pin!(waiting);
+    let mut watch = pin!(watch);
+    let mut watching = true;
+    let waited = poll_fn(|cx| {
+        if let Poll::Ready(result) = waiting.as_mut().poll(cx) {
+            return Poll::Ready(Some(result));
+        }
+        if watching {
+            if let Poll::Ready(gone) = watch.as_mut().poll(cx) {
+                if gone {
+                    return Poll::Ready(None);
+                }
+                watching = false;
+            }
+        }
+        Poll::Pending
+    })
+    .await;
+    let Some(result) = waited else {
+        // Dropping the queued wait (below) gives up its place.
+        return Waited::ClientGone;
+    };
+    if watching {
+        *canceller = std::mem::take(canceller).cancel();
+        watch.await;
+    }
+    match result {
+        Ok(Some(pod)) => Waited::Granted(pod),
+        Ok(None) => Waited::Removed,
+        Err(_elapsed) => Waited::TimedOut,
+    }
 }
 
 /// A queued request waiting for its slot. Dropped before the slot arrives (timeout, client
