@@ -58,21 +58,12 @@ impl RoutingTable {
         }
     }
 
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
     pub fn len(&self) -> usize {
         self.revisions.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.revisions.is_empty()
-    }
-
-    /// Labels of every known revision, for metrics.
-    pub fn labels(&self) -> impl Iterator<Item = &RevisionLabels> {
-        self.revisions.values().map(|entry| &entry.desired.labels)
     }
 
     /// Makes the table equal to `desired` (the complete set) and returns the updates to publish.

@@ -121,9 +121,4 @@ impl InBuf {
     pub fn extend_for_test(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
     }
-
-    /// Capacity currently held, for memory checks.
-    pub fn capacity(&self) -> usize {
-        self.buf.capacity()
-    }
 }

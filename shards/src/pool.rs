@@ -189,9 +189,4 @@ impl Pool {
     pub fn clear(&self) {
         self.idle.borrow_mut().clear();
     }
-
-    /// Idle connections held, for tests and metrics.
-    pub fn idle_count(&self) -> usize {
-        self.idle.borrow().values().map(Vec::len).sum()
-    }
 }

@@ -68,23 +68,10 @@ pub struct LocalRevision {
 }
 
 impl LocalRevision {
-    pub fn route(&self) -> Arc<RevisionRoute> {
-        self.route.borrow().clone()
-    }
-
     /// The revision's timers, read without cloning the shared route (an `Arc` clone would be an
     /// atomic write to a cache line every shard reads).
     pub fn timeouts(&self) -> crate::routing::Timeouts {
         self.route.borrow().timeouts
-    }
-
-    pub fn is_removed(&self) -> bool {
-        self.removed.get()
-    }
-
-    /// Requests waiting for this revision on all shards.
-    pub fn waiting(&self) -> u32 {
-        self.gate.waiting()
     }
 
     /// Admits an arriving request: a slot now, a place in the queue, or a refusal.
@@ -264,15 +251,6 @@ impl Replica {
     /// Looks a revision up by `namespace/name`.
     pub fn get(&self, key: &str) -> Option<Rc<LocalRevision>> {
         self.revisions.borrow().get(key).cloned()
-    }
-
-    /// The snapshot version this shard serves.
-    pub fn version(&self) -> u64 {
-        self.version.get()
-    }
-
-    pub fn revision_count(&self) -> usize {
-        self.revisions.borrow().len()
     }
 
     /// Applies one update from the control thread.
