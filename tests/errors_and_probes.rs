@@ -161,15 +161,10 @@ fn a_dead_pod_gets_502_naming_the_cause() {
 
 #[test]
 fn a_pod_that_closes_without_answering_gets_502() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut stream = stream;
-            let mut buf = [0u8; 1024];
-            let _ = stream.read(&mut buf);
-            // Close without a byte of response.
-        }
+    let (addr, _) = support::raw_pod(|mut stream| {
+        let mut buf = [0u8; 1024];
+        let _ = stream.read(&mut buf);
+        // Close without a byte of response.
     });
     let activator = Activator::start(&revision("default", "rude", &[addr], ""));
     let response = exchange(activator.http, get("rude", "/").as_bytes());
@@ -182,15 +177,10 @@ fn a_pod_that_closes_without_answering_gets_502() {
 
 #[test]
 fn a_pod_that_sends_garbage_gets_502() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut stream = stream;
-            let mut buf = [0u8; 1024];
-            let _ = stream.read(&mut buf);
-            let _ = stream.write_all(b"SPDY/9 what\r\n\r\n");
-        }
+    let (addr, _) = support::raw_pod(|mut stream| {
+        let mut buf = [0u8; 1024];
+        let _ = stream.read(&mut buf);
+        let _ = stream.write_all(b"SPDY/9 what\r\n\r\n");
     });
     let activator = Activator::start(&revision("default", "garbage", &[addr], ""));
     let response = exchange(activator.http, get("garbage", "/").as_bytes());
@@ -275,22 +265,12 @@ fn a_client_that_vanishes_while_waiting_for_the_response_is_noticed() {
 fn a_pooled_connection_the_pod_closed_while_idle_is_not_used() {
     // A pod that answers one request per connection with keep-alive, then closes the idle
     // connection shortly after: the next request must go out on a fresh connection, not fail.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = accepted.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut stream = stream;
-                let mut buf = [0u8; 4096];
-                let _ = stream.read(&mut buf);
-                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
-                std::thread::sleep(Duration::from_millis(50));
-                // Closing an idle keep-alive connection is the pod's right.
-            });
-        }
+    let (addr, accepted) = support::raw_pod(|mut stream| {
+        let mut buf = [0u8; 4096];
+        let _ = stream.read(&mut buf);
+        let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        std::thread::sleep(Duration::from_millis(50));
+        // Closing an idle keep-alive connection is the pod's right.
     });
     let activator = Activator::start(&revision("default", "flaky", &[addr], ""));
     let mut stream = activator.connect();
@@ -318,27 +298,19 @@ fn a_large_single_chunk_followed_by_its_end_completes_at_once() {
     // The pod writes one 300 KB chunk and the terminating chunk in one go, then keeps the
     // connection open: the end is already buffered when the proxy's output fills, and it must
     // be forwarded without waiting for bytes the pod will never send.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut stream = stream;
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = stream.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    let size = 300_000;
-                    let mut response = format!(
-                        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{size:x}\r\n"
-                    )
+    let (addr, _) = support::raw_pod(|mut stream| {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stream.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let size = 300_000;
+            let mut response =
+                format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{size:x}\r\n")
                     .into_bytes();
-                    response.extend(std::iter::repeat_n(b'z', size));
-                    response.extend_from_slice(b"\r\n0\r\n\r\n");
-                    let _ = stream.write_all(&response);
-                }
-            });
+            response.extend(std::iter::repeat_n(b'z', size));
+            response.extend_from_slice(b"\r\n0\r\n\r\n");
+            let _ = stream.write_all(&response);
         }
     });
     let activator = Activator::start(&revision(

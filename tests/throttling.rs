@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::backend::{self, BackendConfig};
@@ -63,18 +63,8 @@ fn never_more_than_container_concurrency_in_flight_per_pod_across_shards() {
 
 /// Opens an upgraded connection through the activator: it holds its pod slot until closed.
 fn hold_slot_with_an_upgrade(activator: &Activator, name: &str) -> std::net::TcpStream {
-    let mut stream = activator.connect();
-    let request = format!(
-        "GET /ws-half-close HTTP/1.1\r\nHost: {name}.default.svc.cluster.local\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        stream.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101"));
+    let (stream, head) = support::open_upgrade(activator, name);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     stream
 }
 

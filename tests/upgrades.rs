@@ -69,16 +69,8 @@ fn websocket_echo_through_the_activator() {
 fn upgraded_streams_propagate_half_close_both_ways() {
     let backend = backend::spawn(BackendConfig::named("raw")).unwrap();
     let activator = Activator::start(&revision("default", "raw", &[backend.addr()], ""));
-    let mut stream = activator.connect();
-    let request = "GET /ws-half-close HTTP/1.1\r\nHost: raw.default.svc.cluster.local\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        stream.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let (mut stream, head) = support::open_upgrade(&activator, "raw");
+    let head = head.to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: echo"), "{head}");
     stream.write_all(b"abc").unwrap();
@@ -100,15 +92,8 @@ fn upgraded_connections_are_not_cut_by_the_request_timeout() {
         &[backend.addr()],
         "timeout_seconds = 1",
     ));
-    let mut stream = activator.connect();
-    let request = "GET /ws-half-close HTTP/1.1\r\nHost: long.default.svc.cluster.local\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        stream.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
+    let (mut stream, head) = support::open_upgrade(&activator, "long");
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     // Outlive the 1 s revision timeout, then use the stream.
     std::thread::sleep(Duration::from_millis(1500));
     stream.write_all(b"still here").unwrap();

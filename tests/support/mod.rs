@@ -58,21 +58,11 @@ impl Activator {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Activator {
-        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let dir = scratch_dir();
-        let config_path = dir.join("kactivator.toml");
-        let config = format!("[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 1\n{proxy}\n\n{revisions}");
-        std::fs::write(&config_path, config).expect("write config");
-        let mut activator = Activator {
-            child: None,
-            http,
-            admin,
-            dir,
-            config_path,
-        };
-        activator.spawn(args, env);
-        activator.wait_ready();
+        let mut activator = Activator::configure(revisions, proxy);
+        activator.spawn_with(args, env, false);
+        if let Err(error) = activator.wait_ready() {
+            panic!("kactivator {error}");
+        }
         activator
     }
 
@@ -82,39 +72,29 @@ impl Activator {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Activator, String> {
+        let mut activator = Activator::configure(revisions, "");
+        activator.spawn_with(args, env, true);
+        activator.wait_ready()?;
+        Ok(activator)
+    }
+
+    /// Free ports and a config file; nothing started yet.
+    fn configure(revisions: &str, proxy: &str) -> Activator {
         let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let dir = scratch_dir();
         let config_path = dir.join("kactivator.toml");
-        let config = format!("[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 1\n\n{revisions}");
+        let config = format!(
+            "[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 1\n{proxy}\n\n{revisions}"
+        );
         std::fs::write(&config_path, config).expect("write config");
-        let mut activator = Activator {
+        Activator {
             child: None,
             http,
             admin,
             dir,
             config_path,
-        };
-        activator.spawn_with(args, env, true);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Some(status) = activator
-                .child
-                .as_mut()
-                .and_then(|child| child.try_wait().ok().flatten())
-            {
-                return Err(format!("exited with {status}: {}", activator.stderr()));
-            }
-            if admin_get(activator.admin, "/readyz").is_some_and(|(status, _)| status == 200) {
-                return Ok(activator);
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        Err(format!("never became ready: {}", activator.stderr()))
-    }
-
-    fn spawn(&mut self, args: &[&str], env: &[(&str, &str)]) {
-        self.spawn_with(args, env, false);
     }
 
     fn spawn_with(&mut self, args: &[&str], env: &[(&str, &str)], refuse_io_uring: bool) {
@@ -152,7 +132,8 @@ impl Activator {
         self.child = Some(command.spawn().expect("spawn kactivator"));
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits for `/readyz`; the error says why it never came (with the process's log).
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if let Some(status) = self
@@ -160,17 +141,14 @@ impl Activator {
                 .as_mut()
                 .and_then(|child| child.try_wait().ok().flatten())
             {
-                panic!(
-                    "kactivator exited during start-up ({status}):\n{}",
-                    self.stderr()
-                );
+                return Err(format!("exited with {status}: {}", self.stderr()));
             }
             if admin_get(self.admin, "/readyz").is_some_and(|(status, _)| status == 200) {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("kactivator did not become ready:\n{}", self.stderr());
+        Err(format!("never became ready: {}", self.stderr()))
     }
 
     pub fn pid(&self) -> u32 {
@@ -529,4 +507,50 @@ fn refuse_io_uring_setup() -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Reads a response head byte by byte, so nothing after it is consumed (upgraded streams,
+/// bodies read separately).
+pub fn read_head(stream: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream
+            .read_exact(&mut byte)
+            .expect("a complete response head");
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// Opens `GET /ws-half-close` with `Upgrade: echo` for revision `default/<name>` and returns the
+/// upgraded stream and the 101 head.
+pub fn open_upgrade(activator: &Activator, name: &str) -> (TcpStream, String) {
+    let mut stream = activator.connect();
+    let request = format!(
+        "GET /ws-half-close HTTP/1.1\r\nHost: {name}.default.svc.cluster.local\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let head = read_head(&mut stream);
+    (stream, head)
+}
+
+/// A hand-written pod on loopback: `serve` runs on its own thread for every accepted
+/// connection. Returns its address and a count of connections accepted.
+pub fn raw_pod(
+    serve: impl Fn(TcpStream) + Send + Sync + 'static,
+) -> (SocketAddr, std::sync::Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a raw pod");
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let serve = std::sync::Arc::new(serve);
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let serve = serve.clone();
+            std::thread::spawn(move || serve(stream));
+        }
+    });
+    (addr, accepted)
 }
