@@ -448,15 +448,7 @@ mod tests {
                         || pods.iter().position(PodSlots::try_acquire),
                         &mut effects,
                     );
-                    match admission {
-                        Admission::Proceed(pod) => self.running.push((shard, pod)),
-                        Admission::Queued(id) => {
-                            self.queued.insert((shard, id), self.arrivals);
-                        }
-                        Admission::Rejected => unreachable!("the bound is not reached here"),
-                    }
-                    self.arrivals += 1;
-                    self.apply(shard, effects);
+                    self.record_arrival(shard, admission, effects);
                 }
                 Step::ArriveRacing(shard, pick) => {
                     let gate = &self.gate;
@@ -481,42 +473,18 @@ mod tests {
                         },
                         &mut effects,
                     );
-                    match admission {
-                        Admission::Proceed(pod) => self.running.push((shard, pod)),
-                        Admission::Queued(id) => {
-                            self.queued.insert((shard, id), self.arrivals);
-                        }
-                        Admission::Rejected => unreachable!("the bound is not reached here"),
-                    }
-                    self.arrivals += 1;
-                    self.apply(shard, effects);
+                    self.record_arrival(shard, admission, effects);
                 }
                 Step::Grow(shard, pod) => {
                     let shard = shard % self.queues.len();
                     let pod = pod % self.pods.len();
                     self.pods[pod].set_capacity(self.pods[pod].capacity() + 2);
-                    if self.gate.waiting() > 0 {
-                        let pods = &self.pods;
-                        self.queues[shard].dispatch(
-                            &self.gate,
-                            || pods.iter().position(PodSlots::try_acquire),
-                            &mut effects,
-                        );
-                        self.apply(shard, effects);
-                    }
+                    self.dispatch_on(shard);
                 }
                 Step::Finish(pick) if !self.running.is_empty() => {
                     let (shard, pod) = self.running.swap_remove(pick % self.running.len());
                     assert!(self.pods[pod].release());
-                    if self.gate.waiting() > 0 {
-                        let pods = &self.pods;
-                        self.queues[shard].dispatch(
-                            &self.gate,
-                            || pods.iter().position(PodSlots::try_acquire),
-                            &mut effects,
-                        );
-                        self.apply(shard, effects);
-                    }
+                    self.dispatch_on(shard);
                 }
                 Step::Deliver(pick) if !self.in_transit.is_empty() => {
                     let (shard, pod) = self.in_transit.swap_remove(pick % self.in_transit.len());
@@ -537,17 +505,41 @@ mod tests {
             let mut effects = Vec::new();
             let pods = &self.pods;
             let acquire = || pods.iter().position(PodSlots::try_acquire);
-            if let Some(pod) =
-                self.queues[shard].receive_grant(&self.gate, pod, acquire, &mut effects)
-            {
+            let unused = self.queues[shard].receive_grant(&self.gate, pod, acquire, &mut effects);
+            self.apply(shard, effects);
+            if let Some(pod) = unused {
                 assert!(self.pods[pod].release());
-                let pods = &self.pods;
-                self.queues[shard].dispatch(
-                    &self.gate,
-                    || pods.iter().position(PodSlots::try_acquire),
-                    &mut effects,
-                );
+                self.dispatch_on(shard);
             }
+        }
+
+        /// Books an arrival's outcome and applies the effects of its admission.
+        fn record_arrival(
+            &mut self,
+            shard: usize,
+            admission: Admission<usize>,
+            effects: Vec<Effect<usize>>,
+        ) {
+            match admission {
+                Admission::Proceed(pod) => self.running.push((shard, pod)),
+                Admission::Queued(id) => {
+                    self.queued.insert((shard, id), self.arrivals);
+                }
+                Admission::Rejected => unreachable!("the bound is not reached here"),
+            }
+            self.arrivals += 1;
+            self.apply(shard, effects);
+        }
+
+        /// Dispatches on `shard`, as the shell does after a release or new capacity.
+        fn dispatch_on(&mut self, shard: usize) {
+            let mut effects = Vec::new();
+            let pods = &self.pods;
+            self.queues[shard].dispatch(
+                &self.gate,
+                || pods.iter().position(PodSlots::try_acquire),
+                &mut effects,
+            );
             self.apply(shard, effects);
         }
 
