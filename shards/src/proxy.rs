@@ -421,21 +421,7 @@ async fn wait_for_slot(
             done: false,
         },
     );
-    // Resolves true when the client is gone, false when it stopped watching (cancelled, or
-    // enough read ahead).
-    let watch = async {
-        loop {
-            if inbuf.len() >= WATCH_LIMIT {
-                return false;
-            }
-            match inbuf.fill_cancelable(reader, handle.clone()).await {
-                Ok(0) => return true,
-                Ok(_) => {}
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => return false,
-                Err(_) => return true,
-            }
-        }
-    };
+    let watch = read_ahead(reader, inbuf, handle);
     let mut waiting = pin!(waiting);
     let mut watch = pin!(watch);
     let mut watching = true;
@@ -764,16 +750,30 @@ async fn send_request(
     // cancellation per request, and a vanished client is still noticed within milliseconds.
     monoio::time::sleep(READ_AHEAD_DELAY).await;
     phase.set(SendPhase::ReadingAhead);
+    if read_ahead(reader, inbuf, cancel).await {
+        Err(SendError::ClientGone)
+    } else {
+        Ok(())
+    }
+}
+
+/// Reads ahead on the client (a body, a pipelined request, or the FIN of a client that gave
+/// up) until cancelled through `cancel`, which loses no byte. True when the client is gone;
+/// false when cancelled or when enough is buffered (reading on would buffer without bound).
+async fn read_ahead(
+    reader: &mut OwnedReadHalf<TcpStream>,
+    inbuf: &mut InBuf,
+    cancel: monoio::io::CancelHandle,
+) -> bool {
     loop {
         if inbuf.len() >= WATCH_LIMIT {
-            // Enough read ahead; stop watching rather than buffer without bound.
-            return Ok(());
+            return false;
         }
         match inbuf.fill_cancelable(reader, cancel.clone()).await {
-            Ok(0) => return Err(SendError::ClientGone),
+            Ok(0) => return true,
             Ok(_) => {}
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => return Ok(()),
-            Err(_) => return Err(SendError::ClientGone),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => return false,
+            Err(_) => return true,
         }
     }
 }
