@@ -8,8 +8,11 @@ pub mod config;
 pub mod metrics;
 pub mod pod_state;
 pub mod publisher;
+pub mod shell;
 pub mod standalone;
+pub mod state;
 pub mod table;
+pub mod worker;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

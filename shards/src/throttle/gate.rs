@@ -37,6 +37,24 @@ const NONE: u64 = u64::MAX;
 /// Identifies a queued request within its shard.
 pub type WaiterId = u64;
 
+/// TEMPORARY stand-in until the process-wide cap lands: counts nothing.
+#[derive(Debug)]
+pub struct ProcessQueue {
+    limit: u32,
+}
+
+impl ProcessQueue {
+    pub fn new(limit: u32) -> ProcessQueue {
+        ProcessQueue { limit }
+    }
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+    pub fn queued(&self) -> u32 {
+        0
+    }
+}
+
 /// A revision's admission state shared by all shards.
 #[derive(Debug)]
 pub struct RevisionGate {
@@ -55,6 +73,10 @@ impl RevisionGate {
                 .map(|_| CachePadded::new(AtomicU64::new(NONE)))
                 .collect(),
         }
+    }
+
+    pub fn with_process_queue(shards: usize, _process: std::sync::Arc<ProcessQueue>) -> RevisionGate {
+        RevisionGate::new(shards)
     }
 
     /// Requests waiting on all shards.

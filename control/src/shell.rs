@@ -1,0 +1,222 @@
+//! The state worker's machine: [`PodStates`] plus what its results drive — routing updates to
+//! the shards, the pod-state metrics, and the prober's target list.
+
+use std::collections::BTreeMap;
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use tokio::sync::watch;
+
+use crate::pod_state::{PodState, Timestamp};
+use crate::publisher::Publisher;
+use crate::state::{Journal, Op, OpError, PodStates, ProbeTarget};
+use crate::worker::Machine;
+
+/// Metrics fed by the state machine's journal.
+#[derive(Clone)]
+pub struct PodMetrics {
+    transitions: IntCounterVec,
+    quarantined: IntGauge,
+    quarantine_entries: IntCounter,
+    quarantine_exits: IntCounter,
+    tracker_limit: IntCounterVec,
+    pods: IntGaugeVec,
+}
+
+fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: C) -> C {
+    // A second registration only happens in tests sharing a registry.
+    let _ = registry.register(Box::new(metric.clone()));
+    metric
+}
+
+impl PodMetrics {
+    pub fn new(registry: &Registry) -> PodMetrics {
+        PodMetrics {
+            transitions: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "pod_state_transitions_total",
+                        "Pod tracker state changes; \"none\" is a pod not tracked",
+                    ),
+                    &["from_state", "to_state", "source"],
+                )
+                .expect("valid metric"),
+            ),
+            quarantined: register(
+                registry,
+                IntGauge::new(
+                    "activator_pod_quarantines",
+                    "Pod trackers currently quarantined",
+                )
+                .expect("valid metric"),
+            ),
+            quarantine_entries: register(
+                registry,
+                IntCounter::new(
+                    "activator_pod_quarantine_entries_total",
+                    "Times a pod entered quarantine",
+                )
+                .expect("valid metric"),
+            ),
+            quarantine_exits: register(
+                registry,
+                IntCounter::new(
+                    "activator_pod_quarantine_exits_total",
+                    "Times a pod left quarantine (expiry, release or removal)",
+                )
+                .expect("valid metric"),
+            ),
+            tracker_limit: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "activator_revision_tracker_limit_exceeded_total",
+                        "New pods refused because the revision already tracks its limit",
+                    ),
+                    &["namespace", "revision"],
+                )
+                .expect("valid metric"),
+            ),
+            pods: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new("activator_pod_trackers", "Pod trackers by state"),
+                    &["state"],
+                )
+                .expect("valid metric"),
+            ),
+        }
+    }
+
+    fn observe(&self, entry: &Journal) {
+        match entry {
+            Journal::Transition {
+                from, to, source, ..
+            } => {
+                let label = |state: &Option<PodState>| state.map_or("none", PodState::label);
+                self.transitions
+                    .with_label_values(&[label(from), label(to), source.label()])
+                    .inc();
+                let was = *from == Some(PodState::Quarantined);
+                let is = *to == Some(PodState::Quarantined);
+                if !was && is {
+                    self.quarantined.inc();
+                    self.quarantine_entries.inc();
+                } else if was && !is {
+                    self.quarantined.dec();
+                    self.quarantine_exits.inc();
+                }
+            }
+            Journal::TrackerLimit {
+                namespace,
+                revision,
+            } => self
+                .tracker_limit
+                .with_label_values(&[namespace, revision])
+                .inc(),
+        }
+    }
+
+    fn set_counts(&self, counts: &BTreeMap<&'static str, usize>) {
+        for state in [
+            PodState::Ready,
+            PodState::NotReady,
+            PodState::Quarantined,
+            PodState::Recovering,
+        ] {
+            let count = counts.get(state.label()).copied().unwrap_or(0);
+            self.pods
+                .with_label_values(&[state.label()])
+                .set(count as i64);
+        }
+    }
+
+    /// Current quarantine gauge (tests compare it with a recount).
+    pub fn quarantined(&self) -> i64 {
+        self.quarantined.get()
+    }
+}
+
+/// The machine the state worker drives.
+pub struct Shell {
+    pub states: PodStates,
+    publisher: Publisher,
+    metrics: PodMetrics,
+    probe_targets: watch::Sender<Vec<ProbeTarget>>,
+}
+
+impl Shell {
+    pub fn new(
+        states: PodStates,
+        publisher: Publisher,
+        metrics: PodMetrics,
+    ) -> (Shell, watch::Receiver<Vec<ProbeTarget>>) {
+        let (probe_targets, receiver) = watch::channel(Vec::new());
+        (
+            Shell {
+                states,
+                publisher,
+                metrics,
+                probe_targets,
+            },
+            receiver,
+        )
+    }
+}
+
+impl Machine for Shell {
+    fn apply(&mut self, op: Op, now: Timestamp) -> Result<(), OpError> {
+        self.states.apply(op, now)
+    }
+
+    fn next_deadline(&self) -> Option<Timestamp> {
+        self.states.next_deadline()
+    }
+
+    fn on_deadline(&mut self, now: Timestamp) {
+        self.states.expire_quarantines(now);
+    }
+
+    fn flush(&mut self) {
+        self.publisher.publish(self.states.take_updates());
+        let journal = self.states.take_journal();
+        if journal.is_empty() {
+            return;
+        }
+        for entry in &journal {
+            self.metrics.observe(entry);
+            if let Journal::Transition {
+                revision,
+                pod,
+                from,
+                to,
+                reason,
+                source,
+            } = entry
+            {
+                tracing::info!(
+                    revision = revision.as_str(),
+                    %pod,
+                    from = from.map_or("none", PodState::label),
+                    to = to.map_or("none", PodState::label),
+                    reason = reason.label(),
+                    source = source.label(),
+                    "pod state"
+                );
+            }
+        }
+        self.metrics.set_counts(&self.states.state_counts());
+        let targets = self.states.probe_targets();
+        self.probe_targets.send_if_modified(|current| {
+            let changed = *current != targets;
+            if changed {
+                *current = targets;
+            }
+            changed
+        });
+    }
+
+    fn recover(&mut self) {
+        self.states.republish_everything();
+    }
+}
