@@ -33,6 +33,7 @@ pub fn run(cli: &Cli, args: &DemoArgs) -> Result<(), StartError> {
         idle_timeout_seconds: 0,
         load_balancing_policy: None,
         queue_depth: kactivator_shards::routing::DEFAULT_QUEUE_DEPTH,
+        serving_port: None,
         pods: handles.iter().map(|handle| handle.addr()).collect(),
     });
     let http = cli.http.unwrap_or(config.listen.http);

@@ -7,12 +7,14 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 use kactivator_control::config::{Config, ConfigError};
 use kactivator_control::publisher::Publisher;
-use kactivator_control::ControlPlane;
+use kactivator_control::{ControlInputs, ControlPlane};
+use kactivator_shards::control_link::ControlLink;
 use kactivator_shards::identity::detect_cluster_domain;
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
 use kactivator_shards::pool::PoolConfig;
 use kactivator_shards::reactor::{self, DriverKind, ShardSpec};
 use kactivator_shards::shard::ShardSettings;
+use kactivator_shards::throttle::gate::ProcessQueue;
 use kactivator_shards::topology::CpuBudget;
 
 use crate::cli::{Cli, LogFormat, Logging};
@@ -90,6 +92,7 @@ pub fn run_with(
     preset: Option<Config>,
     on_ready: impl FnOnce(),
 ) -> Result<(), StartError> {
+    let preset_given = preset.is_some();
     let config = effective_config(cli, preset)?;
     let budget = CpuBudget::detect();
     let placement = budget.place(cli.shards);
@@ -136,13 +139,24 @@ pub fn run_with(
     let (senders, receivers): (Vec<_>, Vec<_>) =
         (0..placement.shards).map(|_| flume::unbounded()).unzip();
     let publisher = Publisher::new(senders);
-    let control = ControlPlane::new(
-        placement.shards,
-        config.clone(),
+    let (control_link, from_shards) = ControlLink::channel();
+    let process_queue = Arc::new(ProcessQueue::new(config.proxy.max_queued_requests));
+    let control = ControlPlane::new(ControlInputs {
+        shards: placement.shards,
+        config: config.clone(),
+        // The demo's preset configuration has no file to watch.
+        config_path: if preset_given {
+            None
+        } else {
+            cli.config.clone()
+        },
         publisher,
-        stats.clone(),
-        cli.pod_name.clone(),
-    );
+        stats: stats.clone(),
+        pod_name: cli.pod_name.clone(),
+        pod_ip: std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok()),
+        from_shards,
+        process_queue,
+    });
 
     let (grant_senders, grant_receivers): (Vec<_>, Vec<_>) =
         (0..placement.shards).map(|_| flume::unbounded()).unzip();
@@ -160,6 +174,7 @@ pub fn run_with(
             peers: grant_senders.clone(),
             settings: settings.clone(),
             stats: stats.clone(),
+            control: control_link.clone(),
         };
         threads.push(reactor::spawn_shard(spec, started_tx.clone())?);
     }

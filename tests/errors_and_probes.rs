@@ -138,7 +138,11 @@ fn a_dead_pod_gets_502_naming_the_cause() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap()
     };
-    let activator = Activator::start(&revision("default", "dead", &[dead], ""));
+    let activator = Activator::start(&format!(
+        "{}{}",
+        support::NO_QUARANTINE,
+        revision("default", "dead", &[dead], "")
+    ));
     let response = exchange(activator.http, get("dead", "/").as_bytes());
     assert_eq!(response.status, 502);
     assert_eq!(
@@ -166,7 +170,11 @@ fn a_pod_that_closes_without_answering_gets_502() {
         let _ = stream.read(&mut buf);
         // Close without a byte of response.
     });
-    let activator = Activator::start(&revision("default", "rude", &[addr], ""));
+    let activator = Activator::start(&format!(
+        "{}{}",
+        support::NO_QUARANTINE,
+        revision("default", "rude", &[addr], "")
+    ));
     let response = exchange(activator.http, get("rude", "/").as_bytes());
     assert_eq!(response.status, 502);
     assert_eq!(
@@ -182,7 +190,11 @@ fn a_pod_that_sends_garbage_gets_502() {
         let _ = stream.read(&mut buf);
         let _ = stream.write_all(b"SPDY/9 what\r\n\r\n");
     });
-    let activator = Activator::start(&revision("default", "garbage", &[addr], ""));
+    let activator = Activator::start(&format!(
+        "{}{}",
+        support::NO_QUARANTINE,
+        revision("default", "garbage", &[addr], "")
+    ));
     let response = exchange(activator.http, get("garbage", "/").as_bytes());
     assert_eq!(response.status, 502);
     assert!(
@@ -272,7 +284,11 @@ fn a_pooled_connection_the_pod_closed_while_idle_is_not_used() {
         std::thread::sleep(Duration::from_millis(50));
         // Closing an idle keep-alive connection is the pod's right.
     });
-    let activator = Activator::start(&revision("default", "flaky", &[addr], ""));
+    let activator = Activator::start(&format!(
+        "{}{}",
+        support::NO_QUARANTINE,
+        revision("default", "flaky", &[addr], "")
+    ));
     let mut stream = activator.connect();
     let mut buffered = Vec::new();
     for _ in 0..3 {
@@ -313,11 +329,10 @@ fn a_large_single_chunk_followed_by_its_end_completes_at_once() {
             let _ = stream.write_all(&response);
         }
     });
-    let activator = Activator::start(&revision(
-        "default",
-        "bigchunk",
-        &[addr],
-        "timeout_seconds = 20",
+    let activator = Activator::start(&format!(
+        "{}{}",
+        support::NO_QUARANTINE,
+        revision("default", "bigchunk", &[addr], "timeout_seconds = 20")
     ));
     let mut stream = activator.connect();
     let mut buffered = Vec::new();

@@ -22,6 +22,8 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// Set on SIGTERM.
     pub draining: AtomicBool,
+    /// The state worker, whose health `/healthz` reports.
+    pub worker: Option<crate::worker::WorkerHandle>,
 }
 
 /// Serves admin requests until the runtime stops.
@@ -66,8 +68,11 @@ async fn handle(
                 response
             })
         }
-        // Liveness: the process and its control thread answer.
-        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n".into()),
+        // Liveness: the control thread answers and its state worker is healthy.
+        (&Method::GET, "/healthz") => match state.worker.as_ref().map(|worker| worker.health()) {
+            Some(Err(why)) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+            _ => text(StatusCode::OK, "ok\n".into()),
+        },
         (&Method::GET, "/readyz") => {
             if state.draining.load(Ordering::Acquire) {
                 text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())

@@ -31,7 +31,75 @@ pub struct Config {
     #[serde(default)]
     pub features: BTreeMap<String, String>,
     #[serde(default)]
+    pub control: ControlSettings,
+    #[serde(default)]
+    pub health: HealthSettings,
+    #[serde(default)]
+    pub cluster: ClusterSettings,
+    #[serde(default)]
     pub revisions: Vec<RevisionConfig>,
+}
+
+/// The control plane's tunables.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlSettings {
+    /// How often the configuration file is checked for changes, in milliseconds. Default 1000.
+    pub watch_interval_ms: u64,
+    /// State changes the worker's channel holds before producers wait. Default 500.
+    pub state_queue_capacity: usize,
+    /// Most pod trackers per revision; more pods are refused and counted. Default 5000.
+    pub max_trackers_per_revision: usize,
+    /// A queue-proxy `ready` outweighs the informer for this long, in seconds. Default 30.
+    pub qp_freshness_seconds: u64,
+    /// A queue-proxy `not-ready`/`draining` outweighs the informer for this long. Default 60.
+    pub qp_staleness_seconds: u64,
+    /// How often idle NotReady trackers are looked for, in seconds. Default 60.
+    pub stale_sweep_seconds: u64,
+}
+
+impl Default for ControlSettings {
+    fn default() -> Self {
+        ControlSettings {
+            watch_interval_ms: 1000,
+            state_queue_capacity: 500,
+            max_trackers_per_revision: 5000,
+            qp_freshness_seconds: 30,
+            qp_staleness_seconds: 60,
+            stale_sweep_seconds: 60,
+        }
+    }
+}
+
+/// The active health check behind quarantine.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthSettings {
+    /// Time between probes of each routable pod, in milliseconds. Default 1000.
+    pub probe_interval_ms: u64,
+    /// A probe slower than this fails, in milliseconds. Default 2000.
+    pub probe_timeout_ms: u64,
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        HealthSettings {
+            probe_interval_ms: 1000,
+            probe_timeout_ms: 2000,
+        }
+    }
+}
+
+/// The other activators (standalone; Kubernetes reads them from the public endpoints).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSettings {
+    /// This activator's IP among `activators`. Default: the `POD_IP` environment variable.
+    pub self_ip: Option<std::net::IpAddr>,
+    /// Every activator's IP, this one included, for splitting pods among them. Empty: alone.
+    pub activators: Vec<std::net::IpAddr>,
+    /// Data-port addresses of the other activators, to relay queue-proxy registrations to.
+    pub peers: Vec<SocketAddr>,
 }
 
 /// Where to listen.
@@ -83,6 +151,10 @@ pub struct ProxySettings {
     /// Seconds between SIGTERM (readiness fails at once) and closing the listeners. Default 45.
     #[serde(default = "default_drain_grace")]
     pub drain_grace_seconds: u64,
+    /// Most requests waiting for a pod over all revisions; more get 503
+    /// `pending request queue full`. Default 100 000.
+    #[serde(default = "default_max_queued")]
+    pub max_queued_requests: u32,
 }
 
 impl Default for ProxySettings {
@@ -93,6 +165,7 @@ impl Default for ProxySettings {
             upstream_idle_timeout_seconds: default_idle_seconds(),
             max_idle_per_pod: default_max_idle(),
             drain_grace_seconds: default_drain_grace(),
+            max_queued_requests: default_max_queued(),
         }
     }
 }
@@ -105,6 +178,9 @@ fn default_idle_seconds() -> u64 {
 }
 fn default_max_idle() -> usize {
     100
+}
+fn default_max_queued() -> u32 {
+    100_000
 }
 fn default_drain_grace() -> u64 {
     DEFAULT_DRAIN_GRACE_SECONDS
@@ -145,7 +221,10 @@ pub struct RevisionConfig {
     /// `pending request queue full`. Default 10 000.
     #[serde(default = "default_queue_depth")]
     pub queue_depth: u32,
-    /// Pod addresses `ip:port`.
+    /// Port a queue-proxy's bare `pod_ip` maps to. Default 8012 (`http1`) or 8013 (`h2c`).
+    #[serde(default)]
+    pub serving_port: Option<u16>,
+    /// Pod addresses `ip:port`, routable from the start (the informer's view, standalone).
     #[serde(default)]
     pub pods: Vec<SocketAddr>,
 }
@@ -193,6 +272,13 @@ impl RevisionConfig {
             Some(LbPolicyName::RoundRobin) => LbPolicy::RoundRobin,
             Some(LbPolicyName::LeastConnections) => LbPolicy::LeastConnections,
         }
+    }
+
+    pub fn serving_port(&self) -> u16 {
+        self.serving_port.unwrap_or(match self.protocol {
+            ProtocolName::Http1 => 8012,
+            ProtocolName::H2c => 8013,
+        })
     }
 
     pub fn timeouts(&self) -> Timeouts {
@@ -257,6 +343,31 @@ impl Config {
     }
 
     fn validate(&self, text: &str) -> Result<(), ConfigError> {
+        if self.control.qp_freshness_seconds > self.control.qp_staleness_seconds {
+            return Err(ConfigError {
+                source: None,
+                position: find_position(text, "qp_freshness_seconds"),
+                message: "control.qp_freshness_seconds may not exceed qp_staleness_seconds".into(),
+            });
+        }
+        for (key, value) in [
+            ("watch_interval_ms", self.control.watch_interval_ms),
+            (
+                "state_queue_capacity",
+                self.control.state_queue_capacity as u64,
+            ),
+            ("stale_sweep_seconds", self.control.stale_sweep_seconds),
+            ("probe_interval_ms", self.health.probe_interval_ms),
+            ("probe_timeout_ms", self.health.probe_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError {
+                    source: None,
+                    position: find_position(text, key),
+                    message: format!("{key} must be at least 1"),
+                });
+            }
+        }
         let mut seen = HashSet::new();
         for revision in &self.revisions {
             let at = |needle: &str| find_position(text, needle);

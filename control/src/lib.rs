@@ -1,79 +1,188 @@
-//! The control plane: one tokio thread that owns configuration and publishes routing snapshots.
+//! The control plane: one tokio thread that owns configuration and pod state and publishes
+//! routing snapshots.
 //!
-//! Data flows one way: sources (the standalone file for now) → routing table → versioned updates
-//! over one channel per shard. The admin server reads shard counters; it never writes to them.
+//! Data flows one way: sources (the standalone file, queue-proxy registrations, the prober, the
+//! shards' passive signals) → the serialized state worker → versioned updates over one channel
+//! per shard. The admin server reads shard counters and the worker's health; it never writes.
 
 pub mod admin;
 pub mod config;
+pub mod features;
 pub mod metrics;
 pub mod pod_state;
+pub mod prober;
 pub mod publisher;
+pub mod registration;
 pub mod shell;
+pub mod sources;
 pub mod standalone;
 pub mod state;
-pub mod table;
 pub mod worker;
 
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kactivator_shards::control_link::ToControl;
 use kactivator_shards::metrics::AllShardStats;
 use kactivator_shards::routing::ShardCommand;
+use kactivator_shards::throttle::gate::ProcessQueue;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::admin::AdminState;
 use crate::config::Config;
+use crate::pod_state::{Gates, Timestamp, Windows};
 use crate::publisher::Publisher;
-use crate::table::RoutingTable;
+use crate::shell::{PodMetrics, Shell};
+use crate::sources::{ControlMetrics, Sources};
+use crate::state::{Activators, Limits, OmissionScope, Op, PodStates};
+use crate::worker::{WorkerHandle, WorkerMetrics};
 
 /// The control thread's state.
 pub struct ControlPlane {
     config: Config,
-    table: RoutingTable,
+    config_path: Option<PathBuf>,
+    gates: Gates,
+    worker: WorkerHandle,
+    worker_task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    probe_targets: tokio::sync::watch::Receiver<Vec<state::ProbeTarget>>,
+    from_shards: flume::Receiver<ToControl>,
     publisher: Publisher,
     admin: Arc<AdminState>,
+    metrics: Arc<ControlMetrics>,
+    revisions: usize,
+}
+
+/// What the control plane is started with.
+pub struct ControlInputs {
+    pub shards: usize,
+    pub config: Config,
+    /// The file to watch for changes; `None` for a configuration that did not come from a file.
+    pub config_path: Option<PathBuf>,
+    pub publisher: Publisher,
+    pub stats: AllShardStats,
+    pub pod_name: String,
+    /// `POD_IP`, the default for `cluster.self_ip`.
+    pub pod_ip: Option<std::net::IpAddr>,
+    pub from_shards: flume::Receiver<ToControl>,
+    /// Shared by every revision's admission gate.
+    pub process_queue: Arc<ProcessQueue>,
+}
+
+/// The activator set the configuration describes.
+pub fn activators_of(config: &Config, pod_ip: Option<std::net::IpAddr>) -> Activators {
+    let me = config.cluster.self_ip.or(pod_ip);
+    if config.cluster.activators.is_empty() {
+        return Activators::default();
+    }
+    Activators {
+        me,
+        all: config.cluster.activators.clone(),
+    }
 }
 
 impl ControlPlane {
-    /// Builds the routing table from `config` and queues it for every shard, so a shard's first
-    /// request already sees it.
-    pub fn new(
-        shards: usize,
-        config: Config,
-        publisher: Publisher,
-        stats: AllShardStats,
-        pod_name: String,
-    ) -> ControlPlane {
-        let mut table = RoutingTable::new(shards);
-        publisher.publish(table.replace_all(standalone::desired_revisions(&config)));
+    /// Builds the state from `config` and queues the routes for every shard, so a shard's first
+    /// request already sees them.
+    pub fn new(inputs: ControlInputs) -> ControlPlane {
+        let ControlInputs {
+            shards,
+            config,
+            config_path,
+            publisher,
+            stats,
+            pod_name,
+            pod_ip,
+            from_shards,
+            process_queue,
+        } = inputs;
+        let registry = prometheus::Registry::new();
+        let (gates, warnings) = features::resolve(&config.features, Gates::default());
+        for warning in warnings {
+            tracing::warn!("{warning}");
+        }
+        let limits = Limits {
+            max_trackers_per_revision: config.control.max_trackers_per_revision,
+            windows: Windows {
+                qp_freshness: Duration::from_secs(config.control.qp_freshness_seconds),
+                qp_staleness: Duration::from_secs(config.control.qp_staleness_seconds),
+            },
+        };
+        let mut states = PodStates::new(shards, gates, limits, process_queue);
+        let start = Timestamp::from_epoch_offset(Duration::ZERO);
+        let _ = states.apply(
+            Op::RecalculateCapacity {
+                activators: activators_of(&config, pod_ip),
+            },
+            start,
+        );
+        let _ = states.apply(
+            Op::RecalculateAll {
+                revisions: standalone::revisions(&config),
+                omission: OmissionScope::ListedPods,
+                gates,
+            },
+            start,
+        );
+        let revisions = states.revision_count();
+        let (mut shell, probe_targets) =
+            Shell::new(states, publisher.clone(), PodMetrics::new(&registry));
+        worker::Machine::flush(&mut shell);
+        let (worker, worker_task) = worker::spawn(
+            shell,
+            config.control.state_queue_capacity,
+            WorkerMetrics::new(&registry),
+        );
+        let metrics = Arc::new(ControlMetrics::new(&registry));
         let admin = Arc::new(AdminState {
             stats,
             pod_name,
-            registry: prometheus::Registry::new(),
+            registry,
             ready: false.into(),
             draining: false.into(),
+            worker: Some(worker.clone()),
         });
         ControlPlane {
             config,
-            table,
+            config_path,
+            gates,
+            worker,
+            worker_task: Box::pin(worker_task),
+            probe_targets,
+            from_shards,
             publisher,
             admin,
+            metrics,
+            revisions,
         }
     }
 
     /// Revisions currently routed.
     pub fn revision_count(&self) -> usize {
-        self.table.len()
+        self.revisions
     }
 
-    /// Serves the admin port and waits for SIGTERM/SIGINT, then drains: readiness fails at once,
-    /// requests keep being served for the grace period, then the shards stop accepting. Returns
-    /// when the shards have been told to stop; the caller joins them.
+    /// Serves the admin port, runs the state worker and the sources, and waits for
+    /// SIGTERM/SIGINT; then drains: readiness fails at once, requests keep being served for the
+    /// grace period, then the shards stop accepting. Returns when the shards have been told to
+    /// stop; the caller joins them.
     pub async fn run(self, admin_listener: std::net::TcpListener) -> std::io::Result<()> {
         admin_listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(admin_listener)?;
         tokio::spawn(admin::serve(listener, self.admin.clone()));
+        tokio::spawn(self.worker_task);
+        let sources = Sources {
+            worker: self.worker.clone(),
+            metrics: self.metrics.clone(),
+            config: self.config.clone(),
+        };
+        sources.spawn_all(
+            self.config_path.clone(),
+            self.gates,
+            self.probe_targets,
+            self.from_shards,
+        );
         self.admin.ready.store(true, Ordering::Release);
 
         let mut terminate = signal(SignalKind::terminate())?;

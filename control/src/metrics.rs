@@ -220,6 +220,36 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
         }
     }
+    // Process totals under the fork's names.
+    let totals: [ShardMetric; 4] = [
+        (
+            "activator_proxy_queue_time_warning_total",
+            "Requests that waited at least 4 s for a pod.",
+            |s| s.queue_time_warning.get(),
+        ),
+        (
+            "activator_proxy_queue_time_error_total",
+            "Requests that waited at least 60 s for a pod.",
+            |s| s.queue_time_error.get(),
+        ),
+        (
+            "activator_proxy_queue_time_critical_total",
+            "Requests that waited at least 180 s for a pod.",
+            |s| s.queue_time_critical.get(),
+        ),
+        (
+            "kactivator_pod_signals_dropped_total",
+            "Pod signals from the request path lost to a full control channel.",
+            |s| s.signals_dropped.get(),
+        ),
+    ];
+    for (name, help, value) in totals {
+        let total: u64 = stats.iter().map(|shard| value(shard)).sum();
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {total}"
+        );
+    }
 }
 
 fn base_labels(labels: &RevisionLabels, pod_name: &str) -> String {

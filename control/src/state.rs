@@ -33,9 +33,7 @@ use kactivator_shards::throttle::gate::{ProcessQueue, RevisionGate};
 use kactivator_shards::throttle::slots::UNLIMITED;
 use kactivator_shards::throttle::subsetting;
 
-use crate::pod_state::{
-    Event, Gates, Outcome, Pod, PodState, Reason, Timestamp, Windows,
-};
+use crate::pod_state::{Event, Gates, Outcome, Pod, PodState, Reason, Timestamp, Windows};
 
 /// Default most trackers one revision may have (the fork's `maxTrackersPerRevision`).
 pub const DEFAULT_MAX_TRACKERS_PER_REVISION: usize = 5000;
@@ -229,6 +227,8 @@ pub struct ProbeTarget {
     pub namespace: String,
     pub revision: String,
     pub addr: SocketAddr,
+    /// On probation: a passing probe makes it Ready.
+    pub recovering: bool,
 }
 
 /// Everything the state worker owns.
@@ -324,6 +324,7 @@ impl PodStates {
                         namespace: revision.namespace.clone(),
                         revision: revision.name.clone(),
                         addr: *addr,
+                        recovering: tracked.pod.state() == PodState::Recovering,
                     });
                 }
             }
@@ -562,10 +563,12 @@ impl PodStates {
                 match entry.pods.get_mut(addr) {
                     Some(tracked) => {
                         tracked.listed = true;
-                        let outcome =
-                            tracked
-                                .pod
-                                .apply(Event::InformerListed, gates, self.limits.windows, now);
+                        let outcome = tracked.pod.apply(
+                            Event::InformerListed,
+                            gates,
+                            self.limits.windows,
+                            now,
+                        );
                         outcomes.push((*addr, outcome));
                     }
                     None => {
@@ -897,7 +900,13 @@ mod tests {
     fn listed_pods_route_at_once_with_their_whole_concurrency() {
         let mut states = states();
         states
-            .apply(declare(&[("a", 2, &["10.0.0.1:8012", "10.0.0.2:8012"])], Gates::HYBRID), at(0))
+            .apply(
+                declare(
+                    &[("a", 2, &["10.0.0.1:8012", "10.0.0.2:8012"])],
+                    Gates::HYBRID,
+                ),
+                at(0),
+            )
             .unwrap();
         let updates = states.take_updates();
         assert_eq!(
@@ -906,7 +915,13 @@ mod tests {
         );
         // The same view again publishes nothing.
         states
-            .apply(declare(&[("a", 2, &["10.0.0.1:8012", "10.0.0.2:8012"])], Gates::HYBRID), at(1))
+            .apply(
+                declare(
+                    &[("a", 2, &["10.0.0.1:8012", "10.0.0.2:8012"])],
+                    Gates::HYBRID,
+                ),
+                at(1),
+            )
             .unwrap();
         assert!(states.take_updates().is_empty());
     }
@@ -914,26 +929,44 @@ mod tests {
     #[test]
     fn a_queue_proxy_ready_makes_a_bare_ip_routable_on_the_serving_port() {
         let mut states = states();
-        states.apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0)).unwrap();
+        states
+            .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
+            .unwrap();
         assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
-        states.apply(qp("a", "10.0.0.7", QueueProxyEvent::Startup), at(1)).unwrap();
+        states
+            .apply(qp("a", "10.0.0.7", QueueProxyEvent::Startup), at(1))
+            .unwrap();
         assert!(states.take_updates().is_empty(), "startup is not ready");
-        states.apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2)).unwrap();
+        states
+            .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2))
+            .unwrap();
         assert_eq!(
             last_route(&states.take_updates(), "a").unwrap(),
             vec![(addr("10.0.0.7:8012"), 1)]
         );
         // A file reload that does not list it leaves it alone: the file never listed it.
-        states.apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(100)).unwrap();
-        assert_eq!(states.pod_state("ns", "a", addr("10.0.0.7:8012")), Some(PodState::Ready));
+        states
+            .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(100))
+            .unwrap();
+        assert_eq!(
+            states.pod_state("ns", "a", addr("10.0.0.7:8012")),
+            Some(PodState::Ready)
+        );
     }
 
     #[test]
     fn pods_announced_before_their_revision_is_declared_route_once_it_is() {
         let mut states = states();
-        states.apply(qp("late", "10.0.0.9", QueueProxyEvent::Ready), at(0)).unwrap();
-        assert!(states.take_updates().is_empty(), "nothing to route without a spec");
-        states.apply(declare(&[("late", 3, &[])], Gates::HYBRID), at(1)).unwrap();
+        states
+            .apply(qp("late", "10.0.0.9", QueueProxyEvent::Ready), at(0))
+            .unwrap();
+        assert!(
+            states.take_updates().is_empty(),
+            "nothing to route without a spec"
+        );
+        states
+            .apply(declare(&[("late", 3, &[])], Gates::HYBRID), at(1))
+            .unwrap();
         assert_eq!(
             last_route(&states.take_updates(), "late").unwrap(),
             vec![(addr("10.0.0.9:8012"), 3)]
@@ -943,23 +976,38 @@ mod tests {
     #[test]
     fn not_ready_leaves_routing_but_keeps_the_tracker_and_its_in_flight_count() {
         let mut states = states();
-        states.apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0)).unwrap();
-        states.apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(0)).unwrap();
+        states
+            .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
+            .unwrap();
+        states
+            .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(0))
+            .unwrap();
         let updates = states.take_updates();
         let RoutingUpdate::Upsert { route, .. } = updates.last().unwrap() else {
             panic!()
         };
         let tracker = route.pods[0].clone();
         assert!(tracker.slots.try_acquire(), "a request in flight");
-        states.apply(qp("a", "10.0.0.7", QueueProxyEvent::NotReady), at(1)).unwrap();
+        states
+            .apply(qp("a", "10.0.0.7", QueueProxyEvent::NotReady), at(1))
+            .unwrap();
         assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
-        assert_eq!(tracker.slots.capacity(), 0, "no shard may start another request there");
-        states.apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2)).unwrap();
+        assert_eq!(
+            tracker.slots.capacity(),
+            0,
+            "no shard may start another request there"
+        );
+        states
+            .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2))
+            .unwrap();
         let updates = states.take_updates();
         let RoutingUpdate::Upsert { route, .. } = updates.last().unwrap() else {
             panic!()
         };
-        assert!(Arc::ptr_eq(&route.pods[0], &tracker), "the same tracker comes back");
+        assert!(
+            Arc::ptr_eq(&route.pods[0], &tracker),
+            "the same tracker comes back"
+        );
         assert!(!tracker.slots.try_acquire(), "still one in flight at CC 1");
     }
 
@@ -967,19 +1015,42 @@ mod tests {
     fn quarantine_takes_a_pod_out_until_it_ends_then_probation_then_ready() {
         let mut states = states();
         let pod = "10.0.0.1:8012";
-        states.apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0)).unwrap();
+        states
+            .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
+            .unwrap();
         states.take_updates();
-        states.apply(health("a", pod, Event::HealthCheckFailed), at(10)).unwrap();
+        states
+            .apply(health("a", pod, Event::HealthCheckFailed), at(10))
+            .unwrap();
         assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
-        assert_eq!(states.next_deadline(), Some(at(11)), "first quarantine lasts 1 s");
+        assert_eq!(
+            states.next_deadline(),
+            Some(at(11)),
+            "first quarantine lasts 1 s"
+        );
         states.expire_quarantines(at(10));
-        assert_eq!(states.pod_state("ns", "a", addr(pod)), Some(PodState::Quarantined));
+        assert_eq!(
+            states.pod_state("ns", "a", addr(pod)),
+            Some(PodState::Quarantined)
+        );
         states.expire_quarantines(at(11));
-        assert_eq!(states.pod_state("ns", "a", addr(pod)), Some(PodState::Recovering));
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap().len(), 1, "probation routes");
+        assert_eq!(
+            states.pod_state("ns", "a", addr(pod)),
+            Some(PodState::Recovering)
+        );
+        assert_eq!(
+            last_route(&states.take_updates(), "a").unwrap().len(),
+            1,
+            "probation routes"
+        );
         assert_eq!(states.probe_targets().len(), 1);
-        states.apply(health("a", pod, Event::HealthCheckPassed), at(12)).unwrap();
-        assert_eq!(states.pod_state("ns", "a", addr(pod)), Some(PodState::Ready));
+        states
+            .apply(health("a", pod, Event::HealthCheckPassed), at(12))
+            .unwrap();
+        assert_eq!(
+            states.pod_state("ns", "a", addr(pod)),
+            Some(PodState::Ready)
+        );
         assert_eq!(states.next_deadline(), None);
     }
 
@@ -987,13 +1058,22 @@ mod tests {
     fn turning_quarantine_off_releases_quarantined_pods_and_stops_probing() {
         let mut states = states();
         let pod = "10.0.0.1:8012";
-        states.apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0)).unwrap();
-        states.apply(health("a", pod, Event::HealthCheckFailed), at(1)).unwrap();
+        states
+            .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
+            .unwrap();
+        states
+            .apply(health("a", pod, Event::HealthCheckFailed), at(1))
+            .unwrap();
         assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
         // Same file, quarantine off: nothing would ever end the quarantine, so the informer's
         // listing releases the pod (pod_state's table) and the timer is dropped.
-        states.apply(declare(&[("a", 1, &[pod])], Gates::QUEUE_PROXY_ONLY), at(3)).unwrap();
-        assert_eq!(states.pod_state("ns", "a", addr(pod)), Some(PodState::Ready));
+        states
+            .apply(declare(&[("a", 1, &[pod])], Gates::QUEUE_PROXY_ONLY), at(3))
+            .unwrap();
+        assert_eq!(
+            states.pod_state("ns", "a", addr(pod)),
+            Some(PodState::Ready)
+        );
         assert_eq!(last_route(&states.take_updates(), "a").unwrap().len(), 1);
         assert!(states.probe_targets().is_empty());
         assert_eq!(states.next_deadline(), None);
@@ -1003,7 +1083,12 @@ mod tests {
     fn ip_reuse_removes_the_tracker_at_once_and_removal_is_idempotent() {
         let mut states = states();
         let pod = "10.0.0.1:8012";
-        states.apply(declare(&[("a", 4, &[pod, "10.0.0.2:8012"])], Gates::HYBRID), at(0)).unwrap();
+        states
+            .apply(
+                declare(&[("a", 4, &[pod, "10.0.0.2:8012"])], Gates::HYBRID),
+                at(0),
+            )
+            .unwrap();
         let updates = states.take_updates();
         let RoutingUpdate::Upsert { route, .. } = updates.last().unwrap() else {
             panic!()
@@ -1043,26 +1128,37 @@ mod tests {
             },
             Arc::new(ProcessQueue::new(u32::MAX)),
         );
-        states.apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0)).unwrap();
+        states
+            .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
+            .unwrap();
         for ip in ["10.0.0.1", "10.0.0.2"] {
-            states.apply(qp("a", ip, QueueProxyEvent::Ready), at(0)).unwrap();
+            states
+                .apply(qp("a", ip, QueueProxyEvent::Ready), at(0))
+                .unwrap();
         }
         let error = states.apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(0));
         assert_eq!(error, Err(OpError::TrackerLimit("ns/a".into(), 2)));
-        assert!(states
-            .take_journal()
-            .iter()
-            .any(|entry| matches!(entry, Journal::TrackerLimit { revision, .. } if revision == "a")));
+        assert!(states.take_journal().iter().any(
+            |entry| matches!(entry, Journal::TrackerLimit { revision, .. } if revision == "a")
+        ));
         // A known pod's events still apply at the limit.
-        states.apply(qp("a", "10.0.0.1", QueueProxyEvent::NotReady), at(1)).unwrap();
+        states
+            .apply(qp("a", "10.0.0.1", QueueProxyEvent::NotReady), at(1))
+            .unwrap();
     }
 
     #[test]
     fn idle_not_ready_trackers_are_collected_after_ten_minutes() {
         let mut states = states();
-        states.apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0)).unwrap();
-        states.apply(qp("a", "10.0.0.1", QueueProxyEvent::NotReady), at(0)).unwrap();
-        states.apply(qp("a", "10.0.0.2", QueueProxyEvent::Ready), at(0)).unwrap();
+        states
+            .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
+            .unwrap();
+        states
+            .apply(qp("a", "10.0.0.1", QueueProxyEvent::NotReady), at(0))
+            .unwrap();
+        states
+            .apply(qp("a", "10.0.0.2", QueueProxyEvent::Ready), at(0))
+            .unwrap();
         states.apply(Op::CleanupStale, at(600)).unwrap();
         assert!(states.pod_state("ns", "a", addr("10.0.0.1:8012")).is_some());
         states.apply(Op::CleanupStale, at(601)).unwrap();
@@ -1091,7 +1187,9 @@ mod tests {
                     at(0),
                 )
                 .unwrap();
-            states.apply(declare(&[("a", 10, &pods)], Gates::HYBRID), at(0)).unwrap();
+            states
+                .apply(declare(&[("a", 10, &pods)], Gates::HYBRID), at(0))
+                .unwrap();
             let route = last_route(&states.take_updates(), "a").unwrap();
             assert!(!route.is_empty(), "every activator gets a pod");
             for (pod, capacity) in route {
@@ -1105,9 +1203,19 @@ mod tests {
     #[test]
     fn a_revision_the_source_drops_is_removed_from_routing() {
         let mut states = states();
-        states.apply(declare(&[("a", 1, &["10.0.0.1:8012"]), ("b", 1, &[])], Gates::HYBRID), at(0)).unwrap();
+        states
+            .apply(
+                declare(
+                    &[("a", 1, &["10.0.0.1:8012"]), ("b", 1, &[])],
+                    Gates::HYBRID,
+                ),
+                at(0),
+            )
+            .unwrap();
         states.take_updates();
-        states.apply(declare(&[("b", 1, &[])], Gates::HYBRID), at(1)).unwrap();
+        states
+            .apply(declare(&[("b", 1, &[])], Gates::HYBRID), at(1))
+            .unwrap();
         let updates = states.take_updates();
         assert!(matches!(&updates[..], [RoutingUpdate::Remove { key, .. }] if &**key == "ns/a"));
         assert_eq!(states.revision_count(), 1);

@@ -223,9 +223,8 @@ struct Shared {
 impl Shared {
     fn since_last_panic(&self, now: Instant) -> Option<Duration> {
         let stamp = self.last_panic.load(Ordering::Acquire);
-        (stamp != 0).then(|| {
-            now.saturating_duration_since(self.start + Duration::from_millis(stamp - 1))
-        })
+        (stamp != 0)
+            .then(|| now.saturating_duration_since(self.start + Duration::from_millis(stamp - 1)))
     }
 }
 
@@ -281,7 +280,11 @@ enum Exit {
     Panicked,
 }
 
-async fn supervise<M: Machine>(mut machine: M, mut rx: mpsc::Receiver<Request>, shared: Arc<Shared>) {
+async fn supervise<M: Machine>(
+    mut machine: M,
+    mut rx: mpsc::Receiver<Request>,
+    shared: Arc<Shared>,
+) {
     let mut backoff = Backoff::default();
     loop {
         match serve(&mut machine, &mut rx, &shared).await {
@@ -354,7 +357,11 @@ async fn serve<M: Machine>(
             .metrics
             .queue_seconds
             .with_label_values(&[label])
-            .observe(started.saturating_duration_since(request.enqueued).as_secs_f64());
+            .observe(
+                started
+                    .saturating_duration_since(request.enqueued)
+                    .as_secs_f64(),
+            );
         let op = request.op;
         let result = catch_unwind(AssertUnwindSafe(|| {
             let result = machine.apply(op, to_timestamp(started));
@@ -412,10 +419,7 @@ mod tests {
             delays.push(backoff.after_panic(now).as_millis());
             now += Duration::from_secs(1);
         }
-        assert_eq!(
-            delays,
-            vec![0, 100, 200, 400, 800, 1600, 3200, 5000, 5000]
-        );
+        assert_eq!(delays, vec![0, 100, 200, 400, 800, 1600, 3200, 5000, 5000]);
         // The loop left `now` 1 s after the last panic: 59 s after it is still "less than a
         // minute apart".
         now += Duration::from_secs(58);
@@ -556,7 +560,8 @@ mod tests {
     fn deadlines_fire_on_the_paused_clock_between_ops() {
         local(async {
             let fake = Fake::default();
-            *fake.deadline.borrow_mut() = Some(Timestamp::from_epoch_offset(Duration::from_secs(3)));
+            *fake.deadline.borrow_mut() =
+                Some(Timestamp::from_epoch_offset(Duration::from_secs(3)));
             let handle = start(&fake, 8);
             handle.barrier().await.unwrap();
             assert!(fake.fired.borrow().is_empty());

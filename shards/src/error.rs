@@ -34,6 +34,24 @@ pub enum UpstreamError {
     UnexpectedSwitch { addr: SocketAddr },
 }
 
+impl UpstreamError {
+    /// Whether this says something about the pod's health (it refused, reset or dropped us),
+    /// as opposed to a protocol mix-up.
+    pub fn is_pod_failure(&self) -> bool {
+        match self {
+            UpstreamError::Connect { .. }
+            | UpstreamError::ConnectTimeout { .. }
+            | UpstreamError::ClosedBeforeResponse { .. } => true,
+            UpstreamError::Send { cause, .. } | UpstreamError::Receive { cause, .. } => {
+                matches!(cause, TransportCause::Reset | TransportCause::Refused)
+            }
+            UpstreamError::MalformedResponse { .. } | UpstreamError::UnexpectedSwitch { .. } => {
+                false
+            }
+        }
+    }
+}
+
 /// A transport failure, classified.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransportCause {

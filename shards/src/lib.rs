@@ -4,6 +4,7 @@
 //! tested directly; `proxy`, `pool`, `shard` and `reactor` are the thin I/O shell around it.
 
 pub mod buffer;
+pub mod control_link;
 pub mod error;
 pub mod identity;
 pub mod metrics;

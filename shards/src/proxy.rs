@@ -17,8 +17,8 @@ use std::time::Duration;
 use monoio::time::Instant;
 
 use kactivator_h1::{
-    encode_last_chunk, parse_request, parse_response, BodyDecoder, BodyKind, HeadError, Method,
-    Parsed, RequestHead, ResponseHead, Version,
+    encode_last_chunk, parse_request, parse_response, BodyDecoder, BodyEvent, BodyKind, HeadError,
+    Method, Parsed, RequestHead, ResponseHead, Version,
 };
 use monoio::io::{
     AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Canceller, OwnedReadHalf, OwnedWriteHalf,
@@ -27,6 +27,10 @@ use monoio::io::{
 use monoio::net::TcpStream;
 
 use crate::buffer::InBuf;
+use crate::control_link::{
+    PodSignal, SignalKind, REGISTRATION_MAX_BODY, REGISTRATION_PATH, REGISTRATION_USER_AGENT,
+    RELAYED_HEADER,
+};
 use crate::error::{TransportCause, UpstreamError};
 use crate::identity;
 use crate::pool::UpstreamConn;
@@ -62,6 +66,9 @@ struct ClientConn {
     request_out: Vec<u8>,
     /// Response bytes on their way to the client.
     response_out: Vec<u8>,
+    /// A bodiless request's outbound head without its Host line, kept to replay it on another
+    /// pod when the first one turns out to serve another revision.
+    replay_head: Vec<u8>,
     /// The client's IP as text, for `X-Forwarded-For`; formatted once per connection.
     peer_ip: Vec<u8>,
     /// Interrupts the read-ahead on the client once a response is complete; one per connection.
@@ -119,6 +126,7 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, peer: 
         inbuf: InBuf::with_capacity(16 * 1024),
         request_out: Vec::with_capacity(4 * 1024),
         response_out: Vec::with_capacity(4 * 1024),
+        replay_head: Vec::new(),
         peer_ip: peer.ip().to_string().into_bytes(),
         canceller: Canceller::new(),
         head: RequestHead::default(),
@@ -235,6 +243,10 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
         return finish_local(conn, keep_alive).await;
     }
 
+    if meta.method == Method::Post && is_registration_path(conn.head.target.of(buf)) {
+        return register_pod(shard, conn, meta).await;
+    }
+
     let revision_id = identity::revision_of(&conn.head, buf, &shard.settings.cluster_domain);
     conn.key.clear();
     if let Some(id) = revision_id {
@@ -290,6 +302,122 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
     next
 }
 
+fn is_registration_path(target: &[u8]) -> bool {
+    let path = target
+        .iter()
+        .position(|&byte| byte == b'?')
+        .map_or(target, |query| &target[..query]);
+    path == REGISTRATION_PATH
+}
+
+/// Longest wait for the rest of a registration body.
+const REGISTRATION_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `POST /api/v1/pod-registration` from a queue-proxy: check the caller, read the body (at most
+/// 64 KiB), hand it to the control thread and answer with what it says once the state worker
+/// has applied it. Other methods on the path are proxied like any request, as upstream does.
+async fn register_pod(shard: &Rc<Shard>, conn: &mut ClientConn, meta: RequestMeta) -> Next {
+    let buf = conn.inbuf.data();
+    let user_agent_ok = conn.head.header(buf, "user-agent") == Some(REGISTRATION_USER_AGENT);
+    let relayed = conn.head.header(buf, RELAYED_HEADER).is_some();
+    conn.inbuf.consume(conn.head.len);
+    shard.stats().local_responses.increment();
+    if !user_agent_ok {
+        let status = respond_error(
+            conn,
+            meta,
+            401,
+            b"Invalid User-Agent for pod registration\n",
+            false,
+        )
+        .await;
+        return status.1;
+    }
+    let body = match read_small_body(conn, meta.body, REGISTRATION_MAX_BODY).await {
+        Ok(body) => body,
+        Err(SmallBodyError::TooLarge) => {
+            return respond_error(conn, meta, 400, b"Request body too large\n", false)
+                .await
+                .1;
+        }
+        Err(SmallBodyError::Invalid) => {
+            return respond_error(conn, meta, 400, b"Invalid request body\n", false)
+                .await
+                .1;
+        }
+        Err(SmallBodyError::Gone) => return Next::Close,
+    };
+    let reply = shard.control.register(body, relayed).await;
+    let keep_alive = meta.keep_alive && !shard.stopping.is_set();
+    conn.response_out.clear();
+    rewrite::write_local_response(
+        &LocalResponse {
+            status: reply.status,
+            body: &reply.body,
+            extra_header: reply
+                .json
+                .then_some(("Content-Type", b"application/json".as_slice())),
+            error_style: !reply.json,
+        },
+        ClientSide {
+            version: meta.version,
+            keep_alive,
+            head_only: false,
+        },
+        &mut conn.response_out,
+    );
+    finish_local(conn, keep_alive).await
+}
+
+enum SmallBodyError {
+    TooLarge,
+    Invalid,
+    Gone,
+}
+
+/// Reads a whole request body of at most `limit` bytes into memory.
+async fn read_small_body(
+    conn: &mut ClientConn,
+    kind: BodyKind,
+    limit: usize,
+) -> Result<Vec<u8>, SmallBodyError> {
+    if let BodyKind::Length(length) = kind {
+        if length > limit as u64 {
+            return Err(SmallBodyError::TooLarge);
+        }
+    }
+    let deadline = Instant::now() + REGISTRATION_BODY_TIMEOUT;
+    let mut decoder = BodyDecoder::new(kind);
+    let mut body = Vec::new();
+    loop {
+        let (consumed, event) = decoder
+            .decode(conn.inbuf.data())
+            .map_err(|_| SmallBodyError::Invalid)?;
+        let need_more = match event {
+            Some(BodyEvent::Data(data)) => {
+                if body.len() + data.len() > limit {
+                    return Err(SmallBodyError::TooLarge);
+                }
+                body.extend_from_slice(data);
+                false
+            }
+            Some(BodyEvent::End) => {
+                conn.inbuf.consume(consumed);
+                return Ok(body);
+            }
+            Some(BodyEvent::Trailers(_)) => false,
+            None => true,
+        };
+        conn.inbuf.consume(consumed);
+        if need_more {
+            match monoio::time::timeout_at(deadline, conn.inbuf.fill(&mut conn.reader)).await {
+                Ok(Ok(read)) if read > 0 => {}
+                _ => return Err(SmallBodyError::Gone),
+            }
+        }
+    }
+}
+
 /// Writes a locally made response and decides whether the connection goes on.
 async fn finish_local(conn: &mut ClientConn, keep_alive: bool) -> Next {
     match write_all(&mut conn.writer, &mut conn.response_out).await {
@@ -328,7 +456,14 @@ impl Deadlines {
     }
 }
 
+/// Most pods a bodiless request is offered to when pods turn out to serve another revision.
+const MAX_REUSE_RETRIES: usize = 3;
+
 /// Waits for a pod, then runs the exchange. Returns the status to record and what happens next.
+///
+/// A pod that answers as another revision (its IP was reused) is retired at once on every
+/// shard, reported, and the request goes to another pod when it can be replayed (no body);
+/// otherwise it gets a 502 naming the problem.
 async fn proxy_request(
     shard: &Rc<Shard>,
     conn: &mut ClientConn,
@@ -338,51 +473,135 @@ async fn proxy_request(
     host_at: usize,
 ) -> (u16, Next) {
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
-
-    let pod = match revision.admit(shard) {
-        Admission::Proceed(pod) => pod,
-        Admission::Rejected => {
-            return respond_error(conn, meta, 503, QUEUE_FULL_BODY, false).await;
-        }
-        Admission::Queued(id) => {
-            match wait_for_slot(conn, revision, shard, id, deadlines.first_byte).await {
-                Waited::Granted(pod) => pod,
-                Waited::Removed => {
-                    return respond_error(
-                        conn,
-                        meta,
-                        503,
-                        b"revision is no longer served\n",
-                        false,
-                    )
-                    .await;
-                }
-                Waited::TimedOut => {
-                    return respond_error(conn, meta, 504, TIMEOUT_BODY, false).await
-                }
-                Waited::ClientGone => {
-                    shard.stats().client_aborts.increment();
-                    return (CLIENT_CLOSED, Next::Close);
+    // Keep the head for a replay; only bodiless requests can be replayed.
+    let replayable = meta.body == BodyKind::Empty && !meta.upgrade;
+    if replayable {
+        conn.replay_head.clear();
+        conn.replay_head.extend_from_slice(&conn.request_out);
+    }
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let pod = match revision.admit(shard) {
+            Admission::Proceed(pod) => pod,
+            Admission::Rejected => {
+                return respond_error(conn, meta, 503, QUEUE_FULL_BODY, false).await;
+            }
+            Admission::Queued(id) => {
+                let queued_at = Instant::now();
+                let waited = wait_for_slot(conn, revision, shard, id, deadlines.first_byte).await;
+                count_queue_time(shard, queued_at.elapsed());
+                match waited {
+                    Waited::Granted(pod) => pod,
+                    Waited::Removed => {
+                        return respond_error(
+                            conn,
+                            meta,
+                            503,
+                            b"revision is no longer served\n",
+                            false,
+                        )
+                        .await;
+                    }
+                    Waited::TimedOut => {
+                        return respond_error(conn, meta, 504, TIMEOUT_BODY, false).await
+                    }
+                    Waited::ClientGone => {
+                        shard.stats().client_aborts.increment();
+                        return (CLIENT_CLOSED, Next::Close);
+                    }
                 }
             }
-        }
-    };
-    let _held = Held {
-        pod: &pod,
-        revision,
-        shard,
-    };
-    rewrite::insert_host(&mut conn.request_out, host_at, &pod.host_line);
+        };
+        let held = Held {
+            pod: &pod,
+            revision,
+            shard,
+        };
+        rewrite::insert_host(&mut conn.request_out, host_at, &pod.host_line);
 
-    let upstream = match shard.pool.checkout(pod.tracker.addr, shard.stats()).await {
-        Ok(upstream) => upstream,
-        Err(error) => {
-            tracing::warn!(request_id = %conn.request_id, pod = %pod.tracker.addr, class = error.class(), "{error}");
-            let body = format!("{error}\n");
-            return respond_error(conn, meta, 502, body.as_bytes(), false).await;
+        let upstream = match shard.pool.checkout(pod.tracker.addr, shard.stats()).await {
+            Ok(upstream) => upstream,
+            Err(error) => {
+                tracing::warn!(request_id = %conn.request_id, pod = %pod.tracker.addr, class = error.class(), "{error}");
+                report(shard, revision, &pod, SignalKind::TransportFailure);
+                let body = format!("{error}\n");
+                return respond_error(conn, meta, 502, body.as_bytes(), false).await;
+            }
+        };
+        let reused_connection = upstream.reused;
+        match exchange(shard, conn, upstream, meta, deadlines).await {
+            Exchanged::Done(status, next) => return (status, next),
+            Exchanged::PodFailed(status, next) => {
+                // A fresh connection the pod dropped says more than a pooled one that raced
+                // its keep-alive timeout.
+                if !reused_connection {
+                    report(shard, revision, &pod, SignalKind::TransportFailure);
+                }
+                return (status, next);
+            }
+            Exchanged::WrongRevision {
+                namespace,
+                revision: serving,
+            } => {
+                tracing::warn!(
+                    request_id = %conn.request_id,
+                    pod = %pod.tracker.addr,
+                    now_serving = %format_args!("{namespace}/{serving}"),
+                    "pod IP reused by another revision; retiring it"
+                );
+                // No shard may start another request there, even before the control thread
+                // publishes the removal.
+                pod.tracker.slots.set_capacity(0);
+                let body = format!(
+                    "pod {} now serves revision {namespace}/{serving} (IP reused)\n",
+                    pod.tracker.addr
+                );
+                report(
+                    shard,
+                    revision,
+                    &pod,
+                    SignalKind::IpReused {
+                        namespace,
+                        revision: serving,
+                    },
+                );
+                drop(held);
+                if !replayable || attempt > MAX_REUSE_RETRIES {
+                    return respond_error(conn, meta, 502, body.as_bytes(), true).await;
+                }
+                conn.request_out.clear();
+                conn.request_out.extend_from_slice(&conn.replay_head);
+            }
         }
+    }
+}
+
+/// Counts a wait against the fork's warning, error and critical thresholds, once each.
+fn count_queue_time(shard: &Shard, waited: Duration) {
+    let stats = shard.stats();
+    if waited >= Duration::from_secs(4) {
+        stats.queue_time_warning.increment();
+    }
+    if waited >= Duration::from_secs(60) {
+        stats.queue_time_error.increment();
+    }
+    if waited >= Duration::from_secs(180) {
+        stats.queue_time_critical.increment();
+    }
+}
+
+/// Tells the control thread what a request found out about a pod; a full channel drops it
+/// (the request path never waits on the control thread) and counts the drop.
+fn report(shard: &Shard, revision: &LocalRevision, pod: &LocalPod, kind: SignalKind) {
+    let signal = PodSignal {
+        revision: revision.key().clone(),
+        pod: pod.tracker.addr,
+        kind,
     };
-    exchange(shard, conn, upstream, meta, deadlines).await
+    if !shard.control.signal(signal) {
+        shard.stats().signals_dropped.increment();
+    }
 }
 
 /// How a wait in the queue ended.
@@ -561,6 +780,8 @@ enum ReceiveError {
     Timeout,
     /// The response started but could not finish: only closing is left.
     Truncated,
+    /// The pod's response names another revision; nothing was written to the client.
+    WrongRevision { namespace: String, revision: String },
 }
 
 struct Received {
@@ -570,6 +791,16 @@ struct Received {
     upgraded: bool,
 }
 
+/// How an exchange ended.
+enum Exchanged {
+    /// The status to record and what happens to the connection.
+    Done(u16, Next),
+    /// As `Done`, after a 502 that was the pod's fault (it dropped the connection).
+    PodFailed(u16, Next),
+    /// The pod answered as another revision; nothing was sent to the client.
+    WrongRevision { namespace: String, revision: String },
+}
+
 /// Runs one request/response exchange over `upstream`.
 async fn exchange(
     shard: &Rc<Shard>,
@@ -577,7 +808,7 @@ async fn exchange(
     mut upstream: UpstreamConn,
     meta: RequestMeta,
     deadlines: Deadlines,
-) -> (u16, Next) {
+) -> Exchanged {
     let ClientConn {
         reader,
         writer,
@@ -587,6 +818,7 @@ async fn exchange(
         response_head,
         request_id,
         canceller,
+        key,
         ..
     } = &mut *conn;
     let phase = Cell::new(SendPhase::Body);
@@ -617,6 +849,7 @@ async fn exchange(
             meta,
             deadlines,
             addr,
+            key,
             shard,
         );
         let mut send = pin!(send);
@@ -657,8 +890,8 @@ async fn exchange(
     let Some(received) = received else {
         shard.stats().client_aborts.increment();
         return match sent {
-            Some(Err(SendError::ClientBody)) => (400, Next::Close),
-            _ => (CLIENT_CLOSED, Next::Close),
+            Some(Err(SendError::ClientBody)) => Exchanged::Done(400, Next::Close),
+            _ => Exchanged::Done(CLIENT_CLOSED, Next::Close),
         };
     };
     let client_gone = matches!(
@@ -678,7 +911,7 @@ async fn exchange(
                 upstream_writer,
             )
             .await;
-            (101, Next::Close)
+            Exchanged::Done(101, Next::Close)
         }
         Ok(received) => {
             if received.upstream_reusable && request_complete && !client_gone {
@@ -689,22 +922,43 @@ async fn exchange(
             } else {
                 Next::Close
             };
-            (received.status, next)
+            Exchanged::Done(received.status, next)
         }
         Err(ReceiveError::Upstream(error)) => {
             tracing::warn!(request_id = %request_id, pod = %addr, class = error.class(), "{error}");
             let body = format!("{error}\n");
             if client_gone {
-                return (CLIENT_CLOSED, Next::Close);
+                return Exchanged::Done(CLIENT_CLOSED, Next::Close);
             }
-            respond_error(conn, meta, 502, body.as_bytes(), request_complete).await
+            let pod_failed = error.is_pod_failure();
+            let (status, next) =
+                respond_error(conn, meta, 502, body.as_bytes(), request_complete).await;
+            if pod_failed {
+                Exchanged::PodFailed(status, next)
+            } else {
+                Exchanged::Done(status, next)
+            }
+        }
+        Err(ReceiveError::WrongRevision {
+            namespace,
+            revision,
+        }) => {
+            if client_gone {
+                return Exchanged::Done(CLIENT_CLOSED, Next::Close);
+            }
+            Exchanged::WrongRevision {
+                namespace,
+                revision,
+            }
         }
         Err(ReceiveError::Timeout) => {
             tracing::warn!(request_id = %request_id, pod = %addr, "activator request timeout");
-            respond_error(conn, meta, 504, TIMEOUT_BODY, request_complete).await
+            let (status, next) =
+                respond_error(conn, meta, 504, TIMEOUT_BODY, request_complete).await;
+            Exchanged::Done(status, next)
         }
         // The status already sent is what the client saw.
-        Err(ReceiveError::Truncated) => (response_head.status, Next::Close),
+        Err(ReceiveError::Truncated) => Exchanged::Done(response_head.status, Next::Close),
     }
 }
 
@@ -757,6 +1011,26 @@ async fn send_request(
     }
 }
 
+/// The revision a response says it comes from, when that is not `expected` (`namespace/name`).
+/// Queue-proxies name their revision in `X-Knative-Revision-Name`/`-Namespace`; a response
+/// with neither header says nothing.
+fn other_revision(head: &ResponseHead, buf: &[u8], expected: &str) -> Option<(String, String)> {
+    let name = head.header(buf, "x-knative-revision-name");
+    let namespace = head.header(buf, "x-knative-revision-namespace");
+    if name.is_none() && namespace.is_none() {
+        return None;
+    }
+    let (expected_namespace, expected_name) = expected.split_once('/')?;
+    let matches = |value: Option<&[u8]>, want: &str| value.is_none_or(|got| got == want.as_bytes());
+    if matches(name, expected_name) && matches(namespace, expected_namespace) {
+        return None;
+    }
+    let text = |value: Option<&[u8]>| {
+        value.map_or_else(String::new, |v| String::from_utf8_lossy(v).into_owned())
+    };
+    Some((text(namespace), text(name)))
+}
+
 /// Reads ahead on the client (a body, a pipelined request, or the FIN of a client that gave
 /// up) until cancelled through `cancel`, which loses no byte. True when the client is gone;
 /// false when cancelled or when enough is buffered (reading on would buffer without bound).
@@ -789,6 +1063,7 @@ async fn receive_response(
     meta: RequestMeta,
     deadlines: Deadlines,
     addr: SocketAddr,
+    expected: &str,
     shard: &Shard,
 ) -> Result<Received, ReceiveError> {
     // The head, relaying any 1xx on the way.
@@ -812,7 +1087,17 @@ async fn receive_response(
                 upstream_inbuf.consume(head.len);
                 continue;
             }
-            Ok(Parsed::Complete) => break,
+            Ok(Parsed::Complete) => {
+                if let Some((namespace, revision)) =
+                    other_revision(head, upstream_inbuf.data(), expected)
+                {
+                    return Err(ReceiveError::WrongRevision {
+                        namespace,
+                        revision,
+                    });
+                }
+                break;
+            }
             Ok(Parsed::Partial) => {}
             Err(error) => {
                 return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {

@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 use monoio::{Driver, IoUringDriver, LegacyDriver, Runtime, RuntimeBuilder};
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::control_link::ControlLink;
 use crate::metrics::AllShardStats;
 use crate::routing::{Grant, ShardCommand};
 use crate::shard::{self, Shard, ShardSettings};
@@ -112,6 +113,8 @@ pub struct ShardSpec {
     pub peers: Vec<flume::Sender<Grant>>,
     pub settings: Arc<ShardSettings>,
     pub stats: AllShardStats,
+    /// Registrations and pod signals to the control thread.
+    pub control: ControlLink,
 }
 
 /// Starts a shard thread. `started` receives the driver in use, or why the shard could not start.
@@ -236,6 +239,7 @@ fn run_on<D: Driver>(
         peers,
         settings,
         stats,
+        control,
         ..
     } = spec;
     runtime.block_on(async move {
@@ -249,7 +253,7 @@ fn run_on<D: Driver>(
             }
         };
         let _ = started.send(Ok(kind));
-        let shard = Rc::new(Shard::new(index, settings, stats, peers));
+        let shard = Rc::new(Shard::new(index, settings, stats, peers, control));
         shard::run(shard, listener, commands, grants).await;
     });
 }

@@ -68,6 +68,11 @@ pub struct LocalRevision {
 }
 
 impl LocalRevision {
+    /// `namespace/name`.
+    pub fn key(&self) -> &Arc<str> {
+        &self.key
+    }
+
     /// The revision's timers, read without cloning the shared route (an `Arc` clone would be an
     /// atomic write to a cache line every shard reads).
     pub fn timeouts(&self) -> crate::routing::Timeouts {

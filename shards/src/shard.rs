@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use monoio::net::TcpListener;
 
+use crate::control_link::ControlLink;
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::pool::{Pool, PoolConfig};
 use crate::proxy;
@@ -50,6 +51,8 @@ pub struct Shard {
     pub connection_closed: LocalNotify,
     /// Every shard's grant mailbox, this one's included, by shard index.
     peers: Vec<flume::Sender<Grant>>,
+    /// Registrations and pod signals to the control thread.
+    pub control: ControlLink,
 }
 
 impl Shard {
@@ -58,6 +61,7 @@ impl Shard {
         settings: Arc<ShardSettings>,
         all_stats: AllShardStats,
         peers: Vec<flume::Sender<Grant>>,
+        control: ControlLink,
     ) -> Shard {
         let pool = Pool::new(settings.pool);
         Shard {
@@ -70,6 +74,7 @@ impl Shard {
             stopping: LocalEvent::default(),
             connection_closed: LocalNotify::default(),
             peers,
+            control,
         }
     }
 

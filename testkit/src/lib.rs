@@ -3,10 +3,12 @@
 //! Nothing here uses kactivator code: the backends are plain tokio + hyper servers, so a
 //! bug in the proxy cannot hide behind the same bug in the thing it is tested against.
 //! [`backend`] starts servers, [`pattern`] describes the checkable byte pattern served by
-//! `/bytes` and verified by `/sink`, and [`ports`] hands out free local ports.
+//! `/bytes` and verified by `/sink`, [`ports`] hands out free local ports, and
+//! [`queue_proxy`] sends pod registrations the way the fork's queue-proxy does.
 
 pub mod backend;
 pub mod pattern;
 pub mod ports;
+pub mod queue_proxy;
 
 pub use pattern::{pattern_byte, pattern_checksum};

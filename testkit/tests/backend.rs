@@ -83,6 +83,125 @@ fn healthz_answers_like_a_queue_proxy() {
     assert_eq!((probe.status, probe.text().as_str()), (200, "queue"));
 }
 
+fn queue_probe(connection: &mut Connection, path: &str) -> support::Response {
+    connection.request("GET", path, &[("K-Network-Probe", "queue")], &[])
+}
+
+#[test]
+fn queue_probes_are_answered_on_any_path_and_counted_apart_from_requests() {
+    let backend = start("probe");
+    let mut connection = Connection::open(backend.addr());
+    for path in ["/healthz", "/", "/delay/10000"] {
+        let probe = queue_probe(&mut connection, path);
+        assert_eq!(
+            (probe.status, probe.text().as_str()),
+            (200, "queue"),
+            "{path}"
+        );
+    }
+    // Another probe value is no queue-proxy probe: it goes to the "user container".
+    let other = connection.request("GET", "/", &[("K-Network-Probe", "activator")], &[]);
+    assert_eq!(other.text(), "hello from probe\n");
+    assert_eq!(connection.get("/healthz").text(), "ok");
+    let stats = backend.stats();
+    assert_eq!((stats.probes, stats.requests), (3, 2), "{stats:?}");
+    assert_eq!(backend.probes(), 3);
+    assert_eq!(stats.max_in_flight, 1, "probes are never in flight");
+    backend.reset_stats();
+    assert_eq!(backend.probes(), 0);
+}
+
+#[test]
+fn probe_answers_follow_set_probe_healthy() {
+    let backend = start("flaky");
+    let mut connection = Connection::open(backend.addr());
+    assert!(backend.probe_healthy());
+    backend.set_probe_healthy(false);
+    assert!(!backend.probe_healthy());
+    let failing = queue_probe(&mut connection, "/healthz");
+    assert_eq!((failing.status, failing.body.len()), (503, 0));
+    // Requests are still served: only the probe answer changes.
+    assert_eq!(connection.get("/").status, 200);
+    backend.set_probe_healthy(true);
+    let passing = queue_probe(&mut connection, "/healthz");
+    assert_eq!((passing.status, passing.text().as_str()), (200, "queue"));
+    assert_eq!(backend.stats().probes, 2);
+}
+
+#[test]
+fn the_revision_identity_can_change_while_running() {
+    let backend = start("reused");
+    let mut connection = Connection::open(backend.addr());
+    let identity = |response: &support::Response| {
+        (
+            response
+                .header("x-knative-revision-namespace")
+                .map(str::to_owned),
+            response
+                .header("x-knative-revision-name")
+                .map(str::to_owned),
+        )
+    };
+    assert_eq!(identity(&queue_probe(&mut connection, "/")), (None, None));
+
+    backend.set_revision("team", "other-00002").unwrap();
+    let expected = (Some("team".to_owned()), Some("other-00002".to_owned()));
+    assert_eq!(identity(&queue_probe(&mut connection, "/")), expected);
+    assert_eq!(identity(&connection.get("/")), expected);
+    assert_eq!(identity(&connection.get("/status/502")), expected);
+    backend.set_probe_healthy(false);
+    assert_eq!(identity(&queue_probe(&mut connection, "/")), expected);
+
+    // A value that cannot be a header is refused and changes nothing.
+    let error = backend.set_revision("team", "bad\nname").unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(identity(&connection.get("/")), expected);
+
+    backend
+        .set_revision_headers(None, Some("other-00002"))
+        .unwrap();
+    assert_eq!(
+        identity(&connection.get("/")),
+        (None, Some("other-00002".to_owned()))
+    );
+    backend.clear_revision();
+    assert_eq!(identity(&connection.get("/")), (None, None));
+}
+
+#[test]
+fn the_configured_revision_can_be_cleared() {
+    let config = BackendConfig::named("old-qp").with_revision("hello-00001", "serving");
+    let backend = backend::spawn(config).unwrap();
+    assert_eq!(
+        get(backend.addr(), "/").header("x-knative-revision-name"),
+        Some("hello-00001")
+    );
+    backend.clear_revision();
+    assert_eq!(
+        get(backend.addr(), "/").header("x-knative-revision-name"),
+        None
+    );
+}
+
+#[test]
+fn pods_can_share_a_port_on_distinct_loopback_addresses() {
+    let ips = [[127, 0, 0, 2], [127, 0, 0, 3], [127, 0, 0, 4]].map(std::net::IpAddr::from);
+    let pods = backend::spawn_on_shared_port(
+        ips.iter()
+            .enumerate()
+            .map(|(index, ip)| (*ip, BackendConfig::named(format!("pod-{index}")))),
+    )
+    .expect("loopback addresses beyond 127.0.0.1 are bindable");
+    let port = pods[0].addr().port();
+    for (index, pod) in pods.iter().enumerate() {
+        assert_eq!(pod.addr(), std::net::SocketAddr::new(ips[index], port));
+        assert_eq!(
+            get(pod.addr(), "/").text(),
+            format!("hello from pod-{index}\n")
+        );
+    }
+}
+
 #[test]
 fn echo_with_content_length_keeps_length_and_type() {
     let backend = start("echo");

@@ -26,6 +26,11 @@ pub struct Activator {
     pub config_path: PathBuf,
 }
 
+/// Turns quarantine off: for tests of how the proxy reports a broken pod, where the pod is
+/// meant to stay routable (a raw socket cannot answer the health probe, and passive signals
+/// would take a failing pod out of routing).
+pub const NO_QUARANTINE: &str = "[features]\n\"activator.pod-quarantine\" = \"disabled\"\n\n";
+
 /// A `[[revisions]]` table for the config.
 pub fn revision(namespace: &str, name: &str, pods: &[SocketAddr], extra: &str) -> String {
     let pods: Vec<String> = pods.iter().map(|pod| format!("\"{pod}\"")).collect();
@@ -66,6 +71,21 @@ impl Activator {
         activator
     }
 
+    /// Ports chosen and the config written, nothing started: for tests that need to know an
+    /// activator's address before it runs (peers). Start it with [`Activator::launch`].
+    pub fn prepare(revisions: &str, proxy: &str) -> Activator {
+        Activator::configure(revisions, proxy)
+    }
+
+    /// Starts a prepared activator with 2 shards and waits until it is ready.
+    pub fn launch(mut self) -> Activator {
+        self.spawn_with(&["--shards", "2"], &[], false);
+        if let Err(error) = self.wait_ready() {
+            panic!("kactivator {error}");
+        }
+        self
+    }
+
     /// Like `start_with`, but the child runs under a seccomp filter that refuses io_uring.
     pub fn start_without_io_uring(
         revisions: &str,
@@ -84,17 +104,32 @@ impl Activator {
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let dir = scratch_dir();
         let config_path = dir.join("kactivator.toml");
-        let config = format!(
-            "[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 1\n{proxy}\n\n{revisions}"
-        );
-        std::fs::write(&config_path, config).expect("write config");
-        Activator {
+        let activator = Activator {
             child: None,
             http,
             admin,
             dir,
             config_path,
-        }
+        };
+        activator.write_config(revisions, proxy);
+        activator
+    }
+
+    /// The config text for these revisions and `[proxy]` keys on this activator's ports.
+    /// `revisions` may start with other tables (`[health]`, `[control]`, …).
+    pub fn config_text(&self, revisions: &str, proxy: &str) -> String {
+        format!(
+            "[listen]\nhttp = \"{}\"\nadmin = \"{}\"\n\n[proxy]\ndrain_grace_seconds = 1\n{proxy}\n\n{revisions}",
+            self.http, self.admin
+        )
+    }
+
+    /// Rewrites the config file (a running kactivator picks it up at its next check).
+    pub fn write_config(&self, revisions: &str, proxy: &str) {
+        // Written beside and renamed over, so the watcher never reads half a file.
+        let staging = self.dir.join("kactivator.toml.new");
+        std::fs::write(&staging, self.config_text(revisions, proxy)).expect("write config");
+        std::fs::rename(&staging, &self.config_path).expect("replace config");
     }
 
     fn spawn_with(&mut self, args: &[&str], env: &[(&str, &str)], refuse_io_uring: bool) {

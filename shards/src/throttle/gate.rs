@@ -75,7 +75,10 @@ impl RevisionGate {
         }
     }
 
-    pub fn with_process_queue(shards: usize, _process: std::sync::Arc<ProcessQueue>) -> RevisionGate {
+    pub fn with_process_queue(
+        shards: usize,
+        _process: std::sync::Arc<ProcessQueue>,
+    ) -> RevisionGate {
         RevisionGate::new(shards)
     }
 

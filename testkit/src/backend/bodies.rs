@@ -52,6 +52,12 @@ impl InFlightBody {
             guard: Some(guard),
         }
     }
+
+    /// A body that counts nothing: for the queue-proxy's own probe answers, which never
+    /// reach the user container.
+    pub(crate) fn untracked(inner: RouteBody) -> Self {
+        Self { inner, guard: None }
+    }
 }
 
 impl Body for InFlightBody {

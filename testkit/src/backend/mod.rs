@@ -6,12 +6,14 @@
 //! its counters ([`Stats`]) as shared atomics.
 //!
 //! Routes (every response carries `X-Backend: <name>`, plus `X-Knative-Revision-Name` and
-//! `X-Knative-Revision-Namespace` when configured):
+//! `X-Knative-Revision-Namespace` when configured; [`BackendHandle::set_revision`] changes
+//! them at run time):
 //!
 //! | route | response |
 //! |---|---|
+//! | any, with `K-Network-Probe: queue` | the queue-proxy's probe answer: `queue`, or 503 after [`BackendHandle::set_probe_healthy`]`(false)`; counted in [`Stats::probes`], not in `requests` |
 //! | `/` | `hello from <name>\n` |
-//! | `/healthz` | `queue` if `K-Network-Probe: queue`, else `ok` |
+//! | `/healthz` | `ok` |
 //! | `/echo` | the request body, streamed back; Content-Type and Content-Length copied |
 //! | `/headers` | JSON describing method, uri, version, headers and `body_bytes` |
 //! | `/bytes/<n>` | `n` pattern bytes with a Content-Length |
@@ -37,7 +39,8 @@ mod upgrades;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -103,11 +106,13 @@ impl Default for BackendConfig {
     }
 }
 
-/// State shared by all connections of one backend.
+/// State shared by all connections of one backend, and with its handle.
 #[derive(Debug)]
 pub(crate) struct Shared {
     identity: Identity,
     counters: Arc<Counters>,
+    /// Whether queue-proxy probes get 200 `queue` (else 503).
+    probe_healthy: AtomicBool,
 }
 
 impl Shared {
@@ -119,6 +124,7 @@ impl Shared {
                 config.revision_namespace.as_deref(),
             )?,
             counters: Arc::default(),
+            probe_healthy: AtomicBool::new(true),
         })
     }
 }
@@ -147,7 +153,7 @@ pub fn spawn_on(addr: SocketAddr, config: BackendConfig) -> io::Result<BackendHa
         bind(addr)?
     };
     let local_addr = listener.local_addr()?;
-    let counters = Arc::clone(&shared.counters);
+    let handle_shared = Arc::clone(&shared);
     let (stop_sender, stop_receiver) = oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
         .name(format!("backend-{}", config.name))
@@ -161,17 +167,51 @@ pub fn spawn_on(addr: SocketAddr, config: BackendConfig) -> io::Result<BackendHa
         })?;
     Ok(BackendHandle {
         addr: local_addr,
-        counters,
+        shared: handle_shared,
         stop_sender: Some(stop_sender),
         thread: Some(thread),
     })
+}
+
+/// Starts one backend per `(ip, config)`, all on the same port: several pods of a revision on
+/// distinct loopback addresses (`127.0.0.2`, `127.0.0.3`, …), as a cluster has them on one
+/// container port. The port is chosen by binding the first address to port 0; if it is taken
+/// on another address, everything is stopped and tried again with a fresh port.
+///
+/// # Errors
+///
+/// The first error that is not "address in use", or "address in use" after several tries.
+pub fn spawn_on_shared_port(
+    pods: impl IntoIterator<Item = (IpAddr, BackendConfig)>,
+) -> io::Result<Vec<BackendHandle>> {
+    const ATTEMPTS: usize = 8;
+    let pods: Vec<(IpAddr, BackendConfig)> = pods.into_iter().collect();
+    let mut last_error = None;
+    for _ in 0..ATTEMPTS {
+        match spawn_all_on_one_port(&pods) {
+            Ok(handles) => return Ok(handles),
+            Err(error) if error.kind() == io::ErrorKind::AddrInUse => last_error = Some(error),
+            Err(error) => return Err(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)))
+}
+
+fn spawn_all_on_one_port(pods: &[(IpAddr, BackendConfig)]) -> io::Result<Vec<BackendHandle>> {
+    let mut handles: Vec<BackendHandle> = Vec::with_capacity(pods.len());
+    for (ip, config) in pods {
+        let port = handles.first().map_or(0, |first| first.addr().port());
+        // On failure the handles spawned so far are dropped, which stops them.
+        handles.push(spawn_on(SocketAddr::new(*ip, port), config.clone())?);
+    }
+    Ok(handles)
 }
 
 /// A running backend. Dropping it stops the backend, like [`BackendHandle::shutdown`].
 #[derive(Debug)]
 pub struct BackendHandle {
     addr: SocketAddr,
-    counters: Arc<Counters>,
+    shared: Arc<Shared>,
     stop_sender: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -189,14 +229,57 @@ impl BackendHandle {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
-        self.counters.snapshot()
+        self.shared.counters.snapshot()
+    }
+
+    /// Queue-proxy probes answered so far (also in [`Stats::probes`]).
+    pub fn probes(&self) -> u64 {
+        self.stats().probes
+    }
+
+    /// Makes queue-proxy probes answer 200 `queue` (`true`, the initial state) or 503
+    /// (`false`), as a queue-proxy does when its readiness probe passes or fails. Normal
+    /// requests are served either way, as a real pod would until it is taken out of rotation.
+    pub fn set_probe_healthy(&self, healthy: bool) {
+        self.shared.probe_healthy.store(healthy, Ordering::SeqCst);
+    }
+
+    /// Whether queue-proxy probes currently pass.
+    pub fn probe_healthy(&self) -> bool {
+        self.shared.probe_healthy.load(Ordering::SeqCst)
+    }
+
+    /// From now on, every response (probe answers included) carries
+    /// `X-Knative-Revision-Namespace: <namespace>` and `X-Knative-Revision-Name: <name>`:
+    /// how a test makes this pod's address belong to another revision. Fails, changing
+    /// nothing, if either cannot be a header value.
+    pub fn set_revision(&self, namespace: &str, name: &str) -> io::Result<()> {
+        self.shared
+            .identity
+            .set_revision(Some(name), Some(namespace))
+    }
+
+    /// Sets or removes each revision header independently (`None` stops sending it), for
+    /// tests of a half-present identity.
+    pub fn set_revision_headers(
+        &self,
+        namespace: Option<&str>,
+        name: Option<&str>,
+    ) -> io::Result<()> {
+        self.shared.identity.set_revision(name, namespace)
+    }
+
+    /// Stops sending the revision headers, like a queue-proxy older than the fork.
+    pub fn clear_revision(&self) {
+        // Removing headers involves no value to validate.
+        let _ = self.shared.identity.set_revision(None, None);
     }
 
     /// Zeroes `requests` and `connections_accepted` and restarts `max_in_flight` from the
     /// current `in_flight`. The gauges `in_flight` and `connections_open` keep counting
     /// what is actually live.
     pub fn reset_stats(&self) {
-        self.counters.reset();
+        self.shared.counters.reset();
     }
 
     /// Stops accepting, closes every connection and joins the backend's thread.

@@ -2,7 +2,8 @@
 //! every response.
 
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,16 +17,23 @@ use hyper::{Request, Response, StatusCode};
 use super::bodies::{
     empty, full, BoxError, InFlightBody, PatternBody, RouteBody, SlowBody, SLOW_FRAME_SIZE,
 };
-use super::{upgrades, ConnectionContext};
+use super::{upgrades, ConnectionContext, Shared};
 use crate::pattern::Checksum;
 
-/// Headers a Knative queue-proxy adds to every response, pre-validated at startup.
+/// Headers a Knative queue-proxy adds to every response, validated before use. The
+/// revision headers can change while the backend runs, to play a pod whose address was
+/// handed to another revision.
 #[derive(Debug)]
 pub(crate) struct Identity {
     pub(crate) name: String,
     name_value: HeaderValue,
-    revision_name: Option<HeaderValue>,
-    revision_namespace: Option<HeaderValue>,
+    revision: RwLock<RevisionHeaders>,
+}
+
+#[derive(Debug, Default)]
+struct RevisionHeaders {
+    name: Option<HeaderValue>,
+    namespace: Option<HeaderValue>,
 }
 
 const BACKEND_HEADER: HeaderName = HeaderName::from_static("x-backend");
@@ -33,6 +41,15 @@ const REVISION_NAME_HEADER: HeaderName = HeaderName::from_static("x-knative-revi
 const REVISION_NAMESPACE_HEADER: HeaderName =
     HeaderName::from_static("x-knative-revision-namespace");
 const PROBE_HEADER: HeaderName = HeaderName::from_static("k-network-probe");
+
+fn header_value(value: &str) -> std::io::Result<HeaderValue> {
+    HeaderValue::from_str(value).map_err(|error| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{value:?} cannot be sent as a header value: {error}"),
+        )
+    })
+}
 
 impl Identity {
     /// Validates the configured names as header values, so a bad name fails `spawn`
@@ -42,45 +59,88 @@ impl Identity {
         revision_name: Option<&str>,
         revision_namespace: Option<&str>,
     ) -> std::io::Result<Self> {
-        let header_value = |value: &str| {
-            HeaderValue::from_str(value).map_err(|error| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    format!("{value:?} cannot be sent as a header value: {error}"),
-                )
-            })
-        };
-        Ok(Self {
+        let identity = Self {
             name: name.to_owned(),
             name_value: header_value(name)?,
-            revision_name: revision_name.map(header_value).transpose()?,
-            revision_namespace: revision_namespace.map(header_value).transpose()?,
-        })
+            revision: RwLock::default(),
+        };
+        identity.set_revision(revision_name, revision_namespace)?;
+        Ok(identity)
+    }
+
+    /// Replaces the revision headers; `None` stops sending that header. Nothing changes
+    /// when a value cannot be a header value.
+    pub(crate) fn set_revision(
+        &self,
+        revision_name: Option<&str>,
+        revision_namespace: Option<&str>,
+    ) -> std::io::Result<()> {
+        let headers = RevisionHeaders {
+            name: revision_name.map(header_value).transpose()?,
+            namespace: revision_namespace.map(header_value).transpose()?,
+        };
+        // A panic elsewhere cannot leave two header values half-written, so a poisoned
+        // lock still holds a consistent pair.
+        *self
+            .revision
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = headers;
+        Ok(())
     }
 
     fn stamp(&self, headers: &mut HeaderMap) {
         headers.insert(BACKEND_HEADER, self.name_value.clone());
-        if let Some(revision_name) = &self.revision_name {
+        let revision = self.revision.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(revision_name) = &revision.name {
             headers.insert(REVISION_NAME_HEADER, revision_name.clone());
         }
-        if let Some(revision_namespace) = &self.revision_namespace {
+        if let Some(revision_namespace) = &revision.namespace {
             headers.insert(REVISION_NAMESPACE_HEADER, revision_namespace.clone());
         }
     }
 }
 
-/// Serves one request: counts it, routes it, stamps the identity headers and ties the
-/// in-flight count to the response body.
+/// Serves one request: answers queue-proxy probes itself, otherwise counts the request,
+/// routes it, and ties the in-flight count to the response body; every response gets the
+/// identity headers.
 pub(crate) async fn handle(
     request: Request<Incoming>,
     connection: Arc<ConnectionContext>,
 ) -> Response<InFlightBody> {
+    let shared = &connection.shared;
+    if is_queue_probe(&request) {
+        let mut response = queue_probe(request, shared).await;
+        shared.identity.stamp(response.headers_mut());
+        return response.map(InFlightBody::untracked);
+    }
     // Taken before routing so that a handler future dropped mid-way (client gone during
     // /delay) still releases the count.
-    let guard = connection.shared.counters.request_started();
+    let guard = shared.counters.request_started();
     let mut response = route(request, &connection).await;
-    connection.shared.identity.stamp(response.headers_mut());
+    shared.identity.stamp(response.headers_mut());
     response.map(|body| InFlightBody::new(body, guard))
+}
+
+/// A Knative queue-proxy answers `K-Network-Probe: queue` on any path, without passing the
+/// request to the user container.
+fn is_queue_probe(request: &Request<Incoming>) -> bool {
+    request
+        .headers()
+        .get(PROBE_HEADER)
+        .is_some_and(|value| value == "queue")
+}
+
+/// The queue-proxy's probe answer: 200 `queue` when ready, else 503 with no body.
+async fn queue_probe(request: Request<Incoming>, shared: &Shared) -> Response<RouteBody> {
+    shared.counters.probe_answered();
+    drain(request.into_body()).await;
+    if shared.probe_healthy.load(Ordering::SeqCst) {
+        text(StatusCode::OK, "queue")
+    } else {
+        let mut response = Response::new(empty());
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        response
+    }
 }
 
 async fn route(
@@ -95,13 +155,10 @@ async fn route(
             let name = &connection.shared.identity.name;
             text(StatusCode::OK, format!("hello from {name}\n"))
         }
+        // Queue-proxy probes never get here; see `handle`.
         ["healthz"] => {
-            let queue_probe = request
-                .headers()
-                .get(PROBE_HEADER)
-                .is_some_and(|value| value == "queue");
             drain(request.into_body()).await;
-            text(StatusCode::OK, if queue_probe { "queue" } else { "ok" })
+            text(StatusCode::OK, "ok")
         }
         ["echo"] => echo(request),
         ["headers"] => headers(request).await,

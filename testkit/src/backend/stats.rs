@@ -17,7 +17,11 @@ pub struct Stats {
     pub in_flight: u64,
     /// High-water mark of `in_flight`.
     pub max_in_flight: u64,
-    /// TCP connections accepted.
+    /// Queue-proxy probes answered (`K-Network-Probe: queue`, any path). They are answered
+    /// by the backend's "queue-proxy" and never counted in `requests` or `in_flight`, as
+    /// they never reach a real pod's user container.
+    pub probes: u64,
+    /// TCP connections accepted (including those that only carried probes).
     pub connections_accepted: u64,
     /// TCP connections (or connections upgraded away from HTTP) not yet closed.
     pub connections_open: u64,
@@ -29,6 +33,7 @@ pub(crate) struct Counters {
     requests: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
+    probes: AtomicU64,
     connections_accepted: AtomicU64,
     connections_open: AtomicU64,
 }
@@ -39,6 +44,7 @@ impl Counters {
             requests: self.requests.load(Ordering::SeqCst),
             in_flight: self.in_flight.load(Ordering::SeqCst),
             max_in_flight: self.max_in_flight.load(Ordering::SeqCst),
+            probes: self.probes.load(Ordering::SeqCst),
             connections_accepted: self.connections_accepted.load(Ordering::SeqCst),
             connections_open: self.connections_open.load(Ordering::SeqCst),
         }
@@ -49,6 +55,7 @@ impl Counters {
     /// restarts from the current level rather than from zero so it never undercounts.
     pub(crate) fn reset(&self) {
         self.requests.store(0, Ordering::SeqCst);
+        self.probes.store(0, Ordering::SeqCst);
         self.connections_accepted.store(0, Ordering::SeqCst);
         self.max_in_flight
             .store(self.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
@@ -63,6 +70,11 @@ impl Counters {
         InFlightGuard {
             counters: Arc::clone(self),
         }
+    }
+
+    /// Counts a probe answered.
+    pub(crate) fn probe_answered(&self) {
+        self.probes.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Counts a connection as accepted and open until the returned guard drops.

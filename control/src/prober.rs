@@ -1,0 +1,564 @@
+//! The active health check of one pod: `GET /healthz` with `K-Network-Probe: queue`, as the
+//! upstream activator probes a queue-proxy, plus the fork's IP-reuse check on the revision
+//! headers. Runs on the control thread, never on the request path.
+//!
+//! [`probe`] does the I/O (one connection, one request, everything under one timeout);
+//! [`judge`] decides from what came back and is what the tests of the rules exercise.
+
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::header::{HeaderValue, CONNECTION, HOST, USER_AGENT as USER_AGENT_HEADER};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// The path probed.
+pub const PATH: &str = "/healthz";
+
+/// The user agent of every probe (upstream's, so pods and logs recognise it).
+pub const USER_AGENT: &str = "Knative-Activator-Probe";
+
+/// The probe header; a queue-proxy answers a request carrying it itself, without bothering
+/// the user container.
+pub const PROBE_HEADER: &str = "K-Network-Probe";
+/// Value of [`PROBE_HEADER`], and the body a healthy queue-proxy answers with.
+pub const QUEUE: &str = "queue";
+
+/// Response header naming the revision a queue-proxy serves.
+pub const REVISION_NAME_HEADER: &str = "X-Knative-Revision-Name";
+/// Response header naming that revision's namespace.
+pub const REVISION_NAMESPACE_HEADER: &str = "X-Knative-Revision-Namespace";
+
+/// At most this much of a response body is read; a healthy one is five bytes.
+pub const BODY_LIMIT: usize = 4 * 1024;
+
+/// Largest response head accepted, in bytes (hyper's smallest allowed read buffer).
+const HEAD_LIMIT: usize = 8 * 1024;
+
+/// Longest piece of a wrong body quoted in [`ProbeResult::Unhealthy`].
+const QUOTED_BODY: usize = 64;
+
+/// What a probe found out about a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeResult {
+    /// 200 with body `queue`, and no revision headers naming another revision.
+    Healthy,
+    /// Anything else short of another revision answering; the reason is for logs, e.g.
+    /// `connect: Connection refused (os error 111)`, `status 503`, `body "nope"`,
+    /// `timed out after 2s`.
+    Unhealthy(String),
+    /// The pod answered in the name of another revision: its address was given to a new pod.
+    /// Holds the headers' values (empty for an absent one).
+    IpReused {
+        /// `X-Knative-Revision-Namespace` of the response.
+        namespace: String,
+        /// `X-Knative-Revision-Name` of the response.
+        revision: String,
+    },
+}
+
+/// What a probe response said, as far as [`judge`] cares.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// `X-Knative-Revision-Name`, if sent.
+    pub revision_name: Option<Vec<u8>>,
+    /// `X-Knative-Revision-Namespace`, if sent.
+    pub revision_namespace: Option<Vec<u8>>,
+    /// The first [`BODY_LIMIT`] bytes of the body.
+    pub body: Vec<u8>,
+    /// The body was longer than [`BODY_LIMIT`] and the rest was not read.
+    pub body_truncated: bool,
+}
+
+/// Probes the pod at `addr` for revision `namespace/revision`. Connecting, writing and reading
+/// all count against `timeout`; the connection is closed afterwards whatever happened.
+pub async fn probe(
+    addr: SocketAddr,
+    namespace: &str,
+    revision: &str,
+    timeout: Duration,
+) -> ProbeResult {
+    match tokio::time::timeout(timeout, exchange(addr)).await {
+        Err(_elapsed) => ProbeResult::Unhealthy(format!("timed out after {timeout:?}")),
+        Ok(Err(reason)) => ProbeResult::Unhealthy(reason),
+        Ok(Ok(answer)) => judge(&answer, namespace, revision),
+    }
+}
+
+/// Decides a probe from its response.
+///
+/// * Identity first, whatever the status: if either revision header is non-empty, both must
+///   equal the expected revision, otherwise [`ProbeResult::IpReused`]. An empty header counts
+///   as absent (Go's `Header.Get` cannot tell them apart, and the fork compared its results).
+///   With both absent (a queue-proxy older than the fork) the pod is judged on the rest.
+/// * Then the status must be exactly 200 (upstream's prober; the fork took any 2xx).
+/// * Then the body must be exactly `queue`: no trimming. That is upstream's check and what a
+///   queue-proxy writes; something answering `queue\n` is not a queue-proxy.
+pub fn judge(answer: &Answer, namespace: &str, revision: &str) -> ProbeResult {
+    let sent_name = answer.revision_name.as_deref().unwrap_or_default();
+    let sent_namespace = answer.revision_namespace.as_deref().unwrap_or_default();
+    let identity_sent = !sent_name.is_empty() || !sent_namespace.is_empty();
+    if identity_sent && (sent_name != revision.as_bytes() || sent_namespace != namespace.as_bytes())
+    {
+        return ProbeResult::IpReused {
+            namespace: String::from_utf8_lossy(sent_namespace).into_owned(),
+            revision: String::from_utf8_lossy(sent_name).into_owned(),
+        };
+    }
+    if answer.status != 200 {
+        return ProbeResult::Unhealthy(format!("status {}", answer.status));
+    }
+    if answer.body_truncated || answer.body != QUEUE.as_bytes() {
+        return ProbeResult::Unhealthy(format!("body {}", quote(answer)));
+    }
+    ProbeResult::Healthy
+}
+
+/// The start of a wrong body, quoted for a log line.
+fn quote(answer: &Answer) -> String {
+    let shown = &answer.body[..answer.body.len().min(QUOTED_BODY)];
+    let mut quoted = format!("{:?}", String::from_utf8_lossy(shown));
+    if answer.body_truncated || answer.body.len() > QUOTED_BODY {
+        quoted.push_str("...");
+    }
+    quoted
+}
+
+/// One request on a fresh connection; the error is the reason the probe failed.
+async fn exchange(addr: SocketAddr) -> Result<Answer, String> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|error| format!("connect: {error}"))?;
+    // A probe is one small write; Nagle would only delay it.
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+        .max_buf_size(HEAD_LIMIT)
+        .title_case_headers(true)
+        .handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+        .await
+        .map_err(|error| format!("handshake: {}", chain(&error)))?;
+    let request = probe_request(addr);
+    let answer = async move {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|error| format!("response: {}", chain(&error)))?;
+        read_answer(response).await
+    };
+
+    // The connection future moves the bytes; it is driven here rather than spawned so that
+    // dropping this future (on timeout) closes the socket at once.
+    let mut connection = pin!(connection);
+    let mut answer = pin!(answer);
+    tokio::select! {
+        biased;
+        answer = &mut answer => answer,
+        _ended = &mut connection => {
+            // Whatever the connection read is already queued for `answer`, and an error it hit
+            // is delivered to `answer` as well, so nothing further needs driving.
+            answer.await
+        }
+    }
+}
+
+fn probe_request(addr: SocketAddr) -> Request<Empty<Bytes>> {
+    let host = HeaderValue::try_from(addr.to_string())
+        .expect("a socket address is printable ASCII without control characters");
+    Request::get(PATH)
+        .header(HOST, host)
+        .header(PROBE_HEADER, QUEUE)
+        .header(USER_AGENT_HEADER, USER_AGENT)
+        .header(CONNECTION, "close")
+        .body(Empty::new())
+        .expect("constant path and header names are valid")
+}
+
+/// Reads the status, the identity headers and at most [`BODY_LIMIT`] bytes of the body.
+async fn read_answer(response: Response<hyper::body::Incoming>) -> Result<Answer, String> {
+    let (parts, mut body) = response.into_parts();
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|value| value.as_bytes().to_vec())
+    };
+    let mut answer = Answer {
+        status: parts.status.as_u16(),
+        revision_name: header(REVISION_NAME_HEADER),
+        revision_namespace: header(REVISION_NAMESPACE_HEADER),
+        body: Vec::new(),
+        body_truncated: false,
+    };
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| format!("body: {}", chain(&error)))?;
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        let room = BODY_LIMIT - answer.body.len();
+        if data.len() > room {
+            answer.body.extend_from_slice(&data[..room]);
+            answer.body_truncated = true;
+            break;
+        }
+        answer.body.extend_from_slice(data);
+    }
+    Ok(answer)
+}
+
+/// An error and its causes, `outer: inner: innermost`; hyper's own message is often only the
+/// outer layer ("error reading a body from connection").
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    const NAMESPACE: &str = "default";
+    const REVISION: &str = "hello-00001";
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    // === judge (no I/O) ===
+
+    fn answer(status: u16, body: &str) -> Answer {
+        Answer {
+            status,
+            body: body.as_bytes().to_vec(),
+            ..Answer::default()
+        }
+    }
+
+    fn with_identity(mut answer: Answer, namespace: Option<&str>, name: Option<&str>) -> Answer {
+        answer.revision_namespace = namespace.map(|value| value.as_bytes().to_vec());
+        answer.revision_name = name.map(|value| value.as_bytes().to_vec());
+        answer
+    }
+
+    #[test]
+    fn judge_follows_the_rules_in_order() {
+        let reused = |namespace: &str, revision: &str| ProbeResult::IpReused {
+            namespace: namespace.into(),
+            revision: revision.into(),
+        };
+        let unhealthy = |reason: &str| ProbeResult::Unhealthy(reason.into());
+        let cases = [
+            (answer(200, "queue"), ProbeResult::Healthy),
+            (answer(200, "queue\n"), unhealthy(r#"body "queue\n""#)),
+            (answer(200, ""), unhealthy(r#"body """#)),
+            (answer(204, "queue"), unhealthy("status 204")),
+            (answer(503, ""), unhealthy("status 503")),
+            (
+                with_identity(answer(200, "queue"), Some(NAMESPACE), Some(REVISION)),
+                ProbeResult::Healthy,
+            ),
+            (
+                with_identity(answer(503, ""), Some(NAMESPACE), Some(REVISION)),
+                unhealthy("status 503"),
+            ),
+            (
+                with_identity(answer(200, "queue"), Some(NAMESPACE), Some("other-00001")),
+                reused(NAMESPACE, "other-00001"),
+            ),
+            (
+                with_identity(answer(503, ""), Some("other"), Some(REVISION)),
+                reused("other", REVISION),
+            ),
+            // One header alone, even a right one, cannot vouch for the pod.
+            (
+                with_identity(answer(200, "queue"), None, Some(REVISION)),
+                reused("", REVISION),
+            ),
+            (
+                with_identity(answer(200, "queue"), Some(NAMESPACE), None),
+                reused(NAMESPACE, ""),
+            ),
+            // Empty values are as good as absent.
+            (
+                with_identity(answer(200, "queue"), Some(""), Some("")),
+                ProbeResult::Healthy,
+            ),
+            (
+                with_identity(answer(200, "queue"), Some(""), Some(REVISION)),
+                reused("", REVISION),
+            ),
+        ];
+        for (answer, expected) in cases {
+            assert_eq!(judge(&answer, NAMESPACE, REVISION), expected, "{answer:?}");
+        }
+    }
+
+    #[test]
+    fn a_truncated_body_is_never_healthy_and_is_quoted_short() {
+        let mut long = answer(200, "queue");
+        long.body_truncated = true;
+        assert_eq!(
+            judge(&long, NAMESPACE, REVISION),
+            ProbeResult::Unhealthy(r#"body "queue"..."#.into())
+        );
+        let big = answer(200, &"x".repeat(1000));
+        let ProbeResult::Unhealthy(reason) = judge(&big, NAMESPACE, REVISION) else {
+            panic!("a 1000-byte body is not `queue`");
+        };
+        assert_eq!(reason, format!("body {:?}...", "x".repeat(QUOTED_BODY)));
+    }
+
+    // === probe against real sockets ===
+
+    /// A pod that answers one connection with `response` (after reading the request head)
+    /// and hands the request head it got to the returned receiver.
+    async fn pod(
+        response: impl AsRef<[u8]> + Send + 'static,
+    ) -> (SocketAddr, oneshot::Receiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (head_sender, head_receiver) = oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let head = read_head(&mut stream).await;
+            let _ = head_sender.send(head);
+            let _ = stream.write_all(response.as_ref()).await;
+            let _ = stream.shutdown().await;
+        });
+        (addr, head_receiver)
+    }
+
+    async fn read_head(stream: &mut TcpStream) -> String {
+        let mut head = Vec::new();
+        let mut buffer = [0u8; 1024];
+        while !head.windows(4).any(|window| window == b"\r\n\r\n") {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => head.extend_from_slice(&buffer[..read]),
+            }
+        }
+        String::from_utf8_lossy(&head).into_owned()
+    }
+
+    async fn probe_pod(response: &'static str) -> ProbeResult {
+        let (addr, _head) = pod(response).await;
+        probe(addr, NAMESPACE, REVISION, TIMEOUT).await
+    }
+
+    #[tokio::test]
+    async fn a_queue_proxy_answering_queue_is_healthy_and_sees_the_probe_headers() {
+        let (addr, head) = pod("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nqueue").await;
+        assert_eq!(
+            probe(addr, NAMESPACE, REVISION, TIMEOUT).await,
+            ProbeResult::Healthy
+        );
+        let head = head.await.unwrap();
+        let lines: Vec<&str> = head.split("\r\n").collect();
+        assert_eq!(lines[0], "GET /healthz HTTP/1.1");
+        for expected in [
+            format!("Host: {addr}"),
+            "K-Network-Probe: queue".to_owned(),
+            "User-Agent: Knative-Activator-Probe".to_owned(),
+            "Connection: close".to_owned(),
+        ] {
+            assert!(
+                lines.contains(&expected.as_str()),
+                "{expected:?} in {head:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn chunked_and_close_delimited_bodies_are_read() {
+        assert_eq!(
+            probe_pod("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nque\r\n2\r\nue\r\n0\r\n\r\n").await,
+            ProbeResult::Healthy
+        );
+        assert_eq!(
+            probe_pod("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nqueue").await,
+            ProbeResult::Healthy
+        );
+        assert_eq!(
+            probe_pod("HTTP/1.0 200 OK\r\n\r\nqueue").await,
+            ProbeResult::Healthy
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wrong_body_is_unhealthy() {
+        assert_eq!(
+            probe_pod("HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnope").await,
+            ProbeResult::Unhealthy(r#"body "nope""#.into())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_503_is_unhealthy() {
+        assert_eq!(
+            probe_pod("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n").await,
+            ProbeResult::Unhealthy("status 503".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn matching_revision_headers_are_healthy() {
+        assert_eq!(
+            probe_pod("HTTP/1.1 200 OK\r\nX-Knative-Revision-Name: hello-00001\r\nX-Knative-Revision-Namespace: default\r\nContent-Length: 5\r\n\r\nqueue").await,
+            ProbeResult::Healthy
+        );
+    }
+
+    #[tokio::test]
+    async fn another_revisions_headers_mean_the_ip_was_reused() {
+        assert_eq!(
+            probe_pod("HTTP/1.1 200 OK\r\nx-knative-revision-name: other-00003\r\nx-knative-revision-namespace: team\r\nContent-Length: 5\r\n\r\nqueue").await,
+            ProbeResult::IpReused {
+                namespace: "team".into(),
+                revision: "other-00003".into()
+            }
+        );
+        // Whatever the status.
+        assert_eq!(
+            probe_pod("HTTP/1.1 503 Service Unavailable\r\nX-Knative-Revision-Name: other-00003\r\nX-Knative-Revision-Namespace: default\r\nContent-Length: 0\r\n\r\n").await,
+            ProbeResult::IpReused {
+                namespace: "default".into(),
+                revision: "other-00003".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn one_wrong_revision_header_alone_means_the_ip_was_reused() {
+        assert_eq!(
+            probe_pod("HTTP/1.1 200 OK\r\nX-Knative-Revision-Name: other-00003\r\nContent-Length: 5\r\n\r\nqueue").await,
+            ProbeResult::IpReused {
+                namespace: String::new(),
+                revision: "other-00003".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_unhealthy() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let ProbeResult::Unhealthy(reason) = probe(addr, NAMESPACE, REVISION, TIMEOUT).await else {
+            panic!("nothing listens on {addr}");
+        };
+        assert!(reason.starts_with("connect: "), "{reason}");
+        assert!(reason.to_lowercase().contains("refused"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn a_pod_that_never_answers_times_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (closed_sender, closed_receiver) = oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            // Read until the prober gives up and closes its end.
+            let mut sink = Vec::new();
+            let _ = stream.read_to_end(&mut sink).await;
+            let _ = closed_sender.send(());
+        });
+        let started = Instant::now();
+        let result = probe(addr, NAMESPACE, REVISION, Duration::from_millis(200)).await;
+        assert_eq!(
+            result,
+            ProbeResult::Unhealthy("timed out after 200ms".into())
+        );
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        // The timeout closes the socket rather than leaving it to linger.
+        tokio::time::timeout(TIMEOUT, closed_receiver)
+            .await
+            .expect("the prober closes its connection on timeout")
+            .unwrap();
+    }
+
+    /// A pod that sends `head` and then `filler` forever, until the prober hangs up; returns
+    /// how many body bytes it managed to write.
+    async fn endless_pod(head: &'static str) -> (SocketAddr, oneshot::Receiver<usize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (written_sender, written_receiver) = oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            read_head(&mut stream).await;
+            let filler = vec![b'q'; 16 * 1024];
+            let mut written = 0;
+            if stream.write_all(head.as_bytes()).await.is_ok() {
+                while stream.write_all(&filler).await.is_ok() {
+                    written += filler.len();
+                }
+            }
+            let _ = written_sender.send(written);
+        });
+        (addr, written_receiver)
+    }
+
+    #[tokio::test]
+    async fn an_endless_body_is_capped_not_buffered() {
+        for head in [
+            "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 1000000000000\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40000000\r\n",
+        ] {
+            let (addr, written) = endless_pod(head).await;
+            let result = probe(addr, NAMESPACE, REVISION, TIMEOUT).await;
+            let expected = format!("body {:?}...", "q".repeat(QUOTED_BODY));
+            assert_eq!(result, ProbeResult::Unhealthy(expected), "{head:?}");
+            // The pod's writes fail soon after the prober stops reading and hangs up; what
+            // it got out is bounded by socket buffers, not by what it wanted to send.
+            let written = tokio::time::timeout(TIMEOUT, written)
+                .await
+                .expect("the prober hangs up")
+                .unwrap();
+            assert!(written < 64 * 1024 * 1024, "{written} bytes for {head:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_endless_response_head_is_refused() {
+        let (addr, _written) = endless_pod("HTTP/1.1 200 OK\r\nX-Long: ").await;
+        let ProbeResult::Unhealthy(reason) = probe(addr, NAMESPACE, REVISION, TIMEOUT).await else {
+            panic!("an endless head is not healthy");
+        };
+        assert!(reason.starts_with("response: "), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn malformed_responses_are_unhealthy() {
+        for response in [
+            "garbage\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: nope\r\n\r\nqueue",
+            "HTTP/1.1 2000 OK\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nqueue\r\n0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nque",
+            "",
+        ] {
+            let result = probe_pod(response).await;
+            let ProbeResult::Unhealthy(reason) = &result else {
+                panic!("{response:?} gave {result:?}");
+            };
+            assert!(
+                reason.starts_with("response: ") || reason.starts_with("body: "),
+                "{response:?}: {reason}"
+            );
+        }
+    }
+}
