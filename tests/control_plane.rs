@@ -80,6 +80,15 @@ fn a_pod_is_routable_only_after_ready_and_then_at_once() {
         "{FAST}{}",
         revision("cold", port, &[], "container_concurrency = 1")
     ));
+    let labels = ["revision=\"cold\""];
+    assert_eq!(
+        activator.metric_sum("kactivator_revision_routable_pods", &labels),
+        0.0
+    );
+    assert_eq!(
+        activator.metric_sum("kactivator_revision_capacity", &labels),
+        0.0
+    );
     let waiting = request(&activator, "cold", "/");
     assert!(
         eventually(Duration::from_secs(5), || queued(&activator, "cold") == 1.0),
@@ -100,6 +109,15 @@ fn a_pod_is_routable_only_after_ready_and_then_at_once() {
         ready_at.elapsed()
     );
     assert_eq!(pods[0].stats().requests, 1);
+    let labels = ["revision=\"cold\""];
+    assert_eq!(
+        activator.metric_sum("kactivator_revision_routable_pods", &labels),
+        1.0
+    );
+    assert_eq!(
+        activator.metric_sum("kactivator_revision_capacity", &labels),
+        1.0
+    );
     // `startup` for a pod already known is a no-op (the fork crashed here).
     accepted(qp.send_blocking("startup"));
     assert_eq!(

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 
 use crate::pod_state::{PodState, Timestamp};
@@ -20,6 +20,8 @@ pub struct PodMetrics {
     quarantine_exits: IntCounter,
     tracker_limit: IntCounterVec,
     pods: IntGaugeVec,
+    routable: IntGaugeVec,
+    capacity: GaugeVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: C) -> C {
@@ -85,6 +87,28 @@ impl PodMetrics {
                 )
                 .expect("valid metric"),
             ),
+            routable: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kactivator_revision_routable_pods",
+                        "Pods of the revision this activator routes to",
+                    ),
+                    &["namespace", "revision"],
+                )
+                .expect("valid metric"),
+            ),
+            capacity: register(
+                registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "kactivator_revision_capacity",
+                        "Requests of the revision this activator may have in flight at once (+Inf: unlimited)",
+                    ),
+                    &["namespace", "revision"],
+                )
+                .expect("valid metric"),
+            ),
         }
     }
 
@@ -114,6 +138,26 @@ impl PodMetrics {
                 .tracker_limit
                 .with_label_values(&[namespace, revision])
                 .inc(),
+            Journal::Route {
+                namespace,
+                revision,
+                pods,
+                capacity,
+            } => {
+                self.routable
+                    .with_label_values(&[namespace, revision])
+                    .set(*pods as i64);
+                self.capacity
+                    .with_label_values(&[namespace, revision])
+                    .set(capacity.map_or(f64::INFINITY, |capacity| capacity as f64));
+            }
+            Journal::RouteRemoved {
+                namespace,
+                revision,
+            } => {
+                let _ = self.routable.remove_label_values(&[namespace, revision]);
+                let _ = self.capacity.remove_label_values(&[namespace, revision]);
+            }
         }
     }
 

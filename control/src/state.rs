@@ -185,6 +185,16 @@ pub enum Journal {
     },
     /// A new pod was refused because its revision is at its tracker limit.
     TrackerLimit { namespace: String, revision: String },
+    /// A route was published: how many pods it has and this activator's capacity over them
+    /// (`None` = unlimited).
+    Route {
+        namespace: String,
+        revision: String,
+        pods: usize,
+        capacity: Option<u64>,
+    },
+    /// A revision left routing.
+    RouteRemoved { namespace: String, revision: String },
 }
 
 /// Tunables.
@@ -534,6 +544,10 @@ impl PodStates {
                         source: Source::Informer,
                     });
                 }
+                self.journal.push(Journal::RouteRemoved {
+                    namespace: entry.namespace.clone(),
+                    revision: entry.name.clone(),
+                });
                 self.version += 1;
                 self.updates.push(RoutingUpdate::Remove {
                     version: self.version,
@@ -790,6 +804,13 @@ impl PodStates {
             gate: entry.gate.clone(),
             queue_depth: spec.queue_depth,
         };
+        self.journal.push(Journal::Route {
+            namespace: entry.namespace.clone(),
+            revision: entry.name.clone(),
+            pods: shares.len(),
+            capacity: (spec.container_concurrency > 0)
+                .then(|| shares.iter().map(|(_, share)| u64::from(*share)).sum()),
+        });
         entry.published = Some((spec, shares));
         self.version += 1;
         self.updates.push(RoutingUpdate::Upsert {
