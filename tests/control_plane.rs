@@ -622,3 +622,39 @@ fn a_pod_refusing_connections_is_quarantined_by_the_passive_signal() {
         ) >= 1.0
     );
 }
+
+#[test]
+fn activators_split_the_pods_and_their_concurrency_between_them() {
+    let pods = pods(3);
+    let port = pods[0].addr().port();
+    let listed: Vec<SocketAddr> = pods.iter().map(|pod| pod.addr()).collect();
+    let start = |me: &str| {
+        Activator::start(&format!(
+            "[cluster]\nself_ip = \"{me}\"\nactivators = [\"10.1.0.1\", \"10.1.0.2\"]\n\n{}",
+            revision("split", port, &listed, "container_concurrency = 2")
+        ))
+    };
+    let (first, second) = (start("10.1.0.1"), start("10.1.0.2"));
+    let labels = ["revision=\"split\""];
+    let capacity =
+        |activator: &Activator| activator.metric_sum("kactivator_revision_capacity", &labels);
+    let routable =
+        |activator: &Activator| activator.metric_sum("kactivator_revision_routable_pods", &labels);
+    assert!(
+        capacity(&first) >= 2.0 && capacity(&second) >= 2.0,
+        "each gets a pod"
+    );
+    assert_eq!(
+        capacity(&first) + capacity(&second),
+        6.0,
+        "3 pods × CC 2, split, never multiplied"
+    );
+    assert_eq!(routable(&first) + routable(&second), 3.0);
+    // Both serve through their own share.
+    for activator in [&first, &second] {
+        assert_eq!(
+            exchange(activator.http, get("split", "/").as_bytes()).status,
+            200
+        );
+    }
+}
