@@ -5,6 +5,7 @@
 
 pub mod buffer;
 pub mod control_link;
+pub mod date;
 pub mod error;
 pub mod identity;
 pub mod metrics;

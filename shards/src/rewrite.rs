@@ -258,7 +258,10 @@ pub fn write_local_response(response: &LocalResponse<'_>, client: ClientSide, ou
         response.status,
         reason_phrase(response.status)
     );
-    if !response.body.is_empty() || response.error_style {
+    let own_content_type = response
+        .extra_header
+        .is_some_and(|(name, _)| name.eq_ignore_ascii_case("content-type"));
+    if (!response.body.is_empty() || response.error_style) && !own_content_type {
         out.extend_from_slice(b"Content-Type: text/plain; charset=utf-8\r\n");
     }
     if response.error_style {
@@ -267,6 +270,9 @@ pub fn write_local_response(response: &LocalResponse<'_>, client: ClientSide, ou
     if let Some((name, value)) = response.extra_header {
         put_header(out, name.as_bytes(), value);
     }
+    out.extend_from_slice(b"Date: ");
+    out.extend_from_slice(&crate::date::now());
+    out.extend_from_slice(b"\r\n");
     let _ = write!(out, "Content-Length: {}\r\n", response.body.len());
     match (client.keep_alive, client.version) {
         (false, _) => out.extend_from_slice(b"Connection: close\r\n"),
@@ -498,10 +504,41 @@ mod tests {
             head_only: false,
         };
         write_local_response(&response, client, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        // Like Go's server, a Date header; its value is the current second.
+        let date_line = text
+            .lines()
+            .find(|line| line.starts_with("Date: "))
+            .expect("a Date header");
+        assert_eq!(date_line.len(), "Date: ".len() + crate::date::LEN);
+        assert!(date_line.ends_with(" GMT"), "{date_line}");
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            text.replace(&format!("{date_line}\r\n"), ""),
             "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n\
              Content-Length: 5\r\n\r\nnope\n"
+        );
+    }
+
+    #[test]
+    fn a_local_response_with_its_own_content_type_has_only_that_one() {
+        let mut out = Vec::new();
+        let response = LocalResponse {
+            status: 200,
+            body: b"{\"status\":\"accepted\"}\n",
+            extra_header: Some(("Content-Type", b"application/json")),
+            error_style: false,
+        };
+        let client = ClientSide {
+            version: Version::Http11,
+            keep_alive: true,
+            head_only: false,
+        };
+        write_local_response(&response, client, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches("Content-Type").count(), 1, "{text}");
+        assert!(
+            text.contains("Content-Type: application/json\r\n"),
+            "{text}"
         );
     }
 }
