@@ -367,7 +367,9 @@ async fn register(
                 json: true,
             },
         ),
-        Err(WorkerError::Op(error @ OpError::TrackerLimit(..))) => (
+        Err(WorkerError::Op(
+            error @ (OpError::TrackerLimit(..) | OpError::TooManyUndeclared(..)),
+        )) => (
             "refused",
             Reply {
                 status: 503,

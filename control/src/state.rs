@@ -163,11 +163,19 @@ impl Op {
     }
 }
 
+/// Most revisions known only from queue-proxy events (no source declared them yet): without a
+/// bound, registrations naming made-up revisions would grow the state without end.
+pub const MAX_UNDECLARED_REVISIONS: usize = 1000;
+
 /// Why an op was not applied.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OpError {
     #[error("revision {0} already tracks its limit of {1} pods")]
     TrackerLimit(String, usize),
+    #[error(
+        "revision {0} is not known, and {1} unknown revisions are already waiting to be declared"
+    )]
+    TooManyUndeclared(String, usize),
 }
 
 /// Facts for the metrics, in the order they happened.
@@ -442,6 +450,16 @@ impl PodStates {
         now: Timestamp,
     ) -> Result<(), OpError> {
         let key = revision_key(namespace, revision);
+        if !self.revisions.contains_key(&key) {
+            let undeclared = self
+                .revisions
+                .values()
+                .filter(|entry| entry.spec.is_none())
+                .count();
+            if undeclared >= MAX_UNDECLARED_REVISIONS {
+                return Err(OpError::TooManyUndeclared(key, undeclared));
+            }
+        }
         let shards = self.shards;
         let process_queue = self.process_queue.clone();
         let entry = self
@@ -1165,6 +1183,31 @@ mod tests {
         // A known pod's events still apply at the limit.
         states
             .apply(qp("a", "10.0.0.1", QueueProxyEvent::NotReady), at(1))
+            .unwrap();
+    }
+
+    #[test]
+    fn revisions_nobody_declared_are_bounded() {
+        let mut states = states();
+        for i in 0..MAX_UNDECLARED_REVISIONS {
+            states
+                .apply(
+                    qp(&format!("ghost-{i}"), "10.0.0.1", QueueProxyEvent::Ready),
+                    at(0),
+                )
+                .unwrap();
+        }
+        let refused = states.apply(qp("one-more", "10.0.0.1", QueueProxyEvent::Ready), at(0));
+        assert!(
+            matches!(refused, Err(OpError::TooManyUndeclared(..))),
+            "{refused:?}"
+        );
+        // A declared revision is not affected by the bound.
+        states
+            .apply(declare(&[("real", 1, &[])], Gates::HYBRID), at(0))
+            .unwrap();
+        states
+            .apply(qp("real", "10.0.0.2", QueueProxyEvent::Ready), at(0))
             .unwrap();
     }
 
