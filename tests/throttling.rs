@@ -159,3 +159,60 @@ fn a_client_that_leaves_the_queue_frees_its_place_at_once() {
         "the upgrade and the last request; the leaver never reached the pod"
     );
 }
+
+#[test]
+fn the_process_wide_cap_bounds_waiters_over_all_revisions_and_removal_frees_places() {
+    let pod = backend::spawn(BackendConfig::named("late")).unwrap();
+    let cold = |name: &str, pods: &[std::net::SocketAddr]| {
+        revision(
+            "default",
+            name,
+            pods,
+            "queue_depth = 10\ntimeout_seconds = 30",
+        )
+    };
+    let config = |with_a: bool, b_pods: &[std::net::SocketAddr]| {
+        let a = if with_a {
+            cold("cold-a", &[])
+        } else {
+            String::new()
+        };
+        format!(
+            "[control]\nwatch_interval_ms = 50\n\n{a}{}",
+            cold("cold-b", b_pods)
+        )
+    };
+    let activator = Activator::start_with(
+        &config(true, &[]),
+        "max_queued_requests = 3",
+        &["--shards", "2"],
+        &[],
+    );
+    let send = |name: &'static str| {
+        let http = activator.http;
+        std::thread::spawn(move || exchange(http, get(name, "/").as_bytes()))
+    };
+    let queued = || activator.metric_sum("kactivator_revision_queued", &[]);
+    let waiting_a = [send("cold-a"), send("cold-a")];
+    let waiting_b = send("cold-b");
+    assert!(support::eventually(Duration::from_secs(5), || queued() == 3.0));
+    // Revision b is far below its own depth, but the process is full.
+    let refused = exchange(activator.http, get("cold-b", "/").as_bytes());
+    assert_eq!(
+        (refused.status, refused.text().as_str()),
+        (503, "pending request queue full\n")
+    );
+
+    // Revision a goes away: its waiters are answered and their places come back.
+    activator.write_config(&config(false, &[]), "max_queued_requests = 3");
+    for waiting in waiting_a {
+        assert_eq!(waiting.join().unwrap().status, 503);
+    }
+    assert!(support::eventually(Duration::from_secs(5), || queued() == 1.0));
+    let second_b = send("cold-b");
+    assert!(support::eventually(Duration::from_secs(5), || queued() == 2.0));
+    // A pod appears for b: both of its waiters are served.
+    activator.write_config(&config(false, &[pod.addr()]), "max_queued_requests = 3");
+    assert_eq!(waiting_b.join().unwrap().status, 200);
+    assert_eq!(second_b.join().unwrap().status, 200);
+}

@@ -231,10 +231,14 @@ impl LocalRevision {
         self.removed.set(false);
     }
 
-    /// The revision is gone: every local waiter is woken to answer.
+    /// The revision is gone: every local waiter is woken to answer, and their places (in the
+    /// revision's depth and the process-wide cap) are given back now, since a waiter woken this
+    /// way does not cancel.
     fn remove(&self) {
         self.pods.borrow_mut().clear();
         self.removed.set(true);
+        self.queue.borrow_mut().cancel_all(&self.gate);
+        self.publish_queued();
         for slot in self.waiters.borrow_mut().values_mut() {
             if let Some(waker) = slot.waker.take() {
                 waker.wake();

@@ -7,29 +7,57 @@
 //! Shared state per revision ([`RevisionGate`]): a ticket dispenser giving every queued
 //! request its place in arrival order, the number of waiters on all shards, and for each shard
 //! the ticket of its oldest waiter. Each shard keeps its own FIFO of waiters ([`LocalQueue`]).
+//! Shared by the gates of every revision: the process-wide count of waiters ([`ProcessQueue`]).
 //!
 //! The rules, and the invariant each one keeps:
 //!
 //! * **No barging.** A request takes a slot directly only while nobody waits anywhere; otherwise
 //!   it takes a ticket and queues, even if a slot happens to be free (a dispatch then serves the
 //!   oldest waiter, which may be this one).
-//! * **No lost wake-up.** A queueing request counts itself as waiting *then* dispatches; a
-//!   finishing request releases its slot *then* reads the waiting count and dispatches if
-//!   non-zero. Both sides use `SeqCst`, so at least one of them sees the other: either the
-//!   releaser dispatches, or the queued request's own dispatch finds the slot.
+//! * **No lost wake-up.** A queueing request counts itself as waiting and publishes its ticket
+//!   *then* dispatches; a finishing request releases its slot *then* reads the waiting count and
+//!   dispatches if non-zero. Between its write and its reads each side runs a `SeqCst` fence
+//!   (the fence opens [`RevisionGate::waiting`] and [`LocalQueue::dispatch`]). The two fences
+//!   fall in one order or the other, and the side whose fence comes second sees what the other
+//!   wrote before its fence: either the releaser sees the waiter (count and ticket) and
+//!   dispatches, or the waiter's own dispatch sees the free slot. Fences, not only `SeqCst`
+//!   accesses on the gate, because the slot counter belongs to the load balancer and is not
+//!   `SeqCst`: the total order of `SeqCst` accesses says nothing about it, so without the fences
+//!   the C11 model (and loom, which checks this under `--cfg loom`) allows both sides to miss
+//!   each other.
 //! * **Oldest first, within a bounded error.** A dispatch serves the shard whose oldest waiter
 //!   has the lowest ticket. Two dispatchers racing may both pick the same shard; the surplus
 //!   grant finds the next waiter there, or none and is released and re-dispatched. So a waiter
 //!   can be overtaken only by waiters served through grants that were in flight at that moment.
 //! * **No slot is stranded.** A slot travels inside a grant; whoever receives a grant either
 //!   hands it to a waiter or releases it and dispatches again.
-//! * **Bounded.** A per-revision depth and a process-wide cap on waiters (★ upstream's queue is
-//!   effectively unbounded); over either, the request is refused (503 upstream's way).
+//! * **Bounded.** A per-revision depth ([`QueueLimits`]) and a process-wide cap on waiters shared
+//!   by every revision ([`ProcessQueue`]; ★ upstream's queue is effectively unbounded); over
+//!   either, the request is refused (503 `pending request queue full`). A queueing request
+//!   reserves its place in the revision, then in the process, and gives the first back if the
+//!   second is refused. Each reservation is a compare-and-swap that refuses at the bound, so
+//!   neither count ever exceeds its bound, not even for an instant. The revision goes first so
+//!   that a revision already at its depth is refused without touching the count every revision
+//!   shares (a place taken there even briefly could refuse another revision's request). Every
+//!   pop and every cancel gives both places back. The fast path (nobody waiting, a slot free)
+//!   touches neither count and runs no fence.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
+
+use self::sync::{fence, AtomicU32, AtomicU64, Ordering};
+
+/// The gate's atomics: loom's when model-checking (`RUSTFLAGS="--cfg loom"`, see `loom_tests`),
+/// std's otherwise. loom is only a dev-dependency, so its atomics are used only in test builds;
+/// a `--cfg loom` build of the library proper keeps std's.
+mod sync {
+    #[cfg(all(loom, test))]
+    pub(super) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    #[cfg(not(all(loom, test)))]
+    pub(super) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+}
 
 /// No waiter on a shard.
 const NONE: u64 = u64::MAX;
@@ -37,21 +65,51 @@ const NONE: u64 = u64::MAX;
 /// Identifies a queued request within its shard.
 pub type WaiterId = u64;
 
-/// TEMPORARY stand-in until the process-wide cap lands: counts nothing.
+/// The process-wide cap on waiting requests, one object shared by the gates of every revision.
 #[derive(Debug)]
 pub struct ProcessQueue {
     limit: u32,
+    /// Requests waiting for any revision. Written by every shard that queues or serves a waiter,
+    /// so it gets a cache line of its own.
+    queued: CachePadded<AtomicU32>,
 }
 
 impl ProcessQueue {
+    /// A limit meaning "no cap".
+    pub const UNLIMITED: u32 = u32::MAX;
+
+    /// A cap of `limit` waiting requests ([`ProcessQueue::UNLIMITED`] for none).
     pub fn new(limit: u32) -> ProcessQueue {
-        ProcessQueue { limit }
+        ProcessQueue {
+            limit,
+            queued: CachePadded::new(AtomicU32::new(0)),
+        }
     }
+
     pub fn limit(&self) -> u32 {
         self.limit
     }
+
+    /// Requests waiting for any revision whose gate shares this queue.
     pub fn queued(&self) -> u32 {
-        0
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    // The count orders no other memory: exactness comes from every change being a single
+    // read-modify-write, which holds at any ordering, so `Relaxed` is enough here.
+
+    /// Takes a place unless the cap is reached. Even unlimited, the count stops at `u32::MAX`.
+    fn reserve(&self) -> bool {
+        self.queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |queued| {
+                (queued < self.limit).then_some(queued + 1)
+            })
+            .is_ok()
+    }
+
+    fn release(&self) {
+        let before = self.queued.fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(before > 0, "released a process queue place nobody held");
     }
 }
 
@@ -62,29 +120,74 @@ pub struct RevisionGate {
     waiting: AtomicU32,
     /// Per shard: the ticket of its oldest waiter, or `NONE`.
     heads: Box<[CachePadded<AtomicU64>]>,
+    process: Arc<ProcessQueue>,
 }
 
 impl RevisionGate {
+    /// A gate with an unlimited process queue of its own.
     pub fn new(shards: usize) -> RevisionGate {
+        RevisionGate::with_process_queue(
+            shards,
+            Arc::new(ProcessQueue::new(ProcessQueue::UNLIMITED)),
+        )
+    }
+
+    /// A gate whose waiters also count against `process`, shared with other revisions' gates.
+    pub fn with_process_queue(shards: usize, process: Arc<ProcessQueue>) -> RevisionGate {
         RevisionGate {
             next_ticket: AtomicU64::new(0),
             waiting: AtomicU32::new(0),
             heads: (0..shards.max(1))
                 .map(|_| CachePadded::new(AtomicU64::new(NONE)))
                 .collect(),
+            process,
         }
     }
 
-    pub fn with_process_queue(
-        shards: usize,
-        _process: std::sync::Arc<ProcessQueue>,
-    ) -> RevisionGate {
-        RevisionGate::new(shards)
+    /// The process-wide queue this revision's waiters count against.
+    pub fn process_queue(&self) -> &Arc<ProcessQueue> {
+        &self.process
     }
 
     /// Requests waiting on all shards.
+    ///
+    /// Opens with a `SeqCst` fence: after giving a slot back (a request finished, a grant found
+    /// nobody, capacity grew) the shell reads this to decide whether to dispatch, and the fence
+    /// is the releasing side's half of "No lost wake-up" (see the module docs).
     pub fn waiting(&self) -> u32 {
+        fence(Ordering::SeqCst);
+        self.waiting_now()
+    }
+
+    /// The waiting count without the fence, where no slot was just given back.
+    fn waiting_now(&self) -> u32 {
         self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Takes a place in the revision's queue and in the process's, or neither.
+    fn reserve(&self, limits: QueueLimits) -> bool {
+        let revision = self
+            .waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |waiting| {
+                (waiting < limits.revision_depth).then_some(waiting + 1)
+            });
+        if revision.is_err() {
+            return false;
+        }
+        if self.process.reserve() {
+            return true;
+        }
+        // The process is full: give the revision place back. Meanwhile the count was one too
+        // high, which at worst makes a racing request queue instead of taking a free slot (its
+        // own dispatch then serves it) or a dispatcher look for a head that is not there.
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        false
+    }
+
+    /// Gives back the places of a waiter that was served or cancelled.
+    fn unreserve(&self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.process.release();
     }
 
     /// The shard holding the oldest waiter.
@@ -100,7 +203,7 @@ impl RevisionGate {
     }
 }
 
-/// Limits on waiting requests.
+/// Limits on waiting requests (the process-wide cap is the gate's [`ProcessQueue`]).
 #[derive(Clone, Copy, Debug)]
 pub struct QueueLimits {
     /// Most requests waiting for this revision, on all shards.
@@ -114,7 +217,7 @@ pub enum Admission<P> {
     Proceed(P),
     /// The request waits; it will be named in a [`Effect::Wake`].
     Queued(WaiterId),
-    /// The queue is full: answer 503.
+    /// The revision's queue or the process's is full: answer 503.
     Rejected,
 }
 
@@ -167,18 +270,13 @@ impl LocalQueue {
         mut try_acquire: impl FnMut() -> Option<P>,
         effects: &mut Vec<Effect<P>>,
     ) -> Admission<P> {
-        if gate.waiting() == 0 {
+        // The fast path: one load of a line that is written only when requests queue.
+        if gate.waiting_now() == 0 {
             if let Some(pod) = try_acquire() {
                 return Admission::Proceed(pod);
             }
         }
-        // Reserve a place within the bound before taking a ticket.
-        let reserved = gate
-            .waiting
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |waiting| {
-                (waiting < limits.revision_depth).then_some(waiting + 1)
-            });
-        if reserved.is_err() {
+        if !gate.reserve(limits) {
             return Admission::Rejected;
         }
         let ticket = gate.next_ticket.fetch_add(1, Ordering::SeqCst);
@@ -186,7 +284,8 @@ impl LocalQueue {
         self.next_id += 1;
         self.waiters.push_back(Waiter { ticket, id });
         self.publish_head(gate);
-        // Counted as waiting before this dispatch looks for a slot: see "No lost wake-up".
+        // Counted as waiting and published before this dispatch (which opens with the fence)
+        // looks for a slot: see "No lost wake-up".
         self.dispatch(gate, try_acquire, effects);
         Admission::Queued(id)
     }
@@ -199,7 +298,10 @@ impl LocalQueue {
         mut try_acquire: impl FnMut() -> Option<P>,
         effects: &mut Vec<Effect<P>>,
     ) {
-        while gate.waiting() > 0 {
+        // Orders what this shard wrote before (a waiter queued, a slot given back) before the
+        // reads below; the other side of "No lost wake-up" has its own fence.
+        fence(Ordering::SeqCst);
+        while gate.waiting_now() > 0 {
             let Some(shard) = gate.oldest_shard() else {
                 return;
             };
@@ -250,14 +352,27 @@ impl LocalQueue {
             return false;
         };
         self.waiters.remove(at);
-        gate.waiting.fetch_sub(1, Ordering::SeqCst);
+        gate.unreserve();
         self.publish_head(gate);
         true
     }
 
+    /// The revision is gone from this shard: every local waiter leaves the queue and gives its
+    /// places back, in the revision and in the process (the shell answers the requests itself).
+    /// Without this, waiters of a removed revision would hold process-wide places for good.
+    /// Returns how many left.
+    pub fn cancel_all(&mut self, gate: &RevisionGate) -> usize {
+        let left = self.waiters.len();
+        for _ in self.waiters.drain(..) {
+            gate.unreserve();
+        }
+        self.publish_head(gate);
+        left
+    }
+
     fn pop_oldest(&mut self, gate: &RevisionGate) -> Option<WaiterId> {
         let waiter = self.waiters.pop_front()?;
-        gate.waiting.fetch_sub(1, Ordering::SeqCst);
+        gate.unreserve();
         self.publish_head(gate);
         Some(waiter.id)
     }
@@ -268,7 +383,7 @@ impl LocalQueue {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::throttle::slots::PodSlots;
@@ -365,6 +480,104 @@ mod tests {
     }
 
     #[test]
+    fn the_process_cap_is_shared_by_every_revision() {
+        let process = Arc::new(ProcessQueue::new(3));
+        let a = RevisionGate::with_process_queue(1, process.clone());
+        let b = RevisionGate::with_process_queue(1, process.clone());
+        assert!(Arc::ptr_eq(a.process_queue(), b.process_queue()));
+        let (pods_a, pods_b) = ([PodSlots::new(0)], [PodSlots::new(0)]);
+        let (mut queue_a, mut queue_b) = (LocalQueue::new(0), LocalQueue::new(0));
+        let mut effects = Vec::new();
+        let limits = QueueLimits { revision_depth: 2 };
+        let mut admit_a =
+            |queue: &mut LocalQueue| queue.admit(&a, limits, acquire_from(&pods_a), &mut effects);
+        assert_eq!(admit_a(&mut queue_a), Admission::Queued(0));
+        assert_eq!(admit_a(&mut queue_a), Admission::Queued(1));
+        assert_eq!(admit_a(&mut queue_a), Admission::Rejected, "a's depth");
+        assert_eq!(process.queued(), 2);
+        let admit_b = |queue: &mut LocalQueue| {
+            queue.admit(&b, limits, acquire_from(&pods_b), &mut Vec::new())
+        };
+        assert_eq!(admit_b(&mut queue_b), Admission::Queued(0));
+        assert_eq!(
+            admit_b(&mut queue_b),
+            Admission::Rejected,
+            "the process cap, though b has room"
+        );
+        assert_eq!(b.waiting(), 1, "the revision place is given back");
+        assert_eq!(process.queued(), 3);
+
+        // A cancellation on one revision frees a place for the other.
+        assert!(queue_a.cancel(&a, 0));
+        assert_eq!(process.queued(), 2);
+        assert_eq!(admit_b(&mut queue_b), Admission::Queued(1));
+        assert_eq!(process.queued(), 3);
+
+        // Serving frees both places.
+        pods_b[0].set_capacity(2);
+        let mut effects = Vec::new();
+        queue_b.dispatch(&b, acquire_from(&pods_b), &mut effects);
+        assert_eq!(effects.len(), 2);
+        assert_eq!((b.waiting(), process.queued()), (0, 1));
+        assert!(queue_a.cancel(&a, 1));
+        assert_eq!((a.waiting(), process.queued()), (0, 0));
+    }
+
+    #[test]
+    fn the_fast_path_needs_no_place_in_the_process_queue() {
+        let process = Arc::new(ProcessQueue::new(0));
+        let gate = RevisionGate::with_process_queue(1, process.clone());
+        let pods = [PodSlots::new(1)];
+        let mut queue = LocalQueue::new(0);
+        let mut effects = Vec::new();
+        assert_eq!(
+            queue.admit(&gate, LIMITS, acquire_from(&pods), &mut effects),
+            Admission::Proceed(0)
+        );
+        assert_eq!(
+            queue.admit(&gate, LIMITS, acquire_from(&pods), &mut effects),
+            Admission::Rejected
+        );
+        assert_eq!((gate.waiting(), process.queued()), (0, 0));
+    }
+
+    #[test]
+    fn a_gate_made_with_new_has_an_unlimited_process_queue_of_its_own() {
+        let (a, b) = (RevisionGate::new(1), RevisionGate::new(1));
+        assert_eq!(a.process_queue().limit(), ProcessQueue::UNLIMITED);
+        assert!(!Arc::ptr_eq(a.process_queue(), b.process_queue()));
+        let pods = [PodSlots::new(0)];
+        let mut effects = Vec::new();
+        let admission = LocalQueue::new(0).admit(&a, LIMITS, acquire_from(&pods), &mut effects);
+        assert_eq!(admission, Admission::Queued(0));
+        assert_eq!(a.process_queue().queued(), 1);
+        assert_eq!(b.process_queue().queued(), 0);
+    }
+
+    #[test]
+    fn a_removed_revision_gives_back_every_place_of_its_waiters() {
+        let process = Arc::new(ProcessQueue::new(10));
+        let gate = RevisionGate::with_process_queue(2, process.clone());
+        let pods = [PodSlots::new(0)];
+        let mut queues = [LocalQueue::new(0), LocalQueue::new(1)];
+        let mut effects = Vec::new();
+        for shard in [0, 1, 0] {
+            let admission = queues[shard].admit(&gate, LIMITS, acquire_from(&pods), &mut effects);
+            assert!(matches!(admission, Admission::Queued(_)));
+        }
+        let [mut here, mut there] = queues;
+        assert_eq!(gate.oldest_shard(), Some(0));
+        assert_eq!(here.cancel_all(&gate), 2);
+        assert!(here.is_empty());
+        assert_eq!((gate.waiting(), process.queued()), (1, 1));
+        assert_eq!(gate.oldest_shard(), Some(1), "shard 0 no longer has a head");
+        assert!(!here.cancel(&gate, 0), "already gone");
+        assert_eq!(there.cancel_all(&gate), 1);
+        assert_eq!((gate.waiting(), process.queued()), (0, 0));
+        assert_eq!(gate.oldest_shard(), None);
+    }
+
+    #[test]
     fn a_grant_for_a_shard_whose_waiter_left_comes_back() {
         let gate = RevisionGate::new(2);
         let mut remote = LocalQueue::new(1);
@@ -393,6 +606,17 @@ mod tests {
         Grow(usize, usize),
     }
 
+    impl Step {
+        /// The same step with its shard taken modulo `shards`.
+        fn on(&self, shards: usize) -> Step {
+            match *self {
+                Step::Arrive(shard) => Step::Arrive(shard % shards),
+                Step::ArriveRacing(shard, pick) => Step::ArriveRacing(shard % shards, pick),
+                ref other => other.clone(),
+            }
+        }
+    }
+
     fn step(shards: usize) -> impl Strategy<Value = Step> {
         prop_oneof![
             4 => (0..shards).prop_map(Step::Arrive),
@@ -404,10 +628,11 @@ mod tests {
         ]
     }
 
-    /// A whole activator in one thread: shards, pods, in-flight grants, and the bookkeeping
-    /// to check every request is answered exactly once.
-    struct Simulation {
+    /// One revision of a simulated activator: its gate, pods and shard queues, and the
+    /// bookkeeping to check every request is answered exactly once.
+    struct Revision {
         gate: RevisionGate,
+        limits: QueueLimits,
         pods: Vec<PodSlots>,
         queues: Vec<LocalQueue>,
         /// Requests holding a slot: (shard, pod).
@@ -417,147 +642,36 @@ mod tests {
         /// Queued requests per shard, by waiter id, with their arrival order.
         queued: BTreeMap<(usize, WaiterId), u64>,
         served: HashSet<(usize, WaiterId)>,
-        arrivals: u64,
-        overtakes: u64,
     }
 
-    impl Simulation {
-        fn new(shards: usize, capacities: &[u32]) -> Simulation {
-            Simulation {
-                gate: RevisionGate::new(shards),
-                pods: capacities
-                    .iter()
-                    .map(|&capacity| PodSlots::new(capacity))
-                    .collect(),
-                queues: (0..shards).map(LocalQueue::new).collect(),
-                running: Vec::new(),
-                in_transit: Vec::new(),
-                queued: BTreeMap::new(),
-                served: HashSet::new(),
-                arrivals: 0,
-                overtakes: 0,
-            }
-        }
-
-        fn apply(&mut self, shard: usize, effects: Vec<Effect<usize>>) {
+    impl Revision {
+        fn apply(&mut self, shard: usize, effects: Vec<Effect<usize>>) -> u64 {
+            let mut overtakes = 0;
             for effect in effects {
                 match effect {
-                    Effect::Wake { waiter, pod } => self.serve(shard, waiter, pod),
+                    Effect::Wake { waiter, pod } => overtakes += self.serve(shard, waiter, pod),
                     Effect::Grant { shard: to, pod } => self.in_transit.push((to, pod)),
                 }
             }
+            overtakes
         }
 
-        fn serve(&mut self, shard: usize, waiter: WaiterId, pod: usize) {
+        /// Serves a waiter; returns how many older waiters of this revision it overtook.
+        fn serve(&mut self, shard: usize, waiter: WaiterId, pod: usize) -> u64 {
             let arrival = self
                 .queued
                 .remove(&(shard, waiter))
                 .expect("a woken waiter was queued and not yet served");
             assert!(self.served.insert((shard, waiter)), "served twice");
-            self.overtakes += self
-                .queued
+            self.running.push((shard, pod));
+            self.queued
                 .values()
                 .filter(|&&older| older < arrival)
-                .count() as u64;
-            self.running.push((shard, pod));
-        }
-
-        fn step(&mut self, step: &Step) {
-            let mut effects = Vec::new();
-            match *step {
-                Step::Arrive(shard) => {
-                    let pods = &self.pods;
-                    let admission = self.queues[shard].admit(
-                        &self.gate,
-                        LIMITS,
-                        || pods.iter().position(PodSlots::try_acquire),
-                        &mut effects,
-                    );
-                    self.record_arrival(shard, admission, effects);
-                }
-                Step::ArriveRacing(shard, pick) => {
-                    let gate = &self.gate;
-                    let pods = &self.pods;
-                    let running = &mut self.running;
-                    let waiting_before = gate.waiting();
-                    let mut raced = false;
-                    let admission = self.queues[shard].admit(
-                        gate,
-                        LIMITS,
-                        || {
-                            let got = pods.iter().position(PodSlots::try_acquire);
-                            if got.is_none() && !raced && waiting_before == 0 && !running.is_empty()
-                            {
-                                // Another shard finishes right now; it reads `waiting` = 0 and so
-                                // does not dispatch.
-                                raced = true;
-                                let (_, pod) = running.swap_remove(pick % running.len());
-                                assert!(pods[pod].release());
-                            }
-                            got
-                        },
-                        &mut effects,
-                    );
-                    self.record_arrival(shard, admission, effects);
-                }
-                Step::Grow(shard, pod) => {
-                    let shard = shard % self.queues.len();
-                    let pod = pod % self.pods.len();
-                    self.pods[pod].set_capacity(self.pods[pod].capacity() + 2);
-                    self.dispatch_on(shard);
-                }
-                Step::Finish(pick) if !self.running.is_empty() => {
-                    let (shard, pod) = self.running.swap_remove(pick % self.running.len());
-                    assert!(self.pods[pod].release());
-                    self.dispatch_on(shard);
-                }
-                Step::Deliver(pick) if !self.in_transit.is_empty() => {
-                    let (shard, pod) = self.in_transit.swap_remove(pick % self.in_transit.len());
-                    self.deliver(shard, pod);
-                }
-                Step::Cancel(pick) if !self.queued.is_empty() => {
-                    let &(shard, waiter) =
-                        self.queued.keys().nth(pick % self.queued.len()).unwrap();
-                    assert!(self.queues[shard].cancel(&self.gate, waiter));
-                    self.queued.remove(&(shard, waiter));
-                }
-                _ => {}
-            }
-            self.check();
-        }
-
-        fn deliver(&mut self, shard: usize, pod: usize) {
-            let mut effects = Vec::new();
-            let pods = &self.pods;
-            let acquire = || pods.iter().position(PodSlots::try_acquire);
-            let unused = self.queues[shard].receive_grant(&self.gate, pod, acquire, &mut effects);
-            self.apply(shard, effects);
-            if let Some(pod) = unused {
-                assert!(self.pods[pod].release());
-                self.dispatch_on(shard);
-            }
-        }
-
-        /// Books an arrival's outcome and applies the effects of its admission.
-        fn record_arrival(
-            &mut self,
-            shard: usize,
-            admission: Admission<usize>,
-            effects: Vec<Effect<usize>>,
-        ) {
-            match admission {
-                Admission::Proceed(pod) => self.running.push((shard, pod)),
-                Admission::Queued(id) => {
-                    self.queued.insert((shard, id), self.arrivals);
-                }
-                Admission::Rejected => unreachable!("the bound is not reached here"),
-            }
-            self.arrivals += 1;
-            self.apply(shard, effects);
+                .count() as u64
         }
 
         /// Dispatches on `shard`, as the shell does after a release or new capacity.
-        fn dispatch_on(&mut self, shard: usize) {
+        fn dispatch_on(&mut self, shard: usize) -> u64 {
             let mut effects = Vec::new();
             let pods = &self.pods;
             self.queues[shard].dispatch(
@@ -565,7 +679,26 @@ mod tests {
                 || pods.iter().position(PodSlots::try_acquire),
                 &mut effects,
             );
-            self.apply(shard, effects);
+            self.apply(shard, effects)
+        }
+
+        fn deliver(&mut self, shard: usize, pod: usize) -> u64 {
+            let mut effects = Vec::new();
+            let pods = &self.pods;
+            let acquire = || pods.iter().position(PodSlots::try_acquire);
+            let unused = self.queues[shard].receive_grant(&self.gate, pod, acquire, &mut effects);
+            let mut overtakes = self.apply(shard, effects);
+            if let Some(pod) = unused {
+                assert!(self.pods[pod].release());
+                overtakes += self.dispatch_on(shard);
+            }
+            overtakes
+        }
+
+        fn finish(&mut self, pick: usize) -> u64 {
+            let (shard, pod) = self.running.swap_remove(pick % self.running.len());
+            assert!(self.pods[pod].release());
+            self.dispatch_on(shard)
         }
 
         /// Work conservation: with every grant delivered, nobody waits while a slot is free.
@@ -602,18 +735,220 @@ mod tests {
                 self.queued.len(),
                 "the waiting count matches the queues"
             );
+            assert!(
+                self.queued.len() <= self.limits.revision_depth as usize,
+                "{} waiting past the revision depth {}",
+                self.queued.len(),
+                self.limits.revision_depth
+            );
+        }
+    }
+
+    /// A whole activator in one thread: shards, revisions sharing a process queue, in-flight
+    /// grants.
+    struct Simulation {
+        process: Arc<ProcessQueue>,
+        revisions: Vec<Revision>,
+        arrivals: u64,
+        overtakes: u64,
+        rejected: u64,
+    }
+
+    impl Simulation {
+        /// One revision with these pod capacities and an unlimited process queue.
+        fn new(shards: usize, capacities: &[u32]) -> Simulation {
+            Simulation::with_revisions(shards, &[(capacities, LIMITS)], ProcessQueue::UNLIMITED)
+        }
+
+        /// Revisions of their own pods and limits, all counting against one process cap.
+        fn with_revisions(
+            shards: usize,
+            revisions: &[(&[u32], QueueLimits)],
+            process_limit: u32,
+        ) -> Simulation {
+            let process = Arc::new(ProcessQueue::new(process_limit));
+            let revisions = revisions
+                .iter()
+                .map(|&(capacities, limits)| Revision {
+                    gate: RevisionGate::with_process_queue(shards, process.clone()),
+                    limits,
+                    pods: capacities
+                        .iter()
+                        .map(|&capacity| PodSlots::new(capacity))
+                        .collect(),
+                    queues: (0..shards).map(LocalQueue::new).collect(),
+                    running: Vec::new(),
+                    in_transit: Vec::new(),
+                    queued: BTreeMap::new(),
+                    served: HashSet::new(),
+                })
+                .collect();
+            Simulation {
+                process,
+                revisions,
+                arrivals: 0,
+                overtakes: 0,
+                rejected: 0,
+            }
+        }
+
+        fn step(&mut self, revision: usize, step: &Step) {
+            let revision = revision % self.revisions.len();
+            let shards = self.revisions[revision].queues.len();
+            let before = self.bounds(revision);
+            let rev = &mut self.revisions[revision];
+            let mut effects = Vec::new();
+            match *step {
+                Step::Arrive(shard) => {
+                    let shard = shard % shards;
+                    let pods = &rev.pods;
+                    let admission = rev.queues[shard].admit(
+                        &rev.gate,
+                        rev.limits,
+                        || pods.iter().position(PodSlots::try_acquire),
+                        &mut effects,
+                    );
+                    self.record_arrival(revision, shard, before, admission, effects);
+                }
+                Step::ArriveRacing(shard, pick) => {
+                    let shard = shard % shards;
+                    let gate = &rev.gate;
+                    let pods = &rev.pods;
+                    let running = &mut rev.running;
+                    let mut raced = false;
+                    let admission = rev.queues[shard].admit(
+                        gate,
+                        rev.limits,
+                        || {
+                            let got = pods.iter().position(PodSlots::try_acquire);
+                            if got.is_none() && !raced && before.0 == 0 && !running.is_empty() {
+                                // Another shard finishes right now; it reads `waiting` = 0 and so
+                                // does not dispatch.
+                                raced = true;
+                                let (_, pod) = running.swap_remove(pick % running.len());
+                                assert!(pods[pod].release());
+                            }
+                            got
+                        },
+                        &mut effects,
+                    );
+                    self.record_arrival(revision, shard, before, admission, effects);
+                }
+                Step::Grow(shard, pod) => {
+                    let shard = shard % shards;
+                    let pod = pod % rev.pods.len();
+                    rev.pods[pod].set_capacity(rev.pods[pod].capacity() + 2);
+                    self.overtakes += rev.dispatch_on(shard);
+                }
+                Step::Finish(pick) if !rev.running.is_empty() => {
+                    self.overtakes += rev.finish(pick);
+                }
+                Step::Deliver(pick) if !rev.in_transit.is_empty() => {
+                    let (shard, pod) = rev.in_transit.swap_remove(pick % rev.in_transit.len());
+                    self.overtakes += rev.deliver(shard, pod);
+                }
+                Step::Cancel(pick) if !rev.queued.is_empty() => {
+                    let &(shard, waiter) = rev.queued.keys().nth(pick % rev.queued.len()).unwrap();
+                    assert!(rev.queues[shard].cancel(&rev.gate, waiter));
+                    rev.queued.remove(&(shard, waiter));
+                }
+                _ => {}
+            }
+            self.check();
+        }
+
+        /// The revision's waiting count and the process's, before a step.
+        fn bounds(&self, revision: usize) -> (u32, u32) {
+            (
+                self.revisions[revision].gate.waiting(),
+                self.process.queued(),
+            )
+        }
+
+        /// Books an arrival's outcome and applies the effects of its admission. A request may
+        /// queue only below both bounds, and be refused only at one of them.
+        fn record_arrival(
+            &mut self,
+            revision: usize,
+            shard: usize,
+            (waiting, queued): (u32, u32),
+            admission: Admission<usize>,
+            effects: Vec<Effect<usize>>,
+        ) {
+            let rev = &mut self.revisions[revision];
+            let (depth, cap) = (rev.limits.revision_depth, self.process.limit());
+            match admission {
+                Admission::Proceed(pod) => {
+                    assert_eq!(waiting, 0, "took a slot past a waiter");
+                    rev.running.push((shard, pod));
+                }
+                Admission::Queued(id) => {
+                    assert!(
+                        waiting < depth && queued < cap,
+                        "queued at {waiting}/{depth} in the revision, {queued}/{cap} in the process"
+                    );
+                    rev.queued.insert((shard, id), self.arrivals);
+                }
+                Admission::Rejected => {
+                    assert!(
+                        waiting >= depth || queued >= cap,
+                        "refused at {waiting}/{depth} in the revision, {queued}/{cap} in the process"
+                    );
+                    assert!(effects.is_empty());
+                    self.rejected += 1;
+                }
+            }
+            self.arrivals += 1;
+            self.overtakes += rev.apply(shard, effects);
+        }
+
+        fn check(&self) {
+            for revision in &self.revisions {
+                revision.check();
+            }
+            let waiting: usize = self.revisions.iter().map(|rev| rev.queued.len()).sum();
+            assert_eq!(
+                self.process.queued() as usize,
+                waiting,
+                "the process count matches every revision's queues"
+            );
+            assert!(
+                self.process.queued() <= self.process.limit(),
+                "{} waiting past the process cap {}",
+                self.process.queued(),
+                self.process.limit()
+            );
         }
 
         /// Lets everything finish: deliver grants, finish requests, until quiet.
         fn drain(&mut self) {
-            while !self.running.is_empty() || !self.in_transit.is_empty() {
-                if let Some((shard, pod)) = self.in_transit.pop() {
-                    self.deliver(shard, pod);
-                } else {
-                    self.step(&Step::Finish(0));
+            for revision in 0..self.revisions.len() {
+                loop {
+                    let rev = &mut self.revisions[revision];
+                    if let Some((shard, pod)) = rev.in_transit.pop() {
+                        self.overtakes += rev.deliver(shard, pod);
+                    } else if !rev.running.is_empty() {
+                        self.overtakes += rev.finish(0);
+                    } else {
+                        break;
+                    }
+                    self.check();
                 }
-                self.check();
             }
+        }
+
+        /// Nothing waits anywhere, and every count is back to zero.
+        fn assert_all_served(&self) {
+            for rev in &self.revisions {
+                assert!(
+                    rev.queued.is_empty(),
+                    "{} requests never served",
+                    rev.queued.len()
+                );
+                assert_eq!(rev.gate.waiting(), 0);
+                assert_eq!(rev.gate.oldest_shard(), None);
+            }
+            assert_eq!(self.process.queued(), 0);
         }
     }
 
@@ -633,16 +968,10 @@ mod tests {
             prop_assume!(capacities.iter().any(|&capacity| capacity > 0));
             let mut simulation = Simulation::new(shards, &capacities);
             for step in &steps {
-                let step = match *step {
-                    Step::Arrive(shard) => Step::Arrive(shard % shards),
-                    Step::ArriveRacing(shard, pick) => Step::ArriveRacing(shard % shards, pick),
-                    ref other => other.clone(),
-                };
-                simulation.step(&step);
+                simulation.step(0, &step.on(shards));
             }
             simulation.drain();
-            prop_assert!(simulation.queued.is_empty(), "{} requests never served", simulation.queued.len());
-            prop_assert_eq!(simulation.gate.waiting(), 0);
+            simulation.assert_all_served();
         }
 
         /// With grants delivered at once (no messages in flight), service is strictly in
@@ -659,20 +988,480 @@ mod tests {
         ) {
             let mut simulation = Simulation::new(shards, &[1, 2]);
             for step in &steps {
-                let step = match *step {
-                    Step::Arrive(shard) => Step::Arrive(shard % shards),
-                    Step::ArriveRacing(shard, pick) => Step::ArriveRacing(shard % shards, pick),
-                    ref other => other.clone(),
-                };
-                simulation.step(&step);
-                while let Some((shard, pod)) = simulation.in_transit.pop() {
-                    simulation.deliver(shard, pod);
+                simulation.step(0, &step.on(shards));
+                let rev = &mut simulation.revisions[0];
+                while let Some((shard, pod)) = rev.in_transit.pop() {
+                    simulation.overtakes += rev.deliver(shard, pod);
                 }
-                simulation.check_work_conserving();
+                simulation.check();
+                simulation.revisions[0].check_work_conserving();
             }
             simulation.drain();
             prop_assert_eq!(simulation.overtakes, 0, "someone was served before an older waiter");
-            prop_assert!(simulation.queued.is_empty());
+            simulation.assert_all_served();
         }
+
+        /// Two revisions share one process queue, on up to four shards, in any interleaving:
+        /// the total waiting never exceeds the cap nor any revision its depth, a request is
+        /// refused only at one of them (checked at every arrival), and the counts return to zero
+        /// once everything is served. Then a flood of arrivals fills the queues: the total
+        /// waiting reaches exactly the smaller of the cap and the sum of the depths.
+        #[test]
+        fn a_process_cap_shared_by_two_revisions_bounds_every_queue(
+            shards in 1..5usize,
+            capacities in [prop::collection::vec(0..3u32, 1..3), prop::collection::vec(0..3u32, 1..3)],
+            depths in [1..6u32, 1..6u32],
+            cap in 1..8u32,
+            steps in prop::collection::vec((0..2usize, step(4)), 1..300),
+        ) {
+            prop_assume!(capacities.iter().all(|pods| pods.iter().any(|&capacity| capacity > 0)));
+            let revisions = [
+                (&capacities[0][..], QueueLimits { revision_depth: depths[0] }),
+                (&capacities[1][..], QueueLimits { revision_depth: depths[1] }),
+            ];
+            let mut simulation = Simulation::with_revisions(shards, &revisions, cap);
+            for (revision, step) in &steps {
+                simulation.step(*revision, &step.on(shards));
+            }
+
+            // The flood: each arrival takes a slot, queues or is refused, and slots and places
+            // are finite, so after enough of them every arrival is refused.
+            let slots: u32 = simulation
+                .revisions
+                .iter()
+                .flat_map(|rev| rev.pods.iter().map(PodSlots::capacity))
+                .sum();
+            for arrival in 0..2 * (slots + depths[0] + depths[1] + 1) as usize {
+                simulation.step(arrival % 2, &Step::Arrive(arrival / 2 % shards));
+            }
+            for revision in 0..2 {
+                let rejected = simulation.rejected;
+                simulation.step(revision, &Step::Arrive(0));
+                prop_assert_eq!(simulation.rejected, rejected + 1, "the flood did not fill the queues");
+            }
+            prop_assert_eq!(simulation.process.queued(), cap.min(depths[0] + depths[1]));
+
+            simulation.drain();
+            simulation.assert_all_served();
+        }
+    }
+}
+
+/// Model checks of the cross-shard hand-off under loom, which runs every interleaving of the
+/// shards' atomic accesses (and the weak-memory outcomes the C11 model allows for them). Run
+/// with `RUSTFLAGS="--cfg loom" cargo test -p kactivator-shards --release --lib loom`.
+///
+/// Two shards, one revision, one pod with one slot. Each shard is a thread driving the gate the
+/// way `replica::LocalRevision` does: a release is a decrement of the slot counter followed by
+/// a dispatch if [`RevisionGate::waiting`] is non-zero, and grants travel through a mailbox per
+/// shard that only its own thread drains. After the threads end, the remaining grants are
+/// delivered and the requests still running finish one by one, checking at every quiet point
+/// that the pod is not over-committed, that every taken slot is held by a running request,
+/// and that a free slot never leaves a request waiting; at the end every queued request was
+/// woken exactly once or cancelled and every count is back to zero.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Mutex;
+    use loom::thread;
+
+    const LIMITS: QueueLimits = QueueLimits { revision_depth: 8 };
+
+    /// A pod with one slot: `PodSlots`'s acquire and release on a loom atomic.
+    struct Pod {
+        in_flight: AtomicU32,
+    }
+
+    impl Pod {
+        fn try_acquire(&self) -> Option<()> {
+            let mut current = self.in_flight.load(Ordering::Acquire);
+            loop {
+                if current >= 1 {
+                    return None;
+                }
+                match self.in_flight.compare_exchange(
+                    current,
+                    current + 1,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => return Some(()),
+                    Err(now) => current = now,
+                }
+            }
+        }
+
+        fn release(&self) {
+            let before = self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            assert_eq!(before, 1, "released a slot nobody held");
+        }
+
+        fn in_flight(&self) -> u32 {
+            self.in_flight.load(Ordering::Acquire)
+        }
+    }
+
+    /// What the shards share.
+    struct World {
+        gate: RevisionGate,
+        pod: Pod,
+        /// Per shard: grants sent to it, not yet received.
+        mailboxes: [Mutex<VecDeque<()>>; 2],
+    }
+
+    impl World {
+        /// The slot starts held by a request running on shard 0.
+        fn new() -> Arc<World> {
+            Arc::new(World {
+                gate: RevisionGate::with_process_queue(2, Arc::new(ProcessQueue::new(4))),
+                pod: Pod {
+                    in_flight: AtomicU32::new(1),
+                },
+                mailboxes: [Mutex::new(VecDeque::new()), Mutex::new(VecDeque::new())],
+            })
+        }
+    }
+
+    /// One shard's side of the revision, and what happened to its requests.
+    struct Shard {
+        index: usize,
+        queue: LocalQueue,
+        /// Requests on this shard holding the slot.
+        running: u32,
+        queued: Vec<WaiterId>,
+        woken: Vec<WaiterId>,
+        cancelled: Vec<WaiterId>,
+    }
+
+    impl Shard {
+        fn new(index: usize) -> Shard {
+            Shard {
+                index,
+                queue: LocalQueue::new(index),
+                running: 0,
+                queued: Vec::new(),
+                woken: Vec::new(),
+                cancelled: Vec::new(),
+            }
+        }
+
+        fn arrive(&mut self, world: &World) -> Admission<()> {
+            let mut effects = Vec::new();
+            let admission = self.queue.admit(
+                &world.gate,
+                LIMITS,
+                || world.pod.try_acquire(),
+                &mut effects,
+            );
+            match admission {
+                Admission::Proceed(()) => self.running += 1,
+                Admission::Queued(id) => self.queued.push(id),
+                Admission::Rejected => panic!("refused below both bounds"),
+            }
+            self.apply(world, effects);
+            admission
+        }
+
+        /// A running request ends and gives its slot back.
+        fn finish(&mut self, world: &World) {
+            assert!(self.running > 0);
+            self.running -= 1;
+            self.give_back(world);
+        }
+
+        /// The shell's `LocalRevision::release`: free the slot, then dispatch if anyone waits.
+        fn give_back(&mut self, world: &World) {
+            world.pod.release();
+            if world.gate.waiting() > 0 {
+                let mut effects = Vec::new();
+                self.queue
+                    .dispatch(&world.gate, || world.pod.try_acquire(), &mut effects);
+                self.apply(world, effects);
+            }
+        }
+
+        /// Receives every grant in this shard's mailbox; returns whether there was any.
+        fn receive_grants(&mut self, world: &World) -> bool {
+            let mut any = false;
+            loop {
+                let grant = world.mailboxes[self.index].lock().unwrap().pop_front();
+                let Some(pod) = grant else { return any };
+                any = true;
+                let mut effects = Vec::new();
+                let unused = self.queue.receive_grant(
+                    &world.gate,
+                    pod,
+                    || world.pod.try_acquire(),
+                    &mut effects,
+                );
+                self.apply(world, effects);
+                if unused.is_some() {
+                    self.give_back(world);
+                }
+            }
+        }
+
+        /// A queued request gives up: its place is freed, or the slot it was woken with goes
+        /// back (the shell's `LocalRevision::cancel`).
+        fn cancel(&mut self, world: &World, id: WaiterId) {
+            if self.queue.cancel(&world.gate, id) {
+                self.cancelled.push(id);
+                return;
+            }
+            assert!(self.woken.contains(&id), "cancelled an unknown request");
+            self.finish(world);
+        }
+
+        fn apply(&mut self, world: &World, effects: Vec<Effect<()>>) {
+            for effect in effects {
+                match effect {
+                    Effect::Wake { waiter, pod: () } => {
+                        assert!(self.queued.contains(&waiter), "woke a request never queued");
+                        assert!(!self.woken.contains(&waiter), "woke a request twice");
+                        assert!(
+                            !self.cancelled.contains(&waiter),
+                            "woke a cancelled request"
+                        );
+                        self.woken.push(waiter);
+                        self.running += 1;
+                    }
+                    Effect::Grant { shard, pod: () } => {
+                        world.mailboxes[shard].lock().unwrap().push_back(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Delivers every grant still in a mailbox, as each shard eventually would.
+    fn settle(world: &World, shards: &mut [Shard]) {
+        while shards
+            .iter_mut()
+            .fold(false, |any, shard| shard.receive_grants(world) | any)
+        {}
+    }
+
+    /// Checks a quiet point: no grant in flight.
+    fn check_quiet(world: &World, shards: &[Shard]) {
+        let running: u32 = shards.iter().map(|shard| shard.running).sum();
+        let in_flight = world.pod.in_flight();
+        assert!(in_flight <= 1, "over-commit: {in_flight} in flight");
+        assert_eq!(
+            in_flight, running,
+            "a slot is taken by nobody, or held twice"
+        );
+        let waiting: usize = shards.iter().map(|shard| shard.queue.len()).sum();
+        assert_eq!(world.gate.waiting() as usize, waiting);
+        assert_eq!(world.gate.process_queue().queued() as usize, waiting);
+        if in_flight == 0 {
+            assert_eq!(
+                waiting, 0,
+                "lost wake-up: the slot is free and a request waits"
+            );
+        }
+    }
+
+    /// From the end of the threads: settle, check, let one running request finish, repeat;
+    /// then check every queued request's fate and the counts.
+    fn run_to_completion(world: &World, shards: &mut [Shard]) {
+        loop {
+            settle(world, shards);
+            check_quiet(world, shards);
+            match shards.iter_mut().find(|shard| shard.running > 0) {
+                Some(shard) => shard.finish(world),
+                None => break,
+            }
+        }
+        for shard in shards.iter() {
+            for id in &shard.queued {
+                let fates = shard.woken.iter().filter(|&woken| woken == id).count()
+                    + shard.cancelled.iter().filter(|&gone| gone == id).count();
+                assert_eq!(fates, 1, "request {id} on shard {}", shard.index);
+            }
+        }
+        assert_eq!(world.gate.waiting(), 0);
+        assert_eq!(world.gate.process_queue().queued(), 0);
+        assert_eq!(world.gate.oldest_shard(), None);
+        assert_eq!(world.pod.in_flight(), 0);
+    }
+
+    /// Runs `zero` and `one` as shards 0 and 1 from the given state, then to completion.
+    fn race(
+        world: Arc<World>,
+        shards: [Shard; 2],
+        zero: impl FnOnce(&mut Shard, &World) + Send + 'static,
+        one: impl FnOnce(&mut Shard, &World) + Send + 'static,
+    ) {
+        let [mut first, mut second] = shards;
+        let shared = world.clone();
+        let first = thread::spawn(move || {
+            zero(&mut first, &shared);
+            first.receive_grants(&shared);
+            first
+        });
+        let shared = world.clone();
+        let second = thread::spawn(move || {
+            one(&mut second, &shared);
+            second.receive_grants(&shared);
+            second
+        });
+        let mut shards = [first.join().unwrap(), second.join().unwrap()];
+        run_to_completion(&world, &mut shards);
+    }
+
+    /// Shards at the start of a run: the slot held by a request on shard 0.
+    fn shards() -> [Shard; 2] {
+        let mut shards = [Shard::new(0), Shard::new(1)];
+        shards[0].running = 1;
+        shards
+    }
+
+    /// The lost wake-up race: shard 0's request ends while a request on shard 1 finds no slot
+    /// and queues. Either the releaser sees the waiter or the waiter sees the free slot.
+    #[test]
+    fn loom_a_release_racing_an_arrival_on_another_shard_wakes_it() {
+        loom::model(|| {
+            race(
+                World::new(),
+                shards(),
+                |shard, world| shard.finish(world),
+                |shard, world| {
+                    shard.arrive(world);
+                },
+            );
+        });
+    }
+
+    /// Two arrivals, one on each shard, and a release on shard 0 after its arrival: one of
+    /// them gets the slot, the other waits for it, nobody is woken twice.
+    #[test]
+    fn loom_two_arrivals_and_one_release_across_shards() {
+        loom::model(|| {
+            race(
+                World::new(),
+                shards(),
+                |shard, world| {
+                    shard.arrive(world);
+                    shard.finish(world);
+                },
+                |shard, world| {
+                    shard.arrive(world);
+                },
+            );
+        });
+    }
+
+    /// The same with the release before shard 0's arrival, which may then take the freed slot
+    /// directly only if it sees nobody waiting.
+    #[test]
+    fn loom_a_release_then_an_arrival_racing_an_arrival_on_another_shard() {
+        loom::model(|| {
+            race(
+                World::new(),
+                shards(),
+                |shard, world| {
+                    shard.finish(world);
+                    shard.arrive(world);
+                },
+                |shard, world| {
+                    shard.arrive(world);
+                },
+            );
+        });
+    }
+
+    /// A cancel racing a grant in flight: shard 1's request (the older) and shard 0's wait;
+    /// shard 0's running request ends and sends the slot to shard 1, whose request gives up
+    /// before or after the grant lands. The slot must reach shard 0's request either way.
+    #[test]
+    fn loom_a_cancel_racing_a_grant_in_flight() {
+        loom::model(|| {
+            let world = World::new();
+            let mut shards = shards();
+            let older = shards[1].arrive(&world);
+            assert_eq!(older, Admission::Queued(0));
+            assert_eq!(shards[0].arrive(&world), Admission::Queued(0));
+            race(
+                world,
+                shards,
+                |shard, world| shard.finish(world),
+                |shard, world| {
+                    shard.receive_grants(world);
+                    shard.cancel(world, 0);
+                },
+            );
+        });
+    }
+
+    /// Two requests race for the last place in the process queue from two revisions (no slot
+    /// free anywhere): exactly one queues, the loser's revision place is given back, and
+    /// cancelling the winner brings every count to zero.
+    #[test]
+    fn loom_two_revisions_race_for_the_last_process_place() {
+        loom::model(|| {
+            let process = Arc::new(ProcessQueue::new(1));
+            let gates = Arc::new([
+                RevisionGate::with_process_queue(2, process.clone()),
+                RevisionGate::with_process_queue(2, process.clone()),
+            ]);
+            race_for_places(gates, [0, 1], process);
+        });
+    }
+
+    /// The same within one revision whose depth (2) is above the process cap (1): both may take
+    /// a revision place, only one a process place.
+    #[test]
+    fn loom_two_arrivals_race_for_the_last_process_place_in_one_revision() {
+        loom::model(|| {
+            let process = Arc::new(ProcessQueue::new(1));
+            let gates = Arc::new([
+                RevisionGate::with_process_queue(2, process.clone()),
+                RevisionGate::with_process_queue(2, process.clone()),
+            ]);
+            race_for_places(gates, [0, 0], process);
+        });
+    }
+
+    /// Shard `i` sends one request to `gates[revisions[i]]`, with no slot free.
+    fn race_for_places(
+        gates: Arc<[RevisionGate; 2]>,
+        revisions: [usize; 2],
+        process: Arc<ProcessQueue>,
+    ) {
+        let limits = QueueLimits { revision_depth: 2 };
+        let threads = [0, 1].map(|index| {
+            let gates = gates.clone();
+            thread::spawn(move || {
+                let mut queue = LocalQueue::new(index);
+                let admission = queue.admit(
+                    &gates[revisions[index]],
+                    limits,
+                    || None::<()>,
+                    &mut Vec::new(),
+                );
+                (queue, admission)
+            })
+        });
+        let mut outcomes = threads.map(|thread| thread.join().unwrap());
+        let queued: Vec<usize> = (0..2)
+            .filter(|&index| outcomes[index].1 == Admission::Queued(0))
+            .collect();
+        let rejected = outcomes
+            .iter()
+            .filter(|(_, admission)| *admission == Admission::Rejected)
+            .count();
+        assert_eq!((queued.len(), rejected), (1, 1), "one place, two requests");
+        let winner = queued[0];
+        let waiting: Vec<u32> = gates.iter().map(RevisionGate::waiting).collect();
+        let mut expected = [0, 0];
+        expected[revisions[winner]] = 1;
+        assert_eq!(
+            waiting, expected,
+            "the loser's revision place was given back"
+        );
+        assert_eq!(process.queued(), 1);
+        assert!(outcomes[winner].0.cancel(&gates[revisions[winner]], 0));
+        assert_eq!(process.queued(), 0);
+        assert!(gates.iter().all(|gate| gate.waiting() == 0));
     }
 }
