@@ -11,6 +11,9 @@ use monoio::io::{AsyncReadRent, CancelHandle, CancelableAsyncReadRent};
 pub struct InBuf {
     buf: Vec<u8>,
     pos: usize,
+    /// The last read filled all the room it was given: the socket may hold more, so the next
+    /// read gets a full `READ_CHUNK`.
+    filled: bool,
 }
 
 /// How much a read asks the kernel for.
@@ -21,6 +24,7 @@ impl InBuf {
         InBuf {
             buf: Vec::with_capacity(capacity),
             pos: 0,
+            filled: false,
         }
     }
 
@@ -63,6 +67,7 @@ impl InBuf {
         let start = buf.len();
         let (result, slice) = reader.read(buf.slice_mut(start..end)).await;
         self.restore(slice.into_inner(), pos);
+        self.filled = matches!(result, Ok(n) if n == end - start);
         result
     }
 
@@ -81,6 +86,7 @@ impl InBuf {
             .cancelable_read(buf.slice_mut(start..end), cancel)
             .await;
         self.restore(slice.into_inner(), pos);
+        self.filled = matches!(result, Ok(n) if n == end - start);
         result.map_err(|error| {
             if error.raw_os_error() == Some(libc::ECANCELED) {
                 io::Error::new(io::ErrorKind::Interrupted, "read cancelled")
@@ -103,7 +109,8 @@ impl InBuf {
     }
 
     /// Ensures spare capacity for a full read without letting the buffer grow past what is
-    /// needed: consumed bytes are shifted out first.
+    /// needed: consumed bytes are shifted out first. An empty buffer keeps its (small) initial
+    /// capacity until a read fills it, so an idle or queued connection holds no 64 KiB.
     fn make_room(&mut self) {
         if self.pos > 0
             && (self.pos == self.buf.len() || self.buf.capacity() - self.buf.len() < READ_CHUNK / 4)
@@ -111,7 +118,9 @@ impl InBuf {
             self.buf.drain(..self.pos);
             self.pos = 0;
         }
-        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
+        let spare = self.buf.capacity() - self.buf.len();
+        let more_expected = self.filled || !self.buf.is_empty();
+        if spare == 0 || (spare < READ_CHUNK / 4 && more_expected) {
             self.buf.reserve(READ_CHUNK);
         }
     }
@@ -120,5 +129,29 @@ impl InBuf {
     #[cfg(test)]
     pub fn extend_for_test(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_buffer_keeps_its_small_capacity_until_a_read_fills_it() {
+        let mut inbuf = InBuf::with_capacity(2048);
+        inbuf.make_room();
+        assert_eq!(inbuf.buf.capacity(), 2048, "no growth before data says so");
+        inbuf.filled = true;
+        inbuf.make_room();
+        assert!(inbuf.buf.capacity() >= READ_CHUNK, "a full read grows it");
+    }
+
+    #[test]
+    fn a_partial_head_gets_room_for_a_full_read() {
+        let mut inbuf = InBuf::with_capacity(2048);
+        inbuf.extend_for_test(b"GET / HTTP/1.1\r\nHost: x\r\n");
+        inbuf.make_room();
+        assert!(inbuf.buf.capacity() - inbuf.buf.len() >= READ_CHUNK);
+        assert_eq!(inbuf.data(), b"GET / HTTP/1.1\r\nHost: x\r\n");
     }
 }

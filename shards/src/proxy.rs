@@ -123,9 +123,13 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, peer: 
     let mut conn = ClientConn {
         reader,
         writer,
-        inbuf: InBuf::with_capacity(16 * 1024),
-        request_out: Vec::with_capacity(4 * 1024),
-        response_out: Vec::with_capacity(4 * 1024),
+        // Every open connection holds these, idle or queued for a pod, so they start small: a
+        // request head usually fits in 2 KiB and the buffer grows to `READ_CHUNK` once a read
+        // fills it; the output buffers are allocated on first use (a queued request has not
+        // needed either yet) and kept for the next request.
+        inbuf: InBuf::with_capacity(2 * 1024),
+        request_out: Vec::new(),
+        response_out: Vec::new(),
         replay_head: Vec::new(),
         peer_ip: peer.ip().to_string().into_bytes(),
         canceller: Canceller::new(),
