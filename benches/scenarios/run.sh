@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Scenario benchmarks through the real kactivator binary: builds kactivator and
+# kactivator-scenarios (release), runs one scenario (or all), prints its markdown report and keeps
+# it under target/bench-results/. See benches/scenarios/README.md.
+#
+#   bash benches/scenarios/run.sh scarcity [options]        # 8 pods × CC=1, 64 clients, ~2 min
+#   bash benches/scenarios/run.sh queued-memory [options]   # RSS per queued request, ~1 min
+#   bash benches/scenarios/run.sh routable-first-forward    # QP `ready` → first queued request at the pod, 1000 reps
+#   bash benches/scenarios/run.sh all                       # every implemented scenario
+#   KACTIVATOR_BIN=/path/to/kactivator bash benches/scenarios/run.sh ...   # that binary, no build
+#
+# Options after the scenario name go to `kactivator-scenarios <scenario>` (e.g. --rounds 5,
+# --backend exact, --count 50000); `--drivers`, `--shards` go before the scenario name through
+# SCENARIO_ARGS, e.g. SCENARIO_ARGS='--drivers epoll'.
+set -euo pipefail
+
+# One compound command: bash parses the whole script before running it, so editing the file
+# during a run cannot derail the run.
+{
+
+usage() {
+  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+(($#)) || { usage >&2; exit 2; }
+scenario=$1
+shift
+case $scenario in
+  scarcity | queued-memory | routable-first-forward | all) ;;
+  -h | --help) usage; exit 0 ;;
+  *) echo "run.sh: unknown scenario '$scenario'" >&2; usage >&2; exit 2 ;;
+esac
+if [[ $scenario == all && $# -gt 0 ]]; then
+  echo "run.sh: options are per scenario; run the scenarios one by one to pass '$*'" >&2
+  exit 2
+fi
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$repo"
+log() { printf '[scenarios %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() {
+  log "FATAL: $*"
+  exit 1
+}
+
+target_dir=${CARGO_TARGET_DIR:-$repo/target}
+[[ $target_dir == /* ]] || target_dir="$repo/$target_dir"
+stamp=$(date +%Y%m%d-%H%M%S)
+results_dir="$repo/target/bench-results"
+mkdir -p "$results_dir"
+
+# The scenario binary starts kactivator with PR_SET_PDEATHSIG, and its backends live in its own
+# process, so stopping it stops everything it started.
+runner_pid=
+# shellcheck disable=SC2317 # reached through the EXIT trap
+cleanup() {
+  local status=$?
+  trap - EXIT INT TERM
+  if [[ -n $runner_pid ]] && kill -0 "$runner_pid" 2>/dev/null; then
+    log "stopping kactivator-scenarios (pid $runner_pid)"
+    kill -TERM "$runner_pid" 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      kill -0 "$runner_pid" 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -KILL "$runner_pid" 2>/dev/null || true
+    # Its scratch directory (configs, kactivator logs), which it removes only when it exits itself.
+    rm -rf "${TMPDIR:-/tmp}"/kactivator-scenario-*-"$runner_pid"
+  fi
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# === build ===
+
+log "building kactivator-scenarios (release, $target_dir)"
+cargo build --release --quiet --manifest-path benches/scenarios/Cargo.toml --target-dir "$target_dir" ||
+  die "kactivator-scenarios did not build"
+scenarios_bin="$target_dir/release/kactivator-scenarios"
+if [[ -n ${KACTIVATOR_BIN:-} ]]; then
+  [[ -x $KACTIVATOR_BIN ]] || die "KACTIVATOR_BIN=$KACTIVATOR_BIN is not an executable file"
+  kactivator_bin=$KACTIVATOR_BIN
+  log "using KACTIVATOR_BIN=$kactivator_bin (not building)"
+else
+  log "building kactivator (release, $target_dir)"
+  cargo build --release --quiet -p kactivator --bin kactivator --target-dir "$target_dir" ||
+    die "kactivator did not build"
+  kactivator_bin="$target_dir/release/kactivator"
+fi
+
+# One descriptor per connection: the soft limit goes up to the hard one (which only
+# CAP_SYS_RESOURCE can raise). kactivator inherits it and raises its own soft limit too.
+ulimit -n "$(ulimit -Hn)"
+
+# === CPU used by others while we ran (the same method as benches/load/run.sh) ===
+
+# busy ticks of all CPUs, total ticks, and ticks of this shell's reaped children (the scenario
+# binary, and through it the kactivators it waited for).
+cpu_snapshot() {
+  local busy_total ours
+  busy_total=$(awk '/^cpu / { print $2 + $3 + $4 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  ours=$(sed 's/^.*) //' "/proc/$$/stat" | awk '{ print $14 + $15 }')
+  echo "$busy_total $ours"
+}
+foreign_percent() {
+  awk -v a="$1" -v b="$2" 'BEGIN {
+    split(a, x, " "); split(b, y, " ")
+    total = y[2] - x[2]; foreign = (y[1] - x[1]) - (y[3] - x[3])
+    if (foreign < 0) foreign = 0
+    printf "%d", (total > 0 ? 100 * foreign / total : 0)
+  }'
+}
+
+# === run ===
+
+# run_one NAME ARGS...: one scenario; its report on stdout and in the results file.
+run_one() {
+  local name=$1 results before after foreign status=0
+  shift
+  results="$results_dir/scenario-$name-$stamp.txt"
+  {
+    echo "# kactivator scenario $name, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "- host: $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo); RLIMIT_NOFILE $(ulimit -Sn)/$(ulimit -Hn); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)')"
+    echo "- kactivator: $kactivator_bin"
+    echo "- command: $scenarios_bin --kactivator $kactivator_bin ${SCENARIO_ARGS:-} $name $*"
+  } | tee "$results"
+  before=$(cpu_snapshot)
+  # shellcheck disable=SC2086 # SCENARIO_ARGS is a list of words on purpose
+  "$scenarios_bin" --kactivator "$kactivator_bin" ${SCENARIO_ARGS:-} "$name" "$@" \
+    >"$results.report" 2> >(tee "$results.log" >&2) &
+  runner_pid=$!
+  # In the background and waited for, so that Ctrl-C or SIGTERM reaches the trap at once.
+  wait "$runner_pid" || status=$?
+  runner_pid=
+  wait # the tee of the progress lines
+  tee -a "$results" <"$results.report"
+  rm -f "$results.report"
+  after=$(cpu_snapshot)
+  foreign=$(foreign_percent "$before" "$after")
+  {
+    echo "Other processes used $foreign % of the machine's CPU time during the run; load average after: $(cut -d' ' -f1-3 /proc/loadavg)."
+    if ((foreign > 5)); then
+      echo "WARNING: more than 5 % — wall-clock figures (throughput, latency) are not trustworthy; rerun on a quiet machine. Memory figures are not affected."
+    fi
+    echo "Raw: $results (progress lines: $results.log)"
+  } | tee -a "$results"
+  if ((status != 0)); then
+    log "$name: kactivator-scenarios exited with status $status (see above)"
+    return "$status"
+  fi
+}
+
+overall=0
+if [[ $scenario == all ]]; then
+  run_one scarcity || overall=1
+  run_one queued-memory || overall=1
+  run_one routable-first-forward || overall=1
+else
+  run_one "$scenario" "$@" || overall=$?
+fi
+exit "$overall"
+}

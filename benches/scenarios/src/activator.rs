@@ -1,0 +1,262 @@
+//! The kactivator process under test: a config file written here, the binary started with one
+//! driver, its admin port scraped for metrics and `/proc/<pid>/status` read for its memory.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kactivator_testkit::ports::free_port;
+
+/// How long a fresh kactivator gets to answer `/readyz`.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a stopped kactivator gets to exit before it is killed.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct Launch<'a> {
+    pub binary: &'a Path,
+    /// `io-uring` or `epoll`.
+    pub driver: &'a str,
+    /// `--shards`; `None` leaves kactivator's default (the CPUs it may use).
+    pub shards: Option<usize>,
+    /// IP the data port listens on (the admin port is always on 127.0.0.1).
+    pub http_ip: &'a str,
+    /// `[proxy]` keys besides `drain_grace_seconds = 0`.
+    pub proxy: &'a str,
+    /// `[features]` lines, e.g. `"activator.pod-quarantine" = "disabled"`.
+    pub features: &'a str,
+    /// The `[[revisions]]` tables.
+    pub revisions: &'a str,
+    /// Directory for the config file and the log.
+    pub dir: &'a Path,
+}
+
+/// A running kactivator, killed on drop.
+pub struct Activator {
+    child: Option<Child>,
+    pub http: SocketAddr,
+    pub admin: SocketAddr,
+    log: PathBuf,
+}
+
+/// A `[[revisions]]` table in the `default` namespace.
+pub fn revision(name: &str, pods: &[SocketAddr], extra: &str) -> String {
+    let pods: Vec<String> = pods.iter().map(|pod| format!("\"{pod}\"")).collect();
+    format!(
+        "[[revisions]]\nnamespace = \"default\"\nname = \"{name}\"\npods = [{}]\n{extra}\n",
+        pods.join(", ")
+    )
+}
+
+impl Activator {
+    /// Writes the config, starts the binary and waits for `/readyz`.
+    pub fn start(launch: &Launch<'_>) -> Result<Activator, String> {
+        let http: SocketAddr = format!("{}:{}", launch.http_ip, free_port())
+            .parse()
+            .map_err(|e| format!("data address {}: {e}", launch.http_ip))?;
+        let admin: SocketAddr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let tag = format!("kactivator-{}", launch.driver);
+        let config_path = launch.dir.join(format!("{tag}.toml"));
+        let log = launch.dir.join(format!("{tag}.log"));
+        let features = if launch.features.is_empty() {
+            String::new()
+        } else {
+            format!("[features]\n{}\n\n", launch.features)
+        };
+        let config = format!(
+            "[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 0\n{}\n\n{features}{}",
+            launch.proxy, launch.revisions
+        );
+        std::fs::write(&config_path, config)
+            .map_err(|e| format!("writing {}: {e}", config_path.display()))?;
+        let stderr =
+            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+
+        let mut command = Command::new(launch.binary);
+        command
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--driver")
+            .arg(launch.driver)
+            .env("KACTIVATOR_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        if let Some(shards) = launch.shards {
+            command.arg("--shards").arg(shards.to_string());
+        }
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec and only makes
+            // async-signal-safe system calls (prctl, getrlimit, setrlimit) on stack data.
+            unsafe {
+                command.pre_exec(|| {
+                    // A harness that dies must not leave a kactivator behind.
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // As many descriptors as the hard limit allows: one per client connection.
+                    raise_nofile_soft_limit().map(|_| ())
+                });
+            }
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", launch.binary.display()))?;
+        let mut activator = Activator {
+            child: Some(child),
+            http,
+            admin,
+            log,
+        };
+        activator.wait_ready()?;
+        Ok(activator)
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                return Err(format!(
+                    "kactivator exited during start-up ({status}); its log:\n{}",
+                    self.log_tail()
+                ));
+            }
+            if admin_request(self.admin, "GET", "/readyz").is_ok_and(|(status, _)| status == 200) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!(
+            "kactivator did not answer /readyz within {READY_TIMEOUT:?}; its log:\n{}",
+            self.log_tail()
+        ))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The last lines of the process's stderr.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Sum of a metric's samples whose label set contains every `labels` fragment.
+    pub fn metric_sum(&self, name: &str, labels: &[&str]) -> Result<f64, String> {
+        let (status, body) = admin_request(self.admin, "GET", "/metrics")
+            .map_err(|e| format!("scraping {}/metrics: {e}", self.admin))?;
+        if status != 200 {
+            return Err(format!("{}/metrics answered {status}", self.admin));
+        }
+        Ok(body
+            .lines()
+            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
+            .filter(|line| labels.iter().all(|label| line.contains(label)))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
+    /// `VmRSS` and `RssAnon` of the process, in KiB.
+    pub fn memory_kib(&self) -> Result<Memory, String> {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+        let field = |name: &str| -> Result<u64, String> {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+                .ok_or_else(|| format!("{path} has no {name} line"))
+        };
+        Ok(Memory {
+            rss: field("VmRSS:")?,
+            anon: field("RssAnon:")?,
+        })
+    }
+
+    /// Asks for a clean exit (`POST /quitquitquit`); kills the process if it is still there
+    /// after `EXIT_TIMEOUT`. Returns a note when it had to be killed.
+    pub fn stop(mut self) -> Option<String> {
+        let mut child = self.child.take()?;
+        let _ = admin_request(self.admin, "POST", "/quitquitquit");
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        Some(format!(
+            "kactivator (pid {}) did not exit within {EXIT_TIMEOUT:?} of /quitquitquit and was killed",
+            child.id()
+        ))
+    }
+}
+
+impl Drop for Activator {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Resident memory, KiB.
+#[derive(Clone, Copy, Debug)]
+pub struct Memory {
+    pub rss: u64,
+    pub anon: u64,
+}
+
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit; returns the new limit.
+pub fn raise_nofile_soft_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed by pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(limit.rlim_cur)
+}
+
+/// One request to the admin port with `Connection: close`: (status, body).
+pub fn admin_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {:.80}", text)))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_string());
+    Ok((status, body))
+}

@@ -1,0 +1,231 @@
+//! Routable → first queued request forwarded: a revision has no routable pod, one request waits
+//! in kactivator's queue, then the pod's queue-proxy registers `ready`
+//! (`POST /api/v1/pod-registration` on the data port). Measured: from the moment the harness
+//! starts writing the registration to the moment the pod reads the queued request's head, over
+//! many repetitions (the pod is sent `not-ready` between them). This is the whole scale-from-zero
+//! path inside kactivator: the registration request, the control thread's state worker, the
+//! routing update to the shards, the hand-off to the waiter and the write to the pod.
+//!
+//! The pod is a raw socket server in this process that timestamps each request head with the same
+//! monotonic clock the harness used for the start, so no clock is compared across processes.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::activator::{self, Activator, Launch};
+use crate::client::{get_request, Conn};
+use crate::{fmt_us, percentile, ScratchDir};
+
+/// The targets of `../shared/BENCHMARKS.md`.
+const TARGET_P50: Duration = Duration::from_millis(1);
+const TARGET_P99: Duration = Duration::from_millis(5);
+/// Longest wait for any one step before the run fails.
+const STEP_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct Options {
+    pub repetitions: usize,
+    pub drivers: Vec<String>,
+    pub shards: Option<usize>,
+}
+
+/// A pod that answers every request 200 and reports when each non-probe head arrived.
+struct Pod {
+    addr: SocketAddr,
+    arrivals: mpsc::Receiver<Instant>,
+}
+
+fn spawn_pod(ip: IpAddr) -> io::Result<Pod> {
+    let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
+    let addr = listener.local_addr()?;
+    let (tx, arrivals) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("ff-pod".into())
+        .spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let tx = tx.clone();
+                let _ = std::thread::Builder::new()
+                    .name("ff-pod-conn".into())
+                    .spawn(move || serve(stream, tx));
+            }
+        })?;
+    Ok(Pod { addr, arrivals })
+}
+
+fn serve(mut stream: TcpStream, tx: mpsc::Sender<Instant>) {
+    let _ = stream.set_nodelay(true);
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let end = loop {
+            if let Some(end) = find(&buf, b"\r\n\r\n") {
+                break end + 4;
+            }
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let at = Instant::now();
+        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+        buf.drain(..end);
+        // The activator's health prober (quarantine gate on) gets the queue-proxy's answer and
+        // is not a forwarded request.
+        let answer: &[u8] = if head.contains("k-network-probe: queue") {
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nqueue"
+        } else {
+            let _ = tx.send(at);
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        };
+        if stream.write_all(answer).is_err() {
+            return;
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn registration(pod_ip: IpAddr, event: &str) -> Vec<u8> {
+    let body = format!(
+        "{{\"pod_name\":\"ff-pod\",\"pod_ip\":\"{pod_ip}\",\"namespace\":\"default\",\"revision\":\"zero\",\"event_type\":\"{event}\"}}"
+    );
+    format!(
+        "POST /api/v1/pod-registration HTTP/1.1\r\nHost: activator\r\nUser-Agent: knative-queue-proxy\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Reads an HTTP response to the end (the server closes) and returns its status.
+fn read_status(mut stream: TcpStream) -> io::Result<u16> {
+    stream.set_read_timeout(Some(STEP_TIMEOUT))?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    String::from_utf8_lossy(&response)
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| io::Error::other("malformed registration response"))
+}
+
+fn register(http: SocketAddr, pod_ip: IpAddr, event: &str) -> Result<(), String> {
+    let mut stream = TcpStream::connect_timeout(&http, STEP_TIMEOUT).map_err(|e| e.to_string())?;
+    stream
+        .write_all(&registration(pod_ip, event))
+        .map_err(|e| e.to_string())?;
+    match read_status(stream) {
+        Ok(200) => Ok(()),
+        Ok(status) => Err(format!("registration {event} answered {status}")),
+        Err(error) => Err(format!("registration {event}: {error}")),
+    }
+}
+
+fn wait_queued(activator: &Activator, count: f64) -> Result<(), String> {
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    loop {
+        let queued =
+            activator.metric_sum("kactivator_revision_queued", &["revision_name=\"zero\""])?;
+        if queued == count {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("queued stayed at {queued}, expected {count}"));
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// One driver: returns the delays in microseconds, sorted.
+fn measure(binary: &Path, driver: &str, options: &Options) -> Result<Vec<u32>, String> {
+    let dir = ScratchDir::new(&format!("first-forward-{driver}"))?;
+    let pod_ip = IpAddr::from([127, 0, 0, 2]);
+    let pod = spawn_pod(pod_ip).map_err(|e| format!("starting the pod: {e}"))?;
+    let revisions = activator::revision(
+        "zero",
+        &[],
+        &format!(
+            "container_concurrency = 1\nserving_port = {}\ntimeout_seconds = 30",
+            pod.addr.port()
+        ),
+    );
+    let activator = Activator::start(&Launch {
+        binary,
+        driver,
+        shards: options.shards,
+        http_ip: "127.0.0.1",
+        proxy: "",
+        features: "",
+        revisions: &revisions,
+        dir: dir.path(),
+    })?;
+    let mut delays = Vec::with_capacity(options.repetitions);
+    for repetition in 0..options.repetitions {
+        register(activator.http, pod_ip, "not-ready")?;
+        let http = activator.http;
+        let client = std::thread::spawn(move || {
+            Conn::connect(http, STEP_TIMEOUT)
+                .and_then(|mut conn| conn.roundtrip(&get_request("/", "zero")))
+                .map(|response| response.status)
+        });
+        wait_queued(&activator, 1.0).map_err(|e| format!("repetition {repetition}: {e}"))?;
+        while pod.arrivals.try_recv().is_ok() {}
+        let start = Instant::now();
+        let mut stream =
+            TcpStream::connect_timeout(&activator.http, STEP_TIMEOUT).map_err(|e| e.to_string())?;
+        stream
+            .write_all(&registration(pod_ip, "ready"))
+            .map_err(|e| e.to_string())?;
+        let arrived = pod.arrivals.recv_timeout(STEP_TIMEOUT).map_err(|_| {
+            format!(
+                "repetition {repetition}: the queued request never reached the pod; log:\n{}",
+                activator.log_tail()
+            )
+        })?;
+        delays.push(arrived.saturating_duration_since(start).as_micros() as u32);
+        match read_status(stream) {
+            Ok(200) => {}
+            other => return Err(format!("repetition {repetition}: registration {other:?}")),
+        }
+        match client.join() {
+            Ok(Ok(200)) => {}
+            other => return Err(format!("repetition {repetition}: client {other:?}")),
+        }
+    }
+    if let Some(trouble) = activator.stop() {
+        return Err(trouble);
+    }
+    delays.sort_unstable();
+    Ok(delays)
+}
+
+pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
+    let mut report = format!(
+        "### Routable → first queued request forwarded\n\n\
+         {} repetitions per driver: one request queued for a revision with no routable pod, then \
+         the pod's queue-proxy registers `ready`; time from the first byte of the registration \
+         to the pod reading the queued request (same clock, one process).\n\n\
+         | driver | p50 | p90 | p99 | max | target p50 ≤ 1 ms, p99 ≤ 5 ms |\n|---|---|---|---|---|---|\n",
+        options.repetitions
+    );
+    let mut passed = true;
+    for driver in &options.drivers {
+        let delays = measure(binary, driver, options)?;
+        let p50 = percentile(&delays, 50.0);
+        let p99 = percentile(&delays, 99.0);
+        let met = p50 <= TARGET_P50.as_micros() as u64 && p99 <= TARGET_P99.as_micros() as u64;
+        passed &= met;
+        report.push_str(&format!(
+            "| {driver} | {} | {} | {} | {} | {} |\n",
+            fmt_us(p50),
+            fmt_us(percentile(&delays, 90.0)),
+            fmt_us(p99),
+            fmt_us(u64::from(*delays.last().unwrap_or(&0))),
+            if met { "met" } else { "**not met**" }
+        ));
+    }
+    Ok((report, passed))
+}

@@ -1,0 +1,252 @@
+//! kactivator-scenarios: benchmark scenarios that drive the real kactivator binary and print a
+//! markdown report. One subcommand per scenario; `benches/scenarios/run.sh` builds everything,
+//! runs one or all of them and keeps the output. See `benches/scenarios/README.md`.
+//!
+//! Adding a scenario: a module with `Options` and `run(binary, &options) -> Result<(report,
+//! passed), String>`, using [`activator`] (config file, start, metrics, memory, stop),
+//! [`backends`] (pods with their own counters) and [`client`]; then a subcommand below.
+
+mod activator;
+mod backends;
+mod client;
+mod first_forward;
+mod queued_memory;
+mod scarcity;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "kactivator-scenarios")]
+struct Cli {
+    /// The kactivator binary to measure.
+    #[arg(long, env = "KACTIVATOR_BIN")]
+    kactivator: PathBuf,
+    /// Drivers to measure, each in its own kactivator process.
+    #[arg(long, value_delimiter = ',', default_value = "io-uring,epoll")]
+    drivers: Vec<String>,
+    /// kactivator's `--shards`; default: kactivator's own (the CPUs it may use).
+    #[arg(long)]
+    shards: Option<usize>,
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Debug, Subcommand)]
+enum Scenario {
+    /// P pods × containerConcurrency, C clients through kactivator: throughput against P×CC ÷
+    /// delay and against the backends alone, latency, and each pod's own max in flight.
+    Scarcity {
+        #[arg(long, default_value_t = 8)]
+        pods: usize,
+        #[arg(long, default_value_t = 1)]
+        container_concurrency: u32,
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Handler time of every request, in milliseconds.
+        #[arg(long, default_value_t = 5)]
+        delay_ms: u64,
+        /// Seconds measured per row and round.
+        #[arg(long, default_value_t = 10)]
+        duration: u64,
+        /// Seconds of load before each measured window.
+        #[arg(long, default_value_t = 1)]
+        warmup: u64,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// `exact` (thread per connection, nanosleep to the deadline: the handler takes the
+        /// delay) or `testkit` (kactivator-testkit's `/delay`, tokio's 1 ms timer: ~6.2 ms).
+        #[arg(long, default_value = "exact")]
+        backend: backends::Kind,
+    },
+    /// A revision without pods, COUNT requests queued on their own connections: kactivator's
+    /// VmRSS before and with all of them queued.
+    QueuedMemory {
+        #[arg(long, default_value_t = 100_000)]
+        count: u64,
+        /// Memory is sampled after each of this many equal steps.
+        #[arg(long, default_value_t = 4)]
+        stages: u64,
+        /// Connections per loopback source address (127.0.0.2, .3, ...).
+        #[arg(long, default_value_t = 10_000)]
+        per_source: u64,
+        /// Extra `[proxy]` lines for the config, e.g. `--proxy 'max_queued_requests = 200000'`.
+        #[arg(long, default_value = "")]
+        proxy: String,
+        /// The revision's queue_depth (default: COUNT + 1000).
+        #[arg(long)]
+        queue_depth: Option<u64>,
+        /// Seconds allowed for the queue metric to reach each stage's count.
+        #[arg(long, default_value_t = 120)]
+        stage_timeout: u64,
+    },
+    /// A revision without a routable pod, one request queued, then the pod's queue-proxy
+    /// registers `ready`: time from the registration's first byte to the pod reading the queued
+    /// request, REPETITIONS times.
+    RoutableFirstForward {
+        #[arg(long, default_value_t = 1000)]
+        repetitions: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if !cli.kactivator.is_file() {
+        eprintln!(
+            "kactivator-scenarios: --kactivator {} is not a file",
+            cli.kactivator.display()
+        );
+        return ExitCode::from(2);
+    }
+    let outcome = match cli.scenario {
+        Scenario::Scarcity {
+            pods,
+            container_concurrency,
+            clients,
+            delay_ms,
+            duration,
+            warmup,
+            rounds,
+            backend,
+        } => scarcity::run(
+            &cli.kactivator,
+            &scarcity::Options {
+                pods,
+                container_concurrency,
+                clients,
+                delay_ms,
+                warmup: Duration::from_secs(warmup),
+                duration: Duration::from_secs(duration),
+                rounds,
+                backend,
+                drivers: cli.drivers,
+                shards: cli.shards,
+            },
+        ),
+        Scenario::QueuedMemory {
+            count,
+            stages,
+            per_source,
+            proxy,
+            queue_depth,
+            stage_timeout,
+        } => queued_memory::run(
+            &cli.kactivator,
+            &queued_memory::Options {
+                count,
+                stages: stages.max(1),
+                per_source,
+                drivers: cli.drivers,
+                shards: cli.shards,
+                proxy,
+                queue_depth,
+                stage_timeout: Duration::from_secs(stage_timeout),
+                settle: Duration::from_secs(1),
+            },
+        ),
+        Scenario::RoutableFirstForward { repetitions } => first_forward::run(
+            &cli.kactivator,
+            &first_forward::Options {
+                repetitions: repetitions.max(1),
+                drivers: cli.drivers,
+                shards: cli.shards,
+            },
+        ),
+    };
+    match outcome {
+        Ok((report, passed)) => {
+            println!("{report}");
+            if passed {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "kactivator-scenarios: the scenario's invariant did not hold (see the report)"
+                );
+                ExitCode::FAILURE
+            }
+        }
+        Err(message) => {
+            eprintln!("kactivator-scenarios: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A temporary directory for config files and logs, removed on drop.
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(name: &str) -> Result<ScratchDir, String> {
+        let dir =
+            std::env::temp_dir().join(format!("kactivator-scenario-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        Ok(ScratchDir(dir))
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The `p`-th percentile of sorted values (nearest rank); 0 when empty.
+pub fn percentile(sorted: &[u32], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    u64::from(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// Median of the values; NaN when empty.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+/// Microseconds as `850 µs` or `12.34 ms`.
+pub fn fmt_us(us: u64) -> String {
+    if us < 1000 {
+        format!("{us} µs")
+    } else {
+        format!("{:.2} ms", us as f64 / 1000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let values: Vec<u32> = (1..=100).collect();
+        assert_eq!(percentile(&values, 50.0), 50);
+        assert_eq!(percentile(&values, 99.0), 99);
+        assert_eq!(percentile(&values, 100.0), 100);
+        assert_eq!(percentile(&[7], 99.0), 7);
+        assert_eq!(percentile(&[], 50.0), 0);
+    }
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(vec![]).is_nan());
+    }
+}
