@@ -658,3 +658,34 @@ fn activators_split_the_pods_and_their_concurrency_between_them() {
         );
     }
 }
+
+#[test]
+fn an_invalid_gate_value_keeps_the_previous_setting_and_says_so() {
+    let pods = pods(1);
+    let port = pods[0].addr().port();
+    let listed = [pods[0].addr()];
+    let config = |quarantine: &str| {
+        format!(
+            "{FAST}{}{}",
+            features("enabled", quarantine),
+            revision("gates", port, &listed, "")
+        )
+    };
+    let activator = Activator::start(&config("disabled"));
+    activator.write_config(&config("sometimes"), "");
+    assert!(
+        eventually(Duration::from_secs(5), || activator
+            .stderr()
+            .contains("activator.pod-quarantine: \"sometimes\" is neither")),
+        "{}",
+        activator.stderr()
+    );
+    // Still off: no probes reach the pod.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(pods[0].probes(), 0);
+    activator.write_config(&config("ENABLED"), "");
+    assert!(
+        eventually(Duration::from_secs(5), || pods[0].probes() > 0),
+        "turned on, case-insensitively"
+    );
+}

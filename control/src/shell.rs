@@ -224,9 +224,6 @@ impl Machine for Shell {
     fn flush(&mut self) {
         self.publisher.publish(self.states.take_updates());
         let journal = self.states.take_journal();
-        if journal.is_empty() {
-            return;
-        }
         for entry in &journal {
             self.metrics.observe(entry);
             if let Journal::Transition {
@@ -249,7 +246,11 @@ impl Machine for Shell {
                 );
             }
         }
-        self.metrics.set_counts(&self.states.state_counts());
+        if !journal.is_empty() {
+            self.metrics.set_counts(&self.states.state_counts());
+        }
+        // Recomputed after every op, not only after transitions: a gate flip changes who is
+        // probed without changing any pod's state.
         let targets = self.states.probe_targets();
         self.probe_targets.send_if_modified(|current| {
             let changed = *current != targets;
