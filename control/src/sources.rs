@@ -435,7 +435,8 @@ async fn probe_loop(
     timeout: Duration,
 ) {
     let limit = Arc::new(Semaphore::new(PROBE_CONCURRENCY));
-    let mut ticker = tokio::time::interval(interval);
+    // The first round comes one interval after start-up, like every later one.
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
