@@ -224,12 +224,13 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
         // A probe's body is never read; closing keeps the stream in sync without reading it.
         let keep_alive =
             meta.keep_alive && meta.body == BodyKind::Empty && !shard.stopping.is_set();
-        conn.response_out.clear();
         let extra = answer
             .extra_header
             .as_ref()
             .map(|(name, value)| (*name, value.as_slice()));
-        rewrite::write_local_response(
+        conn.inbuf.consume(head_len);
+        return answer_locally(
+            conn,
             &LocalResponse {
                 status: answer.status,
                 body: &answer.body,
@@ -241,10 +242,8 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
                 keep_alive,
                 head_only: meta.method == Method::Head,
             },
-            &mut conn.response_out,
-        );
-        conn.inbuf.consume(head_len);
-        return finish_local(conn, keep_alive).await;
+        )
+        .await;
     }
 
     if meta.method == Method::Post && is_registration_path(conn.head.target.of(buf)) {
@@ -266,8 +265,9 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
         );
         let keep_alive =
             meta.keep_alive && meta.body == BodyKind::Empty && !shard.stopping.is_set();
-        conn.response_out.clear();
-        rewrite::write_local_response(
+        conn.inbuf.consume(head_len);
+        return answer_locally(
+            conn,
             &LocalResponse {
                 status: 404,
                 body: body.as_bytes(),
@@ -279,10 +279,8 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
                 keep_alive,
                 head_only: meta.method == Method::Head,
             },
-            &mut conn.response_out,
-        );
-        conn.inbuf.consume(head_len);
-        return finish_local(conn, keep_alive).await;
+        )
+        .await;
     };
 
     conn.request_id.clear();
@@ -352,9 +350,8 @@ async fn register_pod(shard: &Rc<Shard>, conn: &mut ClientConn, meta: RequestMet
         Err(SmallBodyError::Gone) => return Next::Close,
     };
     let reply = shard.control.register(body, relayed).await;
-    let keep_alive = meta.keep_alive && !shard.stopping.is_set();
-    conn.response_out.clear();
-    rewrite::write_local_response(
+    answer_locally(
+        conn,
         &LocalResponse {
             status: reply.status,
             body: &reply.body,
@@ -365,12 +362,11 @@ async fn register_pod(shard: &Rc<Shard>, conn: &mut ClientConn, meta: RequestMet
         },
         ClientSide {
             version: meta.version,
-            keep_alive,
+            keep_alive: meta.keep_alive && !shard.stopping.is_set(),
             head_only: false,
         },
-        &mut conn.response_out,
-    );
-    finish_local(conn, keep_alive).await
+    )
+    .await
 }
 
 enum SmallBodyError {
@@ -422,10 +418,16 @@ async fn read_small_body(
     }
 }
 
-/// Writes a locally made response and decides whether the connection goes on.
-async fn finish_local(conn: &mut ClientConn, keep_alive: bool) -> Next {
+/// Answers with a response the activator made itself.
+async fn answer_locally(
+    conn: &mut ClientConn,
+    response: &LocalResponse<'_>,
+    client: ClientSide,
+) -> Next {
+    conn.response_out.clear();
+    rewrite::write_local_response(response, client, &mut conn.response_out);
     match write_all(&mut conn.writer, &mut conn.response_out).await {
-        Ok(()) if keep_alive => Next::KeepAlive,
+        Ok(()) if client.keep_alive => Next::KeepAlive,
         _ => Next::Close,
     }
 }
@@ -735,23 +737,22 @@ async fn respond_error(
 ) -> (u16, Next) {
     let keep_alive =
         meta.keep_alive && (body_consumed || meta.body == BodyKind::Empty) && !meta.upgrade;
-    conn.response_out.clear();
-    let error_style = status != 504;
-    rewrite::write_local_response(
+    let next = answer_locally(
+        conn,
         &LocalResponse {
             status,
             body,
             extra_header: None,
-            error_style,
+            error_style: status != 504,
         },
         ClientSide {
             version: meta.version,
             keep_alive,
             head_only: meta.method == Method::Head,
         },
-        &mut conn.response_out,
-    );
-    (status, finish_local(conn, keep_alive).await)
+    )
+    .await;
+    (status, next)
 }
 
 /// How far the request side got; the response side reads it to decide how to stop it.
