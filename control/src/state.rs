@@ -228,6 +228,28 @@ struct TrackedPod {
     listed: bool,
 }
 
+impl Revision {
+    /// A revision seen for the first time, with no spec and no pods yet.
+    fn new(
+        namespace: &str,
+        name: &str,
+        shards: usize,
+        process_queue: &Arc<ProcessQueue>,
+    ) -> Revision {
+        Revision {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            spec: None,
+            pods: BTreeMap::new(),
+            gate: Arc::new(RevisionGate::with_process_queue(
+                shards,
+                process_queue.clone(),
+            )),
+            published: None,
+        }
+    }
+}
+
 struct Revision {
     namespace: String,
     name: String,
@@ -368,18 +390,21 @@ impl PodStates {
                 source,
             } => {
                 let key = revision_key(&namespace, &revision);
-                if let Some(entry) = self.revisions.get_mut(&key) {
-                    if let Some(tracked) = entry.pods.remove(&addr) {
-                        retire(&tracked);
-                        self.journal.push(Journal::Transition {
-                            revision: key.clone(),
-                            pod: addr,
-                            from: Some(tracked.pod.state()),
-                            to: None,
-                            reason,
-                            source,
-                        });
-                    }
+                if let Some(tracked) = self
+                    .revisions
+                    .get_mut(&key)
+                    .and_then(|entry| entry.pods.remove(&addr))
+                {
+                    let from = tracked.pod.state();
+                    forget(
+                        &mut self.journal,
+                        &key,
+                        addr,
+                        &tracked,
+                        from,
+                        reason,
+                        source,
+                    );
                 }
                 self.publish(&key);
                 Ok(())
@@ -460,19 +485,11 @@ impl PodStates {
                 return Err(OpError::TooManyUndeclared(key, undeclared));
             }
         }
-        let shards = self.shards;
-        let process_queue = self.process_queue.clone();
+        let (shards, process_queue) = (self.shards, &self.process_queue);
         let entry = self
             .revisions
             .entry(key.clone())
-            .or_insert_with(|| Revision {
-                namespace: namespace.to_string(),
-                name: revision.to_string(),
-                spec: None,
-                pods: BTreeMap::new(),
-                gate: Arc::new(RevisionGate::with_process_queue(shards, process_queue)),
-                published: None,
-            });
+            .or_insert_with(|| Revision::new(namespace, revision, shards, process_queue));
         let addr = match target {
             PodTarget::Addr(addr) => addr,
             PodTarget::Ip(ip) => SocketAddr::new(
@@ -552,15 +569,17 @@ impl PodStates {
         for key in gone {
             if let Some(entry) = self.revisions.remove(&key) {
                 for (addr, tracked) in &entry.pods {
-                    retire(tracked);
-                    self.journal.push(Journal::Transition {
-                        revision: key.clone(),
-                        pod: *addr,
-                        from: Some(tracked.pod.state()),
-                        to: None,
-                        reason: Reason::InformerRemoved,
-                        source: Source::Informer,
-                    });
+                    let from = tracked.pod.state();
+                    let (reason, source) = (Reason::InformerRemoved, Source::Informer);
+                    forget(
+                        &mut self.journal,
+                        &key,
+                        *addr,
+                        tracked,
+                        from,
+                        reason,
+                        source,
+                    );
                 }
                 self.journal.push(Journal::RouteRemoved {
                     namespace: entry.namespace.clone(),
@@ -573,21 +592,13 @@ impl PodStates {
                 });
             }
         }
-        let shards = self.shards;
         for source_revision in revisions {
             let key = source_revision.spec.key();
-            let process_queue = self.process_queue.clone();
-            let entry = self
-                .revisions
-                .entry(key.clone())
-                .or_insert_with(|| Revision {
-                    namespace: source_revision.spec.labels.namespace.clone(),
-                    name: source_revision.spec.labels.revision.clone(),
-                    spec: None,
-                    pods: BTreeMap::new(),
-                    gate: Arc::new(RevisionGate::with_process_queue(shards, process_queue)),
-                    published: None,
-                });
+            let labels = &source_revision.spec.labels;
+            let (shards, process_queue) = (self.shards, &self.process_queue);
+            let entry = self.revisions.entry(key.clone()).or_insert_with(|| {
+                Revision::new(&labels.namespace, &labels.revision, shards, process_queue)
+            });
             entry.spec = Some(source_revision.spec);
             let listed: BTreeSet<SocketAddr> = source_revision.listed.into_iter().collect();
             let mut outcomes = Vec::new();
@@ -652,14 +663,9 @@ impl PodStates {
                 self.record(&key, addr, outcome, Source::Informer, now);
             }
         }
-        if gates_changed {
-            self.publish_all();
-        } else {
-            let keys: Vec<String> = self.revisions.keys().cloned().collect();
-            for key in keys {
-                self.publish(&key);
-            }
-        }
+        // Every revision: listings may have changed any of them, and a gate flip changes
+        // routability everywhere. Unchanged routes publish nothing.
+        self.publish_all();
     }
 
     fn cleanup_stale(&mut self, now: Timestamp) {
@@ -676,15 +682,17 @@ impl PodStates {
                 .collect();
             for addr in stale {
                 if let Some(tracked) = entry.pods.remove(&addr) {
-                    retire(&tracked);
-                    self.journal.push(Journal::Transition {
-                        revision: key.clone(),
-                        pod: addr,
-                        from: Some(tracked.pod.state()),
-                        to: None,
-                        reason: Reason::Stale,
-                        source: Source::Housekeeping,
-                    });
+                    let from = tracked.pod.state();
+                    let (reason, source) = (Reason::Stale, Source::Housekeeping);
+                    forget(
+                        &mut self.journal,
+                        &key,
+                        addr,
+                        &tracked,
+                        from,
+                        reason,
+                        source,
+                    );
                 }
             }
             // A revision only queue-proxies mentioned, with nothing left, is forgotten.
@@ -730,16 +738,8 @@ impl PodStates {
             }
             Outcome::Remove { from, reason } => {
                 if let Some(tracked) = entry.pods.remove(&addr) {
-                    retire(&tracked);
+                    forget(&mut self.journal, key, addr, &tracked, from, reason, source);
                 }
-                self.journal.push(Journal::Transition {
-                    revision: key.to_string(),
-                    pod: addr,
-                    from: Some(from),
-                    to: None,
-                    reason,
-                    source,
-                });
             }
         }
     }
@@ -841,10 +841,26 @@ impl PodStates {
 /// Port a bare pod IP maps to when its revision is not declared yet: Knative's HTTP/1 port.
 pub const DEFAULT_SERVING_PORT: u16 = 8012;
 
-/// A tracker leaving the table takes no new requests from any shard, even before the shards
-/// apply the update that drops it.
-fn retire(tracked: &TrackedPod) {
+/// A tracker taken out of the table: it takes no new requests from any shard, even before the
+/// shards apply the update that drops it, and its removal is journaled.
+fn forget(
+    journal: &mut Vec<Journal>,
+    key: &str,
+    addr: SocketAddr,
+    tracked: &TrackedPod,
+    from: PodState,
+    reason: Reason,
+    source: Source,
+) {
     tracked.tracker.slots.set_capacity(0);
+    journal.push(Journal::Transition {
+        revision: key.to_string(),
+        pod: addr,
+        from: Some(from),
+        to: None,
+        reason,
+        source,
+    });
 }
 
 #[cfg(test)]
