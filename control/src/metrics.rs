@@ -24,6 +24,16 @@ struct RevisionTotals {
     queued: u64,
 }
 
+/// Adds `metric` to the control plane's registry and hands it back. A name registered twice
+/// only happens in tests that share a registry; the second registration is ignored there.
+pub(crate) fn register<C: prometheus::core::Collector + Clone + 'static>(
+    registry: &prometheus::Registry,
+    metric: C,
+) -> C {
+    let _ = registry.register(Box::new(metric.clone()));
+    metric
+}
+
 /// Renders every metric. `pod_name` is this activator's pod (a Knative label).
 pub fn render(stats: &AllShardStats, pod_name: &str, registry: &prometheus::Registry) -> String {
     let mut out = String::with_capacity(8 * 1024);

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 
+use crate::metrics::register;
 use crate::pod_state::{PodState, Timestamp};
 use crate::publisher::Publisher;
 use crate::state::{Journal, Op, OpError, PodStates, ProbeTarget};
@@ -22,12 +23,6 @@ pub struct PodMetrics {
     pods: IntGaugeVec,
     routable: IntGaugeVec,
     capacity: GaugeVec,
-}
-
-fn register<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: C) -> C {
-    // A second registration only happens in tests sharing a registry.
-    let _ = registry.register(Box::new(metric.clone()));
-    metric
 }
 
 impl PodMetrics {

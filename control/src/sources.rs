@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{watch, Semaphore};
 
 use crate::config::Config;
+use crate::metrics;
 use crate::pod_state::{Event, Gates, Reason};
 use crate::prober::{self, ProbeResult};
 use crate::registration;
@@ -45,8 +46,7 @@ impl ControlMetrics {
     pub fn new(registry: &Registry) -> ControlMetrics {
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            let _ = registry.register(Box::new(metric.clone()));
-            metric
+            metrics::register(registry, metric)
         };
         ControlMetrics {
             registrations: counter(

@@ -24,6 +24,7 @@ use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntGauge, R
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::metrics::register;
 use crate::pod_state::Timestamp;
 use crate::state::{Op, OpError};
 
@@ -193,22 +194,12 @@ impl WorkerMetrics {
             "Ops that panicked in the state worker (each restarts it)",
         )
         .expect("valid metric");
-        for collector in [
-            Box::new(queue_depth.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(queue_seconds.clone()),
-            Box::new(processing_seconds.clone()),
-            Box::new(deadline_seconds.clone()),
-            Box::new(panics.clone()),
-        ] {
-            // Registering twice only happens in tests that share a registry; ignore it there.
-            let _ = registry.register(collector);
-        }
         WorkerMetrics {
-            queue_depth,
-            queue_seconds,
-            processing_seconds,
-            deadline_seconds,
-            panics,
+            queue_depth: register(registry, queue_depth),
+            queue_seconds: register(registry, queue_seconds),
+            processing_seconds: register(registry, processing_seconds),
+            deadline_seconds: register(registry, deadline_seconds),
+            panics: register(registry, panics),
         }
     }
 }
