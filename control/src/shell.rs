@@ -7,7 +7,7 @@ use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opt
 use tokio::sync::watch;
 
 use crate::metrics::register;
-use crate::pod_state::{PodState, Timestamp};
+use crate::pod_state::{Gates, PodState, Timestamp};
 use crate::publisher::Publisher;
 use crate::state::{Journal, Op, OpError, PodStates, ProbeTarget};
 use crate::worker::Machine;
@@ -182,6 +182,8 @@ pub struct Shell {
     publisher: Publisher,
     metrics: PodMetrics,
     probe_targets: watch::Sender<Vec<ProbeTarget>>,
+    /// The gates the probe targets were last computed under.
+    probed_under: Option<Gates>,
 }
 
 impl Shell {
@@ -197,6 +199,7 @@ impl Shell {
                 publisher,
                 metrics,
                 probe_targets,
+                probed_under: None,
             },
             receiver,
         )
@@ -241,11 +244,13 @@ impl Machine for Shell {
                 );
             }
         }
-        if !journal.is_empty() {
-            self.metrics.set_counts(&self.states.state_counts());
+        let gates = self.states.gates();
+        if journal.is_empty() && self.probed_under == Some(gates) {
+            return;
         }
-        // Recomputed after every op, not only after transitions: a gate flip changes who is
-        // probed without changing any pod's state.
+        self.metrics.set_counts(&self.states.state_counts());
+        // Also after a gate flip alone: it changes who is probed without changing any pod.
+        self.probed_under = Some(gates);
         let targets = self.states.probe_targets();
         self.probe_targets.send_if_modified(|current| {
             let changed = *current != targets;
