@@ -104,14 +104,8 @@ cpu_snapshot() {
   ours=$(sed 's/^.*) //' "/proc/$$/stat" | awk '{ print $14 + $15 }')
   echo "$busy_total $ours"
 }
-foreign_percent() {
-  awk -v a="$1" -v b="$2" 'BEGIN {
-    split(a, x, " "); split(b, y, " ")
-    total = y[2] - x[2]; foreign = (y[1] - x[1]) - (y[3] - x[3])
-    if (foreign < 0) foreign = 0
-    printf "%d", (total > 0 ? 100 * foreign / total : 0)
-  }'
-}
+# foreign_percent: benches/foreign-cpu.sh
+source "$repo/benches/foreign-cpu.sh"
 
 # === run ===
 
