@@ -937,6 +937,14 @@ mod tests {
         )
     }
 
+    /// The route of the last update, which must be an upsert.
+    fn last_upsert(updates: &[RoutingUpdate]) -> &Arc<RevisionRoute> {
+        match updates.last() {
+            Some(RoutingUpdate::Upsert { route, .. }) => route,
+            other => panic!("expected an upsert last, got {other:?}"),
+        }
+    }
+
     /// The pods and capacities of the last route published for `name`.
     fn last_route(updates: &[RoutingUpdate], name: &str) -> Option<Vec<(SocketAddr, u32)>> {
         updates.iter().rev().find_map(|update| match update {
@@ -1038,9 +1046,7 @@ mod tests {
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(0))
             .unwrap();
         let updates = states.take_updates();
-        let RoutingUpdate::Upsert { route, .. } = updates.last().unwrap() else {
-            panic!()
-        };
+        let route = last_upsert(&updates);
         let tracker = route.pods[0].clone();
         assert!(tracker.slots.try_acquire(), "a request in flight");
         states
@@ -1056,9 +1062,7 @@ mod tests {
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2))
             .unwrap();
         let updates = states.take_updates();
-        let RoutingUpdate::Upsert { route, .. } = updates.last().unwrap() else {
-            panic!()
-        };
+        let route = last_upsert(&updates);
         assert!(
             Arc::ptr_eq(&route.pods[0], &tracker),
             "the same tracker comes back"
@@ -1145,9 +1149,7 @@ mod tests {
             )
             .unwrap();
         let updates = states.take_updates();
-        let RoutingUpdate::Upsert { route, .. } = updates.last().unwrap() else {
-            panic!()
-        };
+        let route = last_upsert(&updates);
         let reused = route.pods[0].clone();
         let remove = Op::RemovePod {
             namespace: "ns".into(),
