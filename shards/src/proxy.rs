@@ -66,9 +66,6 @@ struct ClientConn {
     request_out: Vec<u8>,
     /// Response bytes on their way to the client.
     response_out: Vec<u8>,
-    /// A bodiless request's outbound head without its Host line, kept to replay it on another
-    /// pod when the first one turns out to serve another revision.
-    replay_head: Vec<u8>,
     /// The client's IP as text, for `X-Forwarded-For`; formatted once per connection.
     peer_ip: Vec<u8>,
     /// Interrupts the read-ahead on the client once a response is complete; one per connection.
@@ -130,7 +127,6 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, peer: 
         inbuf: InBuf::with_capacity(2 * 1024),
         request_out: Vec::new(),
         response_out: Vec::new(),
-        replay_head: Vec::new(),
         peer_ip: peer.ip().to_string().into_bytes(),
         canceller: Canceller::new(),
         head: RequestHead::default(),
@@ -479,12 +475,9 @@ async fn proxy_request(
     host_at: usize,
 ) -> (u16, Next) {
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
-    // Keep the head for a replay; only bodiless requests can be replayed.
-    let replayable = meta.body == BodyKind::Empty && !meta.upgrade;
-    if replayable {
-        conn.replay_head.clear();
-        conn.replay_head.extend_from_slice(&conn.request_out);
-    }
+    // Only bodiless requests can be replayed; `send_request` leaves their head in
+    // `request_out` for that.
+    let replayable = keeps_head(meta);
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -576,8 +569,9 @@ async fn proxy_request(
                 if !replayable || attempt > MAX_REUSE_RETRIES {
                     return respond_error(conn, meta, 502, body.as_bytes(), true).await;
                 }
-                conn.request_out.clear();
-                conn.request_out.extend_from_slice(&conn.replay_head);
+                // The head as it was before this pod's Host line went in.
+                conn.request_out
+                    .drain(host_at..host_at + pod.host_line.len());
             }
         }
     }
@@ -986,9 +980,12 @@ async fn send_request(
         let progress = reframe(&mut decoder, inbuf, chunked, &mut trailers, out)
             .map_err(|_| SendError::ClientBody)?;
         if !out.is_empty() {
-            write_all(upstream, out)
-                .await
-                .map_err(|_| SendError::Upstream)?;
+            let written = if keeps_head(meta) {
+                write_all_kept(upstream, out).await
+            } else {
+                write_all(upstream, out).await
+            };
+            written.map_err(|_| SendError::Upstream)?;
         }
         match progress {
             Reframed::Finished => break,
@@ -1315,11 +1312,23 @@ async fn copy_until_eof<R: AsyncReadRent, W: AsyncWriteRent>(
 
 /// Writes all of `out` and clears it, keeping its allocation.
 async fn write_all<W: AsyncWriteRent>(writer: &mut W, out: &mut Vec<u8>) -> io::Result<()> {
+    let result = write_all_kept(writer, out).await;
+    out.clear();
+    result
+}
+
+/// Writes `out` and leaves its contents in place.
+async fn write_all_kept<W: AsyncWriteRent>(writer: &mut W, out: &mut Vec<u8>) -> io::Result<()> {
     let buf = std::mem::take(out);
-    let (result, mut buf) = writer.write_all(buf).await;
-    buf.clear();
+    let (result, buf) = writer.write_all(buf).await;
     *out = buf;
     result.map(|_| ())
+}
+
+/// A bodiless, non-upgrade request is written to the pod in one piece and kept in
+/// `request_out` afterwards, so it can be replayed on another pod without a copy.
+fn keeps_head(meta: RequestMeta) -> bool {
+    meta.body == BodyKind::Empty && !meta.upgrade
 }
 
 impl Shard {
