@@ -52,6 +52,7 @@ pub struct ControlPlane {
     admin: Arc<AdminState>,
     metrics: Arc<ControlMetrics>,
     revisions: usize,
+    pod_ip: Option<std::net::IpAddr>,
 }
 
 /// What the control plane is started with.
@@ -155,6 +156,7 @@ impl ControlPlane {
             admin,
             metrics,
             revisions,
+            pod_ip,
         }
     }
 
@@ -176,6 +178,7 @@ impl ControlPlane {
             worker: self.worker.clone(),
             metrics: self.metrics.clone(),
             config: self.config.clone(),
+            pod_ip: self.pod_ip,
         };
         sources.spawn_all(
             self.config_path.clone(),

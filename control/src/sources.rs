@@ -83,6 +83,8 @@ pub struct Sources {
     pub worker: WorkerHandle,
     pub metrics: Arc<ControlMetrics>,
     pub config: Config,
+    /// `POD_IP`, the default for `cluster.self_ip` when the file changes the activators.
+    pub pod_ip: Option<std::net::IpAddr>,
 }
 
 impl Sources {
@@ -119,6 +121,7 @@ impl Sources {
                 gates,
                 self.worker,
                 self.metrics,
+                self.pod_ip,
             ));
         }
     }
@@ -133,6 +136,7 @@ async fn watch_file(
     mut gates: Gates,
     worker: WorkerHandle,
     metrics: Arc<ControlMetrics>,
+    pod_ip: Option<std::net::IpAddr>,
 ) {
     let mut last_text = std::fs::read(&path).ok();
     let mut interval = Duration::from_millis(current.control.watch_interval_ms);
@@ -198,7 +202,6 @@ async fn watch_file(
             );
         }
         if config.cluster != current.cluster {
-            let pod_ip = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());
             let _ = worker
                 .apply(Op::RecalculateCapacity {
                     activators: activators_of(&config, pod_ip),
