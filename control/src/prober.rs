@@ -101,14 +101,15 @@ pub async fn probe(
 /// * Then the body must be exactly `queue`: no trimming. That is upstream's check and what a
 ///   queue-proxy writes; something answering `queue\n` is not a queue-proxy.
 pub fn judge(answer: &Answer, namespace: &str, revision: &str) -> ProbeResult {
-    let sent_name = answer.revision_name.as_deref().unwrap_or_default();
-    let sent_namespace = answer.revision_namespace.as_deref().unwrap_or_default();
-    let identity_sent = !sent_name.is_empty() || !sent_namespace.is_empty();
-    if identity_sent && (sent_name != revision.as_bytes() || sent_namespace != namespace.as_bytes())
-    {
+    if let Some((namespace, revision)) = kactivator_shards::identity::other_revision(
+        answer.revision_name.as_deref(),
+        answer.revision_namespace.as_deref(),
+        namespace,
+        revision,
+    ) {
         return ProbeResult::IpReused {
-            namespace: String::from_utf8_lossy(sent_namespace).into_owned(),
-            revision: String::from_utf8_lossy(sent_name).into_owned(),
+            namespace,
+            revision,
         };
     }
     if answer.status != 200 {

@@ -69,6 +69,31 @@ pub fn detect_cluster_domain(resolv_conf: Option<&str>, env: Option<&str>) -> St
     }
 }
 
+/// The revision a pod's answer names when it is not the expected one: its IP now serves another
+/// revision. Queue-proxies name theirs in `X-Knative-Revision-Name`/`-Namespace`. If either is
+/// present (and non-empty) both must equal the expected ones; an answer with neither says
+/// nothing (a queue-proxy older than the fork). Returns `(namespace, name)` as sent. Used by
+/// both the request path and the health prober, so the two never disagree.
+pub fn other_revision(
+    name: Option<&[u8]>,
+    namespace: Option<&[u8]>,
+    expected_namespace: &str,
+    expected_name: &str,
+) -> Option<(String, String)> {
+    let name = name.unwrap_or_default();
+    let namespace = namespace.unwrap_or_default();
+    if name.is_empty() && namespace.is_empty() {
+        return None;
+    }
+    if name == expected_name.as_bytes() && namespace == expected_namespace.as_bytes() {
+        return None;
+    }
+    Some((
+        String::from_utf8_lossy(namespace).into_owned(),
+        String::from_utf8_lossy(name).into_owned(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +132,29 @@ mod tests {
             "example.org"
         );
         assert_eq!(detect_cluster_domain(None, None), "cluster.local");
+    }
+
+    #[test]
+    fn a_pod_names_another_revision_only_when_its_identity_headers_disagree() {
+        let check = |name: Option<&str>, namespace: Option<&str>| {
+            other_revision(
+                name.map(str::as_bytes),
+                namespace.map(str::as_bytes),
+                "ns",
+                "rev",
+            )
+        };
+        assert_eq!(check(None, None), None, "an old queue-proxy says nothing");
+        assert_eq!(check(Some(""), Some("")), None, "empty counts as absent");
+        assert_eq!(check(Some("rev"), Some("ns")), None);
+        assert_eq!(
+            check(Some("other"), Some("ns")),
+            Some(("ns".into(), "other".into()))
+        );
+        // One header alone must still name us in full, as the fork's check requires.
+        assert_eq!(
+            check(Some("rev"), None),
+            Some((String::new(), "rev".into()))
+        );
     }
 }

@@ -1014,23 +1014,14 @@ async fn send_request(
 }
 
 /// The revision a response says it comes from, when that is not `expected` (`namespace/name`).
-/// Queue-proxies name their revision in `X-Knative-Revision-Name`/`-Namespace`; a response
-/// with neither header says nothing.
 fn other_revision(head: &ResponseHead, buf: &[u8], expected: &str) -> Option<(String, String)> {
-    let name = head.header(buf, "x-knative-revision-name");
-    let namespace = head.header(buf, "x-knative-revision-namespace");
-    if name.is_none() && namespace.is_none() {
-        return None;
-    }
     let (expected_namespace, expected_name) = expected.split_once('/')?;
-    let matches = |value: Option<&[u8]>, want: &str| value.is_none_or(|got| got == want.as_bytes());
-    if matches(name, expected_name) && matches(namespace, expected_namespace) {
-        return None;
-    }
-    let text = |value: Option<&[u8]>| {
-        value.map_or_else(String::new, |v| String::from_utf8_lossy(v).into_owned())
-    };
-    Some((text(namespace), text(name)))
+    identity::other_revision(
+        head.header(buf, "x-knative-revision-name"),
+        head.header(buf, "x-knative-revision-namespace"),
+        expected_namespace,
+        expected_name,
+    )
 }
 
 /// Reads ahead on the client (a body, a pipelined request, or the FIN of a client that gave
