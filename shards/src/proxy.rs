@@ -512,11 +512,11 @@ async fn proxy_request(
                 }
             }
         };
-        let held = Held {
+        let mut held = Some(Held {
             pod: &pod,
             revision,
             shard,
-        };
+        });
         rewrite::insert_host(&mut conn.request_out, host_at, &pod.host_line);
 
         let upstream = match shard.pool.checkout(pod.tracker.addr, shard.stats()).await {
@@ -529,7 +529,7 @@ async fn proxy_request(
             }
         };
         let reused_connection = upstream.reused;
-        match exchange(shard, conn, upstream, meta, deadlines).await {
+        match exchange(shard, conn, upstream, meta, deadlines, &mut held).await {
             Exchanged::Done(status, next) => return (status, next),
             Exchanged::PodFailed(status, next) => {
                 // A fresh connection the pod dropped says more than a pooled one that raced
@@ -801,12 +801,17 @@ enum Exchanged {
 }
 
 /// Runs one request/response exchange over `upstream`.
+///
+/// The moment the pod's response is complete, before its last bytes are relayed, the pod's
+/// connection goes back to the pool and its slot (`held`) is given back: the next waiter's
+/// request goes out while this client still receives the tail, instead of one write later.
 async fn exchange(
     shard: &Rc<Shard>,
     conn: &mut ClientConn,
     mut upstream: UpstreamConn,
     meta: RequestMeta,
     deadlines: Deadlines,
+    held: &mut Option<Held<'_>>,
 ) -> Exchanged {
     let ClientConn {
         reader,
@@ -822,68 +827,90 @@ async fn exchange(
     } = &mut *conn;
     let phase = Cell::new(SendPhase::Body);
     let addr = upstream.addr;
-    let UpstreamConn {
-        reader: upstream_reader,
-        writer: upstream_writer,
-        inbuf: upstream_inbuf,
-        ..
-    } = &mut upstream;
-
-    let (received, sent) = {
+    // The request side borrows the pod's write half only until everything is sent; it puts it
+    // back here so the connection can return to the pool while the client is still read ahead.
+    let upstream_writer = Cell::new(Some(upstream.writer));
+    let (received, sent, tail_written, mut upstream) = {
         let send = send_request(
             request_out,
             meta,
             reader,
             inbuf,
-            upstream_writer,
+            &upstream_writer,
             &phase,
             canceller.handle(),
         );
-        let receive = receive_response(
-            upstream_reader,
-            upstream_inbuf,
-            writer,
-            response_out,
-            response_head,
-            meta,
-            deadlines,
-            addr,
-            key,
-            shard,
-        );
         let mut send = pin!(send);
-        let mut receive = pin!(receive);
         let mut sent: Option<Result<(), SendError>> = None;
-        let received = poll_fn(|cx| {
-            // The response side goes first: a client that closes right after reading the whole
-            // response must not turn a finished exchange into an abort.
-            if let Poll::Ready(received) = receive.as_mut().poll(cx) {
-                return Poll::Ready(Some(received));
+        let received = {
+            let receive = receive_response(
+                &mut upstream.reader,
+                &mut upstream.inbuf,
+                writer,
+                response_out,
+                response_head,
+                meta,
+                deadlines,
+                addr,
+                key,
+                shard,
+            );
+            let mut receive = pin!(receive);
+            poll_fn(|cx| {
+                // The response side goes first: a client that closes right after reading the whole
+                // response must not turn a finished exchange into an abort.
+                if let Poll::Ready(received) = receive.as_mut().poll(cx) {
+                    return Poll::Ready(Some(received));
+                }
+                if sent.is_none() {
+                    if let Poll::Ready(result) = send.as_mut().poll(cx) {
+                        sent = Some(result);
+                    }
+                }
+                if matches!(
+                    sent,
+                    Some(Err(SendError::ClientGone | SendError::ClientBody))
+                ) {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        // The request side hands the write half back once everything is sent.
+        let mut upstream = match upstream_writer.take() {
+            Some(writer) => {
+                upstream.writer = writer;
+                Some(upstream)
             }
-            if sent.is_none() {
-                if let Poll::Ready(result) = send.as_mut().poll(cx) {
-                    sent = Some(result);
+            None => None,
+        };
+        // The pod is done with this request: its connection (when both directions ended cleanly)
+        // and its slot go back before the tail is relayed and before the read-ahead is stopped.
+        let mut tail_written = Ok(());
+        if let Some(Ok(done)) = &received {
+            if !done.upgraded {
+                if done.upstream_reusable {
+                    if let Some(upstream) = upstream.take() {
+                        shard.pool.checkin(upstream);
+                    }
+                }
+                drop(held.take());
+                if !response_out.is_empty() {
+                    tail_written = write_all(writer, response_out).await;
                 }
             }
-            if matches!(
-                sent,
-                Some(Err(SendError::ClientGone | SendError::ClientBody))
-            ) {
-                return Poll::Ready(None);
-            }
-            Poll::Pending
-        })
-        .await;
-        // The response is done. A request side still reading ahead is interrupted without losing
-        // bytes; one still sending the body is abandoned, and both connections close.
+        }
+        // A request side still reading ahead is interrupted without losing bytes; one still sending
+        // the body is abandoned, and both connections close. In `Sent` no read is in flight:
+        // dropping the request side loses nothing.
         if received.is_some() && sent.is_none() && phase.get() == SendPhase::ReadingAhead {
             // Cancelling hands back a fresh canceller that keeps the old one's bookkeeping
             // capacity, so a keep-alive connection allocates nothing here after its first request.
             *canceller = std::mem::take(canceller).cancel();
             sent = Some(send.await);
         }
-        // In `Sent` no read is in flight: dropping the request side loses nothing.
-        (received, sent)
+        (received, sent, tail_written, upstream)
     };
     let request_complete = phase.get() != SendPhase::Body;
     let Some(received) = received else {
@@ -900,22 +927,24 @@ async fn exchange(
 
     match received {
         Ok(received) if received.upgraded => {
-            // From here on it is a byte stream in both directions; no timer applies (★).
+            // An upgrade request ends at its head, so the request side has handed the write half
+            // back. From here on it is a byte stream in both directions; no timer applies (★).
+            let Some(upstream) = upstream.as_mut() else {
+                return Exchanged::Done(101, Next::Close);
+            };
             splice_upgraded(
                 reader,
                 inbuf,
                 writer,
-                upstream_reader,
-                upstream_inbuf,
-                upstream_writer,
+                &mut upstream.reader,
+                &mut upstream.inbuf,
+                &mut upstream.writer,
             )
             .await;
             Exchanged::Done(101, Next::Close)
         }
+        Ok(_) if tail_written.is_err() => Exchanged::Done(response_head.status, Next::Close),
         Ok(received) => {
-            if received.upstream_reusable && request_complete && !client_gone {
-                shard.pool.checkin(upstream);
-            }
             let next = if received.client_keep_alive && request_complete && !client_gone {
                 Next::KeepAlive
             } else {
@@ -968,10 +997,13 @@ async fn send_request(
     meta: RequestMeta,
     reader: &mut OwnedReadHalf<TcpStream>,
     inbuf: &mut InBuf,
-    upstream: &mut OwnedWriteHalf<TcpStream>,
+    upstream_writer: &Cell<Option<OwnedWriteHalf<TcpStream>>>,
     phase: &Cell<SendPhase>,
     cancel: monoio::io::CancelHandle,
 ) -> Result<(), SendError> {
+    let Some(mut upstream) = upstream_writer.take() else {
+        return Err(SendError::Upstream);
+    };
     let mut decoder = BodyDecoder::new(meta.body);
     let mut trailers: Option<Vec<u8>> = None;
     let chunked = meta.body == BodyKind::Chunked;
@@ -981,9 +1013,9 @@ async fn send_request(
             .map_err(|_| SendError::ClientBody)?;
         if !out.is_empty() {
             let written = if keeps_head(meta) {
-                write_all_kept(upstream, out).await
+                write_all_kept(&mut upstream, out).await
             } else {
-                write_all(upstream, out).await
+                write_all(&mut upstream, out).await
             };
             written.map_err(|_| SendError::Upstream)?;
         }
@@ -996,6 +1028,7 @@ async fn send_request(
             },
         }
     }
+    upstream_writer.set(Some(upstream));
     phase.set(SendPhase::Sent);
     if meta.upgrade {
         // Bytes after an upgrade request belong to the new protocol; leave them to the splice.
@@ -1182,6 +1215,15 @@ async fn receive_response(
             }
             Err(_) => return Err(ReceiveError::Truncated),
         };
+        if progress == Reframed::Finished {
+            // The tail stays in `out`: the caller gives the pod back before relaying it.
+            return Ok(Received {
+                status,
+                client_keep_alive,
+                upstream_reusable,
+                upgraded: false,
+            });
+        }
         if !out.is_empty() {
             write_all(client, out)
                 .await
@@ -1189,14 +1231,7 @@ async fn receive_response(
             wrote_head = true;
         }
         match progress {
-            Reframed::Finished => {
-                return Ok(Received {
-                    status,
-                    client_keep_alive,
-                    upstream_reusable,
-                    upgraded: false,
-                });
-            }
+            Reframed::Finished => unreachable!("returned above"),
             // More is already buffered: never wait on the socket for bytes we hold.
             Reframed::OutputFull => continue,
             Reframed::NeedInput => {}
