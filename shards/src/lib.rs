@@ -3,6 +3,8 @@
 //! Layout: pure logic (`identity`, `probes`, `rewrite`, `topology`, `routing`) has no I/O and is
 //! tested directly; `proxy`, `pool`, `shard` and `reactor` are the thin I/O shell around it.
 
+pub mod alarm;
+pub mod blocks;
 pub mod buffer;
 pub mod control_link;
 pub mod date;
