@@ -161,6 +161,49 @@ fn a_client_that_leaves_the_queue_frees_its_place_at_once() {
 }
 
 #[test]
+fn a_body_and_a_pipelined_request_sent_while_queued_arrive_whole() {
+    // A queued request watches its client for readability only; bytes that arrive meanwhile are
+    // read into its buffer up to a limit (64 KiB), the rest waits in the socket. Either way the
+    // pod must get the body byte for byte, and the pipelined request after it must be served.
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    let activator = Activator::start(&revision(
+        "default",
+        "echo",
+        &[pod.addr()],
+        "container_concurrency = 1",
+    ));
+    let holder = hold_slot_with_an_upgrade(&activator, "echo");
+    let queued =
+        || activator.metric_sum("kactivator_revision_queued", &["revision_name=\"echo\""]);
+    let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let mut client = activator.connect();
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        client,
+        "POST /echo HTTP/1.1\r\nHost: example.com\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: echo\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    assert!(support::eventually(Duration::from_secs(5), || queued() == 1.0));
+    // Body and next request while the first one waits.
+    client.write_all(&body).unwrap();
+    client.write_all(get("echo", "/").as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(queued(), 1.0, "still waiting: bytes from the client are not a disconnect");
+    drop(holder);
+    let mut buffered = Vec::new();
+    let first = support::read_response(&mut client, &mut buffered).expect("echo response");
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body.len(), body.len());
+    assert!(first.body == body, "the body reached the pod unchanged");
+    let second = support::read_response(&mut client, &mut buffered).expect("pipelined response");
+    assert_eq!(second.status, 200);
+    assert_eq!(pod.stats().requests, 3, "the upgrade, the POST and the GET");
+}
+
+#[test]
 fn the_process_wide_cap_bounds_waiters_over_all_revisions_and_removal_frees_places() {
     let pod = backend::spawn(BackendConfig::named("late")).unwrap();
     let cold = |name: &str, pods: &[std::net::SocketAddr]| {

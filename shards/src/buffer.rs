@@ -19,6 +19,9 @@ pub struct InBuf {
 /// How much a read asks the kernel for.
 pub const READ_CHUNK: usize = 64 * 1024;
 
+/// What a released buffer starts again with: enough for a usual request head.
+pub const START_CAPACITY: usize = 2 * 1024;
+
 impl InBuf {
     pub fn with_capacity(capacity: usize) -> InBuf {
         InBuf {
@@ -96,6 +99,15 @@ impl InBuf {
         })
     }
 
+    /// Gives the allocation back while nothing is buffered (a request waiting in a queue holds
+    /// no read buffer); the next read allocates a small one again.
+    pub fn release_if_empty(&mut self) {
+        if self.is_empty() {
+            self.buf = Vec::new();
+            self.pos = 0;
+        }
+    }
+
     /// Moves the buffer out for a read, leaving `self` empty but consistent if the read is
     /// dropped.
     fn lend(&mut self) -> (Vec<u8>, usize) {
@@ -117,6 +129,10 @@ impl InBuf {
         {
             self.buf.drain(..self.pos);
             self.pos = 0;
+        }
+        if self.buf.capacity() == 0 {
+            self.buf.reserve_exact(START_CAPACITY);
+            return;
         }
         let spare = self.buf.capacity() - self.buf.len();
         let more_expected = self.filled || !self.buf.is_empty();
@@ -144,6 +160,19 @@ mod tests {
         inbuf.filled = true;
         inbuf.make_room();
         assert!(inbuf.buf.capacity() >= READ_CHUNK, "a full read grows it");
+    }
+
+    #[test]
+    fn a_released_buffer_holds_nothing_and_starts_small_again() {
+        let mut inbuf = InBuf::with_capacity(READ_CHUNK);
+        inbuf.extend_for_test(b"GET / HTTP/1.1\r\n");
+        inbuf.release_if_empty();
+        assert!(inbuf.buf.capacity() >= READ_CHUNK, "bytes buffered: kept");
+        inbuf.consume(inbuf.len());
+        inbuf.release_if_empty();
+        assert_eq!(inbuf.buf.capacity(), 0);
+        inbuf.make_room();
+        assert_eq!(inbuf.buf.capacity(), START_CAPACITY);
     }
 
     #[test]

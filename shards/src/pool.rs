@@ -121,6 +121,16 @@ impl Pool {
             stats.upstream_reuses.increment();
             return Ok(conn);
         }
+        // A dial (and its timer) is far larger than the rest of a checkout; boxed, it does not
+        // widen every connection's future, and it costs a syscall and a handshake anyway.
+        Box::pin(self.dial(addr, stats)).await
+    }
+
+    async fn dial(
+        &self,
+        addr: SocketAddr,
+        stats: &ShardStats,
+    ) -> Result<UpstreamConn, UpstreamError> {
         stats.upstream_connects.increment();
         let dial =
             monoio::time::timeout(self.config.connect_timeout, TcpStream::connect_addr(addr)).await;

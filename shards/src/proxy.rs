@@ -5,6 +5,7 @@
 //! exchange the request body flows to the pod while the response flows back, concurrently, so an
 //! early response, `100 Continue` and streaming in both directions all work. Nothing is retried.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::io;
@@ -26,7 +27,7 @@ use monoio::io::{
 };
 use monoio::net::TcpStream;
 
-use crate::buffer::InBuf;
+use crate::buffer::{InBuf, START_CAPACITY};
 use crate::control_link::{
     PodSignal, SignalKind, REGISTRATION_MAX_BODY, REGISTRATION_PATH, REGISTRATION_USER_AGENT,
     RELAYED_HEADER,
@@ -68,11 +69,11 @@ struct ClientConn {
     response_out: Vec<u8>,
     /// The client's IP as text, for `X-Forwarded-For`; formatted once per connection.
     peer_ip: Vec<u8>,
-    /// Interrupts the read-ahead on the client once a response is complete; one per connection.
-    canceller: Canceller,
+    /// Interrupts the read-ahead on the client once a response is complete; one per connection,
+    /// made by its first exchange (a connection that only waits in a queue never needs one).
+    canceller: Option<Canceller>,
     head: RequestHead,
     response_head: ResponseHead,
-    key: String,
     request_id: String,
 }
 
@@ -111,7 +112,15 @@ enum HeadRead {
 }
 
 /// Serves one accepted connection until it closes.
-pub(crate) async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, peer: SocketAddr) {
+///
+/// Not an `async fn`: the connection is set up before the future exists, so the future holds the
+/// connection state once instead of the arguments and the state side by side (every open
+/// connection, idle or queued, pays the future's size).
+pub(crate) fn serve_connection(
+    shard: Rc<Shard>,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> impl Future<Output = ()> {
     let stats = shard.stats();
     stats.connections_accepted.increment();
     stats.connections_open.increment();
@@ -124,55 +133,58 @@ pub(crate) async fn serve_connection(shard: Rc<Shard>, stream: TcpStream, peer: 
         // request head usually fits in 2 KiB and the buffer grows to `READ_CHUNK` once a read
         // fills it; the output buffers are allocated on first use (a queued request has not
         // needed either yet) and kept for the next request.
-        inbuf: InBuf::with_capacity(2 * 1024),
+        inbuf: InBuf::with_capacity(START_CAPACITY),
         request_out: Vec::new(),
         response_out: Vec::new(),
         peer_ip: peer.ip().to_string().into_bytes(),
-        canceller: Canceller::new(),
+        canceller: None,
         head: RequestHead::default(),
         response_head: ResponseHead::default(),
-        key: String::new(),
         request_id: String::new(),
     };
-    loop {
-        match read_request_head(&shard, &mut conn).await {
-            HeadRead::Ready => {}
-            HeadRead::Closed => break,
-            HeadRead::Invalid(error) => {
-                stats.bad_requests.increment();
-                let body = format!(
-                    "{} {}: {error}\n",
-                    error.status(),
-                    rewrite::reason_phrase(error.status())
-                );
-                conn.response_out.clear();
-                rewrite::write_local_response(
-                    &LocalResponse {
-                        status: error.status(),
-                        body: body.as_bytes(),
-                        extra_header: None,
-                        error_style: true,
-                    },
-                    ClientSide {
-                        version: Version::Http11,
-                        keep_alive: false,
-                        head_only: false,
-                    },
-                    &mut conn.response_out,
-                );
-                let _ = write_all(&mut conn.writer, &mut conn.response_out).await;
+    async move {
+        let shard = &shard;
+        let stats = shard.stats();
+        loop {
+            match read_request_head(shard, &mut conn).await {
+                HeadRead::Ready => {}
+                HeadRead::Closed => break,
+                HeadRead::Invalid(error) => {
+                    stats.bad_requests.increment();
+                    let body = format!(
+                        "{} {}: {error}\n",
+                        error.status(),
+                        rewrite::reason_phrase(error.status())
+                    );
+                    conn.response_out.clear();
+                    rewrite::write_local_response(
+                        &LocalResponse {
+                            status: error.status(),
+                            body: body.as_bytes(),
+                            extra_header: None,
+                            error_style: true,
+                        },
+                        ClientSide {
+                            version: Version::Http11,
+                            keep_alive: false,
+                            head_only: false,
+                        },
+                        &mut conn.response_out,
+                    );
+                    let _ = write_all(&mut conn.writer, &mut conn.response_out).await;
+                    break;
+                }
+            }
+            stats.requests.increment();
+            if handle_request(shard, &mut conn).await == Next::Close || shard.stopping.is_set() {
                 break;
             }
         }
-        stats.requests.increment();
-        if handle_request(&shard, &mut conn).await == Next::Close || shard.stopping.is_set() {
-            break;
-        }
+        // Closing the write half sends FIN now rather than when the read half is dropped.
+        let _ = conn.writer.shutdown().await;
+        stats.connections_open.decrement();
+        shard.connection_closed.notify_all();
     }
-    // Closing the write half sends FIN now rather than when the read half is dropped.
-    let _ = conn.writer.shutdown().await;
-    stats.connections_open.decrement();
-    shard.connection_closed.notify_all();
 }
 
 async fn read_request_head(shard: &Shard, conn: &mut ClientConn) -> HeadRead {
@@ -187,14 +199,14 @@ async fn read_request_head(shard: &Shard, conn: &mut ClientConn) -> HeadRead {
             first_byte_at.get_or_insert_with(Instant::now);
         }
         let read = match first_byte_at {
-            Some(start) => match monoio::time::timeout_at(
-                start + HEAD_TIMEOUT,
+            Some(start) => match race(
                 conn.inbuf.fill(&mut conn.reader),
+                shard.alarms.at(start + HEAD_TIMEOUT),
             )
             .await
             {
-                Ok(read) => read,
-                Err(_elapsed) => return HeadRead::Closed,
+                Either::Left(read) => read,
+                Either::Right(()) => return HeadRead::Closed,
             },
             // Idle between requests: a drain closes the connection here, never mid-request.
             None => match race(conn.inbuf.fill(&mut conn.reader), shard.stopping.wait()).await {
@@ -243,17 +255,13 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
     }
 
     if meta.method == Method::Post && is_registration_path(conn.head.target.of(buf)) {
-        return register_pod(shard, conn, meta).await;
+        // Boxed: registrations are rare next to proxied requests, and inline their state would
+        // widen every connection's future.
+        return Box::pin(register_pod(shard, conn, meta)).await;
     }
 
     let revision_id = identity::revision_of(&conn.head, buf, &shard.settings.cluster_domain);
-    conn.key.clear();
-    if let Some(id) = revision_id {
-        conn.key.push_str(id.namespace);
-        conn.key.push('/');
-        conn.key.push_str(id.name);
-    }
-    let revision = revision_id.and_then(|_| shard.replica.get(&conn.key));
+    let revision = revision_id.and_then(|id| shard.replica.find(id.namespace, id.name));
     let Some(revision) = revision else {
         let name = revision_id.map_or("", |id| id.name);
         let body = format!(
@@ -294,7 +302,21 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
 
     let counters = revision.counters.clone();
     counters.concurrency.increment();
-    let (status, next) = proxy_request(shard, conn, &revision, meta, arrival, host_at).await;
+    let (status, next) = match proxy_request(shard, conn, &revision, meta, arrival, host_at).await {
+        Ok(done) => done,
+        // Written here, once the request's own state is gone: this keeps the error path's
+        // write out of the (long-lived) waiting state.
+        Err(refusal) => {
+            respond_error(
+                conn,
+                meta,
+                refusal.status,
+                &refusal.body,
+                refusal.body_consumed,
+            )
+            .await
+        }
+    };
     counters.concurrency.decrement();
     counters.record(status, arrival.elapsed().as_micros() as u64);
     next
@@ -331,7 +353,7 @@ async fn register_pod(shard: &Rc<Shard>, conn: &mut ClientConn, meta: RequestMet
         .await;
         return status.1;
     }
-    let body = match read_small_body(conn, meta.body, REGISTRATION_MAX_BODY).await {
+    let body = match read_small_body(shard, conn, meta.body, REGISTRATION_MAX_BODY).await {
         Ok(body) => body,
         Err(SmallBodyError::TooLarge) => {
             return respond_error(conn, meta, 400, b"Request body too large\n", false)
@@ -373,6 +395,7 @@ enum SmallBodyError {
 
 /// Reads a whole request body of at most `limit` bytes into memory.
 async fn read_small_body(
+    shard: &Shard,
     conn: &mut ClientConn,
     kind: BodyKind,
     limit: usize,
@@ -406,8 +429,8 @@ async fn read_small_body(
         };
         conn.inbuf.consume(consumed);
         if need_more {
-            match monoio::time::timeout_at(deadline, conn.inbuf.fill(&mut conn.reader)).await {
-                Ok(Ok(read)) if read > 0 => {}
+            match race(conn.inbuf.fill(&mut conn.reader), shard.alarms.at(deadline)).await {
+                Either::Left(Ok(read)) if read > 0 => {}
                 _ => return Err(SmallBodyError::Gone),
             }
         }
@@ -458,6 +481,24 @@ impl Deadlines {
     }
 }
 
+/// An error the activator answers itself instead of proxying.
+struct Refusal {
+    status: u16,
+    body: Cow<'static, [u8]>,
+    /// Whether the request body was read entirely (only then may the connection go on).
+    body_consumed: bool,
+}
+
+impl Refusal {
+    fn new(status: u16, body: impl Into<Cow<'static, [u8]>>, body_consumed: bool) -> Refusal {
+        Refusal {
+            status,
+            body: body.into(),
+            body_consumed,
+        }
+    }
+}
+
 /// Most pods a bodiless request is offered to when pods turn out to serve another revision.
 const MAX_REUSE_RETRIES: usize = 3;
 
@@ -473,7 +514,7 @@ async fn proxy_request(
     meta: RequestMeta,
     arrival: Instant,
     host_at: usize,
-) -> (u16, Next) {
+) -> Result<(u16, Next), Refusal> {
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
     // Only bodiless requests can be replayed; `send_request` leaves their head in
     // `request_out` for that.
@@ -484,7 +525,7 @@ async fn proxy_request(
         let pod = match revision.admit(shard) {
             Admission::Proceed(pod) => pod,
             Admission::Rejected => {
-                return respond_error(conn, meta, 503, QUEUE_FULL_BODY, false).await;
+                return Err(Refusal::new(503, QUEUE_FULL_BODY, false));
             }
             Admission::Queued(id) => {
                 let queued_at = Instant::now();
@@ -493,21 +534,12 @@ async fn proxy_request(
                 match waited {
                     Waited::Granted(pod) => pod,
                     Waited::Removed => {
-                        return respond_error(
-                            conn,
-                            meta,
-                            503,
-                            b"revision is no longer served\n",
-                            false,
-                        )
-                        .await;
+                        return Err(Refusal::new(503, b"revision is no longer served\n", false));
                     }
-                    Waited::TimedOut => {
-                        return respond_error(conn, meta, 504, TIMEOUT_BODY, false).await
-                    }
+                    Waited::TimedOut => return Err(Refusal::new(504, TIMEOUT_BODY, false)),
                     Waited::ClientGone => {
                         shard.stats().client_aborts.increment();
-                        return (CLIENT_CLOSED, Next::Close);
+                        return Ok((CLIENT_CLOSED, Next::Close));
                     }
                 }
             }
@@ -524,20 +556,33 @@ async fn proxy_request(
             Err(error) => {
                 tracing::warn!(request_id = %conn.request_id, pod = %pod.tracker.addr, class = error.class(), "{error}");
                 report(shard, revision, &pod, SignalKind::TransportFailure);
-                let body = format!("{error}\n");
-                return respond_error(conn, meta, 502, body.as_bytes(), false).await;
+                return Err(Refusal::new(502, format!("{error}\n").into_bytes(), false));
             }
         };
         let reused_connection = upstream.reused;
-        match exchange(shard, conn, upstream, meta, deadlines, &mut held).await {
-            Exchanged::Done(status, next) => return (status, next),
+        // The exchange is the largest state a connection goes through; it runs in a block of
+        // its own so that waiting and idle connections do not carry its size (see `blocks`).
+        let exchanged = shard
+            .exchanges
+            .place(exchange(
+                shard,
+                conn,
+                upstream,
+                meta,
+                deadlines,
+                revision.key(),
+                &mut held,
+            ))
+            .await;
+        match exchanged {
+            Exchanged::Done(status, next) => return Ok((status, next)),
             Exchanged::PodFailed(status, next) => {
                 // A fresh connection the pod dropped says more than a pooled one that raced
                 // its keep-alive timeout.
                 if !reused_connection {
                     report(shard, revision, &pod, SignalKind::TransportFailure);
                 }
-                return (status, next);
+                return Ok((status, next));
             }
             Exchanged::WrongRevision {
                 namespace,
@@ -567,7 +612,7 @@ async fn proxy_request(
                 );
                 drop(held);
                 if !replayable || attempt > MAX_REUSE_RETRIES {
-                    return respond_error(conn, meta, 502, body.as_bytes(), true).await;
+                    return Err(Refusal::new(502, body.into_bytes(), true));
                 }
                 // The head as it was before this pod's Host line went in.
                 conn.request_out
@@ -615,8 +660,12 @@ enum Waited {
 }
 
 /// Waits for a slot while watching the client: a client that leaves frees its place at once
-/// instead of at its deadline. Bytes read meanwhile (the body, a pipelined request) stay
-/// buffered: when the slot comes first, the read is cancelled through monoio's cancelable read.
+/// instead of at its deadline.
+///
+/// A queued request is kept small: its deadline is an alarm in the shard's timer, and the
+/// client is watched for readability, with no read (and no buffer) in flight. The empty read
+/// buffer is given back meanwhile. Bytes that do arrive (a body, a pipelined request) are read
+/// into the buffer, up to `WATCH_LIMIT`; a FIN or a reset means the client is gone.
 async fn wait_for_slot(
     conn: &mut ClientConn,
     revision: &LocalRevision,
@@ -624,54 +673,68 @@ async fn wait_for_slot(
     id: WaiterId,
     deadline: Instant,
 ) -> Waited {
-    let ClientConn {
-        reader,
-        inbuf,
-        canceller,
-        ..
-    } = conn;
-    let handle = canceller.handle();
-    let waiting = monoio::time::timeout_at(
-        deadline,
-        Queued {
-            revision,
-            shard,
-            id,
-            done: false,
-        },
-    );
-    let watch = read_ahead(reader, inbuf, handle);
-    let mut waiting = pin!(waiting);
-    let mut watch = pin!(watch);
+    enum Woke {
+        Queue(Option<Rc<LocalPod>>),
+        Deadline,
+        Readable,
+    }
+    conn.inbuf.release_if_empty();
+    let mut queued = pin!(Queued {
+        revision,
+        shard,
+        id,
+        done: false,
+    });
+    let mut alarm = pin!(shard.alarms.at(deadline));
     let mut watching = true;
-    let waited = poll_fn(|cx| {
-        if let Poll::Ready(result) = waiting.as_mut().poll(cx) {
-            return Poll::Ready(Some(result));
-        }
-        if watching {
-            if let Poll::Ready(gone) = watch.as_mut().poll(cx) {
-                if gone {
-                    return Poll::Ready(None);
+    loop {
+        let woke = {
+            let reader = &conn.reader;
+            let mut readable = pin!(async {
+                if watching {
+                    let _ = client_readable(reader).await;
+                } else {
+                    std::future::pending::<()>().await;
                 }
-                watching = false;
-            }
+            });
+            poll_fn(|cx| {
+                if let Poll::Ready(grant) = queued.as_mut().poll(cx) {
+                    return Poll::Ready(Woke::Queue(grant));
+                }
+                if alarm.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woke::Deadline);
+                }
+                if readable.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woke::Readable);
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        match woke {
+            Woke::Queue(Some(pod)) => return Waited::Granted(pod),
+            Woke::Queue(None) => return Waited::Removed,
+            Woke::Deadline => return Waited::TimedOut,
+            Woke::Readable if conn.inbuf.len() >= WATCH_LIMIT => watching = false,
+            // Readable: this read completes at once (bytes, FIN or error are there), so the
+            // queue and the alarm can wait for it.
+            Woke::Readable => match conn.inbuf.fill(&mut conn.reader).await {
+                // Dropping the queued wait (on return) gives up its place.
+                Ok(0) | Err(_) => return Waited::ClientGone,
+                Ok(_) => {}
+            },
         }
-        Poll::Pending
-    })
-    .await;
-    let Some(result) = waited else {
-        // Dropping the queued wait (below) gives up its place.
-        return Waited::ClientGone;
-    };
-    if watching {
-        *canceller = std::mem::take(canceller).cancel();
-        watch.await;
     }
-    match result {
-        Ok(Some(pod)) => Waited::Granted(pod),
-        Ok(None) => Waited::Removed,
-        Err(_elapsed) => Waited::TimedOut,
-    }
+}
+
+/// Completes when the client's socket has something to read (bytes, a FIN, an error), without
+/// reading it.
+async fn client_readable(reader: &OwnedReadHalf<TcpStream>) -> io::Result<()> {
+    // SAFETY: both halves reach the stream through one `UnsafeCell`. This shared borrow lives
+    // only while a request waits for a slot: nothing is written to the client then, and the read
+    // half is not used for anything else until this future is dropped.
+    let stream: &TcpStream = unsafe { &*reader.0.get() };
+    stream.readable(false).await
 }
 
 /// A queued request waiting for its slot. Dropped before the slot arrives (timeout, client
@@ -811,6 +874,7 @@ async fn exchange(
     mut upstream: UpstreamConn,
     meta: RequestMeta,
     deadlines: Deadlines,
+    expected: &str,
     held: &mut Option<Held<'_>>,
 ) -> Exchanged {
     let ClientConn {
@@ -822,7 +886,6 @@ async fn exchange(
         response_head,
         request_id,
         canceller,
-        key,
         ..
     } = &mut *conn;
     let phase = Cell::new(SendPhase::Body);
@@ -838,7 +901,7 @@ async fn exchange(
             inbuf,
             &upstream_writer,
             &phase,
-            canceller.handle(),
+            canceller.get_or_insert_with(Canceller::new).handle(),
         );
         let mut send = pin!(send);
         let mut sent: Option<Result<(), SendError>> = None;
@@ -852,7 +915,7 @@ async fn exchange(
                 meta,
                 deadlines,
                 addr,
-                key,
+                expected,
                 shard,
             );
             let mut receive = pin!(receive);
@@ -907,7 +970,9 @@ async fn exchange(
         if received.is_some() && sent.is_none() && phase.get() == SendPhase::ReadingAhead {
             // Cancelling hands back a fresh canceller that keeps the old one's bookkeeping
             // capacity, so a keep-alive connection allocates nothing here after its first request.
-            *canceller = std::mem::take(canceller).cancel();
+            if let Some(canceller) = canceller {
+                *canceller = std::mem::take(canceller).cancel();
+            }
             sent = Some(send.await);
         }
         (received, sent, tail_written, upstream)

@@ -254,12 +254,24 @@ pub struct Replica {
     /// Metric blocks outlive a revision's removal so counters never go backwards.
     counters: RefCell<FxHashMap<Arc<str>, Arc<RevisionCounters>>>,
     version: Cell<u64>,
+    /// Where `find` spells the key, so that a connection keeps no key of its own.
+    scratch: RefCell<String>,
 }
 
 impl Replica {
     /// Looks a revision up by `namespace/name`.
     pub fn get(&self, key: &str) -> Option<Rc<LocalRevision>> {
         self.revisions.borrow().get(key).cloned()
+    }
+
+    /// Looks a revision up by its namespace and name.
+    pub fn find(&self, namespace: &str, name: &str) -> Option<Rc<LocalRevision>> {
+        let mut key = self.scratch.borrow_mut();
+        key.clear();
+        key.push_str(namespace);
+        key.push('/');
+        key.push_str(name);
+        self.get(&key)
     }
 
     /// Applies one update from the control thread.

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use monoio::net::TcpListener;
 
+use crate::alarm::{self, Alarms};
+use crate::blocks::Blocks;
 use crate::control_link::ControlLink;
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::pool::{Pool, PoolConfig};
@@ -53,7 +55,14 @@ pub struct Shard {
     peers: Vec<flume::Sender<Grant>>,
     /// Registrations and pod signals to the control thread.
     pub control: ControlLink,
+    /// Deadlines of waiting requests (queued for a slot, slow heads), one timer for all.
+    pub alarms: Alarms,
+    /// Spare blocks for exchanges with pods, which run outside the connections' futures.
+    pub exchanges: Blocks,
 }
+
+/// Spare exchange blocks a shard keeps (each a few KiB) once its concurrency drops.
+const SPARE_EXCHANGES: usize = 256;
 
 impl Shard {
     pub fn new(
@@ -75,6 +84,8 @@ impl Shard {
             connection_closed: LocalNotify::default(),
             peers,
             control,
+            alarms: Alarms::default(),
+            exchanges: Blocks::new(SPARE_EXCHANGES),
         }
     }
 
@@ -136,6 +147,8 @@ pub async fn run(
             }
         }
     });
+    let timer_shard = shard.clone();
+    monoio::spawn(async move { alarm::run_timer(&timer_shard.alarms).await });
     let sweep_shard = shard.clone();
     monoio::spawn(async move {
         while !sweep_shard.stopping.is_set() {
