@@ -149,6 +149,41 @@ fn keep_alive_reuses_one_client_and_one_upstream_connection() {
 }
 
 #[test]
+fn busy_keep_alive_connections_are_never_closed_between_requests() {
+    // Fast pod, several clients at once: the pod's response often completes in the same
+    // completion batch as the write of the request. A finished exchange must still count as
+    // finished, so the client's connection stays open for its next request.
+    let (backend, activator) = one_backend();
+    let http = activator.http;
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(http).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(30)))
+                    .unwrap();
+                let mut buffered = Vec::new();
+                for i in 0..400 {
+                    stream.write_all(get("hello", "/").as_bytes()).unwrap();
+                    match read_response(&mut stream, &mut buffered) {
+                        Some(response) => assert_eq!(response.status, 200, "request {i}"),
+                        None => panic!("connection closed before response {i}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
+    assert_eq!(backend.stats().requests, 3200);
+    assert_eq!(
+        activator.metric_sum("kactivator_shard_connections_accepted_total", &[]),
+        8.0
+    );
+}
+
+#[test]
 fn pipelined_requests_get_responses_in_order() {
     let (_backend, activator) = one_backend();
     let mut stream = activator.connect();

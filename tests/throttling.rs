@@ -173,8 +173,7 @@ fn a_body_and_a_pipelined_request_sent_while_queued_arrive_whole() {
         "container_concurrency = 1",
     ));
     let holder = hold_slot_with_an_upgrade(&activator, "echo");
-    let queued =
-        || activator.metric_sum("kactivator_revision_queued", &["revision_name=\"echo\""]);
+    let queued = || activator.metric_sum("kactivator_revision_queued", &["revision_name=\"echo\""]);
     let body: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     let mut client = activator.connect();
     client
@@ -191,7 +190,11 @@ fn a_body_and_a_pipelined_request_sent_while_queued_arrive_whole() {
     client.write_all(&body).unwrap();
     client.write_all(get("echo", "/").as_bytes()).unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(queued(), 1.0, "still waiting: bytes from the client are not a disconnect");
+    assert_eq!(
+        queued(),
+        1.0,
+        "still waiting: bytes from the client are not a disconnect"
+    );
     drop(holder);
     let mut buffered = Vec::new();
     let first = support::read_response(&mut client, &mut buffered).expect("echo response");

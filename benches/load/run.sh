@@ -394,12 +394,18 @@ EOF
   start "$name" "$cpu" haproxy -db -f "$work/$name.cfg"
 }
 
+# The quarantine gate is off: its prober wants the queue-proxy's `queue` answer on /healthz,
+# which the nginx backend does not give (the pod would be quarantined and every request would
+# wait), and the peers run no health checks either.
 kactivator_conf() {
   local file=$1 port=$2 admin=$3
   cat >"$file" <<EOF
 [listen]
 http = "127.0.0.1:$port"
 admin = "127.0.0.1:$admin"
+
+[features]
+"activator.pod-quarantine" = "disabled"
 
 [[revisions]]
 namespace = "default"

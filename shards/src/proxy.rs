@@ -920,15 +920,18 @@ async fn exchange(
             );
             let mut receive = pin!(receive);
             poll_fn(|cx| {
-                // The response side goes first: a client that closes right after reading the whole
-                // response must not turn a finished exchange into an abort.
-                if let Poll::Ready(received) = receive.as_mut().poll(cx) {
-                    return Poll::Ready(Some(received));
-                }
+                // The request side goes first. Its last write and the pod's whole response can
+                // complete in one batch (io_uring reports both at once); polled second, the
+                // request would still look unsent, and a finished keep-alive exchange would
+                // close both connections. The client cannot have the whole response yet (its
+                // tail is written below), so a client that leaves now really left early.
                 if sent.is_none() {
                     if let Poll::Ready(result) = send.as_mut().poll(cx) {
                         sent = Some(result);
                     }
+                }
+                if let Poll::Ready(received) = receive.as_mut().poll(cx) {
+                    return Poll::Ready(Some(received));
                 }
                 if matches!(
                     sent,
