@@ -196,7 +196,7 @@ fn rfc3339_nano(time: SystemTime) -> String {
     let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     let seconds = since_epoch.as_secs();
     let (days, second_of_day) = (seconds / 86_400, seconds % 86_400);
-    let (year, month, day) = civil_from_days(days);
+    let (year, month, day) = kactivator_h1::date::civil_from_days(days);
     let mut text = format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
         second_of_day / 3600,
@@ -211,26 +211,6 @@ fn rfc3339_nano(time: SystemTime) -> String {
     }
     text.push('Z');
     text
-}
-
-/// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's `civil_from_days`,
-/// restricted to dates after the epoch).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let shifted = days + 719_468;
-    let era = shifted / 146_097;
-    let day_of_era = shifted % 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]
