@@ -66,7 +66,8 @@ impl Blocks {
     }
 
     /// Spare blocks held.
-    pub fn spare(&self) -> usize {
+    #[cfg(test)]
+    fn spare(&self) -> usize {
         self.spare.borrow().len()
     }
 
