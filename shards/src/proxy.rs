@@ -954,17 +954,18 @@ async fn exchange(
         // The pod is done with this request: its connection (when both directions ended cleanly)
         // and its slot go back before the tail is relayed and before the read-ahead is stopped.
         let mut tail_written = Ok(());
-        if let Some(Ok(done)) = &received {
-            if !done.upgraded {
-                if done.upstream_reusable {
-                    if let Some(upstream) = upstream.take() {
-                        shard.pool.checkin(upstream);
-                    }
-                }
-                drop(held.take());
-                if !response_out.is_empty() {
-                    tail_written = write_all(writer, response_out).await;
-                }
+        if let Some(Ok(
+            done @ Received {
+                upgraded: false, ..
+            },
+        )) = &received
+        {
+            if let Some(upstream) = upstream.take_if(|_| done.upstream_reusable) {
+                shard.pool.checkin(upstream);
+            }
+            drop(held.take());
+            if !response_out.is_empty() {
+                tail_written = write_all(writer, response_out).await;
             }
         }
         // A request side still reading ahead is interrupted without losing bytes; one still sending
