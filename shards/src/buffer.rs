@@ -7,7 +7,7 @@ use monoio::io::{AsyncReadRent, CancelHandle, CancelableAsyncReadRent};
 
 /// Bytes read from a socket and not yet consumed. Reads append into spare capacity; consuming
 /// advances a cursor; the buffer compacts itself before growing.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct InBuf {
     buf: Vec<u8>,
     pos: usize,
@@ -19,7 +19,8 @@ pub struct InBuf {
 /// How much a read asks the kernel for.
 pub const READ_CHUNK: usize = 64 * 1024;
 
-/// What a released buffer starts again with: enough for a usual request head.
+/// What an empty buffer (new or released) allocates for its first read: enough for a usual
+/// request head.
 pub const START_CAPACITY: usize = 2 * 1024;
 
 impl InBuf {

@@ -27,7 +27,7 @@ use monoio::io::{
 };
 use monoio::net::TcpStream;
 
-use crate::buffer::{InBuf, START_CAPACITY};
+use crate::buffer::InBuf;
 use crate::control_link::{
     PodSignal, SignalKind, REGISTRATION_MAX_BODY, REGISTRATION_PATH, REGISTRATION_USER_AGENT,
     RELAYED_HEADER,
@@ -133,7 +133,7 @@ pub(crate) fn serve_connection(
         // request head usually fits in 2 KiB and the buffer grows to `READ_CHUNK` once a read
         // fills it; the output buffers are allocated on first use (a queued request has not
         // needed either yet) and kept for the next request.
-        inbuf: InBuf::with_capacity(START_CAPACITY),
+        inbuf: InBuf::default(),
         request_out: Vec::new(),
         response_out: Vec::new(),
         peer_ip: peer.ip().to_string().into_bytes(),
