@@ -52,6 +52,11 @@ impl UpstreamConn {
         }
     }
 
+    /// The socket, for writes made outside the reactor (`send_now`).
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
     /// Whether the pod closed (or wrote unsolicited bytes on) this idle connection.
     fn is_stale(&self) -> bool {
         let mut byte = 0u8;

@@ -10,6 +10,7 @@ use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::pin::pin;
 use std::rc::Rc;
 use std::task::Poll;
@@ -25,6 +26,7 @@ use monoio::io::{
     AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Canceller, OwnedReadHalf, OwnedWriteHalf,
     Splitable,
 };
+use monoio::buf::IoBuf;
 use monoio::net::TcpStream;
 
 use crate::buffer::InBuf;
@@ -890,6 +892,7 @@ async fn exchange(
     } = &mut *conn;
     let phase = Cell::new(SendPhase::Body);
     let addr = upstream.addr;
+    let pod_fd = upstream.fd();
     // The request side borrows the pod's write half only until everything is sent; it puts it
     // back here so the connection can return to the pool while the client is still read ahead.
     let upstream_writer = Cell::new(Some(upstream.writer));
@@ -900,6 +903,7 @@ async fn exchange(
             reader,
             inbuf,
             &upstream_writer,
+            pod_fd,
             &phase,
             canceller.get_or_insert_with(Canceller::new).handle(),
         );
@@ -1067,6 +1071,7 @@ async fn send_request(
     reader: &mut OwnedReadHalf<TcpStream>,
     inbuf: &mut InBuf,
     upstream_writer: &Cell<Option<OwnedWriteHalf<TcpStream>>>,
+    pod_fd: RawFd,
     phase: &Cell<SendPhase>,
     cancel: monoio::io::CancelHandle,
 ) -> Result<(), SendError> {
@@ -1081,11 +1086,17 @@ async fn send_request(
         let progress = reframe(&mut decoder, inbuf, chunked, &mut trailers, out)
             .map_err(|_| SendError::ClientBody)?;
         if !out.is_empty() {
-            let written = if keeps_head(meta) {
-                write_all_kept(&mut upstream, out).await
+            // The pod's time is what requests queue for: its bytes go out now, not when this
+            // shard next submits to the ring (see `send_now`).
+            let sent = send_now(pod_fd, out);
+            let written = if sent < out.len() {
+                write_rest(&mut upstream, out, sent).await
             } else {
-                write_all(&mut upstream, out).await
+                Ok(())
             };
+            if !keeps_head(meta) {
+                out.clear();
+            }
             written.map_err(|_| SendError::Upstream)?;
         }
         match progress {
@@ -1410,6 +1421,41 @@ async fn write_all<W: AsyncWriteRent>(writer: &mut W, out: &mut Vec<u8>) -> io::
     let result = write_all_kept(writer, out).await;
     out.clear();
     result
+}
+
+/// Writes what the socket takes at once of `bytes`, without waiting; returns how much.
+///
+/// Under io_uring a write would otherwise wait for the end of the shard's turn, behind every
+/// other operation queued in it (client writes, each waking a client thread). For the request
+/// a pod has been waiting for, that queue is the idle gap between two of its requests. A
+/// non-blocking `send` puts the bytes on the wire at once; whatever it did not take (a full
+/// socket buffer) or any error is left to the regular write, which reports it.
+fn send_now(fd: RawFd, bytes: &[u8]) -> usize {
+    // SAFETY: `fd` is the pod connection's socket, owned by the exchange that calls this and
+    // open for the call; `bytes` is a live slice the kernel only reads. MSG_DONTWAIT makes the
+    // call non-blocking whatever the socket's mode; MSG_NOSIGNAL turns a closed peer into
+    // EPIPE instead of a signal.
+    let n = unsafe {
+        libc::send(
+            fd,
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// Writes `out[from..]` and leaves `out` as it was.
+async fn write_rest<W: AsyncWriteRent>(
+    writer: &mut W,
+    out: &mut Vec<u8>,
+    from: usize,
+) -> io::Result<()> {
+    let buf = std::mem::take(out);
+    let (result, rest) = writer.write_all(buf.slice(from..)).await;
+    *out = rest.into_inner();
+    result.map(|_| ())
 }
 
 /// Writes `out` and leaves its contents in place.
