@@ -22,11 +22,11 @@ use kactivator_h1::{
     encode_last_chunk, parse_request, parse_response, BodyDecoder, BodyEvent, BodyKind, HeadError,
     Method, Parsed, RequestHead, ResponseHead, Version,
 };
+use monoio::buf::IoBuf;
 use monoio::io::{
     AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Canceller, OwnedReadHalf, OwnedWriteHalf,
     Splitable,
 };
-use monoio::buf::IoBuf;
 use monoio::net::TcpStream;
 
 use crate::buffer::InBuf;
@@ -779,6 +779,14 @@ struct Held<'a> {
     shard: &'a Shard,
 }
 
+impl Held<'_> {
+    /// Gives the slot back now; true when a request queued on this shard was woken with it.
+    fn give_back(self) -> bool {
+        let held = std::mem::ManuallyDrop::new(self);
+        held.revision.release(held.pod, held.shard)
+    }
+}
+
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.revision.release(self.pod, self.shard);
@@ -967,7 +975,11 @@ async fn exchange(
             if let Some(upstream) = upstream.take_if(|_| done.upstream_reusable) {
                 shard.pool.checkin(upstream);
             }
-            drop(held.take());
+            if held.take().is_some_and(Held::give_back) {
+                // The slot went to a request queued on this shard: its bytes reach the pod
+                // before this tail reaches the client (the pod is what everyone waits for).
+                shard.back_of_queue.yield_now().await;
+            }
             if !response_out.is_empty() {
                 tail_written = write_all(writer, response_out).await;
             }

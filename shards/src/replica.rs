@@ -131,23 +131,26 @@ impl LocalRevision {
         }
     }
 
-    /// Gives a slot back and hands free slots to waiters, on any shard.
-    pub fn release(&self, pod: &LocalPod, shard: &Shard) {
+    /// Gives a slot back and hands free slots to waiters, on any shard. True when a request
+    /// queued on this shard was woken with one.
+    pub fn release(&self, pod: &LocalPod, shard: &Shard) -> bool {
         pod.tracker.slots.release();
-        self.dispatch(shard);
+        self.dispatch(shard)
     }
 
-    /// Serves waiters while slots are free (after a release, a grant or new capacity).
-    pub fn dispatch(&self, shard: &Shard) {
+    /// Serves waiters while slots are free (after a release, a grant or new capacity). True
+    /// when a request queued on this shard was woken with a slot.
+    pub fn dispatch(&self, shard: &Shard) -> bool {
         if self.gate.waiting() == 0 {
-            return;
+            return false;
         }
         let mut effects = Vec::new();
         self.queue
             .borrow_mut()
             .dispatch(&self.gate, || self.try_acquire(), &mut effects);
-        self.apply_effects(effects, shard);
+        let woke_local = self.apply_effects(effects, shard);
         self.publish_queued();
+        woke_local
     }
 
     /// A slot granted by another shard arrived.
@@ -187,7 +190,9 @@ impl LocalRevision {
             .map(|at| pods[at].clone())
     }
 
-    fn apply_effects(&self, effects: Vec<Effect<Rc<LocalPod>>>, shard: &Shard) {
+    /// Carries out the queue's decisions; true when a local waiter was woken with a slot.
+    fn apply_effects(&self, effects: Vec<Effect<Rc<LocalPod>>>, shard: &Shard) -> bool {
+        let mut woke_local = false;
         for effect in effects {
             match effect {
                 Effect::Wake { waiter, pod } => {
@@ -197,13 +202,14 @@ impl LocalRevision {
                             slot.granted = Some(pod);
                             if let Some(waker) = slot.waker.take() {
                                 waker.wake();
+                                woke_local = true;
                             }
                         }
                         None => {
                             // Only cancel removes a waiter, and it leaves the queue first; if that
                             // ever breaks, the slot must still go back.
                             drop(waiters);
-                            self.release(&pod, shard);
+                            woke_local |= self.release(&pod, shard);
                         }
                     }
                 }
@@ -213,11 +219,12 @@ impl LocalRevision {
                         pod: pod.tracker.clone(),
                     };
                     if !shard.send_grant(to, grant) {
-                        self.release(&pod, shard);
+                        woke_local |= self.release(&pod, shard);
                     }
                 }
             }
         }
+        woke_local
     }
 
     fn apply(&self, route: Arc<RevisionRoute>) {

@@ -15,7 +15,7 @@ use crate::proxy;
 use crate::race::{race, Either};
 use crate::replica::Replica;
 use crate::routing::{Grant, ShardCommand};
-use crate::signal::{LocalEvent, LocalNotify};
+use crate::signal::{BackOfQueue, LocalEvent, LocalNotify};
 
 /// How often idle upstream connections are swept.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -59,6 +59,8 @@ pub struct Shard {
     pub alarms: Alarms,
     /// Spare blocks for exchanges with pods, which run outside the connections' futures.
     pub exchanges: Blocks,
+    /// Where a task that handed its pod slot on lets the woken waiter go first.
+    pub back_of_queue: BackOfQueue,
 }
 
 /// Spare exchange blocks a shard keeps (each a few KiB) once its concurrency drops.
@@ -86,6 +88,7 @@ impl Shard {
             control,
             alarms: Alarms::default(),
             exchanges: Blocks::new(SPARE_EXCHANGES),
+            back_of_queue: BackOfQueue::default(),
         }
     }
 
@@ -147,6 +150,8 @@ pub async fn run(
             }
         }
     });
+    let relay_shard = shard.clone();
+    monoio::spawn(async move { relay_shard.back_of_queue.run_relay().await });
     let timer_shard = shard.clone();
     monoio::spawn(async move { alarm::run_timer(&timer_shard.alarms).await });
     let sweep_shard = shard.clone();
