@@ -166,7 +166,9 @@ impl ExactBackend {
                     }
                     let Ok(stream) = stream else { continue };
                     let counters = Arc::clone(&accept_counters);
+                    // `trace-handoffs.sh` finds a pod's threads by this name.
                     let _ = std::thread::Builder::new()
+                        .name(format!("exact-{}", addr.port()))
                         .stack_size(64 * 1024)
                         .spawn(move || serve(stream, &counters));
                 }
