@@ -1430,7 +1430,7 @@ async fn copy_until_eof<R: AsyncReadRent, W: AsyncWriteRent>(
 
 /// Writes all of `out` and clears it, keeping its allocation.
 async fn write_all<W: AsyncWriteRent>(writer: &mut W, out: &mut Vec<u8>) -> io::Result<()> {
-    let result = write_all_kept(writer, out).await;
+    let result = write_rest(writer, out, 0).await;
     out.clear();
     result
 }
@@ -1467,14 +1467,6 @@ async fn write_rest<W: AsyncWriteRent>(
     let buf = std::mem::take(out);
     let (result, rest) = writer.write_all(buf.slice(from..)).await;
     *out = rest.into_inner();
-    result.map(|_| ())
-}
-
-/// Writes `out` and leaves its contents in place.
-async fn write_all_kept<W: AsyncWriteRent>(writer: &mut W, out: &mut Vec<u8>) -> io::Result<()> {
-    let buf = std::mem::take(out);
-    let (result, buf) = writer.write_all(buf).await;
-    *out = buf;
     result.map(|_| ())
 }
 
