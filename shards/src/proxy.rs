@@ -1322,11 +1322,9 @@ async fn receive_response(
                 .map_err(|_| ReceiveError::Truncated)?;
             wrote_head = true;
         }
-        match progress {
-            Reframed::Finished => unreachable!("returned above"),
-            // More is already buffered: never wait on the socket for bytes we hold.
-            Reframed::OutputFull => continue,
-            Reframed::NeedInput => {}
+        // More is already buffered: never wait on the socket for bytes we hold.
+        if progress == Reframed::OutputFull {
+            continue;
         }
         let deadline = match deadlines.idle {
             Some(idle) => deadlines.total.min(Instant::now() + idle),
