@@ -1093,6 +1093,9 @@ async fn send_request(
     let mut decoder = BodyDecoder::new(meta.body);
     let mut trailers: Option<Vec<u8>> = None;
     let chunked = meta.body == BodyKind::Chunked;
+    // Once the socket has not taken everything at once it is backed up: trying again first
+    // would only add a failed syscall to every write of the body.
+    let mut try_now = true;
     loop {
         // Move the body bytes already buffered into `out`, behind the head.
         let progress = reframe(&mut decoder, inbuf, chunked, &mut trailers, out)
@@ -1100,7 +1103,8 @@ async fn send_request(
         if !out.is_empty() {
             // The pod's time is what requests queue for: its bytes go out now, not when this
             // shard next submits to the ring (see `send_now`).
-            let sent = send_now(pod_fd, out);
+            let sent = if try_now { send_now(pod_fd, out) } else { 0 };
+            try_now = sent == out.len();
             let written = if sent < out.len() {
                 write_rest(&mut upstream, out, sent).await
             } else {
