@@ -43,8 +43,6 @@ die() {
   exit 1
 }
 
-target_dir=${CARGO_TARGET_DIR:-$repo/target}
-[[ $target_dir == /* ]] || target_dir="$repo/$target_dir"
 stamp=$(date +%Y%m%d-%H%M%S)
 results_dir="$repo/target/bench-results"
 mkdir -p "$results_dir"
@@ -75,20 +73,8 @@ trap 'exit 143' TERM
 
 # === build ===
 
-log "building kactivator-scenarios (release, $target_dir)"
-cargo build --release --quiet --manifest-path benches/scenarios/Cargo.toml --target-dir "$target_dir" ||
-  die "kactivator-scenarios did not build"
-scenarios_bin="$target_dir/release/kactivator-scenarios"
-if [[ -n ${KACTIVATOR_BIN:-} ]]; then
-  [[ -x $KACTIVATOR_BIN ]] || die "KACTIVATOR_BIN=$KACTIVATOR_BIN is not an executable file"
-  kactivator_bin=$KACTIVATOR_BIN
-  log "using KACTIVATOR_BIN=$kactivator_bin (not building)"
-else
-  log "building kactivator (release, $target_dir)"
-  cargo build --release --quiet -p kactivator --bin kactivator --target-dir "$target_dir" ||
-    die "kactivator did not build"
-  kactivator_bin="$target_dir/release/kactivator"
-fi
+# shellcheck source=benches/scenarios/build.sh
+source "$repo/benches/scenarios/build.sh"
 
 # One descriptor per connection: the soft limit goes up to the hard one (which only
 # CAP_SYS_RESOURCE can raise). kactivator inherits it and raises its own soft limit too.

@@ -21,10 +21,12 @@ case $driver in io-uring | epoll) ;; *) echo "trace-handoffs.sh: driver is io-ur
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
 log() { printf '[trace %s] %s\n' "$(date +%T)" "$*" >&2; }
-command -v perf >/dev/null || { log "perf is not installed (apt-get install linux-perf)"; exit 1; }
+die() {
+  log "FATAL: $*"
+  exit 1
+}
+command -v perf >/dev/null || die "perf is not installed (apt-get install linux-perf)"
 
-target_dir=${CARGO_TARGET_DIR:-$repo/target}
-[[ $target_dir == /* ]] || target_dir="$repo/$target_dir"
 results_dir="$repo/target/bench-results"
 mkdir -p "$results_dir"
 stamp=$(date +%Y%m%d-%H%M%S)
@@ -37,18 +39,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "building kactivator-scenarios and kactivator (release)"
-cargo build --release --quiet --manifest-path benches/scenarios/Cargo.toml --target-dir "$target_dir"
-if [[ -n ${KACTIVATOR_BIN:-} ]]; then
-  kactivator_bin=$KACTIVATOR_BIN
-else
-  cargo build --release --quiet -p kactivator --bin kactivator --target-dir "$target_dir"
-  kactivator_bin="$target_dir/release/kactivator"
-fi
+# shellcheck source=benches/scenarios/build.sh
+source "$repo/benches/scenarios/build.sh"
 
 # One round: the ceiling row (1 s warm-up + 4 s), then kactivator (1 s warm-up + 4 s). The
 # recording starts 2.5 s into kactivator's row, well inside its measured window.
-"$target_dir/release/kactivator-scenarios" --kactivator "$kactivator_bin" --drivers "$driver" \
+"$scenarios_bin" --kactivator "$kactivator_bin" --drivers "$driver" \
   scarcity --rounds 1 --duration 4 >"$raw.report" 2>&1 &
 runner_pid=$!
 sleep 8.5
