@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kactivator_shards::reactor::DriverChoice;
+use kactivator_shards::runtime::reactor::DriverChoice;
 
 /// A thread-per-core Knative activator.
 #[derive(Debug, Parser)]

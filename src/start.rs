@@ -8,14 +8,14 @@ use crossbeam_utils::CachePadded;
 use kactivator_control::config::{Config, ConfigError};
 use kactivator_control::publisher::Publisher;
 use kactivator_control::{ControlInputs, ControlPlane};
-use kactivator_shards::control_link::ControlLink;
-use kactivator_shards::identity::detect_cluster_domain;
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
-use kactivator_shards::pool::PoolConfig;
-use kactivator_shards::reactor::{self, DriverKind, ShardSpec};
-use kactivator_shards::shard::ShardSettings;
+use kactivator_shards::request::identity::detect_cluster_domain;
+use kactivator_shards::runtime::control_link::ControlLink;
+use kactivator_shards::runtime::reactor::{self, DriverKind, ShardSpec};
+use kactivator_shards::runtime::shard::ShardSettings;
+use kactivator_shards::runtime::topology::CpuBudget;
 use kactivator_shards::throttle::gate::ProcessQueue;
-use kactivator_shards::topology::CpuBudget;
+use kactivator_shards::upstream::pool::PoolConfig;
 
 use crate::cli::{Cli, LogFormat, Logging};
 

@@ -12,7 +12,6 @@ pub mod metrics;
 pub mod pod_state;
 pub mod prober;
 pub mod publisher;
-pub mod registration;
 pub mod shell;
 pub mod sources;
 pub mod standalone;
@@ -24,9 +23,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kactivator_shards::control_link::ToControl;
 use kactivator_shards::metrics::AllShardStats;
 use kactivator_shards::routing::ShardCommand;
+use kactivator_shards::runtime::control_link::ToControl;
 use kactivator_shards::throttle::gate::ProcessQueue;
 use tokio::signal::unix::{signal, SignalKind};
 

@@ -300,48 +300,15 @@ impl fmt::Display for PodState {
     }
 }
 
-/// What a queue-proxy pushes (`event_type` of `POST /api/v1/pod-registration`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum QueueProxyEvent {
-    /// The container started; not ready yet. No longer sent by the fork's QP, still accepted.
-    Startup,
-    /// The readiness probe started passing.
-    Ready,
-    /// The readiness probe started failing.
-    NotReady,
-    /// The pod got SIGTERM and is shutting down.
-    Draining,
-}
+pub use kactivator_api::registration::QueueProxyEvent;
 
-impl QueueProxyEvent {
-    /// The `event_type` string on the wire, also the log label.
-    pub fn wire_name(self) -> &'static str {
-        match self {
-            QueueProxyEvent::Startup => "startup",
-            QueueProxyEvent::Ready => "ready",
-            QueueProxyEvent::NotReady => "not-ready",
-            QueueProxyEvent::Draining => "draining",
-        }
-    }
-
-    /// Parses an `event_type`; exact match, as the fork's handler (anything else is a 400).
-    pub fn from_wire_name(name: &str) -> Option<QueueProxyEvent> {
-        match name {
-            "startup" => Some(QueueProxyEvent::Startup),
-            "ready" => Some(QueueProxyEvent::Ready),
-            "not-ready" => Some(QueueProxyEvent::NotReady),
-            "draining" => Some(QueueProxyEvent::Draining),
-            _ => None,
-        }
-    }
-
-    fn reason(self) -> Reason {
-        match self {
-            QueueProxyEvent::Startup => Reason::QueueProxyStartup,
-            QueueProxyEvent::Ready => Reason::QueueProxyReady,
-            QueueProxyEvent::NotReady => Reason::QueueProxyNotReady,
-            QueueProxyEvent::Draining => Reason::QueueProxyDraining,
-        }
+/// The reason a queue-proxy event gives a transition.
+fn queue_proxy_reason(event: QueueProxyEvent) -> Reason {
+    match event {
+        QueueProxyEvent::Startup => Reason::QueueProxyStartup,
+        QueueProxyEvent::Ready => Reason::QueueProxyReady,
+        QueueProxyEvent::NotReady => Reason::QueueProxyNotReady,
+        QueueProxyEvent::Draining => Reason::QueueProxyDraining,
     }
 }
 
@@ -491,7 +458,7 @@ impl Pod {
             }
             Event::QueueProxy(QueueProxyEvent::Ready) => (PodState::Ready, Reason::QueueProxyReady),
             Event::QueueProxy(queue_proxy_event) => {
-                (PodState::NotReady, queue_proxy_event.reason())
+                (PodState::NotReady, queue_proxy_reason(queue_proxy_event))
             }
             Event::InformerListed => (PodState::Ready, Reason::InformerAdded),
             Event::InformerOmitted { .. }

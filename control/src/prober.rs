@@ -101,7 +101,7 @@ pub async fn probe(
 /// * Then the body must be exactly `queue`: no trimming. That is upstream's check and what a
 ///   queue-proxy writes; something answering `queue\n` is not a queue-proxy.
 pub fn judge(answer: &Answer, namespace: &str, revision: &str) -> ProbeResult {
-    if let Some((namespace, revision)) = kactivator_shards::identity::other_revision(
+    if let Some((namespace, revision)) = kactivator_shards::request::identity::other_revision(
         answer.revision_name.as_deref(),
         answer.revision_namespace.as_deref(),
         namespace,

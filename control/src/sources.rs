@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kactivator_shards::control_link::{
+use kactivator_shards::runtime::control_link::{
     PodSignal, Reply, SignalKind, ToControl, REGISTRATION_PATH, RELAYED_HEADER,
 };
 use prometheus::{IntCounterVec, Opts, Registry};
@@ -23,10 +23,10 @@ use crate::config::Config;
 use crate::metrics;
 use crate::pod_state::{Event, Gates, Reason};
 use crate::prober::{self, ProbeResult};
-use crate::registration;
 use crate::state::{OmissionScope, Op, OpError, PodTarget, ProbeTarget, Source};
 use crate::worker::{WorkerError, WorkerHandle};
 use crate::{activators_of, features, standalone};
+use kactivator_api::registration;
 
 /// Most probes in flight at once.
 const PROBE_CONCURRENCY: usize = 64;

@@ -1,28 +1,28 @@
-//! The data plane: one monoio reactor per CPU, each proxying HTTP from its own replica of routing.
+//! The data plane: one monoio reactor per CPU, each serving clients from its own replica of the
+//! routing table.
 //!
-//! Layout: pure logic (`identity`, `probes`, `rewrite`, `topology`, `routing`) has no I/O and is
-//! tested directly; `proxy`, `pool`, `shard` and `reactor` are the thin I/O shell around it.
+//! Folders are the layers, from the wire inwards:
+//!
+//! * [`http1`] — the HTTP/1.1 front: one task per client connection, the exchange with a pod,
+//!   upgrades, the queue-proxy registration endpoint. The only place that knows HTTP/1 framing
+//!   (beside the sans-IO codec in `kactivator-h1`).
+//! * [`request`] — the protocol-neutral request path every front goes through: which revision,
+//!   local answers, admission and the wait for a pod slot, deadlines, how an exchange ends.
+//! * [`upstream`] — connections to pods: the per-shard pool and the errors of talking to a pod.
+//! * [`routing`] — the snapshot types the control thread publishes and each shard's replica.
+//! * [`throttle`] — pure admission logic shared across shards: slots, the gate, LB policies,
+//!   capacity, subsetting.
+//! * [`runtime`] — the reactor threads, the shard and its timers, signals and channels.
+//! * [`metrics`] — single-writer counters read by the scrape.
+//!
+//! Pure modules (no I/O, no clock of their own) are `request::{identity, probes, deadlines,
+//! outcome}`, `throttle`, `routing` (types), `http1::{rewrite, reframe}`, `runtime::topology`'s
+//! parsers and `upstream::error`; the rest is the shell around them.
 
-pub mod alarm;
-pub mod blocks;
-pub mod buffer;
-pub mod control_link;
-pub mod date;
-pub mod error;
-pub mod identity;
+pub mod http1;
 pub mod metrics;
-pub mod pool;
-pub mod probes;
-mod proxy;
-mod race;
-pub mod reactor;
-pub mod reframe;
-pub mod replica;
-pub mod rewrite;
+pub mod request;
 pub mod routing;
-pub mod shard;
-pub mod signal;
+pub mod runtime;
 pub mod throttle;
-pub mod topology;
-
-pub use proxy::{CLIENT_CLOSED, HEAD_TIMEOUT};
+pub mod upstream;

@@ -16,10 +16,10 @@ use std::thread::JoinHandle;
 use monoio::{Driver, IoUringDriver, LegacyDriver, Runtime, RuntimeBuilder};
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::control_link::ControlLink;
 use crate::metrics::AllShardStats;
 use crate::routing::{Grant, ShardCommand};
-use crate::shard::{self, Shard, ShardSettings};
+use crate::runtime::control_link::ControlLink;
+use crate::runtime::shard::{self, Shard, ShardSettings};
 
 /// Submission queue entries per io_uring instance.
 const URING_ENTRIES: u32 = 1024;

@@ -16,7 +16,7 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use crate::race::{race, Either};
+use crate::runtime::race::{race, Either};
 
 /// One shard's armed deadlines.
 #[derive(Default)]

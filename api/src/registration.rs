@@ -16,8 +16,6 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pod_state::QueueProxyEvent;
-
 /// The request path, on the data port.
 pub const PATH: &str = "/api/v1/pod-registration";
 
@@ -36,7 +34,43 @@ pub const ACCEPTED_BODY: &str = "{\"status\":\"accepted\"}\n";
 pub const ACCEPTED_CONTENT_TYPE: &str = "application/json";
 
 /// Content type of an error body, as Go's `http.Error` sends it.
-pub const ERROR_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
+pub use crate::messages::ERROR_CONTENT_TYPE;
+
+/// What a queue-proxy pushes (`event_type` of the registration body).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QueueProxyEvent {
+    /// The container started; not ready yet. No longer sent by the fork's QP, still accepted.
+    Startup,
+    /// The readiness probe started passing.
+    Ready,
+    /// The readiness probe started failing.
+    NotReady,
+    /// The pod got SIGTERM and is shutting down.
+    Draining,
+}
+
+impl QueueProxyEvent {
+    /// The `event_type` string on the wire, also the log label.
+    pub fn wire_name(self) -> &'static str {
+        match self {
+            QueueProxyEvent::Startup => "startup",
+            QueueProxyEvent::Ready => "ready",
+            QueueProxyEvent::NotReady => "not-ready",
+            QueueProxyEvent::Draining => "draining",
+        }
+    }
+
+    /// Parses an `event_type`; exact match, as the fork's handler (anything else is a 400).
+    pub fn from_wire_name(name: &str) -> Option<QueueProxyEvent> {
+        match name {
+            "startup" => Some(QueueProxyEvent::Startup),
+            "ready" => Some(QueueProxyEvent::Ready),
+            "not-ready" => Some(QueueProxyEvent::NotReady),
+            "draining" => Some(QueueProxyEvent::Draining),
+            _ => None,
+        }
+    }
+}
 
 /// One queue-proxy event about one pod, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -29,21 +29,21 @@ use monoio::io::{
 };
 use monoio::net::TcpStream;
 
-use crate::buffer::InBuf;
-use crate::control_link::{
+use crate::http1::reframe::{reframe, Reframed};
+use crate::http1::rewrite::{self, client_framing, ClientFraming, ClientSide, LocalResponse};
+use crate::request::identity;
+use crate::request::probes::{self, Health};
+use crate::routing::replica::{LocalPod, LocalRevision};
+use crate::runtime::buffer::InBuf;
+use crate::runtime::control_link::{
     PodSignal, SignalKind, REGISTRATION_MAX_BODY, REGISTRATION_PATH, REGISTRATION_USER_AGENT,
     RELAYED_HEADER,
 };
-use crate::error::{TransportCause, UpstreamError};
-use crate::identity;
-use crate::pool::UpstreamConn;
-use crate::probes::{self, Health};
-use crate::race::{race, Either};
-use crate::reframe::{reframe, Reframed};
-use crate::replica::{LocalPod, LocalRevision};
-use crate::rewrite::{self, client_framing, ClientFraming, ClientSide, LocalResponse};
-use crate::shard::Shard;
+use crate::runtime::race::{race, Either};
+use crate::runtime::shard::Shard;
 use crate::throttle::gate::{Admission, WaiterId};
+use crate::upstream::error::{TransportCause, UpstreamError};
+use crate::upstream::pool::UpstreamConn;
 
 /// Once the first byte of a request arrived, its head must complete within this (Go's
 /// `ReadHeaderTimeout` on the activator's server is one minute).

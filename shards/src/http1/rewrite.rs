@@ -271,7 +271,7 @@ pub fn write_local_response(response: &LocalResponse<'_>, client: ClientSide, ou
         put_header(out, name.as_bytes(), value);
     }
     out.extend_from_slice(b"Date: ");
-    out.extend_from_slice(&crate::date::now());
+    out.extend_from_slice(&crate::http1::date::now());
     out.extend_from_slice(b"\r\n");
     let _ = write!(out, "Content-Length: {}\r\n", response.body.len());
     match (client.keep_alive, client.version) {
@@ -510,7 +510,7 @@ mod tests {
             .lines()
             .find(|line| line.starts_with("Date: "))
             .expect("a Date header");
-        assert_eq!(date_line.len(), "Date: ".len() + crate::date::LEN);
+        assert_eq!(date_line.len(), "Date: ".len() + crate::http1::date::LEN);
         assert!(date_line.ends_with(" GMT"), "{date_line}");
         assert_eq!(
             text.replace(&format!("{date_line}\r\n"), ""),

@@ -5,6 +5,8 @@
 //! request never waits on the control thread. Pod trackers are `Arc`s that the control thread
 //! reuses by address across versions: the in-flight count of a pod survives every update.
 
+pub mod replica;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

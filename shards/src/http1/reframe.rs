@@ -3,7 +3,7 @@
 
 use kactivator_h1::{encode_chunk, encode_last_chunk, BodyDecoder, BodyError, BodyEvent};
 
-use crate::buffer::InBuf;
+use crate::runtime::buffer::InBuf;
 
 /// Flush to the socket once this much is buffered.
 pub const WRITE_CHUNK: usize = 64 * 1024;

@@ -15,9 +15,9 @@ use monoio::io::{OwnedReadHalf, OwnedWriteHalf, Splitable};
 use monoio::net::TcpStream;
 use rustc_hash::FxHashMap;
 
-use crate::buffer::InBuf;
-use crate::error::{TransportCause, UpstreamError};
 use crate::metrics::ShardStats;
+use crate::runtime::buffer::InBuf;
+use crate::upstream::error::{TransportCause, UpstreamError};
 
 /// Default longest time an idle upstream connection is kept (Go's `IdleConnTimeout`).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);

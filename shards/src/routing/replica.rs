@@ -14,7 +14,7 @@ use rustc_hash::{FxHashMap, FxHasher};
 
 use crate::metrics::RevisionCounters;
 use crate::routing::{Grant, PodTracker, RevisionRoute, RoutingUpdate};
-use crate::shard::Shard;
+use crate::runtime::shard::Shard;
 use crate::throttle::gate::{Admission, Effect, LocalQueue, QueueLimits, RevisionGate, WaiterId};
 use crate::throttle::lb::{Balancer, Slots};
 
@@ -28,7 +28,7 @@ pub struct LocalPod {
 
 impl LocalPod {
     pub fn new(tracker: Arc<PodTracker>) -> LocalPod {
-        let host_line = crate::rewrite::host_line(tracker.addr);
+        let host_line = crate::http1::rewrite::host_line(tracker.addr);
         LocalPod { tracker, host_line }
     }
 }

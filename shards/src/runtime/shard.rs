@@ -6,16 +6,16 @@ use std::time::Duration;
 
 use monoio::net::TcpListener;
 
-use crate::alarm::{self, Alarms};
-use crate::blocks::Blocks;
-use crate::control_link::ControlLink;
+use crate::http1;
 use crate::metrics::{AllShardStats, ShardStats};
-use crate::pool::{Pool, PoolConfig};
-use crate::proxy;
-use crate::race::{race, Either};
-use crate::replica::Replica;
+use crate::routing::replica::Replica;
 use crate::routing::{Grant, ShardCommand};
-use crate::signal::{BackOfQueue, LocalEvent, LocalNotify};
+use crate::runtime::alarm::{self, Alarms};
+use crate::runtime::blocks::Blocks;
+use crate::runtime::control_link::ControlLink;
+use crate::runtime::race::{race, Either};
+use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
+use crate::upstream::pool::{Pool, PoolConfig};
 
 /// How often idle upstream connections are swept.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -170,7 +170,7 @@ pub async fn run(
         };
         match accepted {
             Either::Left(Ok((stream, peer))) => {
-                monoio::spawn(proxy::serve_connection(shard.clone(), stream, peer));
+                monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
             }
             Either::Left(Err(error)) => {
                 // EMFILE and friends: back off briefly rather than spin.

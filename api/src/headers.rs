@@ -1,0 +1,39 @@
+//! Header names kactivator reads or writes, spelled as Go's canonical form. HTTP/1 compares
+//! names without regard to case; an HTTP/2 front lower-cases them.
+
+/// Request header naming the revision (set by the ingress).
+pub const REVISION: &str = "Knative-Serving-Revision";
+/// Request header naming the revision's namespace (set by the ingress).
+pub const NAMESPACE: &str = "Knative-Serving-Namespace";
+
+/// Set on every proxied request: `K-Proxy-Request: activator`.
+pub const PROXY_REQUEST: &str = "K-Proxy-Request";
+/// Value of [`PROXY_REQUEST`].
+pub const PROXY_REQUEST_VALUE: &str = "activator";
+/// Where the client's `Host` goes when the outbound `Host` becomes the pod.
+pub const ORIGINAL_HOST: &str = "K-Original-Host";
+/// Appended with the client's address on every proxied request.
+pub const FORWARDED_FOR: &str = "X-Forwarded-For";
+/// A request id; replaced by [`RUN_ID`] when that is present.
+pub const REQUEST_ID: &str = "X-Request-Id";
+/// The fork's run id: when present it replaces [`REQUEST_ID`] and is removed.
+pub const RUN_ID: &str = "X-Run-Id";
+
+/// Knative's network probe header: `probe` (ingress, echoes [`NETWORK_HASH`]), `activator`
+/// (answered `activator`), `queue` (what the activator sends a queue-proxy).
+pub const NETWORK_PROBE: &str = "K-Network-Probe";
+/// The hash an ingress probe carries and gets back.
+pub const NETWORK_HASH: &str = "K-Network-Hash";
+/// A non-empty value marks a kubelet probe (besides a `kube-probe/` user agent).
+pub const KUBELET_PROBE: &str = "K-Kubelet-Probe";
+
+/// Response header of a (fork) queue-proxy naming the revision it serves.
+pub const SERVING_REVISION_NAME: &str = "X-Knative-Revision-Name";
+/// Response header of a (fork) queue-proxy naming that revision's namespace.
+pub const SERVING_REVISION_NAMESPACE: &str = "X-Knative-Revision-Namespace";
+
+/// Marks a registration relayed by a peer activator: it is applied, not relayed again. Ours.
+pub const RELAYED: &str = "K-Activator-Relayed";
+
+pub const USER_AGENT: &str = "User-Agent";
+pub const HOST: &str = "Host";

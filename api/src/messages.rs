@@ -1,0 +1,29 @@
+//! Bodies of the answers the activator writes itself, byte for byte as the Go activator writes
+//! them (`http.Error` adds the newline) unless a comment says the answer is ours.
+
+/// 404 for a revision the activator does not know (upstream's lister error, quoted).
+pub fn revision_not_found(name: &str) -> String {
+    format!("Error getting active endpoint: revision.serving.knative.dev \"{name}\" not found\n")
+}
+
+/// 503 when the revision's queue (or the process-wide cap, ours) is full.
+pub const QUEUE_FULL: &str = "pending request queue full\n";
+
+/// 504 when a request timer fires before anything was written (upstream: no newline).
+pub const TIMEOUT: &str = "activator request timeout";
+
+/// 503 for a request that was waiting when its revision left routing. Ours.
+pub const REVISION_GONE: &str = "revision is no longer served\n";
+
+/// 500 to a kubelet probe once SIGTERM has arrived.
+pub const DRAINING: &str = "received SIGTERM from kubelet\n";
+
+/// 400 to `K-Network-Probe: probe` without a hash.
+pub const PROBE_WITHOUT_HASH: &str =
+    "a probe request must contain a non-empty \"K-Network-Hash\" header\n";
+
+/// 503 to a registration when the control thread cannot take it. Ours.
+pub const CONTROL_PLANE_UNAVAILABLE: &str = "activator control plane unavailable\n";
+
+/// Content type of an error body, as Go's `http.Error` sends it.
+pub const ERROR_CONTENT_TYPE: &str = "text/plain; charset=utf-8";

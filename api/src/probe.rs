@@ -1,0 +1,17 @@
+//! Probes: the kubelet's and the network probes the activator answers, and the health check it
+//! sends a queue-proxy (upstream `revision_backends.go` §4.2, queue-proxy §4.6).
+
+/// A kubelet probe's user agent starts with this.
+pub const KUBE_PROBE_USER_AGENT_PREFIX: &str = "kube-probe/";
+
+/// Value of `K-Network-Probe` on an ingress probe.
+pub const NETWORK_PROBE_INGRESS: &str = "probe";
+/// Value of `K-Network-Probe` asking for the activator itself; the answer's body too.
+pub const NETWORK_PROBE_ACTIVATOR: &str = "activator";
+
+/// Path of the health check sent to a queue-proxy.
+pub const HEALTH_PATH: &str = "/healthz";
+/// User agent of that health check (upstream's, so pods and logs recognise it).
+pub const HEALTH_USER_AGENT: &str = "Knative-Activator-Probe";
+/// Value of `K-Network-Probe` on that health check, and the body a healthy queue-proxy answers.
+pub const QUEUE: &str = "queue";

@@ -1,0 +1,12 @@
+//! The reactors and what each shard runs on: threads and listeners, the shard's accept and
+//! command loops, its timers, signals and recycled blocks, and the channel to the control thread.
+
+pub mod alarm;
+pub mod blocks;
+pub mod buffer;
+pub mod control_link;
+pub(crate) mod race;
+pub mod reactor;
+pub mod shard;
+pub mod signal;
+pub mod topology;
