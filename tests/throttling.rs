@@ -262,38 +262,3 @@ fn the_process_wide_cap_bounds_waiters_over_all_revisions_and_removal_frees_plac
     assert_eq!(waiting_b.join().unwrap().status, 200);
     assert_eq!(second_b.join().unwrap().status, 200);
 }
-
-#[test]
-fn a_long_wait_is_counted_against_the_queue_time_thresholds_once() {
-    let pod = backend::spawn(BackendConfig::named("slow-to-come")).unwrap();
-    let cold = |pods: &[std::net::SocketAddr]| {
-        format!(
-            "[control]\nwatch_interval_ms = 50\n\n{}",
-            revision("default", "patience", pods, "timeout_seconds = 30")
-        )
-    };
-    let activator = Activator::start(&cold(&[]));
-    let http = activator.http;
-    let waiting = std::thread::spawn(move || exchange(http, get("patience", "/").as_bytes()));
-    assert!(support::eventually(Duration::from_secs(5), || activator
-        .metric_sum("kactivator_revision_queued", &[])
-        == 1.0));
-    // Past the 4 s warning threshold, far from the 60 s one.
-    std::thread::sleep(Duration::from_millis(4300));
-    activator.write_config(&cold(&[pod.addr()]), "");
-    assert_eq!(waiting.join().unwrap().status, 200);
-    assert_eq!(
-        activator.metric_sum("activator_proxy_queue_time_warning_total", &[]),
-        1.0
-    );
-    assert_eq!(
-        activator.metric_sum("activator_proxy_queue_time_error_total", &[]),
-        0.0
-    );
-    // A request that did not wait counts nowhere.
-    assert_eq!(exchange(http, get("patience", "/").as_bytes()).status, 200);
-    assert_eq!(
-        activator.metric_sum("activator_proxy_queue_time_warning_total", &[]),
-        1.0
-    );
-}

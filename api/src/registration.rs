@@ -196,6 +196,8 @@ struct WireOut<'a> {
 /// * invalid UTF-8 (Go substitutes U+FFFD);
 /// * a control character in any string (no Kubernetes name or timestamp has one, and names
 ///   end up in logs and metric labels);
+/// * a `/` in `namespace` or `revision` (no Kubernetes name has one, and a revision is keyed
+///   `namespace/name`);
 /// * a `pod_ip` no pod can have — unspecified (`0.0.0.0`, `::`), multicast or broadcast —
 ///   → [`RegistrationError::InvalidPodIp`]. Loopback stays valid: tests run pods on it.
 ///
@@ -248,6 +250,9 @@ pub fn parse(body: &[u8]) -> Result<Registration, RegistrationError> {
     ) else {
         return Err(RegistrationError::MissingFields);
     };
+    if namespace.contains('/') || revision.contains('/') {
+        return Err(RegistrationError::InvalidBody);
+    }
     let event =
         QueueProxyEvent::from_wire_name(&event_type).ok_or(RegistrationError::InvalidEventType)?;
     let pod_ip = parse_pod_ip(&pod_ip).ok_or(RegistrationError::InvalidPodIp)?;
@@ -704,6 +709,16 @@ mod tests {
     }
 
     #[test]
+    fn a_slash_in_the_namespace_or_revision_is_refused() {
+        for field in ["namespace", "revision"] {
+            let body = with_field(field, Some("\"a/b\""));
+            assert_eq!(error_of(&body), RegistrationError::InvalidBody, "{field}");
+        }
+        // Anywhere else it is just a character.
+        assert!(parse(&with_field("pod_name", Some("\"a/b\""))).is_ok());
+    }
+
+    #[test]
     fn invalid_utf8_is_refused() {
         let mut body = VALID.as_bytes().to_vec();
         let at = VALID.find("default").unwrap();
@@ -758,6 +773,11 @@ mod tests {
         "[^\\p{Cc}]{1,40}"
     }
 
+    /// A namespace or revision name: a name without `/`.
+    fn revision_part() -> impl Strategy<Value = String> {
+        "[^\\p{Cc}/]{1,40}"
+    }
+
     fn pod_ip() -> impl Strategy<Value = IpAddr> {
         prop_oneof![
             any::<[u8; 4]>().prop_map(IpAddr::from),
@@ -782,8 +802,8 @@ mod tests {
         fn registration()(
             pod_name in name(),
             pod_ip in pod_ip(),
-            namespace in name(),
-            revision in name(),
+            namespace in revision_part(),
+            revision in revision_part(),
             event in event(),
             timestamp in proptest::option::of("[^\\p{Cc}]{0,40}"),
         ) -> Registration {

@@ -16,22 +16,11 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-/// The path probed.
-pub const PATH: &str = "/healthz";
-
-/// The user agent of every probe (upstream's, so pods and logs recognise it).
-pub const USER_AGENT: &str = "Knative-Activator-Probe";
-
-/// The probe header; a queue-proxy answers a request carrying it itself, without bothering
-/// the user container.
-pub const PROBE_HEADER: &str = "K-Network-Probe";
-/// Value of [`PROBE_HEADER`], and the body a healthy queue-proxy answers with.
-pub const QUEUE: &str = "queue";
-
-/// Response header naming the revision a queue-proxy serves.
-pub const REVISION_NAME_HEADER: &str = "X-Knative-Revision-Name";
-/// Response header naming that revision's namespace.
-pub const REVISION_NAMESPACE_HEADER: &str = "X-Knative-Revision-Namespace";
+use kactivator_api::headers::{
+    NETWORK_PROBE as PROBE_HEADER, SERVING_REVISION_NAME as REVISION_NAME_HEADER,
+    SERVING_REVISION_NAMESPACE as REVISION_NAMESPACE_HEADER,
+};
+use kactivator_api::probe::{HEALTH_PATH as PATH, HEALTH_USER_AGENT as USER_AGENT, QUEUE};
 
 /// At most this much of a response body is read; a healthy one is five bytes.
 pub const BODY_LIMIT: usize = 4 * 1024;

@@ -12,9 +12,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kactivator_shards::runtime::control_link::{
-    PodSignal, Reply, SignalKind, ToControl, REGISTRATION_PATH, RELAYED_HEADER,
-};
+use kactivator_api::headers::RELAYED as RELAYED_HEADER;
+use kactivator_shards::runtime::control_link::{PodSignal, Reply, SignalKind, ToControl};
 use prometheus::{IntCounterVec, Opts, Registry};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{watch, Semaphore};
@@ -278,8 +277,8 @@ async fn from_shards_loop(
 }
 
 fn signal_op(signal: &PodSignal, metrics: &ControlMetrics) -> Option<Op> {
-    let (namespace, revision) = signal.revision.split_once('/')?;
-    let (namespace, revision) = (namespace.to_string(), revision.to_string());
+    let namespace = signal.revision.namespace().to_string();
+    let revision = signal.revision.name().to_string();
     Some(match &signal.kind {
         SignalKind::TransportFailure => {
             metrics
@@ -402,7 +401,7 @@ async fn relay(peer: SocketAddr, body: &[u8]) -> std::io::Result<u16> {
         let mut stream = tokio::net::TcpStream::connect(peer).await?;
         let head = format!(
             "POST {} HTTP/1.1\r\nHost: {peer}\r\nUser-Agent: knative-queue-proxy\r\n{RELAYED_HEADER}: 1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            std::str::from_utf8(REGISTRATION_PATH).unwrap_or("/api/v1/pod-registration"),
+            registration::PATH,
             body.len()
         );
         stream.write_all(head.as_bytes()).await?;

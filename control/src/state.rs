@@ -25,15 +25,26 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use kactivator_api::RevisionKey;
 use kactivator_shards::routing::{
-    revision_key, LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate,
-    Timeouts,
+    LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate, Timeouts,
 };
 use kactivator_shards::throttle::gate::{ProcessQueue, RevisionGate};
 use kactivator_shards::throttle::slots::UNLIMITED;
 use kactivator_shards::throttle::subsetting;
 
 use crate::pod_state::{Event, Gates, Outcome, Pod, PodState, Reason, Timestamp, Windows};
+
+/// `namespace/name`.
+fn revision_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// The key shards know a revision by. Names reach the state only through validated sources
+/// (the config file, a registration), which refuse a `/` in either part.
+fn shard_key(namespace: &str, name: &str) -> RevisionKey {
+    RevisionKey::new(namespace, name).expect("sources validate revision names")
+}
 
 /// Default most trackers one revision may have (the fork's `maxTrackersPerRevision`).
 pub const DEFAULT_MAX_TRACKERS_PER_REVISION: usize = 5000;
@@ -588,7 +599,7 @@ impl PodStates {
                 self.version += 1;
                 self.updates.push(RoutingUpdate::Remove {
                     version: self.version,
-                    key: key.into(),
+                    key: shard_key(&entry.namespace, &entry.name),
                 });
             }
         }
@@ -809,7 +820,7 @@ impl PodStates {
             return;
         }
         let route = RevisionRoute {
-            key: key.into(),
+            key: shard_key(&entry.namespace, &entry.name),
             labels: spec.labels.clone(),
             container_concurrency: spec.container_concurrency,
             protocol: spec.protocol,
@@ -1299,7 +1310,9 @@ mod tests {
             .apply(declare(&[("b", 1, &[])], Gates::HYBRID), at(1))
             .unwrap();
         let updates = states.take_updates();
-        assert!(matches!(&updates[..], [RoutingUpdate::Remove { key, .. }] if &**key == "ns/a"));
+        assert!(
+            matches!(&updates[..], [RoutingUpdate::Remove { key, .. }] if key.as_str() == "ns/a")
+        );
         assert_eq!(states.revision_count(), 1);
     }
 
@@ -1373,7 +1386,7 @@ mod tests {
                             routes.insert(route.labels.revision.clone(), route.pods.iter().map(|pod| (pod.addr, pod.slots.capacity())).collect());
                         }
                         RoutingUpdate::Remove { key, .. } => {
-                            routes.remove(key.split('/').nth(1).unwrap());
+                            routes.remove(key.name());
                         }
                     }
                 }

@@ -18,11 +18,9 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-/// The registration path.
-pub const REGISTRATION_PATH: &str = "/api/v1/pod-registration";
-
-/// The queue-proxy's user agent.
-pub const QUEUE_PROXY_USER_AGENT: &str = "knative-queue-proxy";
+use kactivator_api::registration::{
+    PATH as REGISTRATION_PATH, USER_AGENT as QUEUE_PROXY_USER_AGENT,
+};
 
 /// The queue-proxy's whole-call timeout (`RegistrationTimeout`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);

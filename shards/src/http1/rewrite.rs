@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::net::SocketAddr;
 
+use kactivator_api::headers;
 use kactivator_h1::{BodyKind, RequestHead, ResponseHead, Version};
 
 /// Hop-by-hop headers that never cross the proxy (RFC 9110 §7.6.1 plus the legacy ones Go drops).
@@ -22,14 +23,18 @@ const HOP_BY_HOP: [&str; 9] = [
 
 /// Request headers that the activator consumes or replaces.
 const CONSUMED_REQUEST_HEADERS: [&str; 7] = [
-    "host",
-    "knative-serving-revision",
-    "knative-serving-namespace",
-    "k-network-hash",
-    "k-proxy-request",
-    "x-forwarded-for",
-    "x-run-id",
+    headers::HOST,
+    headers::REVISION,
+    headers::NAMESPACE,
+    headers::NETWORK_HASH,
+    headers::PROXY_REQUEST,
+    headers::FORWARDED_FOR,
+    headers::RUN_ID,
 ];
+
+/// The two headers every proxied request gets, written in one piece (see [`PROXY_HEADERS`]'s
+/// test): `K-Proxy-Request: activator` and the start of `X-Forwarded-For`.
+const PROXY_HEADERS: &[u8] = b"K-Proxy-Request: activator\r\nX-Forwarded-For: ";
 
 /// Writes the head the pod receives. Returns nothing; `out` is appended to.
 ///
@@ -57,13 +62,13 @@ pub fn write_request_head(
 
     let connection_named = connection_tokens(head, buf);
     let run_id = head
-        .header(buf, "x-run-id")
+        .header(buf, headers::RUN_ID)
         .filter(|value| !value.is_empty());
     let mut forwarded_for = false;
     let mut has_original_host = false;
     let mut wants_trailers = false;
     for (name, value) in head.headers(buf) {
-        if name.eq_ignore_ascii_case(b"x-forwarded-for") {
+        if name.eq_ignore_ascii_case(headers::FORWARDED_FOR.as_bytes()) {
             // Re-emitted below as one header with the client appended.
             forwarded_for = true;
             continue;
@@ -82,28 +87,31 @@ pub fn write_request_head(
         {
             continue;
         }
-        if name.eq_ignore_ascii_case(b"x-request-id") && run_id.is_some() {
+        if name.eq_ignore_ascii_case(headers::REQUEST_ID.as_bytes()) && run_id.is_some() {
             continue;
         }
-        if name.eq_ignore_ascii_case(b"k-original-host") {
+        if name.eq_ignore_ascii_case(headers::ORIGINAL_HOST.as_bytes()) {
             has_original_host = true;
         }
         put_header(out, name, value);
     }
     if !has_original_host {
-        if let Some(host) = head.header(buf, "host").filter(|host| !host.is_empty()) {
-            put_header(out, b"K-Original-Host", host);
+        if let Some(host) = head
+            .header(buf, headers::HOST)
+            .filter(|host| !host.is_empty())
+        {
+            put_header(out, headers::ORIGINAL_HOST.as_bytes(), host);
         }
     }
     if let Some(run_id) = run_id {
-        put_header(out, b"X-Request-Id", run_id);
+        put_header(out, headers::REQUEST_ID.as_bytes(), run_id);
     }
-    out.extend_from_slice(b"K-Proxy-Request: activator\r\nX-Forwarded-For: ");
+    out.extend_from_slice(PROXY_HEADERS);
     if forwarded_for {
         // As Go's ReverseProxy: every earlier value, joined with ", ", then the client.
         let earlier = head
             .headers(buf)
-            .filter(|(name, _)| name.eq_ignore_ascii_case(b"x-forwarded-for"));
+            .filter(|(name, _)| name.eq_ignore_ascii_case(headers::FORWARDED_FOR.as_bytes()));
         for (_, value) in earlier {
             out.extend_from_slice(value);
             out.extend_from_slice(b", ");
@@ -373,6 +381,17 @@ fn origin_form(target: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_proxy_headers_written_in_one_piece_are_the_wire_names() {
+        let expected = format!(
+            "{}: {}\r\n{}: ",
+            headers::PROXY_REQUEST,
+            headers::PROXY_REQUEST_VALUE,
+            headers::FORWARDED_FOR
+        );
+        assert_eq!(PROXY_HEADERS, expected.as_bytes());
+    }
     use kactivator_h1::{parse_request, parse_response, Method, Parsed};
 
     fn outbound(raw: &str) -> String {

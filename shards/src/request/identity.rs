@@ -1,9 +1,9 @@
-//! Which revision a request is for: the Knative headers, or the cluster-local Host as a fallback.
+//! Which revision a request is for: the Knative headers, or the cluster-local authority as a
+//! fallback. Pure.
 
-use kactivator_h1::RequestHead;
+use kactivator_api::headers;
 
-pub const REVISION_HEADER: &str = "knative-serving-revision";
-pub const NAMESPACE_HEADER: &str = "knative-serving-namespace";
+use super::headers::RequestHeaders;
 
 /// Namespace and name of the revision a request targets, borrowed from the request buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,26 +13,25 @@ pub struct RevisionId<'b> {
 }
 
 /// Reads the revision from `Knative-Serving-Namespace` + `Knative-Serving-Revision`; when either
-/// is empty, from a Host of the form `<rev>.<ns>.svc.<cluster_domain>[:port]`.
+/// is empty, from an authority (Host) of the form `<rev>.<ns>.svc.<cluster_domain>[:port]`.
 ///
 /// `None` means no revision could be named at all; upstream answers that with the same 404 as an
 /// unknown revision (its lister misses on the empty name), and so do we.
-pub fn revision_of<'b>(
-    head: &RequestHead,
-    buf: &'b [u8],
+pub fn revision_of<'b, H: RequestHeaders + ?Sized>(
+    request: &'b H,
     cluster_domain: &str,
 ) -> Option<RevisionId<'b>> {
     let from_headers = (|| {
-        let namespace = std::str::from_utf8(head.header(buf, NAMESPACE_HEADER)?)
+        let namespace = std::str::from_utf8(request.get(headers::NAMESPACE)?)
             .ok()?
             .trim();
-        let name = std::str::from_utf8(head.header(buf, REVISION_HEADER)?)
+        let name = std::str::from_utf8(request.get(headers::REVISION)?)
             .ok()?
             .trim();
         (!namespace.is_empty() && !name.is_empty()).then_some(RevisionId { namespace, name })
     })();
     from_headers.or_else(|| {
-        let host = std::str::from_utf8(head.header(buf, "host")?).ok()?;
+        let host = std::str::from_utf8(request.authority()?).ok()?;
         revision_from_host(host, cluster_domain)
     })
 }
@@ -97,6 +96,25 @@ pub fn other_revision(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_knative_headers_win_and_the_authority_is_the_fallback() {
+        let both: &[(&str, &str)] = &[
+            ("Host", "other.elsewhere.svc.cluster.local"),
+            ("knative-serving-namespace", " prod "),
+            ("Knative-Serving-Revision", "hello-00001"),
+        ];
+        let id = revision_of(both, "cluster.local").unwrap();
+        assert_eq!((id.namespace, id.name), ("prod", "hello-00001"));
+        let host_only: &[(&str, &str)] = &[
+            ("Host", "hello-00002.prod.svc.cluster.local:8080"),
+            ("Knative-Serving-Revision", ""),
+        ];
+        let id = revision_of(host_only, "cluster.local").unwrap();
+        assert_eq!((id.namespace, id.name), ("prod", "hello-00002"));
+        let neither: &[(&str, &str)] = &[("Host", "example.com")];
+        assert_eq!(revision_of(neither, "cluster.local"), None);
+    }
 
     #[test]
     fn host_fallback_accepts_cluster_local_names_with_and_without_port() {

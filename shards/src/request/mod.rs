@@ -1,6 +1,17 @@
-//! The request path every front shares, whatever the protocol: which revision a request is for,
-//! the answers the activator gives itself, admission and the wait for a pod slot, deadlines,
-//! and how an exchange ends.
+//! The request path every front shares, whatever the protocol: which revision a request is for
+//! ([`identity`], over the [`headers`] abstraction), the answers the activator gives itself
+//! ([`probes`]), admission and the wait for a pod slot ([`admission`]), deadlines
+//! ([`deadlines`]), whether a failed attempt may go to another pod ([`retry`]), how a request
+//! ends ([`outcome`]), and why it failed, with whose fault it was ([`error`]).
+//!
+//! `identity`, `probes`, `deadlines`, `retry`, `outcome` and `error` are pure; `admission` is
+//! the shell that waits on the shard's queue and timers.
 
+pub mod admission;
+pub mod deadlines;
+pub mod error;
+pub mod headers;
 pub mod identity;
+pub mod outcome;
 pub mod probes;
+pub mod retry;

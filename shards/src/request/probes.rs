@@ -1,10 +1,12 @@
-//! Requests the activator answers itself: kubelet probes and Knative network probes.
+//! Requests the activator answers itself: kubelet probes and Knative network probes. Pure.
 //!
 //! The order is upstream's handler chain: kubelet probe first, then `K-Network-Probe: probe`
 //! (ingress hash echo), then any other `K-Network-Probe` value. Bodies and codes are Knative's,
 //! byte for byte.
 
-use kactivator_h1::RequestHead;
+use kactivator_api::{headers, messages, probe};
+
+use super::headers::RequestHeaders;
 
 /// A response the shard writes without going upstream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,8 +30,8 @@ pub enum Health {
 }
 
 /// Decides whether the request is a probe and, if so, the answer.
-pub fn answer(head: &RequestHead, buf: &[u8], health: Health) -> Option<LocalAnswer> {
-    if is_kubelet_probe(head, buf) {
+pub fn answer<H: RequestHeaders + ?Sized>(request: &H, health: Health) -> Option<LocalAnswer> {
+    if is_kubelet_probe(request) {
         return Some(match health {
             Health::Healthy => LocalAnswer {
                 status: 200,
@@ -37,48 +39,46 @@ pub fn answer(head: &RequestHead, buf: &[u8], health: Health) -> Option<LocalAns
                 extra_header: None,
                 error_style: false,
             },
-            Health::Draining => error(500, "received SIGTERM from kubelet\n".into()),
+            Health::Draining => error(500, messages::DRAINING.into()),
             Health::NotReady(reason) => error(500, format!("{reason}\n").into_bytes()),
         });
     }
-    let probe = head.header(buf, "k-network-probe")?;
-    if probe == b"probe" {
-        return Some(match head.header(buf, "k-network-hash") {
+    let value = request.get(headers::NETWORK_PROBE)?;
+    if value == probe::NETWORK_PROBE_INGRESS.as_bytes() {
+        return Some(match request.get(headers::NETWORK_HASH) {
             Some(hash) if !hash.is_empty() => LocalAnswer {
                 status: 200,
                 body: Vec::new(),
-                extra_header: Some(("K-Network-Hash", hash.to_vec())),
+                extra_header: Some((headers::NETWORK_HASH, hash.to_vec())),
                 error_style: false,
             },
-            _ => error(
-                400,
-                b"a probe request must contain a non-empty \"K-Network-Hash\" header\n".to_vec(),
-            ),
+            _ => error(400, messages::PROBE_WITHOUT_HASH.into()),
         });
     }
-    if probe.is_empty() {
+    if value.is_empty() {
         return None;
     }
-    if probe == b"activator" {
+    if value == probe::NETWORK_PROBE_ACTIVATOR.as_bytes() {
         return Some(LocalAnswer {
             status: 200,
-            body: b"activator".to_vec(),
+            body: probe::NETWORK_PROBE_ACTIVATOR.into(),
             extra_header: None,
             error_style: false,
         });
     }
     Some(error(
         400,
-        format!("unexpected probe header value: {}\n", go_quote(probe)).into_bytes(),
+        format!("unexpected probe header value: {}\n", go_quote(value)).into_bytes(),
     ))
 }
 
 /// `User-Agent: kube-probe/*` or a non-empty `K-Kubelet-Probe` header.
-pub fn is_kubelet_probe(head: &RequestHead, buf: &[u8]) -> bool {
-    head.header(buf, "user-agent")
-        .is_some_and(|ua| ua.starts_with(b"kube-probe/"))
-        || head
-            .header(buf, "k-kubelet-probe")
+pub fn is_kubelet_probe<H: RequestHeaders + ?Sized>(request: &H) -> bool {
+    request
+        .get(headers::USER_AGENT)
+        .is_some_and(|ua| ua.starts_with(probe::KUBE_PROBE_USER_AGENT_PREFIX.as_bytes()))
+        || request
+            .get(headers::KUBELET_PROBE)
             .is_some_and(|value| !value.is_empty())
 }
 
@@ -117,15 +117,17 @@ fn go_quote(value: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kactivator_h1::{parse_request, Parsed};
 
+    /// The answer to a request with these header lines (`Name: value`, one per line after the
+    /// request line, as a client would send them).
     fn probe(raw: &str, health: Health) -> Option<LocalAnswer> {
-        let mut head = RequestHead::default();
-        assert!(matches!(
-            parse_request(raw.as_bytes(), &mut head),
-            Ok(Parsed::Complete)
-        ));
-        answer(&head, raw.as_bytes(), health)
+        let fields: Vec<(&str, &str)> = raw
+            .split("\r\n")
+            .skip(1)
+            .filter_map(|line| line.split_once(':'))
+            .map(|(name, value)| (name, value.trim()))
+            .collect();
+        answer(fields.as_slice(), health)
     }
 
     #[test]

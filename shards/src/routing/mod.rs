@@ -11,6 +11,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kactivator_api::RevisionKey;
+
 use crate::throttle::gate::RevisionGate;
 use crate::throttle::slots::PodSlots;
 
@@ -19,15 +21,6 @@ pub const DEFAULT_QUEUE_DEPTH: u32 = 10_000;
 
 /// Default per-revision request timeout (Knative `revision-timeout-seconds`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// `namespace/name`, the key every map of revisions uses.
-pub fn revision_key(namespace: &str, name: &str) -> String {
-    let mut key = String::with_capacity(namespace.len() + name.len() + 1);
-    key.push_str(namespace);
-    key.push('/');
-    key.push_str(name);
-    key
-}
 
 /// Wire protocol the revision's pods speak.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -126,8 +119,7 @@ impl PodTracker {
 /// oldest (see `throttle::gate`).
 #[derive(Debug)]
 pub struct Grant {
-    /// The revision, `namespace/name`.
-    pub key: Arc<str>,
+    pub key: RevisionKey,
     pub pod: Arc<PodTracker>,
 }
 
@@ -143,8 +135,7 @@ pub struct RevisionLabels {
 /// Everything a shard needs to route one revision, as of one version.
 #[derive(Debug)]
 pub struct RevisionRoute {
-    /// `namespace/name`.
-    pub key: Arc<str>,
+    pub key: RevisionKey,
     pub labels: RevisionLabels,
     /// Per-pod concurrency limit; 0 = unlimited.
     pub container_concurrency: u32,
@@ -168,7 +159,7 @@ pub enum RoutingUpdate {
         route: Arc<RevisionRoute>,
     },
     /// The revision is gone.
-    Remove { version: u64, key: Arc<str> },
+    Remove { version: u64, key: RevisionKey },
 }
 
 impl RoutingUpdate {

@@ -10,6 +10,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
+use kactivator_api::RevisionKey;
 use rustc_hash::{FxHashMap, FxHasher};
 
 use crate::metrics::RevisionCounters;
@@ -55,7 +56,7 @@ struct WaiterSlot {
 /// state and counters stay.
 #[derive(Debug)]
 pub struct LocalRevision {
-    key: Arc<str>,
+    key: RevisionKey,
     route: RefCell<Arc<RevisionRoute>>,
     /// Cross-shard admission; the same object in every version of the revision.
     gate: Arc<RevisionGate>,
@@ -68,8 +69,7 @@ pub struct LocalRevision {
 }
 
 impl LocalRevision {
-    /// `namespace/name`.
-    pub fn key(&self) -> &Arc<str> {
+    pub fn key(&self) -> &RevisionKey {
         &self.key
     }
 
@@ -257,9 +257,9 @@ impl LocalRevision {
 /// The shard's routing table.
 #[derive(Debug, Default)]
 pub struct Replica {
-    revisions: RefCell<FxHashMap<Arc<str>, Rc<LocalRevision>>>,
+    revisions: RefCell<FxHashMap<RevisionKey, Rc<LocalRevision>>>,
     /// Metric blocks outlive a revision's removal so counters never go backwards.
-    counters: RefCell<FxHashMap<Arc<str>, Arc<RevisionCounters>>>,
+    counters: RefCell<FxHashMap<RevisionKey, Arc<RevisionCounters>>>,
     version: Cell<u64>,
     /// Where `find` spells the key, so that a connection keeps no key of its own.
     scratch: RefCell<String>,
@@ -274,10 +274,7 @@ impl Replica {
     /// Looks a revision up by its namespace and name.
     pub fn find(&self, namespace: &str, name: &str) -> Option<Rc<LocalRevision>> {
         let mut key = self.scratch.borrow_mut();
-        key.clear();
-        key.push_str(namespace);
-        key.push('/');
-        key.push_str(name);
+        RevisionKey::spell(namespace, name, &mut key);
         self.get(&key)
     }
 
@@ -301,7 +298,7 @@ impl Replica {
                             .or_insert_with(|| stats.register_revision(route.labels.clone()))
                             .clone();
                         let seed = (shard.index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                            ^ hash_key(&route.key);
+                            ^ hash_key(route.key.as_str());
                         let revision = Rc::new(LocalRevision {
                             key: route.key.clone(),
                             route: RefCell::new(route.clone()),

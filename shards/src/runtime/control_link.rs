@@ -2,17 +2,8 @@
 //! port, and passive health signals about pods. The control thread only ever answers
 //! registrations; routing still flows the other way, as snapshots.
 
+use kactivator_api::RevisionKey;
 use std::net::SocketAddr;
-use std::sync::Arc;
-
-/// Path of the queue-proxy registration API on the data port.
-pub const REGISTRATION_PATH: &[u8] = b"/api/v1/pod-registration";
-/// The only User-Agent allowed to register pods.
-pub const REGISTRATION_USER_AGENT: &[u8] = b"knative-queue-proxy";
-/// Largest registration body accepted.
-pub const REGISTRATION_MAX_BODY: usize = 64 * 1024;
-/// Header marking a registration relayed by a peer activator: it is applied, not relayed again.
-pub const RELAYED_HEADER: &str = "k-activator-relayed";
 
 /// One message from a shard.
 #[derive(Debug)]
@@ -40,8 +31,8 @@ pub struct Reply {
 /// Passive evidence about a pod, seen on the request path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodSignal {
-    /// `namespace/name` of the revision the request was for.
-    pub revision: Arc<str>,
+    /// The revision the request was for.
+    pub revision: RevisionKey,
     pub pod: SocketAddr,
     pub kind: SignalKind,
 }
@@ -83,7 +74,7 @@ impl ControlLink {
         let (reply, answer) = flume::bounded(1);
         let unavailable = || Reply {
             status: 503,
-            body: b"activator control plane unavailable\n".to_vec(),
+            body: kactivator_api::messages::CONTROL_PLANE_UNAVAILABLE.into(),
             json: false,
         };
         if self

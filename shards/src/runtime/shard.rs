@@ -141,7 +141,7 @@ pub async fn run(
     let grant_shard = shard.clone();
     monoio::spawn(async move {
         while let Ok(grant) = grants.recv_async().await {
-            match grant_shard.replica.get(&grant.key) {
+            match grant_shard.replica.get(grant.key.as_str()) {
                 Some(revision) => revision.receive_grant(grant.pod, &grant_shard),
                 // The revision is gone here: nobody to serve, give the slot back.
                 None => {

@@ -1,5 +1,5 @@
-//! Errors of one proxied exchange, split by whose fault they are: the pod (502), the client
-//! (nothing to answer), or the clock (504).
+//! What can go wrong talking to a pod (every one of them a 502 when nothing was written to the
+//! client yet), classified so that an operator can act on the message. Pure.
 
 use std::fmt;
 use std::io;
@@ -32,6 +32,14 @@ pub enum UpstreamError {
     /// The pod answered 101 to a request that did not ask for an upgrade, or switched to a
     /// protocol other than the one requested.
     UnexpectedSwitch { addr: SocketAddr },
+    /// The pod answered in the name of another revision (`X-Knative-Revision-Name`/`-Namespace`):
+    /// its IP was given to a new pod. Nothing of that answer is forwarded.
+    IpReused {
+        addr: SocketAddr,
+        /// The revision that answered, as its headers spell it.
+        namespace: String,
+        revision: String,
+    },
 }
 
 impl UpstreamError {
@@ -45,9 +53,9 @@ impl UpstreamError {
             UpstreamError::Send { cause, .. } | UpstreamError::Receive { cause, .. } => {
                 matches!(cause, TransportCause::Reset | TransportCause::Refused)
             }
-            UpstreamError::MalformedResponse { .. } | UpstreamError::UnexpectedSwitch { .. } => {
-                false
-            }
+            UpstreamError::MalformedResponse { .. }
+            | UpstreamError::UnexpectedSwitch { .. }
+            | UpstreamError::IpReused { .. } => false,
         }
     }
 }
@@ -119,6 +127,7 @@ impl UpstreamError {
             UpstreamError::Receive { .. } => "receive_error",
             UpstreamError::MalformedResponse { .. } => "malformed_response",
             UpstreamError::UnexpectedSwitch { .. } => "unexpected_switch",
+            UpstreamError::IpReused { .. } => "ip_reused",
         }
     }
 }
@@ -143,6 +152,14 @@ impl fmt::Display for UpstreamError {
             UpstreamError::UnexpectedSwitch { addr } => {
                 write!(f, "{addr} switched protocols without being asked to")
             }
+            UpstreamError::IpReused {
+                addr,
+                namespace,
+                revision,
+            } => write!(
+                f,
+                "pod {addr} now serves revision {namespace}/{revision} (IP reused)"
+            ),
         }
     }
 }

@@ -1,0 +1,559 @@
+//! One exchange with a pod over HTTP/1.1: the request (head and body) goes out while the
+//! response comes back, concurrently, so an early response, `100 Continue` and streaming in both
+//! directions all work. Ends in an [`Ended`] that the request path concludes from.
+
+use std::cell::Cell;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::pin::pin;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
+
+use kactivator_api::{headers, RevisionKey};
+use kactivator_h1::{
+    encode_last_chunk, parse_response, BodyDecoder, BodyKind, Parsed, ResponseHead, Version,
+};
+use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+
+use super::connection::{ClientConn, RequestMeta};
+use super::io::{send_now, write_all, write_rest};
+use super::reframe::{reframe, Reframed};
+use super::rewrite::{self, client_framing, ClientFraming};
+use super::upgrade::splice_upgraded;
+use crate::request::admission::Held;
+use crate::request::deadlines::Deadlines;
+use crate::request::error::RequestError;
+use crate::request::identity;
+use crate::request::outcome::Ended;
+use crate::runtime::buffer::InBuf;
+use crate::runtime::shard::Shard;
+use crate::upstream::error::{TransportCause, UpstreamError};
+use crate::upstream::pool::UpstreamConn;
+
+/// While waiting for a response, read ahead at most this much of a pipelined next request.
+pub(super) const WATCH_LIMIT: usize = 64 * 1024;
+/// How long after the request is sent the client connection starts being watched.
+const READ_AHEAD_DELAY: Duration = Duration::from_millis(5);
+
+/// How far the request side got; the response side reads it to decide how to stop it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SendPhase {
+    /// Head or body still going to the pod.
+    Body,
+    /// Everything sent; waiting a moment before reading ahead on the client.
+    Sent,
+    /// A cancelable read on the client is in flight.
+    ReadingAhead,
+}
+
+/// Why sending the request stopped early.
+#[derive(Debug)]
+enum SendError {
+    /// The client closed or reset its connection.
+    ClientGone,
+    /// The client's body framing was invalid.
+    ClientBody,
+    /// Writing to the pod failed; the response may still come.
+    Upstream,
+}
+
+/// How the response side ended.
+enum ReceiveError {
+    /// Nothing was written to the client yet: it can still get a 502.
+    Upstream(UpstreamError),
+    /// Nothing was written yet and a timer fired: 504.
+    Timeout,
+    /// The response started but could not finish: only closing is left.
+    Truncated,
+}
+
+struct Received {
+    status: u16,
+    client_keep_alive: bool,
+    upstream_reusable: bool,
+    upgraded: bool,
+}
+
+/// Runs one request/response exchange over `upstream`.
+///
+/// The moment the pod's response is complete, before its last bytes are relayed, the pod's
+/// connection goes back to the pool and its slot (`held`) is given back: the next waiter's
+/// request goes out while this client still receives the tail, instead of one write later.
+pub(super) async fn exchange(
+    shard: &Rc<Shard>,
+    conn: &mut ClientConn,
+    mut upstream: UpstreamConn,
+    meta: RequestMeta,
+    deadlines: Deadlines,
+    expected: &RevisionKey,
+    held: &mut Option<Held<'_>>,
+) -> Ended {
+    let ClientConn {
+        reader,
+        writer,
+        inbuf,
+        request_out,
+        response_out,
+        response_head,
+        request_id,
+        canceller,
+        ..
+    } = &mut *conn;
+    let phase = Cell::new(SendPhase::Body);
+    let addr = upstream.addr;
+    let pod_fd = upstream.fd();
+    // The request side borrows the pod's write half only until everything is sent; it puts it
+    // back here so the connection can return to the pool while the client is still read ahead.
+    let upstream_writer = Cell::new(Some(upstream.writer));
+    let (received, sent, tail_written, mut upstream) = {
+        let send = send_request(
+            request_out,
+            meta,
+            reader,
+            inbuf,
+            &upstream_writer,
+            pod_fd,
+            &phase,
+            canceller.get_or_insert_with(Canceller::new).handle(),
+        );
+        let mut send = pin!(send);
+        let mut sent: Option<Result<(), SendError>> = None;
+        let received = {
+            let receive = receive_response(
+                &mut upstream.reader,
+                &mut upstream.inbuf,
+                writer,
+                response_out,
+                response_head,
+                meta,
+                deadlines,
+                addr,
+                expected,
+                shard,
+            );
+            let mut receive = pin!(receive);
+            poll_fn(|cx| {
+                // The request side goes first. Its last write and the pod's whole response can
+                // complete in one batch (io_uring reports both at once); polled second, the
+                // request would still look unsent, and a finished keep-alive exchange would
+                // close both connections. The client cannot have the whole response yet (its
+                // tail is written below), so a client that leaves now really left early.
+                if sent.is_none() {
+                    if let Poll::Ready(result) = send.as_mut().poll(cx) {
+                        sent = Some(result);
+                    }
+                }
+                if let Poll::Ready(received) = receive.as_mut().poll(cx) {
+                    return Poll::Ready(Some(received));
+                }
+                if matches!(
+                    sent,
+                    Some(Err(SendError::ClientGone | SendError::ClientBody))
+                ) {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        // The request side hands the write half back once everything is sent.
+        let mut upstream = match upstream_writer.take() {
+            Some(writer) => {
+                upstream.writer = writer;
+                Some(upstream)
+            }
+            None => None,
+        };
+        // The pod is done with this request: its connection (when both directions ended cleanly)
+        // and its slot go back before the tail is relayed and before the read-ahead is stopped.
+        let mut tail_written = Ok(());
+        if let Some(Ok(
+            done @ Received {
+                upgraded: false, ..
+            },
+        )) = &received
+        {
+            if let Some(upstream) = upstream.take_if(|_| done.upstream_reusable) {
+                shard.pool.checkin(upstream);
+            }
+            if held.take().is_some_and(Held::give_back) {
+                // The slot went to a request queued on this shard: its bytes reach the pod
+                // before this tail reaches the client (the pod is what everyone waits for).
+                shard.back_of_queue.yield_now().await;
+            }
+            if !response_out.is_empty() {
+                tail_written = write_all(writer, response_out).await;
+            }
+        }
+        // A request side still reading ahead is interrupted without losing bytes; one still sending
+        // the body is abandoned, and both connections close. In `Sent` no read is in flight:
+        // dropping the request side loses nothing.
+        if received.is_some() && sent.is_none() && phase.get() == SendPhase::ReadingAhead {
+            // Cancelling hands back a fresh canceller that keeps the old one's bookkeeping
+            // capacity, so a keep-alive connection allocates nothing here after its first request.
+            if let Some(canceller) = canceller {
+                *canceller = std::mem::take(canceller).cancel();
+            }
+            sent = Some(send.await);
+        }
+        (received, sent, tail_written, upstream)
+    };
+    let request_complete = phase.get() != SendPhase::Body;
+    let Some(received) = received else {
+        shard.stats().client_aborts.increment();
+        let error = match sent {
+            Some(Err(SendError::ClientBody)) => RequestError::InvalidBody,
+            _ => RequestError::ClientGone,
+        };
+        return Ended::Failed {
+            error,
+            request_complete,
+        };
+    };
+    let client_gone = matches!(
+        sent,
+        Some(Err(SendError::ClientGone | SendError::ClientBody))
+    );
+
+    match received {
+        Ok(received) if received.upgraded => {
+            // An upgrade request ends at its head, so the request side has handed the write half
+            // back. From here on it is a byte stream in both directions; no timer applies (★).
+            if let Some(upstream) = upstream.as_mut() {
+                splice_upgraded(
+                    reader,
+                    inbuf,
+                    writer,
+                    &mut upstream.reader,
+                    &mut upstream.inbuf,
+                    &mut upstream.writer,
+                )
+                .await;
+            }
+            Ended::Upgraded
+        }
+        Ok(received) => Ended::Relayed {
+            status: received.status,
+            response_keep_alive: received.client_keep_alive,
+            request_complete,
+            client_gone,
+            tail_written: tail_written.is_ok(),
+        },
+        Err(ReceiveError::Upstream(error)) => {
+            if !matches!(error, UpstreamError::IpReused { .. }) {
+                tracing::warn!(request_id = %request_id, pod = %addr, class = error.class(), "{error}");
+            }
+            // A client that left gets no answer, whatever the pod did.
+            let error = if client_gone {
+                RequestError::ClientGone
+            } else {
+                RequestError::Upstream(error)
+            };
+            Ended::Failed {
+                error,
+                request_complete,
+            }
+        }
+        Err(ReceiveError::Timeout) => {
+            tracing::warn!(request_id = %request_id, pod = %addr, "activator request timeout");
+            Ended::Failed {
+                error: RequestError::TimedOut,
+                request_complete,
+            }
+        }
+        // The status already sent is what the client saw.
+        Err(ReceiveError::Truncated) => Ended::Truncated {
+            status: response_head.status,
+        },
+    }
+}
+
+/// Sends the request head and body to the pod, then watches the client for a disconnect.
+#[allow(clippy::too_many_arguments)]
+async fn send_request(
+    out: &mut Vec<u8>,
+    meta: RequestMeta,
+    reader: &mut OwnedReadHalf<TcpStream>,
+    inbuf: &mut InBuf,
+    upstream_writer: &Cell<Option<OwnedWriteHalf<TcpStream>>>,
+    pod_fd: RawFd,
+    phase: &Cell<SendPhase>,
+    cancel: monoio::io::CancelHandle,
+) -> Result<(), SendError> {
+    let Some(mut upstream) = upstream_writer.take() else {
+        return Err(SendError::Upstream);
+    };
+    let mut decoder = BodyDecoder::new(meta.body);
+    let mut trailers: Option<Vec<u8>> = None;
+    let chunked = meta.body == BodyKind::Chunked;
+    // Once the socket has not taken everything at once it is backed up: trying again first
+    // would only add a failed syscall to every write of the body.
+    let mut try_now = true;
+    loop {
+        // Move the body bytes already buffered into `out`, behind the head.
+        let progress = reframe(&mut decoder, inbuf, chunked, &mut trailers, out)
+            .map_err(|_| SendError::ClientBody)?;
+        if !out.is_empty() {
+            // The pod's time is what requests queue for: its bytes go out now, not when this
+            // shard next submits to the ring (see `send_now`).
+            let sent = if try_now { send_now(pod_fd, out) } else { 0 };
+            try_now = sent == out.len();
+            let written = if sent < out.len() {
+                write_rest(&mut upstream, out, sent).await
+            } else {
+                Ok(())
+            };
+            if !meta.keeps_head() {
+                out.clear();
+            }
+            written.map_err(|_| SendError::Upstream)?;
+        }
+        match progress {
+            Reframed::Finished => break,
+            Reframed::OutputFull => continue,
+            Reframed::NeedInput => match inbuf.fill(reader).await {
+                Ok(0) | Err(_) => return Err(SendError::ClientGone),
+                Ok(_) => {}
+            },
+        }
+    }
+    upstream_writer.set(Some(upstream));
+    phase.set(SendPhase::Sent);
+    if meta.upgrade {
+        // Bytes after an upgrade request belong to the new protocol; leave them to the splice.
+        return Ok(());
+    }
+    // Read ahead (a pipelined request, or the FIN of a client that gave up) until interrupted.
+    // Most responses arrive within microseconds; waiting a moment first saves a read and its
+    // cancellation per request, and a vanished client is still noticed within milliseconds.
+    monoio::time::sleep(READ_AHEAD_DELAY).await;
+    phase.set(SendPhase::ReadingAhead);
+    if read_ahead(reader, inbuf, cancel).await {
+        Err(SendError::ClientGone)
+    } else {
+        Ok(())
+    }
+}
+
+/// The revision a response says it comes from, when that is not `expected`.
+fn other_revision(
+    head: &ResponseHead,
+    buf: &[u8],
+    expected: &RevisionKey,
+) -> Option<(String, String)> {
+    identity::other_revision(
+        head.header(buf, headers::SERVING_REVISION_NAME),
+        head.header(buf, headers::SERVING_REVISION_NAMESPACE),
+        expected.namespace(),
+        expected.name(),
+    )
+}
+
+/// Reads ahead on the client (a body, a pipelined request, or the FIN of a client that gave
+/// up) until cancelled through `cancel`, which loses no byte. True when the client is gone;
+/// false when cancelled or when enough is buffered (reading on would buffer without bound).
+async fn read_ahead(
+    reader: &mut OwnedReadHalf<TcpStream>,
+    inbuf: &mut InBuf,
+    cancel: monoio::io::CancelHandle,
+) -> bool {
+    loop {
+        if inbuf.len() >= WATCH_LIMIT {
+            return false;
+        }
+        match inbuf.fill_cancelable(reader, cancel.clone()).await {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Reads the pod's response and relays it to the client.
+#[allow(clippy::too_many_arguments)]
+async fn receive_response(
+    upstream: &mut OwnedReadHalf<TcpStream>,
+    upstream_inbuf: &mut InBuf,
+    client: &mut OwnedWriteHalf<TcpStream>,
+    out: &mut Vec<u8>,
+    head: &mut ResponseHead,
+    meta: RequestMeta,
+    deadlines: Deadlines,
+    addr: SocketAddr,
+    expected: &RevisionKey,
+    shard: &Shard,
+) -> Result<Received, ReceiveError> {
+    // The head, relaying any 1xx on the way.
+    loop {
+        match parse_response(upstream_inbuf.data(), meta.method, head) {
+            Ok(Parsed::Complete) if head.is_informational() && head.status != 101 => {
+                if meta.version == Version::Http11 {
+                    out.clear();
+                    rewrite::write_response_head(
+                        head,
+                        upstream_inbuf.data(),
+                        meta.version,
+                        ClientFraming::AsIs,
+                        true,
+                        out,
+                    );
+                    write_all(client, out)
+                        .await
+                        .map_err(|_| ReceiveError::Truncated)?;
+                }
+                upstream_inbuf.consume(head.len);
+                continue;
+            }
+            Ok(Parsed::Complete) => {
+                if let Some((namespace, revision)) =
+                    other_revision(head, upstream_inbuf.data(), expected)
+                {
+                    return Err(ReceiveError::Upstream(UpstreamError::IpReused {
+                        addr,
+                        namespace,
+                        revision,
+                    }));
+                }
+                break;
+            }
+            Ok(Parsed::Partial) => {}
+            Err(error) => {
+                return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
+                    addr,
+                    reason: error.to_string(),
+                }))
+            }
+        }
+        let read =
+            monoio::time::timeout_at(deadlines.first_byte, upstream_inbuf.fill(upstream)).await;
+        match read {
+            Err(_elapsed) => return Err(ReceiveError::Timeout),
+            Ok(Ok(0)) if upstream_inbuf.is_empty() => {
+                return Err(ReceiveError::Upstream(
+                    UpstreamError::ClosedBeforeResponse { addr },
+                ))
+            }
+            Ok(Ok(0)) => {
+                return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
+                    addr,
+                    reason: "connection closed in the middle of the response head".into(),
+                }))
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                return Err(ReceiveError::Upstream(UpstreamError::Receive {
+                    addr,
+                    cause: TransportCause::of(&error),
+                }))
+            }
+        }
+    }
+
+    if head.status == 101 {
+        if !meta.upgrade {
+            return Err(ReceiveError::Upstream(UpstreamError::UnexpectedSwitch {
+                addr,
+            }));
+        }
+        out.clear();
+        rewrite::write_response_head(
+            head,
+            upstream_inbuf.data(),
+            meta.version,
+            ClientFraming::AsIs,
+            true,
+            out,
+        );
+        upstream_inbuf.consume(head.len);
+        write_all(client, out)
+            .await
+            .map_err(|_| ReceiveError::Truncated)?;
+        return Ok(Received {
+            status: 101,
+            client_keep_alive: false,
+            upstream_reusable: false,
+            upgraded: true,
+        });
+    }
+
+    let framing = client_framing(head.body, meta.version);
+    let upstream_reusable = head.keep_alive() && head.body != BodyKind::UntilClose;
+    let client_keep_alive =
+        meta.keep_alive && framing != ClientFraming::UntilClose && !shard.stopping.is_set();
+    out.clear();
+    rewrite::write_response_head(
+        head,
+        upstream_inbuf.data(),
+        meta.version,
+        framing,
+        client_keep_alive,
+        out,
+    );
+    upstream_inbuf.consume(head.len);
+    let status = head.status;
+
+    let mut decoder = BodyDecoder::new(head.body);
+    let mut trailers: Option<Vec<u8>> = None;
+    let mut wrote_head = false;
+    let chunked = framing == ClientFraming::Chunked;
+    loop {
+        let progress = match reframe(&mut decoder, upstream_inbuf, chunked, &mut trailers, out) {
+            Ok(progress) => progress,
+            Err(error) if !wrote_head => {
+                return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
+                    addr,
+                    reason: error.to_string(),
+                }))
+            }
+            Err(_) => return Err(ReceiveError::Truncated),
+        };
+        if progress == Reframed::Finished {
+            // The tail stays in `out`: the caller gives the pod back before relaying it.
+            return Ok(Received {
+                status,
+                client_keep_alive,
+                upstream_reusable,
+                upgraded: false,
+            });
+        }
+        if !out.is_empty() {
+            write_all(client, out)
+                .await
+                .map_err(|_| ReceiveError::Truncated)?;
+            wrote_head = true;
+        }
+        // More is already buffered: never wait on the socket for bytes we hold.
+        if progress == Reframed::OutputFull {
+            continue;
+        }
+        let deadline = deadlines.next_body_read(Instant::now());
+        match monoio::time::timeout_at(deadline, upstream_inbuf.fill(upstream)).await {
+            Ok(Ok(0)) => {
+                if decoder.finish().is_err() {
+                    return Err(ReceiveError::Truncated);
+                }
+                // Close-delimited body: the end is the pod's FIN.
+                if framing == ClientFraming::Chunked {
+                    encode_last_chunk(None, out);
+                    write_all(client, out)
+                        .await
+                        .map_err(|_| ReceiveError::Truncated)?;
+                }
+                return Ok(Received {
+                    status,
+                    client_keep_alive,
+                    upstream_reusable: false,
+                    upgraded: false,
+                });
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) | Err(_) => return Err(ReceiveError::Truncated),
+        }
+    }
+}

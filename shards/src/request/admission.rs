@@ -1,0 +1,223 @@
+//! Admission: a slot on a pod now, or a place in the revision's queue and the wait for one,
+//! while watching the client so that one that leaves gives its place up at once. The slot is
+//! held by a [`Held`] guard; giving it back hands it to the oldest waiter on any shard.
+//!
+//! The protocol-specific part is the [`ClientWatch`] a front passes in: how to notice, without
+//! consuming anything, that the client has something to say, and how to take it.
+
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
+
+use monoio::time::Instant;
+
+use crate::routing::replica::{LocalPod, LocalRevision};
+use crate::runtime::control_link::{PodSignal, SignalKind};
+use crate::runtime::shard::Shard;
+use crate::throttle::gate::{Admission, WaiterId};
+
+use super::deadlines::QueueTimeLevels;
+use super::error::RequestError;
+
+/// The client side of a request while it waits for a slot.
+pub(crate) trait ClientWatch {
+    /// Called once when the request starts waiting in the queue: let go of what a waiting
+    /// request need not hold (an empty read buffer).
+    fn parked(&mut self);
+
+    /// Completes when the client has something to say (bytes, a FIN, a reset) without reading
+    /// it, so that dropping this future loses nothing. Never completes once the front buffers
+    /// no more.
+    fn readable(&self) -> impl Future<Output = ()>;
+
+    /// Takes what [`ClientWatch::readable`] announced; false when the client is gone.
+    fn absorb(&mut self) -> impl Future<Output = bool>;
+}
+
+/// A slot on a pod for `revision`: at once when one is free and nobody waits, else after a wait
+/// in the queue bounded by `deadline`.
+///
+/// A queued request is kept small: its deadline is an alarm in the shard's timer, and the
+/// client is only watched for readability. Errors: the queue is full, the deadline passed, the
+/// revision left routing, or the client left (its place is given up at once).
+pub(crate) async fn acquire<W: ClientWatch>(
+    shard: &Shard,
+    revision: &LocalRevision,
+    deadline: Instant,
+    client: &mut W,
+) -> Result<Rc<LocalPod>, RequestError> {
+    match revision.admit(shard) {
+        Admission::Proceed(pod) => Ok(pod),
+        Admission::Rejected => Err(RequestError::QueueFull),
+        Admission::Queued(id) => {
+            client.parked();
+            let queued_at = Instant::now();
+            let waited = wait_for_slot(client, revision, shard, id, deadline).await;
+            record_queue_time(shard, queued_at.elapsed());
+            match waited {
+                Waited::Granted(pod) => Ok(pod),
+                Waited::Removed => Err(RequestError::RevisionGone),
+                Waited::TimedOut => Err(RequestError::TimedOut),
+                Waited::ClientGone => {
+                    shard.stats().client_aborts.increment();
+                    Err(RequestError::ClientGone)
+                }
+            }
+        }
+    }
+}
+
+/// Counts a wait against the fork's warning, error and critical thresholds, once each.
+fn record_queue_time(shard: &Shard, waited: Duration) {
+    let stats = shard.stats();
+    let levels = QueueTimeLevels::of(waited);
+    if levels.warning {
+        stats.queue_time_warning.increment();
+    }
+    if levels.error {
+        stats.queue_time_error.increment();
+    }
+    if levels.critical {
+        stats.queue_time_critical.increment();
+    }
+}
+
+/// Tells the control thread what a request found out about a pod; a full channel drops it
+/// (the request path never waits on the control thread) and counts the drop.
+pub(crate) fn report(shard: &Shard, revision: &LocalRevision, pod: &LocalPod, kind: SignalKind) {
+    let signal = PodSignal {
+        revision: revision.key().clone(),
+        pod: pod.tracker.addr,
+        kind,
+    };
+    if !shard.control.signal(signal) {
+        shard.stats().signals_dropped.increment();
+    }
+}
+
+/// How a wait in the queue ended.
+enum Waited {
+    Granted(Rc<LocalPod>),
+    /// The revision was removed while the request waited.
+    Removed,
+    TimedOut,
+    /// The client closed its connection: its place in the queue is already given up.
+    ClientGone,
+}
+
+/// Waits for a slot while watching the client.
+async fn wait_for_slot<W: ClientWatch>(
+    client: &mut W,
+    revision: &LocalRevision,
+    shard: &Shard,
+    id: WaiterId,
+    deadline: Instant,
+) -> Waited {
+    enum Woke {
+        Queue(Option<Rc<LocalPod>>),
+        Deadline,
+        Readable,
+    }
+    let mut queued = pin!(Queued {
+        revision,
+        shard,
+        id,
+        done: false,
+    });
+    let mut alarm = pin!(shard.alarms.at(deadline));
+    loop {
+        let woke = {
+            let mut readable = pin!(client.readable());
+            poll_fn(|cx| {
+                if let Poll::Ready(grant) = queued.as_mut().poll(cx) {
+                    return Poll::Ready(Woke::Queue(grant));
+                }
+                if alarm.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woke::Deadline);
+                }
+                if readable.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Woke::Readable);
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        match woke {
+            Woke::Queue(Some(pod)) => return Waited::Granted(pod),
+            Woke::Queue(None) => return Waited::Removed,
+            Woke::Deadline => return Waited::TimedOut,
+            // Readable: taking it completes at once (bytes, FIN or error are there), so the
+            // queue and the alarm can wait for it. Dropping the queued wait (on return) gives
+            // up its place.
+            Woke::Readable => {
+                if !client.absorb().await {
+                    return Waited::ClientGone;
+                }
+            }
+        }
+    }
+}
+
+/// A queued request waiting for its slot. Dropped before the slot arrives (timeout, client
+/// gone), it frees its place in the queue, or the slot granted meanwhile.
+struct Queued<'a> {
+    revision: &'a LocalRevision,
+    shard: &'a Shard,
+    id: WaiterId,
+    done: bool,
+}
+
+impl Future for Queued<'_> {
+    type Output = Option<Rc<LocalPod>>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Self::Output> {
+        let ready = self.revision.poll_grant(self.id, cx);
+        if ready.is_ready() {
+            self.done = true;
+        }
+        ready
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.revision.cancel(self.id, self.shard);
+        }
+    }
+}
+
+/// Holds a pod slot for the duration of a request; giving it back hands it to the oldest
+/// waiter on any shard.
+pub(crate) struct Held<'a> {
+    pub pod: &'a LocalPod,
+    revision: &'a LocalRevision,
+    shard: &'a Shard,
+}
+
+impl<'a> Held<'a> {
+    pub fn new(pod: &'a LocalPod, revision: &'a LocalRevision, shard: &'a Shard) -> Held<'a> {
+        Held {
+            pod,
+            revision,
+            shard,
+        }
+    }
+
+    /// Gives the slot back now; true when a request queued on this shard was woken with it.
+    pub fn give_back(self) -> bool {
+        let held = std::mem::ManuallyDrop::new(self);
+        held.revision.release(held.pod, held.shard)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.revision.release(self.pod, self.shard);
+    }
+}
