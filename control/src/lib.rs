@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use kactivator_shards::metrics::AllShardStats;
 use kactivator_shards::routing::ShardCommand;
-use kactivator_shards::runtime::control_link::ToControl;
+use kactivator_shards::runtime::control_link::FromShards;
 use kactivator_shards::throttle::gate::ProcessQueue;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -46,7 +46,7 @@ pub struct ControlPlane {
     worker: WorkerHandle,
     worker_task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     probe_targets: tokio::sync::watch::Receiver<Vec<state::ProbeTarget>>,
-    from_shards: flume::Receiver<ToControl>,
+    from_shards: FromShards,
     publisher: Publisher,
     admin: Arc<AdminState>,
     metrics: Arc<ControlMetrics>,
@@ -65,7 +65,7 @@ pub struct ControlInputs {
     pub pod_name: String,
     /// `POD_IP`, the default for `cluster.self_ip`.
     pub pod_ip: Option<std::net::IpAddr>,
-    pub from_shards: flume::Receiver<ToControl>,
+    pub from_shards: FromShards,
     /// Shared by every revision's admission gate.
     pub process_queue: Arc<ProcessQueue>,
 }

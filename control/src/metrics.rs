@@ -231,7 +231,7 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
         }
     }
     // Process totals under the fork's names.
-    let totals: [ShardMetric; 4] = [
+    let totals: [ShardMetric; 3] = [
         (
             "activator_proxy_queue_time_warning_total",
             "Requests that waited at least 4 s for a pod.",
@@ -246,11 +246,6 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             "activator_proxy_queue_time_critical_total",
             "Requests that waited at least 180 s for a pod.",
             |s| s.queue_time_critical.get(),
-        ),
-        (
-            "kactivator_pod_signals_dropped_total",
-            "Pod signals from the request path lost to a full control channel.",
-            |s| s.signals_dropped.get(),
         ),
     ];
     for (name, help, value) in totals {

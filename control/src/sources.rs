@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_api::headers::RELAYED as RELAYED_HEADER;
-use kactivator_shards::runtime::control_link::{PodSignal, Reply, SignalKind, ToControl};
+use kactivator_shards::runtime::control_link::{EvidenceKind, FromShards, PodEvidence, Reply};
 use prometheus::{IntCounterVec, Opts, Registry};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{watch, Semaphore};
@@ -93,7 +93,7 @@ impl Sources {
         config_path: Option<PathBuf>,
         gates: Gates,
         probe_targets: watch::Receiver<Vec<ProbeTarget>>,
-        from_shards: flume::Receiver<ToControl>,
+        from_shards: FromShards,
     ) {
         let peers = Arc::new(self.config.cluster.peers.clone());
         tokio::spawn(from_shards_loop(
@@ -243,44 +243,49 @@ async fn watch_file(
     }
 }
 
-/// Registrations and signals from the shards.
+/// Registrations and evidence from the shards.
 async fn from_shards_loop(
-    from_shards: flume::Receiver<ToControl>,
+    from_shards: FromShards,
     worker: WorkerHandle,
     metrics: Arc<ControlMetrics>,
     peers: Arc<Vec<SocketAddr>>,
 ) {
-    while let Ok(message) = from_shards.recv_async().await {
-        match message {
-            ToControl::Registration {
-                body,
-                relayed,
-                reply,
-            } => {
-                // Each registration waits for the worker on its own, so many can be in the
-                // worker's channel at once.
-                let worker = worker.clone();
-                let metrics = metrics.clone();
-                let peers = peers.clone();
-                tokio::spawn(async move {
-                    let answer = register(&body, relayed, &worker, &metrics, &peers).await;
-                    let _ = reply.send(answer);
-                });
-            }
-            ToControl::Signal(signal) => {
-                if let Some(op) = signal_op(&signal, &metrics) {
-                    let _ = worker.enqueue(op).await;
-                }
+    let FromShards {
+        registrations,
+        evidence,
+    } = from_shards;
+    let evidence_worker = worker.clone();
+    let evidence_metrics = metrics.clone();
+    tokio::spawn(async move {
+        while let Ok(evidence) = evidence.recv_async().await {
+            let op = evidence_op(evidence, &evidence_metrics);
+            if evidence_worker.enqueue(op).await.is_err() {
+                return;
             }
         }
+    });
+    while let Ok(request) = registrations.recv_async().await {
+        // Each registration waits for the worker on its own, so many can be in the worker's
+        // channel at once.
+        let worker = worker.clone();
+        let metrics = metrics.clone();
+        let peers = peers.clone();
+        tokio::spawn(async move {
+            let answer = register(&request.body, request.relayed, &worker, &metrics, &peers).await;
+            let _ = request.reply.send(answer);
+        });
     }
 }
 
-fn signal_op(signal: &PodSignal, metrics: &ControlMetrics) -> Option<Op> {
-    let namespace = signal.revision.namespace().to_string();
-    let revision = signal.revision.name().to_string();
-    Some(match &signal.kind {
-        SignalKind::TransportFailure => {
+/// The op that applies a piece of evidence.
+fn evidence_op(evidence: PodEvidence, metrics: &ControlMetrics) -> Op {
+    let namespace = evidence.revision.namespace().to_string();
+    let revision = evidence.revision.name().to_string();
+    let addr = evidence.tracker.addr;
+    match evidence.kind {
+        EvidenceKind::TransportFailure => {
+            // Taken: the next failure of this pod is reported again.
+            evidence.tracker.failure_report_taken();
             metrics
                 .signals
                 .with_label_values(&["transport_failure"])
@@ -288,22 +293,22 @@ fn signal_op(signal: &PodSignal, metrics: &ControlMetrics) -> Option<Op> {
             Op::MutatePod {
                 namespace,
                 revision,
-                target: PodTarget::Addr(signal.pod),
+                target: PodTarget::Addr(addr),
                 event: Event::HealthCheckFailed,
                 source: Source::Proxy,
             }
         }
-        SignalKind::IpReused { .. } => {
+        EvidenceKind::IpReused { .. } => {
             metrics.signals.with_label_values(&["ip_reused"]).inc();
             Op::RemovePod {
                 namespace,
                 revision,
-                addr: signal.pod,
+                addr,
                 reason: Reason::IpReused,
                 source: Source::Proxy,
             }
         }
-    })
+    }
 }
 
 /// Parses, applies and (unless it was itself relayed) relays one registration.

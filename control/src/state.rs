@@ -1185,6 +1185,42 @@ mod tests {
         assert_eq!(removals, 1);
     }
 
+    /// Review finding: a shard retired a pod that answered as another revision by writing its
+    /// capacity, and any later publish of the revision wrote the share back before the control
+    /// thread heard of the retirement. The pod must stay out whatever is published meanwhile.
+    #[test]
+    fn a_pod_retired_by_a_shard_stays_out_when_its_revision_is_republished() {
+        let mut states = states();
+        states
+            .apply(
+                declare(
+                    &[("a", 1, &["10.0.0.1:8012", "10.0.0.2:8012"])],
+                    Gates::HYBRID,
+                ),
+                at(0),
+            )
+            .unwrap();
+        let route = last_upsert(&states.take_updates()).clone();
+        let retired = route.pods[0].clone();
+        assert!(
+            retired.slots.retire(),
+            "the first shard to see it retires it"
+        );
+        // Before the evidence reaches the worker, another change republishes the revision.
+        states
+            .apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(1))
+            .unwrap();
+        let republished = last_upsert(&states.take_updates()).clone();
+        assert!(republished
+            .pods
+            .iter()
+            .any(|pod| Arc::ptr_eq(pod, &retired)));
+        assert!(
+            !retired.slots.try_acquire(),
+            "a retired pod takes no new request, whatever the route says"
+        );
+    }
+
     #[test]
     fn the_tracker_limit_refuses_new_pods_and_says_so() {
         let mut states = PodStates::new(

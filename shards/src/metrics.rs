@@ -162,8 +162,6 @@ pub struct ShardStats {
     pub upstream_stale_discards: Counter,
     pub bad_requests: Counter,
     pub client_aborts: Counter,
-    /// Pod signals not delivered because the control channel was full.
-    pub signals_dropped: Counter,
     /// Requests that left the queue after waiting at least 4 s / 60 s / 180 s (the fork's
     /// warning, error and critical thresholds); each request counts once per threshold.
     pub queue_time_warning: Counter,
@@ -190,7 +188,6 @@ impl ShardStats {
             upstream_stale_discards: Counter::default(),
             bad_requests: Counter::default(),
             client_aborts: Counter::default(),
-            signals_dropped: Counter::default(),
             queue_time_warning: Counter::default(),
             queue_time_error: Counter::default(),
             queue_time_critical: Counter::default(),

@@ -32,7 +32,7 @@ use crate::request::probes::{self, Health};
 use crate::request::retry::may_retry;
 use crate::routing::replica::LocalRevision;
 use crate::runtime::buffer::InBuf;
-use crate::runtime::control_link::SignalKind;
+use crate::runtime::control_link::EvidenceKind;
 use crate::runtime::race::{race, Either};
 use crate::runtime::shard::Shard;
 use crate::upstream::error::UpstreamError;
@@ -372,7 +372,7 @@ async fn proxy_request(
             Ok(upstream) => upstream,
             Err(error) => {
                 tracing::warn!(request_id = %conn.request_id, pod = %pod.tracker.addr, class = error.class(), "{error}");
-                admission::report(shard, revision, &pod, SignalKind::TransportFailure);
+                admission::report(shard, revision, &pod, EvidenceKind::TransportFailure);
                 return Ended::Failed {
                     error: error.into(),
                     request_complete: false,
@@ -414,17 +414,18 @@ async fn proxy_request(
                 "pod IP reused by another revision; retiring it"
             );
             // No shard may start another request there, even before the control thread
-            // publishes the removal.
-            pod.tracker.slots.set_capacity(0);
-            admission::report(
-                shard,
-                revision,
-                &pod,
-                SignalKind::IpReused {
-                    namespace: namespace.clone(),
-                    revision: serving.clone(),
-                },
-            );
+            // publishes the removal; the first shard to retire it reports it.
+            if pod.tracker.slots.retire() {
+                admission::report(
+                    shard,
+                    revision,
+                    &pod,
+                    EvidenceKind::IpReused {
+                        namespace: namespace.clone(),
+                        revision: serving.clone(),
+                    },
+                );
+            }
             drop(held);
             if !may_retry(attempt, failure, replayable) {
                 return ended;
@@ -437,7 +438,7 @@ async fn proxy_request(
         // A fresh connection the pod dropped says more than a pooled one that raced its
         // keep-alive timeout.
         if failure.is_pod_failure() && !reused_connection {
-            admission::report(shard, revision, &pod, SignalKind::TransportFailure);
+            admission::report(shard, revision, &pod, EvidenceKind::TransportFailure);
         }
         return ended;
     }

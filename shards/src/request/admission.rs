@@ -14,7 +14,7 @@ use std::time::Duration;
 use monoio::time::Instant;
 
 use crate::routing::replica::{LocalPod, LocalRevision};
-use crate::runtime::control_link::{PodSignal, SignalKind};
+use crate::runtime::control_link::EvidenceKind;
 use crate::runtime::shard::Shard;
 use crate::throttle::gate::{Admission, WaiterId};
 
@@ -84,17 +84,9 @@ fn record_queue_time(shard: &Shard, waited: Duration) {
     }
 }
 
-/// Tells the control thread what a request found out about a pod; a full channel drops it
-/// (the request path never waits on the control thread) and counts the drop.
-pub(crate) fn report(shard: &Shard, revision: &LocalRevision, pod: &LocalPod, kind: SignalKind) {
-    let signal = PodSignal {
-        revision: revision.key().clone(),
-        pod: pod.tracker.addr,
-        kind,
-    };
-    if !shard.control.signal(signal) {
-        shard.stats().signals_dropped.increment();
-    }
+/// Tells the control thread what a request found out about a pod (never waits, never lost).
+pub(crate) fn report(shard: &Shard, revision: &LocalRevision, pod: &LocalPod, kind: EvidenceKind) {
+    shard.control.report(revision.key(), &pod.tracker, kind);
 }
 
 /// How a wait in the queue ended.

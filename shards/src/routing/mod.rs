@@ -8,6 +8,7 @@
 pub mod replica;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,22 +97,42 @@ impl Default for Timeouts {
 /// its in-flight count carries over when the routing changes.
 #[derive(Debug)]
 pub struct PodTracker {
+    /// Unique in the process: a new pod at a reused address is another tracker, and evidence
+    /// about the old one must not touch it.
+    pub id: u64,
     pub addr: SocketAddr,
     /// Requests this process has in flight to the pod, summed over shards, and this activator's
     /// share of containerConcurrency.
     pub slots: PodSlots,
+    /// A transport failure was reported and the control thread has not taken it yet.
+    failure_report_pending: AtomicBool,
 }
+
+static NEXT_TRACKER_ID: AtomicU64 = AtomicU64::new(1);
 
 impl PodTracker {
     pub fn new(addr: SocketAddr, capacity: u32) -> PodTracker {
         PodTracker {
+            id: NEXT_TRACKER_ID.fetch_add(1, Ordering::Relaxed),
             addr,
             slots: PodSlots::new(capacity),
+            failure_report_pending: AtomicBool::new(false),
         }
     }
 
     pub fn in_flight(&self) -> u32 {
         self.slots.in_flight()
+    }
+
+    /// A shard is about to report a transport failure: true when no earlier report still
+    /// waits for the control thread (then this one is sent).
+    pub fn claim_failure_report(&self) -> bool {
+        !self.failure_report_pending.swap(true, Ordering::AcqRel)
+    }
+
+    /// The control thread took the failure report: the next failure is reported again.
+    pub fn failure_report_taken(&self) {
+        self.failure_report_pending.store(false, Ordering::Release);
     }
 }
 

@@ -1,22 +1,25 @@
 //! What the shards tell the control thread: queue-proxy registrations received on the data
-//! port, and passive health signals about pods. The control thread only ever answers
-//! registrations; routing still flows the other way, as snapshots.
+//! port (answered once applied), and evidence about pods seen on the request path (never
+//! answered, never lost). Routing still flows the other way, as snapshots.
+//!
+//! Evidence goes up as a message the shard cannot fail to send and the control thread turns
+//! into a state-worker op; the decision (quarantine, removal) comes back down in a snapshot.
+//! The request path never waits: the evidence channel is unbounded, and what bounds it is
+//! that a pod has at most one report of each kind outstanding (see [`ControlLink::report`]).
+
+use std::sync::Arc;
 
 use kactivator_api::RevisionKey;
-use std::net::SocketAddr;
 
-/// One message from a shard.
+use crate::routing::PodTracker;
+
+/// A registration body, as received. The control thread parses, applies and answers it.
 #[derive(Debug)]
-pub enum ToControl {
-    /// A registration body, as received. The control thread parses, applies and answers it.
-    Registration {
-        body: Vec<u8>,
-        /// Sent by a peer activator rather than a queue-proxy.
-        relayed: bool,
-        reply: flume::Sender<Reply>,
-    },
-    /// Something a request found out about a pod.
-    Signal(PodSignal),
+pub struct RegistrationRequest {
+    pub body: Vec<u8>,
+    /// Sent by a peer activator rather than a queue-proxy.
+    pub relayed: bool,
+    pub reply: flume::Sender<Reply>,
 }
 
 /// The control thread's answer to a registration.
@@ -28,45 +31,63 @@ pub struct Reply {
     pub json: bool,
 }
 
-/// Passive evidence about a pod, seen on the request path.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodSignal {
+/// Something a request found out about a pod.
+#[derive(Debug)]
+pub struct PodEvidence {
     /// The revision the request was for.
     pub revision: RevisionKey,
-    pub pod: SocketAddr,
-    pub kind: SignalKind,
+    /// The pod, as the shard knew it: the control thread applies the evidence only if this is
+    /// still the tracker it has for the address (a new pod at the same IP is another tracker).
+    pub tracker: Arc<PodTracker>,
+    pub kind: EvidenceKind,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SignalKind {
-    /// Dialing failed (refused, reset, unreachable, timed out) or the pod dropped the connection
-    /// before answering: counts as a failed health check.
+pub enum EvidenceKind {
+    /// Dialing failed (refused, reset, unreachable, timed out) or the pod dropped a fresh
+    /// connection before answering: counts as a failed health check.
     TransportFailure,
-    /// The pod answered as another revision: its IP was reused.
+    /// The pod answered as another revision: its IP was reused. The shard has already retired
+    /// the tracker's slots.
     IpReused { namespace: String, revision: String },
 }
 
-/// The shards' sending side. Registrations wait for room; signals are dropped (and counted by
-/// the caller) when the channel is full, since the request path never waits on the control
-/// thread.
+/// Registrations the channel holds before a shard's registration waits for room.
+pub const REGISTRATION_QUEUE: usize = 4096;
+
+/// The shards' sending side.
 #[derive(Clone, Debug)]
 pub struct ControlLink {
-    tx: flume::Sender<ToControl>,
+    registrations: flume::Sender<RegistrationRequest>,
+    evidence: flume::Sender<PodEvidence>,
 }
 
-/// Messages the channel holds.
-pub const CONTROL_LINK_CAPACITY: usize = 4096;
+/// The control thread's receiving side.
+#[derive(Debug)]
+pub struct FromShards {
+    pub registrations: flume::Receiver<RegistrationRequest>,
+    pub evidence: flume::Receiver<PodEvidence>,
+}
 
 impl ControlLink {
-    pub fn channel() -> (ControlLink, flume::Receiver<ToControl>) {
-        let (tx, rx) = flume::bounded(CONTROL_LINK_CAPACITY);
-        (ControlLink { tx }, rx)
+    pub fn channel() -> (ControlLink, FromShards) {
+        let (registrations, registrations_rx) = flume::bounded(REGISTRATION_QUEUE);
+        let (evidence, evidence_rx) = flume::unbounded();
+        (
+            ControlLink {
+                registrations,
+                evidence,
+            },
+            FromShards {
+                registrations: registrations_rx,
+                evidence: evidence_rx,
+            },
+        )
     }
 
     /// A link to nowhere (tests and tools without a control thread).
     pub fn disconnected() -> ControlLink {
-        let (tx, _) = flume::bounded(1);
-        ControlLink { tx }
+        ControlLink::channel().0
     }
 
     /// Hands a registration over and waits for the answer.
@@ -77,23 +98,97 @@ impl ControlLink {
             body: kactivator_api::messages::CONTROL_PLANE_UNAVAILABLE.into(),
             json: false,
         };
-        if self
-            .tx
-            .send_async(ToControl::Registration {
-                body,
-                relayed,
-                reply,
-            })
-            .await
-            .is_err()
-        {
+        let request = RegistrationRequest {
+            body,
+            relayed,
+            reply,
+        };
+        if self.registrations.send_async(request).await.is_err() {
             return unavailable();
         }
         answer.recv_async().await.unwrap_or_else(|_| unavailable())
     }
 
-    /// Reports a signal unless the channel is full. True if it was queued.
-    pub fn signal(&self, signal: PodSignal) -> bool {
-        self.tx.try_send(ToControl::Signal(signal)).is_ok()
+    /// Reports what a request found out about `tracker`, without waiting and without loss.
+    ///
+    /// At most one report of each kind per tracker is in the channel: a transport failure is
+    /// sent only when the previous one has been taken by the control thread
+    /// ([`PodTracker::claim_failure_report`]); an IP reuse is sent only by the shard whose
+    /// [`crate::throttle::slots::PodSlots::retire`] retired the pod. Failures that happen while
+    /// a report waits say nothing the waiting one does not.
+    pub fn report(&self, revision: &RevisionKey, tracker: &Arc<PodTracker>, kind: EvidenceKind) {
+        let send = match kind {
+            EvidenceKind::TransportFailure => tracker.claim_failure_report(),
+            EvidenceKind::IpReused { .. } => tracker.slots.is_retired(),
+        };
+        if send {
+            // Fails only when the control thread is gone, and then nobody is left to tell.
+            let _ = self.evidence.send(PodEvidence {
+                revision: revision.clone(),
+                tracker: tracker.clone(),
+                kind,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    fn tracker(n: u32) -> Arc<PodTracker> {
+        let addr = SocketAddr::from(([10, 1, (n >> 8) as u8, n as u8], 8012));
+        Arc::new(PodTracker::new(addr, 1))
+    }
+
+    /// Review finding: evidence went up with `try_send` on a bounded channel and was dropped
+    /// when the channel was full, under load; a retired pod's removal could be lost with it.
+    #[test]
+    fn evidence_is_never_dropped_however_much_arrives_at_once() {
+        let (link, from_shards) = ControlLink::channel();
+        let revision = RevisionKey::new("ns", "rev").unwrap();
+        for n in 0..10_000u32 {
+            link.report(&revision, &tracker(n), EvidenceKind::TransportFailure);
+        }
+        assert_eq!(from_shards.evidence.len(), 10_000);
+    }
+
+    #[test]
+    fn a_pod_has_one_failure_report_outstanding_until_the_control_thread_takes_it() {
+        let (link, from_shards) = ControlLink::channel();
+        let revision = RevisionKey::new("ns", "rev").unwrap();
+        let pod = tracker(1);
+        for _ in 0..100 {
+            link.report(&revision, &pod, EvidenceKind::TransportFailure);
+        }
+        assert_eq!(from_shards.evidence.len(), 1);
+        let taken = from_shards.evidence.try_recv().unwrap();
+        taken.tracker.failure_report_taken();
+        link.report(&revision, &pod, EvidenceKind::TransportFailure);
+        assert_eq!(
+            from_shards.evidence.len(),
+            1,
+            "the next failure is reported again"
+        );
+    }
+
+    #[test]
+    fn an_ip_reuse_is_reported_by_the_shard_that_retired_the_pod_only() {
+        let (link, from_shards) = ControlLink::channel();
+        let revision = RevisionKey::new("ns", "rev").unwrap();
+        let pod = tracker(1);
+        let reused = EvidenceKind::IpReused {
+            namespace: "ns".into(),
+            revision: "other".into(),
+        };
+        link.report(&revision, &pod, reused.clone());
+        assert!(
+            from_shards.evidence.is_empty(),
+            "not retired: nothing to report"
+        );
+        assert!(pod.slots.retire());
+        link.report(&revision, &pod, reused);
+        assert_eq!(from_shards.evidence.len(), 1);
     }
 }
