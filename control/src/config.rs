@@ -1,7 +1,8 @@
 //! The standalone configuration file: listeners, proxy settings, feature gates and revisions.
 //!
 //! TOML, parsed with the maintained `toml` crate. Unknown keys are errors (a typo must not be
-//! silently ignored), and every error names the line and column it was found at.
+//! silently ignored), and every error, the parser's or validation's, names the line and column
+//! of the key or value it is about: validation looks values up in the parsed document's spans.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use kactivator_shards::routing::{LbPolicy, Protocol, Timeouts};
 use serde::Deserialize;
+use toml::de::DeTable;
 
 /// Default data port (Knative's `BackendHTTPPort`).
 pub const DEFAULT_HTTP: &str = "0.0.0.0:8012";
@@ -317,15 +319,33 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+impl ConfigError {
+    /// A value the file sets that validation refused, at `position` when known.
+    fn invalid(position: Option<(usize, usize)>, message: String) -> ConfigError {
+        ConfigError {
+            source: None,
+            position,
+            message,
+        }
+    }
+}
+
 impl Config {
     /// Parses and validates configuration text.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|error| ConfigError {
+        let toml_error = |error: toml::de::Error| ConfigError {
             source: None,
             position: error.span().map(|span| line_and_column(text, span.start)),
             message: error.message().trim_end().to_string(),
+        };
+        // The spanned document is kept for validation, which needs to say where a value is.
+        let document = DeTable::parse(text).map_err(toml_error)?;
+        let config = Config::deserialize(toml::de::Deserializer::from(document.clone()))
+            .map_err(toml_error)?;
+        config.validate(&Spans {
+            text,
+            root: document.get_ref(),
         })?;
-        config.validate(text)?;
         Ok(config)
     }
 
@@ -342,69 +362,97 @@ impl Config {
         })
     }
 
-    fn validate(&self, text: &str) -> Result<(), ConfigError> {
-        if self.control.qp_freshness_seconds > self.control.qp_staleness_seconds {
-            return Err(ConfigError {
-                source: None,
-                position: find_position(text, "qp_freshness_seconds"),
-                message: "control.qp_freshness_seconds may not exceed qp_staleness_seconds".into(),
-            });
+    /// Checks what the types cannot say. Every error points at the value it is about.
+    fn validate(&self, spans: &Spans<'_>) -> Result<(), ConfigError> {
+        let control = &self.control;
+        if control.qp_freshness_seconds > control.qp_staleness_seconds {
+            // One of the two is set in the file (the defaults agree); point at that one.
+            let position = spans
+                .table_value("control", "qp_freshness_seconds")
+                .or_else(|| spans.table_value("control", "qp_staleness_seconds"));
+            return Err(ConfigError::invalid(
+                position,
+                format!(
+                    "control.qp_freshness_seconds ({}) may not exceed control.qp_staleness_seconds ({})",
+                    control.qp_freshness_seconds, control.qp_staleness_seconds
+                ),
+            ));
         }
-        for (key, value) in [
-            ("watch_interval_ms", self.control.watch_interval_ms),
+        for (table, key, value) in [
+            ("control", "watch_interval_ms", control.watch_interval_ms),
             (
+                "control",
                 "state_queue_capacity",
-                self.control.state_queue_capacity as u64,
+                control.state_queue_capacity as u64,
             ),
-            ("stale_sweep_seconds", self.control.stale_sweep_seconds),
-            ("probe_interval_ms", self.health.probe_interval_ms),
-            ("probe_timeout_ms", self.health.probe_timeout_ms),
+            (
+                "control",
+                "stale_sweep_seconds",
+                control.stale_sweep_seconds,
+            ),
+            ("health", "probe_interval_ms", self.health.probe_interval_ms),
+            ("health", "probe_timeout_ms", self.health.probe_timeout_ms),
         ] {
             if value == 0 {
-                return Err(ConfigError {
-                    source: None,
-                    position: find_position(text, key),
-                    message: format!("{key} must be at least 1"),
-                });
+                return Err(ConfigError::invalid(
+                    spans.table_value(table, key),
+                    format!("{table}.{key} must be at least 1"),
+                ));
             }
         }
         let mut seen = HashSet::new();
-        for revision in &self.revisions {
-            let at = |needle: &str| find_position(text, needle);
-            for (field, value) in [("namespace", &revision.namespace), ("name", &revision.name)] {
+        for (index, revision) in self.revisions.iter().enumerate() {
+            let at = |key: &str| spans.revision_value(index, key);
+            for (key, value) in [("namespace", &revision.namespace), ("name", &revision.name)] {
                 if value.is_empty() || value.contains('/') || value.chars().any(char::is_whitespace)
                 {
-                    return Err(ConfigError {
-                        source: None,
-                        position: at(&format!("\"{value}\"")),
-                        message: format!(
-                            "revision {field} {value:?} must be non-empty, without '/' or spaces"
+                    return Err(ConfigError::invalid(
+                        at(key),
+                        format!(
+                            "revision {key} {value:?} must be non-empty, without '/' or spaces"
                         ),
-                    });
+                    ));
                 }
             }
+            let key = format!("{}/{}", revision.namespace, revision.name);
             if !seen.insert((revision.namespace.as_str(), revision.name.as_str())) {
-                return Err(ConfigError {
-                    source: None,
-                    position: at(&format!("\"{}\"", revision.name)),
-                    message: format!(
-                        "revision {}/{} is declared twice",
-                        revision.namespace, revision.name
-                    ),
-                });
+                return Err(ConfigError::invalid(
+                    at("name"),
+                    format!("revision {key} is declared twice"),
+                ));
             }
             if revision.timeout_seconds == 0 {
-                return Err(ConfigError {
-                    source: None,
-                    position: at("timeout_seconds"),
-                    message: format!(
-                        "revision {}/{}: timeout_seconds must be at least 1",
-                        revision.namespace, revision.name
-                    ),
-                });
+                return Err(ConfigError::invalid(
+                    at("timeout_seconds"),
+                    format!("revision {key}: timeout_seconds must be at least 1"),
+                ));
             }
         }
         Ok(())
+    }
+}
+
+/// The parsed document beside the typed config: where each value sits in the text.
+struct Spans<'a> {
+    text: &'a str,
+    root: &'a DeTable<'a>,
+}
+
+impl Spans<'_> {
+    /// Line and column of `[table]`'s `key` value, when the file sets it.
+    fn table_value(&self, table: &str, key: &str) -> Option<(usize, usize)> {
+        self.value_in(self.root.get(table)?.get_ref().as_table()?, key)
+    }
+
+    /// Line and column of `key`'s value in the `index`th `[[revisions]]` table, when set.
+    fn revision_value(&self, index: usize, key: &str) -> Option<(usize, usize)> {
+        let revisions = self.root.get("revisions")?.get_ref().as_array()?;
+        self.value_in(revisions.get(index)?.get_ref().as_table()?, key)
+    }
+
+    fn value_in(&self, table: &DeTable<'_>, key: &str) -> Option<(usize, usize)> {
+        let value = table.get(key)?;
+        Some(line_and_column(self.text, value.span().start))
     }
 }
 
@@ -417,11 +465,6 @@ fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
         .map_or(0, |last| last.chars().count())
         + 1;
     (line, column)
-}
-
-fn find_position(text: &str, needle: &str) -> Option<(usize, usize)> {
-    text.find(needle)
-        .map(|offset| line_and_column(text, offset))
 }
 
 #[cfg(test)]
@@ -513,6 +556,120 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
         let bad =
             "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\nload_balancing_policy = \"random\"\n";
         assert!(Config::parse(bad).is_err());
+    }
+
+    /// Line and column the error for `text` points at, and its message.
+    fn error_at(text: &str) -> (Option<(usize, usize)>, String) {
+        let error = Config::parse(text).expect_err("the file is invalid");
+        (error.position, error.message)
+    }
+
+    #[test]
+    fn a_zero_timeout_is_found_on_its_own_line_not_in_longer_keys_ending_the_same() {
+        let text = "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\nidle_timeout_seconds = 5\n\
+                    response_start_timeout_seconds = 5\ntimeout_seconds = 0\n";
+        let (position, message) = error_at(text);
+        assert_eq!(position, Some((6, 19)), "{message}");
+        assert!(message.contains("timeout_seconds"), "{message}");
+    }
+
+    #[test]
+    fn a_zero_timeout_in_the_second_revision_is_found_in_the_second_revision() {
+        let text = "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\ntimeout_seconds = 30\n\n\
+                    [[revisions]]\nnamespace = \"a\"\nname = \"c\"\ntimeout_seconds = 0\n";
+        let (position, message) = error_at(text);
+        assert_eq!(position, Some((9, 19)), "{message}");
+        assert!(message.contains("a/c"), "{message}");
+    }
+
+    #[test]
+    fn a_duplicate_revision_is_found_at_its_second_name_not_where_the_text_first_appears() {
+        let text = "# \"hello\" is declared twice below\n\
+                    [[revisions]]\nnamespace = \"hello\"\nname = \"hello\"\n\n\
+                    [[revisions]]\nnamespace = \"hello\"\nname = \"hello\"\n";
+        let (position, message) = error_at(text);
+        assert_eq!(position, Some((8, 8)), "{message}");
+        assert!(message.contains("declared twice"), "{message}");
+    }
+
+    #[test]
+    fn an_invalid_namespace_is_found_in_its_revision_not_in_an_earlier_table() {
+        let text = "[features]\n\"team/x\" = \"enabled\"\n\n\
+                    [[revisions]]\nnamespace = \"team/x\"\nname = \"b\"\n";
+        let (position, message) = error_at(text);
+        assert_eq!(position, Some((5, 13)), "{message}");
+        assert!(message.contains("namespace"), "{message}");
+    }
+
+    #[test]
+    fn every_validation_error_points_at_the_value_it_is_about() {
+        // (file, line and column of the offending value, a fragment of the message). Each file
+        // mentions the key (or value) earlier too, where a text search would have found it.
+        let cases: &[(&str, (usize, usize), &str)] = &[
+            (
+                "# qp_freshness_seconds = 90 would be wrong\n[control]\n\
+                 qp_staleness_seconds = 80\nqp_freshness_seconds = 90\n",
+                (4, 24),
+                "control.qp_freshness_seconds",
+            ),
+            (
+                "# qp_staleness_seconds below the default freshness\n[control]\n\
+                 qp_staleness_seconds = 10\n",
+                (3, 24),
+                "control.qp_staleness_seconds",
+            ),
+            (
+                "# watch_interval_ms = 0 is refused\n[control]\nwatch_interval_ms = 0\n",
+                (3, 21),
+                "control.watch_interval_ms",
+            ),
+            (
+                "# state_queue_capacity = 0\n[control]\nstate_queue_capacity = 0\n",
+                (3, 24),
+                "control.state_queue_capacity",
+            ),
+            (
+                "[control]\n# stale_sweep_seconds\nstale_sweep_seconds = 0\n",
+                (3, 23),
+                "control.stale_sweep_seconds",
+            ),
+            (
+                "# probe_interval_ms\n[health]\nprobe_interval_ms = 0\n",
+                (3, 21),
+                "health.probe_interval_ms",
+            ),
+            (
+                "# probe_timeout_ms\n[health]\nprobe_timeout_ms = 0\n",
+                (3, 20),
+                "health.probe_timeout_ms",
+            ),
+            (
+                "[[revisions]]\nnamespace = \"a\"\nname = \"has space\"\n",
+                (3, 8),
+                "name",
+            ),
+            (
+                "[[revisions]]\nnamespace = \"\"\nname = \"b\"\n",
+                (2, 13),
+                "namespace",
+            ),
+            (
+                "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\nservice = \"b\"\n\
+                 [[revisions]]\nname = \"b\"\nnamespace = \"a\"\n",
+                (6, 8),
+                "declared twice",
+            ),
+            (
+                "revisions = [\n  { namespace = \"a\", name = \"b\", timeout_seconds = 0 },\n]\n",
+                (2, 52),
+                "timeout_seconds",
+            ),
+        ];
+        for (text, expected, fragment) in cases {
+            let (position, message) = error_at(text);
+            assert_eq!(position, Some(*expected), "{message}\n{text}");
+            assert!(message.contains(fragment), "{message:?} lacks {fragment:?}");
+        }
     }
 
     #[test]
