@@ -75,6 +75,25 @@ fn config_errors_name_file_line_and_column_and_exit_2() {
 }
 
 #[test]
+fn an_h2c_revision_is_refused_at_start_with_exit_2_naming_its_protocol_line() {
+    let revisions = revision("default", "hello", &[], "protocol = \"h2c\"");
+    let mut activator = Activator::prepare(&revisions, "").spawn();
+    let code = activator.wait_exit(Duration::from_secs(10));
+    let stderr = activator.stderr();
+    assert_eq!(code, Some(2), "h2c must not start: {stderr}");
+    let text = std::fs::read_to_string(&activator.config_path).unwrap();
+    let line = 1 + text
+        .lines()
+        .position(|line| line.starts_with("protocol"))
+        .unwrap();
+    let expected = format!(
+        "{}:{line}:12: revision default/hello: protocol \"h2c\" is not supported yet",
+        activator.config_path.display()
+    );
+    assert!(stderr.contains(&expected), "{expected}\n{stderr}");
+}
+
+#[test]
 fn a_port_in_use_is_reported_and_exits_non_zero() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();

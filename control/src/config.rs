@@ -203,7 +203,8 @@ pub struct RevisionConfig {
     /// Requests one pod may take at once; 0 = unlimited. Default 0.
     #[serde(default)]
     pub container_concurrency: u32,
-    /// `http1` (default) or `h2c`.
+    /// `http1`, the default and the only protocol supported. `h2c` is refused at load until
+    /// HTTP/2 to pods is built.
     #[serde(default)]
     pub protocol: ProtocolName,
     /// Whole-request timeout in seconds, queueing included. Default 300.
@@ -239,13 +240,27 @@ fn default_timeout_seconds() -> u64 {
     300
 }
 
-/// Protocol names accepted in the file.
+/// Protocol names the file may spell. `H2c` parses but validation refuses it for now.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String")]
 pub enum ProtocolName {
     #[default]
     Http1,
     H2c,
+}
+
+impl TryFrom<String> for ProtocolName {
+    type Error = String;
+
+    /// By hand rather than derived, so an unknown name is not answered with "expected `http1`
+    /// or `h2c`" while h2c is refused.
+    fn try_from(name: String) -> Result<ProtocolName, String> {
+        match name.as_str() {
+            "http1" => Ok(ProtocolName::Http1),
+            "h2c" => Ok(ProtocolName::H2c),
+            _ => Err(format!("unknown protocol {name:?}, expected \"http1\"")),
+        }
+    }
 }
 
 /// Load-balancing policy names accepted in the file.
@@ -421,6 +436,17 @@ impl Config {
                     format!("revision {key} is declared twice"),
                 ));
             }
+            if revision.protocol == ProtocolName::H2c {
+                // The name stays for when HTTP/2 is built; until then nothing may take it,
+                // or the pods' h2c ports would get HTTP/1.
+                return Err(ConfigError::invalid(
+                    at("protocol"),
+                    format!(
+                        "revision {key}: protocol \"h2c\" is not supported yet (HTTP/2 to pods is \
+                         not built); use \"http1\""
+                    ),
+                ));
+            }
             if revision.timeout_seconds == 0 {
                 return Err(ConfigError::invalid(
                     at("timeout_seconds"),
@@ -552,7 +578,12 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
     #[test]
     fn unknown_protocols_and_policies_are_rejected() {
         let bad = "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\nprotocol = \"h3\"\n";
-        assert!(Config::parse(bad).is_err());
+        let (position, message) = error_at(bad);
+        assert_eq!(position, Some((4, 12)), "{message}");
+        assert!(
+            message.contains("\"h3\"") && message.contains("\"http1\"") && !message.contains("h2c"),
+            "an unknown protocol must not suggest the unsupported h2c: {message}"
+        );
         let bad =
             "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\nload_balancing_policy = \"random\"\n";
         assert!(Config::parse(bad).is_err());
@@ -599,6 +630,20 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
         let (position, message) = error_at(text);
         assert_eq!(position, Some((5, 13)), "{message}");
         assert!(message.contains("namespace"), "{message}");
+    }
+
+    #[test]
+    fn h2c_is_refused_until_http2_to_pods_is_built() {
+        let text =
+            "[[revisions]]\nnamespace = \"default\"\nname = \"web\"\nprotocol = \"http1\"\n\n\
+                    [[revisions]]\nnamespace = \"default\"\nname = \"hello\"\nprotocol = \"h2c\"\n";
+        let (position, message) = error_at(text);
+        assert_eq!(position, Some((9, 12)), "{message}");
+        assert_eq!(
+            message,
+            "revision default/hello: protocol \"h2c\" is not supported yet (HTTP/2 to pods is not \
+             built); use \"http1\""
+        );
     }
 
     #[test]

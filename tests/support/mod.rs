@@ -86,6 +86,13 @@ impl Activator {
         self
     }
 
+    /// Starts a prepared activator with 2 shards and does not wait for it: for start-up
+    /// failures, read with [`Activator::wait_exit`] and [`Activator::stderr`].
+    pub fn spawn(mut self) -> Activator {
+        self.spawn_with(&["--shards", "2"], &[], false);
+        self
+    }
+
     /// Like `start_with`, but the child runs under a seccomp filter that refuses io_uring.
     pub fn start_without_io_uring(
         revisions: &str,
