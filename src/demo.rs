@@ -1,7 +1,9 @@
 //! `kactivator demo`: real backends on loopback and a kactivator in front of them, nothing to
 //! install. Prints what to try, then serves until Ctrl-C.
 
-use kactivator_control::config::{Config, RevisionConfig};
+use std::net::{Ipv4Addr, SocketAddr};
+
+use kactivator_control::config::{Config, RevisionConfig, DEFAULT_ADMIN, DEFAULT_HTTP};
 use kactivator_testkit::backend::{self, BackendConfig};
 
 use crate::cli::{Cli, DemoArgs};
@@ -22,19 +24,10 @@ pub fn run(cli: &Cli, args: &DemoArgs) -> Result<(), StartError> {
         None => demo_defaults(),
     };
     config.revisions.push(RevisionConfig {
-        namespace: "default".into(),
-        name: "hello".into(),
         service: "hello".into(),
         configuration: "hello".into(),
-        container_concurrency: 0,
-        protocol: Default::default(),
-        timeout_seconds: 300,
-        response_start_timeout_seconds: 0,
-        idle_timeout_seconds: 0,
-        load_balancing_policy: None,
-        queue_depth: kactivator_shards::routing::DEFAULT_QUEUE_DEPTH,
-        serving_port: None,
         pods: handles.iter().map(|handle| handle.addr()).collect(),
+        ..RevisionConfig::new("default", "hello")
     });
     let http = cli.http.unwrap_or(config.listen.http);
     let admin = cli.admin.unwrap_or(config.listen.admin);
@@ -63,8 +56,9 @@ pub fn run(cli: &Cli, args: &DemoArgs) -> Result<(), StartError> {
 
 fn demo_defaults() -> Config {
     let mut config = Config::default();
-    config.listen.http = "127.0.0.1:8012".parse().expect("constant address parses");
-    config.listen.admin = "127.0.0.1:9090".parse().expect("constant address parses");
+    // The default ports, on loopback only.
+    config.listen.http = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DEFAULT_HTTP.port());
+    config.listen.admin = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DEFAULT_ADMIN.port());
     // A demo should stop promptly on Ctrl-C.
     config.proxy.drain_grace_seconds = 0;
     config

@@ -6,20 +6,30 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::time::Duration;
 
-use kactivator_shards::routing::{LbPolicy, Protocol, Timeouts};
+use kactivator_shards::upstream::pool::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_POD,
+};
+use kactivator_shards::routing::{
+    LbPolicy, Protocol, Timeouts, DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT,
+};
 use serde::Deserialize;
 use toml::de::DeTable;
 
-/// Default data port (Knative's `BackendHTTPPort`).
-pub const DEFAULT_HTTP: &str = "0.0.0.0:8012";
-/// Default admin port (metrics and health).
-pub const DEFAULT_ADMIN: &str = "0.0.0.0:9090";
-/// Default time between SIGTERM and closing the listeners (Knative's `DefaultDrainTimeout`).
-pub const DEFAULT_DRAIN_GRACE_SECONDS: u64 = 45;
+use crate::pod_state::{DEFAULT_QP_FRESHNESS, DEFAULT_QP_STALENESS};
+use crate::state::{
+    DEFAULT_H2C_SERVING_PORT, DEFAULT_MAX_TRACKERS_PER_REVISION, DEFAULT_SERVING_PORT,
+};
+use crate::worker::DEFAULT_QUEUE_CAPACITY;
+#[cfg(doc)]
+use kactivator_shards::request::identity::DEFAULT_CLUSTER_DOMAIN;
+
+// Each default is one named constant. Those a consumer also falls back to live with it (the
+// pool's, the routing's, the state worker's) and are referenced here; the ones only this file
+// uses are defined next to their section below.
 
 /// The whole file.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -42,55 +52,82 @@ pub struct Config {
     pub revisions: Vec<RevisionConfig>,
 }
 
+// === [control] ===
+
+/// Default of `control.watch_interval_ms`: 1000 ms. Ours (upstream has no file to watch).
+pub const DEFAULT_WATCH_INTERVAL_MS: u64 = 1000;
+/// Default of `control.stale_sweep_seconds`: 60 s. Ours: the fork swept every 5 min; a minute
+/// keeps collection close to the 10 min a pod must have been NotReady.
+pub const DEFAULT_STALE_SWEEP_SECONDS: u64 = 60;
+
 /// The control plane's tunables.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ControlSettings {
-    /// How often the configuration file is checked for changes, in milliseconds. Default 1000.
+    /// How often the configuration file is checked for changes, in milliseconds. Default:
+    /// [`DEFAULT_WATCH_INTERVAL_MS`] (1000 ms).
     pub watch_interval_ms: u64,
-    /// State changes the worker's channel holds before producers wait. Default 500.
+    /// State changes the worker's channel holds before producers wait. Default:
+    /// [`DEFAULT_QUEUE_CAPACITY`] (500 ops).
     pub state_queue_capacity: usize,
-    /// Most pod trackers per revision; more pods are refused and counted. Default 5000.
+    /// Most pod trackers per revision; more pods are refused and counted. Default:
+    /// [`DEFAULT_MAX_TRACKERS_PER_REVISION`] (5000 trackers).
     pub max_trackers_per_revision: usize,
-    /// A queue-proxy `ready` outweighs the informer for this long, in seconds. Default 30.
+    /// A queue-proxy `ready` outweighs the informer for this long, in seconds. Default:
+    /// [`DEFAULT_QP_FRESHNESS`] (30 s).
     pub qp_freshness_seconds: u64,
-    /// A queue-proxy `not-ready`/`draining` outweighs the informer for this long. Default 60.
+    /// A queue-proxy `not-ready`/`draining` outweighs the informer for this long, in seconds.
+    /// Default: [`DEFAULT_QP_STALENESS`] (60 s).
     pub qp_staleness_seconds: u64,
-    /// How often idle NotReady trackers are looked for, in seconds. Default 60.
+    /// How often idle NotReady trackers are looked for, in seconds. Default:
+    /// [`DEFAULT_STALE_SWEEP_SECONDS`] (60 s).
     pub stale_sweep_seconds: u64,
 }
 
 impl Default for ControlSettings {
     fn default() -> Self {
         ControlSettings {
-            watch_interval_ms: 1000,
-            state_queue_capacity: 500,
-            max_trackers_per_revision: 5000,
-            qp_freshness_seconds: 30,
-            qp_staleness_seconds: 60,
-            stale_sweep_seconds: 60,
+            watch_interval_ms: DEFAULT_WATCH_INTERVAL_MS,
+            state_queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            max_trackers_per_revision: DEFAULT_MAX_TRACKERS_PER_REVISION,
+            qp_freshness_seconds: DEFAULT_QP_FRESHNESS.as_secs(),
+            qp_staleness_seconds: DEFAULT_QP_STALENESS.as_secs(),
+            stale_sweep_seconds: DEFAULT_STALE_SWEEP_SECONDS,
         }
     }
 }
+
+// === [health] ===
+
+/// Default of `health.probe_interval_ms`: 1000 ms. Ours: the fork checked a pod before every
+/// request instead, and upstream probes pods that are not ready yet every 200 ms.
+pub const DEFAULT_PROBE_INTERVAL_MS: u64 = 1000;
+/// Default of `health.probe_timeout_ms`: 2000 ms. Ours: the fork's HTTP check allowed 5 s
+/// (`podReadyCheckTimeout`), its TCP check before that 2 s.
+pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 2000;
 
 /// The active health check behind quarantine.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthSettings {
-    /// Time between probes of each routable pod, in milliseconds. Default 1000.
+    /// Time between probes of each routable pod, in milliseconds. Default:
+    /// [`DEFAULT_PROBE_INTERVAL_MS`] (1000 ms).
     pub probe_interval_ms: u64,
-    /// A probe slower than this fails, in milliseconds. Default 2000.
+    /// A probe slower than this fails, in milliseconds. Default: [`DEFAULT_PROBE_TIMEOUT_MS`]
+    /// (2000 ms).
     pub probe_timeout_ms: u64,
 }
 
 impl Default for HealthSettings {
     fn default() -> Self {
         HealthSettings {
-            probe_interval_ms: 1000,
-            probe_timeout_ms: 2000,
+            probe_interval_ms: DEFAULT_PROBE_INTERVAL_MS,
+            probe_timeout_ms: DEFAULT_PROBE_TIMEOUT_MS,
         }
     }
 }
+
+// === [cluster] ===
 
 /// The other activators (standalone; Kubernetes reads them from the public endpoints).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -98,64 +135,75 @@ impl Default for HealthSettings {
 pub struct ClusterSettings {
     /// This activator's IP among `activators`. Default: the `POD_IP` environment variable.
     pub self_ip: Option<std::net::IpAddr>,
-    /// Every activator's IP, this one included, for splitting pods among them. Empty: alone.
+    /// Every activator's IP, this one included, for splitting pods among them. Default empty:
+    /// alone.
     pub activators: Vec<std::net::IpAddr>,
     /// Data-port addresses of the other activators, to relay queue-proxy registrations to.
+    /// Default empty.
     pub peers: Vec<SocketAddr>,
 }
 
+// === [listen] ===
+
+/// Default of `listen.http`: every interface, port 8012, Knative's `networking.BackendHTTPPort`,
+/// where upstream's activator serves HTTP/1.
+pub const DEFAULT_HTTP: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8012));
+/// Default of `listen.admin`: every interface, port 9090, where upstream's activator serves
+/// its metrics.
+pub const DEFAULT_ADMIN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 9090));
+
 /// Where to listen.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct Listen {
-    /// Data port for HTTP/1.1. Default `0.0.0.0:8012`.
-    #[serde(default = "default_http")]
+    /// Data port for HTTP/1.1. Default: [`DEFAULT_HTTP`] (`0.0.0.0:8012`).
     pub http: SocketAddr,
-    /// Admin port: `/metrics`, `/healthz`, `/readyz`. Default `0.0.0.0:9090`.
-    #[serde(default = "default_admin")]
+    /// Admin port: `/metrics`, `/healthz`, `/readyz`. Default: [`DEFAULT_ADMIN`]
+    /// (`0.0.0.0:9090`).
     pub admin: SocketAddr,
 }
 
 impl Default for Listen {
     fn default() -> Self {
         Listen {
-            http: default_http(),
-            admin: default_admin(),
+            http: DEFAULT_HTTP,
+            admin: DEFAULT_ADMIN,
         }
     }
 }
 
-fn default_http() -> SocketAddr {
-    DEFAULT_HTTP.parse().expect("constant address parses")
-}
+// === [proxy] ===
 
-fn default_admin() -> SocketAddr {
-    DEFAULT_ADMIN.parse().expect("constant address parses")
-}
+/// Default of `proxy.drain_grace_seconds`: 45 s, Knative's `DefaultDrainTimeout`.
+pub const DEFAULT_DRAIN_GRACE_SECONDS: u64 = 45;
+/// Default of `proxy.max_queued_requests`: 100 000 requests. Ours: upstream's queue is
+/// unbounded; this is ten revisions' worth of [`DEFAULT_QUEUE_DEPTH`].
+pub const DEFAULT_MAX_QUEUED_REQUESTS: u32 = 100_000;
 
 /// Proxy behaviour.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ProxySettings {
     /// Cluster domain for the Host fallback `<rev>.<ns>.svc.<domain>`. Default: from
-    /// /etc/resolv.conf, then `CLUSTER_DOMAIN`, then `cluster.local`.
-    #[serde(default)]
+    /// /etc/resolv.conf, then `CLUSTER_DOMAIN`, then [`DEFAULT_CLUSTER_DOMAIN`]
+    /// (`cluster.local`).
     pub cluster_domain: Option<String>,
-    /// Longest time to dial a pod, in milliseconds. Default 5000.
-    #[serde(default = "default_connect_timeout_ms")]
+    /// Longest time to dial a pod, in milliseconds. Default: [`DEFAULT_CONNECT_TIMEOUT`]
+    /// (5000 ms).
     pub connect_timeout_ms: u64,
-    /// Idle upstream connections are closed after this many seconds. Default 90.
-    #[serde(default = "default_idle_seconds")]
+    /// Idle upstream connections are closed after this many seconds. Default:
+    /// [`DEFAULT_IDLE_TIMEOUT`] (90 s).
     pub upstream_idle_timeout_seconds: u64,
-    /// Idle upstream connections kept per pod and shard. Default 100.
-    #[serde(default = "default_max_idle")]
+    /// Idle upstream connections kept per pod and shard. Default: [`DEFAULT_MAX_IDLE_PER_POD`]
+    /// (100 connections).
     pub max_idle_per_pod: usize,
-    /// Seconds between SIGTERM (readiness fails at once) and closing the listeners. Default 45.
-    #[serde(default = "default_drain_grace")]
+    /// Seconds between SIGTERM (readiness fails at once) and closing the listeners. Default:
+    /// [`DEFAULT_DRAIN_GRACE_SECONDS`] (45 s).
     pub drain_grace_seconds: u64,
     /// Most requests waiting for a pod over all revisions; more get 503
-    /// `pending request queue full`. Default 100 000.
-    #[serde(default = "default_max_queued")]
+    /// `pending request queue full`. Default: [`DEFAULT_MAX_QUEUED_REQUESTS`] (100 000
+    /// requests).
     pub max_queued_requests: u32,
 }
 
@@ -163,36 +211,25 @@ impl Default for ProxySettings {
     fn default() -> Self {
         ProxySettings {
             cluster_domain: None,
-            connect_timeout_ms: default_connect_timeout_ms(),
-            upstream_idle_timeout_seconds: default_idle_seconds(),
-            max_idle_per_pod: default_max_idle(),
-            drain_grace_seconds: default_drain_grace(),
-            max_queued_requests: default_max_queued(),
+            // 5 s in milliseconds: the cast cannot truncate.
+            connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT.as_millis() as u64,
+            upstream_idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT.as_secs(),
+            max_idle_per_pod: DEFAULT_MAX_IDLE_PER_POD,
+            drain_grace_seconds: DEFAULT_DRAIN_GRACE_SECONDS,
+            max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
         }
     }
 }
 
-fn default_connect_timeout_ms() -> u64 {
-    5000
-}
-fn default_idle_seconds() -> u64 {
-    90
-}
-fn default_max_idle() -> usize {
-    100
-}
-fn default_max_queued() -> u32 {
-    100_000
-}
-fn default_drain_grace() -> u64 {
-    DEFAULT_DRAIN_GRACE_SECONDS
-}
+// === [[revisions]] ===
 
 /// One revision and its pods.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RevisionConfig {
+    /// Required.
     pub namespace: String,
+    /// Required.
     pub name: String,
     /// Metric label `service_name`. Default empty.
     #[serde(default)]
@@ -200,44 +237,47 @@ pub struct RevisionConfig {
     /// Metric label `configuration_name`. Default empty.
     #[serde(default)]
     pub configuration: String,
-    /// Requests one pod may take at once; 0 = unlimited. Default 0.
+    /// Requests one pod may take at once; 0 = unlimited. Default 0 (unlimited), as upstream's
+    /// `container-concurrency`.
     #[serde(default)]
     pub container_concurrency: u32,
     /// `http1`, the default and the only protocol supported. `h2c` is refused at load until
     /// HTTP/2 to pods is built.
     #[serde(default)]
     pub protocol: ProtocolName,
-    /// Whole-request timeout in seconds, queueing included. Default 300.
+    /// Whole-request timeout in seconds, queueing included. Default: [`DEFAULT_TIMEOUT`] (300 s).
     #[serde(default = "default_timeout_seconds")]
     pub timeout_seconds: u64,
-    /// Time to first response byte in seconds; 0 = off. Default 0.
+    /// Time to first response byte in seconds; 0 = off. Default 0 (off).
     #[serde(default)]
     pub response_start_timeout_seconds: u64,
-    /// Longest gap between response writes in seconds; 0 = off. Default 0.
+    /// Longest gap between response writes in seconds; 0 = off. Default 0 (off).
     #[serde(default)]
     pub idle_timeout_seconds: u64,
     /// `random-choice-2`, `first-available`, `round-robin` or `least-connections`. Default by
-    /// containerConcurrency, as upstream.
+    /// containerConcurrency, as upstream ([`LbPolicy::default_for`]).
     #[serde(default)]
     pub load_balancing_policy: Option<LbPolicyName>,
     /// Most requests that may wait for a free pod slot; more get 503
-    /// `pending request queue full`. Default 10 000.
+    /// `pending request queue full`. Default: [`DEFAULT_QUEUE_DEPTH`] (10 000 requests).
     #[serde(default = "default_queue_depth")]
     pub queue_depth: u32,
-    /// Port a queue-proxy's bare `pod_ip` maps to. Default 8012 (`http1`) or 8013 (`h2c`).
+    /// Port a queue-proxy's bare `pod_ip` maps to. Default: [`DEFAULT_SERVING_PORT`] (8012;
+    /// [`DEFAULT_H2C_SERVING_PORT`], 8013, for `h2c`).
     #[serde(default)]
     pub serving_port: Option<u16>,
     /// Pod addresses `ip:port`, routable from the start (the informer's view, standalone).
+    /// Default empty.
     #[serde(default)]
     pub pods: Vec<SocketAddr>,
 }
 
-fn default_queue_depth() -> u32 {
-    kactivator_shards::routing::DEFAULT_QUEUE_DEPTH
+fn default_timeout_seconds() -> u64 {
+    DEFAULT_TIMEOUT.as_secs()
 }
 
-fn default_timeout_seconds() -> u64 {
-    300
+fn default_queue_depth() -> u32 {
+    DEFAULT_QUEUE_DEPTH
 }
 
 /// Protocol names the file may spell. `H2c` parses but validation refuses it for now.
@@ -274,6 +314,26 @@ pub enum LbPolicyName {
 }
 
 impl RevisionConfig {
+    /// A revision with every optional key at its default, as a file that sets only
+    /// `namespace` and `name` gives (for revisions built in code, like the demo's).
+    pub fn new(namespace: &str, name: &str) -> RevisionConfig {
+        RevisionConfig {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            service: String::new(),
+            configuration: String::new(),
+            container_concurrency: 0,
+            protocol: ProtocolName::default(),
+            timeout_seconds: default_timeout_seconds(),
+            response_start_timeout_seconds: 0,
+            idle_timeout_seconds: 0,
+            load_balancing_policy: None,
+            queue_depth: default_queue_depth(),
+            serving_port: None,
+            pods: Vec::new(),
+        }
+    }
+
     pub fn protocol(&self) -> Protocol {
         match self.protocol {
             ProtocolName::Http1 => Protocol::Http1,
@@ -293,8 +353,8 @@ impl RevisionConfig {
 
     pub fn serving_port(&self) -> u16 {
         self.serving_port.unwrap_or(match self.protocol {
-            ProtocolName::Http1 => 8012,
-            ProtocolName::H2c => 8013,
+            ProtocolName::Http1 => DEFAULT_SERVING_PORT,
+            ProtocolName::H2c => DEFAULT_H2C_SERVING_PORT,
         })
     }
 
@@ -715,6 +775,151 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
             assert_eq!(position, Some(*expected), "{message}\n{text}");
             assert!(message.contains(fragment), "{message:?} lacks {fragment:?}");
         }
+    }
+
+    #[test]
+    fn defaults_come_from_their_constants_and_agree_with_the_consumers_defaults() {
+        use crate::pod_state::{Windows, DEFAULT_QP_FRESHNESS, DEFAULT_QP_STALENESS};
+        use crate::state::{
+            Limits, DEFAULT_H2C_SERVING_PORT, DEFAULT_MAX_TRACKERS_PER_REVISION,
+            DEFAULT_SERVING_PORT,
+        };
+        use crate::worker::DEFAULT_QUEUE_CAPACITY;
+        use kactivator_shards::request::identity::{detect_cluster_domain, DEFAULT_CLUSTER_DOMAIN};
+        use kactivator_shards::upstream::pool::{
+            PoolConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_POD,
+        };
+        use kactivator_shards::routing::{DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT};
+        use kactivator_shards::runtime::shard::ShardSettings;
+
+        let config = Config::parse("").unwrap();
+        assert_eq!(
+            config,
+            Config::default(),
+            "an empty file is the default config"
+        );
+
+        assert_eq!(config.listen.http, DEFAULT_HTTP);
+        assert_eq!(config.listen.admin, DEFAULT_ADMIN);
+
+        // [proxy], and what the shards fall back to without a file.
+        let proxy = &config.proxy;
+        let pool = PoolConfig::default();
+        assert_eq!(proxy.cluster_domain, None, "detected at start");
+        assert_eq!(detect_cluster_domain(None, None), DEFAULT_CLUSTER_DOMAIN);
+        assert_eq!(
+            ShardSettings::default().cluster_domain,
+            DEFAULT_CLUSTER_DOMAIN
+        );
+        let connect_timeout = Duration::from_millis(proxy.connect_timeout_ms);
+        assert_eq!(connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(pool.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        let idle_timeout = Duration::from_secs(proxy.upstream_idle_timeout_seconds);
+        assert_eq!(idle_timeout, DEFAULT_IDLE_TIMEOUT);
+        assert_eq!(pool.idle_timeout, DEFAULT_IDLE_TIMEOUT);
+        assert_eq!(proxy.max_idle_per_pod, DEFAULT_MAX_IDLE_PER_POD);
+        assert_eq!(pool.max_idle_per_pod, DEFAULT_MAX_IDLE_PER_POD);
+        assert_eq!(proxy.drain_grace_seconds, DEFAULT_DRAIN_GRACE_SECONDS);
+        assert_eq!(proxy.max_queued_requests, DEFAULT_MAX_QUEUED_REQUESTS);
+
+        // [control], and the state worker's own defaults.
+        let control = &config.control;
+        let limits = Limits::default();
+        assert_eq!(control.watch_interval_ms, DEFAULT_WATCH_INTERVAL_MS);
+        assert_eq!(control.state_queue_capacity, DEFAULT_QUEUE_CAPACITY);
+        assert_eq!(
+            control.max_trackers_per_revision,
+            DEFAULT_MAX_TRACKERS_PER_REVISION
+        );
+        assert_eq!(
+            limits.max_trackers_per_revision,
+            DEFAULT_MAX_TRACKERS_PER_REVISION
+        );
+        let windows = Windows {
+            qp_freshness: Duration::from_secs(control.qp_freshness_seconds),
+            qp_staleness: Duration::from_secs(control.qp_staleness_seconds),
+        };
+        assert_eq!(windows.qp_freshness, DEFAULT_QP_FRESHNESS);
+        assert_eq!(windows.qp_staleness, DEFAULT_QP_STALENESS);
+        assert_eq!(windows, Windows::default());
+        assert_eq!(limits.windows, Windows::default());
+        assert_eq!(control.stale_sweep_seconds, DEFAULT_STALE_SWEEP_SECONDS);
+
+        assert_eq!(config.health.probe_interval_ms, DEFAULT_PROBE_INTERVAL_MS);
+        assert_eq!(config.health.probe_timeout_ms, DEFAULT_PROBE_TIMEOUT_MS);
+
+        // A revision that sets only what it must, parsed and built in code.
+        let parsed = Config::parse("[[revisions]]\nnamespace = \"a\"\nname = \"b\"\n").unwrap();
+        let revision = &parsed.revisions[0];
+        assert_eq!(*revision, RevisionConfig::new("a", "b"));
+        assert_eq!(
+            Duration::from_secs(revision.timeout_seconds),
+            DEFAULT_TIMEOUT
+        );
+        assert_eq!(revision.timeouts(), Timeouts::default());
+        assert_eq!(revision.queue_depth, DEFAULT_QUEUE_DEPTH);
+        assert_eq!(revision.serving_port(), DEFAULT_SERVING_PORT);
+        let h2c = RevisionConfig {
+            protocol: ProtocolName::H2c,
+            ..RevisionConfig::new("a", "b")
+        };
+        assert_eq!(h2c.serving_port(), DEFAULT_H2C_SERVING_PORT);
+    }
+
+    #[test]
+    fn the_readme_example_states_the_defaults() {
+        use kactivator_shards::request::identity::DEFAULT_CLUSTER_DOMAIN;
+
+        let readme = include_str!("../../README.md");
+        let section = &readme[readme.find("## Configuration file").expect("the section")..];
+        let start = section.find("```toml\n").expect("the example") + "```toml\n".len();
+        let example = &section[start..start + section[start..].find("```").unwrap()];
+        // The two defaults it shows commented out, to be read as well.
+        let example = example
+            .replace("# cluster_domain =", "cluster_domain =")
+            .replace("# serving_port =", "serving_port =");
+        let config = Config::parse(&example).unwrap_or_else(|error| panic!("{error}"));
+
+        assert_eq!(config.listen, Listen::default());
+        assert_eq!(
+            config.proxy,
+            ProxySettings {
+                cluster_domain: Some(DEFAULT_CLUSTER_DOMAIN.into()),
+                ..ProxySettings::default()
+            }
+        );
+        assert_eq!(config.control, ControlSettings::default());
+        assert_eq!(config.health, HealthSettings::default());
+        let revision = &config.revisions[0];
+        let defaults = RevisionConfig::new(&revision.namespace, &revision.name);
+        assert_eq!(
+            *revision,
+            RevisionConfig {
+                service: revision.service.clone(),
+                configuration: revision.configuration.clone(),
+                serving_port: Some(defaults.serving_port()),
+                pods: revision.pods.clone(),
+                ..defaults
+            }
+        );
+
+        // The command-line table's defaults for the settings the file also has.
+        let row = |flag: &str| {
+            readme
+                .lines()
+                .find(|line| line.starts_with(&format!("| `{flag}")))
+                .unwrap_or_else(|| panic!("no README row for {flag}"))
+        };
+        assert!(row("--http").contains(&format!("`{DEFAULT_HTTP}`")));
+        assert!(row("--admin").contains(&format!("`{DEFAULT_ADMIN}`")));
+        assert!(
+            row("--drain-grace-seconds").contains(&format!("| {DEFAULT_DRAIN_GRACE_SECONDS} |"))
+        );
+        let cluster_domain = readme
+            .lines()
+            .find(|line| line.contains("`CLUSTER_DOMAIN`"))
+            .expect("the CLUSTER_DOMAIN row");
+        assert!(cluster_domain.contains(&format!("`{DEFAULT_CLUSTER_DOMAIN}`")));
     }
 
     #[test]

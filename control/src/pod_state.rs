@@ -139,10 +139,11 @@ use std::fmt;
 use std::ops::Add;
 use std::time::Duration;
 
-/// Default of [`Windows::qp_freshness`].
+/// Default of [`Windows::qp_freshness`]: 30 s, the figure of the fork's (unused)
+/// `QPFreshnessNotReadyWindow`; the fork protected `ready` pods for 60 s (module doc, ★).
 pub const DEFAULT_QP_FRESHNESS: Duration = Duration::from_secs(30);
 
-/// Default of [`Windows::qp_staleness`].
+/// Default of [`Windows::qp_staleness`]: 60 s, the fork's `QPStalenessThreshold`.
 pub const DEFAULT_QP_STALENESS: Duration = Duration::from_secs(60);
 
 /// How long a pod must have been NotReady, with nothing in flight, before the stale sweep may

@@ -46,7 +46,7 @@ fn shard_key(namespace: &str, name: &str) -> RevisionKey {
     RevisionKey::new(namespace, name).expect("sources validate revision names")
 }
 
-/// Default most trackers one revision may have (the fork's `maxTrackersPerRevision`).
+/// Default most pod trackers one revision may have: 5000, the fork's `maxTrackersPerRevision`.
 pub const DEFAULT_MAX_TRACKERS_PER_REVISION: usize = 5000;
 
 /// How a revision routes, from a source, without its pods.
@@ -849,8 +849,13 @@ impl PodStates {
     }
 }
 
-/// Port a bare pod IP maps to when its revision is not declared yet: Knative's HTTP/1 port.
+/// Port a bare pod IP maps to when its revision is not declared yet, and a revision's default
+/// for HTTP/1 pods: 8012, Knative's `networking.BackendHTTPPort` (the queue-proxy's HTTP/1 port).
 pub const DEFAULT_SERVING_PORT: u16 = 8012;
+
+/// A revision's default serving port for h2c pods: 8013, Knative's
+/// `networking.BackendHTTP2Port`. Kept for HTTP/2; h2c revisions are refused for now.
+pub const DEFAULT_H2C_SERVING_PORT: u16 = 8013;
 
 /// A tracker taken out of the table: it takes no new requests from any shard, even before the
 /// shards apply the update that drops it, and its removal is journaled.

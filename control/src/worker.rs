@@ -28,7 +28,7 @@ use crate::metrics::register;
 use crate::pod_state::Timestamp;
 use crate::state::{Op, OpError};
 
-/// Ops the channel holds before enqueueing waits (the fork's `stateUpdateQueueSize`).
+/// Default ops the channel holds before enqueueing waits: 500, the fork's `stateUpdateQueueSize`.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 500;
 
 /// First restart delay after a repeated panic.

@@ -48,8 +48,12 @@ pub fn revision_from_host<'b>(host: &'b str, cluster_domain: &str) -> Option<Rev
         .then_some(RevisionId { namespace, name })
 }
 
+/// Cluster domain when neither resolv.conf nor `CLUSTER_DOMAIN` gives one: `cluster.local`,
+/// knative.dev/pkg's default (`network/domain.go`).
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
 /// The cluster domain: the `search` entry `svc.<domain>` of resolv.conf, else `CLUSTER_DOMAIN`,
-/// else `cluster.local` (the same order as knative.dev/pkg).
+/// else [`DEFAULT_CLUSTER_DOMAIN`] (the same order as knative.dev/pkg).
 pub fn detect_cluster_domain(resolv_conf: Option<&str>, env: Option<&str>) -> String {
     if let Some(text) = resolv_conf {
         for line in text.lines() {
@@ -64,7 +68,7 @@ pub fn detect_cluster_domain(resolv_conf: Option<&str>, env: Option<&str>) -> St
     }
     match env {
         Some(domain) if !domain.is_empty() => domain.to_string(),
-        _ => "cluster.local".to_string(),
+        _ => DEFAULT_CLUSTER_DOMAIN.to_string(),
     }
 }
 

@@ -17,10 +17,11 @@ use kactivator_api::RevisionKey;
 use crate::throttle::gate::RevisionGate;
 use crate::throttle::slots::PodSlots;
 
-/// Default most requests waiting per revision.
+/// Default most requests waiting for a slot per revision: 10 000, the queue depth of upstream's
+/// revision breaker (`breakerQueueDepth`).
 pub const DEFAULT_QUEUE_DEPTH: u32 = 10_000;
 
-/// Default per-revision request timeout (Knative `revision-timeout-seconds`).
+/// Default whole-request timeout per revision: 300 s, Knative's `revision-timeout-seconds`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Wire protocol the revision's pods speak.
@@ -75,7 +76,8 @@ impl LbPolicy {
 /// The three per-request timers of a revision. Time queued in the activator counts against all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {
-    /// Whole request, from arrival to the end of the response (`timeoutSeconds`). Default 300 s.
+    /// Whole request, from arrival to the end of the response (`timeoutSeconds`). Default:
+    /// [`DEFAULT_TIMEOUT`] (300 s).
     pub total: Duration,
     /// Arrival to the first response byte (`responseStartTimeoutSeconds`); `None` = off.
     pub response_start: Option<Duration>,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use monoio::net::TcpListener;
 
 use crate::http1;
+use crate::request::identity::DEFAULT_CLUSTER_DOMAIN;
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::routing::replica::Replica;
 use crate::routing::{Grant, ShardCommand};
@@ -23,7 +24,8 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// Settings every shard shares, fixed at start-up.
 #[derive(Clone, Debug)]
 pub struct ShardSettings {
-    /// Domain for the Host fallback `<rev>.<ns>.svc.<domain>`. Default `cluster.local`.
+    /// Domain for the Host fallback `<rev>.<ns>.svc.<domain>`. Default:
+    /// [`DEFAULT_CLUSTER_DOMAIN`] (`cluster.local`).
     pub cluster_domain: String,
     /// Upstream connection pool settings.
     pub pool: PoolConfig,
@@ -32,7 +34,7 @@ pub struct ShardSettings {
 impl Default for ShardSettings {
     fn default() -> Self {
         ShardSettings {
-            cluster_domain: "cluster.local".into(),
+            cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
             pool: PoolConfig::default(),
         }
     }

@@ -19,10 +19,15 @@ use crate::metrics::ShardStats;
 use crate::runtime::buffer::InBuf;
 use crate::upstream::error::{TransportCause, UpstreamError};
 
-/// Default longest time an idle upstream connection is kept (Go's `IdleConnTimeout`).
+/// Default longest time an idle upstream connection is kept: 90 s, the `IdleConnTimeout` of
+/// Knative's proxy transport.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// Default idle connections kept per pod (Go's `MAX_IDLE_PROXY_CONNS_PER_HOST`).
+/// Default most idle connections kept per pod (and shard): 100, the `MaxIdleConnsPerHost` of
+/// Knative's proxy transport (env `MAX_IDLE_PROXY_CONNS_PER_HOST`).
 pub const DEFAULT_MAX_IDLE_PER_POD: usize = 100;
+/// Default longest time one dial to a pod may take: 5 s. Ours: upstream retries timed-out dials
+/// with a growing timeout instead; 5 s is the fork's `podReadyCheckTimeout` for its dial.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connection to one pod, split so the request and the response can flow at the same time.
 pub struct UpstreamConn {
@@ -84,11 +89,11 @@ impl UpstreamConn {
 /// Pool settings.
 #[derive(Clone, Copy, Debug)]
 pub struct PoolConfig {
-    /// Idle connections older than this are closed. Default 90 s.
+    /// Idle connections older than this are closed. Default: [`DEFAULT_IDLE_TIMEOUT`] (90 s).
     pub idle_timeout: Duration,
-    /// Most idle connections kept per pod. Default 100.
+    /// Most idle connections kept per pod. Default: [`DEFAULT_MAX_IDLE_PER_POD`] (100).
     pub max_idle_per_pod: usize,
-    /// Longest time a dial may take. Default 5 s.
+    /// Longest time a dial may take. Default: [`DEFAULT_CONNECT_TIMEOUT`] (5 s).
     pub connect_timeout: Duration,
 }
 
@@ -97,7 +102,7 @@ impl Default for PoolConfig {
         PoolConfig {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_idle_per_pod: DEFAULT_MAX_IDLE_PER_POD,
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
 }
