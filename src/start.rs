@@ -141,7 +141,14 @@ pub fn run_with(
     let publisher = Publisher::new(senders);
     let (control_link, from_shards) = ControlLink::channel();
     let process_queue = Arc::new(ProcessQueue::new(config.proxy.max_queued_requests));
-    let control = ControlPlane::new(ControlInputs {
+    // The control thread's runtime exists before the shards: the configuration's first view
+    // goes through the state worker like every later change, and is in every shard's channel
+    // before a shard starts.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("control")
+        .build()?;
+    let mut control = ControlPlane::new(ControlInputs {
         shards: placement.shards,
         config: config.clone(),
         // The demo's preset configuration has no file to watch.
@@ -157,6 +164,9 @@ pub fn run_with(
         from_shards,
         process_queue,
     });
+    let revisions = runtime
+        .block_on(control.start())
+        .map_err(|error| StartError::Shard(format!("loading the configuration: {error}")))?;
 
     let (grant_senders, grant_receivers): (Vec<_>, Vec<_>) =
         (0..placement.shards).map(|_| flume::unbounded()).unzip();
@@ -197,15 +207,11 @@ pub fn run_with(
         admin = %config.listen.admin,
         shards = placement.shards,
         driver,
-        revisions = control.revision_count(),
+        revisions,
         "kactivator is serving"
     );
     on_ready();
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .thread_name("control")
-        .build()?;
     runtime.block_on(control.run(admin_listener))?;
     for thread in threads {
         let _ = thread.join();

@@ -689,3 +689,62 @@ fn an_invalid_gate_value_keeps_the_previous_setting_and_says_so() {
         "turned on, case-insensitively"
     );
 }
+
+/// Cluster-IP (mesh) mode: every request goes to the revision's private Service, and this
+/// activator admits `max(1, CC × ready pods / activators)` of them at once. The pods behind the
+/// Service only count; they are never dialed nor probed (nothing listens at their addresses,
+/// so a probe would quarantine them and shrink the capacity).
+#[test]
+fn cluster_ip_mode_sends_requests_to_the_service_within_its_share_of_the_ready_pods() {
+    let service = backend::spawn(BackendConfig::named("private-service")).unwrap();
+    let behind: Vec<SocketAddr> = ["127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1"]
+        .iter()
+        .map(|pod| pod.parse().unwrap())
+        .collect();
+    let config = |pods: &[SocketAddr]| {
+        format!(
+            "{FAST}[cluster]\nself_ip = \"10.1.0.1\"\nactivators = [\"10.1.0.1\", \"10.1.0.2\"]\n\n{}",
+            support::revision(
+                "default",
+                "meshed",
+                pods,
+                &format!(
+                    "container_concurrency = 2\ncluster_ip = \"{}\"",
+                    service.addr()
+                )
+            )
+        )
+    };
+    let activator = Activator::start(&config(&behind));
+    let labels = ["revision=\"meshed\""];
+    let capacity =
+        |activator: &Activator| activator.metric_sum("kactivator_revision_capacity", &labels);
+    assert_eq!(capacity(&activator), 3.0, "max(1, 2 × 3 / 2)");
+
+    let clients: Vec<_> = (0..12)
+        .map(|_| request(&activator, "meshed", "/delay/100"))
+        .collect();
+    for client in clients {
+        assert_eq!(client.join().unwrap().status, 200);
+    }
+    let stats = service.stats();
+    assert_eq!(stats.requests, 12, "every request went to the Service");
+    assert_eq!(
+        stats.max_in_flight, 3,
+        "never more than the capacity: {stats:?}"
+    );
+    assert_eq!(
+        capacity(&activator),
+        3.0,
+        "the pods behind were never probed away"
+    );
+    assert_eq!(activator.metric_sum("activator_pod_probes_total", &[]), 0.0);
+
+    // One ready pod left: the floor of one request at a time.
+    activator.write_config(&config(&behind[..1]), "");
+    assert!(eventually(Duration::from_secs(5), || capacity(&activator) == 1.0));
+    assert_eq!(
+        exchange(activator.http, get("meshed", "/").as_bytes()).status,
+        200
+    );
+}

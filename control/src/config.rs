@@ -10,11 +10,11 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::time::Duration;
 
-use kactivator_shards::upstream::pool::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_POD,
-};
 use kactivator_shards::routing::{
     LbPolicy, Protocol, Timeouts, DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT,
+};
+use kactivator_shards::upstream::pool::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_POD,
 };
 use serde::Deserialize;
 use toml::de::DeTable;
@@ -266,6 +266,13 @@ pub struct RevisionConfig {
     /// [`DEFAULT_H2C_SERVING_PORT`], 8013, for `h2c`).
     #[serde(default)]
     pub serving_port: Option<u16>,
+    /// Cluster-IP mode: the address (`ip:port`) of the revision's private Service. Requests go
+    /// there (kube-proxy or the mesh picks the pod) instead of to the pods, and this activator
+    /// admits `max(1, container_concurrency × routable pods / activators)` of them at once;
+    /// `pods` and queue-proxy registrations then only count, and pods are not probed. Default:
+    /// none (pod mode).
+    #[serde(default)]
+    pub cluster_ip: Option<SocketAddr>,
     /// Pod addresses `ip:port`, routable from the start (the informer's view, standalone).
     /// Default empty.
     #[serde(default)]
@@ -330,6 +337,7 @@ impl RevisionConfig {
             load_balancing_policy: None,
             queue_depth: default_queue_depth(),
             serving_port: None,
+            cluster_ip: None,
             pods: Vec::new(),
         }
     }
@@ -786,11 +794,11 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
         };
         use crate::worker::DEFAULT_QUEUE_CAPACITY;
         use kactivator_shards::request::identity::{detect_cluster_domain, DEFAULT_CLUSTER_DOMAIN};
+        use kactivator_shards::routing::{DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT};
+        use kactivator_shards::runtime::shard::ShardSettings;
         use kactivator_shards::upstream::pool::{
             PoolConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_POD,
         };
-        use kactivator_shards::routing::{DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT};
-        use kactivator_shards::runtime::shard::ShardSettings;
 
         let config = Config::parse("").unwrap();
         assert_eq!(

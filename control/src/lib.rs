@@ -2,27 +2,29 @@
 //! routing snapshots.
 //!
 //! Data flows one way: sources (the standalone file, queue-proxy registrations, the prober, the
-//! shards' passive signals) → the serialized state worker → versioned updates over one channel
-//! per shard. The admin server reads shard counters and the worker's health; it never writes.
+//! shards' evidence) → the serialized state worker → versioned updates over one channel per
+//! shard. The admin server reads shard counters and the worker's health; it never writes.
+//! Start-up goes the same way: the file's first view is a batch through the worker.
 
 pub mod admin;
 pub mod config;
 pub mod features;
+pub mod http_client;
 pub mod metrics;
 pub mod pod_state;
-pub mod prober;
 pub mod publisher;
 pub mod shell;
 pub mod sources;
-pub mod standalone;
 pub mod state;
 pub mod worker;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kactivator_api::RevisionKey;
 use kactivator_shards::metrics::AllShardStats;
 use kactivator_shards::routing::ShardCommand;
 use kactivator_shards::runtime::control_link::FromShards;
@@ -31,12 +33,13 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::admin::AdminState;
 use crate::config::Config;
-use crate::pod_state::{Gates, Timestamp, Windows};
+use crate::pod_state::{Gates, Windows};
 use crate::publisher::Publisher;
 use crate::shell::{PodMetrics, Shell};
-use crate::sources::{ControlMetrics, Sources};
-use crate::state::{Activators, Limits, OmissionScope, Op, PodStates};
-use crate::worker::{WorkerHandle, WorkerMetrics};
+use crate::sources::file::{self, FileWatch};
+use crate::sources::ControlMetrics;
+use crate::state::{Limits, PodStates, ProbeTarget};
+use crate::worker::{WorkerError, WorkerHandle, WorkerMetrics};
 
 /// The control thread's state.
 pub struct ControlPlane {
@@ -44,13 +47,14 @@ pub struct ControlPlane {
     config_path: Option<PathBuf>,
     gates: Gates,
     worker: WorkerHandle,
-    worker_task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
-    probe_targets: tokio::sync::watch::Receiver<Vec<state::ProbeTarget>>,
+    worker_task: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    probe_targets: tokio::sync::watch::Receiver<Vec<ProbeTarget>>,
     from_shards: FromShards,
     publisher: Publisher,
     admin: Arc<AdminState>,
     metrics: Arc<ControlMetrics>,
-    revisions: usize,
+    /// Revisions the configuration declared at start-up.
+    declared: BTreeSet<RevisionKey>,
     pod_ip: Option<std::net::IpAddr>,
 }
 
@@ -70,21 +74,9 @@ pub struct ControlInputs {
     pub process_queue: Arc<ProcessQueue>,
 }
 
-/// The activator set the configuration describes.
-pub fn activators_of(config: &Config, pod_ip: Option<std::net::IpAddr>) -> Activators {
-    let me = config.cluster.self_ip.or(pod_ip);
-    if config.cluster.activators.is_empty() {
-        return Activators::default();
-    }
-    Activators {
-        me,
-        all: config.cluster.activators.clone(),
-    }
-}
-
 impl ControlPlane {
-    /// Builds the state from `config` and queues the routes for every shard, so a shard's first
-    /// request already sees them.
+    /// Builds the state worker with nothing in it yet; [`ControlPlane::start`] loads the
+    /// configuration through it.
     pub fn new(inputs: ControlInputs) -> ControlPlane {
         let ControlInputs {
             shards,
@@ -109,26 +101,9 @@ impl ControlPlane {
                 qp_staleness: Duration::from_secs(config.control.qp_staleness_seconds),
             },
         };
-        let mut states = PodStates::new(shards, gates, limits, process_queue);
-        let start = Timestamp::from_epoch_offset(Duration::ZERO);
-        let _ = states.apply(
-            Op::RecalculateCapacity {
-                activators: activators_of(&config, pod_ip),
-            },
-            start,
-        );
-        let _ = states.apply(
-            Op::RecalculateAll {
-                revisions: standalone::revisions(&config),
-                omission: OmissionScope::ListedPods,
-                gates,
-            },
-            start,
-        );
-        let revisions = states.revision_count();
-        let (mut shell, probe_targets) =
+        let states = PodStates::new(shards, gates, limits, process_queue);
+        let (shell, probe_targets) =
             Shell::new(states, publisher.clone(), PodMetrics::new(&registry));
-        worker::Machine::flush(&mut shell);
         let (worker, worker_task) = worker::spawn(
             shell,
             config.control.state_queue_capacity,
@@ -148,20 +123,30 @@ impl ControlPlane {
             config_path,
             gates,
             worker,
-            worker_task: Box::pin(worker_task),
+            worker_task: Some(Box::pin(worker_task)),
             probe_targets,
             from_shards,
             publisher,
             admin,
             metrics,
-            revisions,
+            declared: BTreeSet::new(),
             pod_ip,
         }
     }
 
-    /// Revisions currently routed.
-    pub fn revision_count(&self) -> usize {
-        self.revisions
+    /// Starts the state worker on the current (control) runtime and applies the configuration's
+    /// view through it, like any later reload. Once this returns, every shard's channel holds
+    /// the initial routes, so a shard started afterwards serves its first request with them.
+    /// Returns how many revisions the configuration declares.
+    pub async fn start(&mut self) -> Result<usize, WorkerError> {
+        if let Some(task) = self.worker_task.take() {
+            tokio::spawn(task);
+        }
+        let activators = file::activators_of(&self.config, self.pod_ip);
+        let (batch, declared) = file::view(&self.config, self.gates, activators, &BTreeSet::new());
+        self.worker.apply(batch).await?;
+        self.declared = declared;
+        Ok(self.declared.len())
     }
 
     /// Serves the admin port, runs the state worker and the sources, and waits for
@@ -172,16 +157,22 @@ impl ControlPlane {
         admin_listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(admin_listener)?;
         tokio::spawn(admin::serve(listener, self.admin.clone()));
-        tokio::spawn(self.worker_task);
-        let sources = Sources {
-            worker: self.worker.clone(),
-            metrics: self.metrics.clone(),
-            config: self.config.clone(),
+        if let Some(task) = self.worker_task {
+            // `start` was not called (a caller that loads nothing): the worker runs from here.
+            tokio::spawn(task);
+        }
+        let watch = self.config_path.clone().map(|path| FileWatch {
+            path,
+            current: self.config.clone(),
+            gates: self.gates,
+            declared: self.declared.clone(),
             pod_ip: self.pod_ip,
-        };
-        sources.spawn_all(
-            self.config_path.clone(),
-            self.gates,
+        });
+        sources::spawn_all(
+            &self.config,
+            &self.worker,
+            &self.metrics,
+            watch,
             self.probe_targets,
             self.from_shards,
         );

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use kactivator_shards::throttle::capacity::Capacity;
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 
@@ -126,32 +127,28 @@ impl PodMetrics {
                     self.quarantine_exits.inc();
                 }
             }
-            Journal::TrackerLimit {
-                namespace,
-                revision,
-            } => self
+            Journal::TrackerLimit { revision } => self
                 .tracker_limit
-                .with_label_values(&[namespace, revision])
+                .with_label_values(&[revision.namespace(), revision.name()])
                 .inc(),
             Journal::Route {
-                namespace,
                 revision,
                 pods,
                 capacity,
             } => {
-                self.routable
-                    .with_label_values(&[namespace, revision])
-                    .set(*pods as i64);
+                let labels = [revision.namespace(), revision.name()];
+                self.routable.with_label_values(&labels).set(*pods as i64);
                 self.capacity
-                    .with_label_values(&[namespace, revision])
-                    .set(capacity.map_or(f64::INFINITY, |capacity| capacity as f64));
+                    .with_label_values(&labels)
+                    .set(match capacity {
+                        Capacity::Unlimited => f64::INFINITY,
+                        Capacity::Limited(slots) => f64::from(*slots),
+                    });
             }
-            Journal::RouteRemoved {
-                namespace,
-                revision,
-            } => {
-                let _ = self.routable.remove_label_values(&[namespace, revision]);
-                let _ = self.capacity.remove_label_values(&[namespace, revision]);
+            Journal::RouteRemoved { revision } => {
+                let labels = [revision.namespace(), revision.name()];
+                let _ = self.routable.remove_label_values(&labels);
+                let _ = self.capacity.remove_label_values(&labels);
             }
         }
     }

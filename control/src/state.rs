@@ -1,18 +1,38 @@
 //! The state the worker owns: every revision, every pod tracker and its [`Pod`] state, the feature
-//! gates, and the version counter of the snapshots published to the shards.
+//! gates, the activators sharing the pods, and the version counter of the snapshots published
+//! to the shards.
 //!
 //! Sans-IO. [`PodStates::apply`] takes one [`Op`] and the current [`Timestamp`], changes the
 //! state, and leaves behind what the I/O shell must do: routing updates to publish
 //! ([`PodStates::take_updates`]) and facts for the metrics ([`PodStates::take_journal`]). Nothing
 //! here awaits, locks or reads a clock, so every rule is tested with simulated time.
 //!
+//! # Ops are incremental
+//!
+//! Each op is one fact from one source: a revision declared or gone, one revision's endpoints,
+//! the gates, the activators, one pod's event. An informer's per-object event maps to one op;
+//! the standalone file sends its whole view as one [`Op::Batch`]. An op marks the revisions it
+//! touched, and only those are re-derived and published, once, when the op (batch included) is
+//! done: shards never see half of a batch, and one pod's event costs its revision, not the
+//! whole table.
+//!
 //! # What makes a route
 //!
-//! A revision is published once a source declared it (its [`RevisionSpec`]). Its route holds the
-//! pods that are routable under the current gates ([`Pod::is_routable`]) and assigned to this
-//! activator by `subsetting::assign`; each tracker's capacity is this activator's share of
-//! containerConcurrency. Pods pushed by a queue-proxy before any source declared their revision
-//! are kept and published when the revision appears.
+//! A revision is published once a source declared it (its [`RevisionSpec`]). Pod mode: its
+//! route holds the pods that are routable under the current gates ([`Pod::is_routable`]) and
+//! assigned to this activator by `subsetting::assign`; each tracker's capacity is this
+//! activator's share of containerConcurrency. Cluster-IP mode (the spec names the private
+//! Service's address): one virtual tracker for that address, whose capacity is
+//! `max(1, CC × routable pods / activators)`. Both go through the one capacity rule,
+//! `throttle::capacity::revision_capacity`. Pods pushed by a queue-proxy before any source
+//! declared their revision are kept and published when the revision appears.
+//!
+//! # One writer per fact
+//!
+//! A tracker's capacity is written here and nowhere else. A shard that finds a pod answering
+//! as another revision retires its slots (a latch no capacity undoes) and reports it as
+//! [`Op::Evidence`], which names the tracker it is about: evidence about a tracker that has
+//! since been replaced (a new pod at the same address) changes nothing.
 //!
 //! # Trackers outlive routing
 //!
@@ -29,29 +49,30 @@ use kactivator_api::RevisionKey;
 use kactivator_shards::routing::{
     LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate, Timeouts,
 };
+use kactivator_shards::runtime::control_link::EvidenceKind;
+use kactivator_shards::throttle::capacity::{revision_capacity, Capacity, Targets};
 use kactivator_shards::throttle::gate::{ProcessQueue, RevisionGate};
 use kactivator_shards::throttle::slots::UNLIMITED;
 use kactivator_shards::throttle::subsetting;
 
 use crate::pod_state::{Event, Gates, Outcome, Pod, PodState, Reason, Timestamp, Windows};
 
-/// `namespace/name`.
-fn revision_key(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
-}
-
-/// The key shards know a revision by. Names reach the state only through validated sources
-/// (the config file, a registration), which refuse a `/` in either part.
-fn shard_key(namespace: &str, name: &str) -> RevisionKey {
-    RevisionKey::new(namespace, name).expect("sources validate revision names")
-}
-
 /// Default most pod trackers one revision may have: 5000, the fork's `maxTrackersPerRevision`.
 pub const DEFAULT_MAX_TRACKERS_PER_REVISION: usize = 5000;
+
+/// Port a bare pod IP maps to when its revision is not declared yet, and a revision's default
+/// for HTTP/1 pods: 8012, Knative's `networking.BackendHTTPPort` (the queue-proxy's HTTP/1 port).
+pub const DEFAULT_SERVING_PORT: u16 = 8012;
+
+/// A revision's default serving port for h2c pods: 8013, Knative's
+/// `networking.BackendHTTP2Port`. Kept for HTTP/2; h2c revisions are refused for now.
+pub const DEFAULT_H2C_SERVING_PORT: u16 = 8013;
 
 /// How a revision routes, from a source, without its pods.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RevisionSpec {
+    pub key: RevisionKey,
+    /// Metric labels; `namespace` and `revision` agree with `key`.
     pub labels: RevisionLabels,
     pub container_concurrency: u32,
     pub protocol: Protocol,
@@ -61,19 +82,32 @@ pub struct RevisionSpec {
     pub queue_depth: u32,
     /// Port a bare `pod_ip` from a queue-proxy maps to.
     pub serving_port: u16,
+    /// Cluster-IP mode: the revision's private Service (`ip:port`). Requests go there, to one
+    /// virtual target balanced by kube-proxy or the mesh, instead of to pods; the pods only
+    /// count (and are not probed: in a mesh they are not reachable).
+    pub cluster_ip: Option<SocketAddr>,
 }
 
 impl RevisionSpec {
-    pub fn key(&self) -> String {
-        revision_key(&self.labels.namespace, &self.labels.revision)
+    /// A spec with upstream's defaults for `key`: containerConcurrency 0, HTTP/1, the default
+    /// timeouts, queue depth and serving port, pod mode.
+    pub fn new(key: RevisionKey) -> RevisionSpec {
+        RevisionSpec {
+            labels: RevisionLabels {
+                namespace: key.namespace().to_string(),
+                revision: key.name().to_string(),
+                ..RevisionLabels::default()
+            },
+            key,
+            container_concurrency: 0,
+            protocol: Protocol::Http1,
+            timeouts: Timeouts::default(),
+            lb_policy: LbPolicy::default_for(0),
+            queue_depth: kactivator_shards::routing::DEFAULT_QUEUE_DEPTH,
+            serving_port: DEFAULT_SERVING_PORT,
+            cluster_ip: None,
+        }
     }
-}
-
-/// One revision as a source sees it: its spec and the pods the source lists as ready.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SourceRevision {
-    pub spec: RevisionSpec,
-    pub listed: Vec<SocketAddr>,
 }
 
 /// Which pods a source's omission speaks for.
@@ -130,32 +164,54 @@ impl Source {
 /// One unit of work for the state worker.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
+    /// Declares a revision or changes how it routes.
+    UpsertRevision(RevisionSpec),
+    /// The revision is gone: it leaves routing and its trackers are forgotten (requests in
+    /// flight hold their own handles and finish). Idempotent.
+    RemoveRevision { revision: RevisionKey },
+    /// A source's view of one revision's ready pods (the informer's view: listing promotes,
+    /// omission demotes or removes, within `scope`).
+    SetEndpoints {
+        revision: RevisionKey,
+        ready: Vec<SocketAddr>,
+        scope: OmissionScope,
+    },
+    /// The feature gates.
+    SetGates(Gates),
+    /// The activators sharing every revision's pods, unless a revision has its own.
+    SetActivators(Activators),
+    /// The activators sharing one revision's pods (its public endpoints); `None` falls back to
+    /// the ones of [`Op::SetActivators`].
+    SetRevisionActivators {
+        revision: RevisionKey,
+        activators: Option<Activators>,
+    },
     /// A pod event: queue-proxy push, health result, request outcome, quarantine expiry.
     MutatePod {
-        namespace: String,
-        revision: String,
+        revision: RevisionKey,
         target: PodTarget,
         event: Event,
         source: Source,
     },
     /// Delete a tracker whatever its state (IP reuse). Idempotent.
     RemovePod {
-        namespace: String,
-        revision: String,
+        revision: RevisionKey,
         addr: SocketAddr,
         reason: Reason,
         source: Source,
     },
-    /// A source's complete view: every revision and its listed pods, and the gates.
-    RecalculateAll {
-        revisions: Vec<SourceRevision>,
-        omission: OmissionScope,
-        gates: Gates,
+    /// What a request found out about a pod (the shards' evidence). Applies only while `tracker`
+    /// (a [`PodTracker::id`]) is still the tracker at `addr`.
+    Evidence {
+        revision: RevisionKey,
+        addr: SocketAddr,
+        tracker: u64,
+        kind: EvidenceKind,
     },
-    /// The activator set changed: recompute every revision's assignments and capacity.
-    RecalculateCapacity { activators: Activators },
     /// Collect NotReady trackers that have been idle for 10 minutes.
     CleanupStale,
+    /// Several ops applied as one: published once, at the end.
+    Batch(Vec<Op>),
     /// Does nothing; answering it proves every earlier op was applied.
     Noop,
 }
@@ -164,11 +220,17 @@ impl Op {
     /// The `op_type` metric label.
     pub fn label(&self) -> &'static str {
         match self {
+            Op::UpsertRevision(_) => "upsert_revision",
+            Op::RemoveRevision { .. } => "remove_revision",
+            Op::SetEndpoints { .. } => "set_endpoints",
+            Op::SetGates(_) => "set_gates",
+            Op::SetActivators(_) => "set_activators",
+            Op::SetRevisionActivators { .. } => "set_revision_activators",
             Op::MutatePod { .. } => "mutate_pod",
             Op::RemovePod { .. } => "remove_pod",
-            Op::RecalculateAll { .. } => "recalculate_all",
-            Op::RecalculateCapacity { .. } => "recalculate_capacity",
+            Op::Evidence { .. } => "evidence",
             Op::CleanupStale => "cleanup_stale",
+            Op::Batch(_) => "batch",
             Op::Noop => "noop",
         }
     }
@@ -182,11 +244,11 @@ pub const MAX_UNDECLARED_REVISIONS: usize = 1000;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OpError {
     #[error("revision {0} already tracks its limit of {1} pods")]
-    TrackerLimit(String, usize),
+    TrackerLimit(RevisionKey, usize),
     #[error(
         "revision {0} is not known, and {1} unknown revisions are already waiting to be declared"
     )]
-    TooManyUndeclared(String, usize),
+    TooManyUndeclared(RevisionKey, usize),
 }
 
 /// Facts for the metrics, in the order they happened.
@@ -194,8 +256,7 @@ pub enum OpError {
 pub enum Journal {
     /// A pod changed state; `to = None` is a removal.
     Transition {
-        /// `namespace/name`.
-        revision: String,
+        revision: RevisionKey,
         pod: SocketAddr,
         from: Option<PodState>,
         to: Option<PodState>,
@@ -203,17 +264,16 @@ pub enum Journal {
         source: Source,
     },
     /// A new pod was refused because its revision is at its tracker limit.
-    TrackerLimit { namespace: String, revision: String },
-    /// A route was published: how many pods it has and this activator's capacity over them
-    /// (`None` = unlimited).
+    TrackerLimit { revision: RevisionKey },
+    /// A route was published: how many pods this activator routes to (cluster-IP mode: the
+    /// routable pods behind the Service) and its capacity over them.
     Route {
-        namespace: String,
-        revision: String,
+        revision: RevisionKey,
         pods: usize,
-        capacity: Option<u64>,
+        capacity: Capacity,
     },
     /// A revision left routing.
-    RouteRemoved { namespace: String, revision: String },
+    RouteRemoved { revision: RevisionKey },
 }
 
 /// Tunables.
@@ -239,44 +299,43 @@ struct TrackedPod {
     listed: bool,
 }
 
+struct Revision {
+    key: RevisionKey,
+    /// `None` until a source declares the revision; queue-proxy pods wait here meanwhile.
+    spec: Option<RevisionSpec>,
+    pods: BTreeMap<SocketAddr, TrackedPod>,
+    gate: Arc<RevisionGate>,
+    /// This revision's own activators (its public endpoints); `None` = the default set.
+    activators: Option<Activators>,
+    /// Cluster-IP mode's one target; kept across publishes so its in-flight count carries over.
+    virtual_tracker: Option<Arc<PodTracker>>,
+    /// Spec and targets (address, capacity) of the last published route, to skip identical
+    /// republishes.
+    published: Option<(RevisionSpec, Vec<(SocketAddr, u32)>)>,
+}
+
 impl Revision {
     /// A revision seen for the first time, with no spec and no pods yet.
-    fn new(
-        namespace: &str,
-        name: &str,
-        shards: usize,
-        process_queue: &Arc<ProcessQueue>,
-    ) -> Revision {
+    fn new(key: RevisionKey, shards: usize, process_queue: &Arc<ProcessQueue>) -> Revision {
         Revision {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
+            key,
             spec: None,
             pods: BTreeMap::new(),
             gate: Arc::new(RevisionGate::with_process_queue(
                 shards,
                 process_queue.clone(),
             )),
+            activators: None,
+            virtual_tracker: None,
             published: None,
         }
     }
 }
 
-struct Revision {
-    namespace: String,
-    name: String,
-    /// `None` until a source declares the revision; queue-proxy pods wait here meanwhile.
-    spec: Option<RevisionSpec>,
-    pods: BTreeMap<SocketAddr, TrackedPod>,
-    gate: Arc<RevisionGate>,
-    /// Pods and shares of the last published route, to skip identical republishes.
-    published: Option<(RevisionSpec, Vec<(SocketAddr, u32)>)>,
-}
-
 /// A pod the prober should check.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ProbeTarget {
-    pub namespace: String,
-    pub revision: String,
+    pub revision: RevisionKey,
     pub addr: SocketAddr,
     /// On probation: a passing probe makes it Ready.
     pub recovering: bool,
@@ -284,9 +343,10 @@ pub struct ProbeTarget {
 
 /// Everything the state worker owns.
 pub struct PodStates {
-    revisions: BTreeMap<String, Revision>,
+    revisions: BTreeMap<RevisionKey, Revision>,
     gates: Gates,
     limits: Limits,
+    /// The default activator set (a revision may have its own).
     activators: Activators,
     shards: usize,
     process_queue: Arc<ProcessQueue>,
@@ -294,7 +354,9 @@ pub struct PodStates {
     updates: Vec<RoutingUpdate>,
     journal: Vec<Journal>,
     /// Quarantined pods by the time their quarantine ends.
-    quarantine_ends: BTreeSet<(Timestamp, String, SocketAddr)>,
+    quarantine_ends: BTreeSet<(Timestamp, RevisionKey, SocketAddr)>,
+    /// Revisions an op touched, re-derived and published when the op is done.
+    dirty: BTreeSet<RevisionKey>,
 }
 
 impl PodStates {
@@ -315,6 +377,7 @@ impl PodStates {
             updates: Vec::new(),
             journal: Vec::new(),
             quarantine_ends: BTreeSet::new(),
+            dirty: BTreeSet::new(),
         }
     }
 
@@ -343,9 +406,9 @@ impl PodStates {
     }
 
     /// A pod's state, for tests and diagnostics.
-    pub fn pod_state(&self, namespace: &str, revision: &str, addr: SocketAddr) -> Option<PodState> {
+    pub fn pod_state(&self, revision: &RevisionKey, addr: SocketAddr) -> Option<PodState> {
         self.revisions
-            .get(&revision_key(namespace, revision))?
+            .get(revision)?
             .pods
             .get(&addr)
             .map(|tracked| tracked.pod.state())
@@ -362,18 +425,26 @@ impl PodStates {
         counts
     }
 
-    /// Pods the active prober should check: the routable ones, when quarantine is on.
+    /// Pods the active prober should check: the routable ones, when quarantine is on, of
+    /// revisions in pod mode (in cluster-IP mode the pods are behind a Service, often a mesh,
+    /// and not reachable one by one).
     pub fn probe_targets(&self) -> Vec<ProbeTarget> {
         if !self.gates.pod_quarantine {
             return Vec::new();
         }
         let mut targets = Vec::new();
         for revision in self.revisions.values() {
+            if revision
+                .spec
+                .as_ref()
+                .is_some_and(|spec| spec.cluster_ip.is_some())
+            {
+                continue;
+            }
             for (addr, tracked) in &revision.pods {
                 if tracked.pod.is_routable(self.gates) {
                     targets.push(ProbeTarget {
-                        namespace: revision.namespace.clone(),
-                        revision: revision.name.clone(),
+                        revision: revision.key.clone(),
                         addr: *addr,
                         recovering: tracked.pod.state() == PodState::Recovering,
                     });
@@ -383,64 +454,11 @@ impl PodStates {
         targets
     }
 
-    /// Applies one op at `now`.
+    /// Applies one op at `now`, then publishes what it changed.
     pub fn apply(&mut self, op: Op, now: Timestamp) -> Result<(), OpError> {
-        match op {
-            Op::MutatePod {
-                namespace,
-                revision,
-                target,
-                event,
-                source,
-            } => self.mutate_pod(&namespace, &revision, target, event, source, now),
-            Op::RemovePod {
-                namespace,
-                revision,
-                addr,
-                reason,
-                source,
-            } => {
-                let key = revision_key(&namespace, &revision);
-                if let Some(tracked) = self
-                    .revisions
-                    .get_mut(&key)
-                    .and_then(|entry| entry.pods.remove(&addr))
-                {
-                    let from = tracked.pod.state();
-                    forget(
-                        &mut self.journal,
-                        &key,
-                        addr,
-                        &tracked,
-                        from,
-                        reason,
-                        source,
-                    );
-                }
-                self.publish(&key);
-                Ok(())
-            }
-            Op::RecalculateAll {
-                revisions,
-                omission,
-                gates,
-            } => {
-                self.recalculate_all(revisions, omission, gates, now);
-                Ok(())
-            }
-            Op::RecalculateCapacity { activators } => {
-                if activators != self.activators {
-                    self.activators = activators;
-                    self.publish_all();
-                }
-                Ok(())
-            }
-            Op::CleanupStale => {
-                self.cleanup_stale(now);
-                Ok(())
-            }
-            Op::Noop => Ok(()),
-        }
+        let result = self.apply_op(op, now);
+        self.publish_dirty();
+        result
     }
 
     /// Moves every quarantine that has ended by `now` to Recovering.
@@ -463,8 +481,8 @@ impl PodStates {
                 now,
             );
             self.record(&key, addr, outcome, Source::Timer, now);
-            self.publish(&key);
         }
+        self.publish_dirty();
     }
 
     /// Re-publishes every revision from scratch: after a worker restart the last op may have
@@ -473,34 +491,207 @@ impl PodStates {
         for revision in self.revisions.values_mut() {
             revision.published = None;
         }
-        self.publish_all();
+        self.mark_all_dirty();
+        self.publish_dirty();
+    }
+
+    fn apply_op(&mut self, op: Op, now: Timestamp) -> Result<(), OpError> {
+        match op {
+            Op::UpsertRevision(spec) => {
+                let key = spec.key.clone();
+                let entry = self.entry(&key);
+                if entry.spec.as_ref() != Some(&spec) {
+                    entry.spec = Some(spec);
+                    self.dirty.insert(key);
+                }
+                Ok(())
+            }
+            Op::RemoveRevision { revision } => {
+                self.remove_revision(&revision);
+                Ok(())
+            }
+            Op::SetEndpoints {
+                revision,
+                ready,
+                scope,
+            } => {
+                self.set_endpoints(&revision, ready, scope, now);
+                Ok(())
+            }
+            Op::SetGates(gates) => {
+                if gates != self.gates {
+                    self.gates = gates;
+                    if !gates.pod_quarantine {
+                        // No quarantine timers run with the gate off; pods left Quarantined wait
+                        // for the informer or a QP `ready` (see pod_state's table).
+                        self.quarantine_ends.clear();
+                    }
+                    self.mark_all_dirty();
+                }
+                Ok(())
+            }
+            Op::SetActivators(activators) => {
+                if activators != self.activators {
+                    self.activators = activators;
+                    let affected: Vec<RevisionKey> = self
+                        .revisions
+                        .values()
+                        .filter(|entry| entry.activators.is_none())
+                        .map(|entry| entry.key.clone())
+                        .collect();
+                    self.dirty.extend(affected);
+                }
+                Ok(())
+            }
+            Op::SetRevisionActivators {
+                revision,
+                activators,
+            } => {
+                let entry = self.entry(&revision);
+                if entry.activators != activators {
+                    entry.activators = activators;
+                    self.dirty.insert(revision);
+                }
+                Ok(())
+            }
+            Op::MutatePod {
+                revision,
+                target,
+                event,
+                source,
+            } => self.mutate_pod(&revision, target, event, source, now),
+            Op::RemovePod {
+                revision,
+                addr,
+                reason,
+                source,
+            } => {
+                self.remove_pod(&revision, addr, reason, source);
+                Ok(())
+            }
+            Op::Evidence {
+                revision,
+                addr,
+                tracker,
+                kind,
+            } => {
+                let current = self
+                    .revisions
+                    .get(&revision)
+                    .and_then(|entry| entry.pods.get(&addr))
+                    .is_some_and(|tracked| tracked.tracker.id == tracker);
+                if !current {
+                    // About a tracker that is gone or was replaced: nothing to say any more.
+                    return Ok(());
+                }
+                match kind {
+                    EvidenceKind::TransportFailure => self.mutate_pod(
+                        &revision,
+                        PodTarget::Addr(addr),
+                        Event::HealthCheckFailed,
+                        Source::Proxy,
+                        now,
+                    ),
+                    EvidenceKind::IpReused { .. } => {
+                        self.remove_pod(&revision, addr, Reason::IpReused, Source::Proxy);
+                        Ok(())
+                    }
+                }
+            }
+            Op::CleanupStale => {
+                self.cleanup_stale(now);
+                Ok(())
+            }
+            Op::Batch(ops) => {
+                let mut first_error = Ok(());
+                for op in ops {
+                    let result = self.apply_op(op, now);
+                    if first_error.is_ok() {
+                        first_error = result;
+                    }
+                }
+                first_error
+            }
+            Op::Noop => Ok(()),
+        }
+    }
+
+    /// The revision's entry, created (undeclared) when it is new.
+    fn entry(&mut self, key: &RevisionKey) -> &mut Revision {
+        entry_of(&mut self.revisions, key, self.shards, &self.process_queue)
+    }
+
+    fn mark_all_dirty(&mut self) {
+        self.dirty.extend(self.revisions.keys().cloned());
+    }
+
+    fn remove_revision(&mut self, key: &RevisionKey) {
+        let Some(entry) = self.revisions.remove(key) else {
+            return;
+        };
+        for (addr, tracked) in &entry.pods {
+            let from = tracked.pod.state();
+            forget(
+                &mut self.journal,
+                key,
+                *addr,
+                tracked,
+                from,
+                Reason::InformerRemoved,
+                Source::Informer,
+            );
+        }
+        if let Some(virtual_tracker) = &entry.virtual_tracker {
+            virtual_tracker.slots.set_capacity(0);
+        }
+        if entry.spec.is_some() {
+            self.journal.push(Journal::RouteRemoved {
+                revision: key.clone(),
+            });
+            self.version += 1;
+            self.updates.push(RoutingUpdate::Remove {
+                version: self.version,
+                key: key.clone(),
+            });
+        }
+    }
+
+    fn remove_pod(&mut self, key: &RevisionKey, addr: SocketAddr, reason: Reason, source: Source) {
+        if let Some(tracked) = self
+            .revisions
+            .get_mut(key)
+            .and_then(|entry| entry.pods.remove(&addr))
+        {
+            let from = tracked.pod.state();
+            forget(&mut self.journal, key, addr, &tracked, from, reason, source);
+            self.dirty.insert(key.clone());
+        }
     }
 
     fn mutate_pod(
         &mut self,
-        namespace: &str,
-        revision: &str,
+        key: &RevisionKey,
         target: PodTarget,
         event: Event,
         source: Source,
         now: Timestamp,
     ) -> Result<(), OpError> {
-        let key = revision_key(namespace, revision);
-        if !self.revisions.contains_key(&key) {
+        if !self.revisions.contains_key(key) {
             let undeclared = self
                 .revisions
                 .values()
                 .filter(|entry| entry.spec.is_none())
                 .count();
             if undeclared >= MAX_UNDECLARED_REVISIONS {
-                return Err(OpError::TooManyUndeclared(key, undeclared));
+                return Err(OpError::TooManyUndeclared(key.clone(), undeclared));
             }
         }
-        let (shards, process_queue) = (self.shards, &self.process_queue);
-        let entry = self
-            .revisions
-            .entry(key.clone())
-            .or_insert_with(|| Revision::new(namespace, revision, shards, process_queue));
+        let (gates, windows, max_trackers) = (
+            self.gates,
+            self.limits.windows,
+            self.limits.max_trackers_per_revision,
+        );
+        let entry = entry_of(&mut self.revisions, key, self.shards, &self.process_queue);
         let addr = match target {
             PodTarget::Addr(addr) => addr,
             PodTarget::Ip(ip) => SocketAddr::new(
@@ -511,26 +702,20 @@ impl PodStates {
                     .map_or(DEFAULT_SERVING_PORT, |spec| spec.serving_port),
             ),
         };
-        let gates = self.gates;
-        let windows = self.limits.windows;
         match entry.pods.get_mut(&addr) {
             Some(tracked) => {
                 let outcome = tracked.pod.apply(event, gates, windows, now);
-                self.record(&key, addr, outcome, source, now);
+                self.record(key, addr, outcome, source, now);
             }
             None => {
                 let Some(pod) = Pod::first_seen(event, gates, now) else {
                     return Ok(());
                 };
-                if entry.pods.len() >= self.limits.max_trackers_per_revision {
+                if entry.pods.len() >= max_trackers {
                     self.journal.push(Journal::TrackerLimit {
-                        namespace: namespace.to_string(),
-                        revision: revision.to_string(),
+                        revision: key.clone(),
                     });
-                    return Err(OpError::TrackerLimit(
-                        key,
-                        self.limits.max_trackers_per_revision,
-                    ));
+                    return Err(OpError::TrackerLimit(key.clone(), max_trackers));
                 }
                 self.journal.push(Journal::Transition {
                     revision: key.clone(),
@@ -548,139 +733,88 @@ impl PodStates {
                         listed: false,
                     },
                 );
+                self.dirty.insert(key.clone());
             }
         }
-        self.publish(&key);
         Ok(())
     }
 
-    fn recalculate_all(
+    fn set_endpoints(
         &mut self,
-        revisions: Vec<SourceRevision>,
-        omission: OmissionScope,
-        gates: Gates,
+        key: &RevisionKey,
+        ready: Vec<SocketAddr>,
+        scope: OmissionScope,
         now: Timestamp,
     ) {
-        let gates_changed = gates != self.gates;
-        self.gates = gates;
-        if gates_changed && !gates.pod_quarantine {
-            // No quarantine timers run with the gate off; pods left Quarantined wait for the
-            // informer or a QP `ready` (see pod_state's table).
-            self.quarantine_ends.clear();
-        }
-        let declared: BTreeSet<String> = revisions.iter().map(|r| r.spec.key()).collect();
-        // Revisions the source no longer declares leave routing. Their trackers go with them:
-        // in-flight requests hold their own handles and finish.
-        let gone: Vec<String> = self
-            .revisions
-            .iter()
-            .filter(|(key, entry)| entry.spec.is_some() && !declared.contains(*key))
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in gone {
-            if let Some(entry) = self.revisions.remove(&key) {
-                for (addr, tracked) in &entry.pods {
-                    let from = tracked.pod.state();
-                    let (reason, source) = (Reason::InformerRemoved, Source::Informer);
-                    forget(
-                        &mut self.journal,
-                        &key,
-                        *addr,
-                        tracked,
-                        from,
-                        reason,
-                        source,
-                    );
+        let (gates, windows, max_trackers) = (
+            self.gates,
+            self.limits.windows,
+            self.limits.max_trackers_per_revision,
+        );
+        let entry = self.entry(key);
+        let listed: BTreeSet<SocketAddr> = ready.into_iter().collect();
+        let mut outcomes = Vec::new();
+        let mut journal = Vec::new();
+        for addr in &listed {
+            match entry.pods.get_mut(addr) {
+                Some(tracked) => {
+                    tracked.listed = true;
+                    let outcome = tracked
+                        .pod
+                        .apply(Event::InformerListed, gates, windows, now);
+                    outcomes.push((*addr, outcome));
                 }
-                self.journal.push(Journal::RouteRemoved {
-                    namespace: entry.namespace.clone(),
-                    revision: entry.name.clone(),
-                });
-                self.version += 1;
-                self.updates.push(RoutingUpdate::Remove {
-                    version: self.version,
-                    key: shard_key(&entry.namespace, &entry.name),
-                });
-            }
-        }
-        for source_revision in revisions {
-            let key = source_revision.spec.key();
-            let labels = &source_revision.spec.labels;
-            let (shards, process_queue) = (self.shards, &self.process_queue);
-            let entry = self.revisions.entry(key.clone()).or_insert_with(|| {
-                Revision::new(&labels.namespace, &labels.revision, shards, process_queue)
-            });
-            entry.spec = Some(source_revision.spec);
-            let listed: BTreeSet<SocketAddr> = source_revision.listed.into_iter().collect();
-            let mut outcomes = Vec::new();
-            for addr in &listed {
-                match entry.pods.get_mut(addr) {
-                    Some(tracked) => {
-                        tracked.listed = true;
-                        let outcome = tracked.pod.apply(
-                            Event::InformerListed,
-                            gates,
-                            self.limits.windows,
-                            now,
+                None => {
+                    if entry.pods.len() >= max_trackers {
+                        journal.push(Journal::TrackerLimit {
+                            revision: key.clone(),
+                        });
+                        continue;
+                    }
+                    if let Some(pod) = Pod::first_seen(Event::InformerListed, gates, now) {
+                        journal.push(Journal::Transition {
+                            revision: key.clone(),
+                            pod: *addr,
+                            from: None,
+                            to: Some(pod.state()),
+                            reason: pod.reason(),
+                            source: Source::Informer,
+                        });
+                        entry.pods.insert(
+                            *addr,
+                            TrackedPod {
+                                pod,
+                                tracker: Arc::new(PodTracker::new(*addr, 0)),
+                                listed: true,
+                            },
                         );
-                        outcomes.push((*addr, outcome));
-                    }
-                    None => {
-                        if entry.pods.len() >= self.limits.max_trackers_per_revision {
-                            self.journal.push(Journal::TrackerLimit {
-                                namespace: entry.namespace.clone(),
-                                revision: entry.name.clone(),
-                            });
-                            continue;
-                        }
-                        if let Some(pod) = Pod::first_seen(Event::InformerListed, gates, now) {
-                            self.journal.push(Journal::Transition {
-                                revision: key.clone(),
-                                pod: *addr,
-                                from: None,
-                                to: Some(pod.state()),
-                                reason: pod.reason(),
-                                source: Source::Informer,
-                            });
-                            entry.pods.insert(
-                                *addr,
-                                TrackedPod {
-                                    pod,
-                                    tracker: Arc::new(PodTracker::new(*addr, 0)),
-                                    listed: true,
-                                },
-                            );
-                        }
                     }
                 }
-            }
-            for (addr, tracked) in entry.pods.iter_mut() {
-                if listed.contains(addr) {
-                    continue;
-                }
-                if omission == OmissionScope::ListedPods && !tracked.listed {
-                    continue;
-                }
-                let in_flight = tracked.tracker.in_flight();
-                let outcome = tracked.pod.apply(
-                    Event::InformerOmitted { in_flight },
-                    gates,
-                    self.limits.windows,
-                    now,
-                );
-                outcomes.push((*addr, outcome));
-            }
-            for (addr, outcome) in outcomes {
-                self.record(&key, addr, outcome, Source::Informer, now);
             }
         }
-        // Every revision: listings may have changed any of them, and a gate flip changes
-        // routability everywhere. Unchanged routes publish nothing.
-        self.publish_all();
+        for (addr, tracked) in entry.pods.iter_mut() {
+            if listed.contains(addr) {
+                continue;
+            }
+            if scope == OmissionScope::ListedPods && !tracked.listed {
+                continue;
+            }
+            let in_flight = tracked.tracker.in_flight();
+            let outcome =
+                tracked
+                    .pod
+                    .apply(Event::InformerOmitted { in_flight }, gates, windows, now);
+            outcomes.push((*addr, outcome));
+        }
+        self.journal.extend(journal);
+        for (addr, outcome) in outcomes {
+            self.record(key, addr, outcome, Source::Informer, now);
+        }
+        self.dirty.insert(key.clone());
     }
 
     fn cleanup_stale(&mut self, now: Timestamp) {
-        let keys: Vec<String> = self.revisions.keys().cloned().collect();
+        let keys: Vec<RevisionKey> = self.revisions.keys().cloned().collect();
         for key in keys {
             let Some(entry) = self.revisions.get_mut(&key) else {
                 continue;
@@ -694,29 +828,29 @@ impl PodStates {
             for addr in stale {
                 if let Some(tracked) = entry.pods.remove(&addr) {
                     let from = tracked.pod.state();
-                    let (reason, source) = (Reason::Stale, Source::Housekeeping);
                     forget(
                         &mut self.journal,
                         &key,
                         addr,
                         &tracked,
                         from,
-                        reason,
-                        source,
+                        Reason::Stale,
+                        Source::Housekeeping,
                     );
                 }
             }
             // A revision only queue-proxies mentioned, with nothing left, is forgotten.
-            if entry.spec.is_none() && entry.pods.is_empty() {
+            if entry.spec.is_none() && entry.pods.is_empty() && entry.activators.is_none() {
                 self.revisions.remove(&key);
             }
         }
     }
 
-    /// Journals an outcome and applies a removal; keeps the quarantine timers in step.
+    /// Journals an outcome and applies a removal; keeps the quarantine timers in step and
+    /// marks the revision for publishing.
     fn record(
         &mut self,
-        key: &str,
+        key: &RevisionKey,
         addr: SocketAddr,
         outcome: Outcome,
         source: Source,
@@ -729,7 +863,7 @@ impl PodStates {
             Outcome::Unchanged => {}
             Outcome::Transition { from, to, reason } => {
                 self.journal.push(Journal::Transition {
-                    revision: key.to_string(),
+                    revision: key.clone(),
                     pod: addr,
                     from: Some(from),
                     to: Some(to),
@@ -743,104 +877,168 @@ impl PodStates {
                         .and_then(|tracked| tracked.pod.quarantine_until())
                     {
                         self.quarantine_ends
-                            .insert((until.max(now), key.to_string(), addr));
+                            .insert((until.max(now), key.clone(), addr));
                     }
                 }
+                self.dirty.insert(key.clone());
             }
             Outcome::Remove { from, reason } => {
                 if let Some(tracked) = entry.pods.remove(&addr) {
                     forget(&mut self.journal, key, addr, &tracked, from, reason, source);
                 }
+                self.dirty.insert(key.clone());
             }
         }
     }
 
-    fn publish_all(&mut self) {
-        let keys: Vec<String> = self.revisions.keys().cloned().collect();
-        for key in keys {
+    fn publish_dirty(&mut self) {
+        for key in std::mem::take(&mut self.dirty) {
             self.publish(&key);
         }
     }
 
-    /// Publishes `key`'s route if it differs from the last one published.
-    fn publish(&mut self, key: &str) {
+    /// Publishes `key`'s route if it differs from the last one published, and sets the
+    /// capacity of every tracker of the revision: its share in the route, 0 outside it.
+    fn publish(&mut self, key: &RevisionKey) {
         let Some(entry) = self.revisions.get_mut(key) else {
             return;
         };
         let Some(spec) = entry.spec.clone() else {
             return;
         };
+        let container_concurrency = spec.container_concurrency;
         let routable: Vec<SocketAddr> = entry
             .pods
             .iter()
             .filter(|(_, tracked)| tracked.pod.is_routable(self.gates))
             .map(|(addr, _)| *addr)
             .collect();
-        let assignments = match self.activators.me {
-            Some(me) => subsetting::assign(
-                &routable,
-                &self.activators.all,
-                me,
-                spec.container_concurrency,
-            ),
-            None => routable
-                .iter()
-                .map(|&pod| subsetting::Assignment {
-                    pod,
-                    share: spec.container_concurrency,
-                })
-                .collect(),
-        };
-        let shares: Vec<(SocketAddr, u32)> = assignments
-            .iter()
-            .map(|assignment| {
-                let capacity = match (spec.container_concurrency, assignment.share) {
-                    (0, _) => UNLIMITED,
-                    (_, share) => share,
+        let activators = entry.activators.as_ref().unwrap_or(&self.activators);
+        // The targets of the route, with this activator's capacity on each.
+        let (targets, capacity, pods): (Vec<(SocketAddr, u32)>, Capacity, usize) = match spec
+            .cluster_ip
+        {
+            Some(service) => {
+                let capacity = revision_capacity(
+                    container_concurrency,
+                    Targets::ClusterIp {
+                        ready_pods: routable.len(),
+                        activators: activators.all.len(),
+                    },
+                );
+                let slots = match capacity {
+                    Capacity::Unlimited => UNLIMITED,
+                    Capacity::Limited(slots) => slots,
                 };
-                (assignment.pod, capacity)
-            })
-            .collect();
-        // Pods outside the route keep counting their in-flight requests but take no new ones
-        // through a stale replica: their capacity drops to zero at once.
-        for (addr, tracked) in &entry.pods {
-            let capacity = shares
-                .iter()
-                .find(|(pod, _)| pod == addr)
-                .map_or(0, |(_, capacity)| *capacity);
-            tracked.tracker.slots.set_capacity(capacity);
-        }
+                let targets = if slots > 0 {
+                    vec![(service, slots)]
+                } else {
+                    Vec::new()
+                };
+                (targets, capacity, routable.len())
+            }
+            None => {
+                let assignments = match activators.me {
+                    Some(me) => {
+                        subsetting::assign(&routable, &activators.all, me, container_concurrency)
+                    }
+                    None => routable
+                        .iter()
+                        .map(|&pod| subsetting::Assignment {
+                            pod,
+                            share: container_concurrency,
+                        })
+                        .collect(),
+                };
+                let capacity =
+                    revision_capacity(container_concurrency, Targets::Pods(&assignments));
+                let targets: Vec<(SocketAddr, u32)> = assignments
+                    .iter()
+                    .map(|assignment| {
+                        let slots = match container_concurrency {
+                            0 => UNLIMITED,
+                            _ => assignment.share,
+                        };
+                        (assignment.pod, slots)
+                    })
+                    .collect();
+                let pods = targets.len();
+                (targets, capacity, pods)
+            }
+        };
         if entry
             .published
             .as_ref()
             .is_some_and(|(published_spec, published)| {
-                *published_spec == spec && *published == shares
+                *published_spec == spec && *published == targets
             })
         {
             return;
         }
+        // Cluster-IP mode's target is a tracker of its own, replaced when the Service moves.
+        let virtual_tracker = match spec.cluster_ip {
+            Some(service) => {
+                let current = entry
+                    .virtual_tracker
+                    .take()
+                    .filter(|tracker| tracker.addr == service);
+                if let Some(old) = entry.virtual_tracker.take() {
+                    old.slots.set_capacity(0);
+                }
+                let tracker = current.unwrap_or_else(|| Arc::new(PodTracker::new(service, 0)));
+                entry.virtual_tracker = Some(tracker.clone());
+                Some(tracker)
+            }
+            None => {
+                if let Some(old) = entry.virtual_tracker.take() {
+                    old.slots.set_capacity(0);
+                }
+                None
+            }
+        };
+        // Trackers outside the route keep counting their in-flight requests but take no new
+        // ones through a stale replica: their capacity drops to zero at once.
+        let share_of = |addr: &SocketAddr| {
+            targets
+                .iter()
+                .find(|(target, _)| target == addr)
+                .map_or(0, |(_, slots)| *slots)
+        };
+        for (addr, tracked) in &entry.pods {
+            let slots = if virtual_tracker.is_some() {
+                0
+            } else {
+                share_of(addr)
+            };
+            tracked.tracker.slots.set_capacity(slots);
+        }
+        if let Some(tracker) = &virtual_tracker {
+            tracker.slots.set_capacity(share_of(&tracker.addr));
+        }
         let route = RevisionRoute {
-            key: shard_key(&entry.namespace, &entry.name),
+            key: key.clone(),
             labels: spec.labels.clone(),
-            container_concurrency: spec.container_concurrency,
+            container_concurrency,
             protocol: spec.protocol,
             timeouts: spec.timeouts,
             lb_policy: spec.lb_policy,
-            pods: shares
-                .iter()
-                .map(|(addr, _)| entry.pods[addr].tracker.clone())
-                .collect(),
+            pods: match &virtual_tracker {
+                Some(tracker) if !targets.is_empty() => vec![tracker.clone()],
+                Some(_) => Vec::new(),
+                None => targets
+                    .iter()
+                    .map(|(addr, _)| entry.pods[addr].tracker.clone())
+                    .collect(),
+            },
             gate: entry.gate.clone(),
             queue_depth: spec.queue_depth,
         };
         self.journal.push(Journal::Route {
-            namespace: entry.namespace.clone(),
-            revision: entry.name.clone(),
-            pods: shares.len(),
-            capacity: (spec.container_concurrency > 0)
-                .then(|| shares.iter().map(|(_, share)| u64::from(*share)).sum()),
+            revision: key.clone(),
+            pods,
+            capacity,
         });
-        entry.published = Some((spec, shares));
+        entry.published = Some((spec, targets));
         self.version += 1;
         self.updates.push(RoutingUpdate::Upsert {
             version: self.version,
@@ -849,19 +1047,23 @@ impl PodStates {
     }
 }
 
-/// Port a bare pod IP maps to when its revision is not declared yet, and a revision's default
-/// for HTTP/1 pods: 8012, Knative's `networking.BackendHTTPPort` (the queue-proxy's HTTP/1 port).
-pub const DEFAULT_SERVING_PORT: u16 = 8012;
-
-/// A revision's default serving port for h2c pods: 8013, Knative's
-/// `networking.BackendHTTP2Port`. Kept for HTTP/2; h2c revisions are refused for now.
-pub const DEFAULT_H2C_SERVING_PORT: u16 = 8013;
+/// `key`'s entry in `revisions`, created (undeclared) when it is new.
+fn entry_of<'a>(
+    revisions: &'a mut BTreeMap<RevisionKey, Revision>,
+    key: &RevisionKey,
+    shards: usize,
+    process_queue: &Arc<ProcessQueue>,
+) -> &'a mut Revision {
+    revisions
+        .entry(key.clone())
+        .or_insert_with(|| Revision::new(key.clone(), shards, process_queue))
+}
 
 /// A tracker taken out of the table: it takes no new requests from any shard, even before the
 /// shards apply the update that drops it, and its removal is journaled.
 fn forget(
     journal: &mut Vec<Journal>,
-    key: &str,
+    key: &RevisionKey,
     addr: SocketAddr,
     tracked: &TrackedPod,
     from: PodState,
@@ -870,7 +1072,7 @@ fn forget(
 ) {
     tracked.tracker.slots.set_capacity(0);
     journal.push(Journal::Transition {
-        revision: key.to_string(),
+        revision: key.clone(),
         pod: addr,
         from: Some(from),
         to: None,
@@ -894,40 +1096,36 @@ mod tests {
         text.parse().unwrap()
     }
 
+    fn key(name: &str) -> RevisionKey {
+        RevisionKey::new("ns", name).unwrap()
+    }
+
     fn spec(name: &str, cc: u32) -> RevisionSpec {
         RevisionSpec {
-            labels: RevisionLabels {
-                namespace: "ns".into(),
-                revision: name.into(),
-                ..Default::default()
-            },
             container_concurrency: cc,
-            protocol: Protocol::Http1,
-            timeouts: Timeouts::default(),
             lb_policy: LbPolicy::default_for(cc),
             queue_depth: 100,
-            serving_port: 8012,
+            ..RevisionSpec::new(key(name))
         }
     }
 
+    /// What the standalone file sends: the gates, then each revision and its listed pods.
     fn declare(revisions: &[(&str, u32, &[&str])], gates: Gates) -> Op {
-        Op::RecalculateAll {
-            revisions: revisions
-                .iter()
-                .map(|(name, cc, pods)| SourceRevision {
-                    spec: spec(name, *cc),
-                    listed: pods.iter().map(|pod| addr(pod)).collect(),
-                })
-                .collect(),
-            omission: OmissionScope::ListedPods,
-            gates,
+        let mut ops = vec![Op::SetGates(gates)];
+        for (name, cc, pods) in revisions {
+            ops.push(Op::UpsertRevision(spec(name, *cc)));
+            ops.push(Op::SetEndpoints {
+                revision: key(name),
+                ready: pods.iter().map(|pod| addr(pod)).collect(),
+                scope: OmissionScope::ListedPods,
+            });
         }
+        Op::Batch(ops)
     }
 
     fn qp(name: &str, ip: &str, event: QueueProxyEvent) -> Op {
         Op::MutatePod {
-            namespace: "ns".into(),
-            revision: name.into(),
+            revision: key(name),
             target: PodTarget::Ip(ip.parse().unwrap()),
             event: Event::QueueProxy(event),
             source: Source::QueueProxy,
@@ -936,8 +1134,7 @@ mod tests {
 
     fn health(name: &str, pod: &str, event: Event) -> Op {
         Op::MutatePod {
-            namespace: "ns".into(),
-            revision: name.into(),
+            revision: key(name),
             target: PodTarget::Addr(addr(pod)),
             event,
             source: Source::Prober,
@@ -1028,7 +1225,7 @@ mod tests {
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(100))
             .unwrap();
         assert_eq!(
-            states.pod_state("ns", "a", addr("10.0.0.7:8012")),
+            states.pod_state(&key("a"), addr("10.0.0.7:8012")),
             Some(PodState::Ready)
         );
     }
@@ -1105,12 +1302,12 @@ mod tests {
         );
         states.expire_quarantines(at(10));
         assert_eq!(
-            states.pod_state("ns", "a", addr(pod)),
+            states.pod_state(&key("a"), addr(pod)),
             Some(PodState::Quarantined)
         );
         states.expire_quarantines(at(11));
         assert_eq!(
-            states.pod_state("ns", "a", addr(pod)),
+            states.pod_state(&key("a"), addr(pod)),
             Some(PodState::Recovering)
         );
         assert_eq!(
@@ -1123,7 +1320,7 @@ mod tests {
             .apply(health("a", pod, Event::HealthCheckPassed), at(12))
             .unwrap();
         assert_eq!(
-            states.pod_state("ns", "a", addr(pod)),
+            states.pod_state(&key("a"), addr(pod)),
             Some(PodState::Ready)
         );
         assert_eq!(states.next_deadline(), None);
@@ -1146,7 +1343,7 @@ mod tests {
             .apply(declare(&[("a", 1, &[pod])], Gates::QUEUE_PROXY_ONLY), at(3))
             .unwrap();
         assert_eq!(
-            states.pod_state("ns", "a", addr(pod)),
+            states.pod_state(&key("a"), addr(pod)),
             Some(PodState::Ready)
         );
         assert_eq!(last_route(&states.take_updates(), "a").unwrap().len(), 1);
@@ -1168,8 +1365,7 @@ mod tests {
         let route = last_upsert(&updates);
         let reused = route.pods[0].clone();
         let remove = Op::RemovePod {
-            namespace: "ns".into(),
-            revision: "a".into(),
+            revision: key("a"),
             addr: addr(pod),
             reason: Reason::IpReused,
             source: Source::Proxy,
@@ -1246,9 +1442,9 @@ mod tests {
                 .unwrap();
         }
         let error = states.apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(0));
-        assert_eq!(error, Err(OpError::TrackerLimit("ns/a".into(), 2)));
+        assert_eq!(error, Err(OpError::TrackerLimit(key("a"), 2)));
         assert!(states.take_journal().iter().any(
-            |entry| matches!(entry, Journal::TrackerLimit { revision, .. } if revision == "a")
+            |entry| matches!(entry, Journal::TrackerLimit { revision } if revision.name() == "a")
         ));
         // A known pod's events still apply at the limit.
         states
@@ -1294,10 +1490,10 @@ mod tests {
             .apply(qp("a", "10.0.0.2", QueueProxyEvent::Ready), at(0))
             .unwrap();
         states.apply(Op::CleanupStale, at(600)).unwrap();
-        assert!(states.pod_state("ns", "a", addr("10.0.0.1:8012")).is_some());
+        assert!(states.pod_state(&key("a"), addr("10.0.0.1:8012")).is_some());
         states.apply(Op::CleanupStale, at(601)).unwrap();
-        assert_eq!(states.pod_state("ns", "a", addr("10.0.0.1:8012")), None);
-        assert!(states.pod_state("ns", "a", addr("10.0.0.2:8012")).is_some());
+        assert_eq!(states.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
+        assert!(states.pod_state(&key("a"), addr("10.0.0.2:8012")).is_some());
     }
 
     #[test]
@@ -1312,12 +1508,10 @@ mod tests {
             let mut states = states();
             states
                 .apply(
-                    Op::RecalculateCapacity {
-                        activators: Activators {
-                            me: Some(*me),
-                            all: everyone.clone(),
-                        },
-                    },
+                    Op::SetActivators(Activators {
+                        me: Some(*me),
+                        all: everyone.clone(),
+                    }),
                     at(0),
                 )
                 .unwrap();
@@ -1335,7 +1529,7 @@ mod tests {
     }
 
     #[test]
-    fn a_revision_the_source_drops_is_removed_from_routing() {
+    fn a_removed_revision_leaves_routing_with_its_trackers() {
         let mut states = states();
         states
             .apply(
@@ -1346,15 +1540,249 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        states.take_updates();
+        let tracker = states
+            .take_updates()
+            .iter()
+            .find_map(|update| match update {
+                RoutingUpdate::Upsert { route, .. } if route.key == key("a") => {
+                    Some(route.pods[0].clone())
+                }
+                _ => None,
+            })
+            .unwrap();
+        assert!(tracker.slots.try_acquire(), "a request in flight");
         states
-            .apply(declare(&[("b", 1, &[])], Gates::HYBRID), at(1))
+            .apply(Op::RemoveRevision { revision: key("a") }, at(1))
             .unwrap();
         let updates = states.take_updates();
         assert!(
             matches!(&updates[..], [RoutingUpdate::Remove { key, .. }] if key.as_str() == "ns/a")
         );
         assert_eq!(states.revision_count(), 1);
+        assert_eq!(states.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
+        assert_eq!(tracker.slots.capacity(), 0, "no new request goes there");
+        assert!(tracker.slots.release(), "the one in flight finishes");
+        // Again: nothing left to remove.
+        states
+            .apply(Op::RemoveRevision { revision: key("a") }, at(2))
+            .unwrap();
+        assert!(states.take_updates().is_empty());
+    }
+
+    #[test]
+    fn a_batch_publishes_each_revision_it_touched_once() {
+        let mut states = states();
+        states
+            .apply(
+                declare(
+                    &[("a", 1, &["10.0.0.1:8012", "10.0.0.2:8012"]), ("b", 0, &[])],
+                    Gates::HYBRID,
+                ),
+                at(0),
+            )
+            .unwrap();
+        let upserts: Vec<String> = states
+            .take_updates()
+            .iter()
+            .filter_map(|update| match update {
+                RoutingUpdate::Upsert { route, .. } => Some(route.key.to_string()),
+                RoutingUpdate::Remove { .. } => None,
+            })
+            .collect();
+        assert_eq!(upserts, ["ns/a", "ns/b"]);
+        // Declaring the same spec again changes nothing.
+        states
+            .apply(Op::UpsertRevision(spec("a", 1)), at(1))
+            .unwrap();
+        assert!(states.take_updates().is_empty());
+    }
+
+    #[test]
+    fn evidence_applies_only_to_the_tracker_it_is_about() {
+        let mut states = states();
+        let pod = "10.0.0.1:8012";
+        states
+            .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
+            .unwrap();
+        let old = last_upsert(&states.take_updates()).pods[0].clone();
+        // The pod goes and a new one comes at the same address: another tracker.
+        states
+            .apply(
+                Op::RemovePod {
+                    revision: key("a"),
+                    addr: addr(pod),
+                    reason: Reason::IpReused,
+                    source: Source::Prober,
+                },
+                at(1),
+            )
+            .unwrap();
+        states
+            .apply(
+                declare(&[("a", 1, &[pod, "10.0.0.2:8012"])], Gates::HYBRID),
+                at(2),
+            )
+            .unwrap();
+        let new = last_upsert(&states.take_updates()).pods[0].clone();
+        assert!(!Arc::ptr_eq(&old, &new));
+        let evidence = |tracker: &Arc<PodTracker>, kind: EvidenceKind| Op::Evidence {
+            revision: key("a"),
+            addr: addr(pod),
+            tracker: tracker.id,
+            kind,
+        };
+        // Late evidence about the old pod says nothing about the new one.
+        for kind in [
+            EvidenceKind::TransportFailure,
+            EvidenceKind::IpReused {
+                namespace: "ns".into(),
+                revision: "other".into(),
+            },
+        ] {
+            states.apply(evidence(&old, kind), at(3)).unwrap();
+            assert_eq!(
+                states.pod_state(&key("a"), addr(pod)),
+                Some(PodState::Ready)
+            );
+        }
+        // About the new one it counts: a transport failure quarantines, a reuse removes.
+        states
+            .apply(evidence(&new, EvidenceKind::TransportFailure), at(4))
+            .unwrap();
+        assert_eq!(
+            states.pod_state(&key("a"), addr(pod)),
+            Some(PodState::Quarantined)
+        );
+        let reused = EvidenceKind::IpReused {
+            namespace: "ns".into(),
+            revision: "other".into(),
+        };
+        states.apply(evidence(&new, reused), at(5)).unwrap();
+        assert_eq!(states.pod_state(&key("a"), addr(pod)), None);
+        assert_eq!(new.slots.capacity(), 0);
+    }
+
+    /// Upstream's cluster-IP rows (`throttle::capacity`'s table), through the publish path:
+    /// one target, the Service, with `max(1, CC × routable pods / activators)` slots.
+    #[test]
+    fn cluster_ip_mode_routes_to_the_service_with_the_shared_capacity() {
+        let service = addr("10.96.0.5:80");
+        let mut states = states();
+        let everyone: Vec<IpAddr> = ["10.1.0.1", "10.1.0.2"]
+            .iter()
+            .map(|ip| ip.parse().unwrap())
+            .collect();
+        states
+            .apply(
+                Op::SetActivators(Activators {
+                    me: Some(everyone[0]),
+                    all: everyone,
+                }),
+                at(0),
+            )
+            .unwrap();
+        let mut cluster_ip = spec("a", 3);
+        cluster_ip.cluster_ip = Some(service);
+        let endpoints = |pods: &[&str]| Op::SetEndpoints {
+            revision: key("a"),
+            ready: pods.iter().map(|pod| addr(pod)).collect(),
+            scope: OmissionScope::ListedPods,
+        };
+        states.apply(Op::UpsertRevision(cluster_ip), at(0)).unwrap();
+        assert_eq!(
+            last_route(&states.take_updates(), "a").unwrap(),
+            vec![],
+            "no ready pod: closed"
+        );
+        let five = [
+            "10.0.0.1:8012",
+            "10.0.0.2:8012",
+            "10.0.0.3:8012",
+            "10.0.0.4:8012",
+            "10.0.0.5:8012",
+        ];
+        states.apply(endpoints(&five), at(1)).unwrap();
+        let updates = states.take_updates();
+        assert_eq!(
+            last_route(&updates, "a").unwrap(),
+            vec![(service, 7)],
+            "3 × 5 / 2"
+        );
+        let virtual_tracker = last_upsert(&updates).pods[0].clone();
+        assert!(
+            states.probe_targets().is_empty(),
+            "pods behind a Service are not probed"
+        );
+        assert!(states.take_journal().iter().any(|entry| matches!(
+            entry,
+            Journal::Route {
+                pods: 5,
+                capacity: Capacity::Limited(7),
+                ..
+            }
+        )));
+        states.apply(endpoints(&five[..1]), at(2)).unwrap();
+        let updates = states.take_updates();
+        assert_eq!(
+            last_route(&updates, "a").unwrap(),
+            vec![(service, 1)],
+            "floor of 1"
+        );
+        assert!(
+            Arc::ptr_eq(&last_upsert(&updates).pods[0], &virtual_tracker),
+            "the same target, so its in-flight count carries over"
+        );
+        // Back to pod mode: the Service takes nothing new, the pod gets its share.
+        states
+            .apply(Op::UpsertRevision(spec("a", 3)), at(3))
+            .unwrap();
+        assert_eq!(virtual_tracker.slots.capacity(), 0);
+        let route = last_route(&states.take_updates(), "a").unwrap();
+        assert_eq!(route.len(), 1);
+        assert_ne!(route[0].0, service);
+    }
+
+    #[test]
+    fn a_revision_with_activators_of_its_own_ignores_the_default_set() {
+        let mut states = states();
+        let pods = ["10.0.0.1:8012", "10.0.0.2:8012"];
+        states
+            .apply(
+                declare(&[("a", 4, &pods), ("b", 4, &pods)], Gates::HYBRID),
+                at(0),
+            )
+            .unwrap();
+        states.take_updates();
+        let me: IpAddr = "10.1.0.1".parse().unwrap();
+        let crowd = Activators {
+            me: Some(me),
+            all: vec![me, "10.1.0.2".parse().unwrap(), "10.1.0.3".parse().unwrap()],
+        };
+        states
+            .apply(
+                Op::SetRevisionActivators {
+                    revision: key("a"),
+                    activators: Some(crowd.clone()),
+                },
+                at(1),
+            )
+            .unwrap();
+        let updates = states.take_updates();
+        let shared: u32 = last_route(&updates, "a")
+            .unwrap()
+            .iter()
+            .map(|(_, capacity)| capacity)
+            .sum();
+        assert!(shared < 8, "a's pods are shared three ways: {shared}");
+        assert!(
+            last_route(&updates, "b").is_none(),
+            "b keeps the default (alone)"
+        );
+        // The default set changing does not touch a.
+        states.apply(Op::SetActivators(crowd), at(2)).unwrap();
+        let updates = states.take_updates();
+        assert!(last_route(&updates, "a").is_none());
+        assert!(last_route(&updates, "b").is_some());
     }
 
     fn any_op() -> impl Strategy<Value = (Op, u64)> {
@@ -1384,8 +1812,7 @@ mod tests {
                 health(name, &format!("{ip}:8012"), event)
             }),
             (name.clone(), pod.clone()).prop_map(|(name, ip)| Op::RemovePod {
-                namespace: "ns".into(),
-                revision: name.into(),
+                revision: key(name),
                 addr: addr(&format!("{ip}:8012")),
                 reason: Reason::IpReused,
                 source: Source::Proxy,
@@ -1401,6 +1828,9 @@ mod tests {
                     declare(&revisions, gates)
                 }
             ),
+            name.clone().prop_map(|name| Op::RemoveRevision {
+                revision: key(name)
+            }),
             Just(Op::CleanupStale),
         ];
         (op, 0..700u64)

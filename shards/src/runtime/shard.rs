@@ -7,8 +7,8 @@ use std::time::Duration;
 use monoio::net::TcpListener;
 
 use crate::http1;
-use crate::request::identity::DEFAULT_CLUSTER_DOMAIN;
 use crate::metrics::{AllShardStats, ShardStats};
+use crate::request::identity::DEFAULT_CLUSTER_DOMAIN;
 use crate::routing::replica::Replica;
 use crate::routing::{Grant, ShardCommand};
 use crate::runtime::alarm::{self, Alarms};

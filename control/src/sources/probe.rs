@@ -6,27 +6,20 @@
 //! [`judge`] decides from what came back and is what the tests of the rules exercise.
 
 use std::net::SocketAddr;
-use std::pin::pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper::header::{HeaderValue, CONNECTION, HOST, USER_AGENT as USER_AGENT_HEADER};
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
-
+use hyper::Method;
 use kactivator_api::headers::{
-    NETWORK_PROBE as PROBE_HEADER, SERVING_REVISION_NAME as REVISION_NAME_HEADER,
-    SERVING_REVISION_NAMESPACE as REVISION_NAMESPACE_HEADER,
+    NETWORK_PROBE, SERVING_REVISION_NAME, SERVING_REVISION_NAMESPACE, USER_AGENT,
 };
-use kactivator_api::probe::{HEALTH_PATH as PATH, HEALTH_USER_AGENT as USER_AGENT, QUEUE};
+use kactivator_api::probe::{HEALTH_PATH, HEALTH_USER_AGENT, QUEUE};
+use kactivator_api::RevisionKey;
+
+use crate::http_client::{self, Call};
 
 /// At most this much of a response body is read; a healthy one is five bytes.
 pub const BODY_LIMIT: usize = 4 * 1024;
-
-/// Largest response head accepted, in bytes (hyper's smallest allowed read buffer).
-const HEAD_LIMIT: usize = 8 * 1024;
 
 /// Longest piece of a wrong body quoted in [`ProbeResult::Unhealthy`].
 const QUOTED_BODY: usize = 64;
@@ -65,18 +58,33 @@ pub struct Answer {
     pub body_truncated: bool,
 }
 
-/// Probes the pod at `addr` for revision `namespace/revision`. Connecting, writing and reading
-/// all count against `timeout`; the connection is closed afterwards whatever happened.
-pub async fn probe(
-    addr: SocketAddr,
-    namespace: &str,
-    revision: &str,
-    timeout: Duration,
-) -> ProbeResult {
-    match tokio::time::timeout(timeout, exchange(addr)).await {
-        Err(_elapsed) => ProbeResult::Unhealthy(format!("timed out after {timeout:?}")),
-        Ok(Err(reason)) => ProbeResult::Unhealthy(reason),
-        Ok(Ok(answer)) => judge(&answer, namespace, revision),
+/// Probes the pod at `addr` for `revision`. Connecting, writing and reading all count against
+/// `timeout`; the connection is closed afterwards whatever happened.
+pub async fn probe(addr: SocketAddr, revision: &RevisionKey, timeout: Duration) -> ProbeResult {
+    let call = Call {
+        method: Method::GET,
+        path: HEALTH_PATH,
+        headers: &[(NETWORK_PROBE, QUEUE), (USER_AGENT, HEALTH_USER_AGENT)],
+        body: Bytes::new(),
+    };
+    match http_client::send(addr, call, BODY_LIMIT, timeout).await {
+        Err(reason) => ProbeResult::Unhealthy(reason),
+        Ok(answer) => {
+            let header = |name: &str| {
+                answer
+                    .headers
+                    .get(name)
+                    .map(|value| value.as_bytes().to_vec())
+            };
+            let answer = Answer {
+                status: answer.status,
+                revision_name: header(SERVING_REVISION_NAME),
+                revision_namespace: header(SERVING_REVISION_NAMESPACE),
+                body: answer.body,
+                body_truncated: answer.body_truncated,
+            };
+            judge(&answer, revision.namespace(), revision.name())
+        }
     }
 }
 
@@ -120,112 +128,22 @@ fn quote(answer: &Answer) -> String {
     quoted
 }
 
-/// One request on a fresh connection; the error is the reason the probe failed.
-async fn exchange(addr: SocketAddr) -> Result<Answer, String> {
-    let stream = TcpStream::connect(addr)
-        .await
-        .map_err(|error| format!("connect: {error}"))?;
-    // A probe is one small write; Nagle would only delay it.
-    let _ = stream.set_nodelay(true);
-    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
-        .max_buf_size(HEAD_LIMIT)
-        .title_case_headers(true)
-        .handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
-        .await
-        .map_err(|error| format!("handshake: {}", chain(&error)))?;
-    let request = probe_request(addr);
-    let answer = async move {
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|error| format!("response: {}", chain(&error)))?;
-        read_answer(response).await
-    };
-
-    // The connection future moves the bytes; it is driven here rather than spawned so that
-    // dropping this future (on timeout) closes the socket at once.
-    let mut connection = pin!(connection);
-    let mut answer = pin!(answer);
-    tokio::select! {
-        biased;
-        answer = &mut answer => answer,
-        _ended = &mut connection => {
-            // Whatever the connection read is already queued for `answer`, and an error it hit
-            // is delivered to `answer` as well, so nothing further needs driving.
-            answer.await
-        }
-    }
-}
-
-fn probe_request(addr: SocketAddr) -> Request<Empty<Bytes>> {
-    let host = HeaderValue::try_from(addr.to_string())
-        .expect("a socket address is printable ASCII without control characters");
-    Request::get(PATH)
-        .header(HOST, host)
-        .header(PROBE_HEADER, QUEUE)
-        .header(USER_AGENT_HEADER, USER_AGENT)
-        .header(CONNECTION, "close")
-        .body(Empty::new())
-        .expect("constant path and header names are valid")
-}
-
-/// Reads the status, the identity headers and at most [`BODY_LIMIT`] bytes of the body.
-async fn read_answer(response: Response<hyper::body::Incoming>) -> Result<Answer, String> {
-    let (parts, mut body) = response.into_parts();
-    let header = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .map(|value| value.as_bytes().to_vec())
-    };
-    let mut answer = Answer {
-        status: parts.status.as_u16(),
-        revision_name: header(REVISION_NAME_HEADER),
-        revision_namespace: header(REVISION_NAMESPACE_HEADER),
-        body: Vec::new(),
-        body_truncated: false,
-    };
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|error| format!("body: {}", chain(&error)))?;
-        let Some(data) = frame.data_ref() else {
-            continue;
-        };
-        let room = BODY_LIMIT - answer.body.len();
-        if data.len() > room {
-            answer.body.extend_from_slice(&data[..room]);
-            answer.body_truncated = true;
-            break;
-        }
-        answer.body.extend_from_slice(data);
-    }
-    Ok(answer)
-}
-
-/// An error and its causes, `outer: inner: innermost`; hyper's own message is often only the
-/// outer layer ("error reading a body from connection").
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::oneshot;
 
     use super::*;
 
     const NAMESPACE: &str = "default";
     const REVISION: &str = "hello-00001";
+
+    fn key() -> RevisionKey {
+        RevisionKey::new(NAMESPACE, REVISION).unwrap()
+    }
     const TIMEOUT: Duration = Duration::from_secs(5);
 
     // === judge (no I/O) ===
@@ -346,16 +264,13 @@ mod tests {
 
     async fn probe_pod(response: &'static str) -> ProbeResult {
         let (addr, _head) = pod(response).await;
-        probe(addr, NAMESPACE, REVISION, TIMEOUT).await
+        probe(addr, &key(), TIMEOUT).await
     }
 
     #[tokio::test]
     async fn a_queue_proxy_answering_queue_is_healthy_and_sees_the_probe_headers() {
         let (addr, head) = pod("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nqueue").await;
-        assert_eq!(
-            probe(addr, NAMESPACE, REVISION, TIMEOUT).await,
-            ProbeResult::Healthy
-        );
+        assert_eq!(probe(addr, &key(), TIMEOUT).await, ProbeResult::Healthy);
         let head = head.await.unwrap();
         let lines: Vec<&str> = head.split("\r\n").collect();
         assert_eq!(lines[0], "GET /healthz HTTP/1.1");
@@ -447,7 +362,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let ProbeResult::Unhealthy(reason) = probe(addr, NAMESPACE, REVISION, TIMEOUT).await else {
+        let ProbeResult::Unhealthy(reason) = probe(addr, &key(), TIMEOUT).await else {
             panic!("nothing listens on {addr}");
         };
         assert!(reason.starts_with("connect: "), "{reason}");
@@ -467,7 +382,7 @@ mod tests {
             let _ = closed_sender.send(());
         });
         let started = Instant::now();
-        let result = probe(addr, NAMESPACE, REVISION, Duration::from_millis(200)).await;
+        let result = probe(addr, &key(), Duration::from_millis(200)).await;
         assert_eq!(
             result,
             ProbeResult::Unhealthy("timed out after 200ms".into())
@@ -509,7 +424,7 @@ mod tests {
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40000000\r\n",
         ] {
             let (addr, written) = endless_pod(head).await;
-            let result = probe(addr, NAMESPACE, REVISION, TIMEOUT).await;
+            let result = probe(addr, &key(), TIMEOUT).await;
             let expected = format!("body {:?}...", "q".repeat(QUOTED_BODY));
             assert_eq!(result, ProbeResult::Unhealthy(expected), "{head:?}");
             // The pod's writes fail soon after the prober stops reading and hangs up; what
@@ -525,7 +440,7 @@ mod tests {
     #[tokio::test]
     async fn an_endless_response_head_is_refused() {
         let (addr, _written) = endless_pod("HTTP/1.1 200 OK\r\nX-Long: ").await;
-        let ProbeResult::Unhealthy(reason) = probe(addr, NAMESPACE, REVISION, TIMEOUT).await else {
+        let ProbeResult::Unhealthy(reason) = probe(addr, &key(), TIMEOUT).await else {
             panic!("an endless head is not healthy");
         };
         assert!(reason.starts_with("response: "), "{reason}");

@@ -1,0 +1,286 @@
+//! The standalone source: the configuration file as the informer's view of the revisions and
+//! their pods, the feature gates and the activators.
+//!
+//! The file's whole view goes to the state worker as one [`Op::Batch`] (so shards never see half
+//! of a reload): the gates, the activators, each revision's spec and listed pods, and the
+//! removal of revisions the previous view declared and this one does not. The file is polled
+//! (content compared, so an editor's rename-over and a ConfigMap's symlink swap both work); a
+//! file that does not parse keeps the last good view and the log says where it is broken.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kactivator_api::RevisionKey;
+use kactivator_shards::routing::RevisionLabels;
+
+use super::ControlMetrics;
+use crate::config::{Config, ConfigError, RevisionConfig};
+use crate::features;
+use crate::pod_state::Gates;
+use crate::state::{Activators, OmissionScope, Op, RevisionSpec};
+use crate::worker::WorkerHandle;
+
+/// The activator set the configuration describes; `pod_ip` (`POD_IP`) is this activator's
+/// address unless `cluster.self_ip` says otherwise.
+pub fn activators_of(config: &Config, pod_ip: Option<IpAddr>) -> Activators {
+    if config.cluster.activators.is_empty() {
+        return Activators::default();
+    }
+    Activators {
+        me: config.cluster.self_ip.or(pod_ip),
+        all: config.cluster.activators.clone(),
+    }
+}
+
+/// How a revision of the file routes. `None` for names no revision can have, which
+/// validation refuses before a file gets here.
+pub fn revision_spec(revision: &RevisionConfig) -> Option<RevisionSpec> {
+    let key = RevisionKey::new(&revision.namespace, &revision.name).ok()?;
+    Some(RevisionSpec {
+        labels: RevisionLabels {
+            namespace: revision.namespace.clone(),
+            revision: revision.name.clone(),
+            service: revision.service.clone(),
+            configuration: revision.configuration.clone(),
+        },
+        key,
+        container_concurrency: revision.container_concurrency,
+        protocol: revision.protocol(),
+        timeouts: revision.timeouts(),
+        lb_policy: revision.lb_policy(),
+        queue_depth: revision.queue_depth,
+        serving_port: revision.serving_port(),
+        cluster_ip: revision.cluster_ip,
+    })
+}
+
+/// The file's view as one batch, and the revisions it declares. Revisions in
+/// `declared_before` (the last view's) that this one does not declare are removed.
+pub fn view(
+    config: &Config,
+    gates: Gates,
+    activators: Activators,
+    declared_before: &BTreeSet<RevisionKey>,
+) -> (Op, BTreeSet<RevisionKey>) {
+    let mut ops = vec![Op::SetGates(gates), Op::SetActivators(activators)];
+    let mut declared = BTreeSet::new();
+    for revision in &config.revisions {
+        let Some(spec) = revision_spec(revision) else {
+            tracing::error!(
+                namespace = revision.namespace,
+                name = revision.name,
+                "a revision with an invalid name was not applied"
+            );
+            continue;
+        };
+        let key = spec.key.clone();
+        ops.push(Op::UpsertRevision(spec));
+        ops.push(Op::SetEndpoints {
+            revision: key.clone(),
+            ready: revision.pods.clone(),
+            scope: OmissionScope::ListedPods,
+        });
+        declared.insert(key);
+    }
+    for gone in declared_before.difference(&declared) {
+        ops.push(Op::RemoveRevision {
+            revision: gone.clone(),
+        });
+    }
+    (Op::Batch(ops), declared)
+}
+
+/// The file source between reloads.
+pub struct FileWatch {
+    pub path: PathBuf,
+    /// The configuration running: revisions, gates and activators as last applied; the
+    /// sections that need a restart as they were at start-up.
+    pub current: Config,
+    pub gates: Gates,
+    /// Revisions the last applied view declared.
+    pub declared: BTreeSet<RevisionKey>,
+    /// `POD_IP`, the default for `cluster.self_ip`.
+    pub pod_ip: Option<IpAddr>,
+}
+
+impl FileWatch {
+    /// Polls the file every `control.watch_interval_ms` and applies each changed, valid view.
+    pub async fn run(mut self, worker: WorkerHandle, metrics: Arc<ControlMetrics>) {
+        let mut last_text = std::fs::read(&self.path).ok();
+        let interval = Duration::from_millis(self.current.control.watch_interval_ms);
+        loop {
+            tokio::time::sleep(interval).await;
+            let text = match std::fs::read(&self.path) {
+                Ok(text) => text,
+                Err(error) => {
+                    if last_text.is_some() {
+                        tracing::warn!(path = %self.path.display(), "cannot read the configuration; keeping the last good one: {error}");
+                        metrics.reloads.with_label_values(&["error"]).inc();
+                        last_text = None;
+                    }
+                    continue;
+                }
+            };
+            if last_text.as_deref() == Some(&text[..]) {
+                continue;
+            }
+            last_text = Some(text.clone());
+            let parsed = std::str::from_utf8(&text)
+                .map_err(|error| ConfigError {
+                    source: None,
+                    position: None,
+                    message: format!("not UTF-8: {error}"),
+                })
+                .and_then(Config::parse);
+            match parsed {
+                Ok(config) => self.reload(config, &worker, &metrics).await,
+                Err(mut error) => {
+                    error.source = Some(self.path.display().to_string());
+                    tracing::warn!("configuration not applied, keeping the last good one: {error}");
+                    metrics.reloads.with_label_values(&["error"]).inc();
+                }
+            }
+        }
+    }
+
+    async fn reload(&mut self, config: Config, worker: &WorkerHandle, metrics: &ControlMetrics) {
+        let current = &self.current;
+        for (section, changed) in [
+            ("listen", config.listen != current.listen),
+            ("proxy", config.proxy != current.proxy),
+            ("health", config.health != current.health),
+            ("control", config.control != current.control),
+            (
+                "cluster.peers",
+                config.cluster.peers != current.cluster.peers,
+            ),
+        ] {
+            if changed {
+                tracing::warn!(
+                    section,
+                    "this part of the configuration changed; it takes effect at the next restart"
+                );
+            }
+        }
+        let (gates, warnings) = features::resolve(&config.features, self.gates);
+        for warning in warnings {
+            tracing::warn!("{warning}");
+        }
+        if gates != self.gates {
+            tracing::info!(
+                from = self.gates.mode_label(),
+                to = gates.mode_label(),
+                "feature gates changed"
+            );
+        }
+        let activators = activators_of(&config, self.pod_ip);
+        let (batch, declared) = view(&config, gates, activators, &self.declared);
+        match worker.apply(batch).await {
+            Ok(()) => {
+                metrics.reloads.with_label_values(&["applied"]).inc();
+                tracing::info!(
+                    path = %self.path.display(),
+                    revisions = declared.len(),
+                    gates = gates.mode_label(),
+                    "configuration reloaded"
+                );
+                self.gates = gates;
+                self.declared = declared;
+                // Keep the sections that need a restart as they run, so the warning repeats
+                // only when they change again.
+                let running = std::mem::replace(&mut self.current, config);
+                self.current.listen = running.listen;
+                self.current.proxy = running.proxy;
+                self.current.health = running.health;
+                self.current.control = running.control;
+                self.current.cluster.peers = running.cluster.peers;
+            }
+            Err(error) => {
+                metrics.reloads.with_label_values(&["error"]).inc();
+                tracing::error!("configuration reload failed: {error}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> RevisionKey {
+        RevisionKey::new("default", name).unwrap()
+    }
+
+    fn config(text: &str) -> Config {
+        Config::parse(text).unwrap()
+    }
+
+    fn ops_of(batch: Op) -> Vec<Op> {
+        match batch {
+            Op::Batch(ops) => ops,
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_view_declares_each_revision_with_its_listed_pods_after_the_gates_and_activators() {
+        let config = config(
+            "[[revisions]]\nnamespace = \"default\"\nname = \"a\"\ncontainer_concurrency = 2\npods = [\"10.0.0.1:8012\"]\n",
+        );
+        let (batch, declared) = view(
+            &config,
+            Gates::HYBRID,
+            Activators::default(),
+            &BTreeSet::new(),
+        );
+        let ops = ops_of(batch);
+        assert_eq!(ops[0], Op::SetGates(Gates::HYBRID));
+        assert_eq!(ops[1], Op::SetActivators(Activators::default()));
+        let Op::UpsertRevision(spec) = &ops[2] else {
+            panic!("{:?}", ops[2]);
+        };
+        assert_eq!(spec.key, key("a"));
+        assert_eq!(spec.container_concurrency, 2);
+        assert_eq!(
+            ops[3],
+            Op::SetEndpoints {
+                revision: key("a"),
+                ready: vec!["10.0.0.1:8012".parse().unwrap()],
+                scope: OmissionScope::ListedPods,
+            }
+        );
+        assert_eq!(ops.len(), 4);
+        assert_eq!(declared, BTreeSet::from([key("a")]));
+    }
+
+    #[test]
+    fn a_revision_dropped_from_the_file_is_removed() {
+        let before = BTreeSet::from([key("a"), key("b")]);
+        let config = config("[[revisions]]\nnamespace = \"default\"\nname = \"b\"\n");
+        let (batch, declared) = view(&config, Gates::HYBRID, Activators::default(), &before);
+        let ops = ops_of(batch);
+        assert_eq!(ops.last(), Some(&Op::RemoveRevision { revision: key("a") }));
+        assert_eq!(declared, BTreeSet::from([key("b")]));
+    }
+
+    #[test]
+    fn the_activators_include_this_one_by_pod_ip_unless_self_ip_is_set() {
+        let listed = config("[cluster]\nactivators = [\"10.1.0.1\", \"10.1.0.2\"]\n");
+        let pod_ip: IpAddr = "10.1.0.2".parse().unwrap();
+        assert_eq!(activators_of(&listed, Some(pod_ip)).me, Some(pod_ip));
+        let pinned = config(
+            "[cluster]\nself_ip = \"10.1.0.1\"\nactivators = [\"10.1.0.1\", \"10.1.0.2\"]\n",
+        );
+        assert_eq!(
+            activators_of(&pinned, Some(pod_ip)).me,
+            Some("10.1.0.1".parse().unwrap())
+        );
+        assert_eq!(
+            activators_of(&config(""), Some(pod_ip)),
+            Activators::default()
+        );
+    }
+}

@@ -1,0 +1,105 @@
+//! Everything that feeds the state worker, each a task on the control thread, each turning
+//! what it sees into [`crate::state::Op`]s (none touches the state directly):
+//!
+//! * [`file`] — the configuration file, watched for changes (revisions, pods, gates,
+//!   activators), sent as one batch per reload;
+//! * [`registrations`] — queue-proxy registrations (applied, answered, relayed to peers) and
+//!   the request path's evidence, as the shards hand them over;
+//! * [`prober`] — the active health check's schedule, and [`probe`] — one probe;
+//! * [`sweep`] — the stale-tracker sweep.
+
+pub mod file;
+pub mod probe;
+pub mod prober;
+pub mod registrations;
+pub mod sweep;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kactivator_shards::runtime::control_link::FromShards;
+use prometheus::{IntCounterVec, Opts, Registry};
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::metrics;
+use crate::state::ProbeTarget;
+use crate::worker::WorkerHandle;
+
+/// Counters of the sources.
+pub struct ControlMetrics {
+    pub(crate) registrations: IntCounterVec,
+    pub(crate) relays: IntCounterVec,
+    pub(crate) reloads: IntCounterVec,
+    pub(crate) signals: IntCounterVec,
+    pub(crate) probes: IntCounterVec,
+}
+
+impl ControlMetrics {
+    pub fn new(registry: &Registry) -> ControlMetrics {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            metrics::register(registry, metric)
+        };
+        ControlMetrics {
+            registrations: counter(
+                "activator_pod_registrations_total",
+                "Queue-proxy registrations by result",
+                &["result", "event_type"],
+            ),
+            relays: counter(
+                "activator_pod_registration_relays_total",
+                "Registrations relayed to peer activators, by result",
+                &["result"],
+            ),
+            reloads: counter(
+                "kactivator_config_reloads_total",
+                "Configuration file reloads by result",
+                &["result"],
+            ),
+            signals: counter(
+                "activator_pod_passive_signals_total",
+                "Pod signals seen on the request path",
+                &["kind"],
+            ),
+            probes: counter(
+                "activator_pod_probes_total",
+                "Active health probes by result",
+                &["result"],
+            ),
+        }
+    }
+}
+
+/// Starts every source on the current (control) runtime.
+pub fn spawn_all(
+    config: &Config,
+    worker: &WorkerHandle,
+    metrics: &Arc<ControlMetrics>,
+    file: Option<file::FileWatch>,
+    probe_targets: watch::Receiver<Vec<ProbeTarget>>,
+    from_shards: FromShards,
+) {
+    let peers: Arc<Vec<SocketAddr>> = Arc::new(config.cluster.peers.clone());
+    tokio::spawn(registrations::serve(
+        from_shards,
+        worker.clone(),
+        metrics.clone(),
+        peers,
+    ));
+    tokio::spawn(prober::run(
+        probe_targets,
+        worker.clone(),
+        metrics.clone(),
+        Duration::from_millis(config.health.probe_interval_ms),
+        Duration::from_millis(config.health.probe_timeout_ms),
+    ));
+    tokio::spawn(sweep::run(
+        worker.clone(),
+        Duration::from_secs(config.control.stale_sweep_seconds),
+    ));
+    if let Some(file) = file {
+        tokio::spawn(file.run(worker.clone(), metrics.clone()));
+    }
+}
