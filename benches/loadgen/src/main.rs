@@ -1,10 +1,17 @@
-//! kactivator-loadgen: sends exactly `--requests N` HTTP/1.1 keep-alive GET requests over
-//! `--connections C` connections and checks that every response is a 200.
+//! kactivator-loadgen: sends exactly `--requests N` HTTP/1.1 keep-alive GET requests (or as
+//! many as fit in `--duration-secs S`) over `--connections C` connections and checks that every
+//! response is a 200.
 //!
 //! A fixed request count (not a duration) is what instruction-count benchmarks need: run a
 //! proxy under callgrind twice with different counts and the difference divided by the extra
 //! requests is the marginal cost of one proxied request. Plain std, one thread per connection,
 //! one request in flight per connection.
+//!
+//! `--latency` records the round-trip time of every request (write of the request to the last
+//! byte of the response) and prints percentiles of exactly those samples. Unlike wrk 4.1, which
+//! "corrects" for coordinated omission by adding synthetic samples for every stall, this is the
+//! plain closed-loop figure the same-CPU ping-pong benchmark wants: one 4 ms preemption is one
+//! slow request, not a hundred.
 
 #![forbid(unsafe_code)]
 
@@ -25,29 +32,53 @@ const DEFAULT_CONNECTIONS: usize = 10;
 const DEFAULT_TIMEOUT_SECS: u64 = 30;
 /// How many error messages are printed to stderr before the rest are only counted.
 const MAX_REPORTED_ERRORS: usize = 5;
+/// The percentiles `--latency` prints, in per mille (integers keep the ranks exact), with the
+/// key they are printed under.
+const PERCENTILES: [(u64, &str); 4] = [
+    (500, "p50_us"),
+    (900, "p90_us"),
+    (990, "p99_us"),
+    (999, "p999_us"),
+];
 
 const USAGE: &str = "\
-usage: kactivator-loadgen --url http://HOST:PORT/PATH --requests N [--connections C]
-                          [--header 'Name: value']... [--timeout-secs S]
+usage: kactivator-loadgen --url http://HOST:PORT/PATH (--requests N | --duration-secs S)
+                          [--connections C] [--header 'Name: value']... [--timeout-secs S]
+                          [--latency]
 
 Sends exactly N GET requests over C HTTP/1.1 keep-alive connections (request i goes to
-connection i mod C; one request in flight per connection) and checks every response is 200.
+connection i mod C; one request in flight per connection), or, with --duration-secs, sends
+requests on every connection until S seconds have passed, and checks every response is 200.
 Prints `requests=N ok=N errors=E elapsed_ms=T rps=R` and exits 1 if any request failed.
 
   --url URL            http:// URL to request (no https)
   --requests N         total number of requests (0 is allowed: connects nothing)
+  --duration-secs S    instead of --requests: keep sending for S seconds
   --connections C      number of connections, default 10
   --header, -H H       extra request header, repeatable; a Host header replaces the default
   --timeout-secs S     connect/read/write timeout, default 30
+  --latency            also print p50_us, p90_us, p99_us, p999_us and max_us: percentiles of
+                       the round-trip time of every successful request (from writing the
+                       request to reading the last byte of the response), in microseconds
 ";
 
 #[derive(Debug)]
 struct Args {
     target: Target,
-    requests: u64,
+    budget: Budget,
     connections: usize,
     headers: Vec<String>,
     timeout: Duration,
+    latency: bool,
+}
+
+/// How many requests to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Budget {
+    /// Exactly this many, spread over the connections.
+    Requests(u64),
+    /// As many as each connection gets through in this time.
+    Duration(Duration),
 }
 
 #[derive(Debug)]
@@ -69,18 +100,26 @@ fn main() -> ExitCode {
     let request: Arc<[u8]> = build_request(&args.target, &args.headers).into();
 
     let started = Instant::now();
-    let workers: Vec<_> = (0..args.connections)
-        .map(|index| requests_for_connection(args.requests, args.connections, index))
-        .filter(|&count| count > 0)
+    let limits: Vec<Limit> = match args.budget {
+        Budget::Requests(requests) => (0..args.connections)
+            .map(|index| requests_for_connection(requests, args.connections, index))
+            .filter(|&count| count > 0)
+            .map(Limit::Count)
+            .collect(),
+        Budget::Duration(duration) => vec![Limit::Until(started + duration); args.connections],
+    };
+    let workers: Vec<_> = limits
+        .into_iter()
         .enumerate()
-        .map(|(index, count)| {
+        .map(|(index, limit)| {
             let request = Arc::clone(&request);
             let addr = args.target.addr;
             let timeout = args.timeout;
+            let latency = args.latency;
             std::thread::Builder::new()
                 .name(format!("conn-{index}"))
                 .stack_size(256 * 1024)
-                .spawn(move || run_connection(addr, &request, count, timeout))
+                .spawn(move || run_connection(addr, &request, limit, timeout, latency))
                 .expect("spawning a connection thread")
         })
         .collect();
@@ -109,18 +148,58 @@ fn main() -> ExitCode {
     } else {
         0.0
     };
-    println!(
+    let requests = match args.budget {
+        Budget::Requests(requests) => requests,
+        Budget::Duration(_) => total.ok + total.errors,
+    };
+    let mut line = format!(
         "requests={} ok={} errors={} elapsed_ms={} rps={:.0}",
-        args.requests,
+        requests,
         total.ok,
         total.errors,
         elapsed.as_millis(),
         rps
     );
-    if total.errors == 0 && total.ok == args.requests {
+    if args.latency {
+        total.latencies_ns.sort_unstable();
+        for (percentile, key) in PERCENTILES {
+            let _ = write!(
+                line,
+                " {key}={}",
+                micros(percentile_of(&total.latencies_ns, percentile))
+            );
+        }
+        let _ = write!(
+            line,
+            " max_us={}",
+            micros(total.latencies_ns.last().copied())
+        );
+    }
+    println!("{line}");
+    if total.errors == 0 && total.ok == requests {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Nearest-rank percentile of sorted samples: the smallest sample with at least `per_mille` ‰
+/// of the samples at or below it. `None` when there are no samples.
+fn percentile_of(sorted: &[u64], per_mille: u64) -> Option<u64> {
+    let len = sorted.len() as u64;
+    if len == 0 {
+        return None;
+    }
+    let rank = (per_mille * len).div_ceil(1000).clamp(1, len);
+    // rank <= len, which is a usize.
+    Some(sorted[(rank - 1) as usize])
+}
+
+/// Nanoseconds as microseconds with one decimal, `-` for no sample.
+fn micros(nanos: Option<u64>) -> String {
+    match nanos {
+        Some(nanos) => format!("{:.1}", nanos as f64 / 1000.0),
+        None => "-".to_string(),
     }
 }
 
@@ -138,6 +217,8 @@ struct Tally {
     errors: u64,
     /// The first few error messages, for stderr.
     messages: Vec<String>,
+    /// Round-trip time of every successful request, in nanoseconds (with `--latency` only).
+    latencies_ns: Vec<u64>,
 }
 
 impl Tally {
@@ -151,6 +232,7 @@ impl Tally {
     fn merge(&mut self, other: Tally) {
         self.ok += other.ok;
         self.errors += other.errors;
+        self.latencies_ns.extend(other.latencies_ns);
         for message in other.messages {
             if self.messages.len() < MAX_REPORTED_ERRORS {
                 self.messages.push(message);
@@ -159,12 +241,37 @@ impl Tally {
     }
 }
 
-/// Sends `count` requests one after another on one keep-alive connection, reconnecting
-/// (and counting an error) whenever the connection fails or the server closes it.
-fn run_connection(addr: SocketAddr, request: &[u8], count: u64, timeout: Duration) -> Tally {
+/// When one connection stops sending.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    /// After this many requests.
+    Count(u64),
+    /// Once this moment has passed.
+    Until(Instant),
+}
+
+/// Sends requests one after another on one keep-alive connection until `limit`, reconnecting
+/// (and counting an error) whenever the connection fails or the server closes it. With
+/// `latency`, records the round-trip time of every successful request.
+fn run_connection(
+    addr: SocketAddr,
+    request: &[u8],
+    limit: Limit,
+    timeout: Duration,
+    latency: bool,
+) -> Tally {
     let mut tally = Tally::default();
     let mut connection: Option<(TcpStream, ResponseReader<TcpStream>)> = None;
-    for _ in 0..count {
+    let mut sent = 0u64;
+    loop {
+        let more = match limit {
+            Limit::Count(count) => sent < count,
+            Limit::Until(deadline) => Instant::now() < deadline,
+        };
+        if !more {
+            break;
+        }
+        sent += 1;
         if connection.is_none() {
             match connect(addr, timeout) {
                 Ok(pair) => connection = Some(pair),
@@ -176,6 +283,7 @@ fn run_connection(addr: SocketAddr, request: &[u8], count: u64, timeout: Duratio
         }
         // Just filled in above.
         let (writer, reader) = connection.as_mut().expect("connection is open");
+        let started = Instant::now();
         if let Err(e) = writer.write_all(request) {
             tally.record_error(format!("write to {addr}: {e}"));
             connection = None;
@@ -185,6 +293,12 @@ fn run_connection(addr: SocketAddr, request: &[u8], count: u64, timeout: Duratio
             Ok(response) => {
                 if response.status == 200 {
                     tally.ok += 1;
+                    if latency {
+                        let nanos = started.elapsed().as_nanos();
+                        tally
+                            .latencies_ns
+                            .push(u64::try_from(nanos).unwrap_or(u64::MAX));
+                    }
                 } else {
                     tally.record_error(format!("{addr} answered status {}", response.status));
                 }
@@ -236,9 +350,11 @@ fn build_request(target: &Target, headers: &[String]) -> Vec<u8> {
 fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut url = None;
     let mut requests = None;
+    let mut duration_secs: Option<u64> = None;
     let mut connections = DEFAULT_CONNECTIONS;
     let mut headers = Vec::new();
     let mut timeout_secs = DEFAULT_TIMEOUT_SECS;
+    let mut latency = false;
 
     while let Some(arg) = raw.next() {
         let (flag, inline_value) = match arg.split_once('=') {
@@ -251,6 +367,10 @@ fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
             print!("{USAGE}");
             std::process::exit(0);
         }
+        if flag == "--latency" && inline_value.is_none() {
+            latency = true;
+            continue;
+        }
         let mut value = || {
             inline_value
                 .clone()
@@ -260,6 +380,7 @@ fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
         match flag.as_str() {
             "--url" => url = Some(value()?),
             "--requests" | "-n" => requests = Some(parse_number(&flag, &value()?)?),
+            "--duration-secs" => duration_secs = Some(parse_number(&flag, &value()?)?),
             "--connections" | "-c" => connections = parse_number(&flag, &value()?)?,
             "--header" | "-H" => {
                 let header = value()?;
@@ -274,7 +395,15 @@ fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
     }
 
     let url = url.ok_or("--url is required")?;
-    let requests = requests.ok_or("--requests is required")?;
+    let budget = match (requests, duration_secs) {
+        (Some(requests), None) => Budget::Requests(requests),
+        (None, Some(0)) => return Err("--duration-secs must be at least 1".to_string()),
+        (None, Some(secs)) => Budget::Duration(Duration::from_secs(secs)),
+        (None, None) => return Err("--requests or --duration-secs is required".to_string()),
+        (Some(_), Some(_)) => {
+            return Err("--requests and --duration-secs exclude each other".to_string())
+        }
+    };
     if connections == 0 {
         return Err("--connections must be at least 1".to_string());
     }
@@ -283,10 +412,11 @@ fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     Ok(Args {
         target: parse_url(&url)?,
-        requests,
+        budget,
         connections,
         headers,
         timeout: Duration::from_secs(timeout_secs),
+        latency,
     })
 }
 
@@ -360,8 +490,9 @@ mod tests {
             "Knative-Serving-Revision: bench",
         ])
         .unwrap();
-        assert_eq!(parsed.requests, 5);
+        assert_eq!(parsed.budget, Budget::Requests(5));
         assert_eq!(parsed.connections, DEFAULT_CONNECTIONS);
+        assert!(!parsed.latency);
         assert_eq!(parsed.target.addr, "127.0.0.1:18400".parse().unwrap());
         let request = String::from_utf8(build_request(&parsed.target, &parsed.headers)).unwrap();
         assert_eq!(
@@ -411,6 +542,17 @@ mod tests {
         assert!(args(&["--url", "http://127.0.0.1:1/"])
             .unwrap_err()
             .contains("--requests"));
+        assert!(args(&[
+            "--url",
+            "http://127.0.0.1:1/",
+            "--requests",
+            "1",
+            "--duration-secs",
+            "1"
+        ])
+        .unwrap_err()
+        .contains("exclude"));
+        assert!(args(&["--url", "http://127.0.0.1:1/", "--duration-secs", "0"]).is_err());
         assert!(args(&["--url", "https://x/", "--requests", "1"]).is_err());
         assert!(args(&["--url", "http://127.0.0.1:1/", "--requests", "-1"]).is_err());
         assert!(args(&["--url", "http://127.0.0.1:1/", "--requests", "1", "-c", "0"]).is_err());
@@ -424,5 +566,77 @@ mod tests {
         ])
         .is_err());
         assert!(args(&["--url", "http://127.0.0.1:1/", "--requests", "1", "--bogus"]).is_err());
+    }
+
+    #[test]
+    fn duration_and_latency_are_parsed() {
+        let parsed = args(&[
+            "--url",
+            "http://127.0.0.1:1/",
+            "--duration-secs=3",
+            "--latency",
+            "-c",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(parsed.budget, Budget::Duration(Duration::from_secs(3)));
+        assert_eq!(parsed.connections, 1);
+        assert!(parsed.latency);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank_over_sorted_samples() {
+        let samples: Vec<u64> = (1..=1000).collect();
+        assert_eq!(percentile_of(&samples, 500), Some(500));
+        assert_eq!(percentile_of(&samples, 990), Some(990));
+        assert_eq!(percentile_of(&samples, 999), Some(999));
+        assert_eq!(percentile_of(&samples, 1000), Some(1000));
+        assert_eq!(percentile_of(&samples[..10], 990), Some(10));
+        assert_eq!(percentile_of(&[7], 500), Some(7));
+        assert_eq!(percentile_of(&[7], 0), Some(7));
+        assert_eq!(percentile_of(&[], 500), None);
+        assert_eq!(micros(Some(19_449)), "19.4");
+        assert_eq!(micros(None), "-");
+    }
+
+    /// A ping-pong against a tiny keep-alive server on this machine: every request is timed.
+    #[test]
+    fn a_duration_run_times_every_successful_request() {
+        use std::io::{BufRead, BufReader};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut writer = stream.try_clone().unwrap();
+            let mut reader = BufReader::new(stream);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                if line == "\r\n"
+                    && writer
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let target = parse_url(&format!("http://{addr}/")).unwrap();
+        let request = build_request(&target, &[]);
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let tally = run_connection(
+            addr,
+            &request,
+            Limit::Until(deadline),
+            Duration::from_secs(5),
+            true,
+        );
+        assert_eq!(tally.errors, 0, "{:?}", tally.messages);
+        assert!(tally.ok > 0);
+        assert_eq!(tally.latencies_ns.len() as u64, tally.ok);
+        assert!(tally.latencies_ns.iter().all(|&ns| ns > 0));
     }
 }
