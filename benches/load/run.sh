@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Load benchmark: kactivator (io-uring and epoll drivers) against nginx and haproxy, side by side
-# on this machine, in the two 2-core layouts of BENCHMARKS.md, plus callgrind instructions per
-# proxied request. See benches/load/README.md for what the numbers mean.
+# on this machine, in the two 2-core layouts of BENCHMARKS.md (L1, L2) and the same-CPU
+# ping-pong (P1), plus callgrind instructions per proxied request. See benches/load/README.md
+# for what the numbers mean.
 #
-#   bash benches/load/run.sh [--quick] [--rounds N] [--duration SECS] [--no-load]
-#                            [--no-callgrind] [--no-kactivator]
+#   bash benches/load/run.sh [--quick] [--rounds N] [--duration SECS] [--layouts L1,L2,P1]
+#                            [--only-pingpong] [--no-load] [--no-callgrind] [--no-kactivator]
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/load/run.sh   # measure that binary, no build
 set -euo pipefail
 
@@ -16,10 +17,13 @@ usage() {
   cat <<'EOF'
 usage: bash benches/load/run.sh [options]
 
-  --quick            wrk 3 s, 1 round, smaller callgrind counts (a smoke test, not a figure)
-  --rounds N         wrk rounds per layout, order alternating between rounds (default 3)
-  --duration SECS    wrk duration per measurement (default 10)
-  --no-load          skip the wrk layouts
+  --quick            3 s runs, 1 round, smaller callgrind counts (a smoke test, not a figure)
+  --rounds N         rounds per layout, order alternating between rounds (default 3)
+  --duration SECS    duration of each wrk or loadgen run (default 10)
+  --layouts LIST     comma-separated load layouts to run, from L1, L2 (wrk -c50) and P1
+                     (same-CPU ping-pong, alias pingpong); default L1,L2,P1
+  --only-pingpong    only the same-CPU ping-pong: --layouts P1 --no-callgrind
+  --no-load          skip the load layouts
   --no-callgrind     skip the callgrind instruction counts
   --no-kactivator    measure only the direct path and the peers
 
@@ -36,6 +40,7 @@ warmup=1
 callgrind_n1=5000
 callgrind_n2=25000
 callgrind_connections=10
+layouts=(L1 L2 P1)
 want_load=1
 want_callgrind=1
 want_kactivator=1
@@ -44,6 +49,11 @@ while (($#)); do
     --quick) rounds=1 duration=3 callgrind_n1=1000 callgrind_n2=6000 ;;
     --rounds) rounds=${2:?--rounds needs a value}; shift ;;
     --duration) duration=${2:?--duration needs a value}; shift ;;
+    --layouts)
+      IFS=, read -r -a layouts <<<"${2:?--layouts needs a value}"
+      shift
+      ;;
+    --only-pingpong) layouts=(P1) want_callgrind=0 ;;
     --no-load) want_load=0 ;;
     --no-callgrind) want_callgrind=0 ;;
     --no-kactivator) want_kactivator=0 ;;
@@ -54,6 +64,23 @@ while (($#)); do
 done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --rounds must be a positive integer" >&2; exit 2; }
 [[ $duration =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --duration must be a positive integer" >&2; exit 2; }
+((${#layouts[@]})) || { echo "run.sh: --layouts needs at least one of L1, L2, P1" >&2; exit 2; }
+for i in "${!layouts[@]}"; do
+  case ${layouts[i]} in
+    L1 | L2 | P1) ;;
+    pingpong) layouts[i]=P1 ;;
+    *) echo "run.sh: unknown layout '${layouts[i]}' (L1, L2, P1 or pingpong)" >&2; exit 2 ;;
+  esac
+done
+# Each layout once, in the order given.
+deduped=()
+for layout in "${layouts[@]}"; do
+  [[ " ${deduped[*]} " == *" $layout "* ]] || deduped+=("$layout")
+done
+layouts=("${deduped[@]}")
+# want_layout LAYOUT: whether LAYOUT was selected (and the wrk layouts are not skipped).
+want_layout() { ((want_load)) && [[ " ${layouts[*]} " == *" $1 "* ]]; }
+want_load_note() { if ((want_load)); then (IFS=,; echo "${layouts[*]}"); else echo none; fi; }
 
 # === fixed layout of the benchmark ===
 
@@ -262,13 +289,14 @@ require_port_free() {
   done
 }
 
-# cpu_snapshot: prints "busy total ours" in clock ticks. busy = user + nice + system + steal of all
-# CPUs; ours = CPU time of every process we started (and their children, e.g. nginx workers)
-# plus that of this shell's reaped children (wrk). busy - ours is what other work on the machine
+# cpu_snapshot [CPU]: prints "busy total ours" in clock ticks. busy = user + nice + system + steal
+# of all CPUs, or of CPU alone when given (for a layout whose processes all run on that CPU);
+# ours = CPU time of every process we started (and their children, e.g. nginx workers) plus that
+# of this shell's reaped children (wrk). busy - ours is what other work on the machine (on CPU)
 # took while we measured.
 cpu_snapshot() {
   local pid p ticks ours=0 busy_total
-  busy_total=$(awk '/^cpu / { print $2 + $3 + $4 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  busy_total=$(awk -v line="cpu${1:-}" '$1 == line { print $2 + $3 + $4 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
   for pid in "${started_pids[@]}"; do
     for p in $pid $(descendants "$pid"); do
       # Fields after "pid (comm) ": utime and stime are the 12th and 13th.
@@ -304,12 +332,15 @@ kactivator_bin=${KACTIVATOR_BIN:-$repo/target/release/kactivator}
 kactivator_note=
 
 build() {
-  log "building kactivator-loadgen (release)"
-  cargo build --release --quiet -p kactivator-loadgen || die "kactivator-loadgen did not build"
-  local target_dir=${CARGO_TARGET_DIR:-target}
-  [[ $target_dir == /* ]] || target_dir="$repo/$target_dir"
-  loadgen_bin="$target_dir/release/kactivator-loadgen"
-  [[ -x $loadgen_bin ]] || die "kactivator-loadgen built but $loadgen_bin is missing"
+  # The instruction counts and the ping-pong (P1) need the loadgen; L1 and L2 use wrk.
+  if ((want_callgrind)) || want_layout P1; then
+    log "building kactivator-loadgen (release)"
+    cargo build --release --quiet -p kactivator-loadgen || die "kactivator-loadgen did not build"
+    local target_dir=${CARGO_TARGET_DIR:-target}
+    [[ $target_dir == /* ]] || target_dir="$repo/$target_dir"
+    loadgen_bin="$target_dir/release/kactivator-loadgen"
+    [[ -x $loadgen_bin ]] || die "kactivator-loadgen built but $loadgen_bin is missing"
+  fi
 
   ((want_kactivator)) || { kactivator_note="kactivator rows not requested (--no-kactivator)"; return 0; }
   if [[ -n ${KACTIVATOR_BIN:-} ]]; then
@@ -464,44 +495,85 @@ declare -A port_of=(
 declare -A skipped=() # row -> reason
 url_of() { echo "http://127.0.0.1:${port_of[$1]}/"; }
 
-# === wrk layouts ===
+# The load layouts. The proxies always run on $PROXY_CPU.
+#   L1: backend on the proxies' CPU, wrk -c50 on the other one (proxy CPU cost).
+#   L2: proxy alone on its CPU, backend and wrk -c50 on the other one.
+#   P1: same-CPU ping-pong: backend, proxy and one client connection all on $PROXY_CPU, so no
+#       request crosses CPUs (a cross-vCPU wake-up costs ~40 µs here) and the p50/p99 over
+#       direct is the proxy's own added latency. Only the rows the target compares: direct,
+#       kactivator, nginx. The client is kactivator-loadgen, not wrk: wrk 4.1 "corrects" its
+#       latencies for coordinated omission (stats_correct: every sample longer than twice the
+#       mean interval per connection, here ~20-50 µs, gets synthetic samples every interval
+#       below it), so one 4 ms preemption becomes ~100 samples and its p99 measures stalls.
+declare -A layout_backend_cpu=([L1]=$PROXY_CPU [L2]=$CLIENT_CPU [P1]=$PROXY_CPU)
+declare -A layout_client=([L1]=wrk [L2]=wrk [P1]=loadgen)
+declare -A layout_client_cpu=([L1]=$CLIENT_CPU [L2]=$CLIENT_CPU [P1]=$PROXY_CPU)
+declare -A layout_connections=([L1]=50 [L2]=50 [P1]=1)
+declare -A layout_rows=([L1]="${rows[*]}" [L2]="${rows[*]}" [P1]="direct kact-uring kact-epoll nginx")
+# The CPU whose /proc/stat line the foreign-CPU check reads; empty: all CPUs.
+declare -A layout_stat_cpu=([L1]="" [L2]="" [P1]=$PROXY_CPU)
+
+# === load layouts (wrk, and kactivator-loadgen for P1) ===
 
 to_us() { awk -v v="$1" 'BEGIN {
   n = v + 0
   if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1000000; else print n
 }'; }
 
-# measure LAYOUT ROUND ROW SECS: one wrk run; appends a record unless ROUND is "warmup".
+# kv KEY FILE: the value of KEY=value on kactivator-loadgen's summary line in FILE.
+kv() { awk -v k="$1" '/^requests=/ { for (i = 1; i <= NF; i++) if (index($i, k "=") == 1) print substr($i, length(k) + 2) }' "$2"; }
+
+# measure LAYOUT ROUND ROW SECS: one run of the layout's client (wrk, or kactivator-loadgen for
+# P1) on its CPU with its connection count; appends a record unless ROUND is "warmup".
 measure() {
   local layout=$1 round=$2 row=$3 secs=$4 out rps p50 p99 errors before foreign
-  out="$work/wrk-$layout-$round-$row.txt"
-  before=$(cpu_snapshot)
-  if ! taskset -c "$CLIENT_CPU" wrk -t1 -c50 -d"${secs}s" --latency "${ROUTE_HEADERS[@]}" "$(url_of "$row")" >"$out" 2>&1; then
+  local stat_cpu=${layout_stat_cpu[$layout]} client=${layout_client[$layout]}
+  local cpu=${layout_client_cpu[$layout]} connections=${layout_connections[$layout]}
+  out="$work/$client-$layout-$round-$row.txt"
+  before=$(cpu_snapshot "$stat_cpu")
+  if [[ $client == loadgen ]]; then
+    # It exits 1 when a request failed; the errors are counted below.
+    taskset -c "$cpu" "$loadgen_bin" --url "$(url_of "$row")" --connections "$connections" \
+      --duration-secs "$secs" --latency "${ROUTE_HEADERS[@]}" >"$out" 2>&1 || true
+  elif ! taskset -c "$cpu" wrk -t1 -c"$connections" -d"${secs}s" --latency \
+    "${ROUTE_HEADERS[@]}" "$(url_of "$row")" >"$out" 2>&1; then
     cat "$out" >&2
     die "wrk failed against ${label[$row]} ($(url_of "$row"))"
   fi
-  foreign=$(foreign_percent "$before" "$(cpu_snapshot)")
+  foreign=$(foreign_percent "$before" "$(cpu_snapshot "$stat_cpu")")
   [[ $round == warmup ]] && return 0
-  rps=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
-  p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
-  p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
-  errors=$(awk '/Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 }
-                /Non-2xx or 3xx responses:/ { n += $5 }
-                END { print n + 0 }' "$out")
-  [[ -n $rps && -n $p50 && -n $p99 ]] || { cat "$out" >&2; die "could not parse wrk output for ${label[$row]}"; }
+  if [[ $client == loadgen ]]; then
+    rps=$(kv rps "$out")
+    p50=$(kv p50_us "$out")
+    p99=$(kv p99_us "$out")
+    errors=$(kv errors "$out")
+    [[ $p50 != - ]] || p50="" # no successful request
+  else
+    rps=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
+    p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
+    p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
+    errors=$(awk '/Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 }
+                  /Non-2xx or 3xx responses:/ { n += $5 }
+                  END { print n + 0 }' "$out")
+  fi
+  [[ -n $rps && -n $p50 && -n $p99 && -n $errors ]] || { cat "$out" >&2; die "could not parse $client output for ${label[$row]}"; }
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$layout" "$round" "$row" "$rps" "$p50" "$p99" "$errors" "$foreign" >>"$records"
-  raw "--- wrk layout=$layout round=$round row=$row rps=$rps p50_us=$p50 p99_us=$p99 errors=$errors foreign_cpu=$foreign%"
+  raw "--- $client layout=$layout round=$round row=$row rps=$rps p50_us=$p50 p99_us=$p99 errors=$errors foreign_cpu=$foreign%"
   cat "$out" >>"$results"
   local note=""
   ((errors == 0)) || note+=", $errors ERRORS"
-  ((foreign <= FOREIGN_CPU_LIMIT)) || note+=", other processes used $foreign% of the CPUs"
+  ((foreign <= FOREIGN_CPU_LIMIT)) || note+=", other processes used $foreign% of ${stat_cpu:+cpu}${stat_cpu:-the CPUs}"
   log "$layout round $round ${label[$row]}: ${rps} rps, p50 ${p50} us, p99 ${p99} us$note"
 }
 
-# run_layout LAYOUT BACKEND_CPU
+# in_layout LAYOUT ROW: whether the layout measures ROW.
+in_layout() { [[ " ${layout_rows[$1]} " == *" $2 "* ]]; }
+
+# run_layout LAYOUT: starts the layout's servers on their CPUs, measures its rows (warm-up, then
+# --rounds rounds in alternating order) and stops the servers.
 run_layout() {
-  local layout=$1 backend_cpu=$2 row round pids=() order=() active=()
-  log "layout $layout: proxies on cpu$PROXY_CPU, backend on cpu$backend_cpu, wrk on cpu$CLIENT_CPU"
+  local layout=$1 backend_cpu=${layout_backend_cpu[$1]} row round pids=() order=() active=()
+  log "layout $layout: proxies on cpu$PROXY_CPU, backend on cpu$backend_cpu, ${layout_client[$layout]} -c${layout_connections[$layout]} on cpu${layout_client_cpu[$layout]}"
   require_port_free "$BACKEND_PORT" "$NGINX_PORT" "$HAPROXY_PORT" \
     "$KACT_URING_PORT" "$KACT_URING_ADMIN" "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
 
@@ -512,26 +584,31 @@ run_layout() {
   check_proxied "backend" "$(url_of direct)" || die "the nginx backend answers wrongly"
   active+=(direct)
 
-  start_nginx "nginx-$layout" "$PROXY_CPU" "$NGINX_PORT" proxy
-  pids+=("$last_pid")
-  if ! { wait_http "nginx-$layout" "$last_pid" "$(url_of nginx)" "$START_TIMEOUT" &&
-    check_proxied "nginx proxy" "$(url_of nginx)"; }; then
-    die "the nginx proxy (nginx-$layout) did not start"
+  if in_layout "$layout" nginx; then
+    start_nginx "nginx-$layout" "$PROXY_CPU" "$NGINX_PORT" proxy
+    pids+=("$last_pid")
+    if ! { wait_http "nginx-$layout" "$last_pid" "$(url_of nginx)" "$START_TIMEOUT" &&
+      check_proxied "nginx proxy" "$(url_of nginx)"; }; then
+      die "the nginx proxy (nginx-$layout) did not start"
+    fi
+    active+=(nginx)
   fi
-  active+=(nginx)
 
-  start_haproxy "haproxy-$layout" "$PROXY_CPU"
-  pids+=("$last_pid")
-  if ! { wait_http "haproxy-$layout" "$last_pid" "$(url_of haproxy)" "$START_TIMEOUT" &&
-    check_proxied "haproxy" "$(url_of haproxy)"; }; then
-    die "haproxy (haproxy-$layout) did not start"
+  if in_layout "$layout" haproxy; then
+    start_haproxy "haproxy-$layout" "$PROXY_CPU"
+    pids+=("$last_pid")
+    if ! { wait_http "haproxy-$layout" "$last_pid" "$(url_of haproxy)" "$START_TIMEOUT" &&
+      check_proxied "haproxy" "$(url_of haproxy)"; }; then
+      die "haproxy (haproxy-$layout) did not start"
+    fi
+    active+=(haproxy)
   fi
-  active+=(haproxy)
 
   local kact_pid_uring="" kact_pid_epoll=""
   if ((want_kactivator)); then
     for row in kact-uring kact-epoll; do
       [[ -n ${skipped[$row]:-} ]] && continue
+      in_layout "$layout" "$row" || continue
       local driver=io-uring port=$KACT_URING_PORT admin=$KACT_URING_ADMIN
       [[ $row == kact-epoll ]] && driver=epoll port=$KACT_EPOLL_PORT admin=$KACT_EPOLL_ADMIN
       start_kactivator "$row-$layout" "$driver" "$port" "$admin"
@@ -596,16 +673,36 @@ fmt_rps() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN { printf "%.1fk", v / 1000 }' ||
 fmt_us() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN { if (v < 1000) printf "%d µs", v + 0.5; else printf "%.2f ms", v / 1000 }' || printf '—'; }
 ratio() { [[ -n $1 && -n $2 ]] && awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "—" }' || printf '—'; }
 
+# noisy_note WHAT LAYOUT...: a sentence when, in some of those layouts' wrk runs, other processes
+# used more than $FOREIGN_CPU_LIMIT % of WHAT (the CPUs the check reads); nothing otherwise.
+noisy_note() {
+  local what=$1
+  shift
+  awk -F'\t' -v limit="$FOREIGN_CPU_LIMIT" -v layouts=" $* " -v what="$what" 'index(layouts, " " $1 " ") {
+      runs++
+      if ($8 > limit) { n++; if ($8 > max) max = $8 }
+    }
+    END { if (n) printf "in %d of %d runs other processes used more than %d%% of %s (up to %d%%)", n, runs, limit, what, max }' "$records"
+}
+
+# report_load: the table of the 2-core layouts (L1, L2) that ran.
 report_load() {
-  local row layout cells err errors any_errors=0
+  local row layout cells err errors any_errors=0 shown=() header="| path |" rule="|---|"
+  for layout in L1 L2; do
+    want_layout "$layout" || continue
+    shown+=("$layout")
+    header+=" $layout rps | $layout p50 | $layout p99 |"
+    rule+="---|---|---|"
+  done
+  ((${#shown[@]})) || return 0
   echo
   echo "## Throughput and latency (wrk -t1 -c50 -d${duration}s, median of $rounds alternating round(s))"
   echo
-  echo "| path | L1 rps | L1 p50 | L1 p99 | L2 rps | L2 p50 | L2 p99 |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "$header"
+  echo "$rule"
   for row in "${rows[@]}"; do
     cells=""
-    for layout in L1 L2; do
+    for layout in "${shown[@]}"; do
       if [[ -z $(metric "$layout" "$row" 4) ]]; then
         cells+=" skipped | — | — |"
         continue
@@ -625,20 +722,127 @@ report_load() {
     echo "(!N errors) = wrk counted N socket errors or non-2xx responses over the rounds: that row's figures are not valid."
   fi
   local noisy
-  noisy=$(awk -F'\t' -v limit="$FOREIGN_CPU_LIMIT" '$8 > limit { n++; if ($8 > max) max = $8 }
-    END { if (n) printf "in %d of %d wrk runs other processes used more than %d%% of the CPUs (up to %d%%)", n, NR, limit, max }' "$records")
+  noisy=$(noisy_note "the CPUs" "${shown[@]}")
   if [[ -n $noisy ]]; then
     echo
     echo "WARNING: $noisy. The wall-clock figures above are not trustworthy;"
     echo "rerun on a quiet machine (instruction counts are unaffected)."
   fi
   echo
-  echo "| rps ratio, same run | L1 | L2 |"
-  echo "|---|---|---|"
+  header="| rps ratio, same run |"
+  rule="|---|"
+  for layout in "${shown[@]}"; do
+    header+=" $layout |"
+    rule+="---|"
+  done
+  echo "$header"
+  echo "$rule"
   local pair a b
   for pair in kact-uring:nginx kact-epoll:nginx kact-uring:haproxy kact-epoll:haproxy kact-uring:kact-epoll nginx:direct; do
     a=${pair%%:*} b=${pair##*:}
-    echo "| ${label[$a]} ÷ ${label[$b]} | $(ratio "$(metric L1 "$a" 4)" "$(metric L1 "$b" 4)") | $(ratio "$(metric L2 "$a" 4)" "$(metric L2 "$b" 4)") |"
+    cells=""
+    for layout in "${shown[@]}"; do
+      cells+=" $(ratio "$(metric "$layout" "$a" 4)" "$(metric "$layout" "$b" 4)") |"
+    done
+    echo "| ${label[$a]} ÷ ${label[$b]} |$cells"
+  done
+}
+
+# fmt_added_us MICROSECONDS: a signed latency difference, "+18 µs" or "+1.25 ms".
+fmt_added_us() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN {
+  a = v < 0 ? -v : v
+  if (a < 1000) printf "%+d µs", (v < 0 ? v - 0.5 : v + 0.5); else printf "%+.2f ms", v / 1000
+}' || printf '—'; }
+
+# added LAYOUT ROW COLUMN: ROW's median of a records column (5 p50, 6 p99) minus the direct row's,
+# in µs; empty if either is missing.
+added() {
+  local a b
+  a=$(metric "$1" "$2" "$3")
+  b=$(metric "$1" direct "$3")
+  [[ -n $a && -n $b ]] || return 0
+  awk -v a="$a" -v b="$b" 'BEGIN { print a - b }'
+}
+
+# added_per_round LAYOUT ROW COLUMN: ROW's figure minus the direct row's in the same round, for
+# each round, comma-separated, in µs.
+added_per_round() {
+  awk -F'\t' -v l="$1" -v r="$2" -v c="$3" '$1 == l && $3 == "direct" { d[$2] = $c }
+    $1 == l && $3 == r { v[$2] = $c }
+    END {
+      for (k = 1; k in v || k in d; k++) if (k in v && k in d) {
+        out = out sep sprintf("%+.0f", v[k] - d[k]); sep = ", "
+      }
+      print out
+    }' "$records"
+}
+
+# report_pingpong: the same-CPU ping-pong (P1) table and the latency each proxy adds over direct.
+report_pingpong() {
+  want_layout P1 || return 0
+  local row p50 p99 errors err any_errors=0 add50 add99 nginx_p99 verdict
+  echo
+  echo "## Same-CPU ping-pong (P1: backend, proxy and client on cpu$PROXY_CPU; kactivator-loadgen, 1 connection, ${duration}s, median of $rounds alternating round(s))"
+  echo
+  echo "| path | p50 | p99 | adds at p50 | adds at p99 | p50 added, per round (µs) | p99 added, per round (µs) | rps |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for row in ${layout_rows[P1]}; do
+    p50=$(metric P1 "$row" 5)
+    if [[ -z $p50 ]]; then
+      echo "| ${label[$row]} | skipped | — | — | — | — | — | — |"
+      continue
+    fi
+    p99=$(metric P1 "$row" 6)
+    errors=$(metric P1 "$row" 7)
+    err=""
+    if ((errors > 0)); then
+      any_errors=1
+      err=" (!$errors errors)"
+    fi
+    if [[ $row == direct ]]; then
+      echo "| ${label[$row]} | $(fmt_us "$p50") | $(fmt_us "$p99") | — | — | — | — | $(fmt_rps "$(metric P1 "$row" 4)")$err |"
+      continue
+    fi
+    echo "| ${label[$row]} | $(fmt_us "$p50") | $(fmt_us "$p99") | $(fmt_added_us "$(added P1 "$row" 5)") | $(fmt_added_us "$(added P1 "$row" 6)") | $(added_per_round P1 "$row" 5) | $(added_per_round P1 "$row" 6) | $(fmt_rps "$(metric P1 "$row" 4)")$err |"
+  done
+  if ((any_errors)); then
+    echo
+    echo "(!N errors) = wrk counted N socket errors or non-2xx responses over the rounds: that row's figures are not valid."
+  fi
+  local noisy
+  noisy=$(noisy_note "cpu$PROXY_CPU" P1)
+  if [[ -n $noisy ]]; then
+    echo
+    echo "WARNING: $noisy. The latency figures above are not trustworthy;"
+    echo "rerun on a quiet machine."
+  fi
+  # The only peer in P1 is nginx, so it is the best peer of the p99 target.
+  nginx_p99=$(metric P1 nginx 6)
+  echo
+  echo "Added latency over direct (p50 and p99 of each row minus those of direct, medians over the rounds);"
+  echo "target (BENCHMARKS.md): kactivator adds ≤ 30 µs at p50, and its p99 is no worse than the best peer's (here nginx):"
+  echo
+  for row in ${layout_rows[P1]}; do
+    [[ $row == direct ]] && continue
+    add50=$(added P1 "$row" 5)
+    add99=$(added P1 "$row" 6)
+    [[ -n $add50 ]] || continue
+    verdict=""
+    if [[ $row == kact-* ]]; then
+      if awk -v a="$add50" 'BEGIN { exit !(a <= 30) }'; then verdict=" (p50 target met"; else verdict=" (p50 target NOT met"; fi
+      if [[ -n $nginx_p99 ]]; then
+        if awk -v a="$(metric P1 "$row" 6)" -v b="$nginx_p99" 'BEGIN { exit !(a <= b) }'; then
+          verdict+="; p99 no worse than nginx)"
+        else
+          verdict+="; p99 worse than nginx)"
+        fi
+      else
+        verdict+=")"
+      fi
+    fi
+    add50=$(fmt_added_us "$add50")
+    add99=$(fmt_added_us "$add99")
+    echo "- ${label[$row]} adds ${add50#+} at p50, ${add99#+} at p99$verdict"
   done
 }
 
@@ -764,14 +968,16 @@ report_callgrind() {
 # === main ===
 
 started_at=$SECONDS
+install_tools # before the header, which asks the tools for their versions
+callgrind_note=no
+((want_callgrind)) && callgrind_note="N1=$callgrind_n1 N2=$callgrind_n2"
 {
   echo "kactivator load benchmark $stamp"
   echo "host: $(uname -r), $(nproc) CPUs; $(wrk --version 2>&1 | head -n 1); $(nginx -v 2>&1); $(haproxy -v | head -n 1)"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)')"
-  echo "options: rounds=$rounds duration=${duration}s callgrind N1=$callgrind_n1 N2=$callgrind_n2 kactivator=$kactivator_bin"
+  echo "options: rounds=$rounds duration=${duration}s layouts=$(want_load_note) callgrind=$callgrind_note kactivator=$kactivator_bin"
 } >>"$results"
 
-install_tools
 build
 if ((!want_kactivator)); then
   skipped[kact-uring]=$kactivator_note
@@ -779,8 +985,7 @@ if ((!want_kactivator)); then
 fi
 
 if ((want_load)); then
-  run_layout L1 "$PROXY_CPU"
-  run_layout L2 "$CLIENT_CPU"
+  for layout in "${layouts[@]}"; do run_layout "$layout"; done
 fi
 if ((want_callgrind)); then
   run_callgrind
@@ -789,7 +994,10 @@ fi
 {
   echo
   echo "# kactivator load benchmark, $stamp ($(nproc) CPUs, $(uname -r))"
-  if ((want_load)); then report_load; fi
+  if ((want_load)); then
+    report_load
+    report_pingpong
+  fi
   if ((want_callgrind)); then report_callgrind; fi
   echo
   for row in "${!skipped[@]}"; do
