@@ -1,6 +1,8 @@
 //! The `kactivator` binary: parses the command line, wires the control thread to the shards, and
 //! runs until drained.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 mod demo;
 mod start;

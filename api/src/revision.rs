@@ -58,6 +58,7 @@ impl RevisionKey {
 
     /// Writes `namespace/name` into `out` (cleared first): the text a map keyed by
     /// `RevisionKey` is searched with, spelled without allocating a key.
+    #[inline]
     pub fn spell(namespace: &str, name: &str, out: &mut String) {
         out.clear();
         out.push_str(namespace);

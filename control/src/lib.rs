@@ -6,6 +6,8 @@
 //! shard. The admin server reads shard counters and the worker's health; it never writes.
 //! Start-up goes the same way: the file's first view is a batch through the worker.
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod config;
 pub mod features;

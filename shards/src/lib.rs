@@ -19,6 +19,11 @@
 //! outcome}`, `throttle`, `routing` (types), `http1::{rewrite, reframe}`, `runtime::topology`'s
 //! parsers and `upstream::error`; the rest is the shell around them.
 
+// Unsafe code is allowed in three places only, each saying why at its `allow`: the
+// non-blocking socket calls of the HTTP/1 front (`http1::io`) and of the pool (`upstream::pool`),
+// and the recycled exchange blocks (`runtime::blocks`).
+#![deny(unsafe_code)]
+
 pub mod http1;
 pub mod metrics;
 pub mod request;

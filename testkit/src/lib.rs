@@ -6,6 +6,8 @@
 //! `/bytes` and verified by `/sink`, [`ports`] hands out free local ports, and
 //! [`queue_proxy`] sends pod registrations the way the fork's queue-proxy does.
 
+#![forbid(unsafe_code)]
+
 pub mod backend;
 pub mod pattern;
 pub mod ports;

@@ -50,6 +50,7 @@ impl RequestHead {
     }
 
     /// First header with this name (ASCII case-insensitive), value bytes.
+    #[inline]
     pub fn header<'b>(&self, buf: &'b [u8], name: &str) -> Option<&'b [u8]> {
         find_header(&self.headers, buf, name)
     }
@@ -80,6 +81,7 @@ impl RequestHead {
     }
 }
 
+#[inline]
 pub(crate) fn find_header<'b>(
     headers: &[HeaderSpan],
     buf: &'b [u8],

@@ -13,11 +13,12 @@ use kactivator_api::{headers, messages};
 use kactivator_h1::{
     parse_request, BodyKind, HeadError, Method, Parsed, RequestHead, ResponseHead, Version,
 };
-use monoio::io::{AsyncWriteRent, Canceller, OwnedReadHalf, OwnedWriteHalf, Splitable};
+use monoio::io::{AsyncWriteRent, OwnedReadHalf, Splitable};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use std::net::SocketAddr;
 
+use super::client::{answer_error, answer_locally, ClientConn, RequestMeta};
 use super::exchange::{exchange, WATCH_LIMIT};
 use super::io::{client_readable, write_all};
 use super::registration::{is_registration_path, register_pod};
@@ -27,7 +28,7 @@ use crate::request::deadlines::Deadlines;
 use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
 use crate::request::identity;
-use crate::request::outcome::{conclude, Concluded, Ended, Next, RequestShape};
+use crate::request::outcome::{conclude, Concluded, Ended, Next};
 use crate::request::probes::{self, Health};
 use crate::request::retry::may_retry;
 use crate::routing::replica::LocalRevision;
@@ -41,61 +42,6 @@ use crate::upstream::error::UpstreamError;
 /// `ReadHeaderTimeout` on the activator's server is one minute).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The downstream side of a connection and its reusable scratch buffers.
-pub(super) struct ClientConn {
-    pub(super) reader: OwnedReadHalf<TcpStream>,
-    pub(super) writer: OwnedWriteHalf<TcpStream>,
-    pub(super) inbuf: InBuf,
-    /// Outbound request head and body bytes on their way to the pod.
-    pub(super) request_out: Vec<u8>,
-    /// Response bytes on their way to the client.
-    pub(super) response_out: Vec<u8>,
-    /// The client's IP as text, for `X-Forwarded-For`; formatted once per connection.
-    peer_ip: Vec<u8>,
-    /// Interrupts the read-ahead on the client once a response is complete; one per connection,
-    /// made by its first exchange (a connection that only waits in a queue never needs one).
-    pub(super) canceller: Option<Canceller>,
-    pub(super) head: RequestHead,
-    pub(super) response_head: ResponseHead,
-    pub(super) request_id: String,
-}
-
-/// What the exchange needs to know about the request once its head is consumed.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct RequestMeta {
-    pub(super) method: Method,
-    pub(super) version: Version,
-    pub(super) body: BodyKind,
-    pub(super) keep_alive: bool,
-    pub(super) upgrade: bool,
-}
-
-impl RequestMeta {
-    fn of(head: &RequestHead) -> RequestMeta {
-        RequestMeta {
-            method: head.method,
-            version: head.version,
-            body: head.body,
-            keep_alive: head.keep_alive(),
-            upgrade: head.upgrade.is_some(),
-        }
-    }
-
-    pub(super) fn shape(&self) -> RequestShape {
-        RequestShape {
-            keep_alive: self.keep_alive,
-            bodiless: self.body == BodyKind::Empty,
-            upgrade: self.upgrade,
-        }
-    }
-
-    /// A bodiless, non-upgrade request is written to the pod in one piece and kept in
-    /// `request_out` afterwards, so it can be replayed on another pod without a copy.
-    pub(super) fn keeps_head(&self) -> bool {
-        self.body == BodyKind::Empty && !self.upgrade
-    }
-}
-
 /// An HTTP/1 request head as the request path reads it.
 struct H1Headers<'a> {
     head: &'a RequestHead,
@@ -103,10 +49,12 @@ struct H1Headers<'a> {
 }
 
 impl RequestHeaders for H1Headers<'_> {
+    #[inline]
     fn get(&self, name: &str) -> Option<&[u8]> {
         self.head.header(self.buf, name)
     }
 
+    #[inline]
     fn authority(&self) -> Option<&[u8]> {
         self.head.header(self.buf, headers::HOST)
     }
@@ -405,7 +353,7 @@ async fn proxy_request(
             namespace,
             revision: serving,
             ..
-        } = failure
+        } = &**failure
         {
             tracing::warn!(
                 request_id = %conn.request_id,
@@ -468,47 +416,6 @@ impl ClientWatch for Watch<'_> {
     async fn absorb(&mut self) -> bool {
         matches!(self.inbuf.fill(self.reader).await, Ok(read) if read > 0)
     }
-}
-
-/// Answers with a response the activator made itself.
-pub(super) async fn answer_locally(
-    conn: &mut ClientConn,
-    response: &LocalResponse<'_>,
-    client: ClientSide,
-) -> Next {
-    conn.response_out.clear();
-    rewrite::write_local_response(response, client, &mut conn.response_out);
-    match write_all(&mut conn.writer, &mut conn.response_out).await {
-        Ok(()) if client.keep_alive => Next::KeepAlive,
-        _ => Next::Close,
-    }
-}
-
-/// Answers with an error of the activator's own; the connection carries another request only
-/// if `keep_alive` and the answer was written.
-pub(super) async fn answer_error(
-    conn: &mut ClientConn,
-    meta: RequestMeta,
-    status: u16,
-    body: &[u8],
-    go_error_style: bool,
-    keep_alive: bool,
-) -> Next {
-    answer_locally(
-        conn,
-        &LocalResponse {
-            status,
-            body,
-            extra_header: None,
-            error_style: go_error_style,
-        },
-        ClientSide {
-            version: meta.version,
-            keep_alive,
-            head_only: meta.method == Method::Head,
-        },
-    )
-    .await
 }
 
 impl Shard {

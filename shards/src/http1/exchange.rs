@@ -20,7 +20,7 @@ use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 
-use super::connection::{ClientConn, RequestMeta};
+use super::client::{ClientConn, RequestMeta};
 use super::io::{send_now, write_all, write_rest};
 use super::reframe::{reframe, Reframed};
 use super::rewrite::{self, client_framing, ClientFraming};
@@ -252,7 +252,7 @@ pub(super) async fn exchange(
             let error = if client_gone {
                 RequestError::ClientGone
             } else {
-                RequestError::Upstream(error)
+                RequestError::from(error)
             };
             Ended::Failed {
                 error,

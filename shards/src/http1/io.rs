@@ -2,6 +2,9 @@
 //! send that puts a pod's request on the wire before the ring is submitted, and the readiness
 //! wait of a queued request.
 
+// A non-blocking send and a readiness wait on sockets the reactor owns (see each SAFETY).
+#![allow(unsafe_code)]
+
 use std::io;
 use std::os::fd::RawFd;
 

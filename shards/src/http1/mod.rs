@@ -3,6 +3,7 @@
 //! the pod. The framing itself is the sans-IO codec `kactivator-h1`; [`rewrite`] and
 //! [`reframe`] are the pure pieces of relaying.
 
+mod client;
 mod connection;
 pub mod date;
 mod exchange;

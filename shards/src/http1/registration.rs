@@ -9,7 +9,7 @@ use kactivator_api::{headers, registration};
 use kactivator_h1::{BodyDecoder, BodyEvent, BodyKind};
 use monoio::time::Instant;
 
-use super::connection::{answer_error, answer_locally, ClientConn, RequestMeta};
+use super::client::{answer_error, answer_locally, ClientConn, RequestMeta};
 use super::rewrite::{ClientSide, LocalResponse};
 use crate::request::outcome::{keeps_connection_after_answer, Next};
 use crate::runtime::race::{race, Either};

@@ -48,6 +48,7 @@ const PROXY_HEADERS: &[u8] = b"K-Proxy-Request: activator\r\nX-Forwarded-For: ";
 ///
 /// The pod is not known yet when the head is rewritten (the request may wait for one), so the
 /// `Host` line is left out and its offset returned; [`insert_host`] adds it once a pod is picked.
+#[inline]
 pub fn write_request_head(
     head: &RequestHead,
     buf: &[u8],

@@ -36,8 +36,9 @@ pub enum RequestError {
     TimedOut,
     /// The revision left routing while the request waited for it.
     RevisionGone,
-    /// Talking to the pod failed.
-    Upstream(UpstreamError),
+    /// Talking to the pod failed. Boxed: errors are rare, and a small error keeps every
+    /// request's outcome small (it is moved through the exchange's return on every request).
+    Upstream(Box<UpstreamError>),
 }
 
 impl RequestError {
@@ -102,7 +103,7 @@ impl fmt::Display for RequestError {
 
 impl From<UpstreamError> for RequestError {
     fn from(error: UpstreamError) -> RequestError {
-        RequestError::Upstream(error)
+        RequestError::Upstream(Box::new(error))
     }
 }
 
@@ -143,7 +144,7 @@ mod tests {
                 b"revision is no longer served\n",
             ),
             (
-                RequestError::Upstream(refused),
+                RequestError::from(refused),
                 Fault::Pod,
                 502,
                 true,

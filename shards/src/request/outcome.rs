@@ -164,7 +164,7 @@ mod tests {
     }
 
     fn dial_refused() -> RequestError {
-        RequestError::Upstream(UpstreamError::Connect {
+        RequestError::from(UpstreamError::Connect {
             addr: "10.0.0.1:8012".parse().unwrap(),
             cause: crate::upstream::error::TransportCause::Refused,
         })

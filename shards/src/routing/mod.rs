@@ -15,6 +15,7 @@ use std::time::Duration;
 use kactivator_api::RevisionKey;
 
 use crate::throttle::gate::RevisionGate;
+pub use crate::throttle::lb::LbPolicy;
 use crate::throttle::slots::PodSlots;
 
 /// Default most requests waiting for a slot per revision: 10 000, the queue depth of upstream's
@@ -30,47 +31,6 @@ pub enum Protocol {
     #[default]
     Http1,
     H2c,
-}
-
-/// How a revision spreads requests over its pods.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LbPolicy {
-    RandomChoice2,
-    FirstAvailable,
-    RoundRobin,
-    LeastConnections,
-}
-
-impl LbPolicy {
-    /// Upstream's default by containerConcurrency: 0 → random-choice-2, 1..=3 → first-available,
-    /// more → round-robin.
-    pub fn default_for(container_concurrency: u32) -> LbPolicy {
-        match container_concurrency {
-            0 => LbPolicy::RandomChoice2,
-            1..=3 => LbPolicy::FirstAvailable,
-            _ => LbPolicy::RoundRobin,
-        }
-    }
-
-    /// Parses the names used by the fork's `loadBalancingPolicy` field.
-    pub fn parse(text: &str) -> Option<LbPolicy> {
-        match text {
-            "random-choice-2" => Some(LbPolicy::RandomChoice2),
-            "first-available" => Some(LbPolicy::FirstAvailable),
-            "round-robin" => Some(LbPolicy::RoundRobin),
-            "least-connections" => Some(LbPolicy::LeastConnections),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LbPolicy::RandomChoice2 => "random-choice-2",
-            LbPolicy::FirstAvailable => "first-available",
-            LbPolicy::RoundRobin => "round-robin",
-            LbPolicy::LeastConnections => "least-connections",
-        }
-    }
 }
 
 /// The three per-request timers of a revision. Time queued in the activator counts against all.

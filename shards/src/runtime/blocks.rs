@@ -7,6 +7,9 @@
 //! malloc and a free of several KiB each time; instead each shard keeps the blocks its exchanges
 //! gave back and reuses them, so a busy shard allocates only when its concurrency grows.
 
+// Blocks are raw allocations a future is placed into and dropped from (see each SAFETY).
+#![allow(unsafe_code)]
+
 use std::alloc::Layout;
 use std::cell::{Cell, RefCell};
 use std::future::Future;

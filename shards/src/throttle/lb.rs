@@ -14,7 +14,46 @@
 
 use std::sync::Arc;
 
-use crate::routing::LbPolicy;
+/// How a revision spreads requests over its pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LbPolicy {
+    RandomChoice2,
+    FirstAvailable,
+    RoundRobin,
+    LeastConnections,
+}
+
+impl LbPolicy {
+    /// Upstream's default by containerConcurrency: 0 → random-choice-2, 1..=3 → first-available,
+    /// more → round-robin.
+    pub fn default_for(container_concurrency: u32) -> LbPolicy {
+        match container_concurrency {
+            0 => LbPolicy::RandomChoice2,
+            1..=3 => LbPolicy::FirstAvailable,
+            _ => LbPolicy::RoundRobin,
+        }
+    }
+
+    /// Parses the names used by the fork's `loadBalancingPolicy` field.
+    pub fn parse(text: &str) -> Option<LbPolicy> {
+        match text {
+            "random-choice-2" => Some(LbPolicy::RandomChoice2),
+            "first-available" => Some(LbPolicy::FirstAvailable),
+            "round-robin" => Some(LbPolicy::RoundRobin),
+            "least-connections" => Some(LbPolicy::LeastConnections),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LbPolicy::RandomChoice2 => "random-choice-2",
+            LbPolicy::FirstAvailable => "first-available",
+            LbPolicy::RoundRobin => "round-robin",
+            LbPolicy::LeastConnections => "least-connections",
+        }
+    }
+}
 
 /// Largest pod list least-connections orders on the stack; longer lists pay one allocation.
 pub const INLINE_PODS: usize = 64;

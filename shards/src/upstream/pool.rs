@@ -5,6 +5,9 @@
 //! sat idle, so a stale connection is dropped before a request is written to it. Connections idle
 //! longer than the idle timeout are closed by a sweep.
 
+// A non-blocking MSG_PEEK on an idle connection (see its SAFETY).
+#![allow(unsafe_code)]
+
 use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;

@@ -3,6 +3,8 @@
 //!
 //! Prints `listening on <addr>` once ready and serves until SIGTERM or SIGINT.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;

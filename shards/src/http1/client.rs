@@ -1,0 +1,108 @@
+//! The client side of an HTTP/1 connection as the front's modules share it: the connection's
+//! halves and scratch buffers, what is known of the current request, and the answers the
+//! activator writes itself.
+
+use kactivator_h1::{BodyKind, Method, RequestHead, ResponseHead, Version};
+use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
+use monoio::net::TcpStream;
+
+use super::io::write_all;
+use super::rewrite::{self, ClientSide, LocalResponse};
+use crate::request::outcome::{Next, RequestShape};
+use crate::runtime::buffer::InBuf;
+
+/// The downstream side of a connection and its reusable scratch buffers.
+pub(super) struct ClientConn {
+    pub(super) reader: OwnedReadHalf<TcpStream>,
+    pub(super) writer: OwnedWriteHalf<TcpStream>,
+    pub(super) inbuf: InBuf,
+    /// Outbound request head and body bytes on their way to the pod.
+    pub(super) request_out: Vec<u8>,
+    /// Response bytes on their way to the client.
+    pub(super) response_out: Vec<u8>,
+    /// The client's IP as text, for `X-Forwarded-For`; formatted once per connection.
+    pub(super) peer_ip: Vec<u8>,
+    /// Interrupts the read-ahead on the client once a response is complete; one per connection,
+    /// made by its first exchange (a connection that only waits in a queue never needs one).
+    pub(super) canceller: Option<Canceller>,
+    pub(super) head: RequestHead,
+    pub(super) response_head: ResponseHead,
+    pub(super) request_id: String,
+}
+
+/// What the exchange needs to know about the request once its head is consumed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RequestMeta {
+    pub(super) method: Method,
+    pub(super) version: Version,
+    pub(super) body: BodyKind,
+    pub(super) keep_alive: bool,
+    pub(super) upgrade: bool,
+}
+
+impl RequestMeta {
+    pub(super) fn of(head: &RequestHead) -> RequestMeta {
+        RequestMeta {
+            method: head.method,
+            version: head.version,
+            body: head.body,
+            keep_alive: head.keep_alive(),
+            upgrade: head.upgrade.is_some(),
+        }
+    }
+
+    pub(super) fn shape(&self) -> RequestShape {
+        RequestShape {
+            keep_alive: self.keep_alive,
+            bodiless: self.body == BodyKind::Empty,
+            upgrade: self.upgrade,
+        }
+    }
+
+    /// A bodiless, non-upgrade request is written to the pod in one piece and kept in
+    /// `request_out` afterwards, so it can be replayed on another pod without a copy.
+    pub(super) fn keeps_head(&self) -> bool {
+        self.body == BodyKind::Empty && !self.upgrade
+    }
+}
+
+/// Answers with a response the activator made itself.
+pub(super) async fn answer_locally(
+    conn: &mut ClientConn,
+    response: &LocalResponse<'_>,
+    client: ClientSide,
+) -> Next {
+    conn.response_out.clear();
+    rewrite::write_local_response(response, client, &mut conn.response_out);
+    match write_all(&mut conn.writer, &mut conn.response_out).await {
+        Ok(()) if client.keep_alive => Next::KeepAlive,
+        _ => Next::Close,
+    }
+}
+
+/// Answers with an error of the activator's own; the connection carries another request only
+/// if `keep_alive` and the answer was written.
+pub(super) async fn answer_error(
+    conn: &mut ClientConn,
+    meta: RequestMeta,
+    status: u16,
+    body: &[u8],
+    go_error_style: bool,
+    keep_alive: bool,
+) -> Next {
+    answer_locally(
+        conn,
+        &LocalResponse {
+            status,
+            body,
+            extra_header: None,
+            error_style: go_error_style,
+        },
+        ClientSide {
+            version: meta.version,
+            keep_alive,
+            head_only: meta.method == Method::Head,
+        },
+    )
+    .await
+}
