@@ -309,9 +309,9 @@ struct Revision {
     activators: Option<Activators>,
     /// Cluster-IP mode's one target; kept across publishes so its in-flight count carries over.
     virtual_tracker: Option<Arc<PodTracker>>,
-    /// Spec and targets (address, capacity) of the last published route, to skip identical
+    /// Spec and targets (tracker, capacity) of the last published route, to skip identical
     /// republishes.
-    published: Option<(RevisionSpec, Vec<(SocketAddr, u32)>)>,
+    published: Option<(RevisionSpec, Vec<(u64, u32)>)>,
 }
 
 impl Revision {
@@ -575,10 +575,26 @@ impl PodStates {
                 tracker,
                 kind,
             } => {
-                let current = self
-                    .revisions
-                    .get(&revision)
-                    .and_then(|entry| entry.pods.get(&addr))
+                let Some(entry) = self.revisions.get_mut(&revision) else {
+                    return Ok(());
+                };
+                if entry
+                    .virtual_tracker
+                    .as_ref()
+                    .is_some_and(|service| service.id == tracker)
+                {
+                    // About cluster-IP mode's Service: no pod to blame. A reuse verdict retired
+                    // the target on every shard; a fresh one takes its place rather than leave
+                    // the revision with nowhere to go.
+                    if matches!(kind, EvidenceKind::IpReused { .. }) {
+                        entry.virtual_tracker = None;
+                        self.dirty.insert(revision);
+                    }
+                    return Ok(());
+                }
+                let current = entry
+                    .pods
+                    .get(&addr)
                     .is_some_and(|tracked| tracked.tracker.id == tracker);
                 if !current {
                     // About a tracker that is gone or was replaced: nothing to say any more.
@@ -966,29 +982,17 @@ impl PodStates {
                 (targets, capacity, pods)
             }
         };
-        if entry
-            .published
-            .as_ref()
-            .is_some_and(|(published_spec, published)| {
-                *published_spec == spec && *published == targets
-            })
-        {
-            return;
-        }
-        // Cluster-IP mode's target is a tracker of its own, replaced when the Service moves.
+        // Cluster-IP mode's target is a tracker of its own, kept while the Service stays put.
         let virtual_tracker = match spec.cluster_ip {
-            Some(service) => {
-                let current = entry
-                    .virtual_tracker
-                    .take()
-                    .filter(|tracker| tracker.addr == service);
-                if let Some(old) = entry.virtual_tracker.take() {
-                    old.slots.set_capacity(0);
+            Some(service) => Some(match entry.virtual_tracker.take() {
+                Some(tracker) if tracker.addr == service => tracker,
+                replaced => {
+                    if let Some(old) = replaced {
+                        old.slots.set_capacity(0);
+                    }
+                    Arc::new(PodTracker::new(service, 0))
                 }
-                let tracker = current.unwrap_or_else(|| Arc::new(PodTracker::new(service, 0)));
-                entry.virtual_tracker = Some(tracker.clone());
-                Some(tracker)
-            }
+            }),
             None => {
                 if let Some(old) = entry.virtual_tracker.take() {
                     old.slots.set_capacity(0);
@@ -996,6 +1000,28 @@ impl PodStates {
                 None
             }
         };
+        entry.virtual_tracker = virtual_tracker.clone();
+        let trackers: Vec<Arc<PodTracker>> = match &virtual_tracker {
+            Some(tracker) if !targets.is_empty() => vec![tracker.clone()],
+            Some(_) => Vec::new(),
+            None => targets
+                .iter()
+                .map(|(addr, _)| entry.pods[addr].tracker.clone())
+                .collect(),
+        };
+        // The same addresses with other trackers (a pod replaced at its address) is a change.
+        let published: Vec<(u64, u32)> = trackers
+            .iter()
+            .zip(&targets)
+            .map(|(tracker, (_, slots))| (tracker.id, *slots))
+            .collect();
+        if entry
+            .published
+            .as_ref()
+            .is_some_and(|(published_spec, last)| *published_spec == spec && *last == published)
+        {
+            return;
+        }
         // Trackers outside the route keep counting their in-flight requests but take no new
         // ones through a stale replica: their capacity drops to zero at once.
         let share_of = |addr: &SocketAddr| {
@@ -1022,14 +1048,7 @@ impl PodStates {
             protocol: spec.protocol,
             timeouts: spec.timeouts,
             lb_policy: spec.lb_policy,
-            pods: match &virtual_tracker {
-                Some(tracker) if !targets.is_empty() => vec![tracker.clone()],
-                Some(_) => Vec::new(),
-                None => targets
-                    .iter()
-                    .map(|(addr, _)| entry.pods[addr].tracker.clone())
-                    .collect(),
-            },
+            pods: trackers,
             gate: entry.gate.clone(),
             queue_depth: spec.queue_depth,
         };
@@ -1038,7 +1057,7 @@ impl PodStates {
             pods,
             capacity,
         });
-        entry.published = Some((spec, targets));
+        entry.published = Some((spec, published));
         self.version += 1;
         self.updates.push(RoutingUpdate::Upsert {
             version: self.version,
@@ -1740,6 +1759,88 @@ mod tests {
         let route = last_route(&states.take_updates(), "a").unwrap();
         assert_eq!(route.len(), 1);
         assert_ne!(route[0].0, service);
+    }
+
+    #[test]
+    fn a_pod_replaced_at_its_address_within_one_op_is_published_with_its_new_tracker() {
+        let mut states = states();
+        let pod = "10.0.0.1:8012";
+        states
+            .apply(declare(&[("a", 2, &[pod])], Gates::HYBRID), at(0))
+            .unwrap();
+        let old = last_upsert(&states.take_updates()).pods[0].clone();
+        // Gone and back in one batch: same address, same share, another tracker.
+        states
+            .apply(
+                Op::Batch(vec![
+                    Op::RemovePod {
+                        revision: key("a"),
+                        addr: addr(pod),
+                        reason: Reason::IpReused,
+                        source: Source::Prober,
+                    },
+                    Op::SetEndpoints {
+                        revision: key("a"),
+                        ready: vec![addr(pod)],
+                        scope: OmissionScope::ListedPods,
+                    },
+                ]),
+                at(1),
+            )
+            .unwrap();
+        let route = last_upsert(&states.take_updates()).clone();
+        assert!(
+            !Arc::ptr_eq(&route.pods[0], &old),
+            "the new pod's tracker is routed"
+        );
+        assert_eq!(route.pods[0].slots.capacity(), 2);
+        assert_eq!(old.slots.capacity(), 0);
+    }
+
+    #[test]
+    fn cluster_ip_mode_gets_a_fresh_target_when_the_service_moves_or_is_retired() {
+        let mut states = states();
+        let mut service = spec("a", 0);
+        service.cluster_ip = Some(addr("10.96.0.5:80"));
+        states
+            .apply(
+                Op::Batch(vec![
+                    Op::UpsertRevision(service.clone()),
+                    Op::SetEndpoints {
+                        revision: key("a"),
+                        ready: vec![addr("10.0.0.1:8012")],
+                        scope: OmissionScope::ListedPods,
+                    },
+                ]),
+                at(0),
+            )
+            .unwrap();
+        let first = last_upsert(&states.take_updates()).pods[0].clone();
+        assert_eq!(first.slots.capacity(), UNLIMITED, "CC 0 with a ready pod");
+        // A shard saw the Service answer as another revision and retired it.
+        assert!(first.slots.retire());
+        let reused = Op::Evidence {
+            revision: key("a"),
+            addr: first.addr,
+            tracker: first.id,
+            kind: EvidenceKind::IpReused {
+                namespace: "ns".into(),
+                revision: "other".into(),
+            },
+        };
+        states.apply(reused, at(1)).unwrap();
+        let second = last_upsert(&states.take_updates()).pods[0].clone();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(
+            second.slots.try_acquire(),
+            "the revision has somewhere to go again"
+        );
+        // The Service moves: the old target takes nothing new.
+        service.cluster_ip = Some(addr("10.96.0.6:80"));
+        states.apply(Op::UpsertRevision(service), at(2)).unwrap();
+        let third = last_upsert(&states.take_updates()).pods[0].clone();
+        assert_eq!(third.addr, addr("10.96.0.6:80"));
+        assert_eq!(second.slots.capacity(), 0);
     }
 
     #[test]
