@@ -88,28 +88,6 @@ pub struct RevisionSpec {
     pub cluster_ip: Option<SocketAddr>,
 }
 
-impl RevisionSpec {
-    /// A spec with upstream's defaults for `key`: containerConcurrency 0, HTTP/1, the default
-    /// timeouts, queue depth and serving port, pod mode.
-    pub fn new(key: RevisionKey) -> RevisionSpec {
-        RevisionSpec {
-            labels: RevisionLabels {
-                namespace: key.namespace().to_string(),
-                revision: key.name().to_string(),
-                ..RevisionLabels::default()
-            },
-            key,
-            container_concurrency: 0,
-            protocol: Protocol::Http1,
-            timeouts: Timeouts::default(),
-            lb_policy: LbPolicy::default_for(0),
-            queue_depth: kactivator_shards::routing::DEFAULT_QUEUE_DEPTH,
-            serving_port: DEFAULT_SERVING_PORT,
-            cluster_ip: None,
-        }
-    }
-}
-
 /// Which pods a source's omission speaks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OmissionScope {
@@ -1120,11 +1098,21 @@ mod tests {
     }
 
     fn spec(name: &str, cc: u32) -> RevisionSpec {
+        let key = key(name);
         RevisionSpec {
+            labels: RevisionLabels {
+                namespace: key.namespace().to_string(),
+                revision: key.name().to_string(),
+                ..RevisionLabels::default()
+            },
+            key,
             container_concurrency: cc,
+            protocol: Protocol::Http1,
+            timeouts: Timeouts::default(),
             lb_policy: LbPolicy::default_for(cc),
             queue_depth: 100,
-            ..RevisionSpec::new(key(name))
+            serving_port: DEFAULT_SERVING_PORT,
+            cluster_ip: None,
         }
     }
 

@@ -263,6 +263,12 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
     let (status, next) = match conclude(meta.shape(), ended) {
         Concluded::Done { status, next } => (status, next),
         Concluded::Answer { error, keep_alive } => {
+            tracing::debug!(
+                request_id = %conn.request_id,
+                status = error.status(),
+                fault = error.fault().label(),
+                "answered by the activator: {error}"
+            );
             let next = answer_error(
                 conn,
                 meta,

@@ -23,6 +23,17 @@ pub enum Fault {
     Activator,
 }
 
+impl Fault {
+    /// The log label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Fault::Client => "client",
+            Fault::Pod => "pod",
+            Fault::Activator => "activator",
+        }
+    }
+}
+
 /// Why a request ended without a response from a pod (or with a broken one).
 #[derive(Debug)]
 pub enum RequestError {

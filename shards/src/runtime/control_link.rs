@@ -85,11 +85,6 @@ impl ControlLink {
         )
     }
 
-    /// A link to nowhere (tests and tools without a control thread).
-    pub fn disconnected() -> ControlLink {
-        ControlLink::channel().0
-    }
-
     /// Hands a registration over and waits for the answer.
     pub async fn register(&self, body: Vec<u8>, relayed: bool) -> Reply {
         let (reply, answer) = flume::bounded(1);
