@@ -38,6 +38,11 @@ pub struct Cli {
     #[arg(long, env = "KACTIVATOR_DRAIN_GRACE_SECONDS", global = true)]
     pub drain_grace_seconds: Option<u64>,
 
+    /// The autoscaler's stat server, `ws://host:port`, overriding `autoscaler.url`. With one,
+    /// each revision's load is reported every second and readiness waits for the connection.
+    #[arg(long, env = "KACTIVATOR_AUTOSCALER_URL", global = true)]
+    pub autoscaler_url: Option<String>,
+
     /// This activator's pod name (metric label `pod_name`), as Knative passes it.
     #[arg(long, env = "POD_NAME", default_value = "kactivator", global = true)]
     pub pod_name: String,

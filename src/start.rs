@@ -1,11 +1,12 @@
 //! Start-up and shutdown: configuration, placement, listeners, shard threads, the control thread,
 //! and the drain that ends it all.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
-use kactivator_control::config::{Config, ConfigError};
+use kactivator_control::config::{AutoscalerSettings, Config, ConfigError};
 use kactivator_control::publisher::Publisher;
 use kactivator_control::{ControlInputs, ControlPlane};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
@@ -78,6 +79,14 @@ fn effective_config(cli: &Cli, preset: Option<Config>) -> Result<Config, StartEr
     if let Some(grace) = cli.drain_grace_seconds {
         config.proxy.drain_grace_seconds = grace;
     }
+    if let Some(url) = &cli.autoscaler_url {
+        AutoscalerSettings::check_url(url).map_err(|why| ConfigError {
+            source: Some("--autoscaler-url".into()),
+            position: None,
+            message: why,
+        })?;
+        config.autoscaler.url = Some(url.clone());
+    }
     Ok(config)
 }
 
@@ -124,7 +133,16 @@ pub fn run_with(
             std::env::var("CLUSTER_DOMAIN").ok().as_deref(),
         )
     });
+    // Up while the autoscaler link is (set by the control thread's reporter, read by readiness
+    // on the admin port and by kubelet probes on the data port). `None`: nothing to report to.
+    let autoscaler_connected = config
+        .autoscaler
+        .url
+        .as_ref()
+        .map(|_| Arc::new(AtomicBool::new(false)));
     let settings = Arc::new(ShardSettings {
+        report_load: autoscaler_connected.is_some(),
+        autoscaler_connected: autoscaler_connected.clone(),
         cluster_domain,
         pool: PoolConfig {
             idle_timeout: Duration::from_secs(config.proxy.upstream_idle_timeout_seconds),
@@ -163,6 +181,7 @@ pub fn run_with(
         pod_ip: std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok()),
         from_shards,
         process_queue,
+        autoscaler_connected,
     });
     let revisions = runtime
         .block_on(control.start())

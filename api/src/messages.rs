@@ -18,6 +18,10 @@ pub const REVISION_GONE: &str = "revision is no longer served\n";
 /// 500 to a kubelet probe once SIGTERM has arrived.
 pub const DRAINING: &str = "received SIGTERM from kubelet\n";
 
+/// 500 to a kubelet probe (without the newline, which the answer adds) while the autoscaler's
+/// stat link is down: upstream's `statSink.Status()` error.
+pub const AUTOSCALER_NOT_CONNECTED: &str = "connection has not yet been established";
+
 /// 400 to `K-Network-Probe: probe` without a hash.
 pub const PROBE_WITHOUT_HASH: &str =
     "a probe request must contain a non-empty \"K-Network-Hash\" header\n";

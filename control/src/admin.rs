@@ -24,6 +24,8 @@ pub struct AdminState {
     pub draining: AtomicBool,
     /// The state worker, whose health `/healthz` reports.
     pub worker: Option<crate::worker::WorkerHandle>,
+    /// Up while the autoscaler link is; `None` when there is no autoscaler to wait for.
+    pub autoscaler_connected: Option<Arc<AtomicBool>>,
 }
 
 /// Serves admin requests until the runtime stops.
@@ -76,10 +78,19 @@ async fn handle(
         (&Method::GET, "/readyz") => {
             if state.draining.load(Ordering::Acquire) {
                 text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
-            } else if state.ready.load(Ordering::Acquire) {
-                text(StatusCode::OK, "ready\n".into())
-            } else {
+            } else if !state.ready.load(Ordering::Acquire) {
                 text(StatusCode::SERVICE_UNAVAILABLE, "starting\n".into())
+            } else if state
+                .autoscaler_connected
+                .as_ref()
+                .is_some_and(|up| !up.load(Ordering::Acquire))
+            {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{}\n", kactivator_api::messages::AUTOSCALER_NOT_CONNECTED),
+                )
+            } else {
+                text(StatusCode::OK, "ready\n".into())
             }
         }
         (&Method::POST, "/quitquitquit") if !from_loopback => text(

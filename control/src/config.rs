@@ -49,7 +49,44 @@ pub struct Config {
     #[serde(default)]
     pub cluster: ClusterSettings,
     #[serde(default)]
+    pub autoscaler: AutoscalerSettings,
+    #[serde(default)]
     pub revisions: Vec<RevisionConfig>,
+}
+
+// === [autoscaler] ===
+
+/// The autoscaler's stat server, which this activator reports each revision's load to.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AutoscalerSettings {
+    /// `ws://host:port[/path]` of the stat server (in a cluster,
+    /// `ws://autoscaler.<SYSTEM_NAMESPACE>.svc.<cluster domain>:8080`). With one, readiness
+    /// waits for the connection, as upstream's does. Default: none — standalone, nothing is
+    /// reported and readiness does not wait.
+    pub url: Option<String>,
+}
+
+impl AutoscalerSettings {
+    /// Why `url` is not one the link can dial, if it is not.
+    pub fn check_url(url: &str) -> Result<(), String> {
+        let parsed: hyper::Uri = url
+            .parse()
+            .map_err(|error| format!("{url:?} is not a URL: {error}"))?;
+        match parsed.scheme_str() {
+            Some("ws") => {}
+            Some("wss") => {
+                return Err(format!(
+                    "{url:?}: wss:// is not supported (the stat link speaks plain websocket, as upstream's does)"
+                ))
+            }
+            _ => return Err(format!("{url:?} must start with ws://")),
+        }
+        if parsed.host().is_none_or(str::is_empty) {
+            return Err(format!("{url:?} has no host"));
+        }
+        Ok(())
+    }
 }
 
 // === [control] ===
@@ -447,6 +484,14 @@ impl Config {
 
     /// Checks what the types cannot say. Every error points at the value it is about.
     fn validate(&self, spans: &Spans<'_>) -> Result<(), ConfigError> {
+        if let Some(url) = &self.autoscaler.url {
+            AutoscalerSettings::check_url(url).map_err(|why| {
+                ConfigError::invalid(
+                    spans.table_value("autoscaler", "url"),
+                    format!("autoscaler.url: {why}"),
+                )
+            })?;
+        }
         let control = &self.control;
         if control.qp_freshness_seconds > control.qp_staleness_seconds {
             // One of the two is set in the file (the defaults agree); point at that one.
@@ -928,6 +973,34 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
             .find(|line| line.contains("`CLUSTER_DOMAIN`"))
             .expect("the CLUSTER_DOMAIN row");
         assert!(cluster_domain.contains(&format!("`{DEFAULT_CLUSTER_DOMAIN}`")));
+    }
+
+    #[test]
+    fn the_autoscaler_url_must_be_a_plain_websocket_address() {
+        let with = |url: &str| Config::parse(&format!("[autoscaler]\nurl = \"{url}\"\n"));
+        let config = with("ws://autoscaler.knative-serving.svc.cluster.local:8080").unwrap();
+        assert_eq!(
+            config.autoscaler.url.as_deref(),
+            Some("ws://autoscaler.knative-serving.svc.cluster.local:8080")
+        );
+        for bad in [
+            "http://autoscaler:8080",
+            "wss://autoscaler:8080",
+            "ws://",
+            "not a url",
+        ] {
+            let error = with(bad).unwrap_err();
+            assert!(
+                error.message.starts_with("autoscaler.url:"),
+                "{bad}: {error}"
+            );
+            assert_eq!(
+                error.position.map(|(line, _)| line),
+                Some(2),
+                "{bad}: {error}"
+            );
+        }
+        assert_eq!(Config::parse("").unwrap().autoscaler.url, None);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod autoscaler;
 pub mod config;
 pub mod features;
 pub mod http_client;
@@ -22,7 +23,7 @@ pub mod worker;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,6 +75,8 @@ pub struct ControlInputs {
     pub from_shards: FromShards,
     /// Shared by every revision's admission gate.
     pub process_queue: Arc<ProcessQueue>,
+    /// Set while the autoscaler link is up; `Some` exactly when `config.autoscaler.url` is.
+    pub autoscaler_connected: Option<Arc<AtomicBool>>,
 }
 
 impl ControlPlane {
@@ -90,6 +93,7 @@ impl ControlPlane {
             pod_ip,
             from_shards,
             process_queue,
+            autoscaler_connected,
         } = inputs;
         let registry = prometheus::Registry::new();
         let (gates, warnings) = features::resolve(&config.features, Gates::default());
@@ -119,6 +123,7 @@ impl ControlPlane {
             ready: false.into(),
             draining: false.into(),
             worker: Some(worker.clone()),
+            autoscaler_connected,
         });
         ControlPlane {
             config,
@@ -163,6 +168,26 @@ impl ControlPlane {
             // `start` was not called (a caller that loads nothing): the worker runs from here.
             tokio::spawn(task);
         }
+        let FromShards {
+            registrations,
+            evidence,
+            pokes,
+        } = self.from_shards;
+        if let (Some(url), Some(connected)) = (
+            self.config.autoscaler.url.clone(),
+            self.admin.autoscaler_connected.clone(),
+        ) {
+            autoscaler::spawn(
+                autoscaler::ReporterConfig {
+                    url,
+                    pod_name: self.admin.pod_name.clone(),
+                },
+                self.admin.stats.clone(),
+                pokes,
+                &self.admin.registry,
+                connected,
+            );
+        }
         let watch = self.config_path.clone().map(|path| FileWatch {
             path,
             current: self.config.clone(),
@@ -176,7 +201,8 @@ impl ControlPlane {
             &self.metrics,
             watch,
             self.probe_targets,
-            self.from_shards,
+            registrations,
+            evidence,
         );
         self.admin.ready.store(true, Ordering::Release);
 

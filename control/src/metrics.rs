@@ -59,7 +59,7 @@ fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
             );
             let totals = revisions.entry(key).or_default();
             totals.labels = block.labels.clone();
-            totals.concurrency += block.concurrency.get();
+            totals.concurrency += block.load.in_flight();
             totals.queued += block.queued.get();
             for slot in &block.slots {
                 let code = slot.code();
@@ -302,9 +302,9 @@ mod tests {
             configuration: "cfg".into(),
         };
         stats[0]
-            .register_revision(labels.clone())
+            .register_revision(labels.clone(), false)
             .record(200, 3_000);
-        let second = stats[1].register_revision(labels);
+        let second = stats[1].register_revision(labels, false);
         second.record(200, 70_000);
         second.record(502, 1_000);
         let text = render(&stats, "activator-0", &prometheus::Registry::new());

@@ -4,8 +4,10 @@
 //! no `lock` prefix, no contention, no cache line shared with another writer. The control thread
 //! reads them at scrape time. Blocks are cache-padded so two shards never share a line.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
@@ -71,6 +73,114 @@ impl Gauge {
     }
 }
 
+/// The clock the shards' load and the control thread's reporter share: microseconds since the
+/// first time anyone asked, on the monotonic clock.
+pub fn micros_since_start(at: Instant) -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let since = at.saturating_duration_since(epoch);
+    // Whole seconds and microseconds, without `as_micros`' 128-bit arithmetic: this runs for
+    // every request.
+    since
+        .as_secs()
+        .wrapping_mul(1_000_000)
+        .wrapping_add(u64::from(since.subsec_micros()))
+}
+
+/// One revision's load on one shard, for the autoscaler: the requests in flight here (queued
+/// ones included), the arrivals, and the time integral of the requests in flight, all
+/// cumulative. The shard writes it at each arrival and departure; the control thread reads a
+/// consistent snapshot at any time (a sequence lock: the shard never waits, a reader that
+/// raced a write reads again) and extends the integral to the time it asks about.
+#[derive(Debug, Default)]
+pub struct Load {
+    /// Odd while the shard writes.
+    sequence: AtomicU64,
+    arrivals: AtomicU64,
+    in_flight: AtomicU64,
+    /// When `in_flight` last changed, in [`micros_since_start`].
+    last_change_us: AtomicU64,
+    /// ∑ in_flight × Δt up to `last_change_us`, in request-microseconds.
+    integral: AtomicU64,
+}
+
+/// What [`Load::read`] returns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadSnapshot {
+    pub arrivals: u64,
+    pub in_flight: u64,
+    /// ∑ in_flight × Δt up to the time asked about, in request-microseconds.
+    pub integral: u64,
+}
+
+impl Load {
+    /// A request arrived at `now_us`. Only the owning shard calls this.
+    #[inline]
+    pub fn arrive(&self, now_us: u64) {
+        self.change(now_us, |in_flight| in_flight + 1, 1);
+    }
+
+    /// A request left at `now_us`. Only the owning shard calls this.
+    #[inline]
+    pub fn depart(&self, now_us: u64) {
+        self.change(now_us, |in_flight| in_flight.saturating_sub(1), 0);
+    }
+
+    #[inline]
+    fn change(&self, now_us: u64, next: impl Fn(u64) -> u64, arrivals: u64) {
+        let relaxed = Ordering::Relaxed;
+        let in_flight = self.in_flight.load(relaxed);
+        let last = self.last_change_us.load(relaxed);
+        // A clock read on another core may be a little behind: never integrate backwards.
+        let elapsed = now_us.saturating_sub(last);
+        let sequence = self.sequence.load(relaxed);
+        self.sequence.store(sequence.wrapping_add(1), relaxed);
+        fence(Ordering::Release);
+        self.integral.store(
+            self.integral
+                .load(relaxed)
+                .wrapping_add(in_flight.wrapping_mul(elapsed)),
+            relaxed,
+        );
+        self.last_change_us.store(last.max(now_us), relaxed);
+        self.in_flight.store(next(in_flight), relaxed);
+        self.arrivals
+            .store(self.arrivals.load(relaxed).wrapping_add(arrivals), relaxed);
+        self.sequence
+            .store(sequence.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Requests in flight now (a plain read, for gauges).
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// A consistent snapshot, its integral extended to `now_us`.
+    pub fn read(&self, now_us: u64) -> LoadSnapshot {
+        loop {
+            let before = self.sequence.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let arrivals = self.arrivals.load(Ordering::Relaxed);
+            let in_flight = self.in_flight.load(Ordering::Relaxed);
+            let last = self.last_change_us.load(Ordering::Relaxed);
+            let integral = self.integral.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if self.sequence.load(Ordering::Relaxed) != before {
+                continue;
+            }
+            return LoadSnapshot {
+                arrivals,
+                in_flight,
+                integral: integral
+                    .wrapping_add(in_flight.wrapping_mul(now_us.saturating_sub(last))),
+            };
+        }
+    }
+}
+
 /// Request count and latency histogram for one response code.
 #[derive(Debug, Default)]
 pub struct CodeSlot {
@@ -96,21 +206,42 @@ pub struct RevisionCounters {
     pub slots: [CodeSlot; CODE_SLOTS],
     /// Requests whose code found no free slot.
     pub overflow: Counter,
-    /// Requests of this revision currently in this shard (queued or proxied).
-    pub concurrency: Gauge,
+    /// Requests of this revision in this shard (queued or proxied), their arrivals and the
+    /// time integral, for the autoscaler and the concurrency gauge.
+    pub load: Load,
     /// Requests of this revision waiting in this shard's queue for a pod slot.
     pub queued: Gauge,
+    /// The autoscaler reporter has an entry for this revision (or reports nothing at all):
+    /// while it is false, this shard's next arrival tells the control thread at once (the
+    /// cold-start poke). Set by the shard that pokes, and by the control thread when it creates
+    /// the entry; cleared by the control thread when it deletes the entry.
+    pub reported: AtomicBool,
 }
 
 impl RevisionCounters {
-    pub fn new(labels: RevisionLabels) -> RevisionCounters {
+    /// A block for `labels`. `reporting`: whether an autoscaler reporter will want pokes.
+    pub fn new(labels: RevisionLabels, reporting: bool) -> RevisionCounters {
         RevisionCounters {
             labels,
             slots: Default::default(),
             overflow: Counter::default(),
-            concurrency: Gauge::default(),
+            load: Load::default(),
             queued: Gauge::default(),
+            reported: AtomicBool::new(!reporting),
         }
+    }
+
+    /// A request arrived at `now_us`: counts it. When this shard must poke the autoscaler
+    /// reporter (it has no entry for the revision), returns the load as it was just before
+    /// this arrival: the reporter's first window starts there. The usual cost is one read of
+    /// a flag that changes rarely; the swap happens only when it is clear.
+    #[inline]
+    pub fn arrive(&self, now_us: u64) -> Option<LoadSnapshot> {
+        let poke =
+            !self.reported.load(Ordering::Relaxed) && !self.reported.swap(true, Ordering::AcqRel);
+        let before = poke.then(|| self.load.read(now_us));
+        self.load.arrive(now_us);
+        before
     }
 
     /// Records one finished request. Only the owning shard calls this.
@@ -202,9 +333,14 @@ impl ShardStats {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Registers a new per-revision block for the scraper.
-    pub fn register_revision(&self, labels: RevisionLabels) -> Arc<RevisionCounters> {
-        let block = Arc::new(RevisionCounters::new(labels));
+    /// Registers a new per-revision block for the scraper and the reporter. `reporting`: an
+    /// autoscaler reporter runs and wants cold-start pokes.
+    pub fn register_revision(
+        &self,
+        labels: RevisionLabels,
+        reporting: bool,
+    ) -> Arc<RevisionCounters> {
+        let block = Arc::new(RevisionCounters::new(labels, reporting));
         self.revisions
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -230,7 +366,7 @@ mod tests {
 
     #[test]
     fn latencies_land_in_upstream_buckets() {
-        let counters = RevisionCounters::new(RevisionLabels::default());
+        let counters = RevisionCounters::new(RevisionLabels::default(), false);
         counters.record(200, 4_000); // 4 ms → le=5
         counters.record(200, 5_999); // 5 ms → le=5
         counters.record(200, 150_000); // 150 ms → le=150
@@ -244,8 +380,58 @@ mod tests {
     }
 
     #[test]
+    fn the_load_integrates_requests_in_flight_over_time() {
+        let load = Load::default();
+        load.arrive(1_000);
+        load.arrive(1_500);
+        assert_eq!(
+            load.read(2_000),
+            LoadSnapshot {
+                arrivals: 2,
+                in_flight: 2,
+                integral: 500 + 2 * 500,
+            }
+        );
+        load.depart(3_000);
+        load.depart(4_000);
+        let quiet = load.read(10_000);
+        assert_eq!(quiet.in_flight, 0);
+        assert_eq!(quiet.arrivals, 2);
+        // 1 over [1000, 1500), 2 over [1500, 3000), 1 over [3000, 4000).
+        assert_eq!(quiet.integral, 500 + 3_000 + 1_000);
+        // A late clock reading never subtracts.
+        load.arrive(3_900);
+        assert_eq!(load.read(4_000).integral, 4_500);
+    }
+
+    #[test]
+    fn only_the_first_arrival_without_an_entry_pokes() {
+        let counters = RevisionCounters::new(RevisionLabels::default(), true);
+        assert_eq!(
+            counters.arrive(0),
+            Some(LoadSnapshot::default()),
+            "no entry: poke, with the load before this request"
+        );
+        assert_eq!(counters.arrive(1), None, "already poked");
+        counters.load.depart(2);
+        counters.load.depart(3);
+        // The reporter deleted its entry: the next arrival pokes again.
+        counters.reported.store(false, Ordering::Release);
+        assert_eq!(
+            counters.arrive(4),
+            Some(LoadSnapshot {
+                arrivals: 2,
+                in_flight: 0,
+                integral: 1 + 2 + 1,
+            })
+        );
+        let silent = RevisionCounters::new(RevisionLabels::default(), false);
+        assert_eq!(silent.arrive(0), None, "no reporter: never pokes");
+    }
+
+    #[test]
     fn codes_get_their_own_slots_until_full() {
-        let counters = RevisionCounters::new(RevisionLabels::default());
+        let counters = RevisionCounters::new(RevisionLabels::default(), false);
         for code in 200..200 + CODE_SLOTS as u16 {
             counters.record(code, 1);
         }

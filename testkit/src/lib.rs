@@ -4,10 +4,12 @@
 //! bug in the proxy cannot hide behind the same bug in the thing it is tested against.
 //! [`backend`] starts servers, [`pattern`] describes the checkable byte pattern served by
 //! `/bytes` and verified by `/sink`, [`ports`] hands out free local ports, and
-//! [`queue_proxy`] sends pod registrations the way the fork's queue-proxy does.
+//! [`queue_proxy`] sends pod registrations the way the fork's queue-proxy does, and
+//! [`autoscaler`] is a stand-in for the autoscaler's stat server.
 
 #![forbid(unsafe_code)]
 
+pub mod autoscaler;
 pub mod backend;
 pub mod pattern;
 pub mod ports;

@@ -93,6 +93,21 @@ impl Activator {
         self
     }
 
+    /// Starts a prepared activator with these flags and environment and does not wait for
+    /// readiness (see [`Activator::until_ready`]).
+    pub fn spawn_args(mut self, args: &[&str], env: &[(&str, &str)]) -> Activator {
+        self.spawn_with(args, env, false);
+        self
+    }
+
+    /// Waits until `/readyz` answers 200, or panics with the process's log.
+    pub fn until_ready(mut self) -> Activator {
+        if let Err(error) = self.wait_ready() {
+            panic!("kactivator {error}");
+        }
+        self
+    }
+
     /// Like `start_with`, but the child runs under a seccomp filter that refuses io_uring.
     pub fn start_without_io_uring(
         revisions: &str,

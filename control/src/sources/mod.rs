@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kactivator_shards::runtime::control_link::FromShards;
+use kactivator_shards::runtime::control_link::{PodEvidence, RegistrationRequest};
 use prometheus::{IntCounterVec, Opts, Registry};
 use tokio::sync::watch;
 
@@ -79,11 +79,13 @@ pub fn spawn_all(
     metrics: &Arc<ControlMetrics>,
     file: Option<file::FileWatch>,
     probe_targets: watch::Receiver<Vec<ProbeTarget>>,
-    from_shards: FromShards,
+    registrations: flume::Receiver<RegistrationRequest>,
+    evidence: flume::Receiver<PodEvidence>,
 ) {
     let peers: Arc<Vec<SocketAddr>> = Arc::new(config.cluster.peers.clone());
     tokio::spawn(registrations::serve(
-        from_shards,
+        registrations,
+        evidence,
         worker.clone(),
         metrics.clone(),
         peers,

@@ -13,7 +13,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::Method;
 use kactivator_api::{headers, registration, RevisionKey};
-use kactivator_shards::runtime::control_link::{EvidenceKind, FromShards, PodEvidence, Reply};
+use kactivator_shards::runtime::control_link::{
+    EvidenceKind, PodEvidence, RegistrationRequest, Reply,
+};
 
 use super::ControlMetrics;
 use crate::http_client::{self, Call};
@@ -28,15 +30,12 @@ const RELAY_ANSWER_LIMIT: usize = 1024;
 
 /// Serves the shards' registrations and evidence until the shards are gone.
 pub async fn serve(
-    from_shards: FromShards,
+    registrations: flume::Receiver<RegistrationRequest>,
+    evidence: flume::Receiver<PodEvidence>,
     worker: WorkerHandle,
     metrics: Arc<ControlMetrics>,
     peers: Arc<Vec<SocketAddr>>,
 ) {
-    let FromShards {
-        registrations,
-        evidence,
-    } = from_shards;
     let evidence_worker = worker.clone();
     let evidence_metrics = metrics.clone();
     tokio::spawn(async move {

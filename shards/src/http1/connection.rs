@@ -23,6 +23,7 @@ use super::exchange::{exchange, WATCH_LIMIT};
 use super::io::{client_readable, write_all};
 use super::registration::{is_registration_path, register_pod};
 use super::rewrite::{self, ClientSide, LocalResponse};
+use crate::metrics::micros_since_start;
 use crate::request::admission::{self, acquire, ClientWatch, Held};
 use crate::request::deadlines::Deadlines;
 use crate::request::error::RequestError;
@@ -256,7 +257,14 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
     conn.inbuf.consume(head_len);
 
     let counters = revision.counters.clone();
-    counters.concurrency.increment();
+    let arrived_us = micros_since_start(arrival.into_std());
+    if let Some(before) = counters.arrive(arrived_us) {
+        // The revision's first request since the reporter last had it: the autoscaler hears
+        // of it now, not at the next tick (a revision at zero waits for this to scale up).
+        shard
+            .control
+            .poke(revision.key(), &counters, before, arrived_us);
+    }
     let ended = proxy_request(shard, conn, &revision, meta, arrival, host_at).await;
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
@@ -281,8 +289,9 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
             (error.status(), next)
         }
     };
-    counters.concurrency.decrement();
-    counters.record(status, arrival.elapsed().as_micros() as u64);
+    let latency_us = arrival.elapsed().as_micros() as u64;
+    counters.load.depart(arrived_us + latency_us);
+    counters.record(status, latency_us);
     next
 }
 
@@ -428,6 +437,13 @@ impl Shard {
     fn health(&self) -> Health {
         if self.draining.is_set() {
             Health::Draining
+        } else if self
+            .settings
+            .autoscaler_connected
+            .as_ref()
+            .is_some_and(|up| !up.load(std::sync::atomic::Ordering::Acquire))
+        {
+            Health::NotReady(kactivator_api::messages::AUTOSCALER_NOT_CONNECTED)
         } else {
             Health::Healthy
         }

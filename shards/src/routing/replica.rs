@@ -295,7 +295,12 @@ impl Replica {
                             .counters
                             .borrow_mut()
                             .entry(route.key.clone())
-                            .or_insert_with(|| stats.register_revision(route.labels.clone()))
+                            .or_insert_with(|| {
+                                stats.register_revision(
+                                    route.labels.clone(),
+                                    shard.settings.report_load,
+                                )
+                            })
                             .clone();
                         let seed = (shard.index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
                             ^ hash_key(route.key.as_str());

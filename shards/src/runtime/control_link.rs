@@ -2,6 +2,9 @@
 //! port (answered once applied), and evidence about pods seen on the request path (never
 //! answered, never lost). Routing still flows the other way, as snapshots.
 //!
+//! Cold-start pokes (a revision's first request while the autoscaler reporter has no entry for
+//! it) go up the same way: unbounded, at most one per shard and revision outstanding.
+//!
 //! Evidence goes up as a message the shard cannot fail to send and the control thread turns
 //! into a state-worker op; the decision (quarantine, removal) comes back down in a snapshot.
 //! The request path never waits: the evidence channel is unbounded, and what bounds it is
@@ -11,6 +14,7 @@ use std::sync::Arc;
 
 use kactivator_api::RevisionKey;
 
+use crate::metrics::{LoadSnapshot, RevisionCounters};
 use crate::routing::PodTracker;
 
 /// A registration body, as received. The control thread parses, applies and answers it.
@@ -60,6 +64,7 @@ pub const REGISTRATION_QUEUE: usize = 4096;
 pub struct ControlLink {
     registrations: flume::Sender<RegistrationRequest>,
     evidence: flume::Sender<PodEvidence>,
+    pokes: flume::Sender<Poke>,
 }
 
 /// The control thread's receiving side.
@@ -67,20 +72,38 @@ pub struct ControlLink {
 pub struct FromShards {
     pub registrations: flume::Receiver<RegistrationRequest>,
     pub evidence: flume::Receiver<PodEvidence>,
+    /// Revisions whose first request arrived while the autoscaler reporter had no entry for
+    /// them (see `metrics::RevisionCounters::arrive`).
+    pub pokes: flume::Receiver<Poke>,
+}
+
+/// A revision's first request while the autoscaler reporter had no entry for it.
+#[derive(Debug)]
+pub struct Poke {
+    pub revision: RevisionKey,
+    /// The poking shard's counters of the revision: the reporter reads its load from them.
+    pub counters: Arc<RevisionCounters>,
+    /// That shard's load just before the request, and when the request arrived: the
+    /// reporter's first window starts there.
+    pub before: LoadSnapshot,
+    pub at_us: u64,
 }
 
 impl ControlLink {
     pub fn channel() -> (ControlLink, FromShards) {
         let (registrations, registrations_rx) = flume::bounded(REGISTRATION_QUEUE);
         let (evidence, evidence_rx) = flume::unbounded();
+        let (pokes, pokes_rx) = flume::unbounded();
         (
             ControlLink {
                 registrations,
                 evidence,
+                pokes,
             },
             FromShards {
                 registrations: registrations_rx,
                 evidence: evidence_rx,
+                pokes: pokes_rx,
             },
         )
     }
@@ -102,6 +125,25 @@ impl ControlLink {
             return unavailable();
         }
         answer.recv_async().await.unwrap_or_else(|_| unavailable())
+    }
+
+    /// Tells the autoscaler reporter that `revision` has a request and no entry (a cold-start
+    /// poke). Never waits and is never lost; at most one per shard and revision is outstanding,
+    /// because only the arrival that set the revision's `reported` flag sends one.
+    pub fn poke(
+        &self,
+        revision: &RevisionKey,
+        counters: &Arc<RevisionCounters>,
+        before: LoadSnapshot,
+        at_us: u64,
+    ) {
+        // Fails only when the control thread is gone, and then nobody is left to tell.
+        let _ = self.pokes.send(Poke {
+            revision: revision.clone(),
+            counters: counters.clone(),
+            before,
+            at_us,
+        });
     }
 
     /// Reports what a request found out about `tracker`, without waiting and without loss.

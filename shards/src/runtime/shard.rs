@@ -1,6 +1,7 @@
 //! One shard: a reactor thread's accept loop, its routing replica, pool and counters.
 
 use std::rc::Rc;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,11 @@ pub struct ShardSettings {
     pub cluster_domain: String,
     /// Upstream connection pool settings.
     pub pool: PoolConfig,
+    /// An autoscaler reporter runs: a revision's first request pokes it. Default false.
+    pub report_load: bool,
+    /// Up while the autoscaler link is; while it is down kubelet probes fail, as upstream's
+    /// readiness does. `None` (the default): no autoscaler, probes do not wait for one.
+    pub autoscaler_connected: Option<Arc<AtomicBool>>,
 }
 
 impl Default for ShardSettings {
@@ -36,6 +42,8 @@ impl Default for ShardSettings {
         ShardSettings {
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
             pool: PoolConfig::default(),
+            report_load: false,
+            autoscaler_connected: None,
         }
     }
 }

@@ -1,0 +1,337 @@
+//! The websocket to the autoscaler's stat server, kept up for as long as the process runs.
+//!
+//! As upstream's durable sending connection (`knative.dev/pkg/websocket`): a 3 s handshake, a
+//! ping every 3.33 s and a connection given up when no pong came for 10 s, reconnection with a
+//! backoff of 100 ms × 1.3 per attempt with up to 50 % jitter (20 steps, then again from 100 ms).
+//! A close frame from the autoscaler (1012 when it restarts) is a reconnect like any other.
+//!
+//! ★ What could not be sent is not lost: the latest stat of each revision that was due while the
+//! link was down (a cold-start poke included) is kept, and right after reconnecting those of
+//! revisions that still have requests waiting are sent. Upstream drops them, so a cold start
+//! during an autoscaler restart waits for the next tick at best.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use kactivator_api::autoscaler::{self, WireStatMessage, WireStatMessages};
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::metrics::register;
+
+/// Longest time a connection attempt may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A connection is given up when no pong came for this long.
+pub const PONG_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pings go out three times per pong timeout.
+pub const PING_INTERVAL: Duration = Duration::from_millis(3_333);
+
+/// Reconnection delays: 100 ms × 1.3 per attempt, up to 50 % jitter on top, 20 steps, then
+/// again from the start (upstream's `wait.Backoff{100ms, 1.3, 0.5, 20}` looped forever).
+#[derive(Clone, Debug, Default)]
+pub struct Backoff {
+    step: u32,
+}
+
+/// First delay.
+pub const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+/// Growth per attempt.
+pub const BACKOFF_FACTOR: f64 = 1.3;
+/// Most extra delay, as a fraction of the delay.
+pub const BACKOFF_JITTER: f64 = 0.5;
+/// Attempts before the delays start again from the first.
+pub const BACKOFF_STEPS: u32 = 20;
+
+impl Backoff {
+    /// The delay before the next attempt; `jitter` is a random number in [0, 1).
+    pub fn next(&mut self, jitter: f64) -> Duration {
+        let base = BACKOFF_INITIAL.as_secs_f64() * BACKOFF_FACTOR.powi(self.step as i32);
+        self.step = (self.step + 1) % BACKOFF_STEPS;
+        Duration::from_secs_f64(base * (1.0 + BACKOFF_JITTER * jitter.clamp(0.0, 1.0)))
+    }
+
+    /// A connection was made: the next failure starts from the first delay.
+    pub fn reset(&mut self) {
+        self.step = 0;
+    }
+}
+
+/// The link's metrics.
+#[derive(Clone)]
+pub struct LinkMetrics {
+    connected: IntGauge,
+    connections: IntCounterVec,
+    send_errors: IntCounterVec,
+    sent: IntCounterVec,
+}
+
+impl LinkMetrics {
+    pub fn new(registry: &Registry) -> LinkMetrics {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            register(
+                registry,
+                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
+        };
+        LinkMetrics {
+            connected: register(
+                registry,
+                IntGauge::new(
+                    "kactivator_autoscaler_connected",
+                    "1 while the stat websocket to the autoscaler is up",
+                )
+                .expect("valid metric"),
+            ),
+            connections: counter(
+                "kactivator_autoscaler_connections_total",
+                "Connection attempts to the autoscaler by result (established, failed, lost)",
+                &["result"],
+            ),
+            send_errors: counter(
+                "kactivator_autoscaler_send_errors_total",
+                "Stat batches that could not be sent (kept for after the reconnect)",
+                &["reason"],
+            ),
+            sent: counter(
+                "kactivator_autoscaler_stats_sent_total",
+                "Stats sent to the autoscaler, by kind (poke, tick, resent)",
+                &["kind"],
+            ),
+        }
+    }
+}
+
+/// One batch for the autoscaler.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub batch: WireStatMessages,
+    /// `poke` or `tick`, for the metrics.
+    pub kind: &'static str,
+}
+
+/// The latest undelivered stat of each revision.
+type Pending = BTreeMap<(String, String), WireStatMessage>;
+
+fn keep(pending: &mut Pending, batch: WireStatMessages) {
+    for message in batch.messages {
+        pending.insert((message.namespace.clone(), message.name.clone()), message);
+    }
+}
+
+/// Keeps the link up and sends every batch from `outgoing`. `connected` says whether it is up
+/// (readiness reads it). `waiting(namespace, name)` says whether a revision still has requests
+/// waiting (its kept stat is worth sending late).
+pub async fn run(
+    url: String,
+    mut outgoing: mpsc::UnboundedReceiver<Outgoing>,
+    connected: Arc<AtomicBool>,
+    metrics: LinkMetrics,
+    waiting: impl Fn(&str, &str) -> bool,
+) {
+    let mut backoff = Backoff::default();
+    let mut pending = Pending::new();
+    loop {
+        let attempt = tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            tokio_tungstenite::connect_async(url.as_str()),
+        )
+        .await;
+        match attempt {
+            Ok(Ok((socket, _response))) => {
+                backoff.reset();
+                connected.store(true, Ordering::Release);
+                metrics.connected.set(1);
+                metrics
+                    .connections
+                    .with_label_values(&["established"])
+                    .inc();
+                tracing::info!(%url, "connected to the autoscaler");
+                let late: Vec<WireStatMessage> = std::mem::take(&mut pending)
+                    .into_values()
+                    .filter(|message| waiting(&message.namespace, &message.name))
+                    .collect();
+                let late = (!late.is_empty()).then_some(Outgoing {
+                    batch: WireStatMessages { messages: late },
+                    kind: "resent",
+                });
+                let why = serve(socket, late, &mut outgoing, &mut pending, &metrics).await;
+                connected.store(false, Ordering::Release);
+                metrics.connected.set(0);
+                metrics.connections.with_label_values(&["lost"]).inc();
+                match why {
+                    Ended::Shutdown => return,
+                    Ended::Lost(why) => tracing::warn!(%url, "autoscaler connection lost: {why}"),
+                }
+            }
+            Ok(Err(error)) => {
+                metrics.connections.with_label_values(&["failed"]).inc();
+                tracing::warn!(%url, "cannot connect to the autoscaler: {error}");
+            }
+            Err(_elapsed) => {
+                metrics.connections.with_label_values(&["failed"]).inc();
+                tracing::warn!(%url, "cannot connect to the autoscaler: no handshake within {HANDSHAKE_TIMEOUT:?}");
+            }
+        }
+        // Until the next attempt, what is due is kept (the latest per revision).
+        let wake = Instant::now() + backoff.next(jitter());
+        loop {
+            match tokio::time::timeout_at(wake, outgoing.recv()).await {
+                Ok(Some(due)) => {
+                    metrics
+                        .send_errors
+                        .with_label_values(&["disconnected"])
+                        .inc();
+                    keep(&mut pending, due.batch);
+                }
+                Ok(None) => return,
+                Err(_elapsed) => break,
+            }
+        }
+    }
+}
+
+enum Ended {
+    /// The reporter is gone: nothing more to send.
+    Shutdown,
+    Lost(String),
+}
+
+async fn serve<S>(
+    socket: tokio_tungstenite::WebSocketStream<S>,
+    late: Option<Outgoing>,
+    outgoing: &mut mpsc::UnboundedReceiver<Outgoing>,
+    pending: &mut Pending,
+    metrics: &LinkMetrics,
+) -> Ended
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (mut sink, mut stream) = socket.split();
+    let mut last_pong = Instant::now();
+    let mut pings = tokio::time::interval_at(Instant::now() + PING_INTERVAL, PING_INTERVAL);
+    let mut first = late;
+    loop {
+        let due = match first.take() {
+            Some(late) => Some(late),
+            None => tokio::select! {
+                due = outgoing.recv() => match due {
+                    Some(due) => Some(due),
+                    None => return Ended::Shutdown,
+                },
+                _ = pings.tick() => {
+                    if last_pong.elapsed() > PONG_TIMEOUT {
+                        return Ended::Lost(format!("no pong for {PONG_TIMEOUT:?}"));
+                    }
+                    if let Err(error) = sink.send(Message::Ping(Default::default())).await {
+                        return Ended::Lost(format!("ping: {error}"));
+                    }
+                    None
+                }
+                message = stream.next() => match message {
+                    Some(Ok(Message::Pong(_))) => {
+                        last_pong = Instant::now();
+                        None
+                    }
+                    Some(Ok(Message::Close(frame))) => {
+                        let why = match frame {
+                            Some(frame) if u16::from(frame.code) == autoscaler::CLOSE_RESTARTING => {
+                                "the autoscaler is restarting (1012)".to_string()
+                            }
+                            Some(frame) => format!("closed by the autoscaler: {} {}", frame.code, frame.reason),
+                            None => "closed by the autoscaler".to_string(),
+                        };
+                        return Ended::Lost(why);
+                    }
+                    Some(Ok(_)) => None,
+                    Some(Err(error)) => return Ended::Lost(error.to_string()),
+                    None => return Ended::Lost("connection closed".into()),
+                },
+            },
+        };
+        let Some(due) = due else {
+            continue;
+        };
+        let frame = Message::Binary(autoscaler::encode(&due.batch).into());
+        match sink.send(frame).await {
+            Ok(()) => {
+                metrics
+                    .sent
+                    .with_label_values(&[due.kind])
+                    .inc_by(due.batch.messages.len() as u64);
+            }
+            Err(error) => {
+                metrics.send_errors.with_label_values(&["send"]).inc();
+                keep(pending, due.batch);
+                return Ended::Lost(format!("send: {error}"));
+            }
+        }
+    }
+}
+
+/// A number in [0, 1) for the backoff's jitter, from the clock: good enough to keep many
+/// activators from reconnecting in step, and no random-number crate for it.
+fn jitter() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    f64::from(nanos % 1_000) / 1_000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_grows_by_thirty_percent_with_at_most_half_again_of_jitter_and_starts_over() {
+        let mut backoff = Backoff::default();
+        let plain: Vec<u128> = (0..4).map(|_| backoff.next(0.0).as_millis()).collect();
+        assert_eq!(plain, [100, 130, 169, 219]);
+        let mut backoff = Backoff::default();
+        assert_eq!(backoff.next(0.999).as_millis(), 149);
+        let mut backoff = Backoff::default();
+        let mut last = Duration::ZERO;
+        for _ in 0..BACKOFF_STEPS {
+            last = backoff.next(0.0);
+        }
+        assert!(last > Duration::from_secs(14), "20th delay: {last:?}");
+        assert_eq!(backoff.next(0.0), BACKOFF_INITIAL, "then from the start");
+        backoff.next(0.0);
+        backoff.reset();
+        assert_eq!(backoff.next(0.0), BACKOFF_INITIAL);
+    }
+
+    #[test]
+    fn only_the_latest_undelivered_stat_of_a_revision_is_kept() {
+        let mut pending = Pending::new();
+        let stat = |name: &str, concurrency: f64| {
+            autoscaler::stat_message("ns", name, "act", concurrency, 1.0)
+        };
+        keep(
+            &mut pending,
+            WireStatMessages {
+                messages: vec![stat("a", 1.0), stat("b", 3.0)],
+            },
+        );
+        keep(
+            &mut pending,
+            WireStatMessages {
+                messages: vec![stat("a", 2.0)],
+            },
+        );
+        let kept: Vec<(String, f64)> = pending
+            .into_values()
+            .map(|message| {
+                (
+                    message.name,
+                    message.stat.unwrap().average_concurrent_requests,
+                )
+            })
+            .collect();
+        assert_eq!(kept, [("a".to_string(), 2.0), ("b".to_string(), 3.0)]);
+    }
+}
