@@ -6,6 +6,7 @@
 #   bash benches/scenarios/run.sh scarcity [options]        # 8 pods × CC=1, 64 clients, ~2 min
 #   bash benches/scenarios/run.sh queued-memory [options]   # RSS per queued request, ~1 min
 #   bash benches/scenarios/run.sh routable-first-forward    # QP `ready` → first queued request at the pod, 1000 reps
+#   bash benches/scenarios/run.sh cold-poke                 # cold revision's first request → autoscaler poke, 1000 revisions
 #   bash benches/scenarios/run.sh all                       # every implemented scenario
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/scenarios/run.sh ...   # that binary, no build
 #
@@ -19,14 +20,14 @@ set -euo pipefail
 {
 
 usage() {
-  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 (($#)) || { usage >&2; exit 2; }
 scenario=$1
 shift
 case $scenario in
-  scarcity | queued-memory | routable-first-forward | all) ;;
+  scarcity | queued-memory | routable-first-forward | cold-poke | all) ;;
   -h | --help) usage; exit 0 ;;
   *) echo "run.sh: unknown scenario '$scenario'" >&2; usage >&2; exit 2 ;;
 esac
@@ -139,6 +140,7 @@ if [[ $scenario == all ]]; then
   run_one scarcity || overall=1
   run_one queued-memory || overall=1
   run_one routable-first-forward || overall=1
+  run_one cold-poke || overall=1
 else
   run_one "$scenario" "$@" || overall=$?
 fi

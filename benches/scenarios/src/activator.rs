@@ -28,6 +28,8 @@ pub struct Launch<'a> {
     pub proxy: &'a str,
     /// `[features]` lines, e.g. `"activator.pod-quarantine" = "disabled"`.
     pub features: &'a str,
+    /// Other tables, e.g. `[autoscaler]`.
+    pub tables: &'a str,
     /// The `[[revisions]]` tables.
     pub revisions: &'a str,
     /// Directory for the config file and the log.
@@ -67,8 +69,8 @@ impl Activator {
             format!("[features]\n{}\n\n", launch.features)
         };
         let config = format!(
-            "[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 0\n{}\n\n{features}{}",
-            launch.proxy, launch.revisions
+            "[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 0\n{}\n\n{features}{}\n\n{}",
+            launch.proxy, launch.tables, launch.revisions
         );
         std::fs::write(&config_path, config)
             .map_err(|e| format!("writing {}: {e}", config_path.display()))?;

@@ -159,6 +159,7 @@ fn measure(binary: &Path, driver: &str, options: &Options) -> Result<Vec<u32>, S
         http_ip: "127.0.0.1",
         proxy: "",
         features: "",
+        tables: "",
         revisions: &revisions,
         dir: dir.path(),
     })?;

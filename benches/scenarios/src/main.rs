@@ -9,6 +9,7 @@
 mod activator;
 mod backends;
 mod client;
+mod cold_poke;
 mod first_forward;
 mod queued_memory;
 mod scarcity;
@@ -90,6 +91,12 @@ enum Scenario {
         #[arg(long, default_value_t = 1000)]
         repetitions: usize,
     },
+    /// REVISIONS revisions without pods reporting to a test autoscaler: time from each one's
+    /// first request to the autoscaler reading its poke.
+    ColdPoke {
+        #[arg(long, default_value_t = 1000)]
+        revisions: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -145,6 +152,14 @@ fn main() -> ExitCode {
                 queue_depth,
                 stage_timeout: Duration::from_secs(stage_timeout),
                 settle: Duration::from_secs(1),
+            },
+        ),
+        Scenario::ColdPoke { revisions } => cold_poke::run(
+            &cli.kactivator,
+            &cold_poke::Options {
+                revisions: revisions.max(1),
+                drivers: cli.drivers,
+                shards: cli.shards,
             },
         ),
         Scenario::RoutableFirstForward { repetitions } => first_forward::run(

@@ -123,6 +123,7 @@ fn run_driver(
         http_ip: "127.0.0.1",
         proxy: &options.proxy,
         features: "",
+        tables: "",
         revisions: &revisions,
         dir,
     })

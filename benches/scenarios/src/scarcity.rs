@@ -112,6 +112,7 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
             http_ip: "127.0.0.1",
             proxy: "",
             features: FEATURES,
+            tables: "",
             revisions: &revisions,
             dir: scratch.path(),
         })

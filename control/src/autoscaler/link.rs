@@ -136,9 +136,11 @@ pub async fn run(
     let mut backoff = Backoff::default();
     let mut pending = Pending::new();
     loop {
+        // Nagle off: a poke is one small frame, and with it on, a frame written while the
+        // previous one is unacknowledged waits for the peer's delayed ACK (40 ms).
         let attempt = tokio::time::timeout(
             HANDSHAKE_TIMEOUT,
-            tokio_tungstenite::connect_async(url.as_str()),
+            tokio_tungstenite::connect_async_with_config(url.as_str(), None, true),
         )
         .await;
         match attempt {
