@@ -80,14 +80,64 @@ fn effective_config(cli: &Cli, preset: Option<Config>) -> Result<Config, StartEr
         config.proxy.drain_grace_seconds = grace;
     }
     if let Some(url) = &cli.autoscaler_url {
-        AutoscalerSettings::check_url(url).map_err(|why| ConfigError {
-            source: Some("--autoscaler-url".into()),
-            position: None,
-            message: why,
-        })?;
+        if !url.is_empty() {
+            AutoscalerSettings::check_url(url).map_err(|why| ConfigError {
+                source: Some("--autoscaler-url".into()),
+                position: None,
+                message: why,
+            })?;
+        }
         config.autoscaler.url = Some(url.clone());
     }
     Ok(config)
+}
+
+/// Where to report: the configured URL; an empty one turns reporting off; none at all inside a
+/// Knative installation (`SYSTEM_NAMESPACE` set) is the autoscaler Service, as upstream dials
+/// it; standalone, nothing.
+fn autoscaler_url(
+    configured: Option<String>,
+    system_namespace: Option<&str>,
+    cluster_domain: &str,
+) -> Option<String> {
+    match (configured, system_namespace) {
+        (Some(url), _) if url.is_empty() => None,
+        (Some(url), _) => Some(url),
+        (None, Some(namespace)) if !namespace.is_empty() => {
+            let url = kactivator_api::autoscaler::default_url(namespace, cluster_domain);
+            tracing::info!(%url, "reporting to the autoscaler of SYSTEM_NAMESPACE");
+            Some(url)
+        }
+        (None, _) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_autoscaler_is_the_configured_one_or_the_system_namespaces_or_none() {
+        let configured = Some("ws://elsewhere:9".to_string());
+        assert_eq!(
+            autoscaler_url(configured, Some("knative-serving"), "cluster.local").as_deref(),
+            Some("ws://elsewhere:9")
+        );
+        assert_eq!(
+            autoscaler_url(None, Some("knative-serving"), "corp.internal").as_deref(),
+            Some("ws://autoscaler.knative-serving.svc.corp.internal:8080")
+        );
+        assert_eq!(autoscaler_url(None, None, "cluster.local"), None);
+        assert_eq!(
+            autoscaler_url(
+                Some(String::new()),
+                Some("knative-serving"),
+                "cluster.local"
+            ),
+            None,
+            "an empty URL turns reporting off"
+        );
+    }
 }
 
 /// Runs kactivator until it has drained. `preset` replaces the file (the demo uses it);
@@ -102,7 +152,7 @@ pub fn run_with(
     on_ready: impl FnOnce(),
 ) -> Result<(), StartError> {
     let preset_given = preset.is_some();
-    let config = effective_config(cli, preset)?;
+    let mut config = effective_config(cli, preset)?;
     let budget = CpuBudget::detect();
     let placement = budget.place(cli.shards);
     tracing::info!(
@@ -133,6 +183,11 @@ pub fn run_with(
             std::env::var("CLUSTER_DOMAIN").ok().as_deref(),
         )
     });
+    config.autoscaler.url = autoscaler_url(
+        config.autoscaler.url.take(),
+        std::env::var("SYSTEM_NAMESPACE").ok().as_deref(),
+        &cluster_domain,
+    );
     // Up while the autoscaler link is (set by the control thread's reporter, read by readiness
     // on the admin port and by kubelet probes on the data port). `None`: nothing to report to.
     let autoscaler_connected = config

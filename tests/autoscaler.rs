@@ -33,28 +33,51 @@ fn readyz(activator: &Activator) -> Option<(u16, String)> {
     admin_get(activator.admin, "/readyz")
 }
 
-/// `clients` threads each sending `get(name, path)` on keep-alive connections until `stop`;
-/// returns the statuses they saw.
+/// One request as its client saw it: sent, answered, status.
+type Exchange = (Instant, Instant, u16);
+
+/// `clients` threads each sending `get(name, path)`, one after another, until `stop`; returns
+/// every request's times and status.
 fn steady_load(
     activator: &Activator,
     name: &'static str,
     path: &'static str,
     clients: usize,
     stop: &Arc<AtomicBool>,
-) -> Vec<JoinHandle<Vec<u16>>> {
+) -> Vec<JoinHandle<Vec<Exchange>>> {
     (0..clients)
         .map(|_| {
             let http = activator.http;
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let mut statuses = Vec::new();
+                let mut exchanges = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
-                    statuses.push(exchange(http, get(name, path).as_bytes()).status);
+                    let sent = Instant::now();
+                    let status = exchange(http, get(name, path).as_bytes()).status;
+                    exchanges.push((sent, Instant::now(), status));
                 }
-                statuses
+                exchanges
             })
         })
         .collect()
+}
+
+/// The clients' own view of a window: requests in flight on average, and arrivals.
+fn offered(exchanges: &[Exchange], from: Instant, to: Instant) -> (f64, f64) {
+    let length = to.duration_since(from).as_secs_f64();
+    let busy: f64 = exchanges
+        .iter()
+        .map(|(sent, answered, _)| {
+            let start = (*sent).max(from);
+            let end = (*answered).min(to);
+            end.saturating_duration_since(start).as_secs_f64()
+        })
+        .sum();
+    let arrivals = exchanges
+        .iter()
+        .filter(|(sent, _, _)| *sent >= from && *sent < to)
+        .count();
+    (busy / length, arrivals as f64)
 }
 
 #[test]
@@ -131,14 +154,6 @@ fn readiness_waits_for_the_autoscaler_and_follows_it() {
     assert!(autoscaler.connections() >= 2);
 }
 
-/// Median of the middle reports (the first after the poke and the edges of the load are off).
-fn steady(stats: &[StatSeen], from: Instant, to: Instant) -> Vec<&StatSeen> {
-    stats
-        .iter()
-        .filter(|stat| stat.at > from && stat.at < to)
-        .collect()
-}
-
 #[test]
 fn per_second_reports_match_the_offered_load_in_one_report_over_both_shards() {
     let autoscaler = TestAutoscaler::start().unwrap();
@@ -148,20 +163,18 @@ fn per_second_reports_match_the_offered_load_in_one_report_over_both_shards() {
         &revision("default", "steady", &[pod.addr()], ""),
     )
     .until_ready();
-    // 8 clients, each always with one request of 50 ms in flight: concurrency 8, 160 req/s.
+    // 8 clients, each with one request of 50 ms in flight: about 8 at once, 160 a second.
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let clients = steady_load(&activator, "steady", "/delay/50", 8, &stop);
     std::thread::sleep(Duration::from_millis(5_500));
     stop.store(true, Ordering::Relaxed);
     let ended = Instant::now();
-    let mut served = 0;
-    for client in clients {
-        for status in client.join().unwrap() {
-            assert_eq!(status, 200);
-            served += 1;
-        }
-    }
+    let exchanges: Vec<Exchange> = clients
+        .into_iter()
+        .flat_map(|client| client.join().unwrap())
+        .collect();
+    assert!(exchanges.iter().all(|(_, _, status)| *status == 200));
     // A tick made after every request arrived closes the last window: one that arrives more
     // than a report interval after the clients were done.
     let done = Instant::now();
@@ -170,20 +183,25 @@ fn per_second_reports_match_the_offered_load_in_one_report_over_both_shards() {
         .iter()
         .any(|stat| stat.at > done + Duration::from_millis(1_050))));
     let stats = autoscaler.stats_of("default", "steady");
-    let middle = steady(
-        &stats,
-        started + Duration::from_millis(1_500),
-        ended - Duration::from_millis(200),
-    );
-    assert!(middle.len() >= 3, "a report a second: {stats:?}");
-    for stat in &middle {
+    // Each tick's window runs from the previous tick; the first (after the poke) and the
+    // edges of the load are left out. What the clients offered in the same window is what
+    // the report must say, within 10 %: on a busy machine the clients offer less than 8.
+    let windows: Vec<(Instant, &StatSeen)> = stats
+        .windows(2)
+        .map(|pair| (pair[0].at, &pair[1]))
+        .filter(|(from, stat)| *from > started + Duration::from_millis(1_200) && stat.at < ended)
+        .collect();
+    assert!(windows.len() >= 3, "a report a second: {stats:?}");
+    for (from, stat) in &windows {
+        let (concurrency, arrivals) = offered(&exchanges, *from, stat.at);
+        assert!(concurrency > 4.0, "the load ran: {concurrency}");
         assert!(
-            (stat.average_concurrent_requests - 8.0).abs() <= 0.8,
-            "concurrency within 10 % of 8: {stat:?}"
+            (stat.average_concurrent_requests - concurrency).abs() <= 0.1 * concurrency,
+            "reported {stat:?}, offered {concurrency:.2} at once"
         );
         assert!(
-            (stat.request_count - 160.0).abs() <= 16.0 + 8.0,
-            "about 160 arrivals a second: {stat:?}"
+            (stat.request_count - arrivals).abs() <= 0.1 * arrivals + 2.0,
+            "reported {stat:?}, offered {arrivals} arrivals"
         );
     }
     // Every tick is one batch with one stat for the revision, whichever shard served what.
@@ -196,9 +214,10 @@ fn per_second_reports_match_the_offered_load_in_one_report_over_both_shards() {
         assert!(mine <= 1, "one stat per revision per batch: {batch:?}");
     }
     let reported: f64 = stats.iter().map(|stat| stat.request_count).sum();
-    assert!(
-        (reported - served as f64).abs() <= 2.0,
-        "every arrival counted once: {reported} reported, {served} served"
+    assert_eq!(
+        reported,
+        exchanges.len() as f64,
+        "every arrival counted once"
     );
     assert!(activator.metric_sum("kactivator_autoscaler_stats_sent_total", &[]) >= 4.0);
 }
@@ -233,7 +252,7 @@ fn an_autoscaler_restart_under_load_fails_no_request_and_reports_resume() {
     stop.store(true, Ordering::Relaxed);
     let failed = AtomicUsize::new(0);
     for client in clients {
-        for status in client.join().unwrap() {
+        for (_, _, status) in client.join().unwrap() {
             if status != 200 {
                 failed.fetch_add(1, Ordering::Relaxed);
             }

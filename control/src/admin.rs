@@ -26,6 +26,10 @@ pub struct AdminState {
     pub worker: Option<crate::worker::WorkerHandle>,
     /// Up while the autoscaler link is; `None` when there is no autoscaler to wait for.
     pub autoscaler_connected: Option<Arc<AtomicBool>>,
+    /// Which metric names `/metrics` exports.
+    pub metric_names: crate::config::MetricNames,
+    /// The reporter's per-second concurrency of each revision, when a reporter runs.
+    pub reported_concurrency: Option<crate::metrics::ReportedConcurrency>,
 }
 
 /// Serves admin requests until the runtime stops.
@@ -59,7 +63,15 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let response = match (request.method(), request.uri().path()) {
         (&Method::GET, "/metrics") => {
-            let body = crate::metrics::render(&state.stats, &state.pod_name, &state.registry);
+            let body = crate::metrics::render(
+                &state.stats,
+                &state.pod_name,
+                &state.registry,
+                crate::metrics::RenderOptions {
+                    names: state.metric_names,
+                    reported_concurrency: state.reported_concurrency.as_ref(),
+                },
+            );
             text(StatusCode::OK, body).map(|mut response| {
                 response.headers_mut().insert(
                     "content-type",

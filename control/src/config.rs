@@ -51,7 +51,43 @@ pub struct Config {
     #[serde(default)]
     pub autoscaler: AutoscalerSettings,
     #[serde(default)]
+    pub metrics: MetricsSettings,
+    #[serde(default)]
     pub revisions: Vec<RevisionConfig>,
+}
+
+// === [metrics] ===
+
+/// Which names the request metrics are exported under.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricNames {
+    /// Knative 1.18's OpenCensus names (`activator_request_count`, …), what the fork runs.
+    Opencensus,
+    /// Knative 1.19+'s OpenTelemetry names as its Prometheus exporter writes them
+    /// (`kn_revision_request_concurrency`, `http_server_request_duration_seconds`, …).
+    Opentelemetry,
+    /// Both sets (the default): dashboards for either Knative version work unchanged.
+    #[default]
+    Both,
+}
+
+impl MetricNames {
+    pub fn opencensus(self) -> bool {
+        matches!(self, MetricNames::Opencensus | MetricNames::Both)
+    }
+
+    pub fn opentelemetry(self) -> bool {
+        matches!(self, MetricNames::Opentelemetry | MetricNames::Both)
+    }
+}
+
+/// What `/metrics` exports.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSettings {
+    /// `opencensus`, `opentelemetry` or `both`. Default: `both`.
+    pub names: MetricNames,
 }
 
 // === [autoscaler] ===
@@ -60,10 +96,10 @@ pub struct Config {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AutoscalerSettings {
-    /// `ws://host:port[/path]` of the stat server (in a cluster,
-    /// `ws://autoscaler.<SYSTEM_NAMESPACE>.svc.<cluster domain>:8080`). With one, readiness
-    /// waits for the connection, as upstream's does. Default: none — standalone, nothing is
-    /// reported and readiness does not wait.
+    /// `ws://host:port[/path]` of the stat server. With one, readiness waits for the
+    /// connection, as upstream's does; `""` turns reporting off. Default: with `SYSTEM_NAMESPACE`
+    /// set (inside Knative), `ws://autoscaler.<SYSTEM_NAMESPACE>.svc.<cluster domain>:8080`, as
+    /// upstream; without it (standalone), none: nothing is reported, readiness does not wait.
     pub url: Option<String>,
 }
 
@@ -484,7 +520,7 @@ impl Config {
 
     /// Checks what the types cannot say. Every error points at the value it is about.
     fn validate(&self, spans: &Spans<'_>) -> Result<(), ConfigError> {
-        if let Some(url) = &self.autoscaler.url {
+        if let Some(url) = self.autoscaler.url.as_ref().filter(|url| !url.is_empty()) {
             AutoscalerSettings::check_url(url).map_err(|why| {
                 ConfigError::invalid(
                     spans.table_value("autoscaler", "url"),

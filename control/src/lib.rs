@@ -123,7 +123,9 @@ impl ControlPlane {
             ready: false.into(),
             draining: false.into(),
             worker: Some(worker.clone()),
+            reported_concurrency: autoscaler_connected.as_ref().map(|_| Arc::default()),
             autoscaler_connected,
+            metric_names: config.metrics.names,
         });
         ControlPlane {
             config,
@@ -181,11 +183,13 @@ impl ControlPlane {
                 autoscaler::ReporterConfig {
                     url,
                     pod_name: self.admin.pod_name.clone(),
+                    metric_names: self.config.metrics.names,
                 },
                 self.admin.stats.clone(),
                 pokes,
                 &self.admin.registry,
                 connected,
+                self.admin.reported_concurrency.clone().unwrap_or_default(),
             );
         }
         let watch = self.config_path.clone().map(|path| FileWatch {

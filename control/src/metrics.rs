@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::{Arc, Mutex};
 
+use kactivator_api::RevisionKey;
 use kactivator_shards::metrics::{AllShardStats, ShardStats, LATENCY_BUCKETS_MS};
 use kactivator_shards::routing::RevisionLabels;
 use prometheus::{Encoder, TextEncoder};
@@ -20,8 +22,22 @@ struct CodeTotals {
 struct RevisionTotals {
     labels: RevisionLabels,
     codes: BTreeMap<u16, CodeTotals>,
-    concurrency: u64,
+    /// Requests in flight in the activator now (queued included).
+    in_flight: u64,
     queued: u64,
+}
+
+/// The autoscaler reporter's last concurrency of each revision (what upstream records in its
+/// concurrency gauge at every report): written once a second by the reporter, read by scrapes.
+pub type ReportedConcurrency = Arc<Mutex<BTreeMap<RevisionKey, f64>>>;
+
+/// What the request metrics are rendered from besides the shard counters.
+#[derive(Clone, Copy, Default)]
+pub struct RenderOptions<'a> {
+    pub names: crate::config::MetricNames,
+    /// `Some` when a reporter runs: the concurrency gauges show its per-second averages, as
+    /// upstream's do. `None`: they show the requests in flight at the scrape.
+    pub reported_concurrency: Option<&'a ReportedConcurrency>,
 }
 
 /// Adds `metric` to the control plane's registry and hands it back. A name registered twice
@@ -35,9 +51,36 @@ pub(crate) fn register<C: prometheus::core::Collector + Clone + 'static>(
 }
 
 /// Renders every metric. `pod_name` is this activator's pod (a Knative label).
-pub fn render(stats: &AllShardStats, pod_name: &str, registry: &prometheus::Registry) -> String {
+pub fn render(
+    stats: &AllShardStats,
+    pod_name: &str,
+    registry: &prometheus::Registry,
+    options: RenderOptions<'_>,
+) -> String {
     let mut out = String::with_capacity(8 * 1024);
-    render_requests(&mut out, stats, pod_name);
+    let revisions = revision_totals(stats);
+    let reported = options.reported_concurrency.map(|reported| {
+        reported
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    });
+    let concurrency = |totals: &RevisionTotals| -> f64 {
+        match &reported {
+            Some(reported) => RevisionKey::new(&totals.labels.namespace, &totals.labels.revision)
+                .ok()
+                .and_then(|key| reported.get(&key).copied())
+                .unwrap_or(0.0),
+            None => totals.in_flight as f64,
+        }
+    };
+    if options.names.opencensus() {
+        render_requests(&mut out, &revisions, pod_name, &concurrency);
+    }
+    if options.names.opentelemetry() {
+        render_requests_otel(&mut out, &revisions, &concurrency);
+    }
+    render_queued(&mut out, &revisions, pod_name);
     render_shards(&mut out, stats);
     let mut buffer = Vec::new();
     if TextEncoder::new()
@@ -49,7 +92,8 @@ pub fn render(stats: &AllShardStats, pod_name: &str, registry: &prometheus::Regi
     out
 }
 
-fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
+/// Every revision's counters summed over the shards.
+fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), RevisionTotals> {
     let mut revisions: BTreeMap<(String, String), RevisionTotals> = BTreeMap::new();
     for shard in stats.iter() {
         for block in shard.revisions() {
@@ -59,7 +103,7 @@ fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
             );
             let totals = revisions.entry(key).or_default();
             totals.labels = block.labels.clone();
-            totals.concurrency += block.load.in_flight();
+            totals.in_flight += block.load.in_flight();
             totals.queued += block.queued.get();
             for slot in &block.slots {
                 let code = slot.code();
@@ -75,19 +119,14 @@ fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
             }
         }
     }
+    revisions
+}
 
-    out.push_str(
-        "# HELP activator_request_concurrency Concurrent requests that are routed to Activator\n",
-    );
-    out.push_str("# TYPE activator_request_concurrency gauge\n");
-    for totals in revisions.values() {
-        let _ = writeln!(
-            out,
-            "activator_request_concurrency{{{}}} {}",
-            base_labels(&totals.labels, pod_name),
-            totals.concurrency
-        );
-    }
+fn render_queued(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+    pod_name: &str,
+) {
     out.push_str(
         "# HELP kactivator_revision_queued Requests waiting in the activator for a pod slot.\n",
     );
@@ -98,6 +137,27 @@ fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
             out,
             "kactivator_revision_queued{{{labels}}} {}",
             totals.queued
+        );
+    }
+}
+
+/// Knative 1.18's OpenCensus request metrics.
+fn render_requests(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+    pod_name: &str,
+    concurrency: &dyn Fn(&RevisionTotals) -> f64,
+) {
+    out.push_str(
+        "# HELP activator_request_concurrency Concurrent requests that are routed to Activator\n",
+    );
+    out.push_str("# TYPE activator_request_concurrency gauge\n");
+    for totals in revisions.values() {
+        let _ = writeln!(
+            out,
+            "activator_request_concurrency{{{}}} {}",
+            base_labels(&totals.labels, pod_name),
+            concurrency(totals)
         );
     }
     out.push_str(
@@ -140,6 +200,75 @@ fn render_requests(out: &mut String, stats: &AllShardStats, pod_name: &str) {
             let _ = writeln!(
                 out,
                 "activator_request_latencies_count{{{labels}}} {}",
+                code_totals.count
+            );
+        }
+    }
+}
+
+/// Knative 1.19+'s OpenTelemetry request metrics, named as its Prometheus exporter names them:
+/// dots become underscores, a unit in braces is dropped, seconds add `_seconds`.
+fn render_requests_otel(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+    concurrency: &dyn Fn(&RevisionTotals) -> f64,
+) {
+    out.push_str("# HELP kn_revision_request_concurrency Concurrent requests that are routed to Activator\n# TYPE kn_revision_request_concurrency gauge\n");
+    for totals in revisions.values() {
+        let _ = writeln!(
+            out,
+            "kn_revision_request_concurrency{{{}}} {}",
+            otel_labels(&totals.labels),
+            concurrency(totals)
+        );
+    }
+    out.push_str("# HELP kn_revision_request_queued Number of requests currently queued in the activator waiting for capacity\n# TYPE kn_revision_request_queued gauge\n");
+    for totals in revisions.values() {
+        let _ = writeln!(
+            out,
+            "kn_revision_request_queued{{{}}} {}",
+            otel_revision_labels(&totals.labels),
+            totals.queued
+        );
+    }
+    out.push_str("# HELP kn_revision_request_active Number of requests currently being proxied by the activator\n# TYPE kn_revision_request_active gauge\n");
+    for totals in revisions.values() {
+        let _ = writeln!(
+            out,
+            "kn_revision_request_active{{{}}} {}",
+            otel_revision_labels(&totals.labels),
+            totals.in_flight.saturating_sub(totals.queued)
+        );
+    }
+    out.push_str("# HELP http_server_request_duration_seconds Duration of HTTP server requests.\n# TYPE http_server_request_duration_seconds histogram\n");
+    for totals in revisions.values() {
+        for (code, code_totals) in &totals.codes {
+            let labels = format!(
+                "{},http_response_status_code=\"{code}\"",
+                otel_labels(&totals.labels)
+            );
+            let mut cumulative = 0;
+            for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&code_totals.buckets) {
+                cumulative += count;
+                let _ = writeln!(
+                    out,
+                    "http_server_request_duration_seconds_bucket{{{labels},le=\"{}\"}} {cumulative}",
+                    *bound as f64 / 1000.0
+                );
+            }
+            cumulative += code_totals.buckets[LATENCY_BUCKETS_MS.len()];
+            let _ = writeln!(
+                out,
+                "http_server_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {cumulative}"
+            );
+            let _ = writeln!(
+                out,
+                "http_server_request_duration_seconds_sum{{{labels}}} {}",
+                code_totals.latency_sum_us as f64 / 1_000_000.0
+            );
+            let _ = writeln!(
+                out,
+                "http_server_request_duration_seconds_count{{{labels}}} {}",
                 code_totals.count
             );
         }
@@ -268,6 +397,26 @@ fn base_labels(labels: &RevisionLabels, pod_name: &str) -> String {
     )
 }
 
+/// The attributes upstream's OpenTelemetry request metrics carry, in Prometheus form.
+fn otel_labels(labels: &RevisionLabels) -> String {
+    format!(
+        "k8s_namespace_name=\"{}\",kn_configuration_name=\"{}\",kn_revision_name=\"{}\",kn_service_name=\"{}\"",
+        escape(&labels.namespace),
+        escape(&labels.configuration),
+        escape(&labels.revision),
+        escape(&labels.service)
+    )
+}
+
+/// The attributes of upstream's queued and active gauges (namespace and revision only).
+fn otel_revision_labels(labels: &RevisionLabels) -> String {
+    format!(
+        "k8s_namespace_name=\"{}\",kn_revision_name=\"{}\"",
+        escape(&labels.namespace),
+        escape(&labels.revision)
+    )
+}
+
 fn code_labels(labels: &RevisionLabels, pod_name: &str, code: u16) -> String {
     format!(
         "{},response_code=\"{code}\",response_code_class=\"{}xx\"",
@@ -307,7 +456,12 @@ mod tests {
         let second = stats[1].register_revision(labels, false);
         second.record(200, 70_000);
         second.record(502, 1_000);
-        let text = render(&stats, "activator-0", &prometheus::Registry::new());
+        let text = render(
+            &stats,
+            "activator-0",
+            &prometheus::Registry::new(),
+            RenderOptions::default(),
+        );
         let base = "configuration_name=\"cfg\",container_name=\"activator\",namespace_name=\"ns\",pod_name=\"activator-0\",revision_name=\"rev-1\",service_name=\"svc\"";
         assert!(text.contains(&format!("activator_request_count{{{base},response_code=\"200\",response_code_class=\"2xx\"}} 2\n")), "{text}");
         assert!(text.contains(&format!("activator_request_count{{{base},response_code=\"502\",response_code_class=\"5xx\"}} 1\n")), "{text}");
@@ -316,6 +470,72 @@ mod tests {
         assert!(text.contains(&format!("activator_request_latencies_sum{{{base},response_code=\"200\",response_code_class=\"2xx\"}} 73\n")), "{text}");
         assert!(
             text.contains("kactivator_shard_info{shard=\"1\",driver=\"unknown\"} 1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_opentelemetry_names_carry_the_same_counts_and_either_set_can_be_left_out() {
+        use crate::config::MetricNames;
+        let stats: AllShardStats = Arc::from(vec![CachePadded::new(ShardStats::new(0))]);
+        let labels = RevisionLabels {
+            namespace: "ns".into(),
+            revision: "rev-1".into(),
+            service: "svc".into(),
+            configuration: "cfg".into(),
+        };
+        let block = stats[0].register_revision(labels, false);
+        block.record(200, 3_000);
+        block.load.arrive(0);
+        block.load.arrive(0);
+        block.queued.set(1);
+        let render_with = |names, reported| {
+            render(
+                &stats,
+                "activator-0",
+                &prometheus::Registry::new(),
+                RenderOptions {
+                    names,
+                    reported_concurrency: reported,
+                },
+            )
+        };
+        let otel = render_with(MetricNames::Opentelemetry, None);
+        let attributes = "k8s_namespace_name=\"ns\",kn_configuration_name=\"cfg\",kn_revision_name=\"rev-1\",kn_service_name=\"svc\"";
+        for line in [
+            format!("kn_revision_request_concurrency{{{attributes}}} 2\n"),
+            "kn_revision_request_queued{k8s_namespace_name=\"ns\",kn_revision_name=\"rev-1\"} 1\n".to_string(),
+            "kn_revision_request_active{k8s_namespace_name=\"ns\",kn_revision_name=\"rev-1\"} 1\n".to_string(),
+            format!("http_server_request_duration_seconds_bucket{{{attributes},http_response_status_code=\"200\",le=\"0.005\"}} 1\n"),
+            format!("http_server_request_duration_seconds_sum{{{attributes},http_response_status_code=\"200\"}} 0.003\n"),
+            format!("http_server_request_duration_seconds_count{{{attributes},http_response_status_code=\"200\"}} 1\n"),
+        ] {
+            assert!(otel.contains(&line), "{line} in\n{otel}");
+        }
+        assert!(!otel.contains("activator_request_count"), "{otel}");
+        let opencensus = render_with(MetricNames::Opencensus, None);
+        assert!(opencensus.contains("activator_request_count{"));
+        assert!(!opencensus.contains("kn_revision_request"));
+        let both = render_with(MetricNames::Both, None);
+        assert!(
+            both.contains("activator_request_count{")
+                && both.contains("kn_revision_request_queued{")
+        );
+        // With a reporter, the concurrency gauges show its last per-second average.
+        let reported: ReportedConcurrency = Arc::default();
+        reported
+            .lock()
+            .unwrap()
+            .insert(RevisionKey::new("ns", "rev-1").unwrap(), 1.5);
+        let text = render_with(MetricNames::Both, Some(&reported));
+        assert!(
+            text.contains(&format!(
+                "kn_revision_request_concurrency{{{attributes}}} 1.5\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("activator_request_concurrency{") && text.contains("} 1.5\n"),
             "{text}"
         );
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use kactivator_api::autoscaler::{self, WireStatMessage, WireStatMessages};
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -61,17 +61,20 @@ impl Backoff {
     }
 }
 
-/// The link's metrics.
+/// The link's metrics; under Knative 1.19+'s names too when those are exported
+/// (`kn.activator.stats.conn.reachable`, `kn.activator.stats.conn.errors`, `peer=autoscaler`).
 #[derive(Clone)]
 pub struct LinkMetrics {
     connected: IntGauge,
     connections: IntCounterVec,
     send_errors: IntCounterVec,
     sent: IntCounterVec,
+    reachable: Option<IntGaugeVec>,
+    errors: Option<IntCounterVec>,
 }
 
 impl LinkMetrics {
-    pub fn new(registry: &Registry) -> LinkMetrics {
+    pub fn new(registry: &Registry, names: crate::config::MetricNames) -> LinkMetrics {
         let counter = |name: &str, help: &str, labels: &[&str]| {
             register(
                 registry,
@@ -102,6 +105,48 @@ impl LinkMetrics {
                 "Stats sent to the autoscaler, by kind (poke, tick, resent)",
                 &["kind"],
             ),
+            reachable: names.opentelemetry().then(|| {
+                let reachable = register(
+                    registry,
+                    IntGaugeVec::new(
+                        Opts::new(
+                            "kn_activator_stats_conn_reachable",
+                            "Whether a peer is reachable from the activator (1 = reachable, 0 = not reachable)",
+                        ),
+                        &["peer"],
+                    )
+                    .expect("valid metric"),
+                );
+                reachable.with_label_values(&["autoscaler"]).set(0);
+                reachable
+            }),
+            errors: names.opentelemetry().then(|| {
+                counter(
+                    "kn_activator_stats_conn_errors_total",
+                    "Number of connection errors from the activator",
+                    &["peer"],
+                )
+            }),
+        }
+    }
+
+    fn up(&self) {
+        self.connected.set(1);
+        self.connections.with_label_values(&["established"]).inc();
+        if let Some(reachable) = &self.reachable {
+            reachable.with_label_values(&["autoscaler"]).set(1);
+        }
+    }
+
+    /// The connection failed or was lost (`result`).
+    fn down(&self, result: &str) {
+        self.connected.set(0);
+        self.connections.with_label_values(&[result]).inc();
+        if let Some(reachable) = &self.reachable {
+            reachable.with_label_values(&["autoscaler"]).set(0);
+        }
+        if let Some(errors) = &self.errors {
+            errors.with_label_values(&["autoscaler"]).inc();
         }
     }
 }
@@ -147,11 +192,7 @@ pub async fn run(
             Ok(Ok((socket, _response))) => {
                 backoff.reset();
                 connected.store(true, Ordering::Release);
-                metrics.connected.set(1);
-                metrics
-                    .connections
-                    .with_label_values(&["established"])
-                    .inc();
+                metrics.up();
                 tracing::info!(%url, "connected to the autoscaler");
                 let late: Vec<WireStatMessage> = std::mem::take(&mut pending)
                     .into_values()
@@ -163,19 +204,18 @@ pub async fn run(
                 });
                 let why = serve(socket, late, &mut outgoing, &mut pending, &metrics).await;
                 connected.store(false, Ordering::Release);
-                metrics.connected.set(0);
-                metrics.connections.with_label_values(&["lost"]).inc();
+                metrics.down("lost");
                 match why {
                     Ended::Shutdown => return,
                     Ended::Lost(why) => tracing::warn!(%url, "autoscaler connection lost: {why}"),
                 }
             }
             Ok(Err(error)) => {
-                metrics.connections.with_label_values(&["failed"]).inc();
+                metrics.down("failed");
                 tracing::warn!(%url, "cannot connect to the autoscaler: {error}");
             }
             Err(_elapsed) => {
-                metrics.connections.with_label_values(&["failed"]).inc();
+                metrics.down("failed");
                 tracing::warn!(%url, "cannot connect to the autoscaler: no handshake within {HANDSHAKE_TIMEOUT:?}");
             }
         }

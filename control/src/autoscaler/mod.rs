@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 
 use self::link::{LinkMetrics, Outgoing};
 use self::stats::{Report, Stats, Totals};
+use crate::metrics::ReportedConcurrency;
 
 /// How often every entry reports (upstream's `reportInterval`).
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
@@ -38,16 +39,65 @@ pub struct ReporterConfig {
     pub url: String,
     /// This activator's pod name (`POD_NAME`), the stats' `pod_name`.
     pub pod_name: String,
+    /// Which names the link's metrics are exported under.
+    pub metric_names: crate::config::MetricNames,
 }
 
-/// Every shard's counter blocks of each revision, found as the shards create them.
+/// Every shard's counter blocks of each revision, found as the shards create them, and what
+/// each block's load was when its revision's current entry was made.
 #[derive(Default)]
 struct Blocks {
     by_revision: BTreeMap<RevisionKey, Vec<Arc<RevisionCounters>>>,
+    /// Per entry: each block's load as counted into the entry's first baseline.
+    counted: BTreeMap<RevisionKey, Vec<(Arc<RevisionCounters>, Totals)>>,
 }
 
 impl Blocks {
     /// Adds every block the shards have that is not known yet.
+    /// Reads the revision's load on every shard but `except` at `at_us`, keeping each
+    /// block's part for [`Blocks::correction`].
+    fn baseline_except(
+        &mut self,
+        revision: &RevisionKey,
+        except: &Arc<RevisionCounters>,
+        at_us: u64,
+    ) -> Totals {
+        let mut sum = Totals::default();
+        let mut counted = Vec::new();
+        for block in self.by_revision.get(revision).into_iter().flatten() {
+            if Arc::ptr_eq(block, except) {
+                continue;
+            }
+            let totals = totals_of(block, at_us);
+            sum += totals;
+            counted.push((block.clone(), totals));
+        }
+        self.counted.insert(revision.clone(), counted);
+        sum
+    }
+
+    /// A block poked while its revision had an entry: how much of its load the entry's
+    /// baseline counted that its own poke says came after (its `before`). The block's
+    /// first request raced the poke that made the entry.
+    fn correction(
+        &mut self,
+        revision: &RevisionKey,
+        block: &Arc<RevisionCounters>,
+        before: Totals,
+    ) -> Option<Totals> {
+        let counted = self.counted.get_mut(revision)?;
+        let (_, at_creation) = counted
+            .iter_mut()
+            .find(|(known, _)| Arc::ptr_eq(known, block))?;
+        let less = Totals {
+            arrivals: at_creation.arrivals.saturating_sub(before.arrivals),
+            in_flight: 0,
+            integral: at_creation.integral.saturating_sub(before.integral),
+        };
+        *at_creation = before;
+        (less != Totals::default()).then_some(less)
+    }
+
     fn refresh(&mut self, shards: &AllShardStats) {
         self.by_revision.clear();
         for shard in shards.iter() {
@@ -72,16 +122,6 @@ impl Blocks {
         self.sum(revision, now_us, |_| true)
     }
 
-    /// The revision's load at `at_us` on every shard but the one with `except`.
-    fn totals_except(
-        &self,
-        revision: &RevisionKey,
-        except: &Arc<RevisionCounters>,
-        at_us: u64,
-    ) -> Totals {
-        self.sum(revision, at_us, |block| !Arc::ptr_eq(block, except))
-    }
-
     fn sum(
         &self,
         revision: &RevisionKey,
@@ -96,21 +136,34 @@ impl Blocks {
             .flatten()
             .filter(|block| wanted(block))
         {
-            let load = block.load.read(now_us);
-            totals += Totals {
-                arrivals: load.arrivals,
-                in_flight: load.in_flight,
-                integral: load.integral,
-            };
+            totals += totals_of(block, now_us);
         }
         totals
     }
 
     /// The revision's entry is gone: every shard's next arrival pokes again.
-    fn forget(&self, revision: &RevisionKey) {
+    fn forget(&mut self, revision: &RevisionKey) {
+        self.counted.remove(revision);
         for block in self.by_revision.get(revision).into_iter().flatten() {
             block.reported.store(false, Ordering::Release);
         }
+    }
+}
+
+fn totals_of(block: &RevisionCounters, now_us: u64) -> Totals {
+    let load = block.load.read(now_us);
+    Totals {
+        arrivals: load.arrivals,
+        in_flight: load.in_flight,
+        integral: load.integral,
+    }
+}
+
+fn snapshot_totals(snapshot: kactivator_shards::metrics::LoadSnapshot) -> Totals {
+    Totals {
+        arrivals: snapshot.arrivals,
+        in_flight: snapshot.in_flight,
+        integral: snapshot.integral,
     }
 }
 
@@ -122,6 +175,7 @@ pub fn spawn(
     pokes: flume::Receiver<Poke>,
     registry: &Registry,
     connected: Arc<AtomicBool>,
+    reported_concurrency: ReportedConcurrency,
 ) {
     let (to_link, outgoing) = mpsc::unbounded_channel();
     let waiting_shards = shards.clone();
@@ -138,10 +192,16 @@ pub fn spawn(
         config.url.clone(),
         outgoing,
         connected,
-        LinkMetrics::new(registry),
+        LinkMetrics::new(registry, config.metric_names),
         waiting,
     ));
-    tokio::spawn(report(config.pod_name, shards, pokes, to_link));
+    tokio::spawn(report(
+        config.pod_name,
+        shards,
+        pokes,
+        to_link,
+        reported_concurrency,
+    ));
 }
 
 async fn report(
@@ -149,6 +209,7 @@ async fn report(
     shards: AllShardStats,
     pokes: flume::Receiver<Poke>,
     to_link: mpsc::UnboundedSender<Outgoing>,
+    reported_concurrency: ReportedConcurrency,
 ) {
     let mut stats = Stats::default();
     let mut blocks = Blocks::default();
@@ -158,19 +219,20 @@ async fn report(
         tokio::select! {
             poke = pokes.recv_async() => {
                 let Ok(poke) = poke else { return };
+                let before_poke = snapshot_totals(poke.before);
                 if stats.has_entry(&poke.revision) {
                     // Another shard poked first; this shard's load joins the entry's sum.
                     blocks.add(&poke.revision, &poke.counters);
+                    if let Some(less) = blocks.correction(&poke.revision, &poke.counters, before_poke) {
+                        stats.lower_baseline(&poke.revision, less);
+                    }
                     continue;
                 }
                 // The window starts just before the poking request: the other shards' load
                 // then, and the poking shard's as it reported it.
-                let mut before = blocks.totals_except(&poke.revision, &poke.counters, poke.at_us);
-                before += Totals {
-                    arrivals: poke.before.arrivals,
-                    in_flight: poke.before.in_flight,
-                    integral: poke.before.integral,
-                };
+                let mut before =
+                    blocks.baseline_except(&poke.revision, &poke.counters, poke.at_us);
+                before += before_poke;
                 blocks.add(&poke.revision, &poke.counters);
                 if let Some(report) = stats.poke(&poke.revision, before, poke.at_us) {
                     send(&to_link, &pod_name, vec![report], "poke");
@@ -182,6 +244,15 @@ async fn report(
                 let tick = stats.tick(now_us, |revision| blocks.totals(revision, now_us));
                 for revision in &tick.deleted {
                     blocks.forget(revision);
+                }
+                // What the concurrency gauges show, as upstream records them at each report.
+                {
+                    let mut gauges = reported_concurrency
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    for report in &tick.reports {
+                        gauges.insert(report.revision.clone(), report.average_concurrency);
+                    }
                 }
                 send(&to_link, &pod_name, tick.reports, "tick");
             }

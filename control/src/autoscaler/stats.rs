@@ -93,6 +93,16 @@ impl Stats {
         })
     }
 
+    /// Takes `less` off the start of `revision`'s current window: load the window's baseline
+    /// counted that belongs in it. (A shard whose first request raced the poke of another: its
+    /// own poke, processed later, says what its load was before that request.)
+    pub fn lower_baseline(&mut self, revision: &RevisionKey, less: Totals) {
+        if let Some(entry) = self.entries.get_mut(revision) {
+            entry.baseline.arrivals = entry.baseline.arrivals.wrapping_sub(less.arrivals);
+            entry.baseline.integral = entry.baseline.integral.wrapping_sub(less.integral);
+        }
+    }
+
     /// Closes every entry's window at `now_us`; `totals_of` reads a revision's totals then.
     pub fn tick(&mut self, now_us: u64, mut totals_of: impl FnMut(&RevisionKey) -> Totals) -> Tick {
         let mut tick = Tick::default();
@@ -264,6 +274,40 @@ mod tests {
         let tick = stats.tick(ms(5), |_| busy);
         assert!(tick.deleted.is_empty());
         assert!(stats.has_entry(&key("r")));
+    }
+
+    #[test]
+    fn a_shard_whose_first_request_raced_another_shards_poke_counts_in_full() {
+        let mut stats = Stats::default();
+        let shards = [Load::default(), Load::default()];
+        // Shard 0's first request pokes; before that poke is handled, shard 1 has one too.
+        let before_0 = totals(shards[0].read(0));
+        shards[0].arrive(0);
+        let before_1 = totals(shards[1].read(ms(1)));
+        shards[1].arrive(ms(1));
+        // Handling shard 0's poke reads shard 1 as it is now: its request is in the baseline.
+        let mut baseline = before_0;
+        baseline += totals(shards[1].read(0));
+        stats.poke(&key("r"), baseline, 0).unwrap();
+        // Shard 1's own poke comes next: its load before its request, less what was counted.
+        let counted = totals(shards[1].read(0));
+        stats.lower_baseline(
+            &key("r"),
+            Totals {
+                arrivals: counted.arrivals - before_1.arrivals,
+                in_flight: 0,
+                integral: counted.integral - before_1.integral,
+            },
+        );
+        let tick = stats.tick(ms(1_000), |_| {
+            let mut sum = totals(shards[0].read(ms(1_000)));
+            sum += totals(shards[1].read(ms(1_000)));
+            sum
+        });
+        assert_eq!(
+            tick.reports[0].request_count, 1.0,
+            "both arrivals, less the poked one"
+        );
     }
 
     #[test]
