@@ -112,34 +112,6 @@ fn autoscaler_url(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_autoscaler_is_the_configured_one_or_the_system_namespaces_or_none() {
-        let configured = Some("ws://elsewhere:9".to_string());
-        assert_eq!(
-            autoscaler_url(configured, Some("knative-serving"), "cluster.local").as_deref(),
-            Some("ws://elsewhere:9")
-        );
-        assert_eq!(
-            autoscaler_url(None, Some("knative-serving"), "corp.internal").as_deref(),
-            Some("ws://autoscaler.knative-serving.svc.corp.internal:8080")
-        );
-        assert_eq!(autoscaler_url(None, None, "cluster.local"), None);
-        assert_eq!(
-            autoscaler_url(
-                Some(String::new()),
-                Some("knative-serving"),
-                "cluster.local"
-            ),
-            None,
-            "an empty URL turns reporting off"
-        );
-    }
-}
-
 /// Runs kactivator until it has drained. `preset` replaces the file (the demo uses it);
 /// `on_ready` runs once everything listens.
 pub fn run(cli: &Cli, preset: Option<Config>) -> Result<(), StartError> {
@@ -292,4 +264,32 @@ pub fn run_with(
     }
     tracing::info!("drained; bye");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_autoscaler_is_the_configured_one_or_the_system_namespaces_or_none() {
+        let configured = Some("ws://elsewhere:9".to_string());
+        assert_eq!(
+            autoscaler_url(configured, Some("knative-serving"), "cluster.local").as_deref(),
+            Some("ws://elsewhere:9")
+        );
+        assert_eq!(
+            autoscaler_url(None, Some("knative-serving"), "corp.internal").as_deref(),
+            Some("ws://autoscaler.knative-serving.svc.corp.internal:8080")
+        );
+        assert_eq!(autoscaler_url(None, None, "cluster.local"), None);
+        assert_eq!(
+            autoscaler_url(
+                Some(String::new()),
+                Some("knative-serving"),
+                "cluster.local"
+            ),
+            None,
+            "an empty URL turns reporting off"
+        );
+    }
 }
