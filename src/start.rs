@@ -1,7 +1,6 @@
 //! Start-up and shutdown: configuration, placement, listeners, shard threads, the control thread,
 //! and the drain that ends it all.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use kactivator_shards::metrics::{AllShardStats, ShardStats};
 use kactivator_shards::request::identity::detect_cluster_domain;
 use kactivator_shards::runtime::control_link::ControlLink;
 use kactivator_shards::runtime::reactor::{self, DriverKind, ShardSpec};
+use kactivator_shards::runtime::readiness::Readiness;
 use kactivator_shards::runtime::shard::ShardSettings;
 use kactivator_shards::runtime::topology::CpuBudget;
 use kactivator_shards::throttle::gate::ProcessQueue;
@@ -160,16 +160,12 @@ pub fn run_with(
         std::env::var("SYSTEM_NAMESPACE").ok().as_deref(),
         &cluster_domain,
     );
-    // Up while the autoscaler link is (set by the control thread's reporter, read by readiness
-    // on the admin port and by kubelet probes on the data port). `None`: nothing to report to.
-    let autoscaler_connected = config
-        .autoscaler
-        .url
-        .as_ref()
-        .map(|_| Arc::new(AtomicBool::new(false)));
+    // What readiness waits for (the autoscaler link when there is one), written by the control
+    // thread and read by /readyz and by kubelet probes on the data port.
+    let readiness = Arc::new(Readiness::new(config.autoscaler.url.is_some(), false));
     let settings = Arc::new(ShardSettings {
-        report_load: autoscaler_connected.is_some(),
-        autoscaler_connected: autoscaler_connected.clone(),
+        report_load: config.autoscaler.url.is_some(),
+        readiness: readiness.clone(),
         cluster_domain,
         pool: PoolConfig {
             idle_timeout: Duration::from_secs(config.proxy.upstream_idle_timeout_seconds),
@@ -208,7 +204,7 @@ pub fn run_with(
         pod_ip: std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok()),
         from_shards,
         process_queue,
-        autoscaler_connected,
+        readiness,
     });
     let revisions = runtime
         .block_on(control.start())

@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use kactivator_shards::metrics::AllShardStats;
+use kactivator_shards::runtime::readiness::Readiness;
 use tokio::net::TcpListener;
 
 /// What the admin endpoints read.
@@ -24,8 +25,8 @@ pub struct AdminState {
     pub draining: AtomicBool,
     /// The state worker, whose health `/healthz` reports.
     pub worker: Option<crate::worker::WorkerHandle>,
-    /// Up while the autoscaler link is; `None` when there is no autoscaler to wait for.
-    pub autoscaler_connected: Option<Arc<AtomicBool>>,
+    /// The conditions of readiness besides start-up and draining (shared with the shards).
+    pub readiness: Arc<Readiness>,
     /// Which metric names `/metrics` exports.
     pub metric_names: crate::config::MetricNames,
     /// The reporter's per-second concurrency of each revision, when a reporter runs.
@@ -92,15 +93,8 @@ async fn handle(
                 text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
             } else if !state.ready.load(Ordering::Acquire) {
                 text(StatusCode::SERVICE_UNAVAILABLE, "starting\n".into())
-            } else if state
-                .autoscaler_connected
-                .as_ref()
-                .is_some_and(|up| !up.load(Ordering::Acquire))
-            {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("{}\n", kactivator_api::messages::AUTOSCALER_NOT_CONNECTED),
-                )
+            } else if let Some(reason) = state.readiness.not_ready() {
+                text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n"))
             } else {
                 text(StatusCode::OK, "ready\n".into())
             }

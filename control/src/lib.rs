@@ -23,7 +23,7 @@ pub mod worker;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,7 @@ use kactivator_api::RevisionKey;
 use kactivator_shards::metrics::AllShardStats;
 use kactivator_shards::routing::ShardCommand;
 use kactivator_shards::runtime::control_link::FromShards;
+use kactivator_shards::runtime::readiness::Readiness;
 use kactivator_shards::throttle::gate::ProcessQueue;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -75,8 +76,8 @@ pub struct ControlInputs {
     pub from_shards: FromShards,
     /// Shared by every revision's admission gate.
     pub process_queue: Arc<ProcessQueue>,
-    /// Set while the autoscaler link is up; `Some` exactly when `config.autoscaler.url` is.
-    pub autoscaler_connected: Option<Arc<AtomicBool>>,
+    /// Readiness, shared with the shards: the reporter and the Kubernetes source write it.
+    pub readiness: Arc<Readiness>,
 }
 
 impl ControlPlane {
@@ -93,7 +94,7 @@ impl ControlPlane {
             pod_ip,
             from_shards,
             process_queue,
-            autoscaler_connected,
+            readiness,
         } = inputs;
         let registry = prometheus::Registry::new();
         let (gates, warnings) = features::resolve(&config.features, Gates::default());
@@ -123,8 +124,8 @@ impl ControlPlane {
             ready: false.into(),
             draining: false.into(),
             worker: Some(worker.clone()),
-            reported_concurrency: autoscaler_connected.as_ref().map(|_| Arc::default()),
-            autoscaler_connected,
+            reported_concurrency: config.autoscaler.url.as_ref().map(|_| Arc::default()),
+            readiness,
             metric_names: config.metrics.names,
         });
         ControlPlane {
@@ -175,10 +176,7 @@ impl ControlPlane {
             evidence,
             pokes,
         } = self.from_shards;
-        if let (Some(url), Some(connected)) = (
-            self.config.autoscaler.url.clone(),
-            self.admin.autoscaler_connected.clone(),
-        ) {
+        if let Some(url) = self.config.autoscaler.url.clone() {
             autoscaler::spawn(
                 autoscaler::ReporterConfig {
                     url,
@@ -188,7 +186,7 @@ impl ControlPlane {
                 self.admin.stats.clone(),
                 pokes,
                 &self.admin.registry,
-                connected,
+                self.admin.readiness.clone(),
                 self.admin.reported_concurrency.clone().unwrap_or_default(),
             );
         }

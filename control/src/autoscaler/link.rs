@@ -11,12 +11,12 @@
 //! during an autoscaler restart waits for the next tick at best.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use kactivator_api::autoscaler::{self, WireStatMessage, WireStatMessages};
+use kactivator_shards::runtime::readiness::Readiness;
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -168,13 +168,13 @@ fn keep(pending: &mut Pending, batch: WireStatMessages) {
     }
 }
 
-/// Keeps the link up and sends every batch from `outgoing`. `connected` says whether it is up
-/// (readiness reads it). `waiting(namespace, name)` says whether a revision still has requests
+/// Keeps the link up and sends every batch from `outgoing`; whether it is up goes into
+/// `readiness`. `waiting(namespace, name)` says whether a revision still has requests
 /// waiting (its kept stat is worth sending late).
 pub async fn run(
     url: String,
     mut outgoing: mpsc::UnboundedReceiver<Outgoing>,
-    connected: Arc<AtomicBool>,
+    readiness: Arc<Readiness>,
     metrics: LinkMetrics,
     waiting: impl Fn(&str, &str) -> bool,
 ) {
@@ -191,7 +191,7 @@ pub async fn run(
         match attempt {
             Ok(Ok((socket, _response))) => {
                 backoff.reset();
-                connected.store(true, Ordering::Release);
+                readiness.set_autoscaler_up(true);
                 metrics.up();
                 tracing::info!(%url, "connected to the autoscaler");
                 let late: Vec<WireStatMessage> = std::mem::take(&mut pending)
@@ -203,7 +203,7 @@ pub async fn run(
                     kind: "resent",
                 });
                 let why = serve(socket, late, &mut outgoing, &mut pending, &metrics).await;
-                connected.store(false, Ordering::Release);
+                readiness.set_autoscaler_up(false);
                 metrics.down("lost");
                 match why {
                     Ended::Shutdown => return,

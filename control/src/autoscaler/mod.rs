@@ -14,7 +14,7 @@ pub mod link;
 pub mod stats;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use kactivator_api::autoscaler::{stat_message, WireStatMessages};
 use kactivator_api::RevisionKey;
 use kactivator_shards::metrics::{micros_since_start, AllShardStats, RevisionCounters};
 use kactivator_shards::runtime::control_link::Poke;
+use kactivator_shards::runtime::readiness::Readiness;
 use prometheus::Registry;
 use tokio::sync::mpsc;
 
@@ -167,14 +168,14 @@ fn snapshot_totals(snapshot: kactivator_shards::metrics::LoadSnapshot) -> Totals
     }
 }
 
-/// Starts the reporter and its link on the current (control) runtime. `connected` follows the
-/// link (readiness reads it).
+/// Starts the reporter and its link on the current (control) runtime. The link's state goes
+/// into `readiness`.
 pub fn spawn(
     config: ReporterConfig,
     shards: AllShardStats,
     pokes: flume::Receiver<Poke>,
     registry: &Registry,
-    connected: Arc<AtomicBool>,
+    readiness: Arc<Readiness>,
     reported_concurrency: ReportedConcurrency,
 ) {
     let (to_link, outgoing) = mpsc::unbounded_channel();
@@ -191,7 +192,7 @@ pub fn spawn(
     tokio::spawn(link::run(
         config.url.clone(),
         outgoing,
-        connected,
+        readiness,
         LinkMetrics::new(registry, config.metric_names),
         waiting,
     ));

@@ -9,6 +9,7 @@
 //! * [`sweep`] — the stale-tracker sweep.
 
 pub mod file;
+pub mod kubernetes;
 pub mod probe;
 pub mod prober;
 pub mod registrations;

@@ -74,13 +74,13 @@ mod tests {
             let mut year = 1970u64;
             let mut left = days;
             loop {
-                let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+                let leap = (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400);
                 let length = if leap { 366 } else { 365 };
                 if left < length { break; }
                 left -= length;
                 year += 1;
             }
-            let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+            let leap = (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400);
             let lengths = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
             let mut month = 0;
             while left >= lengths[month] { left -= lengths[month]; month += 1; }

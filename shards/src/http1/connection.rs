@@ -437,13 +437,8 @@ impl Shard {
     fn health(&self) -> Health {
         if self.draining.is_set() {
             Health::Draining
-        } else if self
-            .settings
-            .autoscaler_connected
-            .as_ref()
-            .is_some_and(|up| !up.load(std::sync::atomic::Ordering::Acquire))
-        {
-            Health::NotReady(kactivator_api::messages::AUTOSCALER_NOT_CONNECTED)
+        } else if let Some(reason) = self.settings.readiness.not_ready() {
+            Health::NotReady(reason)
         } else {
             Health::Healthy
         }

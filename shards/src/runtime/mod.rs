@@ -7,6 +7,7 @@ pub mod buffer;
 pub mod control_link;
 pub(crate) mod race;
 pub mod reactor;
+pub mod readiness;
 pub mod shard;
 pub mod signal;
 pub mod topology;

@@ -1,7 +1,6 @@
 //! One shard: a reactor thread's accept loop, its routing replica, pool and counters.
 
 use std::rc::Rc;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use crate::runtime::alarm::{self, Alarms};
 use crate::runtime::blocks::Blocks;
 use crate::runtime::control_link::ControlLink;
 use crate::runtime::race::{race, Either};
+use crate::runtime::readiness::Readiness;
 use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
 use crate::upstream::pool::{Pool, PoolConfig};
 
@@ -32,9 +32,8 @@ pub struct ShardSettings {
     pub pool: PoolConfig,
     /// An autoscaler reporter runs: a revision's first request pokes it. Default false.
     pub report_load: bool,
-    /// Up while the autoscaler link is; while it is down kubelet probes fail, as upstream's
-    /// readiness does. `None` (the default): no autoscaler, probes do not wait for one.
-    pub autoscaler_connected: Option<Arc<AtomicBool>>,
+    /// What kubelet probes report besides draining (the autoscaler link, the informers).
+    pub readiness: Arc<Readiness>,
 }
 
 impl Default for ShardSettings {
@@ -43,7 +42,7 @@ impl Default for ShardSettings {
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
             pool: PoolConfig::default(),
             report_load: false,
-            autoscaler_connected: None,
+            readiness: Arc::default(),
         }
     }
 }

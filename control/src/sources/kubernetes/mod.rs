@@ -1,0 +1,3 @@
+//! The Kubernetes source: the cluster watched as the upstream activator watches it.
+
+pub mod objects;

@@ -1,0 +1,422 @@
+//! What the watched Kubernetes objects say, as the state worker's terms: a Revision's spec, a
+//! revision's endpoints (core/v1 Endpoints or an EndpointSlice, v1 or v1beta1), the activators in
+//! its public endpoints, its private Service's address. Pure: objects in, values out; anything
+//! missing or malformed is an error that names the field, never a panic.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kactivator_api::RevisionKey;
+use kactivator_shards::routing::{
+    LbPolicy, Protocol, RevisionLabels, Timeouts, DEFAULT_QUEUE_DEPTH,
+};
+use serde_json::Value;
+
+use crate::state::{Activators, RevisionSpec, DEFAULT_H2C_SERVING_PORT, DEFAULT_SERVING_PORT};
+
+/// Label saying whether endpoints or a Service are a revision's `Private` or `Public` ones.
+pub const SERVICE_TYPE_LABEL: &str = "networking.internal.knative.dev/serviceType";
+/// Label naming the revision an object belongs to.
+pub const REVISION_LABEL: &str = "serving.knative.dev/revision";
+/// Labels of a Revision naming its Service and Configuration (metric labels).
+pub const SERVICE_LABEL: &str = "serving.knative.dev/service";
+pub const CONFIGURATION_LABEL: &str = "serving.knative.dev/configuration";
+/// Annotation on a Revision choosing its load-balancing policy (ours; the fork's
+/// `spec.loadBalancingPolicy` field is honoured too and wins).
+pub const LB_POLICY_ANNOTATION: &str = "kactivator.knative.dev/load-balancing-policy";
+/// EndpointSlice label naming the Service it belongs to.
+pub const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
+
+/// Which of a revision's Services (and their endpoints) an object is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceType {
+    /// The revision's pods (`<rev>-private`): the backends.
+    Private,
+    /// The activators in front of the revision (`<rev>`).
+    Public,
+}
+
+/// The revision and kind an endpoints object or Service belongs to, from its labels.
+pub fn owner(meta: &ObjectMeta) -> Option<(RevisionKey, ServiceType)> {
+    let labels = meta.labels.as_ref()?;
+    let kind = match labels.get(SERVICE_TYPE_LABEL)?.as_str() {
+        "Private" => ServiceType::Private,
+        "Public" => ServiceType::Public,
+        _ => return None,
+    };
+    let revision = labels.get(REVISION_LABEL).filter(|name| !name.is_empty())?;
+    let key = RevisionKey::new(meta.namespace.as_deref()?, revision).ok()?;
+    Some((key, kind))
+}
+
+/// A Revision (`serving.knative.dev/v1`, read as JSON) as the state worker's spec.
+pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
+    let metadata = &object["metadata"];
+    let namespace = metadata["namespace"]
+        .as_str()
+        .ok_or("metadata.namespace missing")?;
+    let name = metadata["name"].as_str().ok_or("metadata.name missing")?;
+    let key = RevisionKey::new(namespace, name).map_err(|error| error.to_string())?;
+    let label = |label: &str| {
+        metadata["labels"][label]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let spec = &object["spec"];
+    let seconds = |field: &str| -> Result<Option<u64>, String> {
+        match &spec[field] {
+            Value::Null => Ok(None),
+            value => value
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| format!("spec.{field} is not a whole number of seconds: {value}")),
+        }
+    };
+    let container_concurrency = match &spec["containerConcurrency"] {
+        Value::Null => 0,
+        value => value
+            .as_u64()
+            .and_then(|value| u32::try_from(value).ok())
+            .ok_or_else(|| format!("spec.containerConcurrency is not a count: {value}"))?,
+    };
+    let timeouts = Timeouts {
+        total: seconds("timeoutSeconds")?
+            .filter(|&seconds| seconds > 0)
+            .map_or(Timeouts::default().total, Duration::from_secs),
+        response_start: seconds("responseStartTimeoutSeconds")?
+            .filter(|&seconds| seconds > 0)
+            .map(Duration::from_secs),
+        idle: seconds("idleTimeoutSeconds")?
+            .filter(|&seconds| seconds > 0)
+            .map(Duration::from_secs),
+    };
+    // Upstream: h2c iff the first container's first port is named `h2c`.
+    let protocol = match spec["containers"][0]["ports"][0]["name"].as_str() {
+        Some("h2c") => Protocol::H2c,
+        _ => Protocol::Http1,
+    };
+    let policy = spec["loadBalancingPolicy"]
+        .as_str()
+        .or_else(|| metadata["annotations"][LB_POLICY_ANNOTATION].as_str());
+    let lb_policy = match policy {
+        None => LbPolicy::default_for(container_concurrency),
+        Some(name) => LbPolicy::parse(name).ok_or_else(|| {
+            format!("unknown load-balancing policy {name:?} (random-choice-2, first-available, round-robin, least-connections)")
+        })?,
+    };
+    Ok(RevisionSpec {
+        labels: RevisionLabels {
+            namespace: namespace.to_string(),
+            revision: name.to_string(),
+            service: label(SERVICE_LABEL),
+            configuration: label(CONFIGURATION_LABEL),
+        },
+        key,
+        container_concurrency,
+        protocol,
+        timeouts,
+        lb_policy,
+        queue_depth: DEFAULT_QUEUE_DEPTH,
+        serving_port: match protocol {
+            Protocol::Http1 => DEFAULT_SERVING_PORT,
+            Protocol::H2c => DEFAULT_H2C_SERVING_PORT,
+        },
+        cluster_ip: None,
+    })
+}
+
+/// A revision's endpoints: the ready ones and those listed as not ready.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Addresses {
+    pub ready: BTreeSet<SocketAddr>,
+    pub not_ready: BTreeSet<SocketAddr>,
+}
+
+impl Addresses {
+    /// Adds another part's addresses (one of a Service's several EndpointSlices).
+    pub fn merge(&mut self, other: &Addresses) {
+        self.ready.extend(&other.ready);
+        self.not_ready.extend(&other.not_ready);
+        // An address ready in one slice is ready.
+        let ready = self.ready.clone();
+        self.not_ready.retain(|addr| !ready.contains(addr));
+    }
+}
+
+/// Port names that carry a revision's traffic (upstream's `http`/`http2`).
+fn is_serving_port(name: Option<&str>) -> bool {
+    matches!(name, Some("http" | "http2"))
+}
+
+/// core/v1 Endpoints → addresses: from every subset with a port named `http` or `http2`, at
+/// that port (upstream's `endpointsToDests`).
+pub fn endpoints_addresses(endpoints: &Endpoints) -> Addresses {
+    let mut addresses = Addresses::default();
+    for subset in endpoints.subsets.iter().flatten() {
+        let Some(port) = subset
+            .ports
+            .iter()
+            .flatten()
+            .find(|port| is_serving_port(port.name.as_deref()))
+            .and_then(|port| u16::try_from(port.port).ok())
+        else {
+            continue;
+        };
+        for (list, into) in [
+            (&subset.addresses, &mut addresses.ready),
+            (&subset.not_ready_addresses, &mut addresses.not_ready),
+        ] {
+            for address in list.iter().flatten() {
+                if let Ok(ip) = address.ip.parse::<IpAddr>() {
+                    into.insert(SocketAddr::new(ip, port));
+                }
+            }
+        }
+    }
+    addresses
+}
+
+/// An EndpointSlice (v1 or v1beta1, read as JSON) → addresses at its port named `http` or
+/// `http2`. An endpoint is ready unless `conditions.ready` is false (nil means ready, as the
+/// API documents).
+pub fn slice_addresses(slice: &Value) -> Addresses {
+    let mut addresses = Addresses::default();
+    let Some(port) = slice["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|port| is_serving_port(port["name"].as_str()))
+        .and_then(|port| port["port"].as_u64())
+        .and_then(|port| u16::try_from(port).ok())
+    else {
+        return addresses;
+    };
+    for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
+        let ready = endpoint["conditions"]["ready"].as_bool().unwrap_or(true);
+        for ip in endpoint["addresses"].as_array().into_iter().flatten() {
+            let Some(ip) = ip.as_str().and_then(|ip| ip.parse::<IpAddr>().ok()) else {
+                continue;
+            };
+            let addr = SocketAddr::new(ip, port);
+            if ready {
+                addresses.ready.insert(addr);
+            } else {
+                addresses.not_ready.insert(addr);
+            }
+        }
+    }
+    addresses
+}
+
+/// The activators in a revision's public endpoints, as the subsetting sees them: every ready
+/// IP and this activator's (`pod_ip`). `None` when this activator is not among them (it is not
+/// in the revision's path, or the revision is served directly): upstream then keeps what it had.
+pub fn public_activators(addresses: &Addresses, pod_ip: Option<IpAddr>) -> Option<Activators> {
+    let me = pod_ip?;
+    let all: Vec<IpAddr> = addresses
+        .ready
+        .iter()
+        .map(SocketAddr::ip)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    all.contains(&me)
+        .then_some(Activators { me: Some(me), all })
+}
+
+/// A private Service's cluster address: its ClusterIP at its port named `http` or `http2`.
+pub fn service_address(service: &Service) -> Option<SocketAddr> {
+    let spec = service.spec.as_ref()?;
+    let ip: IpAddr = spec.cluster_ip.as_deref()?.parse().ok()?;
+    let port = spec
+        .ports
+        .iter()
+        .flatten()
+        .find(|port| is_serving_port(port.name.as_deref()))?;
+    Some(SocketAddr::new(ip, u16::try_from(port.port).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn revision(spec: Value) -> Value {
+        json!({
+            "apiVersion": "serving.knative.dev/v1",
+            "kind": "Revision",
+            "metadata": {
+                "namespace": "default",
+                "name": "hello-00001",
+                "labels": {
+                    "serving.knative.dev/service": "hello",
+                    "serving.knative.dev/configuration": "hello-config",
+                },
+            },
+            "spec": spec,
+        })
+    }
+
+    #[test]
+    fn a_revision_gives_its_concurrency_timeouts_protocol_policy_and_labels() {
+        let spec = revision_spec(&revision(json!({
+            "containerConcurrency": 4,
+            "timeoutSeconds": 30,
+            "responseStartTimeoutSeconds": 10,
+            "containers": [{"image": "x", "ports": [{"name": "h2c", "containerPort": 8080}]}],
+        })))
+        .unwrap();
+        assert_eq!(spec.key.as_str(), "default/hello-00001");
+        assert_eq!(spec.labels.service, "hello");
+        assert_eq!(spec.labels.configuration, "hello-config");
+        assert_eq!(spec.container_concurrency, 4);
+        assert_eq!(spec.timeouts.total, Duration::from_secs(30));
+        assert_eq!(spec.timeouts.response_start, Some(Duration::from_secs(10)));
+        assert_eq!(spec.timeouts.idle, None);
+        assert_eq!(spec.protocol, Protocol::H2c);
+        assert_eq!(spec.serving_port, 8013);
+        assert_eq!(
+            spec.lb_policy,
+            LbPolicy::RoundRobin,
+            "CC 4: upstream's default"
+        );
+    }
+
+    #[test]
+    fn missing_fields_take_upstreams_defaults_and_bad_ones_say_which() {
+        let spec = revision_spec(&revision(json!({}))).unwrap();
+        assert_eq!(spec.container_concurrency, 0);
+        assert_eq!(spec.timeouts, Timeouts::default());
+        assert_eq!(spec.protocol, Protocol::Http1);
+        assert_eq!(spec.lb_policy, LbPolicy::RandomChoice2);
+        let by_annotation = {
+            let mut object = revision(json!({"containerConcurrency": 1}));
+            object["metadata"]["annotations"] = json!({LB_POLICY_ANNOTATION: "least-connections"});
+            revision_spec(&object).unwrap()
+        };
+        assert_eq!(by_annotation.lb_policy, LbPolicy::LeastConnections);
+        let error = revision_spec(&revision(json!({"containerConcurrency": "lots"}))).unwrap_err();
+        assert!(error.contains("spec.containerConcurrency"), "{error}");
+        let error = revision_spec(&revision(json!({"loadBalancingPolicy": "random"}))).unwrap_err();
+        assert!(error.contains("random"), "{error}");
+        assert!(revision_spec(&json!({"metadata": {"name": "x"}})).is_err());
+    }
+
+    #[test]
+    fn endpoints_take_the_port_named_http_or_http2_and_split_ready_from_not_ready() {
+        let endpoints: Endpoints = serde_json::from_value(json!({
+            "metadata": {"name": "hello-00001-private", "namespace": "default"},
+            "subsets": [
+                {
+                    "addresses": [{"ip": "10.0.0.1"}, {"ip": "10.0.0.2"}],
+                    "notReadyAddresses": [{"ip": "10.0.0.3"}],
+                    "ports": [{"name": "http-autometric", "port": 9090}, {"name": "http", "port": 8012}],
+                },
+                {"addresses": [{"ip": "10.0.0.9"}], "ports": [{"name": "https", "port": 8112}]},
+            ],
+        }))
+        .unwrap();
+        let addresses = endpoints_addresses(&endpoints);
+        let ready: Vec<String> = addresses.ready.iter().map(ToString::to_string).collect();
+        assert_eq!(ready, ["10.0.0.1:8012", "10.0.0.2:8012"]);
+        let not_ready: Vec<String> = addresses
+            .not_ready
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(not_ready, ["10.0.0.3:8012"]);
+    }
+
+    #[test]
+    fn endpoint_slices_of_either_version_read_alike() {
+        let v1 = json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": true}, "nodeName": "n"},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": false}},
+                {"addresses": ["10.0.0.3"]},
+            ],
+            "ports": [{"name": "http2", "port": 8013}],
+        });
+        let mut v1beta1 = v1.clone();
+        v1beta1["apiVersion"] = json!("discovery.k8s.io/v1beta1");
+        v1beta1["endpoints"][0]["topology"] = json!({"kubernetes.io/hostname": "n"});
+        for slice in [v1, v1beta1] {
+            let addresses = slice_addresses(&slice);
+            let ready: Vec<String> = addresses.ready.iter().map(ToString::to_string).collect();
+            assert_eq!(
+                ready,
+                ["10.0.0.1:8013", "10.0.0.3:8013"],
+                "nil ready means ready"
+            );
+            assert_eq!(addresses.not_ready.len(), 1);
+        }
+        assert_eq!(
+            slice_addresses(&json!({"ports": [{"name": "https", "port": 1}]})),
+            Addresses::default()
+        );
+        assert_eq!(slice_addresses(&json!(null)), Addresses::default());
+    }
+
+    #[test]
+    fn this_activator_subsets_only_when_it_is_in_the_public_endpoints() {
+        let mut addresses = Addresses::default();
+        for ip in ["10.1.0.2", "10.1.0.1"] {
+            addresses
+                .ready
+                .insert(SocketAddr::new(ip.parse().unwrap(), 8012));
+        }
+        let me: IpAddr = "10.1.0.2".parse().unwrap();
+        let activators = public_activators(&addresses, Some(me)).unwrap();
+        assert_eq!(activators.me, Some(me));
+        assert_eq!(activators.all.len(), 2);
+        assert_eq!(
+            public_activators(&addresses, Some("10.9.9.9".parse().unwrap())),
+            None
+        );
+        assert_eq!(public_activators(&addresses, None), None);
+    }
+
+    #[test]
+    fn owners_come_from_the_labels() {
+        let meta: ObjectMeta = serde_json::from_value(json!({
+            "namespace": "default",
+            "name": "hello-00001-private",
+            "labels": {SERVICE_TYPE_LABEL: "Private", REVISION_LABEL: "hello-00001"},
+        }))
+        .unwrap();
+        let (key, kind) = owner(&meta).unwrap();
+        assert_eq!(
+            (key.as_str(), kind),
+            ("default/hello-00001", ServiceType::Private)
+        );
+        let unlabelled: ObjectMeta =
+            serde_json::from_value(json!({"namespace": "default", "name": "x"})).unwrap();
+        assert_eq!(owner(&unlabelled), None);
+    }
+
+    #[test]
+    fn a_private_service_gives_its_cluster_ip_at_the_http_port() {
+        let service: Service = serde_json::from_value(json!({
+            "metadata": {"name": "hello-00001-private", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.3.4", "ports": [
+                {"name": "https", "port": 443}, {"name": "http", "port": 80, "targetPort": 8012}
+            ]},
+        }))
+        .unwrap();
+        assert_eq!(
+            service_address(&service),
+            Some("10.96.3.4:80".parse().unwrap())
+        );
+        let headless: Service = serde_json::from_value(json!({
+            "metadata": {"name": "x"}, "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]},
+        }))
+        .unwrap();
+        assert_eq!(service_address(&headless), None);
+    }
+}
