@@ -1,3 +1,4 @@
 //! The Kubernetes source: the cluster watched as the upstream activator watches it.
 
+pub mod model;
 pub mod objects;

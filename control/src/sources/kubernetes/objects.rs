@@ -31,7 +31,7 @@ pub const LB_POLICY_ANNOTATION: &str = "kactivator.knative.dev/load-balancing-po
 pub const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
 
 /// Which of a revision's Services (and their endpoints) an object is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ServiceType {
     /// The revision's pods (`<rev>-private`): the backends.
     Private,

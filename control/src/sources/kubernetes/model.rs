@@ -1,0 +1,460 @@
+//! The cluster as the Kubernetes source has seen it, and the ops each change makes: one watch
+//! event in, the state worker's ops out. Sans-IO, so every rule (relists apply only the
+//! difference, a revision's slices are merged, a Service address joins the spec in mesh mode)
+//! is tested without a server.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+
+use kactivator_api::RevisionKey;
+use serde_json::Value;
+
+use super::objects::{self, Addresses, ServiceType};
+use crate::features;
+use crate::pod_state::Gates;
+use crate::state::{OmissionScope, Op, RevisionSpec};
+
+/// `config-network`'s `mesh-compatibility-mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MeshMode {
+    /// Upstream probes pods and falls back to the private Service on mesh-like failures. That
+    /// detection is not built here: pods are used directly, as in `disabled`.
+    #[default]
+    Auto,
+    /// Every revision goes through its private Service (cluster-IP mode).
+    Enabled,
+    /// Never through the Service.
+    Disabled,
+}
+
+impl MeshMode {
+    /// Reads the key's value; anything else is `None`.
+    pub fn parse(value: &str) -> Option<MeshMode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Some(MeshMode::Auto),
+            "enabled" => Some(MeshMode::Enabled),
+            "disabled" => Some(MeshMode::Disabled),
+            _ => None,
+        }
+    }
+}
+
+/// An endpoints object (Endpoints or EndpointSlice) by namespace and name.
+pub type ObjectId = (String, String);
+
+/// One endpoints object as seen: whose it is and what it lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointsSeen {
+    pub revision: RevisionKey,
+    pub kind: ServiceType,
+    pub addresses: Addresses,
+}
+
+/// What the source knows.
+#[derive(Default)]
+pub struct Model {
+    /// Every Revision's spec as its object says (without the Service address).
+    revisions: BTreeMap<RevisionKey, RevisionSpec>,
+    /// Each revision's private Service address.
+    services: BTreeMap<RevisionKey, SocketAddr>,
+    endpoints: BTreeMap<ObjectId, EndpointsSeen>,
+    mesh: MeshMode,
+    pod_ip: Option<IpAddr>,
+    gates: Gates,
+}
+
+impl Model {
+    pub fn new(mesh: MeshMode, pod_ip: Option<IpAddr>, gates: Gates) -> Model {
+        Model {
+            mesh,
+            pod_ip,
+            gates,
+            ..Model::default()
+        }
+    }
+
+    pub fn revision_count(&self) -> usize {
+        self.revisions.len()
+    }
+
+    pub fn endpoints_count(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    /// The spec the state worker gets: the Revision's, with its Service's address in mesh mode.
+    fn routed_spec(&self, spec: &RevisionSpec) -> RevisionSpec {
+        let mut routed = spec.clone();
+        if self.mesh == MeshMode::Enabled {
+            routed.cluster_ip = self.services.get(&spec.key).copied();
+        }
+        routed
+    }
+
+    // === Revisions ===
+
+    /// A Revision was added or changed. An object that cannot route (a missing name, a bad
+    /// field) is reported and changes nothing.
+    pub fn revision_applied(&mut self, object: &Value) -> Result<Vec<Op>, String> {
+        let spec = objects::revision_spec(object)?;
+        if self.revisions.get(&spec.key) == Some(&spec) {
+            return Ok(Vec::new());
+        }
+        let op = Op::UpsertRevision(self.routed_spec(&spec));
+        self.revisions.insert(spec.key.clone(), spec);
+        Ok(vec![op])
+    }
+
+    pub fn revision_deleted(&mut self, revision: &RevisionKey) -> Vec<Op> {
+        match self.revisions.remove(revision) {
+            Some(_) => vec![Op::RemoveRevision {
+                revision: revision.clone(),
+            }],
+            None => Vec::new(),
+        }
+    }
+
+    /// The watch (re)listed every Revision: those it no longer has are removed, the rest
+    /// applied (unchanged ones are no-ops). Objects that cannot route are returned as errors.
+    pub fn revisions_listed(&mut self, objects: &[Value]) -> (Vec<Op>, Vec<String>) {
+        let mut ops = Vec::new();
+        let mut errors = Vec::new();
+        let mut listed = BTreeSet::new();
+        for object in objects {
+            match objects::revision_spec(object) {
+                Ok(spec) => {
+                    listed.insert(spec.key.clone());
+                    if self.revisions.get(&spec.key) != Some(&spec) {
+                        ops.push(Op::UpsertRevision(self.routed_spec(&spec)));
+                        self.revisions.insert(spec.key.clone(), spec);
+                    }
+                }
+                Err(error) => errors.push(error),
+            }
+        }
+        let gone: Vec<RevisionKey> = self
+            .revisions
+            .keys()
+            .filter(|key| !listed.contains(*key))
+            .cloned()
+            .collect();
+        for revision in gone {
+            ops.extend(self.revision_deleted(&revision));
+        }
+        (ops, errors)
+    }
+
+    // === Endpoints (private: the pods; public: the activators) ===
+
+    pub fn endpoints_applied(&mut self, id: ObjectId, seen: EndpointsSeen) -> Vec<Op> {
+        let key = (seen.revision.clone(), seen.kind);
+        let previous = self.endpoints.insert(id, seen);
+        let mut ops = self.endpoints_ops(&key);
+        if let Some(previous) = previous {
+            let before = (previous.revision, previous.kind);
+            if before != key {
+                ops.extend(self.endpoints_ops(&before));
+            }
+        }
+        ops
+    }
+
+    pub fn endpoints_deleted(&mut self, id: &ObjectId) -> Vec<Op> {
+        match self.endpoints.remove(id) {
+            Some(seen) => self.endpoints_ops(&(seen.revision, seen.kind)),
+            None => Vec::new(),
+        }
+    }
+
+    /// The watch (re)listed every endpoints object: affected revisions are recomputed once.
+    pub fn endpoints_listed(&mut self, all: Vec<(ObjectId, EndpointsSeen)>) -> Vec<Op> {
+        let mut affected: BTreeSet<(RevisionKey, ServiceType)> = self
+            .endpoints
+            .values()
+            .map(|seen| (seen.revision.clone(), seen.kind))
+            .collect();
+        let listed: BTreeMap<ObjectId, EndpointsSeen> = all.into_iter().collect();
+        // Only what changed: an object listed as before changes nothing.
+        let changed: BTreeSet<(RevisionKey, ServiceType)> = listed
+            .iter()
+            .filter(|(id, seen)| self.endpoints.get(*id) != Some(*seen))
+            .map(|(_, seen)| (seen.revision.clone(), seen.kind))
+            .chain(
+                self.endpoints
+                    .iter()
+                    .filter(|(id, _)| !listed.contains_key(*id))
+                    .map(|(_, seen)| (seen.revision.clone(), seen.kind)),
+            )
+            .collect();
+        affected.retain(|key| changed.contains(key));
+        affected.extend(changed);
+        self.endpoints = listed;
+        affected
+            .iter()
+            .flat_map(|key| self.endpoints_ops(key))
+            .collect()
+    }
+
+    /// The op that says what a revision's endpoints of one kind list now, merged over every
+    /// object (a Service has several EndpointSlices).
+    fn endpoints_ops(&self, (revision, kind): &(RevisionKey, ServiceType)) -> Vec<Op> {
+        let mut merged = Addresses::default();
+        for seen in self
+            .endpoints
+            .values()
+            .filter(|seen| &seen.revision == revision && seen.kind == *kind)
+        {
+            merged.merge(&seen.addresses);
+        }
+        match kind {
+            // The informer sees every pod: one it does not list as ready is omitted.
+            ServiceType::Private => vec![Op::SetEndpoints {
+                revision: revision.clone(),
+                ready: merged.ready.into_iter().collect(),
+                scope: OmissionScope::AllPods,
+            }],
+            // Upstream: when this activator is not among them, it keeps what it had.
+            ServiceType::Public => objects::public_activators(&merged, self.pod_ip)
+                .map(|activators| Op::SetRevisionActivators {
+                    revision: revision.clone(),
+                    activators: Some(activators),
+                })
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    // === Private Services ===
+
+    pub fn service_applied(
+        &mut self,
+        revision: RevisionKey,
+        address: Option<SocketAddr>,
+    ) -> Vec<Op> {
+        let changed = match address {
+            Some(address) => self.services.insert(revision.clone(), address) != Some(address),
+            None => self.services.remove(&revision).is_some(),
+        };
+        if changed {
+            self.reroute(&revision)
+        } else {
+            Vec::new()
+        }
+    }
+
+    pub fn services_listed(&mut self, all: Vec<(RevisionKey, SocketAddr)>) -> Vec<Op> {
+        let listed: BTreeMap<RevisionKey, SocketAddr> = all.into_iter().collect();
+        let affected: BTreeSet<RevisionKey> = listed
+            .iter()
+            .filter(|(key, address)| self.services.get(*key) != Some(*address))
+            .map(|(key, _)| key.clone())
+            .chain(
+                self.services
+                    .keys()
+                    .filter(|key| !listed.contains_key(*key))
+                    .cloned(),
+            )
+            .collect();
+        self.services = listed;
+        affected.iter().flat_map(|key| self.reroute(key)).collect()
+    }
+
+    /// A Service address changed: in mesh mode the revision's spec changes with it.
+    fn reroute(&self, revision: &RevisionKey) -> Vec<Op> {
+        if self.mesh != MeshMode::Enabled {
+            return Vec::new();
+        }
+        self.revisions
+            .get(revision)
+            .map(|spec| Op::UpsertRevision(self.routed_spec(spec)))
+            .into_iter()
+            .collect()
+    }
+
+    // === config-features ===
+
+    /// `config-features` says `data` (empty when deleted): the gates, hot, through the same
+    /// rules as the file's `[features]`. Returns the op (when they changed) and the warnings.
+    pub fn features(&mut self, data: &BTreeMap<String, String>) -> (Vec<Op>, Vec<String>) {
+        let (gates, warnings) = features::resolve(data, self.gates);
+        if gates == self.gates {
+            return (Vec::new(), warnings);
+        }
+        self.gates = gates;
+        (vec![Op::SetGates(gates)], warnings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key(name: &str) -> RevisionKey {
+        RevisionKey::new("default", name).unwrap()
+    }
+
+    fn revision(name: &str, cc: u32) -> Value {
+        json!({
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {"containerConcurrency": cc},
+        })
+    }
+
+    fn addresses(ready: &[&str], not_ready: &[&str]) -> Addresses {
+        Addresses {
+            ready: ready.iter().map(|addr| addr.parse().unwrap()).collect(),
+            not_ready: not_ready.iter().map(|addr| addr.parse().unwrap()).collect(),
+        }
+    }
+
+    fn private(name: &str, ready: &[&str]) -> EndpointsSeen {
+        EndpointsSeen {
+            revision: key(name),
+            kind: ServiceType::Private,
+            addresses: addresses(ready, &[]),
+        }
+    }
+
+    fn id(name: &str) -> ObjectId {
+        ("default".into(), name.into())
+    }
+
+    fn model() -> Model {
+        Model::new(MeshMode::Auto, "10.1.0.1".parse().ok(), Gates::HYBRID)
+    }
+
+    #[test]
+    fn a_changed_revision_is_upserted_and_an_unchanged_one_is_not() {
+        let mut model = model();
+        let ops = model.revision_applied(&revision("a", 1)).unwrap();
+        assert!(matches!(&ops[..], [Op::UpsertRevision(spec)] if spec.container_concurrency == 1));
+        assert!(model
+            .revision_applied(&revision("a", 1))
+            .unwrap()
+            .is_empty());
+        assert_eq!(model.revision_applied(&revision("a", 2)).unwrap().len(), 1);
+        assert!(model.revision_applied(&json!({"spec": {}})).is_err());
+    }
+
+    #[test]
+    fn a_relist_applies_only_the_difference() {
+        let mut model = model();
+        model.revision_applied(&revision("stays", 1)).unwrap();
+        model.revision_applied(&revision("changes", 1)).unwrap();
+        model.revision_applied(&revision("goes", 1)).unwrap();
+        let (ops, errors) = model.revisions_listed(&[
+            revision("stays", 1),
+            revision("changes", 3),
+            revision("new", 0),
+        ]);
+        assert!(errors.is_empty());
+        let mut upserted: Vec<String> = Vec::new();
+        let mut removed: Vec<String> = Vec::new();
+        for op in ops {
+            match op {
+                Op::UpsertRevision(spec) => upserted.push(spec.key.name().to_string()),
+                Op::RemoveRevision { revision } => removed.push(revision.name().to_string()),
+                other => panic!("{other:?}"),
+            }
+        }
+        upserted.sort();
+        assert_eq!(upserted, ["changes", "new"]);
+        assert_eq!(removed, ["goes"]);
+    }
+
+    #[test]
+    fn a_revisions_slices_are_merged_and_a_relist_touches_only_changed_revisions() {
+        let mut model = model();
+        model.endpoints_applied(id("a-1"), private("a", &["10.0.0.1:8012"]));
+        let ops = model.endpoints_applied(id("a-2"), private("a", &["10.0.0.2:8012"]));
+        assert_eq!(
+            ops,
+            [Op::SetEndpoints {
+                revision: key("a"),
+                ready: vec![
+                    "10.0.0.1:8012".parse().unwrap(),
+                    "10.0.0.2:8012".parse().unwrap()
+                ],
+                scope: OmissionScope::AllPods,
+            }]
+        );
+        model.endpoints_applied(id("b-1"), private("b", &["10.0.0.9:8012"]));
+        // The relist still has a's slices and lost b's: only b is recomputed.
+        let ops = model.endpoints_listed(vec![
+            (id("a-1"), private("a", &["10.0.0.1:8012"])),
+            (id("a-2"), private("a", &["10.0.0.2:8012"])),
+        ]);
+        assert_eq!(
+            ops,
+            [Op::SetEndpoints {
+                revision: key("b"),
+                ready: vec![],
+                scope: OmissionScope::AllPods,
+            }]
+        );
+        // Deleting one slice leaves the other's pods.
+        let ops = model.endpoints_deleted(&id("a-2"));
+        assert!(matches!(&ops[..], [Op::SetEndpoints { ready, .. }] if ready.len() == 1));
+    }
+
+    #[test]
+    fn public_endpoints_set_the_activators_only_when_this_one_is_among_them() {
+        let mut model = model();
+        let public = |ips: &[&str]| EndpointsSeen {
+            revision: key("a"),
+            kind: ServiceType::Public,
+            addresses: addresses(ips, &[]),
+        };
+        let ops = model.endpoints_applied(id("a"), public(&["10.1.0.1:8012", "10.1.0.2:8012"]));
+        assert!(matches!(
+            &ops[..],
+            [Op::SetRevisionActivators { activators: Some(activators), .. }] if activators.all.len() == 2
+        ));
+        assert!(model
+            .endpoints_applied(id("a"), public(&["10.1.0.2:8012"]))
+            .is_empty());
+    }
+
+    #[test]
+    fn in_mesh_mode_the_private_service_joins_the_spec() {
+        let mut model = Model::new(MeshMode::Enabled, None, Gates::HYBRID);
+        model.revision_applied(&revision("a", 2)).unwrap();
+        let address: SocketAddr = "10.96.0.5:80".parse().unwrap();
+        let ops = model.service_applied(key("a"), Some(address));
+        assert!(matches!(&ops[..], [Op::UpsertRevision(spec)] if spec.cluster_ip == Some(address)));
+        assert!(model.service_applied(key("a"), Some(address)).is_empty());
+        let ops = model.services_listed(vec![]);
+        assert!(matches!(&ops[..], [Op::UpsertRevision(spec)] if spec.cluster_ip.is_none()));
+        // Outside mesh mode the Service changes nothing.
+        let mut pods = model_with(MeshMode::Disabled);
+        pods.revision_applied(&revision("a", 2)).unwrap();
+        assert!(pods.service_applied(key("a"), Some(address)).is_empty());
+    }
+
+    fn model_with(mesh: MeshMode) -> Model {
+        Model::new(mesh, None, Gates::HYBRID)
+    }
+
+    #[test]
+    fn config_features_flip_the_gates_and_a_bad_value_keeps_the_old_one() {
+        let mut model = model();
+        let data = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect()
+        };
+        let (ops, warnings) = model.features(&data(&[("activator.pod-quarantine", "Disabled")]));
+        assert_eq!(ops, [Op::SetGates(Gates::QUEUE_PROXY_ONLY)]);
+        assert!(warnings.is_empty());
+        let (ops, warnings) = model.features(&data(&[("activator.pod-quarantine", "maybe")]));
+        assert!(ops.is_empty(), "kept");
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(MeshMode::parse("Enabled"), Some(MeshMode::Enabled));
+        assert_eq!(MeshMode::parse("sometimes"), None);
+    }
+}
