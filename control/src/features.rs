@@ -339,7 +339,11 @@ mod tests {
             ("250000us", 250),
             ("2h", 7_200_000),
         ] {
-            assert_eq!(parse_duration(text), Some(Duration::from_millis(millis)), "{text}");
+            assert_eq!(
+                parse_duration(text),
+                Some(Duration::from_millis(millis)),
+                "{text}"
+            );
         }
         for bad in ["", "300", "ms", "1x", "-1s", "1..5s"] {
             assert_eq!(parse_duration(bad), None, "{bad:?}");

@@ -1,4 +1,5 @@
 //! The Kubernetes source: the cluster watched as the upstream activator watches it.
 
+pub mod backends;
 pub mod model;
 pub mod objects;

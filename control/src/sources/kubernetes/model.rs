@@ -7,18 +7,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use kactivator_api::RevisionKey;
+use kactivator_shards::routing::Protocol;
 use serde_json::Value;
 
+use super::backends::{Backends, ProbeJob};
 use super::objects::{self, Addresses, ServiceType};
-use crate::features;
+use crate::features::{self, Tunables};
 use crate::pod_state::Gates;
 use crate::state::{OmissionScope, Op, RevisionSpec};
 
 /// `config-network`'s `mesh-compatibility-mode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MeshMode {
-    /// Upstream probes pods and falls back to the private Service on mesh-like failures. That
-    /// detection is not built here: pods are used directly, as in `disabled`.
+    /// Upstream probes every pod and falls back to the private Service when the probes fail the
+    /// way a mesh makes them fail. The probing is as upstream; the fallback is not built: pods
+    /// are used directly, as in `disabled` (set `enabled` in a cluster with a mesh).
     #[default]
     Auto,
     /// Every revision goes through its private Service (cluster-IP mode).
@@ -50,27 +53,57 @@ pub struct EndpointsSeen {
     pub addresses: Addresses,
 }
 
+/// A Revision as its object says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RevisionSeen {
+    /// Without the Service address and the cluster-wide tunables.
+    spec: RevisionSpec,
+    /// The object chose its load-balancing policy (else the tunable default applies).
+    policy_chosen: bool,
+}
+
 /// What the source knows.
-#[derive(Default)]
 pub struct Model {
-    /// Every Revision's spec as its object says (without the Service address).
-    revisions: BTreeMap<RevisionKey, RevisionSpec>,
+    revisions: BTreeMap<RevisionKey, RevisionSeen>,
     /// Each revision's private Service address.
     services: BTreeMap<RevisionKey, SocketAddr>,
     endpoints: BTreeMap<ObjectId, EndpointsSeen>,
+    /// The private pods and what the probes said of them.
+    backends: Backends,
     mesh: MeshMode,
     pod_ip: Option<IpAddr>,
     gates: Gates,
+    /// `config-features`' `activator.*` tunables now, and their defaults (absent keys).
+    tunables: Tunables,
+    default_tunables: Tunables,
 }
 
 impl Model {
-    pub fn new(mesh: MeshMode, pod_ip: Option<IpAddr>, gates: Gates) -> Model {
+    pub fn new(mesh: MeshMode, pod_ip: Option<IpAddr>, gates: Gates, tunables: Tunables) -> Model {
         Model {
+            revisions: BTreeMap::new(),
+            services: BTreeMap::new(),
+            endpoints: BTreeMap::new(),
+            backends: Backends::new(mesh),
             mesh,
             pod_ip,
             gates,
-            ..Model::default()
+            tunables,
+            default_tunables: tunables,
         }
+    }
+
+    pub fn tunables(&self) -> &Tunables {
+        &self.tunables
+    }
+
+    pub fn gates(&self) -> Gates {
+        self.gates
+    }
+
+    /// Listed pods not vouched for yet.
+    pub fn pending_pods(&self) -> usize {
+        self.backends.pending()
     }
 
     pub fn revision_count(&self) -> usize {
@@ -85,13 +118,40 @@ impl Model {
         self.services.len()
     }
 
-    /// The spec the state worker gets: the Revision's, with its Service's address in mesh mode.
-    fn routed_spec(&self, spec: &RevisionSpec) -> RevisionSpec {
-        let mut routed = spec.clone();
+    /// The spec the state worker gets: the Revision's, with the cluster-wide tunables (queue
+    /// depth, and the policy when the Revision chose none) and its Service's address in mesh
+    /// mode.
+    fn routed_spec(&self, seen: &RevisionSeen) -> RevisionSpec {
+        let mut routed = seen.spec.clone();
+        routed.queue_depth = self.tunables.queue_depth;
+        if !seen.policy_chosen {
+            if let Some(policy) = self.tunables.lb_policy {
+                routed.lb_policy = policy;
+            }
+        }
         if self.mesh == MeshMode::Enabled {
-            routed.cluster_ip = self.services.get(&spec.key).copied();
+            routed.cluster_ip = self.services.get(&seen.spec.key).copied();
         }
         routed
+    }
+
+    /// Reads a Revision object. An h2c revision is refused: HTTP/2 to pods is not built yet,
+    /// and routing it as HTTP/1 would fail every request.
+    fn read_revision(&mut self, object: &Value) -> Result<RevisionSeen, String> {
+        let spec = objects::revision_spec(object)?;
+        if spec.protocol == Protocol::H2c {
+            return Err(format!(
+                "revision {}: its port is named h2c, and HTTP/2 to pods is not supported yet; \
+                 not routed",
+                spec.key
+            ));
+        }
+        self.backends
+            .set_optimisation(&spec.key, objects::probe_optimisation(object));
+        Ok(RevisionSeen {
+            policy_chosen: objects::chosen_lb_policy(object).is_some(),
+            spec,
+        })
     }
 
     // === Revisions ===
@@ -99,12 +159,12 @@ impl Model {
     /// A Revision was added or changed. An object that cannot route (a missing name, a bad
     /// field) is reported and changes nothing.
     pub fn revision_applied(&mut self, object: &Value) -> Result<Vec<Op>, String> {
-        let spec = objects::revision_spec(object)?;
-        if self.revisions.get(&spec.key) == Some(&spec) {
+        let seen = self.read_revision(object)?;
+        if self.revisions.get(&seen.spec.key) == Some(&seen) {
             return Ok(Vec::new());
         }
-        let op = Op::UpsertRevision(self.routed_spec(&spec));
-        self.revisions.insert(spec.key.clone(), spec);
+        let op = Op::UpsertRevision(self.routed_spec(&seen));
+        self.revisions.insert(seen.spec.key.clone(), seen);
         Ok(vec![op])
     }
 
@@ -124,12 +184,12 @@ impl Model {
         let mut errors = Vec::new();
         let mut listed = BTreeSet::new();
         for object in objects {
-            match objects::revision_spec(object) {
-                Ok(spec) => {
-                    listed.insert(spec.key.clone());
-                    if self.revisions.get(&spec.key) != Some(&spec) {
-                        ops.push(Op::UpsertRevision(self.routed_spec(&spec)));
-                        self.revisions.insert(spec.key.clone(), spec);
+            match self.read_revision(object) {
+                Ok(seen) => {
+                    listed.insert(seen.spec.key.clone());
+                    if self.revisions.get(&seen.spec.key) != Some(&seen) {
+                        ops.push(Op::UpsertRevision(self.routed_spec(&seen)));
+                        self.revisions.insert(seen.spec.key.clone(), seen);
                     }
                 }
                 Err(error) => errors.push(error),
@@ -200,7 +260,7 @@ impl Model {
 
     /// The op that says what a revision's endpoints of one kind list now, merged over every
     /// object (a Service has several EndpointSlices).
-    fn endpoints_ops(&self, (revision, kind): &(RevisionKey, ServiceType)) -> Vec<Op> {
+    fn endpoints_ops(&mut self, (revision, kind): &(RevisionKey, ServiceType)) -> Vec<Op> {
         let mut merged = Addresses::default();
         for seen in self
             .endpoints
@@ -210,12 +270,9 @@ impl Model {
             merged.merge(&seen.addresses);
         }
         match kind {
-            // The informer sees every pod: one it does not list as ready is omitted.
-            ServiceType::Private => vec![Op::SetEndpoints {
-                revision: revision.clone(),
-                ready: merged.ready.into_iter().collect(),
-                scope: OmissionScope::AllPods,
-            }],
+            // The pods the source vouches for (probed, or trusted): one it does not list is
+            // omitted.
+            ServiceType::Private => self.backends.listed(revision, merged).into_iter().collect(),
             // Upstream: when this activator is not among them, it keeps what it had.
             ServiceType::Public => objects::public_activators(&merged, self.pod_ip)
                 .map(|activators| Op::SetRevisionActivators {
@@ -269,7 +326,7 @@ impl Model {
         }
         self.revisions
             .get(revision)
-            .map(|spec| Op::UpsertRevision(self.routed_spec(spec)))
+            .map(|seen| Op::UpsertRevision(self.routed_spec(seen)))
             .into_iter()
             .collect()
     }
@@ -278,23 +335,62 @@ impl Model {
 
     /// `config-features` says `data` (empty when deleted): the gates, hot, through the same
     /// rules as the file's `[features]`. Returns the op (when they changed) and the warnings.
+    /// The tunables change too (see [`Model::tunables`]); revisions whose spec they change are
+    /// upserted again.
     pub fn features(&mut self, data: &BTreeMap<String, String>) -> (Vec<Op>, Vec<String>) {
-        let (gates, warnings) = features::resolve(data, self.gates);
-        if gates == self.gates {
-            return (Vec::new(), warnings);
+        let (gates, mut warnings) = features::resolve(data, self.gates);
+        let (tunables, tunable_warnings) =
+            features::resolve_tunables(data, &self.default_tunables, &self.tunables);
+        warnings.extend(tunable_warnings);
+        let mut ops = Vec::new();
+        if gates != self.gates {
+            self.gates = gates;
+            ops.push(Op::SetGates(gates));
         }
-        self.gates = gates;
-        (vec![Op::SetGates(gates)], warnings)
+        let respec = tunables.queue_depth != self.tunables.queue_depth
+            || tunables.lb_policy != self.tunables.lb_policy;
+        self.tunables = tunables;
+        if respec {
+            ops.extend(
+                self.revisions
+                    .values()
+                    .map(|seen| Op::UpsertRevision(self.routed_spec(seen))),
+            );
+        }
+        (ops, warnings)
+    }
+
+    // === Backend probes ===
+
+    /// The probes to start now (after any change, and on every probe-interval tick).
+    pub fn probes_due(&mut self) -> Vec<ProbeJob> {
+        self.backends.due()
+    }
+
+    /// A probe finished; the op when it promoted the pod.
+    pub fn probed(&mut self, job: &ProbeJob, passed: bool) -> Option<Op> {
+        self.backends.probed(job, passed)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kactivator_shards::routing::LbPolicy;
     use serde_json::json;
 
     fn key(name: &str) -> RevisionKey {
         RevisionKey::new("default", name).unwrap()
+    }
+
+    fn tunables() -> Tunables {
+        Tunables {
+            queue_depth: 100,
+            lb_policy: None,
+            probe_timeout: std::time::Duration::from_millis(300),
+            probe_interval: std::time::Duration::from_millis(200),
+            max_queued_requests: 1000,
+        }
     }
 
     fn revision(name: &str, cc: u32) -> Value {
@@ -324,7 +420,13 @@ mod tests {
     }
 
     fn model() -> Model {
-        Model::new(MeshMode::Auto, "10.1.0.1".parse().ok(), Gates::HYBRID)
+        // Ready pods trusted without a probe (the probing rules are backends.rs' tests).
+        Model::new(
+            MeshMode::Disabled,
+            "10.1.0.1".parse().ok(),
+            Gates::HYBRID,
+            tunables(),
+        )
     }
 
     #[test]
@@ -421,7 +523,7 @@ mod tests {
 
     #[test]
     fn in_mesh_mode_the_private_service_joins_the_spec() {
-        let mut model = Model::new(MeshMode::Enabled, None, Gates::HYBRID);
+        let mut model = Model::new(MeshMode::Enabled, None, Gates::HYBRID, tunables());
         model.revision_applied(&revision("a", 2)).unwrap();
         let address: SocketAddr = "10.96.0.5:80".parse().unwrap();
         let ops = model.service_applied(key("a"), Some(address));
@@ -436,7 +538,7 @@ mod tests {
     }
 
     fn model_with(mesh: MeshMode) -> Model {
-        Model::new(mesh, None, Gates::HYBRID)
+        Model::new(mesh, None, Gates::HYBRID, tunables())
     }
 
     #[test]
@@ -456,5 +558,52 @@ mod tests {
         assert_eq!(warnings.len(), 1);
         assert_eq!(MeshMode::parse("Enabled"), Some(MeshMode::Enabled));
         assert_eq!(MeshMode::parse("sometimes"), None);
+    }
+
+    #[test]
+    fn tunables_from_config_features_reach_every_revision_that_did_not_choose() {
+        let mut model = model();
+        let ops = model.revision_applied(&revision("plain", 0)).unwrap();
+        assert!(matches!(&ops[..], [Op::UpsertRevision(spec)] if spec.queue_depth == 100));
+        let mut chose = revision("chose", 0);
+        chose["metadata"]["annotations"] =
+            json!({objects::LB_POLICY_ANNOTATION: "least-connections"});
+        model.revision_applied(&chose).unwrap();
+        let data: BTreeMap<String, String> = [
+            (features::QUEUE_DEPTH, "7"),
+            (features::LOAD_BALANCING_POLICY, "first-available"),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect();
+        let (ops, warnings) = model.features(&data);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let policies: BTreeMap<String, (u32, LbPolicy)> = ops
+            .iter()
+            .map(|op| match op {
+                Op::UpsertRevision(spec) => (
+                    spec.key.name().to_string(),
+                    (spec.queue_depth, spec.lb_policy),
+                ),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(policies["plain"], (7, LbPolicy::FirstAvailable));
+        assert_eq!(policies["chose"], (7, LbPolicy::LeastConnections));
+        // Same data again: nothing to do.
+        assert!(model.features(&data).0.is_empty());
+    }
+
+    #[test]
+    fn an_h2c_revision_is_refused_with_a_reason() {
+        let mut model = model();
+        let mut object = revision("grpc", 1);
+        object["spec"]["containers"] = json!([{"ports": [{"name": "h2c", "containerPort": 8080}]}]);
+        let error = model.revision_applied(&object).unwrap_err();
+        assert!(
+            error.contains("h2c") && error.contains("not supported"),
+            "{error}"
+        );
+        assert_eq!(model.revision_count(), 0);
     }
 }

@@ -99,10 +99,7 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
         Some("h2c") => Protocol::H2c,
         _ => Protocol::Http1,
     };
-    let policy = spec["loadBalancingPolicy"]
-        .as_str()
-        .or_else(|| metadata["annotations"][LB_POLICY_ANNOTATION].as_str());
-    let lb_policy = match policy {
+    let lb_policy = match chosen_lb_policy(object) {
         None => LbPolicy::default_for(container_concurrency),
         Some(name) => LbPolicy::parse(name).ok_or_else(|| {
             format!("unknown load-balancing policy {name:?} (random-choice-2, first-available, round-robin, least-connections)")
@@ -127,6 +124,39 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
         },
         cluster_ip: None,
     })
+}
+
+/// Whether a passing probe may promote a pod Kubernetes does not list as ready yet
+/// (upstream's probe optimisation, `revision_backends.go`): not when the user container's
+/// readiness is an exec probe, nor when any container has a startup probe, since then only the
+/// kubelet knows when the pod is really ready. The user container is the only container, or
+/// the first one with ports.
+pub fn probe_optimisation(object: &Value) -> bool {
+    let containers = object["spec"]["containers"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let user = match containers {
+        [only] => Some(only),
+        _ => containers.iter().find(|container| {
+            container["ports"]
+                .as_array()
+                .is_some_and(|ports| !ports.is_empty())
+        }),
+    };
+    let exec_readiness = user.is_some_and(|user| !user["readinessProbe"]["exec"].is_null());
+    let startup = containers
+        .iter()
+        .any(|container| !container["startupProbe"].is_null());
+    !exec_readiness && !startup
+}
+
+/// The load-balancing policy a Revision names, if any: the fork's `spec.loadBalancingPolicy`,
+/// else the [`LB_POLICY_ANNOTATION`].
+pub fn chosen_lb_policy(object: &Value) -> Option<&str> {
+    object["spec"]["loadBalancingPolicy"]
+        .as_str()
+        .or_else(|| object["metadata"]["annotations"][LB_POLICY_ANNOTATION].as_str())
 }
 
 /// A revision's endpoints: the ready ones and those listed as not ready.
@@ -380,6 +410,36 @@ mod tests {
             None
         );
         assert_eq!(public_activators(&addresses, None), None);
+    }
+
+    #[test]
+    fn exec_readiness_or_a_startup_probe_turns_the_probe_optimisation_off() {
+        let with =
+            |containers: Value| probe_optimisation(&json!({"spec": {"containers": containers}}));
+        assert!(with(json!([{"ports": [{"containerPort": 8080}]}])));
+        assert!(
+            probe_optimisation(&json!({})),
+            "no containers: nothing says otherwise"
+        );
+        assert!(!with(
+            json!([{"readinessProbe": {"exec": {"command": ["true"]}}}])
+        ));
+        assert!(with(
+            json!([{"readinessProbe": {"httpGet": {"port": 8080}}}])
+        ));
+        // With a sidecar, the user container is the one with ports; any startup probe counts.
+        assert!(!with(json!([
+            {"name": "sidecar", "readinessProbe": {"exec": {"command": ["true"]}}, "startupProbe": {}},
+            {"name": "user", "ports": [{"containerPort": 8080}]},
+        ])));
+        assert!(with(json!([
+            {"name": "sidecar", "readinessProbe": {"exec": {"command": ["true"]}}},
+            {"name": "user", "ports": [{"containerPort": 8080}]},
+        ])));
+        assert!(!with(json!([
+            {"name": "user", "ports": [{"containerPort": 8080}], "readinessProbe": {"exec": {}}},
+            {"name": "sidecar"},
+        ])));
     }
 
     #[test]
