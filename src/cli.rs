@@ -13,9 +13,16 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
-    /// Standalone configuration file (TOML). Without it kactivator starts with no revisions.
+    /// Configuration file (TOML). Standalone, it declares the revisions; watching Kubernetes,
+    /// only its settings are used (listeners, proxy, timeouts).
     #[arg(long, short = 'c', env = "KACTIVATOR_CONFIG", global = true)]
     pub config: Option<PathBuf>,
+
+    /// Where revisions and pods come from: `kubernetes` watches the cluster as the upstream
+    /// activator does (kubeconfig or in-cluster service account), `file` reads `--config`;
+    /// `auto` is `file` with `--config` and `kubernetes` without.
+    #[arg(long, env = "KACTIVATOR_SOURCE", default_value = "auto", global = true)]
+    pub source: SourceChoice,
 
     /// Number of shards (reactor threads). Default: the CPUs this process may use (affinity mask
     /// capped by the cgroup CPU quota).
@@ -65,6 +72,13 @@ pub struct Logging {
     /// Log filter, `RUST_LOG` syntax (e.g. `info`, `kactivator_shards=debug`).
     #[arg(long, env = "KACTIVATOR_LOG", default_value = "info", global = true)]
     pub log: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SourceChoice {
+    Auto,
+    File,
+    Kubernetes,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

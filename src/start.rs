@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use kactivator_control::config::{AutoscalerSettings, Config, ConfigError};
+use kactivator_control::features::{self, Tunables};
 use kactivator_control::publisher::Publisher;
+use kactivator_control::sources::kubernetes::watch::{self, KubeSource};
 use kactivator_control::{ControlInputs, ControlPlane};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
 use kactivator_shards::request::identity::detect_cluster_domain;
@@ -18,7 +20,7 @@ use kactivator_shards::runtime::topology::CpuBudget;
 use kactivator_shards::throttle::gate::ProcessQueue;
 use kactivator_shards::upstream::pool::PoolConfig;
 
-use crate::cli::{Cli, LogFormat, Logging};
+use crate::cli::{Cli, LogFormat, Logging, SourceChoice};
 
 /// Why kactivator could not run.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +34,8 @@ pub enum StartError {
     },
     #[error("{0}")]
     Shard(String),
+    #[error("Kubernetes: {0}")]
+    Kubernetes(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -60,15 +64,85 @@ pub fn init_logging(logging: &Logging) {
     };
 }
 
+/// Whether kactivator watches Kubernetes: asked for, or no file given (`auto`).
+fn watches_kubernetes(source: SourceChoice, file_given: bool) -> bool {
+    match source {
+        SourceChoice::Kubernetes => true,
+        SourceChoice::File => false,
+        SourceChoice::Auto => !file_given,
+    }
+}
+
+/// Refuses file settings that the cluster owns when kactivator watches it: one writer per fact.
+fn check_kubernetes_config(config: &Config) -> Result<(), ConfigError> {
+    let owned = [
+        (
+            !config.revisions.is_empty(),
+            "[[revisions]]",
+            "the Revisions and their endpoints",
+        ),
+        (
+            !config.features.is_empty(),
+            "[features]",
+            "the config-features ConfigMap",
+        ),
+        (
+            !config.cluster.activators.is_empty() || config.cluster.self_ip.is_some(),
+            "cluster.activators / cluster.self_ip",
+            "each revision's public endpoints and POD_IP",
+        ),
+    ];
+    for (set, what, owner) in owned {
+        if set {
+            return Err(ConfigError {
+                source: Some("--source kubernetes".into()),
+                position: None,
+                message: format!(
+                    "the file sets {what}, which watching Kubernetes takes from {owner}; remove it \
+                     (or run with --source file)"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A Go duration from the environment (upstream's `PROBE_TIMEOUT`, `PROBE_FREQUENCY`).
+fn env_duration(name: &str) -> Result<Option<Duration>, StartError> {
+    let Ok(text) = std::env::var(name) else {
+        return Ok(None);
+    };
+    features::parse_duration(&text)
+        .filter(|duration| !duration.is_zero())
+        .map(Some)
+        .ok_or_else(|| {
+            StartError::Config(ConfigError {
+                source: Some(name.into()),
+                position: None,
+                message: format!("{text:?} is not a positive duration such as \"300ms\""),
+            })
+        })
+}
+
+/// The cluster-wide tunables' values when `config-features` does not set them.
+fn default_tunables(config: &Config) -> Result<Tunables, StartError> {
+    Ok(Tunables {
+        queue_depth: kactivator_shards::routing::DEFAULT_QUEUE_DEPTH,
+        lb_policy: None,
+        probe_timeout: env_duration("PROBE_TIMEOUT")?
+            .unwrap_or(Duration::from_millis(config.kubernetes.probe_timeout_ms)),
+        probe_interval: env_duration("PROBE_FREQUENCY")?
+            .unwrap_or(Duration::from_millis(config.kubernetes.probe_interval_ms)),
+        max_queued_requests: config.proxy.max_queued_requests,
+    })
+}
+
 /// Loads the configuration named on the command line (or `preset`), applying flag overrides.
 fn effective_config(cli: &Cli, preset: Option<Config>) -> Result<Config, StartError> {
     let mut config = match (preset, &cli.config) {
         (Some(config), _) => config,
         (None, Some(path)) => Config::load(path)?,
-        (None, None) => {
-            tracing::warn!("no --config given: starting with no revisions (try `kactivator demo`)");
-            Config::default()
-        }
+        (None, None) => Config::default(),
     };
     if let Some(http) = cli.http {
         config.listen.http = http;
@@ -112,6 +186,50 @@ fn autoscaler_url(
     }
 }
 
+/// Connects to the cluster (kubeconfig, else the in-cluster service account) and asks it what
+/// the source needs before any watch starts.
+async fn connect_kubernetes(
+    config: &Config,
+    pod_ip: Option<std::net::IpAddr>,
+    tunables: Tunables,
+) -> Result<KubeSource, StartError> {
+    let client = watch::client().await.map_err(|error| {
+        StartError::Config(ConfigError {
+            source: Some("--source kubernetes".into()),
+            position: None,
+            message: format!(
+                "no Kubernetes configuration ({error}); set KUBECONFIG or run in a pod with a \
+                 service account, or run standalone with --config FILE (try `kactivator demo`)"
+            ),
+        })
+    })?;
+    let system_namespace = std::env::var("SYSTEM_NAMESPACE")
+        .ok()
+        .filter(|namespace| !namespace.is_empty())
+        .unwrap_or_else(|| {
+            tracing::info!("SYSTEM_NAMESPACE not set: using {DEFAULT_SYSTEM_NAMESPACE}");
+            DEFAULT_SYSTEM_NAMESPACE.to_string()
+        });
+    if pod_ip.is_none() {
+        tracing::warn!(
+            "POD_IP not set: this activator cannot find itself in the public endpoints, so it \
+             serves every pod of every revision instead of its subset"
+        );
+    }
+    KubeSource::resolve(
+        client,
+        system_namespace,
+        config.kubernetes.endpoints,
+        pod_ip,
+        tunables,
+    )
+    .await
+    .map_err(StartError::Kubernetes)
+}
+
+/// Knative's namespace, where `config-features` lives when `SYSTEM_NAMESPACE` does not say.
+const DEFAULT_SYSTEM_NAMESPACE: &str = "knative-serving";
+
 /// Runs kactivator until it has drained. `preset` replaces the file (the demo uses it);
 /// `on_ready` runs once everything listens.
 pub fn run(cli: &Cli, preset: Option<Config>) -> Result<(), StartError> {
@@ -124,7 +242,18 @@ pub fn run_with(
     on_ready: impl FnOnce(),
 ) -> Result<(), StartError> {
     let preset_given = preset.is_some();
+    let kubernetes = watches_kubernetes(cli.source, preset_given || cli.config.is_some());
+    if cli.source == SourceChoice::File && cli.config.is_none() && !preset_given {
+        return Err(StartError::Config(ConfigError {
+            source: Some("--source file".into()),
+            position: None,
+            message: "needs --config FILE (or try `kactivator demo`)".into(),
+        }));
+    }
     let mut config = effective_config(cli, preset)?;
+    if kubernetes {
+        check_kubernetes_config(&config)?;
+    }
     let budget = CpuBudget::detect();
     let placement = budget.place(cli.shards);
     tracing::info!(
@@ -162,7 +291,7 @@ pub fn run_with(
     );
     // What readiness waits for (the autoscaler link when there is one), written by the control
     // thread and read by /readyz and by kubelet probes on the data port.
-    let readiness = Arc::new(Readiness::new(config.autoscaler.url.is_some(), false));
+    let readiness = Arc::new(Readiness::new(config.autoscaler.url.is_some(), kubernetes));
     let settings = Arc::new(ShardSettings {
         report_load: config.autoscaler.url.is_some(),
         readiness: readiness.clone(),
@@ -189,11 +318,19 @@ pub fn run_with(
         .enable_all()
         .thread_name("control")
         .build()?;
+    let pod_ip = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());
+    let kubernetes = if kubernetes {
+        let tunables = default_tunables(&config)?;
+        Some(runtime.block_on(connect_kubernetes(&config, pod_ip, tunables))?)
+    } else {
+        None
+    };
     let mut control = ControlPlane::new(ControlInputs {
         shards: placement.shards,
         config: config.clone(),
-        // The demo's preset configuration has no file to watch.
-        config_path: if preset_given {
+        // The demo's preset configuration has no file to watch; watching Kubernetes, the file
+        // only has settings, read once.
+        config_path: if preset_given || kubernetes.is_some() {
             None
         } else {
             cli.config.clone()
@@ -201,10 +338,11 @@ pub fn run_with(
         publisher,
         stats: stats.clone(),
         pod_name: cli.pod_name.clone(),
-        pod_ip: std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok()),
+        pod_ip,
         from_shards,
         process_queue,
         readiness,
+        kubernetes,
     });
     let revisions = runtime
         .block_on(control.start())

@@ -53,7 +53,59 @@ pub struct Config {
     #[serde(default)]
     pub metrics: MetricsSettings,
     #[serde(default)]
+    pub kubernetes: KubernetesSettings,
+    #[serde(default)]
     pub revisions: Vec<RevisionConfig>,
+}
+
+// === [kubernetes] ===
+
+/// Default of `kubernetes.probe_interval_ms`: 200 ms, upstream's `PROBE_FREQUENCY` default
+/// (`pkg/activator/net/revision_backends.go`).
+pub const DEFAULT_BACKEND_PROBE_INTERVAL_MS: u64 = 200;
+/// Default of `kubernetes.probe_timeout_ms`: 300 ms, upstream's `PROBE_TIMEOUT` default. Ours
+/// applies to each probe, not to a round of them.
+pub const DEFAULT_BACKEND_PROBE_TIMEOUT_MS: u64 = 300;
+
+/// Which API lists a revision's pods.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointsKind {
+    /// EndpointSlices (`discovery.k8s.io/v1`, else `v1beta1`) when the server serves them,
+    /// else core/v1 Endpoints.
+    #[default]
+    Auto,
+    /// core/v1 Endpoints, what upstream watches (deprecated since Kubernetes 1.33).
+    Endpoints,
+    /// `discovery.k8s.io` EndpointSlices; start-up fails when the server has none.
+    Endpointslices,
+}
+
+/// The Kubernetes source (used when kactivator watches a cluster).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesSettings {
+    /// `auto`, `endpoints` or `endpointslices`. Default: `auto`.
+    pub endpoints: EndpointsKind,
+    /// Time between probes of a listed pod not confirmed yet, in milliseconds. Default:
+    /// [`DEFAULT_BACKEND_PROBE_INTERVAL_MS`] (200 ms); the `PROBE_FREQUENCY` environment
+    /// variable (a Go duration, as upstream) and `config-features`' `activator.probe-interval`
+    /// override it.
+    pub probe_interval_ms: u64,
+    /// One such probe's timeout, in milliseconds. Default:
+    /// [`DEFAULT_BACKEND_PROBE_TIMEOUT_MS`] (300 ms); `PROBE_TIMEOUT` and
+    /// `activator.probe-timeout` override it.
+    pub probe_timeout_ms: u64,
+}
+
+impl Default for KubernetesSettings {
+    fn default() -> Self {
+        KubernetesSettings {
+            endpoints: EndpointsKind::Auto,
+            probe_interval_ms: DEFAULT_BACKEND_PROBE_INTERVAL_MS,
+            probe_timeout_ms: DEFAULT_BACKEND_PROBE_TIMEOUT_MS,
+        }
+    }
 }
 
 // === [metrics] ===
@@ -556,6 +608,16 @@ impl Config {
             ),
             ("health", "probe_interval_ms", self.health.probe_interval_ms),
             ("health", "probe_timeout_ms", self.health.probe_timeout_ms),
+            (
+                "kubernetes",
+                "probe_interval_ms",
+                self.kubernetes.probe_interval_ms,
+            ),
+            (
+                "kubernetes",
+                "probe_timeout_ms",
+                self.kubernetes.probe_timeout_ms,
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError::invalid(

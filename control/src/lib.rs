@@ -41,6 +41,7 @@ use crate::pod_state::{Gates, Windows};
 use crate::publisher::Publisher;
 use crate::shell::{PodMetrics, Shell};
 use crate::sources::file::{self, FileWatch};
+use crate::sources::kubernetes::watch::KubeSource;
 use crate::sources::ControlMetrics;
 use crate::state::{Limits, PodStates, ProbeTarget};
 use crate::worker::{WorkerError, WorkerHandle, WorkerMetrics};
@@ -60,6 +61,8 @@ pub struct ControlPlane {
     /// Revisions the configuration declared at start-up.
     declared: BTreeSet<RevisionKey>,
     pod_ip: Option<std::net::IpAddr>,
+    process_queue: Arc<ProcessQueue>,
+    kubernetes: Option<KubeSource>,
 }
 
 /// What the control plane is started with.
@@ -78,6 +81,9 @@ pub struct ControlInputs {
     pub process_queue: Arc<ProcessQueue>,
     /// Readiness, shared with the shards: the reporter and the Kubernetes source write it.
     pub readiness: Arc<Readiness>,
+    /// The Kubernetes source, when kactivator watches a cluster (then the file declares no
+    /// revisions and is not watched).
+    pub kubernetes: Option<KubeSource>,
 }
 
 impl ControlPlane {
@@ -95,6 +101,7 @@ impl ControlPlane {
             from_shards,
             process_queue,
             readiness,
+            kubernetes,
         } = inputs;
         let registry = prometheus::Registry::new();
         let (gates, warnings) = features::resolve(&config.features, Gates::default());
@@ -108,7 +115,7 @@ impl ControlPlane {
                 qp_staleness: Duration::from_secs(config.control.qp_staleness_seconds),
             },
         };
-        let states = PodStates::new(shards, gates, limits, process_queue);
+        let states = PodStates::new(shards, gates, limits, process_queue.clone());
         let (shell, probe_targets) =
             Shell::new(states, publisher.clone(), PodMetrics::new(&registry));
         let (worker, worker_task) = worker::spawn(
@@ -141,6 +148,8 @@ impl ControlPlane {
             metrics,
             declared: BTreeSet::new(),
             pod_ip,
+            process_queue,
+            kubernetes,
         }
     }
 
@@ -206,6 +215,14 @@ impl ControlPlane {
             registrations,
             evidence,
         );
+        if let Some(kubernetes) = self.kubernetes {
+            tokio::spawn(kubernetes.run(
+                self.worker.clone(),
+                self.admin.readiness.clone(),
+                self.admin.registry.clone(),
+                self.process_queue.clone(),
+            ));
+        }
         self.admin.ready.store(true, Ordering::Release);
 
         let mut terminate = signal(SignalKind::terminate())?;

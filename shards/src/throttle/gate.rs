@@ -68,7 +68,9 @@ pub type WaiterId = u64;
 /// The process-wide cap on waiting requests, one object shared by the gates of every revision.
 #[derive(Debug)]
 pub struct ProcessQueue {
-    limit: u32,
+    /// Written only by whoever owns the setting (the Kubernetes source, from `config-features`);
+    /// a lower limit turns new waiters away and leaves those already waiting in place.
+    limit: AtomicU32,
     /// Requests waiting for any revision. Written by every shard that queues or serves a waiter,
     /// so it gets a cache line of its own.
     queued: CachePadded<AtomicU32>,
@@ -81,13 +83,18 @@ impl ProcessQueue {
     /// A cap of `limit` waiting requests ([`ProcessQueue::UNLIMITED`] for none).
     pub fn new(limit: u32) -> ProcessQueue {
         ProcessQueue {
-            limit,
+            limit: AtomicU32::new(limit),
             queued: CachePadded::new(AtomicU32::new(0)),
         }
     }
 
     pub fn limit(&self) -> u32 {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// A new cap, for requests that queue from now on.
+    pub fn set_limit(&self, limit: u32) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 
     /// Requests waiting for any revision whose gate shares this queue.
@@ -100,9 +107,10 @@ impl ProcessQueue {
 
     /// Takes a place unless the cap is reached. Even unlimited, the count stops at `u32::MAX`.
     fn reserve(&self) -> bool {
+        let limit = self.limit();
         self.queued
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |queued| {
-                (queued < self.limit).then_some(queued + 1)
+                (queued < limit).then_some(queued + 1)
             })
             .is_ok()
     }

@@ -17,7 +17,7 @@
 //! after its own failure, so one slow pod never holds back the others (upstream probes a
 //! revision's pods as a group under one 300 ms timeout). The caller asks [`Backends::due`] for
 //! what to probe after every change and on every interval tick; a pod is never probed twice at
-//! once.
+//! once, and one that failed waits for the next tick.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -45,6 +45,8 @@ struct Revision {
     published: Option<BTreeSet<SocketAddr>>,
     /// Probes under way.
     in_flight: BTreeSet<SocketAddr>,
+    /// Failed since the last interval tick: probed again at the next one, not at once.
+    failed: BTreeSet<SocketAddr>,
     /// A passing probe promotes a not-ready pod too.
     optimisation: bool,
 }
@@ -138,18 +140,24 @@ impl Backends {
         self.revisions.remove(revision);
     }
 
-    /// The probes to start now: every listed pod not vouched for and not being probed. Each is
-    /// marked in flight until [`Backends::probed`] reports it.
-    pub fn due(&mut self) -> Vec<ProbeJob> {
+    /// The probes to start now: every listed pod not vouched for, not being probed, and (unless
+    /// this is an interval `tick`) not failed since the last tick. Each is marked in flight
+    /// until [`Backends::probed`] reports it.
+    pub fn due(&mut self, tick: bool) -> Vec<ProbeJob> {
         let mut jobs = Vec::new();
         for (key, revision) in &mut self.revisions {
+            if tick {
+                revision.failed.clear();
+            }
             let waiting: Vec<SocketAddr> = revision
                 .listed
                 .ready
                 .iter()
                 .chain(revision.listed.not_ready.iter())
                 .filter(|addr| {
-                    !revision.healthy.contains(*addr) && !revision.in_flight.contains(*addr)
+                    !revision.healthy.contains(*addr)
+                        && !revision.in_flight.contains(*addr)
+                        && !revision.failed.contains(*addr)
                 })
                 .copied()
                 .collect();
@@ -169,7 +177,11 @@ impl Backends {
     pub fn probed(&mut self, job: &ProbeJob, passed: bool) -> Option<Op> {
         let revision = self.revisions.get_mut(&job.revision)?;
         revision.in_flight.remove(&job.addr);
-        if !passed || !revision.listed(&job.addr) {
+        if !passed {
+            revision.failed.insert(job.addr);
+            return None;
+        }
+        if !revision.listed(&job.addr) {
             return None;
         }
         let promotable = revision.listed.ready.contains(&job.addr) || revision.optimisation;
@@ -225,21 +237,22 @@ mod tests {
             ready_of(backends.listed(&key("a"), listed(&[1, 2], &[]))),
             Some(vec![])
         );
-        assert_eq!(backends.due(), [job("a", 1), job("a", 2)]);
-        assert!(backends.due().is_empty(), "never probed twice at once");
+        assert_eq!(backends.due(false), [job("a", 1), job("a", 2)]);
+        assert!(backends.due(false).is_empty(), "never probed twice at once");
         assert_eq!(
             ready_of(backends.probed(&job("a", 2), true)),
             Some(vec![addr(2)])
         );
         assert_eq!(backends.probed(&job("a", 1), false), None);
         assert_eq!(backends.pending(), 1);
-        // The failed one is due again (the caller's next interval tick).
-        assert_eq!(backends.due(), [job("a", 1)]);
+        // The failed one waits for the next interval tick.
+        assert!(backends.due(false).is_empty());
+        assert_eq!(backends.due(true), [job("a", 1)]);
         assert_eq!(
             ready_of(backends.probed(&job("a", 1), true)),
             Some(vec![addr(1), addr(2)])
         );
-        assert!(backends.due().is_empty());
+        assert!(backends.due(false).is_empty());
         assert_eq!(backends.pending(), 0);
     }
 
@@ -250,7 +263,7 @@ mod tests {
             ready_of(backends.listed(&key("a"), listed(&[1], &[2]))),
             Some(vec![addr(1)])
         );
-        assert_eq!(backends.due(), [job("a", 2)]);
+        assert_eq!(backends.due(false), [job("a", 2)]);
         // The optimisation (on by default) lets a passing probe promote a not-ready pod.
         assert_eq!(
             ready_of(backends.probed(&job("a", 2), true)),
@@ -263,11 +276,11 @@ mod tests {
         let mut backends = Backends::new(MeshMode::Auto);
         backends.set_optimisation(&key("a"), false);
         backends.listed(&key("a"), listed(&[], &[1]));
-        assert_eq!(backends.due(), [job("a", 1)]);
+        assert_eq!(backends.due(false), [job("a", 1)]);
         assert_eq!(backends.probed(&job("a", 1), true), None, "not promoted");
         // Kubernetes lists it ready: probed again, then promoted.
         assert_eq!(backends.listed(&key("a"), listed(&[1], &[])), None);
-        assert_eq!(backends.due(), [job("a", 1)]);
+        assert_eq!(backends.due(false), [job("a", 1)]);
         assert_eq!(
             ready_of(backends.probed(&job("a", 1), true)),
             Some(vec![addr(1)])
@@ -278,42 +291,42 @@ mod tests {
     fn a_relist_of_the_same_pods_changes_nothing_and_a_pod_gone_meanwhile_is_dropped() {
         let mut backends = Backends::new(MeshMode::Auto);
         backends.listed(&key("a"), listed(&[1, 2], &[]));
-        for job in backends.due() {
+        for job in backends.due(false) {
             backends.probed(&job, true);
         }
         // Same pods again (a relist after an outage): no op, nothing to probe.
         assert_eq!(backends.listed(&key("a"), listed(&[1, 2], &[])), None);
-        assert!(backends.due().is_empty());
+        assert!(backends.due(false).is_empty());
         // One went away meanwhile: dropped at once, the other kept without a probe.
         assert_eq!(
             ready_of(backends.listed(&key("a"), listed(&[2], &[]))),
             Some(vec![addr(2)])
         );
-        assert!(backends.due().is_empty());
+        assert!(backends.due(false).is_empty());
     }
 
     #[test]
     fn a_pod_that_became_not_ready_is_probed_again() {
         let mut backends = Backends::new(MeshMode::Auto);
         backends.listed(&key("a"), listed(&[1], &[]));
-        let jobs = backends.due();
+        let jobs = backends.due(false);
         backends.probed(&jobs[0], true);
         assert_eq!(
             ready_of(backends.listed(&key("a"), listed(&[], &[1]))),
             Some(vec![])
         );
-        assert_eq!(backends.due(), [job("a", 1)]);
+        assert_eq!(backends.due(false), [job("a", 1)]);
     }
 
     #[test]
     fn a_probe_of_a_pod_no_longer_listed_promotes_nothing() {
         let mut backends = Backends::new(MeshMode::Auto);
         backends.listed(&key("a"), listed(&[1], &[]));
-        let jobs = backends.due();
+        let jobs = backends.due(false);
         backends.listed(&key("a"), listed(&[], &[]));
         assert_eq!(backends.probed(&jobs[0], true), None);
         backends.remove(&key("a"));
         assert_eq!(backends.probed(&jobs[0], true), None);
-        assert!(backends.due().is_empty());
+        assert!(backends.due(false).is_empty());
     }
 }

@@ -3,3 +3,4 @@
 pub mod backends;
 pub mod model;
 pub mod objects;
+pub mod watch;

@@ -14,7 +14,7 @@ use super::backends::{Backends, ProbeJob};
 use super::objects::{self, Addresses, ServiceType};
 use crate::features::{self, Tunables};
 use crate::pod_state::Gates;
-use crate::state::{OmissionScope, Op, RevisionSpec};
+use crate::state::{Op, RevisionSpec};
 
 /// `config-network`'s `mesh-compatibility-mode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -363,8 +363,8 @@ impl Model {
     // === Backend probes ===
 
     /// The probes to start now (after any change, and on every probe-interval tick).
-    pub fn probes_due(&mut self) -> Vec<ProbeJob> {
-        self.backends.due()
+    pub fn probes_due(&mut self, tick: bool) -> Vec<ProbeJob> {
+        self.backends.due(tick)
     }
 
     /// A probe finished; the op when it promoted the pod.
@@ -376,6 +376,7 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::OmissionScope;
     use kactivator_shards::routing::LbPolicy;
     use serde_json::json;
 

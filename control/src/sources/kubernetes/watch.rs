@@ -1,0 +1,789 @@
+//! The Kubernetes source's I/O: four watches on the control thread, their events through the
+//! [`Model`] into state-worker ops (the same ops the file source sends), and the backend probes
+//! the model asks for.
+//!
+//! * **Revisions** (`serving.knative.dev/v1`, every namespace);
+//! * **endpoints** of every revision's Services, private (the pods) and public (the
+//!   activators): core/v1 Endpoints or `discovery.k8s.io` EndpointSlices, selected by the
+//!   `networking.internal.knative.dev/serviceType` label;
+//! * **private Services** (their ClusterIPs, for mesh mode);
+//! * the **`config-features`** ConfigMap in `SYSTEM_NAMESPACE` (gates and tunables).
+//!
+//! Start-up: every watch's first list is buffered, and once all four have listed, everything is
+//! applied as one batch (features, revisions, Services, endpoints, in that order) and readiness
+//! is told. Until then a line every few seconds says which watches are still listing and why.
+//! Afterwards each event is applied as it comes. A watch that fails is retried with backoff
+//! (kube-runtime's default) while the shards keep serving the last snapshot; a relist applies
+//! only what changed (see [`Model`]).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::stream::{self, BoxStream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
+use kactivator_api::RevisionKey;
+use kactivator_shards::runtime::readiness::Readiness;
+use kactivator_shards::throttle::gate::ProcessQueue;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, Resource, ResourceExt};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use serde_json::Value;
+use tokio::sync::{mpsc, Semaphore};
+
+use super::backends::ProbeJob;
+use super::model::{EndpointsSeen, MeshMode, Model, ObjectId};
+use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL};
+use crate::config::EndpointsKind;
+use crate::features::Tunables;
+use crate::metrics;
+use crate::pod_state::Gates;
+use crate::sources::probe::{self, ProbeResult};
+use crate::sources::prober::PROBE_CONCURRENCY;
+use crate::state::Op;
+use crate::worker::WorkerHandle;
+
+/// The ConfigMap holding the feature gates and tunables.
+pub const FEATURES_CONFIG_MAP: &str = "config-features";
+/// The ConfigMap holding `mesh-compatibility-mode`, read once at start-up.
+pub const NETWORK_CONFIG_MAP: &str = "config-network";
+/// Its key.
+pub const MESH_COMPATIBILITY_MODE: &str = "mesh-compatibility-mode";
+/// How often the start-up says which watches are still listing.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// The API that lists pods, as resolved against the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndpointsApi {
+    Endpoints,
+    /// EndpointSlices of this `discovery.k8s.io` version (`v1` or `v1beta1`).
+    Slices(&'static str),
+}
+
+impl EndpointsApi {
+    fn describe(&self) -> String {
+        match self {
+            EndpointsApi::Endpoints => "core/v1 Endpoints".into(),
+            EndpointsApi::Slices(version) => format!("discovery.k8s.io/{version} EndpointSlices"),
+        }
+    }
+}
+
+/// Everything the source starts from.
+pub struct KubeSource {
+    pub client: Client,
+    /// `SYSTEM_NAMESPACE`: where `config-features` and `config-network` live.
+    pub system_namespace: String,
+    pub endpoints: EndpointsApi,
+    pub mesh: MeshMode,
+    /// `POD_IP`: this activator's place among the public endpoints.
+    pub pod_ip: Option<std::net::IpAddr>,
+    pub gates: Gates,
+    /// The tunables' values when `config-features` does not set them.
+    pub tunables: Tunables,
+}
+
+impl KubeSource {
+    /// Asks the server what it serves and reads `config-network`: the source's settings before
+    /// any watch starts. Errors say what to fix (no access, no such API).
+    pub async fn resolve(
+        client: Client,
+        system_namespace: String,
+        endpoints: EndpointsKind,
+        pod_ip: Option<std::net::IpAddr>,
+        tunables: Tunables,
+    ) -> Result<KubeSource, String> {
+        let endpoints = resolve_endpoints(&client, endpoints).await?;
+        let network: Api<ConfigMap> = Api::namespaced(client.clone(), &system_namespace);
+        let mesh = match network.get_opt(NETWORK_CONFIG_MAP).await {
+            Ok(map) => {
+                let value = map
+                    .and_then(|map| map.data)
+                    .and_then(|data| data.get(MESH_COMPATIBILITY_MODE).cloned())
+                    .unwrap_or_default();
+                MeshMode::parse(&value).unwrap_or_else(|| {
+                    tracing::warn!(
+                        "{system_namespace}/{NETWORK_CONFIG_MAP}: {MESH_COMPATIBILITY_MODE} \
+                         {value:?} is not auto, enabled or disabled; using auto"
+                    );
+                    MeshMode::Auto
+                })
+            }
+            Err(error) => {
+                return Err(format!(
+                    "cannot read {system_namespace}/{NETWORK_CONFIG_MAP}: {error}"
+                ))
+            }
+        };
+        tracing::info!(
+            endpoints = %endpoints.describe(),
+            mesh_compatibility_mode = ?mesh,
+            %system_namespace,
+            "watching the cluster"
+        );
+        Ok(KubeSource {
+            client,
+            system_namespace,
+            endpoints,
+            mesh,
+            pod_ip,
+            gates: Gates::default(),
+            tunables,
+        })
+    }
+}
+
+/// A client from the kubeconfig (`KUBECONFIG`, `~/.kube/config`), else the in-cluster service
+/// account.
+pub async fn client() -> Result<Client, String> {
+    Client::try_default()
+        .await
+        .map_err(|error| error.to_string())
+}
+
+/// `auto` picks EndpointSlices when the server serves them (v1, else v1beta1).
+async fn resolve_endpoints(client: &Client, kind: EndpointsKind) -> Result<EndpointsApi, String> {
+    if kind == EndpointsKind::Endpoints {
+        return Ok(EndpointsApi::Endpoints);
+    }
+    for version in ["v1", "v1beta1"] {
+        match client
+            .list_api_group_resources(&format!("discovery.k8s.io/{version}"))
+            .await
+        {
+            Ok(list) if list.resources.iter().any(|r| r.name == "endpointslices") => {
+                return Ok(EndpointsApi::Slices(version))
+            }
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => {
+                return Err(format!(
+                    "cannot ask the API server for discovery.k8s.io/{version}: {error}"
+                ))
+            }
+        }
+    }
+    match kind {
+        EndpointsKind::Endpointslices => Err(
+            "kubernetes.endpoints = \"endpointslices\", but the API server serves no \
+                 discovery.k8s.io EndpointSlices (v1 or v1beta1)"
+                .into(),
+        ),
+        _ => Ok(EndpointsApi::Endpoints),
+    }
+}
+
+/// The four watches, in the order their first lists are applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Informer {
+    Features,
+    Revisions,
+    Services,
+    Endpoints,
+}
+
+const INFORMERS: [Informer; 4] = [
+    Informer::Features,
+    Informer::Revisions,
+    Informer::Services,
+    Informer::Endpoints,
+];
+
+impl Informer {
+    fn name(self) -> &'static str {
+        match self {
+            Informer::Features => "config-features",
+            Informer::Revisions => "revisions",
+            Informer::Services => "services",
+            Informer::Endpoints => "endpoints",
+        }
+    }
+}
+
+/// One watched object, read.
+#[derive(Debug)]
+enum Item {
+    Revision {
+        key: Option<RevisionKey>,
+        object: Value,
+    },
+    Endpoints {
+        id: ObjectId,
+        seen: Option<EndpointsSeen>,
+    },
+    Service {
+        revision: Option<RevisionKey>,
+        address: Option<SocketAddr>,
+    },
+    Features(BTreeMap<String, String>),
+}
+
+/// A watch event with the object read.
+#[derive(Debug)]
+enum Change {
+    Listing,
+    Listed(Item),
+    ListDone,
+    Applied(Item),
+    Deleted(Item),
+}
+
+type Incoming = (Informer, Result<Change, String>);
+
+fn changes<K, F>(
+    informer: Informer,
+    stream: impl futures_util::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    read: F,
+) -> BoxStream<'static, Incoming>
+where
+    K: Send + 'static,
+    F: Fn(K) -> Item + Send + Sync + 'static,
+{
+    stream
+        .map(move |event| {
+            let change = event
+                .map(|event| match event {
+                    Event::Init => Change::Listing,
+                    Event::InitApply(object) => Change::Listed(read(object)),
+                    Event::InitDone => Change::ListDone,
+                    Event::Apply(object) => Change::Applied(read(object)),
+                    Event::Delete(object) => Change::Deleted(read(object)),
+                })
+                .map_err(|error| error.to_string());
+            (informer, change)
+        })
+        .boxed()
+}
+
+fn object_id<K: Resource>(object: &K) -> ObjectId {
+    (object.namespace().unwrap_or_default(), object.name_any())
+}
+
+fn read_revision(object: DynamicObject) -> Item {
+    let key = RevisionKey::new(&object.namespace().unwrap_or_default(), &object.name_any()).ok();
+    Item::Revision {
+        key,
+        object: serde_json::to_value(&object).unwrap_or(Value::Null),
+    }
+}
+
+fn read_endpoints(object: Endpoints) -> Item {
+    let seen = objects::owner(&object.metadata).map(|(revision, kind)| EndpointsSeen {
+        revision,
+        kind,
+        addresses: objects::endpoints_addresses(&object),
+    });
+    Item::Endpoints {
+        id: object_id(&object),
+        seen,
+    }
+}
+
+fn read_slice(object: DynamicObject) -> Item {
+    let seen = objects::owner(&object.metadata).map(|(revision, kind)| EndpointsSeen {
+        revision,
+        kind,
+        addresses: objects::slice_addresses(&object.data),
+    });
+    Item::Endpoints {
+        id: object_id(&object),
+        seen,
+    }
+}
+
+fn read_service(object: Service) -> Item {
+    let revision = objects::owner(&object.metadata)
+        .filter(|(_, kind)| *kind == ServiceType::Private)
+        .map(|(revision, _)| revision);
+    Item::Service {
+        revision,
+        address: objects::service_address(&object),
+    }
+}
+
+fn read_features(object: ConfigMap) -> Item {
+    Item::Features(object.data.unwrap_or_default().into_iter().collect())
+}
+
+/// The streams of the four watches, merged.
+fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
+    let client = &source.client;
+    let revisions = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("serving.knative.dev", "v1", "Revision"),
+        "revisions",
+    );
+    let selected = watcher::Config::default().labels(SERVICE_TYPE_LABEL);
+    let private = watcher::Config::default().labels(&format!("{SERVICE_TYPE_LABEL}=Private"));
+    let features =
+        watcher::Config::default().fields(&format!("metadata.name={FEATURES_CONFIG_MAP}"));
+    let endpoints = match source.endpoints {
+        EndpointsApi::Endpoints => changes(
+            Informer::Endpoints,
+            watcher::watcher(Api::<Endpoints>::all(client.clone()), selected).default_backoff(),
+            read_endpoints,
+        ),
+        EndpointsApi::Slices(version) => {
+            let slices = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("discovery.k8s.io", version, "EndpointSlice"),
+                "endpointslices",
+            );
+            changes(
+                Informer::Endpoints,
+                watcher::watcher(
+                    Api::<DynamicObject>::all_with(client.clone(), &slices),
+                    selected,
+                )
+                .default_backoff(),
+                read_slice,
+            )
+        }
+    };
+    stream::select_all([
+        changes(
+            Informer::Features,
+            watcher::watcher(
+                Api::<ConfigMap>::namespaced(client.clone(), &source.system_namespace),
+                features,
+            )
+            .default_backoff(),
+            read_features,
+        ),
+        changes(
+            Informer::Revisions,
+            watcher::watcher(
+                Api::<DynamicObject>::all_with(client.clone(), &revisions),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+            read_revision,
+        ),
+        changes(
+            Informer::Services,
+            watcher::watcher(Api::<Service>::all(client.clone()), private).default_backoff(),
+            read_service,
+        ),
+        endpoints,
+    ])
+    .boxed()
+}
+
+/// The source's metrics.
+struct KubeMetrics {
+    restarts: IntCounterVec,
+    relists: IntCounterVec,
+    invalid: IntCounterVec,
+    last_event_age: IntGaugeVec,
+    objects: IntGaugeVec,
+    probes: IntCounterVec,
+}
+
+impl KubeMetrics {
+    fn new(registry: &Registry) -> KubeMetrics {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            metrics::register(
+                registry,
+                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            metrics::register(
+                registry,
+                IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
+        };
+        KubeMetrics {
+            restarts: counter(
+                "kactivator_kubernetes_watch_restarts_total",
+                "Watches that failed and were restarted (with backoff), by informer",
+                &["informer"],
+            ),
+            relists: counter(
+                "kactivator_kubernetes_relists_total",
+                "Lists after the first (a watch that could not resume), by informer",
+                &["informer"],
+            ),
+            invalid: counter(
+                "kactivator_kubernetes_invalid_objects_total",
+                "Objects that could not be used (the log says why), by informer",
+                &["informer"],
+            ),
+            last_event_age: gauge(
+                "kactivator_kubernetes_last_event_age_seconds",
+                "Seconds since each informer's last event or list",
+                &["informer"],
+            ),
+            objects: gauge(
+                "kactivator_kubernetes_objects",
+                "Objects the Kubernetes source holds, by kind",
+                &["kind"],
+            ),
+            probes: counter(
+                "kactivator_kubernetes_backend_probes_total",
+                "Probes of listed pods not confirmed yet, by result",
+                &["result"],
+            ),
+        }
+    }
+}
+
+/// One watch's bookkeeping.
+#[derive(Default)]
+struct InformerState {
+    /// Its first list has been applied (or buffered for the start-up batch).
+    synced: bool,
+    /// Objects of a list under way.
+    listing: Option<Vec<Item>>,
+    last_event: Option<Instant>,
+    last_error: Option<String>,
+}
+
+/// What the event loop owns.
+struct Watcher {
+    model: Model,
+    informers: BTreeMap<Informer, InformerState>,
+    /// Until every watch has listed: the ops, by informer, for the start-up batch.
+    startup: Option<BTreeMap<Informer, Vec<Op>>>,
+    metrics: KubeMetrics,
+    worker: WorkerHandle,
+}
+
+impl Watcher {
+    /// One event: the model's ops, applied now or kept for the start-up batch.
+    async fn on_change(&mut self, informer: Informer, change: Result<Change, String>) {
+        let state = self.informers.entry(informer).or_default();
+        state.last_event = Some(Instant::now());
+        let change = match change {
+            Ok(change) => change,
+            Err(error) => {
+                self.metrics
+                    .restarts
+                    .with_label_values(&[informer.name()])
+                    .inc();
+                tracing::warn!(
+                    informer = informer.name(),
+                    "watch failed, retrying with backoff: {error}"
+                );
+                state.last_error = Some(error);
+                return;
+            }
+        };
+        let ops = match change {
+            Change::Listing => {
+                if state.synced {
+                    self.metrics
+                        .relists
+                        .with_label_values(&[informer.name()])
+                        .inc();
+                }
+                state.listing = Some(Vec::new());
+                return;
+            }
+            Change::Listed(item) => {
+                state.listing.get_or_insert_with(Vec::new).push(item);
+                return;
+            }
+            Change::ListDone => {
+                let items = state.listing.take().unwrap_or_default();
+                state.synced = true;
+                state.last_error = None;
+                self.listed(informer, items)
+            }
+            Change::Applied(item) => self.applied(informer, item),
+            Change::Deleted(item) => self.deleted(item),
+        };
+        self.emit(informer, ops).await;
+    }
+
+    fn invalid(&self, informer: Informer, what: &str, error: &str) {
+        self.metrics
+            .invalid
+            .with_label_values(&[informer.name()])
+            .inc();
+        tracing::warn!(informer = informer.name(), "{what}: {error}");
+    }
+
+    fn listed(&mut self, informer: Informer, items: Vec<Item>) -> Vec<Op> {
+        match informer {
+            Informer::Revisions => {
+                let objects: Vec<Value> = items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        Item::Revision { object, .. } => Some(object),
+                        _ => None,
+                    })
+                    .collect();
+                let (ops, errors) = self.model.revisions_listed(&objects);
+                for error in errors {
+                    self.invalid(informer, "revision not routed", &error);
+                }
+                ops
+            }
+            Informer::Endpoints => self.model.endpoints_listed(
+                items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        Item::Endpoints { id, seen } => Some((id, seen?)),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            Informer::Services => self.model.services_listed(
+                items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        Item::Service { revision, address } => Some((revision?, address?)),
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            Informer::Features => {
+                let data = items
+                    .into_iter()
+                    .find_map(|item| match item {
+                        Item::Features(data) => Some(data),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                self.features(&data)
+            }
+        }
+    }
+
+    fn applied(&mut self, informer: Informer, item: Item) -> Vec<Op> {
+        match item {
+            Item::Revision { object, key } => match self.model.revision_applied(&object) {
+                Ok(ops) => ops,
+                Err(error) => {
+                    let what = key.map_or("revision".to_string(), |key| format!("revision {key}"));
+                    self.invalid(informer, &format!("{what} not routed"), &error);
+                    Vec::new()
+                }
+            },
+            Item::Endpoints {
+                id,
+                seen: Some(seen),
+            } => self.model.endpoints_applied(id, seen),
+            // Its labels no longer name a revision: as good as gone.
+            Item::Endpoints { id, seen: None } => self.model.endpoints_deleted(&id),
+            Item::Service {
+                revision: Some(revision),
+                address,
+            } => self.model.service_applied(revision, address),
+            Item::Service { revision: None, .. } => Vec::new(),
+            Item::Features(data) => self.features(&data),
+        }
+    }
+
+    fn deleted(&mut self, item: Item) -> Vec<Op> {
+        match item {
+            Item::Revision { key: Some(key), .. } => self.model.revision_deleted(&key),
+            Item::Revision { key: None, .. } => Vec::new(),
+            Item::Endpoints { id, .. } => self.model.endpoints_deleted(&id),
+            Item::Service {
+                revision: Some(revision),
+                ..
+            } => self.model.service_applied(revision, None),
+            Item::Service { revision: None, .. } => Vec::new(),
+            // Deleted: every key takes its default again.
+            Item::Features(_) => self.features(&BTreeMap::new()),
+        }
+    }
+
+    fn features(&mut self, data: &BTreeMap<String, String>) -> Vec<Op> {
+        let (ops, warnings) = self.model.features(data);
+        for warning in warnings {
+            tracing::warn!("{FEATURES_CONFIG_MAP}: {warning}");
+        }
+        ops
+    }
+
+    /// Applies `ops`, or keeps them for the start-up batch; after the last first list, sends
+    /// that batch and says the source is ready.
+    async fn emit(&mut self, informer: Informer, ops: Vec<Op>) {
+        if let Some(startup) = &mut self.startup {
+            startup.entry(informer).or_default().extend(ops);
+            if !self.informers.values().all(|state| state.synced)
+                || self.informers.len() < INFORMERS.len()
+            {
+                return;
+            }
+            let batch: Vec<Op> = self
+                .startup
+                .take()
+                .unwrap_or_default()
+                .into_values()
+                .flatten()
+                .collect();
+            let count = batch.len();
+            self.apply(batch).await;
+            tracing::info!(
+                revisions = self.model.revision_count(),
+                endpoints = self.model.endpoints_count(),
+                services = self.model.service_count(),
+                ops = count,
+                "every watch has listed; the first view is published"
+            );
+            return;
+        }
+        if !ops.is_empty() {
+            self.apply(ops).await;
+        }
+    }
+
+    async fn apply(&self, ops: Vec<Op>) {
+        if let Err(error) = self.worker.apply(Op::Batch(ops)).await {
+            tracing::error!("the state worker refused a change from Kubernetes: {error}");
+        }
+    }
+
+    fn synced(&self) -> bool {
+        self.startup.is_none()
+    }
+
+    fn progress(&self) {
+        for informer in INFORMERS {
+            let state = self.informers.get(&informer);
+            if state.is_some_and(|state| state.synced) {
+                continue;
+            }
+            let error = state.and_then(|state| state.last_error.as_deref());
+            tracing::info!(
+                informer = informer.name(),
+                last_error = error.unwrap_or("none"),
+                "still listing; not ready until every watch has listed"
+            );
+        }
+    }
+
+    fn gauges(&self) {
+        let now = Instant::now();
+        for informer in INFORMERS {
+            if let Some(at) = self
+                .informers
+                .get(&informer)
+                .and_then(|state| state.last_event)
+            {
+                self.metrics
+                    .last_event_age
+                    .with_label_values(&[informer.name()])
+                    .set(now.duration_since(at).as_secs() as i64);
+            }
+        }
+        for (kind, count) in [
+            ("revisions", self.model.revision_count()),
+            ("endpoints", self.model.endpoints_count()),
+            ("services", self.model.service_count()),
+        ] {
+            self.metrics
+                .objects
+                .with_label_values(&[kind])
+                .set(count as i64);
+        }
+    }
+}
+
+impl KubeSource {
+    /// Runs the watches until the process ends.
+    pub async fn run(
+        self,
+        worker: WorkerHandle,
+        readiness: Arc<Readiness>,
+        registry: Registry,
+        process_queue: Arc<ProcessQueue>,
+    ) {
+        let mut events = watches(&self);
+        let model = Model::new(self.mesh, self.pod_ip, self.gates, self.tunables);
+        let mut watcher = Watcher {
+            model,
+            informers: BTreeMap::new(),
+            startup: Some(BTreeMap::new()),
+            metrics: KubeMetrics::new(&registry),
+            worker,
+        };
+        let limit = Arc::new(Semaphore::new(PROBE_CONCURRENCY));
+        let (probed_tx, mut probed) = mpsc::unbounded_channel::<(ProbeJob, bool)>();
+        let mut tunables = *watcher.model.tunables();
+        let mut probe_tick = tokio::time::interval(tunables.probe_interval);
+        probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut progress = tokio::time::interval(PROGRESS_EVERY);
+        progress.tick().await;
+        let mut gauges = tokio::time::interval(Duration::from_secs(1));
+        let mut ready_said = false;
+        loop {
+            let mut tick = false;
+            tokio::select! {
+                Some((informer, change)) = events.next() => {
+                    watcher.on_change(informer, change).await;
+                }
+                Some((job, passed)) = probed.recv() => {
+                    if let Some(op) = watcher.model.probed(&job, passed) {
+                        watcher.emit(Informer::Endpoints, vec![op]).await;
+                    }
+                }
+                _ = probe_tick.tick() => tick = true,
+                _ = progress.tick(), if !watcher.synced() => {
+                    watcher.progress();
+                    continue;
+                }
+                _ = gauges.tick() => {
+                    watcher.gauges();
+                    continue;
+                }
+            }
+            if watcher.synced() && !ready_said {
+                readiness.set_informers_synced();
+                ready_said = true;
+            }
+            // config-features may have changed what others read.
+            let now = *watcher.model.tunables();
+            if now != tunables {
+                if now.probe_interval != tunables.probe_interval {
+                    probe_tick = tokio::time::interval(now.probe_interval);
+                    probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                }
+                if now.max_queued_requests != tunables.max_queued_requests {
+                    process_queue.set_limit(now.max_queued_requests);
+                }
+                tracing::info!(tunables = ?now, "{FEATURES_CONFIG_MAP}: tunables changed");
+                tunables = now;
+            }
+            for job in watcher.model.probes_due(tick) {
+                let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    // Over the concurrency bound: left for the next tick.
+                    watcher.model.probed(&job, false);
+                    continue;
+                };
+                let done = probed_tx.clone();
+                let timeout = tunables.probe_timeout;
+                let counter = watcher.metrics.probes.clone();
+                tokio::spawn(async move {
+                    let result = probe::probe(job.addr, &job.revision, timeout).await;
+                    drop(permit);
+                    let passed = match &result {
+                        ProbeResult::Healthy => {
+                            counter.with_label_values(&["healthy"]).inc();
+                            true
+                        }
+                        ProbeResult::Unhealthy(reason) => {
+                            counter.with_label_values(&["unhealthy"]).inc();
+                            tracing::debug!(pod = %job.addr, revision = %job.revision, "not confirmed yet: {reason}");
+                            false
+                        }
+                        ProbeResult::IpReused {
+                            namespace,
+                            revision,
+                        } => {
+                            counter.with_label_values(&["ip_reused"]).inc();
+                            tracing::warn!(pod = %job.addr, revision = %job.revision, answered_for = %format!("{namespace}/{revision}"), "a listed pod answered for another revision; not used");
+                            false
+                        }
+                    };
+                    let _ = done.send((job, passed));
+                });
+            }
+        }
+    }
+}
