@@ -6,10 +6,12 @@
 //! `/bytes` and verified by `/sink`, [`ports`] hands out free local ports, and
 //! [`queue_proxy`] sends pod registrations the way the fork's queue-proxy does, and
 //! [`autoscaler`] is a stand-in for the autoscaler's stat server. For the Kubernetes tests,
-//! [`podnet`] gives pods real (non-loopback) addresses.
+//! [`apiserver`] runs a real kube-apiserver with its etcd, and [`podnet`] gives pods real
+//! (non-loopback) addresses.
 
 #![forbid(unsafe_code)]
 
+pub mod apiserver;
 pub mod autoscaler;
 pub mod backend;
 pub mod pattern;
