@@ -4,12 +4,15 @@
 # the codec's fuzz seeds.
 #
 # Works on a fresh machine with a Rust toolchain: it installs the few system tools the
-# end-to-end tests drive (curl) when they are missing.
+# end-to-end tests drive (curl, and iproute2 for the pod addresses of the Kubernetes tests) when
+# they are missing, and provides a real kube-apiserver with etcd and kubectl through
+# scripts/kube-apiserver.sh (built once, about 5 minutes; cached in target/kube afterwards).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_packages=()
 command -v curl >/dev/null 2>&1 || need_packages+=(curl)
+command -v ip >/dev/null 2>&1 || need_packages+=(iproute2)
 if ((${#need_packages[@]})); then
   echo "== installing ${need_packages[*]}"
   if [ "$(id -u)" -eq 0 ]; then
@@ -18,6 +21,9 @@ if ((${#need_packages[@]})); then
     sudo apt-get update -qq && sudo apt-get install -y -qq "${need_packages[@]}"
   fi
 fi
+
+echo "== kube-apiserver, etcd and kubectl for the Kubernetes tests"
+bash scripts/kube-apiserver.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -5,13 +5,17 @@
 //! [`backend`] starts servers, [`pattern`] describes the checkable byte pattern served by
 //! `/bytes` and verified by `/sink`, [`ports`] hands out free local ports, and
 //! [`queue_proxy`] sends pod registrations the way the fork's queue-proxy does, and
-//! [`autoscaler`] is a stand-in for the autoscaler's stat server.
+//! [`autoscaler`] is a stand-in for the autoscaler's stat server. For the Kubernetes tests,
+//! [`apiserver`] runs a real kube-apiserver with its etcd, and [`podnet`] gives pods real
+//! (non-loopback) addresses.
 
 #![forbid(unsafe_code)]
 
+pub mod apiserver;
 pub mod autoscaler;
 pub mod backend;
 pub mod pattern;
+pub mod podnet;
 pub mod ports;
 pub mod queue_proxy;
 
