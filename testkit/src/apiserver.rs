@@ -412,6 +412,41 @@ impl ApiServer {
         self.apiserver = Some(apiserver);
     }
 
+    /// A second apiserver on the same etcd, on another port, as the admin: for changes made
+    /// while the first is down (what a client of the first then has to catch up on). Stopped
+    /// when dropped.
+    ///
+    /// # Panics
+    ///
+    /// When it does not become ready (the message quotes the end of the shared log).
+    pub fn spare_apiserver(&self) -> SpareApiServer {
+        let port = free_port();
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .map(|arg| {
+                if arg.starts_with("--secure-port=") {
+                    format!("--secure-port={port}")
+                } else {
+                    arg.clone()
+                }
+            })
+            .collect();
+        let kubeconfig = self.dir.join(format!("spare-{port}.kubeconfig"));
+        write_kubeconfig(&kubeconfig, port, &self.ca_cert, ADMIN_TOKEN);
+        let mut child = spawn_apiserver(&self.binary, &args, &self.dir)
+            .unwrap_or_else(|error| panic!("starting a spare apiserver: {}", error.message));
+        if let Err(error) = wait_ready_as(&mut child, &self.dir, port, &kubeconfig) {
+            stop(&mut child);
+            panic!("starting a spare apiserver: {}", error.message);
+        }
+        SpareApiServer {
+            dir: self.dir.clone(),
+            kubeconfig,
+            child,
+        }
+    }
+
     fn stop_processes(&mut self) {
         self.kill_apiserver();
         stop(&mut self.etcd);
@@ -431,6 +466,34 @@ impl Drop for ApiServer {
         } else {
             let _ = fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// A second apiserver of an [`ApiServer`] (see [`ApiServer::spare_apiserver`]).
+#[derive(Debug)]
+pub struct SpareApiServer {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    child: Child,
+}
+
+impl SpareApiServer {
+    /// `kubectl apply -f -` of `yaml` through this server, as the admin.
+    ///
+    /// # Panics
+    ///
+    /// When the server rejects any object.
+    pub fn apply_yaml(&self, yaml: &str) {
+        run_expect(
+            kubectl_command(&self.dir, &self.kubeconfig).args(["apply", "-f", "-"]),
+            Some(yaml),
+        );
+    }
+}
+
+impl Drop for SpareApiServer {
+    fn drop(&mut self) {
+        stop(&mut self.child);
     }
 }
 
@@ -590,9 +653,18 @@ fn spawn_apiserver(binary: &Path, args: &[String], dir: &Path) -> Result<Child, 
 /// Waits for `/readyz` and then for the namespace `default`, which the apiserver creates
 /// itself right after it starts serving.
 fn wait_ready(apiserver: &mut Child, dir: &Path, port: u16) -> Result<(), StartError> {
+    wait_ready_as(apiserver, dir, port, &dir.join("admin.kubeconfig"))
+}
+
+/// [`wait_ready`] through `kubeconfig` (a spare server's, on its own port).
+fn wait_ready_as(
+    apiserver: &mut Child,
+    dir: &Path,
+    port: u16,
+    kubeconfig: &Path,
+) -> Result<(), StartError> {
     let deadline = Instant::now() + APISERVER_READY_TIMEOUT;
     let log = dir.join("apiserver.log");
-    let kubeconfig = dir.join("admin.kubeconfig");
     let mut last_answer = String::from("no answer yet");
     for check in [["get", "--raw", "/readyz"], ["get", "namespace", "default"]] {
         loop {
@@ -606,7 +678,7 @@ fn wait_ready(apiserver: &mut Child, dir: &Path, port: u16) -> Result<(), StartE
             )
             .is_ok();
             if listening {
-                let answer = run(kubectl_command(dir, &kubeconfig).args(check), None);
+                let answer = run(kubectl_command(dir, kubeconfig).args(check), None);
                 if answer.status.success() {
                     break;
                 }

@@ -1,0 +1,600 @@
+//! Kubernetes mode end to end: the real binary watching a real kube-apiserver (v1.20.2, built by
+//! `scripts/kube-apiserver.sh`), as the ServiceAccount `deploy/rbac.yaml` creates, in front of
+//! real backends. core/v1 Endpoints refuse loopback addresses, so every pod listens on an
+//! address of the test's own [`PodNet`] (10.213.N.k, see testkit's `podnet`).
+//!
+//! Every object is what Knative's reconcilers would write: a Revision (our own minimal CRD), its
+//! private Service and endpoints labelled `networking.internal.knative.dev/serviceType=Private`
+//! and `serving.knative.dev/revision`, and for subsetting its public endpoints listing the
+//! activators.
+
+mod support;
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kactivator_testkit::apiserver::ApiServer;
+use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
+use kactivator_testkit::podnet::PodNet;
+use support::{eventually, exchange, get, read_response, Activator};
+
+/// The port every pod serves on (a queue-proxy's, Knative's `networking.BackendHTTPPort`).
+const POD_PORT: u16 = 8012;
+
+/// Which API lists the pods.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Listing {
+    Endpoints,
+    /// `discovery.k8s.io/v1beta1` on this 1.20 server (v1 came in 1.21): also the fallback path.
+    Slices,
+}
+
+/// An API server with the Knative CRD and deploy/'s RBAC, and a pod network.
+struct Cluster {
+    api: ApiServer,
+    net: PodNet,
+    /// The `activator` ServiceAccount's kubeconfig: what kactivator runs as.
+    kubeconfig: PathBuf,
+    listing: Listing,
+}
+
+impl Cluster {
+    fn start(listing: Listing) -> Cluster {
+        let api = ApiServer::start();
+        api.install_knative_crds();
+        let rbac =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml"))
+                .expect("deploy/rbac.yaml");
+        api.apply_yaml(&rbac);
+        let token = api.service_account_token("knative-serving", "activator");
+        let kubeconfig = api.kubeconfig_with_token(&token);
+        Cluster {
+            api,
+            net: PodNet::new(),
+            kubeconfig,
+            listing,
+        }
+    }
+
+    /// A kactivator watching this cluster. `pod_ip`: its `POD_IP`.
+    fn spawn_activator(&self, pod_ip: Option<IpAddr>, extra: &str) -> Activator {
+        let endpoints = match self.listing {
+            Listing::Endpoints => "endpoints",
+            Listing::Slices => "auto",
+        };
+        let settings = format!(
+            "[kubernetes]\nendpoints = \"{endpoints}\"\nprobe_interval_ms = 50\n\n\
+             [health]\nprobe_interval_ms = 100\n\n{extra}"
+        );
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let pod_ip = pod_ip.map(|ip| ip.to_string()).unwrap_or_default();
+        let mut env = vec![
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("SYSTEM_NAMESPACE", "knative-serving"),
+        ];
+        if !pod_ip.is_empty() {
+            env.push(("POD_IP", pod_ip.as_str()));
+        }
+        Activator::prepare(&settings, "").spawn_args(
+            &[
+                "--shards",
+                "2",
+                "--source",
+                "kubernetes",
+                "--autoscaler-url",
+                "",
+            ],
+            &env,
+        )
+    }
+
+    fn activator(&self) -> Activator {
+        self.spawn_activator(None, "").until_ready()
+    }
+
+    /// A pod of revision `default/<revision>` on a new address of the pod network.
+    fn pod(&self, revision: &str) -> BackendHandle {
+        let ip = self.net.add_address();
+        let name = format!("{revision}@{ip}");
+        backend::spawn_on(
+            SocketAddr::new(ip, POD_PORT),
+            BackendConfig::named(name).with_revision(revision, "default"),
+        )
+        .expect("pod backend")
+    }
+
+    /// The Revision and its private Service; `containerConcurrency` = `cc`.
+    fn revision(&self, name: &str, cc: u32) {
+        self.api.apply_yaml(&format!(
+            "apiVersion: serving.knative.dev/v1
+kind: Revision
+metadata:
+  name: {name}
+  namespace: default
+  labels:
+    serving.knative.dev/service: {name}
+    serving.knative.dev/configuration: {name}
+spec:
+  containerConcurrency: {cc}
+  timeoutSeconds: 60
+  containers:
+  - image: example.com/app
+    ports:
+    - containerPort: 8080
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: {name}-private
+  namespace: default
+  labels:
+    networking.internal.knative.dev/serviceType: Private
+    serving.knative.dev/revision: {name}
+spec:
+  ports:
+  - name: http
+    port: 80
+    targetPort: 8012
+"
+        ));
+    }
+
+    /// The revision's private endpoints list `ready` and `not_ready` (either may be empty).
+    fn endpoints(&self, name: &str, ready: &[IpAddr], not_ready: &[IpAddr]) {
+        self.list(
+            &format!("{name}-private"),
+            name,
+            "Private",
+            ready,
+            not_ready,
+            POD_PORT,
+        );
+    }
+
+    /// The revision's public endpoints list these activators.
+    fn public_endpoints(&self, name: &str, activators: &[IpAddr]) {
+        self.list(name, name, "Public", activators, &[], 8012);
+    }
+
+    fn list(
+        &self,
+        object: &str,
+        revision: &str,
+        kind: &str,
+        ready: &[IpAddr],
+        not_ready: &[IpAddr],
+        port: u16,
+    ) {
+        let labels = format!(
+            "    networking.internal.knative.dev/serviceType: {kind}\n    serving.knative.dev/revision: {revision}\n"
+        );
+        let yaml = match self.listing {
+            Listing::Endpoints => {
+                let addresses = |ips: &[IpAddr]| -> String {
+                    ips.iter().map(|ip| format!("\n    - ip: {ip}")).collect()
+                };
+                let subsets = if ready.is_empty() && not_ready.is_empty() {
+                    "subsets: []\n".to_string()
+                } else {
+                    let mut subset =
+                        String::from("subsets:\n- ports:\n    - name: http\n      port: ");
+                    subset.push_str(&format!("{port}\n"));
+                    if !ready.is_empty() {
+                        subset.push_str(&format!("  addresses:{}\n", addresses(ready)));
+                    }
+                    if !not_ready.is_empty() {
+                        subset.push_str(&format!("  notReadyAddresses:{}\n", addresses(not_ready)));
+                    }
+                    subset
+                };
+                format!(
+                    "apiVersion: v1\nkind: Endpoints\nmetadata:\n  name: {object}\n  namespace: default\n  labels:\n{labels}{subsets}"
+                )
+            }
+            Listing::Slices => {
+                let endpoint = |ip: &IpAddr, is_ready: bool| {
+                    format!("\n- addresses: [\"{ip}\"]\n  conditions:\n    ready: {is_ready}")
+                };
+                let endpoints: String = ready
+                    .iter()
+                    .map(|ip| endpoint(ip, true))
+                    .chain(not_ready.iter().map(|ip| endpoint(ip, false)))
+                    .collect();
+                let endpoints = if endpoints.is_empty() {
+                    " []".to_string()
+                } else {
+                    endpoints
+                };
+                format!(
+                    "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata:\n  name: {object}-abcde\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {object}\n{labels}addressType: IPv4\nports:\n- name: http\n  port: {port}\n  protocol: TCP\nendpoints:{endpoints}\n"
+                )
+            }
+        };
+        self.api.apply_yaml(&yaml);
+    }
+
+    fn features(&self, data: &[(&str, &str)]) {
+        let data: String = data
+            .iter()
+            .map(|(key, value)| format!("  {key}: \"{value}\"\n"))
+            .collect();
+        self.api.apply_yaml(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-features\n  namespace: knative-serving\ndata:\n{data}"
+        ));
+    }
+}
+
+fn ip(pod: &BackendHandle) -> IpAddr {
+    pod.addr().ip()
+}
+
+fn status(activator: &Activator, revision: &str, path: &str) -> u16 {
+    exchange(activator.http, get(revision, path).as_bytes()).status
+}
+
+/// Keep-alive clients sending `path` to a revision until stopped; counts answers by class.
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    failures: Arc<std::sync::Mutex<Vec<String>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(activator: &Activator, revision: &str, path: &str, clients: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let request = get(revision, path);
+        let threads = (0..clients)
+            .map(|_| {
+                let (stop, ok, failed, failures) =
+                    (stop.clone(), ok.clone(), failed.clone(), failures.clone());
+                let request = request.clone();
+                let addr = activator.http;
+                std::thread::spawn(move || {
+                    let mut connection: Option<(TcpStream, Vec<u8>)> = None;
+                    while !stop.load(Ordering::Relaxed) {
+                        let (stream, buffered) = connection.get_or_insert_with(|| {
+                            let stream = TcpStream::connect(addr).expect("connect");
+                            stream
+                                .set_read_timeout(Some(Duration::from_secs(30)))
+                                .unwrap();
+                            (stream, Vec::new())
+                        });
+                        let answer = stream
+                            .write_all(request.as_bytes())
+                            .ok()
+                            .and_then(|_| read_response(stream, buffered));
+                        match answer {
+                            Some(response) if response.status == 200 => {
+                                ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Some(response) => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                failures.lock().unwrap().push(format!(
+                                    "{} {}",
+                                    response.status,
+                                    response.text()
+                                ));
+                                connection = None;
+                            }
+                            None => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                failures.lock().unwrap().push("no response".into());
+                                connection = None;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            ok,
+            failed,
+            failures,
+            threads,
+        }
+    }
+
+    fn ok(&self) -> u64 {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    /// Waits for `more` further successes (the load is flowing).
+    fn flows(&self, more: u64) -> bool {
+        let from = self.ok();
+        eventually(Duration::from_secs(10), || self.ok() >= from + more)
+    }
+
+    /// Stops the clients; returns (succeeded, failures).
+    fn finish(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+        let failures = self.failures.lock().unwrap().clone();
+        assert_eq!(failures.len() as u64, self.failed.load(Ordering::Relaxed));
+        (self.ok.load(Ordering::Relaxed), failures)
+    }
+}
+
+fn serves_what_the_cluster_lists(listing: Listing) {
+    let cluster = Cluster::start(listing);
+    let pods = [cluster.pod("hello"), cluster.pod("hello")];
+    // CC 0: random choice of two, so sequential requests reach both pods.
+    cluster.revision("hello", 0);
+    cluster.endpoints("hello", &[ip(&pods[0]), ip(&pods[1])], &[]);
+    let activator = cluster.activator();
+    assert!(
+        activator
+            .stderr()
+            .contains("every watch has listed; the first view is published"),
+        "{}",
+        activator.stderr()
+    );
+    for _ in 0..20 {
+        assert_eq!(
+            status(&activator, "hello", "/"),
+            200,
+            "{}",
+            activator.stderr()
+        );
+    }
+    for pod in &pods {
+        assert!(pod.stats().requests > 0, "both pods serve");
+        assert!(pod.probes() > 0, "each was probed before it was used");
+    }
+    // The gauges are refreshed every second.
+    assert!(
+        eventually(Duration::from_secs(3), || activator.metric_sum(
+            "kactivator_kubernetes_objects",
+            &["kind=\"revisions\""]
+        ) == 1.0),
+        "{}",
+        activator.metrics()
+    );
+    // A revision the cluster does not have is not served.
+    assert_eq!(status(&activator, "nope", "/"), 404);
+}
+
+#[test]
+fn core_endpoints_pods_serve_as_the_service_account() {
+    serves_what_the_cluster_lists(Listing::Endpoints);
+}
+
+#[test]
+fn endpoint_slices_pods_serve_with_auto_falling_back_to_v1beta1() {
+    serves_what_the_cluster_lists(Listing::Slices);
+}
+
+#[test]
+fn readiness_waits_for_every_watch_and_says_which_is_missing() {
+    // Without the Revision CRD, the revisions watch cannot list: never ready, and the log
+    // says which watch and why.
+    let api = ApiServer::start();
+    api.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: knative-serving\n");
+    let rbac =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/rbac.yaml")).unwrap();
+    api.apply_yaml(&rbac);
+    let token = api.service_account_token("knative-serving", "activator");
+    let cluster = Cluster {
+        kubeconfig: api.kubeconfig_with_token(&token),
+        api,
+        net: PodNet::new(),
+        listing: Listing::Endpoints,
+    };
+    let activator = cluster.spawn_activator(None, "");
+    assert!(
+        eventually(Duration::from_secs(15), || activator
+            .stderr()
+            .contains("informer=\"revisions\"")
+            && activator.stderr().contains("still listing")),
+        "{}",
+        activator.stderr()
+    );
+    let (code, body) = support::admin_get(activator.admin, "/readyz").expect("admin answers");
+    assert_eq!(code, 503, "{body}");
+    // The CRD arrives: the watch lists and the activator becomes ready.
+    cluster.api.install_knative_crds();
+    let _activator = activator.until_ready();
+}
+
+#[test]
+fn scale_from_zero_a_waiting_request_flows_when_an_endpoint_appears() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    cluster.revision("cold", 1);
+    cluster.endpoints("cold", &[], &[]);
+    let activator = cluster.activator();
+    let addr = activator.http;
+    let waiting = std::thread::spawn(move || exchange(addr, get("cold", "/").as_bytes()).status);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !waiting.is_finished(),
+        "waits while the revision has no pod"
+    );
+    let pod = cluster.pod("cold");
+    // Kubernetes lists it not ready first: the probe promotes it (probe optimisation).
+    cluster.endpoints("cold", &[], &[ip(&pod)]);
+    assert_eq!(waiting.join().unwrap(), 200);
+    assert_eq!(pod.stats().requests, 1);
+}
+
+#[test]
+fn a_listed_pod_answering_for_another_revision_is_never_used() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    cluster.revision("mine", 1);
+    let good = cluster.pod("mine");
+    let reused = cluster.pod("mine");
+    reused.set_revision("default", "theirs").unwrap();
+    cluster.endpoints("mine", &[ip(&good), ip(&reused)], &[]);
+    let activator = cluster.activator();
+    for _ in 0..20 {
+        assert_eq!(status(&activator, "mine", "/"), 200);
+    }
+    assert_eq!(reused.stats().requests, 0);
+    assert!(reused.probes() > 0);
+    assert!(
+        activator.metric_sum(
+            "kactivator_kubernetes_backend_probes_total",
+            &["result=\"ip_reused\""]
+        ) >= 1.0
+    );
+}
+
+#[test]
+fn a_removed_pod_finishes_its_requests_and_gets_no_new_ones() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    let pods = [cluster.pod("busy"), cluster.pod("busy")];
+    cluster.revision("busy", 1);
+    cluster.endpoints("busy", &[ip(&pods[0]), ip(&pods[1])], &[]);
+    let activator = cluster.activator();
+    let load = Load::start(&activator, "busy", "/delay/50", 4);
+    assert!(load.flows(20));
+    assert!(pods[1].stats().requests > 0);
+    cluster.endpoints("busy", &[ip(&pods[0])], &[]);
+    assert!(
+        eventually(Duration::from_secs(5), || pods[1].stats().in_flight == 0),
+        "its requests finished"
+    );
+    let after = pods[1].stats().requests;
+    assert!(load.flows(40));
+    assert_eq!(pods[1].stats().requests, after, "nothing new reached it");
+    let (ok, failures) = load.finish();
+    assert!(failures.is_empty(), "{failures:?} of {ok}");
+}
+
+#[test]
+fn config_features_flip_under_load_without_a_failure() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    let pods = [cluster.pod("flip"), cluster.pod("flip")];
+    cluster.revision("flip", 2);
+    cluster.endpoints("flip", &[ip(&pods[0]), ip(&pods[1])], &[]);
+    let activator = cluster.activator();
+    let load = Load::start(&activator, "flip", "/", 4);
+    assert!(load.flows(50));
+    // Quarantine on (the default): routable pods are health-checked every 100 ms.
+    let probes = |pods: &[BackendHandle]| pods.iter().map(BackendHandle::probes).sum::<u64>();
+    let before = probes(&pods);
+    assert!(eventually(Duration::from_secs(5), || probes(&pods) > before + 4));
+    cluster.features(&[
+        ("activator.pod-quarantine", "disabled"),
+        ("queueproxy.pod-authority", "disabled"),
+    ]);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let now = probes(&pods);
+            std::thread::sleep(Duration::from_millis(400));
+            probes(&pods) == now
+        }),
+        "quarantine off: health checks stop"
+    );
+    assert!(load.flows(50));
+    // A bad value is logged and keeps the previous one.
+    cluster.features(&[
+        ("activator.pod-quarantine", "sometimes"),
+        ("activator.queue-depth", "lots"),
+    ]);
+    assert!(eventually(Duration::from_secs(5), || {
+        let log = activator.stderr();
+        log.contains("activator.pod-quarantine") && log.contains("activator.queue-depth")
+    }));
+    let now = probes(&pods);
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(probes(&pods), now, "still off");
+    cluster.features(&[("activator.pod-quarantine", "enabled")]);
+    assert!(eventually(Duration::from_secs(5), || probes(&pods) > now));
+    assert!(load.flows(50));
+    let (ok, failures) = load.finish();
+    assert!(failures.is_empty(), "{failures:?} of {ok}");
+}
+
+#[test]
+fn two_activators_in_the_public_endpoints_split_the_pods() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    let pods = [
+        cluster.pod("split"),
+        cluster.pod("split"),
+        cluster.pod("split"),
+        cluster.pod("split"),
+    ];
+    cluster.revision("split", 1);
+    let ips: Vec<IpAddr> = pods.iter().map(ip).collect();
+    cluster.endpoints("split", &ips, &[]);
+    let (first_ip, second_ip) = (cluster.net.add_address(), cluster.net.add_address());
+    cluster.public_endpoints("split", &[first_ip, second_ip]);
+    let first = cluster.spawn_activator(Some(first_ip), "").until_ready();
+    let second = cluster.spawn_activator(Some(second_ip), "").until_ready();
+    let labels = ["revision=\"split\""];
+    let routable =
+        |activator: &Activator| activator.metric_sum("kactivator_revision_routable_pods", &labels);
+    assert!(
+        eventually(Duration::from_secs(5), || routable(&first)
+            + routable(&second)
+            == 4.0
+            && routable(&first) >= 1.0
+            && routable(&second) >= 1.0),
+        "4 pods split, each activator gets some: {} + {}",
+        routable(&first),
+        routable(&second)
+    );
+    // Each serves only through its own share.
+    let served_by = |activator: &Activator| -> Vec<bool> {
+        pods.iter().for_each(BackendHandle::reset_stats);
+        for _ in 0..40 {
+            assert_eq!(status(activator, "split", "/"), 200);
+        }
+        pods.iter().map(|pod| pod.stats().requests > 0).collect()
+    };
+    let (by_first, by_second) = (served_by(&first), served_by(&second));
+    for (a, b) in by_first.iter().zip(&by_second) {
+        assert!(!(a & b), "a pod served by both: {by_first:?} {by_second:?}");
+    }
+}
+
+#[test]
+fn an_api_server_outage_loses_no_request_and_changes_made_meanwhile_apply_after() {
+    let mut cluster = Cluster::start(Listing::Endpoints);
+    let pods = [cluster.pod("steady"), cluster.pod("steady")];
+    cluster.revision("steady", 1);
+    cluster.endpoints("steady", &[ip(&pods[0])], &[]);
+    let activator = cluster.activator();
+    let load = Load::start(&activator, "steady", "/", 4);
+    assert!(load.flows(50));
+    cluster.api.kill_apiserver();
+    assert!(load.flows(200), "serving on the last snapshot");
+    // A change made while this activator's API server is away: through a second API server on
+    // the same etcd, which then goes away too.
+    {
+        let spare = cluster.api.spare_apiserver();
+        spare.apply_yaml(&format!(
+            "apiVersion: v1\nkind: Endpoints\nmetadata:\n  name: steady-private\n  namespace: default\n  labels:\n    networking.internal.knative.dev/serviceType: Private\n    serving.knative.dev/revision: steady\nsubsets:\n- ports:\n    - name: http\n      port: {POD_PORT}\n  addresses:\n    - ip: {}\n    - ip: {}\n",
+            ip(&pods[0]),
+            ip(&pods[1])
+        ));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(pods[1].stats().requests, 0, "not seen yet");
+    cluster.api.restart_apiserver();
+    assert!(
+        eventually(Duration::from_secs(30), || pods[1].stats().requests > 0),
+        "the change made meanwhile is applied: {}",
+        activator.stderr()
+    );
+    assert!(load.flows(50));
+    let (ok, failures) = load.finish();
+    assert!(failures.is_empty(), "{failures:?} of {ok}");
+    assert!(
+        activator.metric_sum("kactivator_kubernetes_watch_restarts_total", &[]) >= 1.0,
+        "{}",
+        activator.metrics()
+    );
+}
