@@ -30,7 +30,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 
@@ -378,6 +378,7 @@ struct KubeMetrics {
     last_event_age: IntGaugeVec,
     objects: IntGaugeVec,
     probes: IntCounterVec,
+    applied: Histogram,
 }
 
 impl KubeMetrics {
@@ -425,6 +426,21 @@ impl KubeMetrics {
                 "Probes of listed pods not confirmed yet, by result",
                 &["result"],
             ),
+            applied: metrics::register(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "kactivator_kubernetes_event_apply_seconds",
+                        "From a watch event's arrival to its ops applied by the state worker \
+                         and the resulting updates sent to every shard",
+                    )
+                    .buckets(vec![
+                        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25,
+                        1.0,
+                    ]),
+                )
+                .expect("valid metric"),
+            ),
         }
     }
 }
@@ -453,6 +469,7 @@ struct Watcher {
 impl Watcher {
     /// One event: the model's ops, applied now or kept for the start-up batch.
     async fn on_change(&mut self, informer: Informer, change: Result<Change, String>) {
+        let arrived = Instant::now();
         let state = self.informers.entry(informer).or_default();
         state.last_event = Some(Instant::now());
         let change = match change {
@@ -494,7 +511,13 @@ impl Watcher {
             Change::Applied(item) => self.applied(informer, item),
             Change::Deleted(item) => self.deleted(item),
         };
+        let timed = self.synced() && !ops.is_empty();
         self.emit(informer, ops).await;
+        if timed {
+            self.metrics
+                .applied
+                .observe(arrived.elapsed().as_secs_f64());
+        }
     }
 
     fn invalid(&self, informer: Informer, what: &str, error: &str) {
