@@ -244,7 +244,18 @@ subsets: []
         ),
         (&["get", "services", "-A"][..], "kubernetes"),
         (&["get", "endpointslices.discovery.k8s.io", "-A"][..], ""),
-        (&["get", "configmaps", "-n", "knative-serving"][..], ""),
+        // ConfigMaps only by name, as the source reads them (rbac.yaml's resourceNames).
+        (
+            &[
+                "get",
+                "configmaps",
+                "-n",
+                "knative-serving",
+                "--field-selector",
+                "metadata.name=config-features",
+            ][..],
+            "",
+        ),
     ] {
         let output = as_activator(args);
         assert!(
@@ -268,6 +279,7 @@ subsets: []
         ][..],
         &["get", "secrets", "-n", "knative-serving"][..],
         &["get", "configmaps", "-n", "default"][..],
+        &["get", "configmaps", "-n", "knative-serving"][..],
         &["get", "pods", "-A"][..],
         &[
             "delete",
