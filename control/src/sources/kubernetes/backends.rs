@@ -13,8 +13,8 @@
 //! * A pod that moved from ready to not ready is probed again before it counts as healthy.
 //! * A pod no longer listed is dropped; a relist that lists the same pods changes nothing.
 //!
-//! ★ No rounds: each probe has its own timeout and a failed pod is probed again one interval
-//! after its own failure, so one slow pod never holds back the others (upstream probes a
+//! ★ No rounds: each probe has its own timeout and a failed pod is probed again at the next
+//! interval tick, so one slow pod never holds back the others (upstream probes a
 //! revision's pods as a group under one 300 ms timeout). The caller asks [`Backends::due`] for
 //! what to probe after every change and on every interval tick; a pod is never probed twice at
 //! once, and one that failed waits for the next tick.
