@@ -199,6 +199,24 @@ impl Activator {
         })
     }
 
+    /// CPU time the process has used so far (user + system), from `/proc/<pid>/stat`.
+    pub fn cpu_time(&self) -> Result<Duration, String> {
+        let path = format!("/proc/{}/stat", self.pid());
+        let stat = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+        // After the command name in parentheses (which may hold spaces): state is field 3,
+        // utime and stime are fields 14 and 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(") ")
+            .map_or(Vec::new(), |(_, rest)| rest.split(' ').collect());
+        let ticks = |index: usize| fields.get(index).and_then(|f| f.parse::<u64>().ok());
+        let (Some(user), Some(system)) = (ticks(11), ticks(12)) else {
+            return Err(format!("{path}: no utime/stime"));
+        };
+        // SAFETY: sysconf only reads a system constant.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Ok(Duration::from_millis((user + system) * 1000 / per_second))
+    }
+
     /// Asks for a clean exit (`POST /quitquitquit`); kills the process if it is still there
     /// after `EXIT_TIMEOUT`. Returns a note when it had to be killed.
     pub fn stop(mut self) -> Option<String> {

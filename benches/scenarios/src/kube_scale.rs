@@ -38,6 +38,8 @@ const POD_PORT: u16 = 8012;
 const FIRST_POD_OCTET: u8 = 200;
 /// How long the histogram may take to count every change made, once they are all made.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Pause between `/readyz` 200 and the first RSS reading.
+const AFTER_READY: Duration = Duration::from_secs(2);
 /// How long the object gauges (refreshed every second) may take to show every revision.
 const GAUGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// deploy/'s ServiceAccount, Roles and bindings: what kactivator runs as.
@@ -557,7 +559,11 @@ impl Random {
 struct Row {
     driver: String,
     sync: Duration,
+    /// kactivator's CPU time from start to `/readyz` 200.
+    sync_cpu: Duration,
     rss_synced_kib: u64,
+    /// After the first `/metrics` scrape, which renders every revision's series.
+    rss_scraped_kib: u64,
     rss_end_kib: u64,
     applied: Buckets,
     changes: usize,
@@ -650,20 +656,27 @@ fn measure(
     let mut activator = Activator::spawn(&launch)?;
     activator.wait_ready(options.sync_timeout)?;
     let sync = started.elapsed();
-    let rss_synced_kib = activator.memory_kib()?.rss;
+    let sync_cpu = activator.cpu_time()?;
     eprintln!(
-        "[kube-scale] {driver}: ready after {:.2} s, RSS {} MiB",
+        "[kube-scale] {driver}: ready after {:.2} s ({:.2} s of CPU)",
         sync.as_secs_f64(),
-        rss_synced_kib / 1024
+        sync_cpu.as_secs_f64()
     );
+    // The shards take the first view off their channels after /readyz: let them.
+    std::thread::sleep(AFTER_READY);
+    let rss_synced_kib = activator.memory_kib()?.rss;
 
     // Everything listed is held: the gauges are refreshed every second.
     let expected = creation.revisions.len() as f64;
     let deadline = Instant::now() + GAUGE_TIMEOUT;
-    let (scrape_bytes, scrape) = loop {
+    let mut first_scrape = None;
+    loop {
         let scrape_started = Instant::now();
         let metrics = activator.metrics()?;
         let scrape = scrape_started.elapsed();
+        if first_scrape.is_none() {
+            first_scrape = Some((metrics.len(), scrape, activator.memory_kib()?.rss));
+        }
         let held = |kind: &str| {
             activator::sum_of(
                 &metrics,
@@ -673,7 +686,7 @@ fn measure(
         };
         let (revisions, endpoints) = (held("revisions"), held("endpoints"));
         if revisions == expected && endpoints == expected {
-            break (metrics.len(), scrape);
+            break;
         }
         if Instant::now() > deadline {
             return Err(format!(
@@ -682,7 +695,13 @@ fn measure(
             ));
         }
         std::thread::sleep(Duration::from_millis(250));
-    };
+    }
+    let (scrape_bytes, scrape, rss_scraped_kib) = first_scrape.expect("the loop scrapes");
+    eprintln!(
+        "[kube-scale] {driver}: RSS {} MiB, {} MiB after one /metrics scrape",
+        rss_synced_kib / 1024,
+        rss_scraped_kib / 1024
+    );
 
     // The measured changes go to one half of the revisions, the churn to the other, so the
     // two never patch the same object.
@@ -772,7 +791,9 @@ fn measure(
     Ok(Row {
         driver: driver.to_string(),
         sync,
+        sync_cpu,
         rss_synced_kib,
+        rss_scraped_kib,
         rss_end_kib,
         applied,
         changes: patch_us.len(),
@@ -837,9 +858,9 @@ fn report(creation: &Creation, rows: &[Row], options: &Options) -> (String, bool
         options.create_workers,
     ));
     report.push_str(
-        "| driver | initial sync (start → /readyz 200) | RSS after sync | RSS at end | events | \
-         apply p50 | apply p99 | ≤ 1 ms | mean | target p99 ≤ 1 ms | target RSS ≤ 256 MiB |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| driver | initial sync (start → /readyz 200) | its CPU | RSS after sync | after one \
+         /metrics | at end | events | apply p50 | apply p99 | ≤ 1 ms | mean | target p99 ≤ 1 ms \
+         | target RSS ≤ 256 MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut passed = true;
     for row in rows {
@@ -847,14 +868,20 @@ fn report(creation: &Creation, rows: &[Row], options: &Options) -> (String, bool
         let within = row.applied.share_within(TARGET_P99.as_secs_f64());
         // Exact from the bucket bound, not the interpolated figure.
         let latency_met = within.is_some_and(|share| share >= 0.99);
-        let rss_met = row.rss_synced_kib.max(row.rss_end_kib) <= TARGET_RSS_KIB;
+        let rss_peak = row
+            .rss_synced_kib
+            .max(row.rss_scraped_kib)
+            .max(row.rss_end_kib);
+        let rss_met = rss_peak <= TARGET_RSS_KIB;
         passed &= latency_met && rss_met;
         let count = row.applied.count();
         report.push_str(&format!(
-            "| {} | {:.2} s | {} | {} | {count} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {:.2} s | {:.2} s | {} | {} | {} | {count} | {} | {} | {} | {} | {} | {} |\n",
             row.driver,
             row.sync.as_secs_f64(),
+            row.sync_cpu.as_secs_f64(),
             mib(row.rss_synced_kib),
+            mib(row.rss_scraped_kib),
             mib(row.rss_end_kib),
             row.applied.quantile(0.5).describe(),
             p99.describe(),
@@ -868,6 +895,14 @@ fn report(creation: &Creation, rows: &[Row], options: &Options) -> (String, bool
             if rss_met { "met" } else { "**not met**" },
         ));
     }
+    report.push_str(&format!(
+        "\nRSS is `VmRSS` {} s after `/readyz` answered 200, again after the first `/metrics` \
+         scrape (it renders every revision's series; the allocator keeps what that took), and at \
+         the end, after the window and its scrapes; the target applies to the largest. \
+         \"its CPU\" is kactivator's user + system time up to `/readyz` 200; the rest of the \
+         sync time it waits for the API server's lists.\n",
+        AFTER_READY.as_secs()
+    ));
     report.push_str(&format!(
         "\nLatency is kactivator's own histogram `{APPLY_HISTOGRAM}`: a watch event's arrival → \
          its ops applied by the state worker and the updates sent to every shard's channel. \
