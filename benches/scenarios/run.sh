@@ -7,6 +7,7 @@
 #   bash benches/scenarios/run.sh queued-memory [options]   # RSS per queued request, ~1 min
 #   bash benches/scenarios/run.sh routable-first-forward    # QP `ready` → first queued request at the pod, 1000 reps
 #   bash benches/scenarios/run.sh cold-poke                 # cold revision's first request → autoscaler poke, 1000 revisions
+#   bash benches/scenarios/run.sh kube-scale                # real kube-apiserver, 10 000 revisions × 10 pods: sync, RSS, event → applied
 #   bash benches/scenarios/run.sh all                       # every implemented scenario
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/scenarios/run.sh ...   # that binary, no build
 #
@@ -20,14 +21,14 @@ set -euo pipefail
 {
 
 usage() {
-  sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 (($#)) || { usage >&2; exit 2; }
 scenario=$1
 shift
 case $scenario in
-  scarcity | queued-memory | routable-first-forward | cold-poke | all) ;;
+  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | all) ;;
   -h | --help) usage; exit 0 ;;
   *) echo "run.sh: unknown scenario '$scenario'" >&2; usage >&2; exit 2 ;;
 esac
@@ -65,8 +66,27 @@ cleanup() {
     kill -KILL "$runner_pid" 2>/dev/null || true
     # Its scratch directory (configs, kactivator logs), which it removes only when it exits itself.
     rm -rf "${TMPDIR:-/tmp}"/kactivator-scenario-*-"$runner_pid"
+    stop_api_servers_of "$runner_pid"
   fi
   exit "$status"
+}
+# kube-scale's kube-apiserver and etcd (testkit's ApiServer) run without a parent-death signal
+# and live in $TMPDIR/kactivator-kube/<pid>-<n>/, which their command lines name: kill exactly
+# those processes, by pid, and remove the directory. (The next ApiServer would reclaim them too.)
+# shellcheck disable=SC2317 # reached through cleanup
+stop_api_servers_of() {
+  local dir cmdline text
+  for dir in "${TMPDIR:-/tmp}"/kactivator-kube/"$1"-*; do
+    [[ -d $dir ]] || continue
+    for cmdline in /proc/[0-9]*/cmdline; do
+      text=$(tr '\0' ' ' <"$cmdline" 2>/dev/null) || continue
+      if [[ $text == *"$dir/"* ]]; then
+        cmdline=${cmdline#/proc/}
+        kill -KILL "${cmdline%/cmdline}" 2>/dev/null || true
+      fi
+    done
+    rm -rf "$dir"
+  done
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -76,6 +96,13 @@ trap 'exit 143' TERM
 
 # shellcheck source=benches/scenarios/build.sh
 source "$repo/benches/scenarios/build.sh"
+
+# kube-scale runs testkit's kube-apiserver: build it (cached; 3-5 minutes cold) unless it is there.
+if [[ $scenario == kube-scale || $scenario == all ]] && [[ -z ${KACTIVATOR_KUBE_APISERVER:-} ]] &&
+  [[ ! -x $target_dir/kube/bin/kube-apiserver ]]; then
+  log "no kube-apiserver in $target_dir/kube/bin: building it with scripts/kube-apiserver.sh"
+  CARGO_TARGET_DIR=$target_dir bash scripts/kube-apiserver.sh >&2 || die "scripts/kube-apiserver.sh failed"
+fi
 
 # One descriptor per connection: the soft limit goes up to the hard one (which only
 # CAP_SYS_RESOURCE can raise). kactivator inherits it and raises its own soft limit too.
@@ -141,6 +168,7 @@ if [[ $scenario == all ]]; then
   run_one queued-memory || overall=1
   run_one routable-first-forward || overall=1
   run_one cold-poke || overall=1
+  run_one kube-scale || overall=1
 else
   run_one "$scenario" "$@" || overall=$?
 fi

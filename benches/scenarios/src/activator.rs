@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use kactivator_testkit::ports::free_port;
 
 /// How long a fresh kactivator gets to answer `/readyz`.
-const READY_TIMEOUT: Duration = Duration::from_secs(15);
+pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// Pause between two `/readyz` checks while starting.
+const READY_POLL: Duration = Duration::from_millis(20);
 /// How long a stopped kactivator gets to exit before it is killed.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -34,6 +36,10 @@ pub struct Launch<'a> {
     pub revisions: &'a str,
     /// Directory for the config file and the log.
     pub dir: &'a Path,
+    /// Flags besides `--config`, `--driver` and `--shards`, e.g. `--source kubernetes`.
+    pub args: &'a [&'a str],
+    /// Environment besides `KACTIVATOR_LOG=warn` (which an entry here may override).
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 /// A running kactivator, killed on drop.
@@ -56,6 +62,13 @@ pub fn revision(name: &str, pods: &[SocketAddr], extra: &str) -> String {
 impl Activator {
     /// Writes the config, starts the binary and waits for `/readyz`.
     pub fn start(launch: &Launch<'_>) -> Result<Activator, String> {
+        let mut activator = Activator::spawn(launch)?;
+        activator.wait_ready(READY_TIMEOUT)?;
+        Ok(activator)
+    }
+
+    /// Writes the config and starts the binary; [`Activator::wait_ready`] waits for it.
+    pub fn spawn(launch: &Launch<'_>) -> Result<Activator, String> {
         let http: SocketAddr = format!("{}:{}", launch.http_ip, free_port())
             .parse()
             .map_err(|e| format!("data address {}: {e}", launch.http_ip))?;
@@ -86,7 +99,9 @@ impl Activator {
             .env("KACTIVATOR_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(stderr);
+            .stderr(stderr)
+            .args(launch.args)
+            .envs(launch.env.iter().copied());
         if let Some(shards) = launch.shards {
             command.arg("--shards").arg(shards.to_string());
         }
@@ -108,18 +123,17 @@ impl Activator {
         let child = command
             .spawn()
             .map_err(|e| format!("starting {}: {e}", launch.binary.display()))?;
-        let mut activator = Activator {
+        Ok(Activator {
             child: Some(child),
             http,
             admin,
             log,
-        };
-        activator.wait_ready()?;
-        Ok(activator)
+        })
     }
 
-    fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + READY_TIMEOUT;
+    /// Waits until `/readyz` answers 200, checking every 20 ms.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self
                 .child
@@ -134,10 +148,10 @@ impl Activator {
             if admin_request(self.admin, "GET", "/readyz").is_ok_and(|(status, _)| status == 200) {
                 return Ok(());
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(READY_POLL);
         }
         Err(format!(
-            "kactivator did not answer /readyz within {READY_TIMEOUT:?}; its log:\n{}",
+            "kactivator did not answer /readyz within {timeout:?}; its log:\n{}",
             self.log_tail()
         ))
     }
@@ -153,19 +167,19 @@ impl Activator {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
-    /// Sum of a metric's samples whose label set contains every `labels` fragment.
-    pub fn metric_sum(&self, name: &str, labels: &[&str]) -> Result<f64, String> {
+    /// The whole `/metrics` text.
+    pub fn metrics(&self) -> Result<String, String> {
         let (status, body) = admin_request(self.admin, "GET", "/metrics")
             .map_err(|e| format!("scraping {}/metrics: {e}", self.admin))?;
         if status != 200 {
             return Err(format!("{}/metrics answered {status}", self.admin));
         }
-        Ok(body
-            .lines()
-            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
-            .filter(|line| labels.iter().all(|label| line.contains(label)))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        Ok(body)
+    }
+
+    /// Sum of a metric's samples whose label set contains every `labels` fragment.
+    pub fn metric_sum(&self, name: &str, labels: &[&str]) -> Result<f64, String> {
+        Ok(sum_of(&self.metrics()?, name, labels))
     }
 
     /// `VmRSS` and `RssAnon` of the process, in KiB.
@@ -183,6 +197,24 @@ impl Activator {
             rss: field("VmRSS:")?,
             anon: field("RssAnon:")?,
         })
+    }
+
+    /// CPU time the process has used so far (user + system), from `/proc/<pid>/stat`.
+    pub fn cpu_time(&self) -> Result<Duration, String> {
+        let path = format!("/proc/{}/stat", self.pid());
+        let stat = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+        // After the command name in parentheses (which may hold spaces): state is field 3,
+        // utime and stime are fields 14 and 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(") ")
+            .map_or(Vec::new(), |(_, rest)| rest.split(' ').collect());
+        let ticks = |index: usize| fields.get(index).and_then(|f| f.parse::<u64>().ok());
+        let (Some(user), Some(system)) = (ticks(11), ticks(12)) else {
+            return Err(format!("{path}: no utime/stime"));
+        };
+        // SAFETY: sysconf only reads a system constant.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Ok(Duration::from_millis((user + system) * 1000 / per_second))
     }
 
     /// Asks for a clean exit (`POST /quitquitquit`); kills the process if it is still there
@@ -213,6 +245,17 @@ impl Drop for Activator {
             let _ = child.wait();
         }
     }
+}
+
+/// Sum of the samples of metric `name` in a `/metrics` text whose label set contains every
+/// `labels` fragment.
+pub fn sum_of(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Resident memory, KiB.

@@ -46,6 +46,8 @@ fn measure(binary: &Path, driver: &str, options: &Options) -> Result<Vec<u32>, S
         tables: &tables,
         revisions: &revisions,
         dir: dir.path(),
+        args: &[],
+        env: &[],
     })?;
     let mut delays = Vec::with_capacity(options.revisions);
     // The requests stay queued (no pod) until their connections close at the end.

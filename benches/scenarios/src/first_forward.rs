@@ -162,6 +162,8 @@ fn measure(binary: &Path, driver: &str, options: &Options) -> Result<Vec<u32>, S
         tables: "",
         revisions: &revisions,
         dir: dir.path(),
+        args: &[],
+        env: &[],
     })?;
     let mut delays = Vec::with_capacity(options.repetitions);
     for repetition in 0..options.repetitions {

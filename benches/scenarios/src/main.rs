@@ -11,6 +11,7 @@ mod backends;
 mod client;
 mod cold_poke;
 mod first_forward;
+mod kube_scale;
 mod queued_memory;
 mod scarcity;
 
@@ -97,6 +98,34 @@ enum Scenario {
         #[arg(long, default_value_t = 1000)]
         revisions: usize,
     },
+    /// A real kube-apiserver with REVISIONS revisions × PODS pods, kactivator watching it:
+    /// object creation, initial sync time, RSS, and watch event → applied latency of CHANGES
+    /// single-endpoint changes under background churn.
+    KubeScale {
+        #[arg(long, default_value_t = 10_000)]
+        revisions: usize,
+        /// Ready addresses in each revision's private Endpoints.
+        #[arg(long, default_value_t = 10)]
+        pods: usize,
+        /// Single-endpoint changes measured, one at a time.
+        #[arg(long, default_value_t = 200)]
+        changes: usize,
+        /// Patches per second to other revisions' Endpoints while the changes are made.
+        #[arg(long, default_value_t = 20.0)]
+        churn_per_second: f64,
+        /// Revisions per `kubectl create -f -` (three objects each).
+        #[arg(long, default_value_t = 250)]
+        chunk: usize,
+        /// `kubectl create` processes at once.
+        #[arg(long, default_value_t = 2)]
+        create_workers: usize,
+        /// Milliseconds between two measured changes.
+        #[arg(long, default_value_t = 50)]
+        gap_ms: u64,
+        /// Seconds kactivator may take from start to `/readyz` 200.
+        #[arg(long, default_value_t = 600)]
+        sync_timeout: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -158,6 +187,30 @@ fn main() -> ExitCode {
             &cli.kactivator,
             &cold_poke::Options {
                 revisions: revisions.max(1),
+                drivers: cli.drivers,
+                shards: cli.shards,
+            },
+        ),
+        Scenario::KubeScale {
+            revisions,
+            pods,
+            changes,
+            churn_per_second,
+            chunk,
+            create_workers,
+            gap_ms,
+            sync_timeout,
+        } => kube_scale::run(
+            &cli.kactivator,
+            &kube_scale::Options {
+                revisions: revisions.max(1),
+                pods: pods.max(1),
+                changes,
+                churn_per_second,
+                chunk: chunk.max(1),
+                create_workers: create_workers.max(1),
+                gap: Duration::from_millis(gap_ms),
+                sync_timeout: Duration::from_secs(sync_timeout),
                 drivers: cli.drivers,
                 shards: cli.shards,
             },

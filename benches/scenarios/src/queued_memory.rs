@@ -126,6 +126,8 @@ fn run_driver(
         tables: "",
         revisions: &revisions,
         dir,
+        args: &[],
+        env: &[],
     })
     .map_err(|e| format!("kactivator --driver {driver}: {e}"))?;
     let queued = || {

@@ -115,6 +115,8 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
             tables: "",
             revisions: &revisions,
             dir: scratch.path(),
+            args: &[],
+            env: &[],
         })
         .map_err(|e| format!("kactivator --driver {driver}: {e}"))?;
         // One request through it, so a misconfiguration fails here and not as a table of errors.
