@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use kactivator_testkit::apiserver::ApiServer;
 use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
+use kactivator_testkit::knative::{self, ServiceType};
 use kactivator_testkit::podnet::PodNet;
 use support::{eventually, exchange, get, read_response, Activator};
 
@@ -111,109 +112,37 @@ impl Cluster {
     /// The Revision and its private Service; `containerConcurrency` = `cc`.
     fn revision(&self, name: &str, cc: u32) {
         self.api.apply_yaml(&format!(
-            "apiVersion: serving.knative.dev/v1
-kind: Revision
-metadata:
-  name: {name}
-  namespace: default
-  labels:
-    serving.knative.dev/service: {name}
-    serving.knative.dev/configuration: {name}
-spec:
-  containerConcurrency: {cc}
-  timeoutSeconds: 60
-  containers:
-  - image: example.com/app
-    ports:
-    - containerPort: 8080
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: {name}-private
-  namespace: default
-  labels:
-    networking.internal.knative.dev/serviceType: Private
-    serving.knative.dev/revision: {name}
-spec:
-  ports:
-  - name: http
-    port: 80
-    targetPort: 8012
-"
+            "{}{}",
+            knative::revision("default", name, cc),
+            knative::private_service("default", name, POD_PORT)
         ));
     }
 
     /// The revision's private endpoints list `ready` and `not_ready` (either may be empty).
     fn endpoints(&self, name: &str, ready: &[IpAddr], not_ready: &[IpAddr]) {
-        self.list(
-            &format!("{name}-private"),
-            name,
-            "Private",
-            ready,
-            not_ready,
-            POD_PORT,
-        );
+        self.list(name, ServiceType::Private, ready, not_ready, POD_PORT);
     }
 
     /// The revision's public endpoints list these activators.
     fn public_endpoints(&self, name: &str, activators: &[IpAddr]) {
-        self.list(name, name, "Public", activators, &[], 8012);
+        self.list(name, ServiceType::Public, activators, &[], 8012);
     }
 
     fn list(
         &self,
-        object: &str,
         revision: &str,
-        kind: &str,
+        kind: ServiceType,
         ready: &[IpAddr],
         not_ready: &[IpAddr],
         port: u16,
     ) {
-        let labels = format!(
-            "    networking.internal.knative.dev/serviceType: {kind}\n    serving.knative.dev/revision: {revision}\n"
-        );
         let yaml = match self.listing {
             Listing::Endpoints => {
-                let addresses = |ips: &[IpAddr]| -> String {
-                    ips.iter().map(|ip| format!("\n    - ip: {ip}")).collect()
-                };
-                let subsets = if ready.is_empty() && not_ready.is_empty() {
-                    "subsets: []\n".to_string()
-                } else {
-                    let mut subset =
-                        String::from("subsets:\n- ports:\n    - name: http\n      port: ");
-                    subset.push_str(&format!("{port}\n"));
-                    if !ready.is_empty() {
-                        subset.push_str(&format!("  addresses:{}\n", addresses(ready)));
-                    }
-                    if !not_ready.is_empty() {
-                        subset.push_str(&format!("  notReadyAddresses:{}\n", addresses(not_ready)));
-                    }
-                    subset
-                };
-                format!(
-                    "apiVersion: v1\nkind: Endpoints\nmetadata:\n  name: {object}\n  namespace: default\n  labels:\n{labels}{subsets}"
-                )
+                knative::endpoints("default", revision, kind, ready, not_ready, port)
             }
-            Listing::Slices => {
-                let endpoint = |ip: &IpAddr, is_ready: bool| {
-                    format!("\n- addresses: [\"{ip}\"]\n  conditions:\n    ready: {is_ready}")
-                };
-                let endpoints: String = ready
-                    .iter()
-                    .map(|ip| endpoint(ip, true))
-                    .chain(not_ready.iter().map(|ip| endpoint(ip, false)))
-                    .collect();
-                let endpoints = if endpoints.is_empty() {
-                    " []".to_string()
-                } else {
-                    endpoints
-                };
-                format!(
-                    "apiVersion: discovery.k8s.io/v1beta1\nkind: EndpointSlice\nmetadata:\n  name: {object}-abcde\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {object}\n{labels}addressType: IPv4\nports:\n- name: http\n  port: {port}\n  protocol: TCP\nendpoints:{endpoints}\n"
-                )
-            }
+            Listing::Slices => knative::endpoint_slice(
+                "v1beta1", "default", revision, kind, ready, not_ready, port,
+            ),
         };
         self.api.apply_yaml(&yaml);
     }
@@ -575,10 +504,13 @@ fn an_api_server_outage_loses_no_request_and_changes_made_meanwhile_apply_after(
     // the same etcd, which then goes away too.
     {
         let spare = cluster.api.spare_apiserver();
-        spare.apply_yaml(&format!(
-            "apiVersion: v1\nkind: Endpoints\nmetadata:\n  name: steady-private\n  namespace: default\n  labels:\n    networking.internal.knative.dev/serviceType: Private\n    serving.knative.dev/revision: steady\nsubsets:\n- ports:\n    - name: http\n      port: {POD_PORT}\n  addresses:\n    - ip: {}\n    - ip: {}\n",
-            ip(&pods[0]),
-            ip(&pods[1])
+        spare.apply_yaml(&knative::endpoints(
+            "default",
+            "steady",
+            ServiceType::Private,
+            &[ip(&pods[0]), ip(&pods[1])],
+            &[],
+            POD_PORT,
         ));
     }
     std::thread::sleep(Duration::from_secs(2));

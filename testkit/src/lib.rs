@@ -6,7 +6,8 @@
 //! `/bytes` and verified by `/sink`, [`ports`] hands out free local ports, and
 //! [`queue_proxy`] sends pod registrations the way the fork's queue-proxy does, and
 //! [`autoscaler`] is a stand-in for the autoscaler's stat server. For the Kubernetes tests,
-//! [`apiserver`] runs a real kube-apiserver with its etcd, and [`podnet`] gives pods real
+//! [`apiserver`] runs a real kube-apiserver with its etcd, [`knative`] writes the objects
+//! Knative's reconcilers would, and [`podnet`] gives pods real
 //! (non-loopback) addresses.
 
 #![forbid(unsafe_code)]
@@ -14,6 +15,7 @@
 pub mod apiserver;
 pub mod autoscaler;
 pub mod backend;
+pub mod knative;
 pub mod pattern;
 pub mod podnet;
 pub mod ports;

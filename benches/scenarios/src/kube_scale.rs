@@ -12,8 +12,8 @@
 //! without probing it, and `config-features`' `activator.pod-quarantine: disabled` keeps the
 //! health prober from dialling them.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -22,6 +22,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::apiserver::ApiServer;
+use kactivator_testkit::knative::{self, ServiceType};
 
 use crate::activator::{self, Activator, Launch};
 use crate::{fmt_us, percentile, ScratchDir};
@@ -179,28 +180,15 @@ impl KubectlProxy {
         content_type: &str,
         body: &str,
     ) -> Result<(u16, String), String> {
-        let exchange = || -> std::io::Result<(u16, String)> {
-            let mut stream = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))?;
-            stream.set_nodelay(true)?;
-            stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-            write!(
-                stream,
-                "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            )?;
-            let mut raw = Vec::new();
-            stream.read_to_end(&mut raw)?;
-            let text = String::from_utf8_lossy(&raw);
-            let status = text
-                .split(' ')
-                .nth(1)
-                .and_then(|code| code.parse().ok())
-                .ok_or_else(|| std::io::Error::other(format!("not HTTP: {text:.80}")))?;
-            let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
-            Ok((status, body.to_string()))
-        };
-        exchange().map_err(|e| format!("{method} {path} through kubectl proxy: {e}"))
+        activator::request(
+            self.addr,
+            method,
+            path,
+            content_type,
+            body,
+            (Duration::from_secs(5), Duration::from_secs(30)),
+        )
+        .map_err(|e| format!("{method} {path} through kubectl proxy: {e}"))
     }
 
     /// Replaces address `index` of revision `name`'s private Endpoints with `ip`.
@@ -264,56 +252,22 @@ fn pod_ip(n: u64) -> Ipv4Addr {
 /// its private Endpoints listing `pods` ready addresses from `first_pod` on.
 fn revision_yaml(index: usize, pods: usize, first_pod: u64) -> String {
     let name = revision_name(index);
-    let addresses: String = (0..pods as u64)
-        .map(|k| format!("  - ip: {}\n", pod_ip(first_pod + k)))
+    let addresses: Vec<IpAddr> = (0..pods as u64)
+        .map(|k| IpAddr::V4(pod_ip(first_pod + k)))
         .collect();
-    format!(
-        "apiVersion: serving.knative.dev/v1
-kind: Revision
-metadata:
-  name: {name}
-  namespace: default
-  labels:
-    serving.knative.dev/service: {name}
-    serving.knative.dev/configuration: {name}
-spec:
-  containerConcurrency: 0
-  timeoutSeconds: 60
-  containers:
-  - image: example.com/app
-    ports:
-    - containerPort: 8080
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: {name}-private
-  namespace: default
-  labels:
-    networking.internal.knative.dev/serviceType: Private
-    serving.knative.dev/revision: {name}
-spec:
-  ports:
-  - name: http
-    port: 80
-    targetPort: {POD_PORT}
----
-apiVersion: v1
-kind: Endpoints
-metadata:
-  name: {name}-private
-  namespace: default
-  labels:
-    networking.internal.knative.dev/serviceType: Private
-    serving.knative.dev/revision: {name}
-subsets:
-- ports:
-  - name: http
-    port: {POD_PORT}
-  addresses:
-{addresses}---
-"
-    )
+    [
+        knative::revision("default", &name, 0),
+        knative::private_service("default", &name, POD_PORT),
+        knative::endpoints(
+            "default",
+            &name,
+            ServiceType::Private,
+            &addresses,
+            &[],
+            POD_PORT,
+        ),
+    ]
+    .concat()
 }
 
 /// What step (1) made.

@@ -1,0 +1,149 @@
+//! The objects Knative's reconcilers write for a revision, as YAML for [`crate::apiserver`]: the
+//! Revision (the fields the activator reads, which no defaulting webhook fills in here), its
+//! private Service, and its endpoints, core/v1 or EndpointSlice, labelled the way the SKS
+//! reconciler labels them (`networking.internal.knative.dev/serviceType`,
+//! `serving.knative.dev/revision`). One definition for the end-to-end tests and the benchmarks.
+
+use std::fmt::Write;
+use std::net::IpAddr;
+
+/// A revision's Services and endpoints: its pods (`<rev>-private`) or its activators (`<rev>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceType {
+    Private,
+    Public,
+}
+
+impl ServiceType {
+    fn label(self) -> &'static str {
+        match self {
+            ServiceType::Private => "Private",
+            ServiceType::Public => "Public",
+        }
+    }
+}
+
+/// The labels of a revision's Service or endpoints, indented for `metadata.labels`.
+fn owner_labels(revision: &str, kind: ServiceType) -> String {
+    format!(
+        "    networking.internal.knative.dev/serviceType: {}\n    serving.knative.dev/revision: {revision}\n",
+        kind.label()
+    )
+}
+
+/// Revision `namespace/name` with `containerConcurrency: cc`, a 60 s timeout and one container
+/// with an unnamed port (HTTP/1).
+pub fn revision(namespace: &str, name: &str, cc: u32) -> String {
+    format!(
+        "apiVersion: serving.knative.dev/v1
+kind: Revision
+metadata:
+  name: {name}
+  namespace: {namespace}
+  labels:
+    serving.knative.dev/service: {name}
+    serving.knative.dev/configuration: {name}
+spec:
+  containerConcurrency: {cc}
+  timeoutSeconds: 60
+  containers:
+  - image: example.com/app
+    ports:
+    - containerPort: 8080
+---
+"
+    )
+}
+
+/// The revision's private Service `<name>-private`: port `http` 80 → `target_port`.
+pub fn private_service(namespace: &str, name: &str, target_port: u16) -> String {
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: {name}-private
+  namespace: {namespace}
+  labels:
+{labels}spec:
+  ports:
+  - name: http
+    port: 80
+    targetPort: {target_port}
+---
+",
+        labels = owner_labels(name, ServiceType::Private)
+    )
+}
+
+/// The object name of a revision's endpoints of this kind.
+pub fn endpoints_name(revision: &str, kind: ServiceType) -> String {
+    match kind {
+        ServiceType::Private => format!("{revision}-private"),
+        ServiceType::Public => revision.to_string(),
+    }
+}
+
+/// core/v1 Endpoints of `revision` listing `ready` and `not_ready` at `port` (named `http`), in
+/// one subset; none at all when both are empty.
+pub fn endpoints(
+    namespace: &str,
+    revision: &str,
+    kind: ServiceType,
+    ready: &[IpAddr],
+    not_ready: &[IpAddr],
+    port: u16,
+) -> String {
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Endpoints\nmetadata:\n  name: {}\n  namespace: {namespace}\n  labels:\n{}",
+        endpoints_name(revision, kind),
+        owner_labels(revision, kind)
+    );
+    if ready.is_empty() && not_ready.is_empty() {
+        yaml.push_str("subsets: []\n");
+    } else {
+        let _ = writeln!(yaml, "subsets:\n- ports:\n  - name: http\n    port: {port}");
+        for (field, ips) in [("addresses", ready), ("notReadyAddresses", not_ready)] {
+            if !ips.is_empty() {
+                let _ = writeln!(yaml, "  {field}:");
+                for ip in ips {
+                    let _ = writeln!(yaml, "  - ip: {ip}");
+                }
+            }
+        }
+    }
+    yaml.push_str("---\n");
+    yaml
+}
+
+/// A `discovery.k8s.io/<version>` EndpointSlice of `revision` with the same content as
+/// [`endpoints`].
+pub fn endpoint_slice(
+    version: &str,
+    namespace: &str,
+    revision: &str,
+    kind: ServiceType,
+    ready: &[IpAddr],
+    not_ready: &[IpAddr],
+    port: u16,
+) -> String {
+    let service = endpoints_name(revision, kind);
+    let mut yaml = format!(
+        "apiVersion: discovery.k8s.io/{version}\nkind: EndpointSlice\nmetadata:\n  name: {service}-abcde\n  namespace: {namespace}\n  labels:\n    kubernetes.io/service-name: {service}\n{}addressType: IPv4\nports:\n- name: http\n  port: {port}\n  protocol: TCP\n",
+        owner_labels(revision, kind)
+    );
+    if ready.is_empty() && not_ready.is_empty() {
+        yaml.push_str("endpoints: []\n");
+    } else {
+        yaml.push_str("endpoints:\n");
+        for (ips, is_ready) in [(ready, true), (not_ready, false)] {
+            for ip in ips {
+                let _ = writeln!(
+                    yaml,
+                    "- addresses: [\"{ip}\"]\n  conditions:\n    ready: {is_ready}"
+                );
+            }
+        }
+    }
+    yaml.push_str("---\n");
+    yaml
+}
