@@ -286,11 +286,40 @@ pub fn raise_nofile_soft_limit() -> std::io::Result<u64> {
 
 /// One request to the admin port with `Connection: close`: (status, body).
 pub fn admin_request(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    request(
+        addr,
+        method,
+        path,
+        "",
+        "",
+        (Duration::from_secs(1), Duration::from_secs(10)),
+    )
+}
+
+/// One HTTP/1.1 request with `Connection: close` and a `Content-Type` when `content_type` is
+/// not empty: (status, body as text). `timeouts`: (connect, read).
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+    (connect, read): (Duration, Duration),
+) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, connect)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(read))?;
+    let content_type = if content_type.is_empty() {
+        String::new()
+    } else {
+        format!("Content-Type: {content_type}\r\n")
+    };
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\n{content_type}Content-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        addr.ip(),
+        body.len()
     )?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
