@@ -35,7 +35,7 @@ pub struct ProbeJob {
     pub addr: SocketAddr,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Revision {
     /// What the endpoints list now.
     listed: Addresses,
@@ -51,7 +51,26 @@ struct Revision {
     optimisation: bool,
 }
 
+impl Default for Revision {
+    fn default() -> Revision {
+        Revision {
+            listed: Addresses::default(),
+            healthy: BTreeSet::new(),
+            published: None,
+            in_flight: BTreeSet::new(),
+            failed: BTreeSet::new(),
+            // On until the Revision object says otherwise.
+            optimisation: true,
+        }
+    }
+}
+
 impl Revision {
+    /// Listed pods not vouched for (the healthy ones are always among the listed).
+    fn waiting(&self) -> usize {
+        self.listed.ready.len() + self.listed.not_ready.len() - self.healthy.len()
+    }
+
     fn listed(&self, addr: &SocketAddr) -> bool {
         self.listed.ready.contains(addr) || self.listed.not_ready.contains(addr)
     }
@@ -74,36 +93,51 @@ impl Revision {
 #[derive(Debug, Default)]
 pub struct Backends {
     revisions: BTreeMap<RevisionKey, Revision>,
+    /// The revisions with a listed pod not vouched for: the only ones [`Backends::due`] and
+    /// [`Backends::pending`] look at, so an event costs its revision, not the cluster.
+    unsettled: BTreeSet<RevisionKey>,
     mesh: MeshMode,
 }
 
 impl Backends {
     pub fn new(mesh: MeshMode) -> Backends {
         Backends {
-            revisions: BTreeMap::new(),
             mesh,
+            ..Backends::default()
         }
     }
 
     /// Listed pods not yet vouched for, over every revision.
     pub fn pending(&self) -> usize {
-        self.revisions
-            .values()
-            .map(|revision| {
-                revision.listed.ready.len() + revision.listed.not_ready.len()
-                    - revision.healthy.len()
-            })
+        self.unsettled
+            .iter()
+            .filter_map(|key| self.revisions.get(key))
+            .map(Revision::waiting)
             .sum()
+    }
+
+    /// Keeps [`Backends::unsettled`] true for `key` after a change to it. A settled revision
+    /// has no failures to remember.
+    fn settle(&mut self, key: &RevisionKey) {
+        match self.revisions.get_mut(key) {
+            Some(revision) if revision.waiting() > 0 => {
+                self.unsettled.insert(key.clone());
+            }
+            Some(revision) => {
+                revision.failed.clear();
+                self.unsettled.remove(key);
+            }
+            None => {
+                self.unsettled.remove(key);
+            }
+        }
     }
 
     /// A revision's probe optimisation (from its Revision object; on until that is seen).
     pub fn set_optimisation(&mut self, revision: &RevisionKey, on: bool) {
         self.revisions
             .entry(revision.clone())
-            .or_insert_with(|| Revision {
-                optimisation: true,
-                ..Revision::default()
-            })
+            .or_default()
             .optimisation = on;
     }
 
@@ -111,13 +145,7 @@ impl Backends {
     /// the `SetEndpoints` when the healthy pods changed; the caller then asks [`Backends::due`].
     pub fn listed(&mut self, revision: &RevisionKey, listed: Addresses) -> Option<Op> {
         let trust_ready = self.mesh != MeshMode::Auto;
-        let entry = self
-            .revisions
-            .entry(revision.clone())
-            .or_insert_with(|| Revision {
-                optimisation: true,
-                ..Revision::default()
-            });
+        let entry = self.revisions.entry(revision.clone()).or_default();
         // A pod Kubernetes took out of ready is probed again before it counts.
         for addr in listed.not_ready.iter() {
             if entry.listed.ready.contains(addr) {
@@ -132,12 +160,15 @@ impl Backends {
         if trust_ready {
             healthy.extend(listed.ready.iter().copied());
         }
-        entry.publish(revision)
+        let op = entry.publish(revision);
+        self.settle(revision);
+        op
     }
 
     /// The revision is gone: nothing of it is probed or published any more.
     pub fn remove(&mut self, revision: &RevisionKey) {
         self.revisions.remove(revision);
+        self.unsettled.remove(revision);
     }
 
     /// The probes to start now: every listed pod not vouched for, not being probed, and (unless
@@ -145,7 +176,10 @@ impl Backends {
     /// until [`Backends::probed`] reports it.
     pub fn due(&mut self, tick: bool) -> Vec<ProbeJob> {
         let mut jobs = Vec::new();
-        for (key, revision) in &mut self.revisions {
+        for key in &self.unsettled {
+            let Some(revision) = self.revisions.get_mut(key) else {
+                continue;
+            };
             if tick {
                 revision.failed.clear();
             }
@@ -188,7 +222,9 @@ impl Backends {
         if !promotable || !revision.healthy.insert(job.addr) {
             return None;
         }
-        revision.publish(&job.revision)
+        let op = revision.publish(&job.revision);
+        self.settle(&job.revision);
+        op
     }
 }
 

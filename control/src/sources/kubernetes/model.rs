@@ -45,6 +45,9 @@ impl MeshMode {
 /// An endpoints object (Endpoints or EndpointSlice) by namespace and name.
 pub type ObjectId = (String, String);
 
+/// Whose endpoints: a revision's private ones (its pods) or public ones (its activators).
+type Owner = (RevisionKey, ServiceType);
+
 /// One endpoints object as seen: whose it is and what it lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointsSeen {
@@ -68,6 +71,8 @@ pub struct Model {
     /// Each revision's private Service address.
     services: BTreeMap<RevisionKey, SocketAddr>,
     endpoints: BTreeMap<ObjectId, EndpointsSeen>,
+    /// `endpoints` by owner, so one event reads its revision's objects, not every object.
+    owned: BTreeMap<Owner, BTreeSet<ObjectId>>,
     /// The private pods and what the probes said of them.
     backends: Backends,
     mesh: MeshMode,
@@ -84,6 +89,7 @@ impl Model {
             revisions: BTreeMap::new(),
             services: BTreeMap::new(),
             endpoints: BTreeMap::new(),
+            owned: BTreeMap::new(),
             backends: Backends::new(mesh),
             mesh,
             pod_ip,
@@ -169,6 +175,8 @@ impl Model {
     }
 
     pub fn revision_deleted(&mut self, revision: &RevisionKey) -> Vec<Op> {
+        // Its pods are no longer probed (upstream's revision watcher ends with the revision).
+        self.backends.remove(revision);
         match self.revisions.remove(revision) {
             Some(_) => vec![Op::RemoveRevision {
                 revision: revision.clone(),
@@ -211,11 +219,16 @@ impl Model {
 
     pub fn endpoints_applied(&mut self, id: ObjectId, seen: EndpointsSeen) -> Vec<Op> {
         let key = (seen.revision.clone(), seen.kind);
-        let previous = self.endpoints.insert(id, seen);
+        self.owned
+            .entry(key.clone())
+            .or_default()
+            .insert(id.clone());
+        let previous = self.endpoints.insert(id.clone(), seen);
         let mut ops = self.endpoints_ops(&key);
         if let Some(previous) = previous {
             let before = (previous.revision, previous.kind);
             if before != key {
+                self.disown(&before, &id);
                 ops.extend(self.endpoints_ops(&before));
             }
         }
@@ -224,21 +237,29 @@ impl Model {
 
     pub fn endpoints_deleted(&mut self, id: &ObjectId) -> Vec<Op> {
         match self.endpoints.remove(id) {
-            Some(seen) => self.endpoints_ops(&(seen.revision, seen.kind)),
+            Some(seen) => {
+                let owner = (seen.revision, seen.kind);
+                self.disown(&owner, id);
+                self.endpoints_ops(&owner)
+            }
             None => Vec::new(),
         }
     }
 
-    /// The watch (re)listed every endpoints object: affected revisions are recomputed once.
+    fn disown(&mut self, owner: &Owner, id: &ObjectId) {
+        if let Some(ids) = self.owned.get_mut(owner) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.owned.remove(owner);
+            }
+        }
+    }
+
+    /// The watch (re)listed every endpoints object: only the owners of objects that changed,
+    /// appeared or went away are recomputed, once each.
     pub fn endpoints_listed(&mut self, all: Vec<(ObjectId, EndpointsSeen)>) -> Vec<Op> {
-        let mut affected: BTreeSet<(RevisionKey, ServiceType)> = self
-            .endpoints
-            .values()
-            .map(|seen| (seen.revision.clone(), seen.kind))
-            .collect();
         let listed: BTreeMap<ObjectId, EndpointsSeen> = all.into_iter().collect();
-        // Only what changed: an object listed as before changes nothing.
-        let changed: BTreeSet<(RevisionKey, ServiceType)> = listed
+        let changed: BTreeSet<Owner> = listed
             .iter()
             .filter(|(id, seen)| self.endpoints.get(*id) != Some(*seen))
             .map(|(_, seen)| (seen.revision.clone(), seen.kind))
@@ -249,10 +270,15 @@ impl Model {
                     .map(|(_, seen)| (seen.revision.clone(), seen.kind)),
             )
             .collect();
-        affected.retain(|key| changed.contains(key));
-        affected.extend(changed);
+        self.owned.clear();
+        for (id, seen) in &listed {
+            self.owned
+                .entry((seen.revision.clone(), seen.kind))
+                .or_default()
+                .insert(id.clone());
+        }
         self.endpoints = listed;
-        affected
+        changed
             .iter()
             .flat_map(|key| self.endpoints_ops(key))
             .collect()
@@ -260,14 +286,13 @@ impl Model {
 
     /// The op that says what a revision's endpoints of one kind list now, merged over every
     /// object (a Service has several EndpointSlices).
-    fn endpoints_ops(&mut self, (revision, kind): &(RevisionKey, ServiceType)) -> Vec<Op> {
+    fn endpoints_ops(&mut self, owner: &Owner) -> Vec<Op> {
+        let (revision, kind) = owner;
         let mut merged = Addresses::default();
-        for seen in self
-            .endpoints
-            .values()
-            .filter(|seen| &seen.revision == revision && seen.kind == *kind)
-        {
-            merged.merge(&seen.addresses);
+        for id in self.owned.get(owner).into_iter().flatten() {
+            if let Some(seen) = self.endpoints.get(id) {
+                merged.merge(&seen.addresses);
+            }
         }
         match kind {
             // The pods the source vouches for (probed, or trusted): one it does not list is
