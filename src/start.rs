@@ -112,16 +112,13 @@ fn env_duration(name: &str) -> Result<Option<Duration>, StartError> {
     let Ok(text) = std::env::var(name) else {
         return Ok(None);
     };
-    features::parse_duration(&text)
-        .filter(|duration| !duration.is_zero())
-        .map(Some)
-        .ok_or_else(|| {
-            StartError::Config(ConfigError {
-                source: Some(name.into()),
-                position: None,
-                message: format!("{text:?} is not a positive duration such as \"300ms\""),
-            })
+    features::positive_duration(&text).map(Some).map_err(|why| {
+        StartError::Config(ConfigError {
+            source: Some(name.into()),
+            position: None,
+            message: format!("{text:?} {why}"),
         })
+    })
 }
 
 /// The cluster-wide tunables' values when `config-features` does not set them.

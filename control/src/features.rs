@@ -152,7 +152,8 @@ fn count(text: &str) -> Result<u32, &'static str> {
         .ok_or("is not a whole number of at least 1")
 }
 
-fn positive_duration(text: &str) -> Result<Duration, &'static str> {
+/// A Go duration above zero; the error completes a sentence starting with the value.
+pub fn positive_duration(text: &str) -> Result<Duration, &'static str> {
     parse_duration(text)
         .filter(|duration| !duration.is_zero())
         .ok_or("is not a positive duration such as \"300ms\" or \"1.5s\"")

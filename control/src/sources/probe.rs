@@ -43,6 +43,17 @@ pub enum ProbeResult {
     },
 }
 
+impl ProbeResult {
+    /// The `result` label of the probe counters: `healthy`, `unhealthy` or `ip_reused`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ProbeResult::Healthy => "healthy",
+            ProbeResult::Unhealthy(_) => "unhealthy",
+            ProbeResult::IpReused { .. } => "ip_reused",
+        }
+    }
+}
+
 /// What a probe response said, as far as [`judge`] cares.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Answer {

@@ -52,16 +52,15 @@ pub async fn run(
             tokio::spawn(async move {
                 let result = probe::probe(target.addr, &target.revision, timeout).await;
                 drop(permit);
+                metrics.probes.with_label_values(&[result.label()]).inc();
                 let op = match result {
                     ProbeResult::Healthy => {
-                        metrics.probes.with_label_values(&["healthy"]).inc();
                         if !target.recovering {
                             return;
                         }
                         Event::HealthCheckPassed
                     }
                     ProbeResult::Unhealthy(reason) => {
-                        metrics.probes.with_label_values(&["unhealthy"]).inc();
                         tracing::warn!(pod = %target.addr, revision = %target.revision, "health check failed: {reason}");
                         Event::HealthCheckFailed
                     }
@@ -69,7 +68,6 @@ pub async fn run(
                         namespace,
                         revision,
                     } => {
-                        metrics.probes.with_label_values(&["ip_reused"]).inc();
                         tracing::warn!(pod = %target.addr, revision = %target.revision, now_serving = %format!("{namespace}/{revision}"), "pod IP reused by another revision");
                         let _ = worker
                             .enqueue(Op::RemovePod {

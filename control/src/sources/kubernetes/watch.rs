@@ -464,6 +464,8 @@ struct Watcher {
     startup: Option<BTreeMap<Informer, Vec<Op>>>,
     metrics: KubeMetrics,
     worker: WorkerHandle,
+    /// Told once the start-up batch is published.
+    readiness: Arc<Readiness>,
 }
 
 impl Watcher {
@@ -642,6 +644,7 @@ impl Watcher {
                 .collect();
             let count = batch.len();
             self.apply(batch).await;
+            self.readiness.set_informers_synced();
             tracing::info!(
                 revisions = self.model.revision_count(),
                 endpoints = self.model.endpoints_count(),
@@ -725,6 +728,7 @@ impl KubeSource {
             startup: Some(BTreeMap::new()),
             metrics: KubeMetrics::new(&registry),
             worker,
+            readiness,
         };
         let limit = Arc::new(Semaphore::new(PROBE_CONCURRENCY));
         let (probed_tx, mut probed) = mpsc::unbounded_channel::<(ProbeJob, bool)>();
@@ -734,7 +738,6 @@ impl KubeSource {
         let mut progress = tokio::time::interval(PROGRESS_EVERY);
         progress.tick().await;
         let mut gauges = tokio::time::interval(Duration::from_secs(1));
-        let mut ready_said = false;
         loop {
             let mut tick = false;
             tokio::select! {
@@ -755,10 +758,6 @@ impl KubeSource {
                     watcher.gauges();
                     continue;
                 }
-            }
-            if watcher.synced() && !ready_said {
-                readiness.set_informers_synced();
-                ready_said = true;
             }
             // config-features may have changed what others read.
             let now = *watcher.model.tunables();
@@ -785,13 +784,10 @@ impl KubeSource {
                 tokio::spawn(async move {
                     let result = probe::probe(job.addr, &job.revision, timeout).await;
                     drop(permit);
+                    counter.with_label_values(&[result.label()]).inc();
                     let passed = match &result {
-                        ProbeResult::Healthy => {
-                            counter.with_label_values(&["healthy"]).inc();
-                            true
-                        }
+                        ProbeResult::Healthy => true,
                         ProbeResult::Unhealthy(reason) => {
-                            counter.with_label_values(&["unhealthy"]).inc();
                             tracing::debug!(pod = %job.addr, revision = %job.revision, "not confirmed yet: {reason}");
                             false
                         }
@@ -799,7 +795,6 @@ impl KubeSource {
                             namespace,
                             revision,
                         } => {
-                            counter.with_label_values(&["ip_reused"]).inc();
                             tracing::warn!(pod = %job.addr, revision = %job.revision, answered_for = %format!("{namespace}/{revision}"), "a listed pod answered for another revision; not used");
                             false
                         }
