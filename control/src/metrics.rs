@@ -105,7 +105,7 @@ fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), Revision
             totals.labels = block.labels.clone();
             totals.in_flight += block.load.in_flight();
             totals.queued += block.queued.get();
-            for slot in &block.slots {
+            for slot in block.code_slots() {
                 let code = slot.code();
                 if code == 0 {
                     continue;

@@ -1,7 +1,8 @@
 //! A pod's concurrency slots for this process, shared by every shard.
 //!
-//! The whole cross-shard state of a pod is one cache-padded counter of requests in flight plus
-//! its capacity (this activator's share of containerConcurrency). Taking a slot is a CAS that
+//! The whole cross-shard state of a pod is one counter of requests in flight plus its capacity
+//! (this activator's share of containerConcurrency), on one cache line: the pod's tracker is
+//! aligned to a line, so no other pod's counter shares it. Taking a slot is a CAS that
 //! refuses once the count has reached the capacity, so no interleaving of shards can put more
 //! than `capacity` requests in flight through successful acquires.
 //!
@@ -16,15 +17,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use crossbeam_utils::CachePadded;
-
 /// Capacity meaning "no limit" (containerConcurrency 0).
 pub const UNLIMITED: u32 = u32::MAX;
 
 /// In-flight count and capacity of one pod.
 #[derive(Debug)]
 pub struct PodSlots {
-    in_flight: CachePadded<AtomicU32>,
+    in_flight: AtomicU32,
     /// This activator's share of the pod; written by the control thread only.
     capacity: AtomicU32,
     /// Set once by a shard, never cleared: the pod takes no new request from this process.
@@ -34,7 +33,7 @@ pub struct PodSlots {
 impl PodSlots {
     pub fn new(capacity: u32) -> PodSlots {
         PodSlots {
-            in_flight: CachePadded::new(AtomicU32::new(0)),
+            in_flight: AtomicU32::new(0),
             capacity: AtomicU32::new(capacity),
             retired: AtomicBool::new(false),
         }
