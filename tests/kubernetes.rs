@@ -379,6 +379,60 @@ fn a_listed_pod_answering_for_another_revision_is_never_used() {
     );
 }
 
+/// `mesh-compatibility-mode` is `auto` (no `config-network`): pods a sidecar guards refuse the
+/// activator's direct probes, and the revision is reached through its private Service instead,
+/// as upstream's activator does, with the ready pods still counted for its capacity.
+#[test]
+fn in_auto_mesh_mode_pods_behind_a_mesh_are_reached_through_their_private_service() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    let service_ip = cluster.net.add_service_address();
+    // What a sidecar answers a plain probe to its pod: 503.
+    let pods = [cluster.pod("meshed"), cluster.pod("meshed")];
+    for pod in &pods {
+        pod.set_probe_healthy(false);
+    }
+    // The Service (kube-proxy, and the mesh behind it) reaches a queue-proxy that answers.
+    let service = backend::spawn_on(
+        SocketAddr::new(service_ip, 80),
+        BackendConfig::named("meshed-service").with_revision("meshed", "default"),
+    )
+    .expect("service backend");
+    cluster.api.apply_yaml(&format!(
+        "{}{}",
+        knative::revision("default", "meshed", 2),
+        knative::private_service_at("default", "meshed", POD_PORT, Some(service_ip))
+    ));
+    cluster.endpoints("meshed", &[ip(&pods[0]), ip(&pods[1])], &[]);
+    let activator = cluster.activator();
+    for _ in 0..10 {
+        assert_eq!(
+            status(&activator, "meshed", "/"),
+            200,
+            "{}",
+            activator.stderr()
+        );
+    }
+    assert!(service.stats().requests >= 10);
+    for pod in &pods {
+        assert!(pod.probes() > 0, "each pod was tried directly first");
+        assert_eq!(pod.stats().requests, 0, "no request went to a pod directly");
+    }
+    assert!(
+        activator
+            .stderr()
+            .contains("the revision goes through the Service"),
+        "{}",
+        activator.stderr()
+    );
+    // containerConcurrency 2 × 2 ready pods, one activator.
+    assert_eq!(
+        activator.metric_sum("kactivator_revision_capacity", &["revision=\"meshed\""]),
+        4.0,
+        "{}",
+        activator.metrics()
+    );
+}
+
 #[test]
 fn a_removed_pod_finishes_its_requests_and_gets_no_new_ones() {
     let cluster = Cluster::start(Listing::Endpoints);

@@ -57,6 +57,19 @@ spec:
 
 /// The revision's private Service `<name>-private`: port `http` 80 → `target_port`.
 pub fn private_service(namespace: &str, name: &str, target_port: u16) -> String {
+    private_service_at(namespace, name, target_port, None)
+}
+
+/// [`private_service`] with the ClusterIP `cluster_ip` instead of one the apiserver picks.
+pub fn private_service_at(
+    namespace: &str,
+    name: &str,
+    target_port: u16,
+    cluster_ip: Option<std::net::IpAddr>,
+) -> String {
+    let cluster_ip = cluster_ip
+        .map(|address| format!("  clusterIP: {address}\n"))
+        .unwrap_or_default();
     format!(
         "apiVersion: v1
 kind: Service
@@ -65,7 +78,7 @@ metadata:
   namespace: {namespace}
   labels:
 {labels}spec:
-  ports:
+{cluster_ip}  ports:
   - name: http
     port: 80
     targetPort: {target_port}

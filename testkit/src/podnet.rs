@@ -33,6 +33,14 @@ use std::sync::{Mutex, Once};
 /// (`apiserver`'s 10.96.0.0/16) nor common host networks use.
 pub const POD_NETWORK_OCTETS: [u8; 2] = [10, 213];
 
+/// The apiserver's Service ClusterIP range is 10.96.0.0/16 (`apiserver`'s
+/// `SERVICE_CLUSTER_IP_RANGE`); [`PodNet::add_service_address`] hands out `10.96.<N>.<k>`.
+pub const SERVICE_NETWORK_OCTETS: [u8; 2] = [10, 96];
+
+/// Host numbers of Service addresses start here (`.1` of network 0 is the `kubernetes`
+/// Service's).
+const FIRST_SERVICE_HOST: u8 = 10;
+
 /// Links are named `ktpod<N>`.
 const LINK_PREFIX: &str = "ktpod";
 
@@ -48,6 +56,8 @@ pub struct PodNet {
     link: String,
     /// Host numbers given out and not removed.
     hosts: Mutex<Vec<u8>>,
+    /// Service addresses given out so far.
+    services: Mutex<u8>,
 }
 
 // === impl PodNet ===
@@ -82,6 +92,7 @@ impl PodNet {
                 index,
                 link,
                 hosts: Mutex::new(Vec::new()),
+                services: Mutex::new(0),
             };
             let alias = format!(
                 "kactivator testkit PodNet of pid {owner} ({})",
@@ -149,6 +160,35 @@ impl PodNet {
             &self.link,
         ]);
         hosts.swap_remove(position);
+    }
+
+    /// Adds a Service ClusterIP, `10.96.<N>.<k>` with `k` from 10 up, for a test that writes a
+    /// Service with that `clusterIP` and listens on it itself, as kube-proxy would forward it.
+    /// (The apiserver picks ClusterIPs at random in 10.96.0.0/16 for Services that name none;
+    /// a test sets its explicit ones before creating those.) It goes away with the link.
+    ///
+    /// # Panics
+    ///
+    /// When all of them are in use, or `ip` fails.
+    pub fn add_service_address(&self) -> IpAddr {
+        let mut given = self
+            .services
+            .lock()
+            .expect("no code panics while holding it");
+        let host = FIRST_SERVICE_HOST
+            .checked_add(*given)
+            .unwrap_or_else(|| panic!("{}: no Service address left", self.link));
+        let [a, b] = SERVICE_NETWORK_OCTETS;
+        let address = Ipv4Addr::new(a, b, self.index, host);
+        ip_expect(&[
+            "address",
+            "add",
+            &format!("{address}/32"),
+            "dev",
+            &self.link,
+        ]);
+        *given += 1;
+        IpAddr::V4(address)
     }
 
     /// `10.213.<N>.1`, which is never a pod's: dialing it fails at once ("No route to host").

@@ -21,7 +21,7 @@ use crate::http_client::{self, Call};
 /// At most this much of a response body is read; a healthy one is five bytes.
 pub const BODY_LIMIT: usize = 4 * 1024;
 
-/// Longest piece of a wrong body quoted in [`ProbeResult::Unhealthy`].
+/// Longest piece of a wrong body quoted in [`ProbeResult::Answered`].
 const QUOTED_BODY: usize = 64;
 
 /// What a probe found out about a pod.
@@ -29,10 +29,12 @@ const QUOTED_BODY: usize = 64;
 pub enum ProbeResult {
     /// 200 with body `queue`, and no revision headers naming another revision.
     Healthy,
-    /// Anything else short of another revision answering; the reason is for logs, e.g.
-    /// `connect: Connection refused (os error 111)`, `status 503`, `body "nope"`,
-    /// `timed out after 2s`.
+    /// No usable answer: the reason is for logs, e.g.
+    /// `connect: Connection refused (os error 111)`, `timed out after 2s`.
     Unhealthy(String),
+    /// An HTTP answer that is not a healthy queue-proxy's (another status, or another body);
+    /// the reason is for logs: `status 503`, `body "nope"`.
+    Answered { status: u16, reason: String },
     /// The pod answered in the name of another revision: its address was given to a new pod.
     /// Holds the headers' values (empty for an absent one).
     IpReused {
@@ -48,8 +50,32 @@ impl ProbeResult {
     pub fn label(&self) -> &'static str {
         match self {
             ProbeResult::Healthy => "healthy",
-            ProbeResult::Unhealthy(_) => "unhealthy",
+            ProbeResult::Unhealthy(_) | ProbeResult::Answered { .. } => "unhealthy",
             ProbeResult::IpReused { .. } => "ip_reused",
+        }
+    }
+
+    /// A failure a service mesh could cause (upstream's `IsPotentialMeshErrorResponse`): no
+    /// answer at all, or 502/503, what a sidecar says when it refuses plain traffic to the pod.
+    /// Any other answer came from something that is not a mesh, which rules out falling back
+    /// to the revision's Service.
+    pub fn mesh_like(&self) -> bool {
+        match self {
+            ProbeResult::Unhealthy(_) => true,
+            ProbeResult::Answered { status, .. } => matches!(status, 502 | 503),
+            ProbeResult::Healthy | ProbeResult::IpReused { .. } => false,
+        }
+    }
+
+    /// Why the probe did not pass, for logs (empty when it passed).
+    pub fn reason(&self) -> String {
+        match self {
+            ProbeResult::Healthy => String::new(),
+            ProbeResult::Unhealthy(reason) | ProbeResult::Answered { reason, .. } => reason.clone(),
+            ProbeResult::IpReused {
+                namespace,
+                revision,
+            } => format!("answered for {namespace}/{revision}"),
         }
     }
 }
@@ -121,10 +147,16 @@ pub fn judge(answer: &Answer, namespace: &str, revision: &str) -> ProbeResult {
         };
     }
     if answer.status != 200 {
-        return ProbeResult::Unhealthy(format!("status {}", answer.status));
+        return ProbeResult::Answered {
+            status: answer.status,
+            reason: format!("status {}", answer.status),
+        };
     }
     if answer.body_truncated || answer.body != QUEUE.as_bytes() {
-        return ProbeResult::Unhealthy(format!("body {}", quote(answer)));
+        return ProbeResult::Answered {
+            status: answer.status,
+            reason: format!("body {}", quote(answer)),
+        };
     }
     ProbeResult::Healthy
 }
@@ -179,20 +211,23 @@ mod tests {
             namespace: namespace.into(),
             revision: revision.into(),
         };
-        let unhealthy = |reason: &str| ProbeResult::Unhealthy(reason.into());
+        let unhealthy = |status: u16, reason: &str| ProbeResult::Answered {
+            status,
+            reason: reason.into(),
+        };
         let cases = [
             (answer(200, "queue"), ProbeResult::Healthy),
-            (answer(200, "queue\n"), unhealthy(r#"body "queue\n""#)),
-            (answer(200, ""), unhealthy(r#"body """#)),
-            (answer(204, "queue"), unhealthy("status 204")),
-            (answer(503, ""), unhealthy("status 503")),
+            (answer(200, "queue\n"), unhealthy(200, r#"body "queue\n""#)),
+            (answer(200, ""), unhealthy(200, r#"body """#)),
+            (answer(204, "queue"), unhealthy(204, "status 204")),
+            (answer(503, ""), unhealthy(503, "status 503")),
             (
                 with_identity(answer(200, "queue"), Some(NAMESPACE), Some(REVISION)),
                 ProbeResult::Healthy,
             ),
             (
                 with_identity(answer(503, ""), Some(NAMESPACE), Some(REVISION)),
-                unhealthy("status 503"),
+                unhealthy(503, "status 503"),
             ),
             (
                 with_identity(answer(200, "queue"), Some(NAMESPACE), Some("other-00001")),
@@ -232,7 +267,10 @@ mod tests {
         long.body_truncated = true;
         assert_eq!(
             judge(&long, NAMESPACE, REVISION),
-            ProbeResult::Unhealthy(r#"body "queue"..."#.into())
+            ProbeResult::Answered {
+                status: 200,
+                reason: r#"body "queue"..."#.into()
+            }
         );
         let big = answer(200, &"x".repeat(1000));
         let ProbeResult::Unhealthy(reason) = judge(&big, NAMESPACE, REVISION) else {
@@ -318,7 +356,10 @@ mod tests {
     async fn a_wrong_body_is_unhealthy() {
         assert_eq!(
             probe_pod("HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnope").await,
-            ProbeResult::Unhealthy(r#"body "nope""#.into())
+            ProbeResult::Answered {
+                status: 200,
+                reason: r#"body "nope""#.into()
+            }
         );
     }
 
@@ -326,7 +367,10 @@ mod tests {
     async fn a_503_is_unhealthy() {
         assert_eq!(
             probe_pod("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n").await,
-            ProbeResult::Unhealthy("status 503".into())
+            ProbeResult::Answered {
+                status: 503,
+                reason: "status 503".into()
+            }
         );
     }
 
@@ -437,7 +481,14 @@ mod tests {
             let (addr, written) = endless_pod(head).await;
             let result = probe(addr, &key(), TIMEOUT).await;
             let expected = format!("body {:?}...", "q".repeat(QUOTED_BODY));
-            assert_eq!(result, ProbeResult::Unhealthy(expected), "{head:?}");
+            assert_eq!(
+                result,
+                ProbeResult::Answered {
+                    status: 200,
+                    reason: expected
+                },
+                "{head:?}"
+            );
             // The pod's writes fail soon after the prober stops reading and hangs up; what
             // it got out is bounded by socket buffers, not by what it wanted to send.
             let written = tokio::time::timeout(TIMEOUT, written)

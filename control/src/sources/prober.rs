@@ -60,7 +60,8 @@ pub async fn run(
                         }
                         Event::HealthCheckPassed
                     }
-                    ProbeResult::Unhealthy(reason) => {
+                    ProbeResult::Unhealthy(_) | ProbeResult::Answered { .. } => {
+                        let reason = result.reason();
                         tracing::warn!(pod = %target.addr, revision = %target.revision, "health check failed: {reason}");
                         Event::HealthCheckFailed
                     }

@@ -10,7 +10,7 @@ use kactivator_api::RevisionKey;
 use kactivator_shards::routing::Protocol;
 use serde_json::Value;
 
-use super::backends::{Backends, ProbeJob};
+use super::backends::{Backends, Outcome, ProbeJob, Target};
 use super::objects::{self, Addresses, ServiceType};
 use crate::features::{self, Tunables};
 use crate::pod_state::Gates;
@@ -19,9 +19,8 @@ use crate::state::{Op, RevisionSpec};
 /// `config-network`'s `mesh-compatibility-mode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MeshMode {
-    /// Upstream probes every pod and falls back to the private Service when the probes fail the
-    /// way a mesh makes them fail. The probing is as upstream; the fallback is not built: pods
-    /// are used directly, as in `disabled` (set `enabled` in a cluster with a mesh).
+    /// Every pod is probed, and a revision whose pods all fail the way a mesh makes them fail
+    /// goes through its private Service once that passes a probe (see `backends`), as upstream.
     #[default]
     Auto,
     /// Every revision goes through its private Service (cluster-IP mode).
@@ -135,10 +134,16 @@ impl Model {
                 routed.lb_policy = policy;
             }
         }
-        if self.mesh == MeshMode::Enabled {
+        if self.through_service(&seen.spec.key) {
             routed.cluster_ip = self.services.get(&seen.spec.key).copied();
         }
         routed
+    }
+
+    /// The revision goes through its private Service: mesh mode `enabled`, or `auto` after its
+    /// pods proved unreachable directly.
+    fn through_service(&self, revision: &RevisionKey) -> bool {
+        self.mesh == MeshMode::Enabled || self.backends.via_service(revision)
     }
 
     /// Reads a Revision object. An h2c revision is refused: HTTP/2 to pods is not built yet,
@@ -344,9 +349,9 @@ impl Model {
         affected.iter().flat_map(|key| self.reroute(key)).collect()
     }
 
-    /// A Service address changed: in mesh mode the revision's spec changes with it.
+    /// A Service address changed: through the Service, the revision's spec changes with it.
     fn reroute(&self, revision: &RevisionKey) -> Vec<Op> {
-        if self.mesh != MeshMode::Enabled {
+        if !self.through_service(revision) {
             return Vec::new();
         }
         self.revisions
@@ -389,12 +394,30 @@ impl Model {
 
     /// The probes to start now (after any change, and on every probe-interval tick).
     pub fn probes_due(&mut self, tick: bool) -> Vec<ProbeJob> {
-        self.backends.due(tick)
+        self.backends.due(tick, &self.services)
     }
 
-    /// A probe finished; the op when it promoted the pod.
-    pub fn probed(&mut self, job: &ProbeJob, passed: bool) -> Option<Op> {
-        self.backends.probed(job, passed)
+    /// A probe finished; the ops when it promoted a pod, or moved the revision to its Service
+    /// (its spec first, so the state worker never counts the pods as directly routable).
+    pub fn probed(&mut self, job: &ProbeJob, mut outcome: Outcome) -> Vec<Op> {
+        if job.target == Target::Service && self.services.get(&job.revision) != Some(&job.addr) {
+            // The Service moved or went away while it was probed: try again at the next tick.
+            outcome = Outcome::Skipped;
+        }
+        let before = self.backends.via_service(&job.revision);
+        let endpoints = self.backends.probed(job, outcome);
+        let mut ops = Vec::new();
+        if !before && self.backends.via_service(&job.revision) {
+            tracing::info!(
+                revision = %job.revision,
+                service = %job.addr,
+                "pods not reachable directly (every probe failed as behind a mesh) and the \
+                 private Service answered: the revision goes through the Service"
+            );
+            ops.extend(self.reroute(&job.revision));
+        }
+        ops.extend(endpoints);
+        ops
     }
 }
 
@@ -561,6 +584,52 @@ mod tests {
         let mut pods = model_with(MeshMode::Disabled);
         pods.revision_applied(&revision("a", 2)).unwrap();
         assert!(pods.service_applied(key("a"), Some(address)).is_empty());
+    }
+
+    #[test]
+    fn in_auto_mode_a_revision_whose_pods_fail_as_behind_a_mesh_moves_to_its_service() {
+        let mut model = model_with(MeshMode::Auto);
+        model.revision_applied(&revision("a", 4)).unwrap();
+        let service: SocketAddr = "10.96.0.9:80".parse().unwrap();
+        assert!(
+            model.service_applied(key("a"), Some(service)).is_empty(),
+            "pod mode"
+        );
+        model.endpoints_applied(id("a-private"), private("a", &["10.0.0.1:8012"]));
+        for job in model.probes_due(false) {
+            assert!(model
+                .probed(&job, Outcome::Failed { mesh_like: true })
+                .is_empty());
+        }
+        let [job] = &model.probes_due(false)[..] else {
+            panic!("the Service is probed once");
+        };
+        assert_eq!((job.target, job.addr), (Target::Service, service));
+        // The spec first (cluster-IP mode), then the pods it counts.
+        let ops = model.probed(job, Outcome::Passed);
+        assert!(
+            matches!(&ops[..], [Op::UpsertRevision(spec), Op::SetEndpoints { ready, .. }]
+                if spec.cluster_ip == Some(service) && ready.len() == 1),
+            "{ops:?}"
+        );
+        // The Service moving moves the revision with it.
+        let moved: SocketAddr = "10.96.0.10:80".parse().unwrap();
+        let ops = model.service_applied(key("a"), Some(moved));
+        assert!(matches!(&ops[..], [Op::UpsertRevision(spec)] if spec.cluster_ip == Some(moved)));
+    }
+
+    #[test]
+    fn a_service_probe_answered_by_an_address_it_no_longer_has_moves_nothing() {
+        let mut model = model_with(MeshMode::Auto);
+        model.revision_applied(&revision("a", 4)).unwrap();
+        model.service_applied(key("a"), Some("10.96.0.9:80".parse().unwrap()));
+        model.endpoints_applied(id("a-private"), private("a", &["10.0.0.1:8012"]));
+        for job in model.probes_due(false) {
+            model.probed(&job, Outcome::Failed { mesh_like: true });
+        }
+        let jobs = model.probes_due(false);
+        model.service_applied(key("a"), Some("10.96.0.10:80".parse().unwrap()));
+        assert!(model.probed(&jobs[0], Outcome::Passed).is_empty());
     }
 
     fn model_with(mesh: MeshMode) -> Model {

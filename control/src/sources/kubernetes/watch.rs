@@ -34,7 +34,7 @@ use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Reg
 use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 
-use super::backends::ProbeJob;
+use super::backends::{Outcome, ProbeJob};
 use super::model::{EndpointsSeen, MeshMode, Model, ObjectId};
 use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL};
 use crate::config::EndpointsKind;
@@ -731,7 +731,7 @@ impl KubeSource {
             readiness,
         };
         let limit = Arc::new(Semaphore::new(PROBE_CONCURRENCY));
-        let (probed_tx, mut probed) = mpsc::unbounded_channel::<(ProbeJob, bool)>();
+        let (probed_tx, mut probed) = mpsc::unbounded_channel::<(ProbeJob, Outcome)>();
         let mut tunables = *watcher.model.tunables();
         let mut probe_tick = tokio::time::interval(tunables.probe_interval);
         probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -744,9 +744,10 @@ impl KubeSource {
                 Some((informer, change)) = events.next() => {
                     watcher.on_change(informer, change).await;
                 }
-                Some((job, passed)) = probed.recv() => {
-                    if let Some(op) = watcher.model.probed(&job, passed) {
-                        watcher.emit(Informer::Endpoints, vec![op]).await;
+                Some((job, outcome)) = probed.recv() => {
+                    let ops = watcher.model.probed(&job, outcome);
+                    if !ops.is_empty() {
+                        watcher.emit(Informer::Endpoints, ops).await;
                     }
                 }
                 _ = probe_tick.tick() => tick = true,
@@ -775,7 +776,7 @@ impl KubeSource {
             for job in watcher.model.probes_due(tick) {
                 let Ok(permit) = limit.clone().try_acquire_owned() else {
                     // Over the concurrency bound: left for the next tick.
-                    watcher.model.probed(&job, false);
+                    watcher.model.probed(&job, Outcome::Skipped);
                     continue;
                 };
                 let done = probed_tx.clone();
@@ -785,21 +786,23 @@ impl KubeSource {
                     let result = probe::probe(job.addr, &job.revision, timeout).await;
                     drop(permit);
                     counter.with_label_values(&[result.label()]).inc();
-                    let passed = match &result {
-                        ProbeResult::Healthy => true,
-                        ProbeResult::Unhealthy(reason) => {
-                            tracing::debug!(pod = %job.addr, revision = %job.revision, "not confirmed yet: {reason}");
-                            false
+                    let outcome = match &result {
+                        ProbeResult::Healthy => Outcome::Passed,
+                        ProbeResult::Unhealthy(_) | ProbeResult::Answered { .. } => {
+                            tracing::debug!(target = ?job.target, addr = %job.addr, revision = %job.revision, "not confirmed yet: {}", result.reason());
+                            Outcome::Failed {
+                                mesh_like: result.mesh_like(),
+                            }
                         }
                         ProbeResult::IpReused {
                             namespace,
                             revision,
                         } => {
-                            tracing::warn!(pod = %job.addr, revision = %job.revision, answered_for = %format!("{namespace}/{revision}"), "a listed pod answered for another revision; not used");
-                            false
+                            tracing::warn!(target = ?job.target, addr = %job.addr, revision = %job.revision, answered_for = %format!("{namespace}/{revision}"), "a listed pod answered for another revision; not used");
+                            Outcome::Failed { mesh_like: false }
                         }
                     };
-                    let _ = done.send((job, passed));
+                    let _ = done.send((job, outcome));
                 });
             }
         }
