@@ -262,6 +262,29 @@ mod tests {
     }
 
     #[test]
+    fn only_no_answer_or_a_502_or_503_could_be_a_mesh() {
+        let answered = |status| ProbeResult::Answered {
+            status,
+            reason: String::new(),
+        };
+        assert!(ProbeResult::Unhealthy("connect: refused".into()).mesh_like());
+        assert!(answered(502).mesh_like());
+        assert!(answered(503).mesh_like());
+        for status in [200, 404, 500, 504] {
+            assert!(!answered(status).mesh_like(), "{status}");
+        }
+        assert!(!reused_result().mesh_like());
+        assert!(!ProbeResult::Healthy.mesh_like());
+    }
+
+    fn reused_result() -> ProbeResult {
+        ProbeResult::IpReused {
+            namespace: "other".into(),
+            revision: "r".into(),
+        }
+    }
+
+    #[test]
     fn a_truncated_body_is_never_healthy_and_is_quoted_short() {
         let mut long = answer(200, "queue");
         long.body_truncated = true;
@@ -273,7 +296,7 @@ mod tests {
             }
         );
         let big = answer(200, &"x".repeat(1000));
-        let ProbeResult::Unhealthy(reason) = judge(&big, NAMESPACE, REVISION) else {
+        let ProbeResult::Answered { reason, .. } = judge(&big, NAMESPACE, REVISION) else {
             panic!("a 1000-byte body is not `queue`");
         };
         assert_eq!(reason, format!("body {:?}...", "x".repeat(QUOTED_BODY)));
