@@ -91,6 +91,11 @@ fn check_kubernetes_config(config: &Config) -> Result<(), ConfigError> {
             "cluster.activators / cluster.self_ip",
             "each revision's public endpoints and POD_IP",
         ),
+        (
+            !config.cluster.peers.is_empty(),
+            "cluster.peers",
+            "the endpoints of knative-serving's activator-service",
+        ),
     ];
     for (set, what, owner) in owned {
         if set {
@@ -400,6 +405,33 @@ pub fn run_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watching_kubernetes_refuses_each_setting_the_cluster_owns() {
+        let owned = [
+            (
+                "[[revisions]]\nnamespace = \"d\"\nname = \"r\"\nserving_port = 1\n",
+                "[[revisions]]",
+            ),
+            (
+                "[features]\n\"activator.pod-quarantine\" = \"disabled\"\n",
+                "[features]",
+            ),
+            (
+                "[cluster]\nactivators = [\"10.0.0.1\"]\n",
+                "cluster.activators",
+            ),
+            ("[cluster]\nself_ip = \"10.0.0.1\"\n", "cluster.self_ip"),
+            ("[cluster]\npeers = [\"10.0.0.2:8012\"]\n", "cluster.peers"),
+        ];
+        for (text, what) in owned {
+            let config = Config::parse(text).unwrap_or_else(|error| panic!("{text}: {error}"));
+            let error = check_kubernetes_config(&config).expect_err(what);
+            assert!(error.message.contains(what), "{what}: {}", error.message);
+        }
+        let settings = Config::parse("[proxy]\ndrain_grace_seconds = 3\n").unwrap();
+        assert!(check_kubernetes_config(&settings).is_ok());
+    }
 
     #[test]
     fn the_autoscaler_is_the_configured_one_or_the_system_namespaces_or_none() {

@@ -64,6 +64,17 @@ impl Cluster {
 
     /// A kactivator watching this cluster. `pod_ip`: its `POD_IP`.
     fn spawn_activator(&self, pod_ip: Option<IpAddr>, extra: &str) -> Activator {
+        self.spawn_activator_listening(pod_ip, false, extra)
+    }
+
+    /// [`Cluster::spawn_activator`]; `on_pod_ip`: its data port listens on `POD_IP`, where
+    /// `activator-service`'s endpoints say it is.
+    fn spawn_activator_listening(
+        &self,
+        pod_ip: Option<IpAddr>,
+        on_pod_ip: bool,
+        extra: &str,
+    ) -> Activator {
         let endpoints = match self.listing {
             Listing::Endpoints => "endpoints",
             Listing::Slices => "auto",
@@ -73,6 +84,10 @@ impl Cluster {
              [health]\nprobe_interval_ms = 100\n\n{extra}"
         );
         let kubeconfig = self.kubeconfig.display().to_string();
+        let prepared = match pod_ip {
+            Some(ip) if on_pod_ip => Activator::prepare_on(ip, &settings, ""),
+            _ => Activator::prepare(&settings, ""),
+        };
         let pod_ip = pod_ip.map(|ip| ip.to_string()).unwrap_or_default();
         let mut env = vec![
             ("KUBECONFIG", kubeconfig.as_str()),
@@ -81,7 +96,7 @@ impl Cluster {
         if !pod_ip.is_empty() {
             env.push(("POD_IP", pod_ip.as_str()));
         }
-        Activator::prepare(&settings, "").spawn_args(
+        prepared.spawn_args(
             &[
                 "--shards",
                 "2",
@@ -431,6 +446,101 @@ fn in_auto_mesh_mode_pods_behind_a_mesh_are_reached_through_their_private_servic
         "{}",
         activator.metrics()
     );
+}
+
+/// `knative-serving/activator-service`'s Endpoints, one subset per activator (each at its own
+/// data port, named `http`, beside an `http2` port that must not be used).
+fn activator_service(activators: &[&Activator]) -> String {
+    let mut yaml = String::from(
+        "apiVersion: v1\nkind: Endpoints\nmetadata:\n  name: activator-service\n  \
+         namespace: knative-serving\nsubsets:\n",
+    );
+    for activator in activators {
+        let http = activator.http;
+        yaml.push_str(&format!(
+            "- addresses:\n  - ip: {}\n  ports:\n  - name: http2\n    port: 8013\n  \
+             - name: http\n    port: {}\n",
+            http.ip(),
+            http.port()
+        ));
+    }
+    if activators.is_empty() {
+        yaml.push_str("  []\n");
+    }
+    yaml.push_str("---\n");
+    yaml
+}
+
+/// A queue-proxy registration is relayed to the other activators `activator-service` lists,
+/// as they are when it arrives, and never to the activator itself.
+#[test]
+fn registrations_are_relayed_to_the_other_activators_of_activator_service() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    let pod = cluster.pod("relayed");
+    cluster.revision("relayed", 1);
+    cluster.endpoints("relayed", &[ip(&pod)], &[]);
+    let (first_ip, second_ip) = (cluster.net.add_address(), cluster.net.add_address());
+    let first = cluster
+        .spawn_activator_listening(Some(first_ip), true, "")
+        .until_ready();
+    let second = cluster
+        .spawn_activator_listening(Some(second_ip), true, "")
+        .until_ready();
+    cluster
+        .api
+        .apply_yaml(&activator_service(&[&first, &second]));
+    assert!(
+        eventually(Duration::from_secs(5), || first.stderr().contains(
+            &format!("registration relay peers peers=[{}]", second.http)
+        )),
+        "{}",
+        first.stderr()
+    );
+    let register = |activator: &Activator| {
+        let client = kactivator_testkit::queue_proxy::QueueProxyClient::new(
+            activator.http,
+            "default",
+            "relayed",
+            "relayed-pod",
+            ip(&pod),
+        );
+        let (status, body) = client.send_blocking("ready");
+        assert_eq!(status, 200, "{body}");
+    };
+    let relays = |activator: &Activator, result: &str| {
+        activator.metric_sum(
+            "activator_pod_registration_relays_total",
+            &[&format!("result=\"{result}\"")],
+        )
+    };
+    let heard = |activator: &Activator| {
+        activator.metric_sum(
+            "activator_pod_registrations_total",
+            &["result=\"accepted\""],
+        )
+    };
+    register(&first);
+    assert!(
+        eventually(Duration::from_secs(5), || relays(&first, "accepted") == 1.0),
+        "{}",
+        first.metrics()
+    );
+    assert_eq!(heard(&second), 1.0, "the peer applied it");
+    assert_eq!(relays(&first, "failed") + relays(&first, "refused"), 0.0);
+    assert_eq!(
+        relays(&second, "accepted"),
+        0.0,
+        "a relayed event is not relayed back"
+    );
+    // The second activator leaves the Service: no longer a peer.
+    cluster.api.apply_yaml(&activator_service(&[&first]));
+    assert!(eventually(Duration::from_secs(5), || first
+        .stderr()
+        .contains("registration relay peers peers=[]")));
+    register(&first);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(relays(&first, "accepted"), 1.0);
+    assert_eq!(heard(&second), 1.0);
 }
 
 #[test]

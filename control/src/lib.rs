@@ -206,14 +206,20 @@ impl ControlPlane {
             declared: self.declared.clone(),
             pod_ip: self.pod_ip,
         });
+        // The relay's peers: the file's `cluster.peers`, or what the Kubernetes source finds
+        // in `activator-service`'s endpoints (start-up refuses the file's in that mode).
+        let (peers_sender, peers) = tokio::sync::watch::channel(self.config.cluster.peers.clone());
         sources::spawn_all(
             &self.config,
             &self.worker,
             &self.metrics,
             watch,
             self.probe_targets,
-            registrations,
-            evidence,
+            sources::RegistrationInputs {
+                registrations,
+                evidence,
+                peers,
+            },
         );
         if let Some(kubernetes) = self.kubernetes {
             tokio::spawn(kubernetes.run(
@@ -221,6 +227,7 @@ impl ControlPlane {
                 self.admin.readiness.clone(),
                 self.admin.registry.clone(),
                 self.process_queue.clone(),
+                peers_sender,
             ));
         }
         self.admin.ready.store(true, Ordering::Release);

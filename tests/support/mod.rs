@@ -77,6 +77,15 @@ impl Activator {
         Activator::configure(revisions, proxy)
     }
 
+    /// [`Activator::prepare`] with the data port on `ip` rather than 127.0.0.1: for a test
+    /// that lists the activator at a pod address in the API server (activator-service).
+    pub fn prepare_on(ip: std::net::IpAddr, revisions: &str, proxy: &str) -> Activator {
+        let mut activator = Activator::configure(revisions, proxy);
+        activator.http = SocketAddr::new(ip, free_port());
+        activator.write_config(revisions, proxy);
+        activator
+    }
+
     /// Starts a prepared activator with 2 shards and waits until it is ready.
     pub fn launch(mut self) -> Activator {
         self.spawn_with(&["--shards", "2"], &[], false);

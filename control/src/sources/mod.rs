@@ -73,6 +73,14 @@ impl ControlMetrics {
     }
 }
 
+/// What the registrations task serves: the shards' registrations and evidence, and the peers
+/// it relays registrations to.
+pub struct RegistrationInputs {
+    pub registrations: flume::Receiver<RegistrationRequest>,
+    pub evidence: flume::Receiver<PodEvidence>,
+    pub peers: watch::Receiver<Vec<SocketAddr>>,
+}
+
 /// Starts every source on the current (control) runtime.
 pub fn spawn_all(
     config: &Config,
@@ -80,16 +88,12 @@ pub fn spawn_all(
     metrics: &Arc<ControlMetrics>,
     file: Option<file::FileWatch>,
     probe_targets: watch::Receiver<Vec<ProbeTarget>>,
-    registrations: flume::Receiver<RegistrationRequest>,
-    evidence: flume::Receiver<PodEvidence>,
+    registrations: RegistrationInputs,
 ) {
-    let peers: Arc<Vec<SocketAddr>> = Arc::new(config.cluster.peers.clone());
     tokio::spawn(registrations::serve(
         registrations,
-        evidence,
         worker.clone(),
         metrics.clone(),
-        peers,
     ));
     tokio::spawn(prober::run(
         probe_targets,

@@ -2,7 +2,9 @@
 //!
 //! A registration is parsed and validated here (with the fork's messages), applied through the
 //! state worker, answered once applied, and — unless a peer relayed it — relayed once to every
-//! peer activator (`cluster.peers`), so that every replica learns every event (★ the fork only
+//! peer activator (`cluster.peers`, or in Kubernetes mode the other ready endpoints of
+//! `activator-service`, as they are when the registration arrives), so that every replica
+//! learns every event (★ the fork only
 //! told the replica the Service happened to pick). Evidence (a pod that refused a connection or
 //! answered as another revision) becomes an [`Op::Evidence`] naming the tracker it is about.
 
@@ -13,11 +15,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::Method;
 use kactivator_api::{headers, registration, RevisionKey};
-use kactivator_shards::runtime::control_link::{
-    EvidenceKind, PodEvidence, RegistrationRequest, Reply,
-};
+use kactivator_shards::runtime::control_link::{EvidenceKind, PodEvidence, Reply};
 
-use super::ControlMetrics;
+use super::{ControlMetrics, RegistrationInputs};
 use crate::http_client::{self, Call};
 use crate::pod_state::Event;
 use crate::state::{Op, OpError, PodTarget, Source};
@@ -29,13 +29,12 @@ const RELAY_TIMEOUT: Duration = Duration::from_secs(2);
 const RELAY_ANSWER_LIMIT: usize = 1024;
 
 /// Serves the shards' registrations and evidence until the shards are gone.
-pub async fn serve(
-    registrations: flume::Receiver<RegistrationRequest>,
-    evidence: flume::Receiver<PodEvidence>,
-    worker: WorkerHandle,
-    metrics: Arc<ControlMetrics>,
-    peers: Arc<Vec<SocketAddr>>,
-) {
+pub async fn serve(inputs: RegistrationInputs, worker: WorkerHandle, metrics: Arc<ControlMetrics>) {
+    let RegistrationInputs {
+        registrations,
+        evidence,
+        peers,
+    } = inputs;
     let evidence_worker = worker.clone();
     let evidence_metrics = metrics.clone();
     tokio::spawn(async move {
@@ -51,7 +50,7 @@ pub async fn serve(
         // channel at once.
         let worker = worker.clone();
         let metrics = metrics.clone();
-        let peers = peers.clone();
+        let peers = peers.borrow().clone();
         tokio::spawn(async move {
             let answer = register(&request.body, request.relayed, &worker, &metrics, &peers).await;
             let _ = request.reply.send(answer);
@@ -84,7 +83,7 @@ async fn register(
     relayed: bool,
     worker: &WorkerHandle,
     metrics: &ControlMetrics,
-    peers: &Arc<Vec<SocketAddr>>,
+    peers: &[SocketAddr],
 ) -> Reply {
     let registration = match registration::parse(body) {
         Ok(registration) => registration,

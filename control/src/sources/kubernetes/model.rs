@@ -74,6 +74,10 @@ pub struct Model {
     owned: BTreeMap<Owner, BTreeSet<ObjectId>>,
     /// The private pods and what the probes said of them.
     backends: Backends,
+    /// `activator-service`'s endpoints objects (one Endpoints, or its slices), and the peers
+    /// they make: every ready activator but this one, at its data port.
+    activator_endpoints: BTreeMap<ObjectId, Addresses>,
+    peers: Vec<SocketAddr>,
     mesh: MeshMode,
     pod_ip: Option<IpAddr>,
     gates: Gates,
@@ -90,6 +94,8 @@ impl Model {
             endpoints: BTreeMap::new(),
             owned: BTreeMap::new(),
             backends: Backends::new(mesh),
+            activator_endpoints: BTreeMap::new(),
+            peers: Vec::new(),
             mesh,
             pod_ip,
             gates,
@@ -361,6 +367,46 @@ impl Model {
             .collect()
     }
 
+    // === activator-service: the peers registrations are relayed to ===
+
+    /// `activator-service`'s endpoints were listed. Returns the peers when they changed.
+    pub fn activators_listed(
+        &mut self,
+        all: Vec<(ObjectId, Addresses)>,
+    ) -> Option<Vec<SocketAddr>> {
+        self.activator_endpoints = all.into_iter().collect();
+        self.repeer()
+    }
+
+    /// One of `activator-service`'s endpoints objects changed (`None`: deleted).
+    pub fn activators_applied(
+        &mut self,
+        id: ObjectId,
+        addresses: Option<Addresses>,
+    ) -> Option<Vec<SocketAddr>> {
+        match addresses {
+            Some(addresses) => self.activator_endpoints.insert(id, addresses),
+            None => self.activator_endpoints.remove(&id),
+        };
+        self.repeer()
+    }
+
+    /// The peers now: every ready activator address but this activator's own (`POD_IP`).
+    fn repeer(&mut self) -> Option<Vec<SocketAddr>> {
+        let peers: Vec<SocketAddr> = self
+            .activator_endpoints
+            .values()
+            .flat_map(|addresses| addresses.ready.iter().copied())
+            .filter(|addr| Some(addr.ip()) != self.pod_ip)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        (peers != self.peers).then(|| {
+            self.peers = peers.clone();
+            peers
+        })
+    }
+
     // === config-features ===
 
     /// `config-features` says `data` (empty when deleted): the gates, hot, through the same
@@ -630,6 +676,41 @@ mod tests {
         let jobs = model.probes_due(false);
         model.service_applied(key("a"), Some("10.96.0.10:80".parse().unwrap()));
         assert!(model.probed(&jobs[0], Outcome::Passed).is_empty());
+    }
+
+    #[test]
+    fn the_peers_are_the_other_ready_activators_of_every_slice() {
+        // POD_IP 10.1.0.1: never its own peer.
+        let mut model = Model::new(
+            MeshMode::Disabled,
+            "10.1.0.1".parse().ok(),
+            Gates::HYBRID,
+            tunables(),
+        );
+        let slice = |ready: &[&str], not_ready: &[&str]| addresses(ready, not_ready);
+        let peers = model.activators_listed(vec![
+            (
+                id("a-1"),
+                slice(&["10.1.0.1:8012", "10.1.0.2:8012"], &["10.1.0.9:8012"]),
+            ),
+            (id("a-2"), slice(&["10.1.0.3:8012"], &[])),
+        ]);
+        let addrs = |list: &[&str]| {
+            list.iter()
+                .map(|a| a.parse().unwrap())
+                .collect::<Vec<SocketAddr>>()
+        };
+        assert_eq!(peers, Some(addrs(&["10.1.0.2:8012", "10.1.0.3:8012"])));
+        // The same again: nothing to tell.
+        assert_eq!(
+            model.activators_applied(id("a-2"), Some(slice(&["10.1.0.3:8012"], &[]))),
+            None
+        );
+        assert_eq!(
+            model.activators_applied(id("a-1"), None),
+            Some(addrs(&["10.1.0.3:8012"]))
+        );
+        assert_eq!(model.activators_listed(vec![]), Some(vec![]));
     }
 
     fn model_with(mesh: MeshMode) -> Model {

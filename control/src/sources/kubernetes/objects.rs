@@ -182,16 +182,36 @@ fn is_serving_port(name: Option<&str>) -> bool {
     matches!(name, Some("http" | "http2"))
 }
 
+/// The activators' HTTP/1 data port in `activator-service`'s endpoints, where queue-proxy
+/// registrations are relayed (the Service also lists `http2`, `http-metrics`).
+fn is_http_port(name: Option<&str>) -> bool {
+    name == Some("http")
+}
+
 /// core/v1 Endpoints → addresses: from every subset with a port named `http` or `http2`, at
 /// that port (upstream's `endpointsToDests`).
 pub fn endpoints_addresses(endpoints: &Endpoints) -> Addresses {
+    endpoints_addresses_at(endpoints, is_serving_port)
+}
+
+/// `activator-service`'s Endpoints → the activators' addresses at their port named `http`.
+pub fn activator_endpoints_addresses(endpoints: &Endpoints) -> Addresses {
+    endpoints_addresses_at(endpoints, is_http_port)
+}
+
+/// An `activator-service` EndpointSlice → the activators' addresses at their port named `http`.
+pub fn activator_slice_addresses(slice: &Value) -> Addresses {
+    slice_addresses_at(slice, is_http_port)
+}
+
+fn endpoints_addresses_at(endpoints: &Endpoints, accept: fn(Option<&str>) -> bool) -> Addresses {
     let mut addresses = Addresses::default();
     for subset in endpoints.subsets.iter().flatten() {
         let Some(port) = subset
             .ports
             .iter()
             .flatten()
-            .find(|port| is_serving_port(port.name.as_deref()))
+            .find(|port| accept(port.name.as_deref()))
             .and_then(|port| u16::try_from(port.port).ok())
         else {
             continue;
@@ -214,12 +234,16 @@ pub fn endpoints_addresses(endpoints: &Endpoints) -> Addresses {
 /// `http2`. An endpoint is ready unless `conditions.ready` is false (nil means ready, as the
 /// API documents).
 pub fn slice_addresses(slice: &Value) -> Addresses {
+    slice_addresses_at(slice, is_serving_port)
+}
+
+fn slice_addresses_at(slice: &Value, accept: fn(Option<&str>) -> bool) -> Addresses {
     let mut addresses = Addresses::default();
     let Some(port) = slice["ports"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|port| is_serving_port(port["name"].as_str()))
+        .find(|port| accept(port["name"].as_str()))
         .and_then(|port| port["port"].as_u64())
         .and_then(|port| u16::try_from(port).ok())
     else {

@@ -1,4 +1,4 @@
-//! The Kubernetes source's I/O: four watches on the control thread, their events through the
+//! The Kubernetes source's I/O: five watches on the control thread, their events through the
 //! [`Model`] into state-worker ops (the same ops the file source sends), and the backend probes
 //! the model asks for.
 //!
@@ -7,9 +7,12 @@
 //!   activators): core/v1 Endpoints or `discovery.k8s.io` EndpointSlices, selected by the
 //!   `networking.internal.knative.dev/serviceType` label;
 //! * **private Services** (their ClusterIPs, for mesh mode);
-//! * the **`config-features`** ConfigMap in `SYSTEM_NAMESPACE` (gates and tunables).
+//! * the **`config-features`** ConfigMap in `SYSTEM_NAMESPACE` (gates and tunables);
+//! * the endpoints of **`activator-service`** in `SYSTEM_NAMESPACE`: the other activators,
+//!   to which queue-proxy registrations are relayed (not state-worker ops: the registrations
+//!   task reads them from a watch channel).
 //!
-//! Start-up: every watch's first list is buffered, and once all four have listed, everything is
+//! Start-up: every watch's first list is buffered, and once all five have listed, everything is
 //! applied as one batch (features, revisions, Services, endpoints, in that order) and readiness
 //! is told. Until then a line every few seconds says which watches are still listing and why.
 //! Afterwards each event is applied as it comes. A watch that fails is retried with backoff
@@ -32,7 +35,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde_json::Value;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use super::backends::{Outcome, ProbeJob};
 use super::model::{EndpointsSeen, MeshMode, Model, ObjectId};
@@ -52,6 +55,10 @@ pub const FEATURES_CONFIG_MAP: &str = "config-features";
 pub const NETWORK_CONFIG_MAP: &str = "config-network";
 /// Its key.
 pub const MESH_COMPATIBILITY_MODE: &str = "mesh-compatibility-mode";
+/// The activators' Service, whose endpoints are the registration relay's peers.
+pub const ACTIVATOR_SERVICE: &str = "activator-service";
+/// The label EndpointSlices name their Service by.
+const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
 /// How often the start-up says which watches are still listing.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -176,20 +183,22 @@ async fn resolve_endpoints(client: &Client, kind: EndpointsKind) -> Result<Endpo
     }
 }
 
-/// The four watches, in the order their first lists are applied.
+/// The five watches, in the order their first lists are applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Informer {
     Features,
     Revisions,
     Services,
     Endpoints,
+    Activators,
 }
 
-const INFORMERS: [Informer; 4] = [
+const INFORMERS: [Informer; 5] = [
     Informer::Features,
     Informer::Revisions,
     Informer::Services,
     Informer::Endpoints,
+    Informer::Activators,
 ];
 
 impl Informer {
@@ -199,6 +208,7 @@ impl Informer {
             Informer::Revisions => "revisions",
             Informer::Services => "services",
             Informer::Endpoints => "endpoints",
+            Informer::Activators => ACTIVATOR_SERVICE,
         }
     }
 }
@@ -219,6 +229,11 @@ enum Item {
         address: Option<SocketAddr>,
     },
     Features(BTreeMap<String, String>),
+    /// One of `activator-service`'s endpoints objects.
+    Activators {
+        id: ObjectId,
+        addresses: objects::Addresses,
+    },
 }
 
 /// A watch event with the object read.
@@ -304,11 +319,25 @@ fn read_service(object: Service) -> Item {
     }
 }
 
+fn read_activator_endpoints(object: Endpoints) -> Item {
+    Item::Activators {
+        id: object_id(&object),
+        addresses: objects::activator_endpoints_addresses(&object),
+    }
+}
+
+fn read_activator_slice(object: DynamicObject) -> Item {
+    Item::Activators {
+        id: object_id(&object),
+        addresses: objects::activator_slice_addresses(&object.data),
+    }
+}
+
 fn read_features(object: ConfigMap) -> Item {
     Item::Features(object.data.unwrap_or_default().into_iter().collect())
 }
 
-/// The streams of the four watches, merged.
+/// The streams of the five watches, merged.
 fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
     let client = &source.client;
     let revisions = ApiResource::from_gvk_with_plural(
@@ -319,25 +348,53 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
     let private = watcher::Config::default().labels(&format!("{SERVICE_TYPE_LABEL}=Private"));
     let features =
         watcher::Config::default().fields(&format!("metadata.name={FEATURES_CONFIG_MAP}"));
-    let endpoints = match source.endpoints {
-        EndpointsApi::Endpoints => changes(
-            Informer::Endpoints,
-            watcher::watcher(Api::<Endpoints>::all(client.clone()), selected).default_backoff(),
-            read_endpoints,
+    let (endpoints, activators) = match source.endpoints {
+        EndpointsApi::Endpoints => (
+            changes(
+                Informer::Endpoints,
+                watcher::watcher(Api::<Endpoints>::all(client.clone()), selected).default_backoff(),
+                read_endpoints,
+            ),
+            changes(
+                Informer::Activators,
+                watcher::watcher(
+                    Api::<Endpoints>::namespaced(client.clone(), &source.system_namespace),
+                    watcher::Config::default()
+                        .fields(&format!("metadata.name={ACTIVATOR_SERVICE}")),
+                )
+                .default_backoff(),
+                read_activator_endpoints,
+            ),
         ),
         EndpointsApi::Slices(version) => {
             let slices = ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk("discovery.k8s.io", version, "EndpointSlice"),
                 "endpointslices",
             );
-            changes(
-                Informer::Endpoints,
-                watcher::watcher(
-                    Api::<DynamicObject>::all_with(client.clone(), &slices),
-                    selected,
-                )
-                .default_backoff(),
-                read_slice,
+            (
+                changes(
+                    Informer::Endpoints,
+                    watcher::watcher(
+                        Api::<DynamicObject>::all_with(client.clone(), &slices),
+                        selected,
+                    )
+                    .default_backoff(),
+                    read_slice,
+                ),
+                changes(
+                    Informer::Activators,
+                    watcher::watcher(
+                        Api::<DynamicObject>::namespaced_with(
+                            client.clone(),
+                            &source.system_namespace,
+                            &slices,
+                        ),
+                        watcher::Config::default()
+                            .labels(&format!("{SLICE_SERVICE_LABEL}={ACTIVATOR_SERVICE}")),
+                    )
+                    .default_backoff(),
+                    read_activator_slice,
+                ),
             )
         }
     };
@@ -366,6 +423,7 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
             read_service,
         ),
         endpoints,
+        activators,
     ])
     .boxed()
 }
@@ -466,6 +524,8 @@ struct Watcher {
     worker: WorkerHandle,
     /// Told once the start-up batch is published.
     readiness: Arc<Readiness>,
+    /// Where the registration relay reads its peers.
+    peers: watch::Sender<Vec<SocketAddr>>,
 }
 
 impl Watcher {
@@ -564,6 +624,18 @@ impl Watcher {
                     })
                     .collect(),
             ),
+            Informer::Activators => {
+                let all = items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        Item::Activators { id, addresses } => Some((id, addresses)),
+                        _ => None,
+                    })
+                    .collect();
+                let peers = self.model.activators_listed(all);
+                self.set_peers(peers);
+                Vec::new()
+            }
             Informer::Features => {
                 let data = items
                     .into_iter()
@@ -599,6 +671,19 @@ impl Watcher {
             } => self.model.service_applied(revision, address),
             Item::Service { revision: None, .. } => Vec::new(),
             Item::Features(data) => self.features(&data),
+            Item::Activators { id, addresses } => {
+                let peers = self.model.activators_applied(id, Some(addresses));
+                self.set_peers(peers);
+                Vec::new()
+            }
+        }
+    }
+
+    /// The relay's peers changed: every later registration goes to these.
+    fn set_peers(&self, peers: Option<Vec<SocketAddr>>) {
+        if let Some(peers) = peers {
+            tracing::info!(?peers, "{ACTIVATOR_SERVICE}: registration relay peers");
+            self.peers.send_replace(peers);
         }
     }
 
@@ -614,6 +699,11 @@ impl Watcher {
             Item::Service { revision: None, .. } => Vec::new(),
             // Deleted: every key takes its default again.
             Item::Features(_) => self.features(&BTreeMap::new()),
+            Item::Activators { id, .. } => {
+                let peers = self.model.activators_applied(id, None);
+                self.set_peers(peers);
+                Vec::new()
+            }
         }
     }
 
@@ -719,6 +809,7 @@ impl KubeSource {
         readiness: Arc<Readiness>,
         registry: Registry,
         process_queue: Arc<ProcessQueue>,
+        peers: watch::Sender<Vec<SocketAddr>>,
     ) {
         let mut events = watches(&self);
         let model = Model::new(self.mesh, self.pod_ip, self.gates, self.tunables);
@@ -729,6 +820,7 @@ impl KubeSource {
             metrics: KubeMetrics::new(&registry),
             worker,
             readiness,
+            peers,
         };
         let limit = Arc::new(Semaphore::new(PROBE_CONCURRENCY));
         let (probed_tx, mut probed) = mpsc::unbounded_channel::<(ProbeJob, Outcome)>();
