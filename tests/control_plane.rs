@@ -427,6 +427,46 @@ fn a_config_change_scales_from_zero_and_a_broken_file_keeps_the_last_good_one() 
     );
 }
 
+/// A writer that truncates the file and then writes it (`cat >`, `std::fs::write`) leaves a
+/// moment in which the file holds a prefix. A prefix that parses (here: the settings without the
+/// revision) must never be applied: it would remove the revision for as long as it lasts.
+#[test]
+fn a_file_caught_half_written_is_not_applied() {
+    let pods = pods(1);
+    let port = pods[0].addr().port();
+    let activator = Activator::start(&format!(
+        "{FAST}{}",
+        revision("whole", port, &[pods[0].addr()], "")
+    ));
+    assert_eq!(
+        exchange(activator.http, get("whole", "/").as_bytes()).status,
+        200
+    );
+    let full = activator.config_text(
+        &format!("{FAST}{}", revision("whole", port, &[pods[0].addr()], "")),
+        "",
+    );
+    let prefix = activator.config_text(FAST, "");
+    // 30 rewrites, 85–125 ms apart (varied so that the poll cannot fall into step with them),
+    // each leaving the prefix in place for 10 ms: with a 50 ms poll each has about a 1 in 5
+    // chance to be read half-written.
+    for round in 0..30u64 {
+        std::fs::write(&activator.config_path, &prefix).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        std::fs::write(&activator.config_path, &full).unwrap();
+        std::thread::sleep(Duration::from_millis(75 + round * 17 % 40));
+    }
+    let log = activator.stderr();
+    assert!(
+        !log.contains("informer-removed"),
+        "a half-written file was applied:\n{log}"
+    );
+    assert_eq!(
+        exchange(activator.http, get("whole", "/").as_bytes()).status,
+        200
+    );
+}
+
 /// `file:LINE:COLUMN:` somewhere in the line.
 fn regex_like_line_column(line: &str) -> bool {
     line.split("kactivator.toml:").nth(1).is_some_and(|rest| {

@@ -106,6 +106,10 @@ pub struct FileWatch {
     pub pod_ip: Option<IpAddr>,
 }
 
+/// How long a changed file must keep the same content before it is applied (see
+/// [`FileWatch::run`]). Short against the poll interval, long against a write.
+pub const SETTLE: Duration = Duration::from_millis(50);
+
 impl FileWatch {
     /// Polls the file every `control.watch_interval_ms` and applies each changed, valid view.
     pub async fn run(mut self, worker: WorkerHandle, metrics: Arc<ControlMetrics>) {
@@ -125,6 +129,15 @@ impl FileWatch {
                 }
             };
             if last_text.as_deref() == Some(&text[..]) {
+                continue;
+            }
+            // Applied only if it reads the same a moment later: a writer that truncates and
+            // then writes (`cat >`, many editors, `std::fs::write`) may have been caught half
+            // way, and a prefix that happens to parse (an empty file, or one that ends between
+            // two revisions) would remove everything after it.
+            tokio::time::sleep(SETTLE).await;
+            if std::fs::read(&self.path).ok().as_deref() != Some(&text[..]) {
+                // Still being written: the next poll looks again.
                 continue;
             }
             last_text = Some(text.clone());
