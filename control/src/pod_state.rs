@@ -273,6 +273,14 @@ pub enum PodState {
 }
 
 impl PodState {
+    /// Every state, e.g. for exporting each one's gauge from the start.
+    pub const ALL: [PodState; 4] = [
+        PodState::Ready,
+        PodState::NotReady,
+        PodState::Quarantined,
+        PodState::Recovering,
+    ];
+
     /// Whether requests may be sent to a pod in this state. Recovering is routable only while
     /// the quarantine gate is on: with it off, nothing can ever confirm the pod, so it must not
     /// take traffic on probation.
@@ -784,12 +792,7 @@ mod tests {
         pod
     }
 
-    const ALL_STATES: [PodState; 4] = [
-        PodState::Ready,
-        PodState::NotReady,
-        PodState::Quarantined,
-        PodState::Recovering,
-    ];
+    const ALL_STATES: [PodState; 4] = PodState::ALL;
 
     // === First sighting ===
 

@@ -105,12 +105,7 @@ impl PodMetrics {
             ),
         };
         // Every state is exported from the start, at zero until a pod enters it.
-        for state in [
-            PodState::Ready,
-            PodState::NotReady,
-            PodState::Quarantined,
-            PodState::Recovering,
-        ] {
+        for state in PodState::ALL {
             metrics.pods.with_label_values(&[state.label()]);
         }
         metrics

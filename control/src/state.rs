@@ -1955,7 +1955,7 @@ mod tests {
                     metrics.observe(&entry);
                 }
                 let counts = states.state_counts();
-                for state in [PodState::Ready, PodState::NotReady, PodState::Quarantined, PodState::Recovering] {
+                for state in PodState::ALL {
                     let recount = counts.get(state.label()).copied().unwrap_or(0) as i64;
                     prop_assert_eq!(metrics.trackers(state), recount, "{}", state.label());
                 }

@@ -128,13 +128,7 @@ impl PodNet {
             .find(|host| !hosts.contains(host))
             .unwrap_or_else(|| panic!("{}: all addresses of {} in use", self.link, self.subnet()));
         let address = self.host(host);
-        ip_expect(&[
-            "address",
-            "add",
-            &format!("{address}/32"),
-            "dev",
-            &self.link,
-        ]);
+        self.address("add", address);
         hosts.push(host);
         IpAddr::V4(address)
     }
@@ -152,13 +146,10 @@ impl PodNet {
             .iter()
             .position(|&host| IpAddr::V4(self.host(host)) == address)
             .unwrap_or_else(|| panic!("{address} is not an address of {}", self.link));
-        ip_expect(&[
-            "address",
-            "del",
-            &format!("{address}/32"),
-            "dev",
-            &self.link,
-        ]);
+        let IpAddr::V4(address) = address else {
+            unreachable!("every address of a PodNet is IPv4")
+        };
+        self.address("del", address);
         hosts.swap_remove(position);
     }
 
@@ -180,13 +171,7 @@ impl PodNet {
             .unwrap_or_else(|| panic!("{}: no Service address left", self.link));
         let [a, b] = SERVICE_NETWORK_OCTETS;
         let address = Ipv4Addr::new(a, b, self.index, host);
-        ip_expect(&[
-            "address",
-            "add",
-            &format!("{address}/32"),
-            "dev",
-            &self.link,
-        ]);
+        self.address("add", address);
         *given += 1;
         IpAddr::V4(address)
     }
@@ -194,6 +179,17 @@ impl PodNet {
     /// `10.213.<N>.1`, which is never a pod's: dialing it fails at once ("No route to host").
     pub fn unassigned_address(&self) -> IpAddr {
         IpAddr::V4(self.host(1))
+    }
+
+    /// `ip address <action> <address>/32 dev <link>`.
+    fn address(&self, action: &str, address: Ipv4Addr) {
+        ip_expect(&[
+            "address",
+            action,
+            &format!("{address}/32"),
+            "dev",
+            &self.link,
+        ]);
     }
 
     fn host(&self, host: u8) -> Ipv4Addr {
