@@ -306,7 +306,7 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
         }
     }
-    let counters: [ShardMetric; 9] = [
+    let counters: [ShardMetric; 10] = [
         (
             "kactivator_shard_connections_accepted_total",
             "Client connections accepted.",
@@ -341,6 +341,11 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             "kactivator_shard_upstream_connect_errors_total",
             "Dials to pods that failed.",
             |s| s.upstream_connect_errors.get(),
+        ),
+        (
+            "kactivator_shard_dial_retries_total",
+            "Requests sent back to admission because their pod could not be reached (nothing had been sent).",
+            |s| s.dial_retries.get(),
         ),
         (
             "kactivator_shard_upstream_reuses_total",

@@ -299,6 +299,8 @@ pub struct ShardStats {
     pub local_responses: Counter,
     pub upstream_connects: Counter,
     pub upstream_connect_errors: Counter,
+    /// Requests sent back to admission because the pod they were given could not be reached.
+    pub dial_retries: Counter,
     pub upstream_reuses: Counter,
     pub upstream_stale_discards: Counter,
     pub bad_requests: Counter,
@@ -325,6 +327,7 @@ impl ShardStats {
             local_responses: Counter::default(),
             upstream_connects: Counter::default(),
             upstream_connect_errors: Counter::default(),
+            dial_retries: Counter::default(),
             upstream_reuses: Counter::default(),
             upstream_stale_discards: Counter::default(),
             bad_requests: Counter::default(),

@@ -297,9 +297,12 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
 
 /// Waits for a pod, then runs the exchange, and says how it ended.
 ///
-/// A pod that answers as another revision (its IP was reused) is retired at once on every
-/// shard and reported, and the request goes to another pod when it can be replayed (no body,
-/// see `request::retry`); otherwise it fails with a 502 naming the problem.
+/// A request that reached no pod goes back to admission, within its deadline and a bounded
+/// number of times (`request::retry`): when the connection to the pod could not be made (the
+/// pod is reported and this shard passes it over for a moment, see `admission::dial_failed`),
+/// and when a pod answers as another revision (its IP was reused: it is retired at once on
+/// every shard and reported) and the request can be replayed (no body). Otherwise a failure is
+/// a 502 naming the problem.
 async fn proxy_request(
     shard: &Rc<Shard>,
     conn: &mut ClientConn,
@@ -313,6 +316,9 @@ async fn proxy_request(
     // `request_out` for that.
     let replayable = meta.keeps_head();
     let mut attempt = 0;
+    // The last pod that could not be reached: if no other pod serves the request before its
+    // deadline, the client hears why, not only that time ran out.
+    let mut unreached: Option<UpstreamError> = None;
     loop {
         attempt += 1;
         let mut client = Watch {
@@ -322,10 +328,14 @@ async fn proxy_request(
         let pod = match acquire(shard, revision, deadlines.first_byte, &mut client).await {
             Ok(pod) => pod,
             Err(error) => {
+                let error = match (error, unreached) {
+                    (RequestError::TimedOut, Some(unreached)) => unreached.into(),
+                    (error, _) => error,
+                };
                 return Ended::Failed {
                     error,
                     request_complete: false,
-                }
+                };
             }
         };
         let mut held = Some(Held::new(&pod, revision, shard));
@@ -335,11 +345,20 @@ async fn proxy_request(
             Ok(upstream) => upstream,
             Err(error) => {
                 tracing::warn!(request_id = %conn.request_id, pod = %pod.tracker.addr, class = error.class(), "{error}");
-                admission::report(shard, revision, &pod, EvidenceKind::TransportFailure);
-                return Ended::Failed {
-                    error: error.into(),
-                    request_complete: false,
-                };
+                admission::dial_failed(shard, revision, &pod);
+                drop(held);
+                if !may_retry(attempt, &error, replayable) {
+                    return Ended::Failed {
+                        error: error.into(),
+                        request_complete: false,
+                    };
+                }
+                shard.stats().dial_retries.increment();
+                // Nothing was sent: the head goes back as it was before this pod's Host line.
+                conn.request_out
+                    .drain(host_at..host_at + pod.host_line.len());
+                unreached = Some(error);
+                continue;
             }
         };
         let reused_connection = upstream.reused;

@@ -89,6 +89,29 @@ pub(crate) fn report(shard: &Shard, revision: &LocalRevision, pod: &LocalPod, ki
     shard.control.report(revision.key(), &pod.tracker, kind);
 }
 
+/// How long a shard passes over a pod it could not connect to. Long enough to cover the
+/// moment before the control thread's decision (quarantine: capacity zero) arrives, which takes
+/// well under a millisecond; with quarantine off, how often this shard lets a request try the
+/// pod again (a request that finds it still refusing goes elsewhere, see `request::retry`).
+pub const DIAL_FAILURE_HOLD: Duration = Duration::from_millis(250);
+
+/// A connection to `pod` could not be made: the control thread hears of it as a transport
+/// failure (a passive health signal), and this shard passes the pod over for
+/// [`DIAL_FAILURE_HOLD`], so that the request going back to admission, and those behind it,
+/// land elsewhere. When the hold ends, requests that queued meanwhile are served.
+pub(crate) fn dial_failed(shard: &Rc<Shard>, revision: &Rc<LocalRevision>, pod: &Rc<LocalPod>) {
+    report(shard, revision, pod, EvidenceKind::TransportFailure);
+    if !pod.hold_off() {
+        return;
+    }
+    let (shard, revision, pod) = (shard.clone(), revision.clone(), pod.clone());
+    monoio::spawn(async move {
+        shard.alarms.at(Instant::now() + DIAL_FAILURE_HOLD).await;
+        pod.end_hold();
+        revision.dispatch(&shard);
+    });
+}
+
 /// How a wait in the queue ended.
 enum Waited {
     Granted(Rc<LocalPod>),

@@ -1,9 +1,15 @@
 //! Whether an attempt that failed may be offered to another pod. Pure.
 //!
 //! A request is never replayed once any byte of it may have been taken by a pod that serves
-//! it. The one exception so far: a pod that answered in the name of another revision (its IP
-//! was reused) never served this request, so a request that can be sent again unchanged (no
-//! body, no upgrade: its head is kept) goes to another pod.
+//! it. Two failures are not that:
+//!
+//! * ★ **The connection to the pod could not be made** (refused, unreachable, connect timeout):
+//!   nothing was sent anywhere, body included (it is still with the client), so the request goes
+//!   back to admission whatever its shape. `UpstreamError::Connect` and `ConnectTimeout` come
+//!   only from a dial, before any byte is written (`upstream::pool::Pool::dial`).
+//! * **A pod answered in the name of another revision** (its IP was reused): it never served
+//!   this request, so a request that can be sent again unchanged (no body, no upgrade: its head
+//!   is kept) goes to another pod.
 
 use crate::upstream::error::UpstreamError;
 
@@ -13,7 +19,12 @@ pub const MAX_RETRIES: u32 = 3;
 /// Whether attempt number `attempt` (the first is 1), which failed with `error`, may be
 /// followed by another. `replayable`: the request can be sent again as it was.
 pub fn may_retry(attempt: u32, error: &UpstreamError, replayable: bool) -> bool {
-    matches!(error, UpstreamError::IpReused { .. }) && replayable && attempt <= MAX_RETRIES
+    let reached_no_pod = match error {
+        UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. } => true,
+        UpstreamError::IpReused { .. } => replayable,
+        _ => false,
+    };
+    reached_no_pod && attempt <= MAX_RETRIES
 }
 
 #[cfg(test)]
@@ -22,7 +33,7 @@ mod tests {
     use crate::upstream::error::TransportCause;
 
     #[test]
-    fn only_a_replayable_request_on_a_reused_ip_goes_to_another_pod_a_bounded_number_of_times() {
+    fn a_request_that_reached_no_pod_goes_to_another_a_bounded_number_of_times() {
         let addr = "10.0.0.1:8012".parse().unwrap();
         let reused = UpstreamError::IpReused {
             addr,
@@ -33,14 +44,44 @@ mod tests {
             addr,
             cause: TransportCause::Refused,
         };
+        let timed_out = UpstreamError::ConnectTimeout {
+            addr,
+            after_ms: 5000,
+        };
         let dropped = UpstreamError::ClosedBeforeResponse { addr };
+        let reset_while_sending = UpstreamError::Send {
+            addr,
+            cause: TransportCause::Reset,
+        };
         let rows: &[(&str, u32, &UpstreamError, bool, bool)] = &[
             ("reused, first attempt", 1, &reused, true, true),
             ("reused, third attempt", 3, &reused, true, true),
             ("reused, fourth attempt: gives up", 4, &reused, true, false),
             ("reused, with a body", 1, &reused, false, false),
-            ("refused dial: not yet", 1, &refused, true, false),
+            ("refused dial", 1, &refused, true, true),
+            (
+                "refused dial, with a body: nothing of it was sent",
+                1,
+                &refused,
+                false,
+                true,
+            ),
+            (
+                "refused dial, fourth attempt: gives up",
+                4,
+                &refused,
+                true,
+                false,
+            ),
+            ("dial timed out", 3, &timed_out, false, true),
             ("pod dropped the request: never", 1, &dropped, true, false),
+            (
+                "reset while sending: never",
+                1,
+                &reset_while_sending,
+                true,
+                false,
+            ),
         ];
         for &(name, attempt, error, replayable, expected) in rows {
             assert_eq!(may_retry(attempt, error, replayable), expected, "{name}");

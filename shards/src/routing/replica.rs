@@ -25,23 +25,51 @@ pub struct LocalPod {
     pub tracker: Arc<PodTracker>,
     /// `Host: <ip:port>\r\n`, formatted once here rather than for every request.
     pub host_line: Box<[u8]>,
+    /// This shard could not connect to the pod a moment ago and passes it over until the hold
+    /// ends (`request::admission::dial_failed`). Shard-local, and written only by this shard:
+    /// it is not the pod's capacity, which only the control thread writes (and, once it has the
+    /// evidence, sets to zero while the pod is quarantined). It bridges the moment before that
+    /// decision arrives, and stands in for it when quarantine is off.
+    held_off: Cell<bool>,
 }
 
 impl LocalPod {
     pub fn new(tracker: Arc<PodTracker>) -> LocalPod {
         let host_line = crate::http1::rewrite::host_line(tracker.addr);
-        LocalPod { tracker, host_line }
+        LocalPod {
+            tracker,
+            host_line,
+            held_off: Cell::new(false),
+        }
+    }
+
+    /// Starts a hold; false if one is already running.
+    pub fn hold_off(&self) -> bool {
+        !self.held_off.replace(true)
+    }
+
+    /// Ends the hold: the pod can be picked again on this shard.
+    pub fn end_hold(&self) {
+        self.held_off.set(false);
+    }
+
+    pub fn is_held_off(&self) -> bool {
+        self.held_off.get()
     }
 }
 
-/// Load balancers see a shard's pods through the shared slots of their trackers.
+/// Load balancers see a shard's pods through the shared slots of their trackers. A pod this
+/// shard holds off refuses every slot and looks fully loaded.
 impl Slots for Rc<LocalPod> {
     fn in_flight(&self) -> u32 {
+        if self.held_off.get() {
+            return u32::MAX;
+        }
         self.tracker.slots.in_flight()
     }
 
     fn try_acquire(&self) -> bool {
-        self.tracker.slots.try_acquire()
+        !self.held_off.get() && self.tracker.slots.try_acquire()
     }
 }
 
@@ -163,6 +191,13 @@ impl LocalRevision {
             .cloned()
             // The pod left this shard's view meanwhile; the slot is still real.
             .unwrap_or_else(|| Rc::new(LocalPod::new(tracker)));
+        if pod.is_held_off() {
+            // This shard could not connect to the pod a moment ago: none of its waiters gets
+            // it (the shard that sent it has not found out yet). The slot goes back, and a
+            // dispatch here hands waiters any other free slot.
+            self.release(&pod, shard);
+            return;
+        }
         let mut effects = Vec::new();
         let unused = self.queue.borrow_mut().receive_grant(
             &self.gate,
@@ -228,10 +263,21 @@ impl LocalRevision {
     }
 
     fn apply(&self, route: Arc<RevisionRoute>) {
+        // A pod that stays keeps its `LocalPod` (and so a hold this shard put on it); trackers
+        // are matched by identity, not address, so a new pod at an old address starts afresh.
+        let mut kept: FxHashMap<*const PodTracker, Rc<LocalPod>> = self
+            .pods
+            .borrow_mut()
+            .drain(..)
+            .map(|pod| (Arc::as_ptr(&pod.tracker), pod))
+            .collect();
         *self.pods.borrow_mut() = route
             .pods
             .iter()
-            .map(|tracker| Rc::new(LocalPod::new(tracker.clone())))
+            .map(|tracker| {
+                kept.remove(&Arc::as_ptr(tracker))
+                    .unwrap_or_else(|| Rc::new(LocalPod::new(tracker.clone())))
+            })
             .collect();
         self.balancer.borrow_mut().set_policy(route.lb_policy);
         *self.route.borrow_mut() = route;
