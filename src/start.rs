@@ -303,6 +303,7 @@ pub fn run_with(
             max_idle_per_pod: config.proxy.max_idle_per_pod,
             connect_timeout: Duration::from_millis(config.proxy.connect_timeout_ms),
         },
+        stop: Arc::default(),
     });
     let stats: AllShardStats = (0..placement.shards)
         .map(|index| CachePadded::new(ShardStats::new(index)))

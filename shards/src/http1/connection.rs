@@ -6,6 +6,7 @@
 //! revision lookup (404 if unknown), then the wait for a pod, then the exchange.
 
 use std::future::Future;
+use std::pin::pin;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use kactivator_api::{headers, messages};
 use kactivator_h1::{
     parse_request, BodyKind, HeadError, Method, Parsed, RequestHead, ResponseHead, Version,
 };
-use monoio::io::{AsyncWriteRent, OwnedReadHalf, Splitable};
+use monoio::io::{AsyncWriteRent, Canceller, OwnedReadHalf, Splitable};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use std::net::SocketAddr;
@@ -36,7 +37,7 @@ use crate::routing::replica::LocalRevision;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::control_link::EvidenceKind;
 use crate::runtime::race::{race, Either};
-use crate::runtime::shard::Shard;
+use crate::runtime::shard::{Shard, FIRST_REQUEST_GRACE};
 use crate::upstream::error::UpstreamError;
 
 /// Once the first byte of a request arrived, its head must complete within this (Go's
@@ -101,8 +102,9 @@ pub(crate) fn serve_connection(
     async move {
         let shard = &shard;
         let stats = shard.stats();
+        let mut served = false;
         loop {
-            match read_request_head(shard, &mut conn).await {
+            match read_request_head(shard, &mut conn, served).await {
                 HeadRead::Ready => {}
                 HeadRead::Closed => break,
                 HeadRead::Invalid(error) => {
@@ -132,7 +134,8 @@ pub(crate) fn serve_connection(
                 }
             }
             stats.requests.increment();
-            if handle_request(shard, &mut conn).await == Next::Close || shard.stopping.is_set() {
+            served = true;
+            if handle_request(shard, &mut conn).await == Next::Close || shard.draining.is_set() {
                 break;
             }
         }
@@ -143,7 +146,9 @@ pub(crate) fn serve_connection(
     }
 }
 
-async fn read_request_head(shard: &Shard, conn: &mut ClientConn) -> HeadRead {
+/// Reads until a request head is complete. `served`: the connection has carried a request
+/// before (it is an idle keep-alive connection while nothing is buffered).
+async fn read_request_head(shard: &Shard, conn: &mut ClientConn, served: bool) -> HeadRead {
     let mut first_byte_at: Option<Instant> = None;
     loop {
         if !conn.inbuf.is_empty() {
@@ -164,8 +169,30 @@ async fn read_request_head(shard: &Shard, conn: &mut ClientConn) -> HeadRead {
                 Either::Left(read) => read,
                 Either::Right(()) => return HeadRead::Closed,
             },
-            // Idle between requests: a drain closes the connection here, never mid-request.
-            None => match race(conn.inbuf.fill(&mut conn.reader), shard.stopping.wait()).await {
+            // Idle between requests: once a drain begins the connection closes, so that its
+            // client reconnects (elsewhere) while the listeners still accept. The read is
+            // cancelled, not dropped: a request that arrives at that moment is served.
+            None if served => {
+                let cancel = conn.canceller.get_or_insert_with(Canceller::new).handle();
+                let mut fill = pin!(conn.inbuf.fill_cancelable(&mut conn.reader, cancel));
+                match race(fill.as_mut(), shard.draining.wait()).await {
+                    Either::Left(read) => read,
+                    Either::Right(()) => {
+                        if let Some(canceller) = conn.canceller.as_mut() {
+                            *canceller = std::mem::take(canceller).cancel();
+                        }
+                        fill.await
+                    }
+                }
+            }
+            // A new connection is not closed under its first request: it has until
+            // `FIRST_REQUEST_GRACE` after every listener closed to send one, and is answered.
+            None => match race(conn.inbuf.fill(&mut conn.reader), async {
+                shard.stopping.wait().await;
+                shard.alarms.at(Instant::now() + FIRST_REQUEST_GRACE).await;
+            })
+            .await
+            {
                 Either::Left(read) => read,
                 Either::Right(()) => return HeadRead::Closed,
             },
@@ -191,7 +218,7 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
         shard.stats().local_responses.increment();
         // A probe's body is never read; closing keeps the stream in sync without reading it.
         let keep_alive =
-            meta.keep_alive && meta.body == BodyKind::Empty && !shard.stopping.is_set();
+            meta.keep_alive && meta.body == BodyKind::Empty && !shard.draining.is_set();
         let extra = answer
             .extra_header
             .as_ref()
@@ -225,7 +252,7 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
     let Some(revision) = revision else {
         let body = messages::revision_not_found(revision_id.map_or("", |id| id.name));
         let keep_alive =
-            meta.keep_alive && meta.body == BodyKind::Empty && !shard.stopping.is_set();
+            meta.keep_alive && meta.body == BodyKind::Empty && !shard.draining.is_set();
         conn.inbuf.consume(head_len);
         return answer_locally(
             conn,
@@ -283,7 +310,7 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
                 error.status(),
                 &error.body(),
                 error.go_error_style(),
-                keep_alive,
+                keep_alive && !shard.draining.is_set(),
             )
             .await;
             (error.status(), next)

@@ -485,7 +485,7 @@ async fn receive_response(
     let framing = client_framing(head.body, meta.version);
     let upstream_reusable = head.keep_alive() && head.body != BodyKind::UntilClose;
     let client_keep_alive =
-        meta.keep_alive && framing != ClientFraming::UntilClose && !shard.stopping.is_set();
+        meta.keep_alive && framing != ClientFraming::UntilClose && !shard.draining.is_set();
     out.clear();
     rewrite::write_response_head(
         head,

@@ -66,7 +66,7 @@ pub(super) async fn register_pod(
         },
         ClientSide {
             version: meta.version,
-            keep_alive: meta.keep_alive && !shard.stopping.is_set(),
+            keep_alive: meta.keep_alive && !shard.draining.is_set(),
             head_only: false,
         },
     )

@@ -242,6 +242,17 @@ fn run_on<D: Driver>(
         control,
         ..
     } = spec;
+    // A second descriptor of the listening socket, for the stop: the backlog is drained through
+    // it with non-blocking accepts, and the socket is shut down through it.
+    let spare = match listener.try_clone() {
+        Ok(spare) => spare,
+        Err(error) => {
+            let _ = started.send(Err(format!(
+                "shard {index}: cannot duplicate the listener: {error}"
+            )));
+            return;
+        }
+    };
     runtime.block_on(async move {
         let listener = match monoio::net::TcpListener::from_std(listener) {
             Ok(listener) => listener,
@@ -254,6 +265,6 @@ fn run_on<D: Driver>(
         };
         let _ = started.send(Ok(kind));
         let shard = Rc::new(Shard::new(index, settings, stats, peers, control));
-        shard::run(shard, listener, commands, grants).await;
+        shard::run(shard, listener, spare, commands, grants).await;
     });
 }

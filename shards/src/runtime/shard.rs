@@ -1,7 +1,12 @@
 //! One shard: a reactor thread's accept loop, its routing replica, pool and counters.
 
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use monoio::net::TcpListener;
@@ -14,13 +19,78 @@ use crate::routing::{Grant, ShardCommand};
 use crate::runtime::alarm::{self, Alarms};
 use crate::runtime::blocks::Blocks;
 use crate::runtime::control_link::ControlLink;
-use crate::runtime::race::{race, Either};
 use crate::runtime::readiness::Readiness;
 use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
 use crate::upstream::pool::{Pool, PoolConfig};
 
 /// How often idle upstream connections are swept.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Once every listener is closed, how long a connection accepted before that has to send its
+/// first request (it is answered, not closed under it, see `http1::connection`).
+pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a shard waits at the stop barrier for the others before going on alone (a shard
+/// whose thread died must not keep the rest from stopping).
+const BARRIER_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The shards' meeting point when they stop: no shard closes its listener before every shard
+/// has been told to stop accepting, and no shard closes a connection it accepted before every
+/// listener is closed. So a client whose connection closes can always reconnect, and a
+/// connection is never refused by one shard while another still accepts.
+#[derive(Debug, Default)]
+pub struct StopBarrier {
+    told: AtomicUsize,
+    filtered: AtomicUsize,
+    closed: AtomicUsize,
+}
+
+/// A classic BPF socket filter that drops a TCP segment with SYN set and ACK clear (a client
+/// opening a connection) and lets everything else through: handshakes already under way
+/// complete, and connections they create (which inherit the filter) carry data as usual. A
+/// socket filter sees a TCP segment from its header on; byte 13 holds the flags.
+const REFUSE_NEW_CONNECTIONS: [socket2::SockFilter; 5] = [
+    // A = flags
+    socket2::SockFilter::new(
+        (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16,
+        0,
+        0,
+        13,
+    ),
+    // A &= SYN | ACK
+    socket2::SockFilter::new(
+        (libc::BPF_ALU | libc::BPF_AND | libc::BPF_K) as u16,
+        0,
+        0,
+        0x12,
+    ),
+    // A == SYN: drop (next), else accept (the one after)
+    socket2::SockFilter::new(
+        (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        0,
+        1,
+        0x02,
+    ),
+    socket2::SockFilter::new((libc::BPF_RET | libc::BPF_K) as u16, 0, 0, 0),
+    socket2::SockFilter::new((libc::BPF_RET | libc::BPF_K) as u16, 0, 0, u32::MAX),
+];
+
+/// How long a shard waits, once every listener drops new packets, for handshakes already under
+/// way to land in its accept queue.
+const HANDSHAKES_IN_FLIGHT: Duration = Duration::from_millis(20);
+
+/// Waits (polling: this happens once per process) until `count` reaches `shards`.
+async fn meet(count: &AtomicUsize, shards: usize, index: usize, what: &str) {
+    count.fetch_add(1, Ordering::AcqRel);
+    let started = std::time::Instant::now();
+    while count.load(Ordering::Acquire) < shards {
+        if started.elapsed() >= BARRIER_PATIENCE {
+            tracing::warn!(shard = index, "stopping without the other shards: {what}");
+            return;
+        }
+        monoio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
 
 /// Settings every shard shares, fixed at start-up.
 #[derive(Clone, Debug)]
@@ -34,6 +104,8 @@ pub struct ShardSettings {
     pub report_load: bool,
     /// What kubelet probes report besides draining (the autoscaler link, the informers).
     pub readiness: Arc<Readiness>,
+    /// Where the shards meet when they stop accepting (one object for all of them).
+    pub stop: Arc<StopBarrier>,
 }
 
 impl Default for ShardSettings {
@@ -43,6 +115,7 @@ impl Default for ShardSettings {
             pool: PoolConfig::default(),
             report_load: false,
             readiness: Arc::default(),
+            stop: Arc::default(),
         }
     }
 }
@@ -54,9 +127,14 @@ pub struct Shard {
     all_stats: AllShardStats,
     pub replica: Replica,
     pub pool: Pool,
-    /// Set on `BeginDrain`: probes fail, requests are still served.
+    /// Set on `BeginDrain`: probes fail, requests are still served, responses carry
+    /// `Connection: close` and idle keep-alive connections close.
     pub draining: LocalEvent,
-    /// Set on `StopAccepting`: no new connections, idle ones close.
+    /// Set on `StopAccepting`: the shard meets the others at the [`StopBarrier`] and then closes
+    /// its listener.
+    pub stop_accepting: LocalEvent,
+    /// Set once every shard's listener is closed: a connection that has not sent its first
+    /// request within [`FIRST_REQUEST_GRACE`] closes.
     pub stopping: LocalEvent,
     /// Fires whenever a client connection closes (drain waits on it).
     pub connection_closed: LocalNotify,
@@ -91,6 +169,7 @@ impl Shard {
             replica: Replica::default(),
             pool,
             draining: LocalEvent::default(),
+            stop_accepting: LocalEvent::default(),
             stopping: LocalEvent::default(),
             connection_closed: LocalNotify::default(),
             peers,
@@ -120,8 +199,7 @@ impl Shard {
             ShardCommand::BeginDrain => self.draining.set(),
             ShardCommand::StopAccepting => {
                 self.draining.set();
-                self.stopping.set();
-                self.pool.clear();
+                self.stop_accepting.set();
             }
         }
     }
@@ -131,6 +209,7 @@ impl Shard {
 pub async fn run(
     shard: Rc<Shard>,
     listener: TcpListener,
+    spare: std::net::TcpListener,
     commands: flume::Receiver<ShardCommand>,
     grants: flume::Receiver<Grant>,
 ) {
@@ -171,25 +250,91 @@ pub async fn run(
         }
     });
 
-    loop {
-        let accepted = {
-            let accept = listener.accept();
-            let stop = shard.stopping.wait();
-            race(accept, stop).await
-        };
-        match accepted {
-            Either::Left(Ok((stream, peer))) => {
-                monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
+    let listener_shut = Cell::new(false);
+    // The accept loop runs until the listener is shut down; it is never dropped mid-accept, since
+    // an io_uring accept cancelled too late completes with a connection nobody would serve.
+    let accepting = async {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
+                }
+                Err(_) if shard.stop_accepting.is_set() && listener_shut.get() => break,
+                Err(error) => {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    tracing::warn!(shard = shard.index, "accept failed: {error}");
+                    monoio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
-            Either::Left(Err(error)) => {
-                // EMFILE and friends: back off briefly rather than spin.
-                tracing::warn!(shard = shard.index, "accept failed: {error}");
-                monoio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Either::Right(()) => break,
         }
-    }
-    drop(listener);
+    };
+    let stopping = async {
+        shard.stop_accepting.wait().await;
+        let shards = shard.peers.len();
+        let barrier = &shard.settings.stop;
+        meet(&barrier.told, shards, shard.index, "told to stop accepting").await;
+        // Closing a listener resets the connections the kernel completed for it and nobody
+        // accepted yet, and those clients have sent their requests. So first no connection may
+        // start on any listener: a socket filter drops new clients' SYNs (they retry, find the
+        // port closed and go elsewhere). Then what completed, or was under way, is accepted and
+        // served, and only then is the socket shut down.
+        if let Err(error) = socket2::SockRef::from(&spare).attach_filter(&REFUSE_NEW_CONNECTIONS) {
+            tracing::warn!(
+                shard = shard.index,
+                "cannot filter the listener before closing it: {error}"
+            );
+        }
+        meet(&barrier.filtered, shards, shard.index, "listeners filtered").await;
+        // A handshake whose SYN passed before the filter completes within this: on loopback at
+        // once, over a network in one round trip.
+        monoio::time::sleep(HANDSHAKES_IN_FLIGHT).await;
+        let _ = spare.set_nonblocking(true);
+        while let Ok((stream, peer)) = spare.accept() {
+            // An accepted socket does not inherit the listener's O_NONBLOCK, and the epoll
+            // driver needs it (io_uring does not mind).
+            let registered = stream
+                .set_nonblocking(true)
+                .and_then(|()| monoio::net::TcpStream::from_std(stream));
+            match registered {
+                Ok(stream) => {
+                    monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
+                }
+                Err(error) => tracing::warn!(shard = shard.index, "accept failed: {error}"),
+            }
+        }
+        listener_shut.set(true);
+        // Shutting the socket down (not only closing our descriptors) ends the accept in flight.
+        let _ = socket2::SockRef::from(&spare).shutdown(std::net::Shutdown::Both);
+        meet(&barrier.closed, shards, shard.index, "listeners closed").await;
+        shard.stopping.set();
+        shard.pool.clear();
+    };
+    // Both run until the listener is shut; then the accept loop has a moment to hand over a
+    // connection its last accept completed with (after the shutdown none can arrive, so dropping
+    // it then loses nothing).
+    let (mut accepting, mut stopping) = (pin!(accepting), pin!(stopping));
+    let mut accept_ended = false;
+    let mut stopped = false;
+    let mut last_call: Option<std::pin::Pin<Box<monoio::time::Sleep>>> = None;
+    let stop = std::future::poll_fn(|cx| {
+        if !accept_ended {
+            accept_ended = accepting.as_mut().poll(cx).is_ready();
+        }
+        if !stopped {
+            stopped = stopping.as_mut().poll(cx).is_ready();
+        }
+        if !stopped {
+            return Poll::Pending;
+        }
+        if accept_ended {
+            return Poll::Ready(());
+        }
+        let timer = last_call
+            .get_or_insert_with(|| Box::pin(monoio::time::sleep(Duration::from_millis(200))));
+        timer.as_mut().poll(cx)
+    });
+    // The descriptors stay open until the end; the socket itself is already shut down.
+    stop.await;
     while shard.stats().connections_open.get() > 0 {
         shard.connection_closed.notified().await;
     }
