@@ -637,6 +637,15 @@ fn a_registration_reaches_every_peer_activator_once() {
             == 200),
         "the peer routes to the pod it heard about through the relay"
     );
+    // The peer answers the relay before the relaying side counts it: wait for the count.
+    assert!(
+        eventually(Duration::from_secs(5), || first.metric_sum(
+            "activator_pod_registration_relays_total",
+            &["result=\"accepted\""]
+        ) >= 1.0),
+        "{}",
+        first.metrics()
+    );
     assert_eq!(
         first.metric_sum(
             "activator_pod_registration_relays_total",

@@ -106,6 +106,14 @@ pub struct FileWatch {
     pub pod_ip: Option<IpAddr>,
 }
 
+/// What changes whenever the file is written or replaced: its modification time, size and
+/// inode. `None` when it cannot be read.
+fn stamp_of(path: &std::path::Path) -> Option<(std::time::SystemTime, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))
+}
+
 /// How long a changed file must keep the same content before it is applied (see
 /// [`FileWatch::run`]). Short against the poll interval, long against a write.
 pub const SETTLE: Duration = Duration::from_millis(50);
@@ -117,6 +125,7 @@ impl FileWatch {
         let interval = Duration::from_millis(self.current.control.watch_interval_ms);
         loop {
             tokio::time::sleep(interval).await;
+            let stamp = stamp_of(&self.path);
             let text = match std::fs::read(&self.path) {
                 Ok(text) => text,
                 Err(error) => {
@@ -135,8 +144,14 @@ impl FileWatch {
             // then writes (`cat >`, many editors, `std::fs::write`) may have been caught half
             // way, and a prefix that happens to parse (an empty file, or one that ends between
             // two revisions) would remove everything after it.
+            // The file's stamp (modification time, size, inode) must not have moved either: on
+            // a loaded machine this thread can oversleep into the writer's next rewrite, whose
+            // prefix reads the same as the last one's.
             tokio::time::sleep(SETTLE).await;
-            if std::fs::read(&self.path).ok().as_deref() != Some(&text[..]) {
+            if std::fs::read(&self.path).ok().as_deref() != Some(&text[..])
+                || stamp.is_none()
+                || stamp_of(&self.path) != stamp
+            {
                 // Still being written: the next poll looks again.
                 continue;
             }
