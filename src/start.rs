@@ -304,6 +304,8 @@ pub fn run_with(
             connect_timeout: Duration::from_millis(config.proxy.connect_timeout_ms),
         },
         stop: Arc::default(),
+        max_connections: config.proxy.max_connections_per_shard,
+        max_pending_heads: config.proxy.max_pending_heads_per_shard,
     });
     let stats: AllShardStats = (0..placement.shards)
         .map(|index| CachePadded::new(ShardStats::new(index)))

@@ -351,3 +351,295 @@ fn a_connection_accepted_before_the_listeners_close_is_answered_after_they_did()
     assert_eq!(response.header("connection"), Some("close"));
     assert_eq!(activator.wait_exit(Duration::from_secs(10)), Some(0));
 }
+
+/// A pod that can be killed: at `kill`, its listener closes and every connection it holds is
+/// torn down at once, as the kernel does for a process that dies. It answers health probes
+/// (`K-Network-Probe: queue`) and serves every other request after 30 ms.
+struct KillablePod {
+    addr: SocketAddr,
+    killed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    connections: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    /// Requests read and not yet answered.
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl KillablePod {
+    fn start() -> KillablePod {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        use std::sync::{Arc, Mutex};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let pod = KillablePod {
+            addr: listener.local_addr().unwrap(),
+            killed: Arc::new(AtomicBool::new(false)),
+            connections: Arc::new(Mutex::new(Vec::new())),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        };
+        let (killed, connections, in_flight) = (
+            pod.killed.clone(),
+            pod.connections.clone(),
+            pod.in_flight.clone(),
+        );
+        thread::spawn(move || {
+            while !killed.load(std::sync::atomic::Ordering::SeqCst) {
+                let Ok((stream, _)) = listener.accept() else {
+                    thread::sleep(Duration::from_millis(1));
+                    continue;
+                };
+                stream.set_nonblocking(false).unwrap();
+                connections
+                    .lock()
+                    .unwrap()
+                    .push(stream.try_clone().unwrap());
+                let (killed, in_flight) = (killed.clone(), in_flight.clone());
+                thread::spawn(move || serve_until_killed(stream, &killed, &in_flight));
+            }
+            // The listener is dropped here: the port refuses from now on.
+        });
+        pod
+    }
+
+    fn kill(&self) -> usize {
+        let in_flight = self.in_flight.load(std::sync::atomic::Ordering::SeqCst);
+        self.killed.store(true, std::sync::atomic::Ordering::SeqCst);
+        for connection in self.connections.lock().unwrap().drain(..) {
+            let _ = connection.shutdown(std::net::Shutdown::Both);
+        }
+        // Wait for the accept loop to drop the listener.
+        while std::net::TcpStream::connect(self.addr).is_ok() {
+            thread::sleep(Duration::from_millis(1));
+        }
+        in_flight
+    }
+}
+
+fn serve_until_killed(
+    mut stream: std::net::TcpStream,
+    killed: &std::sync::atomic::AtomicBool,
+    in_flight: &std::sync::atomic::AtomicUsize,
+) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    let mut buffered = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let Some(end) = buffered.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffered.extend_from_slice(&chunk[..n]),
+            }
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buffered[..end]).to_ascii_lowercase();
+        buffered.drain(..end + 4);
+        let body = if head.contains("k-network-probe: queue") {
+            "queue"
+        } else {
+            in_flight.fetch_add(1, Ordering::SeqCst);
+            thread::sleep(Duration::from_millis(30));
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            "ok"
+        };
+        if killed.load(Ordering::SeqCst) {
+            return;
+        }
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if stream.write_all(response.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_pod_killed_mid_request_fails_only_the_requests_it_had() {
+    // Issue 13, item 5: two pods under load, one killed. Requests in flight on it get a 502
+    // naming the cause; every request that arrives after the kill is served by the other.
+    let doomed = KillablePod::start();
+    let survivor = backend::spawn(BackendConfig::named("survivor")).unwrap();
+    let activator = Activator::start(&revision(
+        "default",
+        "kill",
+        &[doomed.addr, survivor.addr()],
+        "",
+    ));
+    let http = activator.http;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let request = get("kill", "/delay/30");
+                let mut outcomes = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let sent = Instant::now();
+                    let response = exchange(http, request.as_bytes());
+                    outcomes.push((sent, response.status, response.text()));
+                }
+                outcomes
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(700));
+    let had = doomed.kill();
+    let killed_at = Instant::now();
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let outcomes: Vec<_> = clients
+        .into_iter()
+        .flat_map(|client| client.join().unwrap())
+        .collect();
+    let failed: Vec<_> = outcomes
+        .iter()
+        .filter(|(_, status, _)| *status != 200)
+        .collect();
+    let after_the_kill = outcomes
+        .iter()
+        .filter(|(sent, _, _)| *sent > killed_at)
+        .count();
+    assert!(
+        after_the_kill > 50,
+        "{after_the_kill} requests after the kill"
+    );
+    for (sent, status, body) in &failed {
+        assert!(
+            *sent < killed_at,
+            "a request sent after the kill failed: {status} {body}"
+        );
+        assert_eq!(*status, 502, "{body}");
+        assert!(
+            body.contains(&doomed.addr.to_string()),
+            "the 502 names the pod: {body}"
+        );
+    }
+    // What the pod had when it died was never answered, so those fail (and only those: 8
+    // clients, one request each).
+    assert!(had == 0 || !failed.is_empty(), "the pod had {had} requests");
+    assert!(failed.len() <= 8, "{failed:?}");
+    eprintln!(
+        "{} requests, {} after the kill; the pod had {had} when it died, {} failed",
+        outcomes.len(),
+        after_the_kill,
+        failed.len()
+    );
+}
+
+#[test]
+fn at_the_connection_limit_accepting_pauses_and_resumes_when_a_connection_closes() {
+    use std::io::Write;
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    let activator = Activator::start_with(
+        &revision("default", "capped", &[pod.addr()], ""),
+        "max_connections_per_shard = 4\n",
+        &["--shards", "1"],
+        &[],
+    );
+    let request = get("capped", "/");
+    let mut open: Vec<std::net::TcpStream> = (0..4).map(|_| activator.connect()).collect();
+    for stream in &mut open {
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut buffered = Vec::new();
+        assert_eq!(
+            support::read_response(stream, &mut buffered)
+                .unwrap()
+                .status,
+            200
+        );
+    }
+    // The fifth connects (the kernel queues it) but is not taken while four are open.
+    let mut waiting = activator.connect();
+    waiting.write_all(request.as_bytes()).unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(400)))
+        .unwrap();
+    let mut buffered = Vec::new();
+    assert!(
+        support::read_response(&mut waiting, &mut buffered).is_none() && buffered.is_empty(),
+        "served beyond the limit"
+    );
+    assert!(activator.metric_sum("kactivator_shard_accept_pauses_total", &[]) >= 1.0);
+    // One closes: the fifth is accepted and its request answered, nothing lost.
+    drop(open.pop());
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(
+        support::read_response(&mut waiting, &mut buffered)
+            .unwrap()
+            .status,
+        200
+    );
+}
+
+#[test]
+fn slow_heads_are_capped_and_cannot_grow_memory() {
+    use std::io::Write;
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    let activator = Activator::start_with(
+        &revision("default", "loris", &[pod.addr()], ""),
+        "max_pending_heads_per_shard = 50\nmax_connections_per_shard = 100\n",
+        &["--shards", "1"],
+        &[],
+    );
+    let request = get("loris", "/");
+    let before = activator.rss_kib();
+    // Slow-loris clients: each sends the start of a head and then nothing more for now.
+    let mut slow = Vec::new();
+    for _ in 0..50 {
+        let mut stream = activator.connect();
+        stream.write_all(b"GET / HTTP/1.1\r\nX-Slow: ").unwrap();
+        slow.push(stream);
+    }
+    thread::sleep(Duration::from_millis(200));
+    // 2 000 more connect and send a byte every 100 ms. The shard stops accepting at 50 pending
+    // heads (a connection is counted once its first bytes are read, so a few more may be taken
+    // before), and never holds more than 100 connections.
+    let mut queued = Vec::new();
+    for _ in 0..2000 {
+        match std::net::TcpStream::connect_timeout(&activator.http, Duration::from_millis(200)) {
+            Ok(mut stream) => {
+                let _ = stream.write_all(b"G");
+                queued.push(stream);
+            }
+            Err(_) => break,
+        }
+    }
+    for _ in 0..5 {
+        for stream in &mut queued {
+            let _ = stream.write_all(b"E");
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let during = activator.rss_kib();
+    eprintln!(
+        "RSS {before} KiB before, {during} KiB with 50 pending heads and {} queued connections",
+        queued.len()
+    );
+    assert!(
+        during < before + 4 * 1024,
+        "memory grew by {} KiB under slow heads",
+        during.saturating_sub(before)
+    );
+    assert!(
+        activator.metric_sum("kactivator_shard_connections_open", &[]) <= 100.0,
+        "{}",
+        activator.metrics()
+    );
+    // The slow ones finish their heads: they are served, and so are the queued ones after them.
+    for stream in &mut slow {
+        stream
+            .write_all(b"1\r\nHost: loris.default.svc.cluster.local\r\n\r\n")
+            .unwrap();
+        let mut buffered = Vec::new();
+        assert_eq!(
+            support::read_response(stream, &mut buffered)
+                .unwrap()
+                .status,
+            200
+        );
+    }
+    drop(queued);
+    assert_eq!(exchange(activator.http, request.as_bytes()).status, 200);
+}

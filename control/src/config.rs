@@ -13,6 +13,9 @@ use std::time::Duration;
 use kactivator_shards::routing::{
     LbPolicy, Protocol, Timeouts, DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT,
 };
+use kactivator_shards::runtime::shard::{
+    DEFAULT_MAX_CONNECTIONS_PER_SHARD, DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
+};
 use kactivator_shards::upstream::pool::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_POD,
 };
@@ -330,6 +333,14 @@ pub struct ProxySettings {
     /// `pending request queue full`. Default: [`DEFAULT_MAX_QUEUED_REQUESTS`] (100 000
     /// requests).
     pub max_queued_requests: u32,
+    /// Most client connections open per shard; at the limit the shard pauses accepting (new
+    /// clients wait in the kernel's queue) until one closes. Default:
+    /// [`DEFAULT_MAX_CONNECTIONS_PER_SHARD`] (16 384 connections).
+    pub max_connections_per_shard: usize,
+    /// Most connections per shard in the middle of a request head that did not arrive in one
+    /// read; at the limit the shard pauses accepting until one completes or closes. Default:
+    /// [`DEFAULT_MAX_PENDING_HEADS_PER_SHARD`] (1 024 heads).
+    pub max_pending_heads_per_shard: usize,
 }
 
 impl Default for ProxySettings {
@@ -342,6 +353,8 @@ impl Default for ProxySettings {
             max_idle_per_pod: DEFAULT_MAX_IDLE_PER_POD,
             drain_grace_seconds: DEFAULT_DRAIN_GRACE_SECONDS,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
+            max_connections_per_shard: DEFAULT_MAX_CONNECTIONS_PER_SHARD,
+            max_pending_heads_per_shard: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
         }
     }
 }
@@ -617,6 +630,16 @@ impl Config {
                 "kubernetes",
                 "probe_timeout_ms",
                 self.kubernetes.probe_timeout_ms,
+            ),
+            (
+                "proxy",
+                "max_connections_per_shard",
+                self.proxy.max_connections_per_shard as u64,
+            ),
+            (
+                "proxy",
+                "max_pending_heads_per_shard",
+                self.proxy.max_pending_heads_per_shard as u64,
             ),
         ] {
             if value == 0 {
@@ -972,6 +995,22 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
         assert_eq!(pool.max_idle_per_pod, DEFAULT_MAX_IDLE_PER_POD);
         assert_eq!(proxy.drain_grace_seconds, DEFAULT_DRAIN_GRACE_SECONDS);
         assert_eq!(proxy.max_queued_requests, DEFAULT_MAX_QUEUED_REQUESTS);
+        assert_eq!(
+            proxy.max_connections_per_shard,
+            DEFAULT_MAX_CONNECTIONS_PER_SHARD
+        );
+        assert_eq!(
+            ShardSettings::default().max_connections,
+            DEFAULT_MAX_CONNECTIONS_PER_SHARD
+        );
+        assert_eq!(
+            proxy.max_pending_heads_per_shard,
+            DEFAULT_MAX_PENDING_HEADS_PER_SHARD
+        );
+        assert_eq!(
+            ShardSettings::default().max_pending_heads,
+            DEFAULT_MAX_PENDING_HEADS_PER_SHARD
+        );
 
         // [control], and the state worker's own defaults.
         let control = &config.control;

@@ -306,7 +306,7 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
         }
     }
-    let counters: [ShardMetric; 10] = [
+    let counters: [ShardMetric; 11] = [
         (
             "kactivator_shard_connections_accepted_total",
             "Client connections accepted.",
@@ -326,6 +326,11 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             "kactivator_shard_bad_requests_total",
             "Malformed requests refused with 400 or 431.",
             |s| s.bad_requests.get(),
+        ),
+        (
+            "kactivator_shard_accept_pauses_total",
+            "Times accepting paused at proxy.max_connections_per_shard or max_pending_heads_per_shard.",
+            |s| s.accept_pauses.get(),
         ),
         (
             "kactivator_shard_client_aborts_total",

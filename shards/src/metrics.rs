@@ -305,6 +305,8 @@ pub struct ShardStats {
     pub upstream_stale_discards: Counter,
     pub bad_requests: Counter,
     pub client_aborts: Counter,
+    /// Times the accept loop paused at the connection or pending-head limit.
+    pub accept_pauses: Counter,
     /// Requests that left the queue after waiting at least 4 s / 60 s / 180 s (the fork's
     /// warning, error and critical thresholds); each request counts once per threshold.
     pub queue_time_warning: Counter,
@@ -332,6 +334,7 @@ impl ShardStats {
             upstream_stale_discards: Counter::default(),
             bad_requests: Counter::default(),
             client_aborts: Counter::default(),
+            accept_pauses: Counter::default(),
             queue_time_warning: Counter::default(),
             queue_time_error: Counter::default(),
             queue_time_critical: Counter::default(),

@@ -5,6 +5,7 @@
 //! Per request the order of side effects follows upstream's handler chain: probes first, then
 //! revision lookup (404 if unknown), then the wait for a pod, then the exchange.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::pin;
 use std::rc::Rc;
@@ -150,6 +151,12 @@ pub(crate) fn serve_connection(
 /// before (it is an idle keep-alive connection while nothing is buffered).
 async fn read_request_head(shard: &Shard, conn: &mut ClientConn, served: bool) -> HeadRead {
     let mut first_byte_at: Option<Instant> = None;
+    // Counted among the shard's pending heads from the first read that left it unfinished
+    // until it is read or the connection closes (the common head, whole in one read, never is).
+    let _pending = PendingHead {
+        shard,
+        counted: Cell::new(false),
+    };
     loop {
         if !conn.inbuf.is_empty() {
             match parse_request(conn.inbuf.data(), &mut conn.head) {
@@ -157,7 +164,10 @@ async fn read_request_head(shard: &Shard, conn: &mut ClientConn, served: bool) -
                 Ok(Parsed::Partial) => {}
                 Err(error) => return HeadRead::Invalid(error),
             }
-            first_byte_at.get_or_insert_with(Instant::now);
+            if first_byte_at.is_none() {
+                first_byte_at = Some(Instant::now());
+                _pending.count();
+            }
         }
         let read = match first_byte_at {
             Some(start) => match race(
@@ -200,6 +210,34 @@ async fn read_request_head(shard: &Shard, conn: &mut ClientConn, served: bool) -
         match read {
             Ok(0) | Err(_) => return HeadRead::Closed,
             Ok(_) => {}
+        }
+    }
+}
+
+/// A connection's place among the shard's pending heads, given back on drop.
+struct PendingHead<'a> {
+    shard: &'a Shard,
+    counted: Cell<bool>,
+}
+
+impl PendingHead<'_> {
+    fn count(&self) {
+        self.counted.set(true);
+        self.shard
+            .pending_heads
+            .set(self.shard.pending_heads.get() + 1);
+    }
+}
+
+impl Drop for PendingHead<'_> {
+    fn drop(&mut self) {
+        if self.counted.get() {
+            self.shard
+                .pending_heads
+                .set(self.shard.pending_heads.get() - 1);
+            if self.shard.accept_paused.get() {
+                self.shard.connection_closed.notify_all();
+            }
         }
     }
 }

@@ -106,7 +106,24 @@ pub struct ShardSettings {
     pub readiness: Arc<Readiness>,
     /// Where the shards meet when they stop accepting (one object for all of them).
     pub stop: Arc<StopBarrier>,
+    /// Most client connections open on one shard; at the limit the shard stops accepting until
+    /// one closes (new clients wait in the kernel's queue). Default:
+    /// [`DEFAULT_MAX_CONNECTIONS_PER_SHARD`] (16 384 connections).
+    pub max_connections: usize,
+    /// Most connections on one shard in the middle of a request head (the head did not come in
+    /// one read); at the limit the shard stops accepting until one completes or closes, so slow
+    /// heads cannot hold more than this many head buffers. Default:
+    /// [`DEFAULT_MAX_PENDING_HEADS_PER_SHARD`] (1 024 heads).
+    pub max_pending_heads: usize,
 }
+
+/// Default of `proxy.max_connections_per_shard`: 16 384 client connections per shard, about
+/// 50 MiB of idle connections (BENCHMARKS.md, "Connections").
+pub const DEFAULT_MAX_CONNECTIONS_PER_SHARD: usize = 16_384;
+
+/// Default of `proxy.max_pending_heads_per_shard`: 1 024 unfinished request heads per shard
+/// (each holds a buffer of up to the 64 KiB head limit).
+pub const DEFAULT_MAX_PENDING_HEADS_PER_SHARD: usize = 1_024;
 
 impl Default for ShardSettings {
     fn default() -> Self {
@@ -116,6 +133,8 @@ impl Default for ShardSettings {
             report_load: false,
             readiness: Arc::default(),
             stop: Arc::default(),
+            max_connections: DEFAULT_MAX_CONNECTIONS_PER_SHARD,
+            max_pending_heads: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
         }
     }
 }
@@ -136,8 +155,13 @@ pub struct Shard {
     /// Set once every shard's listener is closed: a connection that has not sent its first
     /// request within [`FIRST_REQUEST_GRACE`] closes.
     pub stopping: LocalEvent,
-    /// Fires whenever a client connection closes (drain waits on it).
+    /// Fires whenever a client connection closes (drain waits on it), and when a pending head
+    /// completes while accepting is paused.
     pub connection_closed: LocalNotify,
+    /// Connections in the middle of a request head (see `ShardSettings::max_pending_heads`).
+    pub pending_heads: Cell<usize>,
+    /// The accept loop waits for room (a connection or a pending head fewer).
+    pub accept_paused: Cell<bool>,
     /// Every shard's grant mailbox, this one's included, by shard index.
     peers: Vec<flume::Sender<Grant>>,
     /// Registrations and pod signals to the control thread.
@@ -172,6 +196,8 @@ impl Shard {
             stop_accepting: LocalEvent::default(),
             stopping: LocalEvent::default(),
             connection_closed: LocalNotify::default(),
+            pending_heads: Cell::new(0),
+            accept_paused: Cell::new(false),
             peers,
             control,
             alarms: Alarms::default(),
@@ -255,6 +281,20 @@ pub async fn run(
     // an io_uring accept cancelled too late completes with a connection nobody would serve.
     let accepting = async {
         loop {
+            // At a limit no accept is in flight: new clients wait in the kernel's queue.
+            if shard.stats().connections_open.get() as usize >= shard.settings.max_connections
+                || shard.pending_heads.get() >= shard.settings.max_pending_heads
+            {
+                shard.stats().accept_pauses.increment();
+                shard.accept_paused.set(true);
+                while shard.stats().connections_open.get() as usize
+                    >= shard.settings.max_connections
+                    || shard.pending_heads.get() >= shard.settings.max_pending_heads
+                {
+                    shard.connection_closed.notified().await;
+                }
+                shard.accept_paused.set(false);
+            }
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
