@@ -13,6 +13,10 @@ pub(crate) struct FieldSummary {
     pub upgrade: Option<Span>,
     pub expect_continue: bool,
     pub te_trailers: bool,
+    /// How many Host fields there were (saturating).
+    pub host_count: u8,
+    /// First Host field value.
+    pub host: Option<Span>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -32,6 +36,8 @@ pub(crate) struct TransferEncoding {
     pub chunked_repeated: bool,
     /// A list element that is not a token followed by optional parameters.
     pub malformed: bool,
+    /// How many codings were listed, across all Transfer-Encoding fields (saturating).
+    pub codings: u8,
 }
 
 impl TransferEncoding {
@@ -68,6 +74,7 @@ pub(crate) fn summarize(buf: &[u8], headers: &[HeaderSpan]) -> FieldSummary {
                 let encoding = &mut summary.transfer_encoding;
                 encoding.present = true;
                 for coding in list_elements(value) {
+                    encoding.codings = encoding.codings.saturating_add(1);
                     let is_chunked = coding.eq_ignore_ascii_case(b"chunked");
                     if is_chunked {
                         encoding.chunked_repeated |= chunked_seen;
@@ -77,6 +84,10 @@ pub(crate) fn summarize(buf: &[u8], headers: &[HeaderSpan]) -> FieldSummary {
                     }
                     encoding.chunked_last = is_chunked;
                 }
+            }
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                summary.host_count = summary.host_count.saturating_add(1);
+                summary.host.get_or_insert(header.value);
             }
             7 if name.eq_ignore_ascii_case(b"upgrade") => {
                 summary.upgrade.get_or_insert(header.value);
