@@ -85,7 +85,9 @@ pub(crate) fn summarize(buf: &[u8], headers: &[HeaderSpan]) -> FieldSummary {
                     encoding.chunked_last = is_chunked;
                 }
             }
-            4 if name.eq_ignore_ascii_case(b"host") => {
+            // Every request has a Host field, so this arm runs on every parse: one word
+            // compare instead of a byte loop.
+            4 if is_host(name) => {
                 summary.host_count = summary.host_count.saturating_add(1);
                 summary.host.get_or_insert(header.value);
             }
@@ -104,6 +106,15 @@ pub(crate) fn summarize(buf: &[u8], headers: &[HeaderSpan]) -> FieldSummary {
         }
     }
     summary
+}
+
+/// `name` is `host` in any case. Setting bit 0x20 lowercases a letter and maps only `H` and `h`
+/// to `h` (likewise for o, s, t), so the word compare is exact.
+fn is_host(name: &[u8]) -> bool {
+    match <[u8; 4]>::try_from(name) {
+        Ok(word) => u32::from_le_bytes(word) | 0x2020_2020 == u32::from_le_bytes(*b"host"),
+        Err(_) => false,
+    }
 }
 
 /// Fold one more Content-Length field into what earlier fields said.
@@ -258,6 +269,36 @@ mod tests {
         assert_eq!(merge_content_length(Absent, b"5,"), Invalid);
         assert_eq!(merge_content_length(Absent, b""), Invalid);
         assert_eq!(merge_content_length(Invalid, b"5"), Invalid);
+    }
+
+    #[test]
+    fn host_names() {
+        for name in [&b"host"[..], b"Host", b"HOST", b"hOsT"] {
+            assert!(is_host(name), "{name:?}");
+        }
+        for name in [
+            &b"hos"[..],
+            b"hosts",
+            b"ho5t",
+            b"h\x0fst",
+            b"Hos\x14",
+            b"xost",
+            b"",
+        ] {
+            assert!(!is_host(name), "{name:?}");
+        }
+        // Every byte that folds onto a letter of `host` is that letter in either case.
+        for byte in 0..=255u8 {
+            for (index, letter) in b"host".iter().enumerate() {
+                let mut name = *b"host";
+                name[index] = byte;
+                assert_eq!(
+                    is_host(&name),
+                    byte.to_ascii_lowercase() == *letter,
+                    "{name:?}"
+                );
+            }
+        }
     }
 
     #[test]
