@@ -29,5 +29,12 @@ pub const PROBE_WITHOUT_HASH: &str =
 /// 503 to a registration when the control thread cannot take it. Ours.
 pub const CONTROL_PLANE_UNAVAILABLE: &str = "activator control plane unavailable\n";
 
+/// 405 to a CONNECT request: the activator routes by revision and is not a forward proxy
+/// (upstream relays CONNECT to the pod). Ours.
+pub const CONNECT_REFUSED: &str = "CONNECT is not supported: kactivator is not a forward proxy\n";
+
+/// The `Allow` field of the 405 to CONNECT: the methods a revision is served with.
+pub const CONNECT_REFUSED_ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH";
+
 /// Content type of an error body, as Go's `http.Error` sends it.
 pub const ERROR_CONTENT_TYPE: &str = "text/plain; charset=utf-8";

@@ -20,14 +20,20 @@ pub enum HeadError {
     InvalidContentLength,
     /// A request carries both Content-Length and Transfer-Encoding.
     ConflictingFraming,
-    /// Transfer-Encoding that cannot be framed safely: a request whose final coding is not
-    /// chunked, any message that applies chunked more than once, or Transfer-Encoding on an
-    /// HTTP/1.0 message (RFC 9112 §6.1 calls that faulty framing).
-    ///
-    /// Answered with 400 rather than 501: for a request the body length is then unknown, so
-    /// the connection cannot continue either way, and 400 keeps one status for every framing
-    /// failure.
+    /// Transfer-Encoding that cannot be framed at all: an empty or malformed coding list, any
+    /// message that applies chunked more than once, or Transfer-Encoding on an HTTP/1.0
+    /// message (RFC 9112 §6.1 calls that faulty framing).
     UnsupportedTransferEncoding,
+    /// A well-formed request coding list other than a single bare `chunked`, such as `gzip`
+    /// or `gzip, chunked`: RFC 9112 §6.1 answers a coding the server does not implement with
+    /// 501. Only chunked is implemented; a proxy that decoded nothing else and forwarded the
+    /// rest could not promise the pod what it received.
+    UnknownTransferCoding,
+    /// An HTTP/1.1 request without a Host field (RFC 9112 §3.2).
+    MissingHost,
+    /// A request with more than one Host field, even with equal values (RFC 9112 §3.2): the
+    /// routing key is ambiguous, so the request is never forwarded.
+    DuplicateHost,
 }
 
 impl HeadError {
@@ -38,10 +44,13 @@ impl HeadError {
         match self {
             HeadError::TooLarge | HeadError::TooManyHeaders => 431,
             HeadError::UnsupportedVersion => 505,
+            HeadError::UnknownTransferCoding => 501,
             HeadError::Malformed(_)
             | HeadError::InvalidContentLength
             | HeadError::ConflictingFraming
-            | HeadError::UnsupportedTransferEncoding => 400,
+            | HeadError::UnsupportedTransferEncoding
+            | HeadError::MissingHost
+            | HeadError::DuplicateHost => 400,
         }
     }
 }
@@ -60,6 +69,12 @@ impl fmt::Display for HeadError {
             HeadError::UnsupportedTransferEncoding => {
                 formatter.write_str("unsupported transfer-encoding")
             }
+            HeadError::UnknownTransferCoding => {
+                formatter.write_str("unknown transfer coding (only chunked is implemented)")
+            }
+            // Go's net/http wording.
+            HeadError::MissingHost => formatter.write_str("missing required Host header"),
+            HeadError::DuplicateHost => formatter.write_str("too many Host headers"),
         }
     }
 }
@@ -111,6 +126,9 @@ mod tests {
         assert_eq!(HeadError::ConflictingFraming.status(), 400);
         assert_eq!(HeadError::UnsupportedTransferEncoding.status(), 400);
         assert_eq!(HeadError::InvalidContentLength.status(), 400);
+        assert_eq!(HeadError::UnknownTransferCoding.status(), 501);
+        assert_eq!(HeadError::MissingHost.status(), 400);
+        assert_eq!(HeadError::DuplicateHost.status(), 400);
     }
 
     #[test]

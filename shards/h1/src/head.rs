@@ -170,8 +170,33 @@ pub(crate) fn translate_error(
 }
 
 struct Line<'a> {
+    /// Where the line starts in the window.
+    start: usize,
     bytes: &'a [u8],
     terminated: bool,
+}
+
+/// Where the minor digit of the request line's version sits in `window`, when that version is
+/// `HTTP/1.2` to `HTTP/1.9` and the line is complete.
+///
+/// RFC 9110 §2.5: a server reads a later 1.x minor as the highest minor it implements, 1.1.
+/// httparse refuses them, so the caller re-parses a copy with the digit replaced; only on
+/// that rare path is anything copied.
+pub(crate) fn newer_minor_at(
+    window: &[u8],
+    version_token_start: impl Fn(&[u8]) -> Option<usize>,
+) -> Option<usize> {
+    let line = first_line(window);
+    if !line.terminated {
+        return None;
+    }
+    let start = version_token_start(line.bytes)?;
+    match line.bytes.get(start..)? {
+        [b'H', b'T', b'T', b'P', b'/', b'1', b'.', b'2'..=b'9'] => {
+            Some(line.start + start + b"HTTP/1.".len())
+        }
+        _ => None,
+    }
 }
 
 /// The first line that is not empty, without its terminator.
@@ -183,10 +208,12 @@ fn first_line(window: &[u8]) -> Line<'_> {
     let rest = &window[start..];
     match rest.iter().position(|&byte| byte == b'\r' || byte == b'\n') {
         Some(end) => Line {
+            start,
             bytes: &rest[..end],
             terminated: true,
         },
         None => Line {
+            start,
             bytes: rest,
             terminated: false,
         },

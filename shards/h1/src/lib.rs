@@ -12,15 +12,20 @@
 //!   trailers are stricter and demand CRLF, because those bytes are forwarded verbatim.
 //! * Obsolete line folding is rejected, header names must be tokens, whitespace between a field
 //!   name and the colon is rejected.
-//! * Request framing follows §6.3 with the anti-smuggling choices documented on [`HeadError`].
+//! * Request framing follows §6.3 with the anti-smuggling choices documented on [`HeadError`];
+//!   of the transfer codings only a single `chunked` is implemented, any other is a 501.
+//! * An HTTP/1.1 request needs exactly one Host field, any request at most one; the authority
+//!   of an absolute-form target wins over it ([`RequestHead::authority`]).
+//! * `HTTP/1.2` to `HTTP/1.9` request lines are read as HTTP/1.1 (RFC 9110 §2.5); other
+//!   well-formed versions are [`HeadError::UnsupportedVersion`].
 //!
 //! The decode loop a connection runs, here over bytes that are all present already:
 //!
 //! ```
 //! use kactivator_h1::{parse_request, BodyDecoder, BodyEvent, BodyKind, Parsed, RequestHead};
 //!
-//! let mut buffer = b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n\
-//!                    5\r\nhello\r\n0\r\n\r\nGET /next HTTP/1.1\r\n\r\n"
+//! let mut buffer = b"POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n\
+//!                    5\r\nhello\r\n0\r\n\r\nGET /next HTTP/1.1\r\nHost: h\r\n\r\n"
 //!     .to_vec();
 //! let mut head = RequestHead::default();
 //! assert_eq!(parse_request(&buffer, &mut head), Ok(Parsed::Complete));

@@ -75,7 +75,7 @@ fn methods() {
         ("get", Method::Other),
     ];
     for (method, expected) in cases {
-        let raw = format!("{method} / HTTP/1.1\r\n\r\n");
+        let raw = format!("{method} / HTTP/1.1\r\nHost: h\r\n\r\n");
         let (result, head) = request(raw.as_bytes());
         assert_eq!(result, Ok(Parsed::Complete), "{method}");
         assert_eq!(head.method, *expected, "{method}");
@@ -107,7 +107,7 @@ fn keep_alive_rules() {
         ("HTTP/1.0", "Connection: upgrade\r\n", false),
     ];
     for (version, fields, expected) in cases {
-        let raw = format!("GET / {version}\r\n{fields}\r\n");
+        let raw = format!("GET / {version}\r\nHost: h\r\n{fields}\r\n");
         let (result, head) = request(raw.as_bytes());
         assert_eq!(result, Ok(Parsed::Complete), "{raw:?}");
         assert_eq!(head.keep_alive(), *expected, "{raw:?}");
@@ -148,7 +148,7 @@ fn connection_token_lists() {
         ("X-Connection: close\r\n", ConnectionTokens::default()),
     ];
     for (fields, expected) in cases {
-        let raw = format!("GET / HTTP/1.1\r\n{fields}\r\n");
+        let raw = format!("GET / HTTP/1.1\r\nHost: h\r\n{fields}\r\n");
         let (result, head) = request(raw.as_bytes());
         assert_eq!(result, Ok(Parsed::Complete), "{raw:?}");
         assert_eq!(head.connection, *expected, "{raw:?}");
@@ -167,12 +167,12 @@ fn upgrade_detection() {
     );
 
     // Upgrade without the Connection token is not an upgrade request (RFC 9110 §7.8).
-    let raw = b"GET /chat HTTP/1.1\r\nUpgrade: websocket\r\n\r\n";
+    let raw = b"GET /chat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n";
     let (result, head) = request(raw);
     assert_eq!(result, Ok(Parsed::Complete));
     assert_eq!(head.upgrade, None);
 
-    let raw = b"GET /chat HTTP/1.1\r\nConnection: upgrade\r\n\r\n";
+    let raw = b"GET /chat HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\n\r\n";
     let (_, head) = request(raw);
     assert!(head.connection.upgrade);
     assert_eq!(head.upgrade, None);
@@ -196,7 +196,7 @@ fn expect_continue() {
         ("HTTP/1.0", "Expect: 100-continue\r\n", false),
     ];
     for (version, fields, expected) in cases {
-        let raw = format!("POST / {version}\r\nContent-Length: 1\r\n{fields}\r\n");
+        let raw = format!("POST / {version}\r\nHost: h\r\nContent-Length: 1\r\n{fields}\r\n");
         let (result, head) = request(raw.as_bytes());
         assert_eq!(result, Ok(Parsed::Complete), "{raw:?}");
         assert_eq!(head.expect_continue, *expected, "{raw:?}");
@@ -214,7 +214,7 @@ fn te_trailers() {
         ("", false),
     ];
     for (fields, expected) in cases {
-        let raw = format!("GET / HTTP/1.1\r\n{fields}\r\n");
+        let raw = format!("GET / HTTP/1.1\r\nHost: h\r\n{fields}\r\n");
         let (result, head) = request(raw.as_bytes());
         assert_eq!(result, Ok(Parsed::Complete), "{raw:?}");
         assert_eq!(head.te_trailers, *expected, "{raw:?}");
@@ -296,25 +296,31 @@ fn request_framing() {
         ),
         ("HTTP/1.1", "Transfer-Encoding: chunked\r\n", Ok(Chunked)),
         ("HTTP/1.1", "Transfer-Encoding: Chunked\r\n", Ok(Chunked)),
+        // Only a single bare chunked is implemented; other well-formed codings are 501.
         (
             "HTTP/1.1",
             "Transfer-Encoding: gzip, chunked\r\n",
-            Ok(Chunked),
+            Err(UnknownTransferCoding),
         ),
         (
             "HTTP/1.1",
             "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
-            Ok(Chunked),
+            Err(UnknownTransferCoding),
         ),
         (
             "HTTP/1.1",
             "Transfer-Encoding: gzip\r\n",
-            Err(UnsupportedTransferEncoding),
+            Err(UnknownTransferCoding),
+        ),
+        (
+            "HTTP/1.1",
+            "Transfer-Encoding: identity\r\n",
+            Err(UnknownTransferCoding),
         ),
         (
             "HTTP/1.1",
             "Transfer-Encoding: chunked, gzip\r\n",
-            Err(UnsupportedTransferEncoding),
+            Err(UnknownTransferCoding),
         ),
         (
             "HTTP/1.1",
@@ -329,7 +335,7 @@ fn request_framing() {
         (
             "HTTP/1.1",
             "Transfer-Encoding: chunked;x=1\r\n",
-            Err(UnsupportedTransferEncoding),
+            Err(UnknownTransferCoding),
         ),
         (
             "HTTP/1.1",
@@ -339,7 +345,7 @@ fn request_framing() {
         (
             "HTTP/1.1",
             "Transfer-Encoding: x;p=\"a, chunked\"\r\n",
-            Err(UnsupportedTransferEncoding),
+            Err(UnknownTransferCoding),
         ),
         (
             "HTTP/1.1",
@@ -366,6 +372,24 @@ fn request_framing() {
             "Transfer-Encoding: chunked\r\n",
             Err(UnsupportedTransferEncoding),
         ),
+        (
+            "HTTP/1.0",
+            "Transfer-Encoding: gzip\r\n",
+            Err(UnsupportedTransferEncoding),
+        ),
+        // CL+TE is checked before the codings.
+        (
+            "HTTP/1.1",
+            "Transfer-Encoding: gzip\r\nContent-Length: 5\r\n",
+            Err(ConflictingFraming),
+        ),
+        // Read as HTTP/1.1.
+        ("HTTP/1.2", "Transfer-Encoding: chunked\r\n", Ok(Chunked)),
+        (
+            "HTTP/1.9",
+            "Transfer-Encoding: gzip\r\n",
+            Err(UnknownTransferCoding),
+        ),
         ("HTTP/1.0", "Content-Length: 3\r\n", Ok(Length(3))),
     ];
     for (version, fields, expected) in cases {
@@ -375,8 +399,8 @@ fn request_framing() {
 }
 
 fn request_with_headers(count: usize) -> Vec<u8> {
-    let mut raw = b"GET / HTTP/1.1\r\n".to_vec();
-    for index in 0..count {
+    let mut raw = b"GET / HTTP/1.1\r\nHost: h\r\n".to_vec();
+    for index in 1..count {
         raw.extend_from_slice(format!("X-Field-{index}: {index}\r\n").as_bytes());
     }
     raw.extend_from_slice(b"\r\n");
@@ -395,7 +419,7 @@ fn header_count_limit() {
 
 /// A request head of exactly `size` bytes, padded with one long header value.
 fn request_of_size(size: usize) -> Vec<u8> {
-    let prefix = b"GET / HTTP/1.1\r\nX-Padding: ";
+    let prefix = b"GET / HTTP/1.1\r\nHost: h\r\nX-Padding: ";
     let suffix = b"\r\n\r\n";
     let mut raw = prefix.to_vec();
     raw.resize(size - suffix.len(), b'p');
@@ -429,11 +453,12 @@ fn head_size_limit() {
 }
 
 const VALID_REQUESTS: &[&[u8]] = &[
-    b"GET / HTTP/1.1\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: h\r\n\r\n",
     b"GET /a/b?c=d HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n",
-    b"POST /p HTTP/1.1\r\nContent-Length: 12\r\nExpect: 100-continue\r\n\r\n",
-    b"PUT /x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\nTE: trailers\r\n\r\n",
-    b"\r\n\r\nOPTIONS * HTTP/1.1\r\nEmpty:\r\n\r\n",
+    b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 12\r\nExpect: 100-continue\r\n\r\n",
+    b"PUT /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTE: trailers\r\n\r\n",
+    b"GET http://h:8080?q HTTP/1.2\r\nHost: h\r\n\r\n",
+    b"\r\n\r\nOPTIONS * HTTP/1.1\r\nHost: h\r\nEmpty:\r\n\r\n",
     b"CONNECT host:443 HTTP/1.1\nHost: host:443\n\n",
 ];
 
@@ -456,7 +481,7 @@ fn every_prefix_is_partial() {
 
 #[test]
 fn leading_empty_lines_are_skipped() {
-    let raw = b"\r\n\n\r\nGET /x HTTP/1.1\r\n\r\n";
+    let raw = b"\r\n\n\r\nGET /x HTTP/1.1\r\nHost: h\r\n\r\n";
     let (result, head) = request(raw);
     assert_eq!(result, Ok(Parsed::Complete));
     assert_eq!(head.len, raw.len());
@@ -514,10 +539,163 @@ fn malformed_requests() {
 }
 
 #[test]
+fn later_http1_minors_are_read_as_http11() {
+    for minor in b'2'..=b'9' {
+        let mut raw = b"GET /a?b HTTP/1.x\r\nHost: h\r\nX: y\r\n\r\nNEXT".to_vec();
+        raw[16] = minor;
+        let (result, head) = request(&raw);
+        assert_eq!(result, Ok(Parsed::Complete), "{raw:?}");
+        assert_eq!(head.version, Version::Http11);
+        assert!(head.keep_alive());
+        assert_eq!(head.len, raw.len() - 4);
+        // The spans fit the caller's buffer, not only the copy that was parsed.
+        assert_eq!(head.target.of(&raw), b"/a?b");
+        assert_eq!(head.header(&raw, "x"), Some(&b"y"[..]));
+        assert_eq!(head.authority.map(|a| a.of(&raw)), Some(&b"h"[..]));
+        for end in 0..raw.len() - 4 {
+            assert_eq!(request(&raw[..end]).0, Ok(Parsed::Partial), "{end}");
+        }
+    }
+    // Read as 1.1, so Host is required.
+    assert_eq!(
+        request(b"GET / HTTP/1.2\r\n\r\n").0,
+        Err(HeadError::MissingHost)
+    );
+}
+
+/// (request head, expected result, expected authority)
+type HostCase = (
+    &'static str,
+    Result<Parsed, HeadError>,
+    Option<&'static str>,
+);
+
+#[test]
+fn host_rules() {
+    use HeadError::*;
+    let complete = Ok(Parsed::Complete);
+    let cases: &[HostCase] = &[
+        ("GET / HTTP/1.1\r\nHost: h\r\n\r\n", complete, Some("h")),
+        (
+            "GET / HTTP/1.1\r\nHOST: h:8080\r\n\r\n",
+            complete,
+            Some("h:8080"),
+        ),
+        ("GET / HTTP/1.1\r\nHost:\r\n\r\n", complete, Some("")),
+        ("GET / HTTP/1.1\r\n\r\n", Err(MissingHost), None),
+        (
+            "GET / HTTP/1.1\r\nX-Host: h\r\n\r\n",
+            Err(MissingHost),
+            None,
+        ),
+        ("GET / HTTP/1.0\r\n\r\n", complete, None),
+        ("GET / HTTP/1.0\r\nHost: h\r\n\r\n", complete, Some("h")),
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            Err(DuplicateHost),
+            None,
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n",
+            Err(DuplicateHost),
+            None,
+        ),
+        (
+            "GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n",
+            Err(DuplicateHost),
+            None,
+        ),
+        // One field with a list is left to routing, which matches no revision with it.
+        (
+            "GET / HTTP/1.1\r\nHost: a, b\r\n\r\n",
+            complete,
+            Some("a, b"),
+        ),
+        // CONNECT carries its authority in the target; Go does not ask it for Host.
+        ("CONNECT h:443 HTTP/1.1\r\n\r\n", complete, None),
+        (
+            "CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\n\r\n",
+            complete,
+            Some("h:443"),
+        ),
+        ("OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n", complete, Some("h")),
+        // Absolute form: the target's authority wins, and Host is still required.
+        (
+            "GET http://t.ns.svc/p HTTP/1.1\r\nHost: h\r\n\r\n",
+            complete,
+            Some("t.ns.svc"),
+        ),
+        (
+            "GET HTTPS://t:8443?q HTTP/1.1\r\nHost: h\r\n\r\n",
+            complete,
+            Some("t:8443"),
+        ),
+        (
+            "GET http://t HTTP/1.1\r\nHost: h\r\n\r\n",
+            complete,
+            Some("t"),
+        ),
+        ("GET http://t/ HTTP/1.1\r\n\r\n", Err(MissingHost), None),
+        ("GET http://t/ HTTP/1.0\r\n\r\n", complete, Some("t")),
+        (
+            "GET http:///p HTTP/1.1\r\nHost: h\r\n\r\n",
+            Err(Malformed("invalid request target")),
+            None,
+        ),
+        (
+            "GET http://u@t/ HTTP/1.1\r\nHost: h\r\n\r\n",
+            Err(Malformed("invalid request target")),
+            None,
+        ),
+    ];
+    for (raw, expected, authority) in cases {
+        let (result, head) = request(raw.as_bytes());
+        assert_eq!(result, *expected, "{raw:?}");
+        if result.is_ok() {
+            let found = head.authority.map(|span| span.of(raw.as_bytes()));
+            assert_eq!(found, authority.map(str::as_bytes), "{raw:?}");
+        }
+    }
+    assert_eq!(
+        HeadError::MissingHost.to_string(),
+        "missing required Host header"
+    );
+    assert_eq!(
+        HeadError::DuplicateHost.to_string(),
+        "too many Host headers"
+    );
+}
+
+#[test]
+fn an_h2c_upgrade_offer_is_ignored() {
+    let raw =
+        b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
+                HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n";
+    let (result, head) = request(raw);
+    assert_eq!(result, Ok(Parsed::Complete));
+    assert_eq!(head.upgrade, None);
+    assert!(head.h2c_offered);
+    assert!(head.keep_alive());
+    // Alongside another protocol, the upgrade stands; the proxy drops h2c from the list.
+    let raw =
+        b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: H2C, websocket\r\n\r\n";
+    let (result, head) = request(raw);
+    assert_eq!(result, Ok(Parsed::Complete));
+    assert_eq!(
+        head.upgrade.map(|u| u.of(raw)),
+        Some(&b"H2C, websocket"[..])
+    );
+    assert!(head.h2c_offered);
+    let raw = b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+    let (_, head) = request(raw);
+    assert!(!head.h2c_offered);
+    assert!(head.upgrade.is_some());
+}
+
+#[test]
 fn unsupported_versions() {
     let cases: &[&[u8]] = &[
         b"GET / HTTP/2.0\r\n\r\n",
-        b"GET / HTTP/1.2\r\n\r\n",
         b"GET / HTTP/0.9\r\n\r\n",
         b"GET / HTTP/3.0\r\nHost: h\r\n\r\n",
         b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
@@ -783,6 +961,9 @@ fn check_request_invariants(input: &[u8], head: &RequestHead) {
         |span: kactivator_h1::Span| span.end as usize <= head.len && span.start <= span.end;
     assert!(inside(head.method_span));
     assert!(inside(head.target));
+    if let Some(authority) = head.authority {
+        assert!(inside(authority));
+    }
     for header in &head.headers {
         assert!(inside(header.name));
         assert!(inside(header.value));
@@ -824,6 +1005,8 @@ struct GeneratedRequest {
     version: Version,
     body: BodyKind,
     keep_alive: bool,
+    /// What parsing the whole head gives: every framing rule and Host rule applied.
+    verdict: Result<Parsed, HeadError>,
 }
 
 fn generated_request() -> impl Strategy<Value = GeneratedRequest> {
@@ -839,7 +1022,15 @@ fn generated_request() -> impl Strategy<Value = GeneratedRequest> {
     let version = prop::sample::select(vec![
         ("HTTP/1.0", Version::Http10),
         ("HTTP/1.1", Version::Http11),
+        ("HTTP/1.1", Version::Http11),
+        // Later minors are read as 1.1.
+        ("HTTP/1.2", Version::Http11),
+        ("HTTP/1.9", Version::Http11),
     ]);
+    // Transfer codings; only a bare chunked is implemented.
+    let coding = prop::sample::select(vec!["", "", "chunked", "chunked", "gzip", "gzip, chunked"]);
+    // How many Host fields: most requests have one.
+    let hosts = prop::sample::select(vec![1usize, 1, 1, 0, 2]);
     let extra_header = ("x-[a-z0-9-]{1,12}", "([!-~]([ !-~]{0,20}[!-~])?)?");
     (
         method,
@@ -848,9 +1039,9 @@ fn generated_request() -> impl Strategy<Value = GeneratedRequest> {
         prop::collection::vec(extra_header, 0..10),
         0..3usize,
         prop::option::of(0u64..100_000),
-        any::<bool>(),
+        coding,
         prop::sample::select(vec!["", "close", "keep-alive", "Keep-Alive, Upgrade"]),
-        any::<bool>(),
+        (any::<bool>(), hosts),
         prop::collection::vec(any::<u8>(), 0..20),
     )
         .prop_map(
@@ -861,22 +1052,32 @@ fn generated_request() -> impl Strategy<Value = GeneratedRequest> {
                 extra,
                 leading_empty_lines,
                 content_length,
-                chunked,
+                coding,
                 connection,
-                bare_newlines,
+                (bare_newlines, hosts),
                 trailing,
             )| {
                 let newline = if bare_newlines { "\n" } else { "\r\n" };
                 let mut head = newline.repeat(leading_empty_lines);
                 head.push_str(&format!("{method_text} {target} {version_text}{newline}"));
-                head.push_str(&format!("Host: example.test{newline}"));
+                for _ in 0..hosts {
+                    head.push_str(&format!("Host: example.test{newline}"));
+                }
                 let mut fields: Vec<String> = extra
                     .into_iter()
                     .map(|(name, value)| format!("{name}: {value}{newline}"))
                     .collect();
-                let chunked = chunked && version == Version::Http11;
-                let body = if chunked {
-                    fields.push(format!("Transfer-Encoding: chunked{newline}"));
+                let coding = if version == Version::Http11 {
+                    coding
+                } else {
+                    ""
+                };
+                let mut verdict = Ok(Parsed::Complete);
+                let body = if !coding.is_empty() {
+                    fields.push(format!("Transfer-Encoding: {coding}{newline}"));
+                    if coding != "chunked" {
+                        verdict = Err(HeadError::UnknownTransferCoding);
+                    }
                     BodyKind::Chunked
                 } else if let Some(length) = content_length {
                     fields.push(format!("Content-Length: {length}{newline}"));
@@ -896,6 +1097,12 @@ fn generated_request() -> impl Strategy<Value = GeneratedRequest> {
                     (Version::Http11, _) => true,
                     (Version::Http10, other) => other.to_ascii_lowercase().contains("keep-alive"),
                 };
+                if verdict.is_ok() && hosts > 1 {
+                    verdict = Err(HeadError::DuplicateHost);
+                }
+                if verdict.is_ok() && hosts == 0 && version == Version::Http11 {
+                    verdict = Err(HeadError::MissingHost);
+                }
                 let head_len = head.len();
                 let mut bytes = head.into_bytes();
                 bytes.extend_from_slice(&trailing);
@@ -906,6 +1113,7 @@ fn generated_request() -> impl Strategy<Value = GeneratedRequest> {
                     version,
                     body,
                     keep_alive,
+                    verdict,
                 }
             },
         )
@@ -943,14 +1151,29 @@ proptest! {
     #[test]
     fn growing_prefixes_agree_with_the_whole(request in generated_request()) {
         let mut whole = RequestHead::default();
-        prop_assert_eq!(parse_request(&request.bytes, &mut whole), Ok(Parsed::Complete));
+        let verdict = parse_request(&request.bytes, &mut whole);
+        prop_assert_eq!(verdict, request.verdict);
+        if verdict.is_err() {
+            // Host and coding rules apply to a complete head only: no prefix is refused.
+            let mut head = RequestHead::default();
+            for end in 0..request.head_len {
+                prop_assert_eq!(parse_request(&request.bytes[..end], &mut head), Ok(Parsed::Partial), "prefix {}", end);
+            }
+            for end in request.head_len..=request.bytes.len() {
+                prop_assert_eq!(parse_request(&request.bytes[..end], &mut head), request.verdict);
+            }
+            return Ok(());
+        }
         check_request_invariants(&request.bytes, &whole);
         prop_assert_eq!(whole.len, request.head_len);
         prop_assert_eq!(whole.method, request.method);
         prop_assert_eq!(whole.version, request.version);
         prop_assert_eq!(whole.body, request.body);
         prop_assert_eq!(whole.keep_alive(), request.keep_alive);
-        prop_assert_eq!(whole.header(&request.bytes, "host"), Some(&b"example.test"[..]));
+        // An HTTP/1.0 request may come without Host; then there is no authority.
+        let host = whole.header(&request.bytes, "host");
+        prop_assert!(host.is_none() || host == Some(&b"example.test"[..]));
+        prop_assert_eq!(whole.authority.map(|span| span.of(&request.bytes)), host);
 
         // One head reused across every parse, as a connection would.
         let mut head = RequestHead::default();

@@ -57,9 +57,10 @@ impl RequestHeaders for H1Headers<'_> {
         self.head.header(self.buf, name)
     }
 
+    /// The codec has already found it: an absolute-form target's authority, else Host.
     #[inline]
     fn authority(&self) -> Option<&[u8]> {
-        self.head.header(self.buf, headers::HOST)
+        self.head.authority.map(|authority| authority.of(self.buf))
     }
 }
 
@@ -246,6 +247,9 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
     let arrival = Instant::now();
     let meta = RequestMeta::of(&conn.head);
     let head_len = conn.head.len;
+    if meta.method == Method::Connect {
+        return Box::pin(refuse_connect(shard, conn)).await;
+    }
     let buf = conn.inbuf.data();
     let request = H1Headers {
         head: &conn.head,
@@ -358,6 +362,30 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
     counters.load.depart(arrived_us + latency_us);
     counters.record(status, latency_us);
     next
+}
+
+/// CONNECT is refused before probes, registration and routing: an activator routes by
+/// revision and is not a forward proxy. The connection closes, since whatever the client sends
+/// next is meant for a tunnel.
+async fn refuse_connect(shard: &Shard, conn: &mut ClientConn) -> Next {
+    shard.stats().local_responses.increment();
+    conn.inbuf.consume(conn.head.len);
+    answer_locally(
+        conn,
+        &LocalResponse {
+            status: 405,
+            body: messages::CONNECT_REFUSED.as_bytes(),
+            extra_header: Some(("Allow", messages::CONNECT_REFUSED_ALLOW.as_bytes())),
+            error_style: true,
+        },
+        ClientSide {
+            version: conn.head.version,
+            keep_alive: false,
+            head_only: false,
+        },
+    )
+    .await;
+    Next::Close
 }
 
 /// Waits for a pod, then runs the exchange, and says how it ended.

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use kactivator_api::{headers, RevisionKey};
 use kactivator_h1::{
-    encode_last_chunk, parse_response, BodyDecoder, BodyKind, Parsed, ResponseHead, Version,
+    encode_last_chunk, parse_response, BodyDecoder, BodyError, BodyKind, Parsed, ResponseHead,
+    Version,
 };
 use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
@@ -57,7 +58,7 @@ enum SendError {
     /// The client closed or reset its connection.
     ClientGone,
     /// The client's body framing was invalid.
-    ClientBody,
+    ClientBody(BodyError),
     /// Writing to the pod failed; the response may still come.
     Upstream,
 }
@@ -105,6 +106,9 @@ pub(super) async fn exchange(
         ..
     } = &mut *conn;
     let phase = Cell::new(SendPhase::Body);
+    // Set once the client may hold bytes of the response other than complete 1xx heads: from
+    // then on a broken request body can no longer be answered, only cut short.
+    let response_started = Cell::new(false);
     let addr = upstream.addr;
     let pod_fd = upstream.fd();
     // The request side borrows the pod's write half only until everything is sent; it puts it
@@ -135,6 +139,7 @@ pub(super) async fn exchange(
                 addr,
                 expected,
                 shard,
+                &response_started,
             );
             let mut receive = pin!(receive);
             poll_fn(|cx| {
@@ -153,7 +158,7 @@ pub(super) async fn exchange(
                 }
                 if matches!(
                     sent,
-                    Some(Err(SendError::ClientGone | SendError::ClientBody))
+                    Some(Err(SendError::ClientGone | SendError::ClientBody(_)))
                 ) {
                     return Poll::Ready(None);
                 }
@@ -205,10 +210,22 @@ pub(super) async fn exchange(
     };
     let request_complete = phase.get() != SendPhase::Body;
     let Some(received) = received else {
-        shard.stats().client_aborts.increment();
         let error = match sent {
-            Some(Err(SendError::ClientBody)) => RequestError::InvalidBody,
-            _ => RequestError::ClientGone,
+            // The client has the start of the pod's response; a 400 cannot follow it.
+            Some(Err(SendError::ClientBody(_))) if response_started.get() => {
+                shard.stats().bad_requests.increment();
+                return Ended::Truncated {
+                    status: response_head.status,
+                };
+            }
+            Some(Err(SendError::ClientBody(error))) => {
+                shard.stats().bad_requests.increment();
+                RequestError::InvalidBody(error)
+            }
+            _ => {
+                shard.stats().client_aborts.increment();
+                RequestError::ClientGone
+            }
         };
         return Ended::Failed {
             error,
@@ -217,7 +234,7 @@ pub(super) async fn exchange(
     };
     let client_gone = matches!(
         sent,
-        Some(Err(SendError::ClientGone | SendError::ClientBody))
+        Some(Err(SendError::ClientGone | SendError::ClientBody(_)))
     );
 
     match received {
@@ -297,7 +314,7 @@ async fn send_request(
     loop {
         // Move the body bytes already buffered into `out`, behind the head.
         let progress = reframe(&mut decoder, inbuf, chunked, &mut trailers, out)
-            .map_err(|_| SendError::ClientBody)?;
+            .map_err(SendError::ClientBody)?;
         if !out.is_empty() {
             // The pod's time is what requests queue for: its bytes go out now, not when this
             // shard next submits to the ring (see `send_now`).
@@ -388,6 +405,7 @@ async fn receive_response(
     addr: SocketAddr,
     expected: &RevisionKey,
     shard: &Shard,
+    response_started: &Cell<bool>,
 ) -> Result<Received, ReceiveError> {
     // The head, relaying any 1xx on the way.
     loop {
@@ -403,9 +421,12 @@ async fn receive_response(
                         true,
                         out,
                     );
+                    // A 1xx cut off mid-write leaves the client with a partial head.
+                    response_started.set(true);
                     write_all(client, out)
                         .await
                         .map_err(|_| ReceiveError::Truncated)?;
+                    response_started.set(false);
                 }
                 upstream_inbuf.consume(head.len);
                 continue;
@@ -471,6 +492,7 @@ async fn receive_response(
             out,
         );
         upstream_inbuf.consume(head.len);
+        response_started.set(true);
         write_all(client, out)
             .await
             .map_err(|_| ReceiveError::Truncated)?;
@@ -523,6 +545,7 @@ async fn receive_response(
             });
         }
         if !out.is_empty() {
+            response_started.set(true);
             write_all(client, out)
                 .await
                 .map_err(|_| ReceiveError::Truncated)?;
@@ -541,6 +564,7 @@ async fn receive_response(
                 // Close-delimited body: the end is the pod's FIN.
                 if framing == ClientFraming::Chunked {
                     encode_last_chunk(None, out);
+                    response_started.set(true);
                     write_all(client, out)
                         .await
                         .map_err(|_| ReceiveError::Truncated)?;

@@ -57,7 +57,7 @@ pub fn write_request_head(
 ) -> usize {
     out.extend_from_slice(head.method_span.of(buf));
     out.push(b' ');
-    out.extend_from_slice(origin_form(head.target.of(buf)));
+    push_origin_form(out, head.target.of(buf));
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let host_at = out.len();
 
@@ -94,11 +94,17 @@ pub fn write_request_head(
         if name.eq_ignore_ascii_case(headers::ORIGINAL_HOST.as_bytes()) {
             has_original_host = true;
         }
+        // Connection-specific to an h2c upgrade that is ignored (see `RequestHead::upgrade`).
+        if head.h2c_offered && name.eq_ignore_ascii_case(b"http2-settings") {
+            continue;
+        }
         put_header(out, name, value);
     }
     if !has_original_host {
+        // The codec's authority: an absolute-form target's, else Host.
         if let Some(host) = head
-            .header(buf, headers::HOST)
+            .authority
+            .map(|authority| authority.of(buf))
             .filter(|host| !host.is_empty())
         {
             put_header(out, headers::ORIGINAL_HOST.as_bytes(), host);
@@ -128,11 +134,32 @@ pub fn write_request_head(
     }
     if let Some(upgrade) = head.upgrade {
         out.extend_from_slice(b"Connection: Upgrade\r\nUpgrade: ");
-        out.extend_from_slice(upgrade.of(buf));
+        if head.h2c_offered {
+            push_without_h2c(out, upgrade.of(buf));
+        } else {
+            out.extend_from_slice(upgrade.of(buf));
+        }
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
     host_at
+}
+
+/// The offered protocols but h2c, which the activator ignores (RFC 9113 §3.1), comma-separated.
+#[cold]
+fn push_without_h2c(out: &mut Vec<u8>, offered: &[u8]) {
+    let mut first = true;
+    for protocol in offered.split(|&byte| byte == b',') {
+        let protocol = protocol.trim_ascii();
+        if protocol.is_empty() || protocol.eq_ignore_ascii_case(b"h2c") {
+            continue;
+        }
+        if !first {
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(protocol);
+        first = false;
+    }
 }
 
 /// Inserts the pod's `Host: <ip:port>\r\n` line (see [`host_line`]) at the offset
@@ -306,6 +333,7 @@ pub fn reason_phrase(status: u16) -> &'static str {
         413 => "Payload Too Large",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
+        501 => "Not Implemented",
         502 => "Bad Gateway",
         503 => "Service Unavailable",
         504 => "Gateway Timeout",
@@ -364,18 +392,29 @@ fn collect_tokens<'b>(values: impl Iterator<Item = &'b [u8]>) -> NamedTokens<'b>
     tokens
 }
 
-/// Turns an absolute-form target (`http://host/path?q`) into origin form (`/path?q`).
-fn origin_form(target: &[u8]) -> &[u8] {
+/// Appends a target in origin form: an absolute-form target (`http://host/path?q`) loses its
+/// scheme and authority (`/path?q`), and an empty path becomes `/` (`http://host?q` → `/?q`);
+/// other forms are appended as they are.
+fn push_origin_form(out: &mut Vec<u8>, target: &[u8]) {
+    if target.first() == Some(&b'/') {
+        out.extend_from_slice(target);
+        return;
+    }
     let rest = if target.len() > 7 && target[..7].eq_ignore_ascii_case(b"http://") {
         &target[7..]
     } else if target.len() > 8 && target[..8].eq_ignore_ascii_case(b"https://") {
         &target[8..]
     } else {
-        return target;
+        out.extend_from_slice(target);
+        return;
     };
     match rest.iter().position(|&b| b == b'/' || b == b'?') {
-        Some(at) if rest[at] == b'/' => &rest[at..],
-        _ => b"/",
+        Some(at) if rest[at] == b'/' => out.extend_from_slice(&rest[at..]),
+        Some(at) => {
+            out.push(b'/');
+            out.extend_from_slice(&rest[at..]);
+        }
+        None => out.push(b'/'),
     }
 }
 
@@ -482,6 +521,35 @@ mod tests {
             outbound("GET http://example.com HTTP/1.1\r\nHost: example.com\r\n\r\n")
                 .starts_with("GET / HTTP/1.1\r\n")
         );
+        // The query is kept, and the authority is the original host.
+        let out =
+            outbound("GET http://hello.ns.svc.cluster.local?x=1 HTTP/1.1\r\nHost: e.com\r\n\r\n");
+        assert!(out.starts_with("GET /?x=1 HTTP/1.1\r\n"), "{out}");
+        assert!(
+            out.contains("K-Original-Host: hello.ns.svc.cluster.local\r\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn an_h2c_upgrade_offer_is_not_forwarded() {
+        let out = outbound(
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
+             HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n",
+        );
+        let lower = out.to_ascii_lowercase();
+        for gone in ["upgrade", "http2-settings", "connection"] {
+            assert!(!lower.contains(gone), "{out}");
+        }
+        let out = outbound(
+            "GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c, websocket\r\n\
+             HTTP2-Settings: x\r\n\r\n",
+        );
+        assert!(
+            out.ends_with("Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n"),
+            "{out}"
+        );
+        assert!(!out.contains("HTTP2-Settings"), "{out}");
     }
 
     #[test]

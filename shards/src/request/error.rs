@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use kactivator_api::messages;
+use kactivator_h1::BodyError;
 
 use crate::upstream::error::UpstreamError;
 
@@ -39,8 +40,9 @@ impl Fault {
 pub enum RequestError {
     /// The client closed or reset its connection (or stream).
     ClientGone,
-    /// The client's body framing was invalid.
-    InvalidBody,
+    /// The client's body framing was invalid. Answered with a 400 naming the fault while
+    /// nothing of the pod's response has reached the client.
+    InvalidBody(BodyError),
     /// The revision's queue, or the process-wide cap on waiting requests, is full.
     QueueFull,
     /// A request timer fired before anything was written to the client.
@@ -55,7 +57,7 @@ pub enum RequestError {
 impl RequestError {
     pub fn fault(&self) -> Fault {
         match self {
-            RequestError::ClientGone | RequestError::InvalidBody => Fault::Client,
+            RequestError::ClientGone | RequestError::InvalidBody(_) => Fault::Client,
             RequestError::QueueFull | RequestError::TimedOut | RequestError::RevisionGone => {
                 Fault::Activator
             }
@@ -67,17 +69,16 @@ impl RequestError {
     pub fn status(&self) -> u16 {
         match self {
             RequestError::ClientGone => CLIENT_CLOSED,
-            RequestError::InvalidBody => 400,
+            RequestError::InvalidBody(_) => 400,
             RequestError::QueueFull | RequestError::RevisionGone => 503,
             RequestError::TimedOut => 504,
             RequestError::Upstream(_) => 502,
         }
     }
 
-    /// Whether the client is sent an answer at all (not when it is gone or its framing is
-    /// broken: the connection closes).
+    /// Whether the client is sent an answer at all (not when it is gone).
     pub fn is_answered(&self) -> bool {
-        !matches!(self, RequestError::ClientGone | RequestError::InvalidBody)
+        !matches!(self, RequestError::ClientGone)
     }
 
     /// The body of the activator's answer: upstream's text for its own errors, the cause for a
@@ -87,7 +88,11 @@ impl RequestError {
             RequestError::QueueFull => Cow::Borrowed(messages::QUEUE_FULL.as_bytes()),
             RequestError::TimedOut => Cow::Borrowed(messages::TIMEOUT.as_bytes()),
             RequestError::RevisionGone => Cow::Borrowed(messages::REVISION_GONE.as_bytes()),
-            RequestError::ClientGone | RequestError::InvalidBody => Cow::Borrowed(b""),
+            RequestError::ClientGone => Cow::Borrowed(b""),
+            // As the answer to a broken head: status, reason, what is wrong.
+            RequestError::InvalidBody(error) => {
+                Cow::Owned(format!("400 Bad Request: {error}\n").into_bytes())
+            }
             RequestError::Upstream(error) => Cow::Owned(format!("{error}\n").into_bytes()),
         }
     }
@@ -103,7 +108,9 @@ impl fmt::Display for RequestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RequestError::ClientGone => f.write_str("the client went away"),
-            RequestError::InvalidBody => f.write_str("the client's body framing is invalid"),
+            RequestError::InvalidBody(error) => {
+                write!(f, "the client's body framing is invalid: {error}")
+            }
             RequestError::QueueFull => f.write_str("pending request queue full"),
             RequestError::TimedOut => f.write_str("activator request timeout"),
             RequestError::RevisionGone => f.write_str("revision is no longer served"),
@@ -132,7 +139,13 @@ mod tests {
         };
         let rows: Vec<(RequestError, Fault, u16, bool, &[u8])> = vec![
             (RequestError::ClientGone, Fault::Client, 499, false, b""),
-            (RequestError::InvalidBody, Fault::Client, 400, false, b""),
+            (
+                RequestError::InvalidBody(BodyError::InvalidChunkSize),
+                Fault::Client,
+                400,
+                true,
+                b"400 Bad Request: invalid chunk size\n",
+            ),
             (
                 RequestError::QueueFull,
                 Fault::Activator,

@@ -67,8 +67,7 @@ pub enum Concluded {
 /// * a relayed response keeps the connection only if the response allows it, the whole request
 ///   reached the pod, the client is still there and the tail was written;
 /// * an upgrade or a truncated response closes the connection (the client has what it has);
-/// * a failure the client caused (it left, or its framing broke) is recorded and closes, with
-///   nothing written;
+/// * a client that left is recorded and its connection closed, with nothing written;
 /// * any other failure is answered by the activator; the connection stays only if the client
 ///   wants it, no body remains unread in it, and it was not an upgrade request.
 pub fn conclude(request: RequestShape, ended: Ended) -> Concluded {
@@ -231,8 +230,11 @@ mod tests {
             (
                 "client body invalid",
                 POST,
-                failed(InvalidBody, false),
-                (400, false, false),
+                failed(
+                    InvalidBody(kactivator_h1::BodyError::InvalidChunkSize),
+                    false,
+                ),
+                (400, true, false),
             ),
             (
                 "queue full, bodiless",

@@ -32,6 +32,9 @@ pub fn parse_request(data: &[u8]) {
     if let Some(upgrade) = head.upgrade {
         assert!(inside(upgrade) && head.connection.upgrade);
     }
+    if let Some(authority) = head.authority {
+        assert!(inside(authority));
+    }
 
     // The verdict depends only on the head's own bytes, and any shorter prefix is Partial.
     let mut again = RequestHead::default();
