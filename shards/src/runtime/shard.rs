@@ -118,7 +118,7 @@ pub struct ShardSettings {
 }
 
 /// Default of `proxy.max_connections_per_shard`: 16 384 client connections per shard, about
-/// 50 MiB of idle connections (BENCHMARKS.md, "Connections").
+/// 75 MiB of idle keep-alive connections (BENCHMARKS.md, "Memory per open connection").
 pub const DEFAULT_MAX_CONNECTIONS_PER_SHARD: usize = 16_384;
 
 /// Default of `proxy.max_pending_heads_per_shard`: 1 024 unfinished request heads per shard
