@@ -11,7 +11,7 @@
 //! | `settled`    | everything else                                              | every `settled_interval`                      | inside  |
 //!
 //! Settled probes are bounded by `budget_per_second`, released in batches on a [`BATCH`] grid
-//! (each batch at most its share of the budget, so ten batches make one second's budget). When
+//! (each batch at most its share of the budget, so a second's batches make its budget). When
 //! more settled pods are due than the budget allows, the oldest due go first and each pod's
 //! turn comes later: with 50 000 pods and a budget of 200 a second, every ~250 s. A settled pod
 //! is also watched by its queue-proxy's `not-ready` push, by the kubelet and, passively, by
@@ -32,11 +32,12 @@ pub use crate::state::{ProbePod, ProbeUpdate};
 /// Passes in a row after which a suspect pod is settled again.
 pub const SETTLE_PASSES: u32 = 3;
 
-/// The grid settled probes are released on.
-pub const BATCH: Duration = Duration::from_millis(100);
+/// The grid settled probes are released on: small batches often, so that one batch holds the
+/// control thread (and a registration arriving meanwhile) only briefly.
+pub const BATCH: Duration = Duration::from_millis(20);
 
-/// Batches per second ([`BATCH`] is a tenth of a second).
-const BATCHES_PER_SECOND: u64 = 10;
+/// Batches per second ([`BATCH`] is a fiftieth of a second).
+const BATCHES_PER_SECOND: u64 = 50;
 
 /// The schedule's settings (from `[health]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -395,8 +396,8 @@ impl ProbeSchedule {
         }
     }
 
-    /// Settled probes the batch of `slot` may send: the budget spread over the second's ten
-    /// batches so that any ten in a row send exactly the budget.
+    /// Settled probes the batch of `slot` may send: the budget spread over the second's
+    /// batches so that any second's worth in a row send exactly the budget.
     fn allowance(&self, slot: u64) -> usize {
         let budget = u64::from(self.settings.budget_per_second);
         let within = slot % BATCHES_PER_SECOND;
@@ -534,7 +535,11 @@ mod tests {
         for (at, job) in &next {
             assert_eq!(job.class, ProbeClass::Settled);
             assert!(*at >= ms(30_000) && *at <= ms(31_100), "{at:?}");
-            assert_eq!(at.epoch_offset().as_millis() % 100, 0, "{at:?} on the grid");
+            assert_eq!(
+                at.epoch_offset().as_nanos() % BATCH.as_nanos(),
+                0,
+                "{at:?} on the grid"
+            );
         }
     }
 
@@ -559,7 +564,7 @@ mod tests {
                 (1_020, ProbeClass::Suspect),
                 (2_020, ProbeClass::Suspect),
                 (3_020, ProbeClass::Suspect),
-                (33_100, ProbeClass::Settled),
+                (33_020, ProbeClass::Settled),
             ]
         );
     }
@@ -595,7 +600,7 @@ mod tests {
         }
         let last = *per_slot.keys().last().unwrap();
         for start in 0..=last {
-            let in_second: usize = (start..start + 10)
+            let in_second: usize = (start..start + BATCHES_PER_SECOND)
                 .map(|slot| per_slot.get(&slot).copied().unwrap_or(0))
                 .sum();
             assert!(
@@ -620,7 +625,7 @@ mod tests {
     }
 
     #[test]
-    fn settled_probes_go_out_in_batches_of_a_tenth_of_the_budget() {
+    fn settled_probes_go_out_in_batches_sharing_the_budget() {
         let mut schedule = ProbeSchedule::new(settings());
         let pods: Vec<ProbePod> = (0..1_000).map(|index| pod(index, false)).collect();
         schedule.update(set(pods), ms(0));
@@ -630,8 +635,10 @@ mod tests {
         for (at, _) in &sent {
             *batches.entry(*at).or_default() += 1;
         }
-        let expected: BTreeMap<Timestamp, usize> =
-            (0..10).map(|k| (ms(31_000 + 100 * k), 20)).collect();
+        let step = BATCH.as_millis() as u64;
+        let expected: BTreeMap<Timestamp, usize> = (0..BATCHES_PER_SECOND)
+            .map(|k| (ms(31_000 + step * k), 200 / BATCHES_PER_SECOND as usize))
+            .collect();
         assert_eq!(batches, expected);
     }
 
@@ -643,16 +650,16 @@ mod tests {
         simulate(&mut schedule, ms(0), ms(1_000), |_| true);
         // 1 000 settled pods overdue: this slot's batch takes the budget.
         let batch = schedule.due(ms(40_000), usize::MAX);
-        assert_eq!(batch.len(), 20);
+        assert_eq!(batch.len(), 200 / BATCHES_PER_SECOND as usize);
         for job in batch {
             assert!(schedule.complete(job.ticket, true, ms(40_010)));
         }
-        assert!(schedule.due(ms(40_050), usize::MAX).is_empty());
+        assert!(schedule.due(ms(40_015), usize::MAX).is_empty());
         // A pod enters probation mid-slot: probed at once all the same.
         let mut with_recovering = pods;
         with_recovering[7].recovering = true;
-        schedule.update(set(with_recovering), ms(40_060));
-        let jobs = schedule.due(ms(40_060), usize::MAX);
+        schedule.update(set(with_recovering), ms(40_016));
+        let jobs = schedule.due(ms(40_016), usize::MAX);
         assert_eq!(jobs.len(), 1);
         assert!(jobs[0].recovering);
         assert_eq!(jobs[0].addr, pod(7, true).addr);
