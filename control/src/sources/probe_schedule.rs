@@ -34,10 +34,10 @@ pub const SETTLE_PASSES: u32 = 3;
 
 /// The grid settled probes are released on: small batches often, so that one batch holds the
 /// control thread (and a registration arriving meanwhile) only briefly.
-pub const BATCH: Duration = Duration::from_millis(20);
+pub const BATCH: Duration = Duration::from_millis(50);
 
-/// Batches per second ([`BATCH`] is a fiftieth of a second).
-const BATCHES_PER_SECOND: u64 = 50;
+/// Batches per second ([`BATCH`] is a twentieth of a second).
+const BATCHES_PER_SECOND: u64 = 20;
 
 /// The schedule's settings (from `[health]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -564,7 +564,13 @@ mod tests {
                 (1_020, ProbeClass::Suspect),
                 (2_020, ProbeClass::Suspect),
                 (3_020, ProbeClass::Suspect),
-                (33_020, ProbeClass::Settled),
+                // Settled 30 s after the third pass, on the batch grid.
+                (
+                    slot_start(slot_of_ceil(ms(33_020)))
+                        .epoch_offset()
+                        .as_millis() as u64,
+                    ProbeClass::Settled
+                ),
             ]
         );
     }
