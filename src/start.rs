@@ -256,6 +256,12 @@ pub fn run_with(
     if kubernetes {
         check_kubernetes_config(&config)?;
     }
+    // Every pod connection and kept probe connection is a file; the soft limit (often 1024)
+    // is far below what the hard limit allows.
+    match kactivator_shards::runtime::limits::raise_open_files() {
+        Ok(open_files) => tracing::debug!(open_files, "open-file limit"),
+        Err(error) => tracing::warn!("cannot raise the open-file limit: {error}"),
+    }
     let budget = CpuBudget::detect();
     let placement = budget.place(cli.shards);
     tracing::info!(

@@ -81,7 +81,7 @@ impl Cluster {
         };
         let settings = format!(
             "[kubernetes]\nendpoints = \"{endpoints}\"\nprobe_interval_ms = 50\n\n\
-             [health]\nprobe_interval_ms = 100\n\n{extra}"
+             [health]\nprobe_interval_ms = 100\nsettled_probe_interval_ms = 100\n\n{extra}"
         );
         let kubeconfig = self.kubeconfig.display().to_string();
         let prepared = match pod_ip {

@@ -8,6 +8,8 @@
 #   bash benches/scenarios/run.sh routable-first-forward    # QP `ready` → first queued request at the pod, 1000 reps
 #   bash benches/scenarios/run.sh cold-poke                 # cold revision's first request → autoscaler poke, 1000 revisions
 #   bash benches/scenarios/run.sh kube-scale                # real kube-apiserver, 10 000 revisions × 10 pods: sync, RSS, event → applied
+#   bash benches/scenarios/run.sh pod-scale                 # 1 000 and 5 000 revisions × 10 pods: idle CPU, RSS, reg → fwd; ~8 min
+#   bash benches/scenarios/run.sh pod-scale --revisions 100 --idle 5 --settle 5 --repetitions 20   # a quick check
 #   bash benches/scenarios/run.sh all                       # every implemented scenario
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/scenarios/run.sh ...   # that binary, no build
 #
@@ -21,14 +23,14 @@ set -euo pipefail
 {
 
 usage() {
-  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 (($#)) || { usage >&2; exit 2; }
 scenario=$1
 shift
 case $scenario in
-  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | all) ;;
+  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | pod-scale | all) ;;
   -h | --help) usage; exit 0 ;;
   *) echo "run.sh: unknown scenario '$scenario'" >&2; usage >&2; exit 2 ;;
 esac
@@ -169,6 +171,7 @@ if [[ $scenario == all ]]; then
   run_one routable-first-forward || overall=1
   run_one cold-poke || overall=1
   run_one kube-scale || overall=1
+  run_one pod-scale || overall=1
 else
   run_one "$scenario" "$@" || overall=$?
 fi

@@ -233,17 +233,30 @@ pub const DEFAULT_PROBE_INTERVAL_MS: u64 = 1000;
 /// Default of `health.probe_timeout_ms`: 2000 ms. Ours: the fork's HTTP check allowed 5 s
 /// (`podReadyCheckTimeout`), its TCP check before that 2 s.
 pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 2000;
+/// Default of `health.settled_probe_interval_ms`: 30 000 ms. Ours: upstream does not actively
+/// probe ready pods at all; a settled pod is also watched by its queue-proxy's push, the kubelet
+/// and every request it serves.
+pub const DEFAULT_SETTLED_PROBE_INTERVAL_MS: u64 = 30_000;
+/// Default of `health.probe_budget_per_second`: 200 probes of settled pods a second, so that idle
+/// probing costs well under 1 % of a core however many pods there are.
+pub const DEFAULT_PROBE_BUDGET_PER_SECOND: u32 = 200;
 
-/// The active health check behind quarantine.
+/// The active health check behind quarantine (the schedule: `sources::probe_schedule`).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthSettings {
-    /// Time between probes of each routable pod, in milliseconds. Default:
+    /// Time between probes of a pod on probation or suspect (back from quarantine, or failed a
+    /// probe), and within which a new pod gets its first probe, in milliseconds. Default:
     /// [`DEFAULT_PROBE_INTERVAL_MS`] (1000 ms).
     pub probe_interval_ms: u64,
     /// A probe slower than this fails, in milliseconds. Default: [`DEFAULT_PROBE_TIMEOUT_MS`]
     /// (2000 ms).
     pub probe_timeout_ms: u64,
+    /// Time between probes of a settled pod (passed its probes), in milliseconds, as far as
+    /// the budget allows. Default: [`DEFAULT_SETTLED_PROBE_INTERVAL_MS`] (30 000 ms).
+    pub settled_probe_interval_ms: u64,
+    /// Most probes of settled pods a second. Default: [`DEFAULT_PROBE_BUDGET_PER_SECOND`] (200).
+    pub probe_budget_per_second: u32,
 }
 
 impl Default for HealthSettings {
@@ -251,6 +264,8 @@ impl Default for HealthSettings {
         HealthSettings {
             probe_interval_ms: DEFAULT_PROBE_INTERVAL_MS,
             probe_timeout_ms: DEFAULT_PROBE_TIMEOUT_MS,
+            settled_probe_interval_ms: DEFAULT_SETTLED_PROBE_INTERVAL_MS,
+            probe_budget_per_second: DEFAULT_PROBE_BUDGET_PER_SECOND,
         }
     }
 }
@@ -621,6 +636,16 @@ impl Config {
             ),
             ("health", "probe_interval_ms", self.health.probe_interval_ms),
             ("health", "probe_timeout_ms", self.health.probe_timeout_ms),
+            (
+                "health",
+                "settled_probe_interval_ms",
+                self.health.settled_probe_interval_ms,
+            ),
+            (
+                "health",
+                "probe_budget_per_second",
+                u64::from(self.health.probe_budget_per_second),
+            ),
             (
                 "kubernetes",
                 "probe_interval_ms",
@@ -1037,6 +1062,14 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
 
         assert_eq!(config.health.probe_interval_ms, DEFAULT_PROBE_INTERVAL_MS);
         assert_eq!(config.health.probe_timeout_ms, DEFAULT_PROBE_TIMEOUT_MS);
+        assert_eq!(
+            config.health.settled_probe_interval_ms,
+            DEFAULT_SETTLED_PROBE_INTERVAL_MS
+        );
+        assert_eq!(
+            config.health.probe_budget_per_second,
+            DEFAULT_PROBE_BUDGET_PER_SECOND
+        );
 
         // A revision that sets only what it must, parsed and built in code.
         let parsed = Config::parse("[[revisions]]\nnamespace = \"a\"\nname = \"b\"\n").unwrap();

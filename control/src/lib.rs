@@ -43,7 +43,7 @@ use crate::shell::{PodMetrics, Shell};
 use crate::sources::file::{self, FileWatch};
 use crate::sources::kubernetes::watch::KubeSource;
 use crate::sources::ControlMetrics;
-use crate::state::{Limits, PodStates, ProbeTarget};
+use crate::state::{Limits, PodStates, ProbeUpdate};
 use crate::worker::{WorkerError, WorkerHandle, WorkerMetrics};
 
 /// The control thread's state.
@@ -53,7 +53,7 @@ pub struct ControlPlane {
     gates: Gates,
     worker: WorkerHandle,
     worker_task: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
-    probe_targets: tokio::sync::watch::Receiver<Vec<ProbeTarget>>,
+    probe_updates: tokio::sync::mpsc::UnboundedReceiver<ProbeUpdate>,
     from_shards: FromShards,
     publisher: Publisher,
     admin: Arc<AdminState>,
@@ -116,7 +116,7 @@ impl ControlPlane {
             },
         };
         let states = PodStates::new(shards, gates, limits, process_queue.clone());
-        let (shell, probe_targets) =
+        let (shell, probe_updates) =
             Shell::new(states, publisher.clone(), PodMetrics::new(&registry));
         let (worker, worker_task) = worker::spawn(
             shell,
@@ -141,7 +141,7 @@ impl ControlPlane {
             gates,
             worker,
             worker_task: Some(Box::pin(worker_task)),
-            probe_targets,
+            probe_updates,
             from_shards,
             publisher,
             admin,
@@ -214,7 +214,7 @@ impl ControlPlane {
             &self.worker,
             &self.metrics,
             watch,
-            self.probe_targets,
+            self.probe_updates,
             sources::RegistrationInputs {
                 registrations,
                 evidence,

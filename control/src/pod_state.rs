@@ -86,9 +86,11 @@
 //! | any                      | any health event or expiry      | not Q                                               | Unchanged         |                       | `health_events_are_ignored_when_quarantine_is_off`              |
 //! | any                      | IP reused by another revision   | any in-flight count                                 | **Remove**        | `ip-reused`           | `ip_reuse_removes_the_pod_in_every_state_and_mode`              |
 //!
-//! Routable ([`PodState::is_routable`]): Ready always; Recovering only with Q (with Q off it is
-//! a leftover of an earlier setting and treated like NotReady); NotReady and Quarantined never.
-//! Tests: `routable_states_follow_the_quarantine_gate`,
+//! Routable ([`PodState::is_routable`]): Ready only, whatever the gates. ★ Recovering is not
+//! routable: the pod was failing, so the prober checks it at once and only a passing probe
+//! (`HealthCheckPassed`) makes it Ready; no user request is the first to touch it (the fork
+//! routed Recovering on probation). NotReady and Quarantined never.
+//! Tests: `only_ready_is_routable_whatever_the_gates`,
 //! `only_ready_pods_of_a_mixed_set_are_routable`.
 //!
 //! Quarantine backoff by consecutive quarantine count: 1 → 1 s, 2 → 1 s, 3 → 2 s, 4 → 3 s,
@@ -193,7 +195,7 @@ impl Add<Duration> for Timestamp {
 pub struct Gates {
     /// `queueproxy.pod-authority`: queue-proxy pushes change pod state. Default on.
     pub pod_authority: bool,
-    /// `activator.pod-quarantine`: health failures quarantine pods, and Recovering is routable.
+    /// `activator.pod-quarantine`: health failures quarantine pods, and the prober checks them.
     /// Default on.
     pub pod_quarantine: bool,
 }
@@ -268,7 +270,7 @@ pub enum PodState {
     NotReady,
     /// Failed a health check; not routable until its backoff expires.
     Quarantined,
-    /// Quarantine expired; routable on probation until a success makes it Ready.
+    /// Quarantine expired; on probation, not routable, until a passing probe makes it Ready.
     Recovering,
 }
 
@@ -281,14 +283,13 @@ impl PodState {
         PodState::Recovering,
     ];
 
-    /// Whether requests may be sent to a pod in this state. Recovering is routable only while
-    /// the quarantine gate is on: with it off, nothing can ever confirm the pod, so it must not
-    /// take traffic on probation.
-    pub fn is_routable(self, gates: Gates) -> bool {
+    /// Whether requests may be sent to a pod in this state: Ready only, whatever the gates. ★ A
+    /// Recovering pod was failing; it is probed at once and routes again only once a probe
+    /// passed, so no user request is the first to touch it (the fork routed it on probation).
+    pub fn is_routable(self) -> bool {
         match self {
             PodState::Ready => true,
-            PodState::Recovering => gates.pod_quarantine,
-            PodState::NotReady | PodState::Quarantined => false,
+            PodState::Recovering | PodState::NotReady | PodState::Quarantined => false,
         }
     }
 
@@ -538,8 +539,8 @@ impl Pod {
     }
 
     /// Whether requests may be sent to this pod now.
-    pub fn is_routable(&self, gates: Gates) -> bool {
-        self.state.is_routable(gates)
+    pub fn is_routable(&self) -> bool {
+        self.state.is_routable()
     }
 
     /// Whether the stale sweep may delete this pod: NotReady for more than
@@ -873,7 +874,7 @@ mod tests {
             assert_eq!(pod.state(), PodState::Ready);
             assert_eq!(pod.reason(), Reason::InformerAdded);
             assert_eq!(pod.last_queue_proxy_event(), None);
-            assert!(pod.is_routable(gates));
+            assert!(pod.is_routable());
         }
     }
 
@@ -970,7 +971,7 @@ mod tests {
                     Reason::QueueProxyNotReady
                 )
             );
-            assert!(!pod.is_routable(gates));
+            assert!(!pod.is_routable());
         }
     }
 
@@ -1040,7 +1041,7 @@ mod tests {
                 ),
                 transition(state, PodState::NotReady, Reason::QueueProxyDraining)
             );
-            assert!(!pod.is_routable(Gates::HYBRID));
+            assert!(!pod.is_routable());
         }
     }
 
@@ -1088,7 +1089,7 @@ mod tests {
             pod.apply(Event::QuarantineExpired, Gates::HYBRID, windows(), at(20)),
             Outcome::Unchanged
         );
-        assert!(!pod.is_routable(Gates::HYBRID));
+        assert!(!pod.is_routable());
     }
 
     /// ★ The fork reached `logger.Fatalw` here and crashed the activator.
@@ -1382,7 +1383,7 @@ mod tests {
                 pod.apply(omitted(5), gates, windows(), at(1)),
                 transition(PodState::Ready, PodState::NotReady, Reason::InformerRemoved)
             );
-            assert!(!pod.is_routable(gates));
+            assert!(!pod.is_routable());
             assert_eq!(
                 pod.apply(omitted(2), gates, windows(), at(2)),
                 Outcome::Unchanged
@@ -1457,7 +1458,7 @@ mod tests {
             busy.apply(Event::QuarantineExpired, Gates::HYBRID, windows(), at(20)),
             Outcome::Unchanged
         );
-        assert!(!busy.is_routable(Gates::HYBRID));
+        assert!(!busy.is_routable());
     }
 
     // === Health and quarantine ===
@@ -1483,7 +1484,7 @@ mod tests {
             );
             assert_eq!(pod.quarantine_count(), 1);
             assert_eq!(pod.quarantine_until(), Some(at(101)));
-            assert!(!pod.is_routable(gates));
+            assert!(!pod.is_routable());
         }
     }
 
@@ -1532,7 +1533,7 @@ mod tests {
         assert_eq!(quarantined.quarantine_until(), Some(at(11)));
     }
 
-    /// Acceptance case 22: an end in the past → Recovering (routable); in the future → stays
+    /// Acceptance case 22: an end in the past → Recovering (on probation); in the future → stays
     /// Quarantined and excluded.
     #[test]
     fn quarantine_expiry_moves_to_recovering_only_when_due() {
@@ -1546,7 +1547,7 @@ mod tests {
             ),
             Outcome::Unchanged
         );
-        assert!(!pod.is_routable(Gates::HYBRID));
+        assert!(!pod.is_routable());
         assert_eq!(
             pod.apply(Event::QuarantineExpired, Gates::HYBRID, windows(), at(11)),
             transition(
@@ -1555,7 +1556,10 @@ mod tests {
                 Reason::QuarantineExpired
             )
         );
-        assert!(pod.is_routable(Gates::HYBRID));
+        assert!(
+            !pod.is_routable(),
+            "on probation, not routable until a probe passes"
+        );
         assert_eq!(pod.quarantine_until(), None);
         // A late duplicate of the timer does nothing.
         assert_eq!(
@@ -1613,7 +1617,7 @@ mod tests {
                     assert_eq!(pod, before, "{state} {event:?}");
                 }
                 assert_eq!(
-                    pod_in(state, at(10)).is_routable(gates),
+                    pod_in(state, at(10)).is_routable(),
                     state == PodState::Ready
                 );
             }
@@ -1645,21 +1649,14 @@ mod tests {
     /// Acceptance case 23: {Ready, Recovering, Quarantined (not expired), NotReady} → exactly
     /// {Ready, Recovering}; with quarantine off → {Ready}.
     #[test]
-    fn routable_states_follow_the_quarantine_gate() {
+    fn only_ready_is_routable_whatever_the_gates() {
         let pods: Vec<Pod> = ALL_STATES.iter().map(|&s| pod_in(s, at(10))).collect();
-        for gates in ALL_MODES {
-            let routable: Vec<PodState> = pods
-                .iter()
-                .filter(|pod| pod.is_routable(gates))
-                .map(Pod::state)
-                .collect();
-            let expected: &[PodState] = if gates.pod_quarantine {
-                &[PodState::Ready, PodState::Recovering]
-            } else {
-                &[PodState::Ready]
-            };
-            assert_eq!(routable, expected, "{}", gates.mode_label());
-        }
+        let routable: Vec<PodState> = pods
+            .iter()
+            .filter(|pod| pod.is_routable())
+            .map(Pod::state)
+            .collect();
+        assert_eq!(routable, [PodState::Ready]);
     }
 
     /// Acceptance case 18, the routing half: 3 NotReady + 2 Ready → 2 routable. The fork's
@@ -1674,10 +1671,7 @@ mod tests {
         for _ in 0..2 {
             pods.push(from_queue_proxy(QueueProxyEvent::Ready, at(0)));
         }
-        let routable = pods
-            .iter()
-            .filter(|pod| pod.is_routable(Gates::HYBRID))
-            .count();
+        let routable = pods.iter().filter(|pod| pod.is_routable()).count();
         assert_eq!(routable, 2);
     }
 
@@ -1765,7 +1759,7 @@ mod tests {
             windows(),
             at(2),
         );
-        assert!(!pod.is_routable(Gates::HYBRID));
+        assert!(!pod.is_routable());
         assert_eq!(
             pod.apply(omitted(5), Gates::HYBRID, windows(), at(3)),
             Outcome::Unchanged
@@ -1835,7 +1829,7 @@ mod tests {
         );
         pod.apply(Event::QuarantineExpired, gates, windows(), at(3));
         assert_eq!(pod.state(), PodState::Recovering);
-        assert!(pod.is_routable(gates));
+        assert!(!pod.is_routable(), "on probation, not routable");
         pod.apply(qp(QueueProxyEvent::NotReady), gates, windows(), at(4));
         assert_eq!(
             pod.state(),
@@ -1854,7 +1848,6 @@ mod tests {
             gates: Gates,
             qp_not_ready_demotes_ready: bool,
             health_failure_quarantines: bool,
-            recovering_is_routable: bool,
             fresh_not_ready_blocks_informer: bool,
         }
         let table = [
@@ -1862,28 +1855,24 @@ mod tests {
                 gates: Gates::HYBRID,
                 qp_not_ready_demotes_ready: true,
                 health_failure_quarantines: true,
-                recovering_is_routable: true,
                 fresh_not_ready_blocks_informer: true,
             },
             Expected {
                 gates: Gates::QUEUE_PROXY_ONLY,
                 qp_not_ready_demotes_ready: true,
                 health_failure_quarantines: false,
-                recovering_is_routable: false,
                 fresh_not_ready_blocks_informer: true,
             },
             Expected {
                 gates: Gates::QUARANTINE_ONLY,
                 qp_not_ready_demotes_ready: false,
                 health_failure_quarantines: true,
-                recovering_is_routable: true,
                 fresh_not_ready_blocks_informer: false,
             },
             Expected {
                 gates: Gates::MINIMAL,
                 qp_not_ready_demotes_ready: false,
                 health_failure_quarantines: false,
-                recovering_is_routable: false,
                 fresh_not_ready_blocks_informer: false,
             },
         ];
@@ -1905,12 +1894,6 @@ mod tests {
                 pod.state() == PodState::Quarantined,
                 row.health_failure_quarantines,
                 "{mode}: health failure on Ready"
-            );
-
-            assert_eq!(
-                pod_in(PodState::Recovering, at(10)).is_routable(gates),
-                row.recovering_is_routable,
-                "{mode}: Recovering routable"
             );
 
             // A NotReady pod with a `not-ready` 10 s old, listed by the informer.

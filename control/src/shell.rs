@@ -1,14 +1,14 @@
 //! The state worker's machine: [`PodStates`] plus what its results drive — routing updates to
-//! the shards, the pod-state metrics, and the prober's target list.
+//! the shards, the pod-state metrics, and the probe sets that changed, to the prober.
 
 use kactivator_shards::throttle::capacity::Capacity;
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
-use tokio::sync::watch;
+use tokio::sync::mpsc;
 
 use crate::metrics::register;
-use crate::pod_state::{Gates, PodState, Timestamp};
+use crate::pod_state::{PodState, Timestamp};
 use crate::publisher::Publisher;
-use crate::state::{Journal, Op, OpError, PodStates, ProbeTarget};
+use crate::state::{Journal, Op, OpError, PodStates, ProbeUpdate};
 use crate::worker::Machine;
 
 /// Metrics fed by the state machine's journal.
@@ -180,9 +180,9 @@ pub struct Shell {
     pub states: PodStates,
     publisher: Publisher,
     metrics: PodMetrics,
-    probe_targets: watch::Sender<Vec<ProbeTarget>>,
-    /// The gates the probe targets were last computed under.
-    probed_under: Option<Gates>,
+    /// Unbounded: the worker never waits on the prober. It stays bounded because the prober
+    /// drains it at once and an update is sent only when a revision's set changed.
+    probe_updates: mpsc::UnboundedSender<ProbeUpdate>,
 }
 
 impl Shell {
@@ -190,15 +190,14 @@ impl Shell {
         states: PodStates,
         publisher: Publisher,
         metrics: PodMetrics,
-    ) -> (Shell, watch::Receiver<Vec<ProbeTarget>>) {
-        let (probe_targets, receiver) = watch::channel(Vec::new());
+    ) -> (Shell, mpsc::UnboundedReceiver<ProbeUpdate>) {
+        let (probe_updates, receiver) = mpsc::unbounded_channel();
         (
             Shell {
                 states,
                 publisher,
                 metrics,
-                probe_targets,
-                probed_under: None,
+                probe_updates,
             },
             receiver,
         )
@@ -243,20 +242,10 @@ impl Machine for Shell {
                 );
             }
         }
-        let gates = self.states.gates();
-        if journal.is_empty() && self.probed_under == Some(gates) {
-            return;
+        for update in self.states.take_probe_updates() {
+            // The prober is gone only when the control thread is shutting down.
+            let _ = self.probe_updates.send(update);
         }
-        // Also after a gate flip alone: it changes who is probed without changing any pod.
-        self.probed_under = Some(gates);
-        let targets = self.states.probe_targets();
-        self.probe_targets.send_if_modified(|current| {
-            let changed = *current != targets;
-            if changed {
-                *current = targets;
-            }
-            changed
-        });
     }
 
     fn recover(&mut self) {

@@ -19,7 +19,7 @@
 //! # What makes a route
 //!
 //! A revision is published once a source declared it (its [`RevisionSpec`]). Pod mode: its
-//! route holds the pods that are routable under the current gates ([`Pod::is_routable`]) and
+//! route holds the pods that are routable ([`Pod::is_routable`]: Ready) and
 //! assigned to this activator by `subsetting::assign`; each tracker's capacity is this
 //! activator's share of containerConcurrency. Cluster-IP mode (the spec names the private
 //! Service's address): one virtual tracker for that address, whose capacity is
@@ -290,6 +290,8 @@ struct Revision {
     /// Spec and targets (tracker, capacity) of the last published route, to skip identical
     /// republishes.
     published: Option<(RevisionSpec, Vec<(u64, u32)>)>,
+    /// The probe set last sent to the prober (empty: none sent, or an empty one).
+    probe_set: Vec<ProbePod>,
 }
 
 impl Revision {
@@ -306,17 +308,29 @@ impl Revision {
             activators: None,
             virtual_tracker: None,
             published: None,
+            probe_set: Vec::new(),
         }
     }
 }
 
-/// A pod the prober should check.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ProbeTarget {
-    pub revision: RevisionKey,
+/// One pod of a revision's probe set ([`ProbeUpdate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProbePod {
     pub addr: SocketAddr,
-    /// On probation: a passing probe makes it Ready.
+    /// The pod's tracker: a new pod at the same address has another one.
+    pub tracker: u64,
+    /// On probation (not routable): a passing probe makes it Ready.
     pub recovering: bool,
+}
+
+/// A revision's probe set, sent to the prober when it changed: the pods the active health
+/// check watches (quarantine on, pod mode: Ready and Recovering pods). Empty when none is to be
+/// probed any more (the revision is gone, moved to cluster-IP mode, or quarantine is off).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeUpdate {
+    pub revision: RevisionKey,
+    /// Sorted by address.
+    pub pods: Vec<ProbePod>,
 }
 
 /// Everything the state worker owns.
@@ -331,6 +345,8 @@ pub struct PodStates {
     version: u64,
     updates: Vec<RoutingUpdate>,
     journal: Vec<Journal>,
+    /// Probe sets that changed, for the prober.
+    probe_updates: Vec<ProbeUpdate>,
     /// Quarantined pods by the time their quarantine ends.
     quarantine_ends: BTreeSet<(Timestamp, RevisionKey, SocketAddr)>,
     /// Revisions an op touched, re-derived and published when the op is done.
@@ -354,6 +370,7 @@ impl PodStates {
             version: 0,
             updates: Vec::new(),
             journal: Vec::new(),
+            probe_updates: Vec::new(),
             quarantine_ends: BTreeSet::new(),
             dirty: BTreeSet::new(),
         }
@@ -376,6 +393,11 @@ impl PodStates {
     /// Metric facts produced since the last call.
     pub fn take_journal(&mut self) -> Vec<Journal> {
         std::mem::take(&mut self.journal)
+    }
+
+    /// Probe sets that changed since the last call, in the order they changed.
+    pub fn take_probe_updates(&mut self) -> Vec<ProbeUpdate> {
+        std::mem::take(&mut self.probe_updates)
     }
 
     /// The earliest quarantine end still pending.
@@ -405,33 +427,15 @@ impl PodStates {
         counts
     }
 
-    /// Pods the active prober should check: the routable ones, when quarantine is on, of
-    /// revisions in pod mode (in cluster-IP mode the pods are behind a Service, often a mesh,
-    /// and not reachable one by one).
-    pub fn probe_targets(&self) -> Vec<ProbeTarget> {
-        if !self.gates.pod_quarantine {
-            return Vec::new();
-        }
-        let mut targets = Vec::new();
-        for revision in self.revisions.values() {
-            if revision
-                .spec
-                .as_ref()
-                .is_some_and(|spec| spec.cluster_ip.is_some())
-            {
-                continue;
-            }
-            for (addr, tracked) in &revision.pods {
-                if tracked.pod.is_routable(self.gates) {
-                    targets.push(ProbeTarget {
-                        revision: revision.key.clone(),
-                        addr: *addr,
-                        recovering: tracked.pod.state() == PodState::Recovering,
-                    });
-                }
-            }
-        }
-        targets
+    /// Every revision's probe set, recounted from scratch. Production derives only the
+    /// revisions an op touched ([`PodStates::take_probe_updates`]); tests check the two agree.
+    #[cfg(test)]
+    pub fn recount_probe_sets(&self) -> BTreeMap<RevisionKey, Vec<ProbePod>> {
+        self.revisions
+            .values()
+            .map(|revision| (revision.key.clone(), derive_probes(revision, self.gates)))
+            .filter(|(_, pods)| !pods.is_empty())
+            .collect()
     }
 
     /// Applies one op at `now`, then publishes what it changed.
@@ -625,6 +629,12 @@ impl PodStates {
         let Some(entry) = self.revisions.remove(key) else {
             return;
         };
+        if !entry.probe_set.is_empty() {
+            self.probe_updates.push(ProbeUpdate {
+                revision: key.clone(),
+                pods: Vec::new(),
+            });
+        }
         for (addr, tracked) in &entry.pods {
             let from = tracked.pod.state();
             forget(
@@ -889,7 +899,24 @@ impl PodStates {
 
     fn publish_dirty(&mut self) {
         for key in std::mem::take(&mut self.dirty) {
+            self.send_probes(&key);
             self.publish(&key);
+        }
+    }
+
+    /// Sends `key`'s probe set to the prober if it changed. Costs the revision's pods, never
+    /// the whole table: one pod's event at 50 000 pods derives one revision.
+    fn send_probes(&mut self, key: &RevisionKey) {
+        let Some(entry) = self.revisions.get_mut(key) else {
+            return;
+        };
+        let pods = derive_probes(entry, self.gates);
+        if pods != entry.probe_set {
+            entry.probe_set = pods.clone();
+            self.probe_updates.push(ProbeUpdate {
+                revision: key.clone(),
+                pods,
+            });
         }
     }
 
@@ -906,7 +933,7 @@ impl PodStates {
         let routable: Vec<SocketAddr> = entry
             .pods
             .iter()
-            .filter(|(_, tracked)| tracked.pod.is_routable(self.gates))
+            .filter(|(_, tracked)| tracked.pod.is_routable())
             .map(|(addr, _)| *addr)
             .collect();
         let activators = entry.activators.as_ref().unwrap_or(&self.activators);
@@ -1004,11 +1031,14 @@ impl PodStates {
         }
         // Trackers outside the route keep counting their in-flight requests but take no new
         // ones through a stale replica: their capacity drops to zero at once.
+        // Looked up per pod: a sorted copy keeps that logarithmic (a scan made it quadratic in
+        // the revision's pods).
+        let mut sorted_targets = targets.clone();
+        sorted_targets.sort_unstable_by_key(|(addr, _)| *addr);
         let share_of = |addr: &SocketAddr| {
-            targets
-                .iter()
-                .find(|(target, _)| target == addr)
-                .map_or(0, |(_, slots)| *slots)
+            sorted_targets
+                .binary_search_by_key(addr, |(target, _)| *target)
+                .map_or(0, |index| sorted_targets[index].1)
         };
         for (addr, tracked) in &entry.pods {
             let slots = if virtual_tracker.is_some() {
@@ -1044,6 +1074,35 @@ impl PodStates {
             route: Arc::new(route),
         });
     }
+}
+
+/// The pods of `revision` the prober watches: with quarantine on and in pod mode, the Ready ones
+/// and those on probation (Recovering: a passing probe makes them Ready). Quarantined pods wait
+/// for their quarantine to end; NotReady ones are their queue-proxy's and the informer's.
+fn derive_probes(revision: &Revision, gates: Gates) -> Vec<ProbePod> {
+    let cluster_ip = revision
+        .spec
+        .as_ref()
+        .is_some_and(|spec| spec.cluster_ip.is_some());
+    if !gates.pod_quarantine || cluster_ip {
+        return Vec::new();
+    }
+    revision
+        .pods
+        .iter()
+        .filter_map(|(addr, tracked)| {
+            let recovering = match tracked.pod.state() {
+                PodState::Ready => false,
+                PodState::Recovering => true,
+                PodState::NotReady | PodState::Quarantined => return None,
+            };
+            Some(ProbePod {
+                addr: *addr,
+                tracker: tracked.tracker.id,
+                recovering,
+            })
+        })
+        .collect()
 }
 
 /// `key`'s entry in `revisions`, created (undeclared) when it is new.
@@ -1319,18 +1378,26 @@ mod tests {
             states.pod_state(&key("a"), addr(pod)),
             Some(PodState::Recovering)
         );
-        assert_eq!(
-            last_route(&states.take_updates(), "a").unwrap().len(),
-            1,
-            "probation routes"
+        assert!(
+            last_route(&states.take_updates(), "a").is_none_or(|route| route.is_empty()),
+            "probation does not route"
         );
-        assert_eq!(states.probe_targets().len(), 1);
+        // The prober is told at once, with the pod on probation.
+        let probes = states.take_probe_updates();
+        let last = probes.last().expect("a probe set after the expiry");
+        assert_eq!(last.pods.len(), 1);
+        assert!(last.pods[0].recovering);
         states
             .apply(health("a", pod, Event::HealthCheckPassed), at(12))
             .unwrap();
         assert_eq!(
             states.pod_state(&key("a"), addr(pod)),
             Some(PodState::Ready)
+        );
+        assert_eq!(
+            last_route(&states.take_updates(), "a").unwrap().len(),
+            1,
+            "a passing probe routes it again"
         );
         assert_eq!(states.next_deadline(), None);
     }
@@ -1356,7 +1423,12 @@ mod tests {
             Some(PodState::Ready)
         );
         assert_eq!(last_route(&states.take_updates(), "a").unwrap().len(), 1);
-        assert!(states.probe_targets().is_empty());
+        assert!(states.recount_probe_sets().is_empty());
+        let last = states
+            .take_probe_updates()
+            .pop()
+            .expect("the prober is told");
+        assert!(last.pods.is_empty());
         assert_eq!(states.next_deadline(), None);
     }
 
@@ -1719,7 +1791,7 @@ mod tests {
         );
         let virtual_tracker = last_upsert(&updates).pods[0].clone();
         assert!(
-            states.probe_targets().is_empty(),
+            states.recount_probe_sets().is_empty(),
             "pods behind a Service are not probed"
         );
         assert!(states.take_journal().iter().any(|entry| matches!(
@@ -1960,10 +2032,9 @@ mod tests {
                     prop_assert_eq!(metrics.trackers(state), recount, "{}", state.label());
                 }
                 prop_assert_eq!(metrics.quarantined(), counts.get("quarantined").copied().unwrap_or(0) as i64);
-                let gates = states.gates();
                 for (key, revision) in &states.revisions {
                     let Some(spec) = &revision.spec else { continue };
-                    let expected: Vec<SocketAddr> = revision.pods.iter().filter(|(_, pod)| pod.pod.is_routable(gates)).map(|(addr, _)| *addr).collect();
+                    let expected: Vec<SocketAddr> = revision.pods.iter().filter(|(_, pod)| pod.pod.is_routable()).map(|(addr, _)| *addr).collect();
                     let published: Vec<SocketAddr> = routes.get(&spec.labels.revision).map(|route| route.iter().map(|(addr, _)| *addr).collect()).unwrap_or_default();
                     prop_assert_eq!(&expected, &published, "revision {}", key);
                     for (addr, pod) in &revision.pods {
@@ -1972,6 +2043,28 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+
+        /// The probe sets the prober is sent, one touched revision at a time, always equal a
+        /// recount of every revision: deriving only what an op touched loses nothing.
+        #[test]
+        fn probe_sets_sent_incrementally_equal_a_recount(ops in prop::collection::vec(any_op(), 1..60)) {
+            let mut states = states();
+            let mut now = 0;
+            let mut sent: BTreeMap<RevisionKey, Vec<ProbePod>> = BTreeMap::new();
+            for (op, step) in ops {
+                now += step;
+                let _ = states.apply(op, at(now));
+                states.expire_quarantines(at(now));
+                for update in states.take_probe_updates() {
+                    if update.pods.is_empty() {
+                        sent.remove(&update.revision);
+                    } else {
+                        sent.insert(update.revision, update.pods);
+                    }
+                }
+                prop_assert_eq!(&sent, &states.recount_probe_sets());
             }
         }
     }

@@ -32,12 +32,12 @@ pub struct Options {
 }
 
 /// A pod that answers every request 200 and reports when each non-probe head arrived.
-struct Pod {
-    addr: SocketAddr,
-    arrivals: mpsc::Receiver<Instant>,
+pub(crate) struct Pod {
+    pub(crate) addr: SocketAddr,
+    pub(crate) arrivals: mpsc::Receiver<Instant>,
 }
 
-fn spawn_pod(ip: IpAddr) -> io::Result<Pod> {
+pub(crate) fn spawn_pod(ip: IpAddr) -> io::Result<Pod> {
     let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
     let addr = listener.local_addr()?;
     let (tx, arrivals) = mpsc::channel();
@@ -89,7 +89,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-fn registration(pod_ip: IpAddr, event: &str) -> Vec<u8> {
+pub(crate) fn registration(pod_ip: IpAddr, event: &str) -> Vec<u8> {
     let body = format!(
         "{{\"pod_name\":\"ff-pod\",\"pod_ip\":\"{pod_ip}\",\"namespace\":\"default\",\"revision\":\"zero\",\"event_type\":\"{event}\"}}"
     );
@@ -101,7 +101,7 @@ fn registration(pod_ip: IpAddr, event: &str) -> Vec<u8> {
 }
 
 /// Reads an HTTP response to the end (the server closes) and returns its status.
-fn read_status(mut stream: TcpStream) -> io::Result<u16> {
+pub(crate) fn read_status(mut stream: TcpStream) -> io::Result<u16> {
     stream.set_read_timeout(Some(STEP_TIMEOUT))?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
@@ -112,7 +112,7 @@ fn read_status(mut stream: TcpStream) -> io::Result<u16> {
         .ok_or_else(|| io::Error::other("malformed registration response"))
 }
 
-fn register(http: SocketAddr, pod_ip: IpAddr, event: &str) -> Result<(), String> {
+pub(crate) fn register(http: SocketAddr, pod_ip: IpAddr, event: &str) -> Result<(), String> {
     let mut stream = TcpStream::connect_timeout(&http, STEP_TIMEOUT).map_err(|e| e.to_string())?;
     stream
         .write_all(&registration(pod_ip, event))

@@ -12,6 +12,7 @@ mod client;
 mod cold_poke;
 mod first_forward;
 mod kube_scale;
+mod pod_scale;
 mod queued_memory;
 mod scarcity;
 
@@ -126,6 +127,24 @@ enum Scenario {
         #[arg(long, default_value_t = 600)]
         sync_timeout: u64,
     },
+    /// REVISIONS × PODS pods from the file, each at its own loopback address, one listener
+    /// answering their probes: load time, RSS, idle CPU and probes with quarantine on and off,
+    /// registration → forwarded p50/p99, new pod → first probe.
+    PodScale {
+        /// Sizes to measure, in revisions.
+        #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+        revisions: Vec<usize>,
+        #[arg(long, default_value_t = 10)]
+        pods: usize,
+        #[arg(long, default_value_t = 200)]
+        repetitions: usize,
+        /// Seconds of the idle CPU window.
+        #[arg(long, default_value_t = 20)]
+        idle: u64,
+        /// Seconds from `/readyz` to the idle window with quarantine on.
+        #[arg(long, default_value_t = 35)]
+        settle: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -211,6 +230,24 @@ fn main() -> ExitCode {
                 create_workers: create_workers.max(1),
                 gap: Duration::from_millis(gap_ms),
                 sync_timeout: Duration::from_secs(sync_timeout),
+                drivers: cli.drivers,
+                shards: cli.shards,
+            },
+        ),
+        Scenario::PodScale {
+            revisions,
+            pods,
+            repetitions,
+            idle,
+            settle,
+        } => pod_scale::run(
+            &cli.kactivator,
+            &pod_scale::Options {
+                revisions,
+                pods: pods.max(1),
+                repetitions: repetitions.max(1),
+                idle: Duration::from_secs(idle.max(1)),
+                settle: Duration::from_secs(settle),
                 drivers: cli.drivers,
                 shards: cli.shards,
             },

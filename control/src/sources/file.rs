@@ -4,7 +4,8 @@
 //! The file's whole view goes to the state worker as one [`Op::Batch`] (so shards never see half
 //! of a reload): the gates, the activators, each revision's spec and listed pods, and the
 //! removal of revisions the previous view declared and this one does not. The file is polled
-//! (content compared, so an editor's rename-over and a ConfigMap's symlink swap both work); a
+//! (a `stat` per poll; content compared when that changed, so an editor's rename-over and a
+//! ConfigMap's symlink swap both work); a
 //! file that does not parse keeps the last good view and the log says where it is broken.
 
 use std::collections::BTreeSet;
@@ -106,27 +107,68 @@ pub struct FileWatch {
     pub pod_ip: Option<IpAddr>,
 }
 
-/// What changes whenever the file is written or replaced: its modification time, size and
-/// inode. `None` when it cannot be read.
-fn stamp_of(path: &std::path::Path) -> Option<(std::time::SystemTime, u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let metadata = std::fs::metadata(path).ok()?;
-    Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))
-}
-
 /// How long a changed file must keep the same content before it is applied (see
 /// [`FileWatch::run`]). Short against the poll interval, long against a write.
 pub const SETTLE: Duration = Duration::from_millis(50);
 
+/// A file modified this recently is read at every poll even when its `stat` looks the same.
+pub const RECENT: Duration = Duration::from_secs(2);
+
+/// What a poll compares: size, modification time and identity (a rename-over or a ConfigMap's
+/// symlink swap gives another inode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStat {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    device: u64,
+    inode: u64,
+}
+
+fn stat(path: &std::path::Path) -> Option<FileStat> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).ok()?;
+    Some(FileStat {
+        len: metadata.len(),
+        modified: metadata.modified().ok(),
+        device: metadata.dev(),
+        inode: metadata.ino(),
+    })
+}
+
+fn modified_recently(stat: &Option<FileStat>) -> bool {
+    let Some(modified) = stat.and_then(|stat| stat.modified) else {
+        return true;
+    };
+    std::time::SystemTime::now()
+        .duration_since(modified)
+        .map_or(true, |age| age < RECENT)
+}
+
+/// Reads the file on the blocking pool: a large file must not hold up the control thread.
+async fn read(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || std::fs::read(path))
+        .await
+        .map_err(std::io::Error::other)?
+}
+
 impl FileWatch {
     /// Polls the file every `control.watch_interval_ms` and applies each changed, valid view.
+    /// A poll is one `stat`; the file is read (off the control thread) only when the stat
+    /// changed, or when it was modified in the last [`RECENT`] (a filesystem's timestamps may be
+    /// too coarse to show two writes in a row).
     pub async fn run(mut self, worker: WorkerHandle, metrics: Arc<ControlMetrics>) {
-        let mut last_text = std::fs::read(&self.path).ok();
+        let mut last_text = read(&self.path).await.ok();
+        let mut last_stat = stat(&self.path);
         let interval = Duration::from_millis(self.current.control.watch_interval_ms);
         loop {
             tokio::time::sleep(interval).await;
-            let stamp = stamp_of(&self.path);
-            let text = match std::fs::read(&self.path) {
+            let now_stat = stat(&self.path);
+            if now_stat.is_some() && now_stat == last_stat && !modified_recently(&now_stat) {
+                continue;
+            }
+            last_stat = now_stat;
+            let text = match read(&self.path).await {
                 Ok(text) => text,
                 Err(error) => {
                     if last_text.is_some() {
@@ -144,13 +186,13 @@ impl FileWatch {
             // then writes (`cat >`, many editors, `std::fs::write`) may have been caught half
             // way, and a prefix that happens to parse (an empty file, or one that ends between
             // two revisions) would remove everything after it.
-            // The file's stamp (modification time, size, inode) must not have moved either: on
+            // The file's stat (modification time, size, inode) must not have moved either: on
             // a loaded machine this thread can oversleep into the writer's next rewrite, whose
             // prefix reads the same as the last one's.
             tokio::time::sleep(SETTLE).await;
-            if std::fs::read(&self.path).ok().as_deref() != Some(&text[..])
-                || stamp.is_none()
-                || stamp_of(&self.path) != stamp
+            if read(&self.path).await.ok().as_deref() != Some(&text[..])
+                || now_stat.is_none()
+                || stat(&self.path) != now_stat
             {
                 // Still being written: the next poll looks again.
                 continue;

@@ -5,12 +5,14 @@
 //!   activators), sent as one batch per reload;
 //! * [`registrations`] — queue-proxy registrations (applied, answered, relayed to peers) and
 //!   the request path's evidence, as the shards hand them over;
-//! * [`prober`] — the active health check's schedule, and [`probe`] — one probe;
+//! * [`prober`] — the active health check, which asks [`probe_schedule`] when to probe each
+//!   pod and [`probe`] to make one probe;
 //! * [`sweep`] — the stale-tracker sweep.
 
 pub mod file;
 pub mod kubernetes;
 pub mod probe;
+pub mod probe_schedule;
 pub mod prober;
 pub mod registrations;
 pub mod sweep;
@@ -20,12 +22,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_shards::runtime::control_link::{PodEvidence, RegistrationRequest};
-use prometheus::{IntCounterVec, Opts, Registry};
-use tokio::sync::watch;
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
 use crate::metrics;
-use crate::state::ProbeTarget;
+use crate::state::ProbeUpdate;
 use crate::worker::WorkerHandle;
 
 /// Counters of the sources.
@@ -35,6 +37,7 @@ pub struct ControlMetrics {
     pub(crate) reloads: IntCounterVec,
     pub(crate) signals: IntCounterVec,
     pub(crate) probes: IntCounterVec,
+    pub(crate) probe_targets: IntGaugeVec,
 }
 
 impl ControlMetrics {
@@ -69,6 +72,17 @@ impl ControlMetrics {
                 "Active health probes by result",
                 &["result"],
             ),
+            probe_targets: metrics::register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kactivator_probe_targets",
+                        "Pods the active health check watches, by schedule class",
+                    ),
+                    &["class"],
+                )
+                .expect("valid metric"),
+            ),
         }
     }
 }
@@ -87,7 +101,7 @@ pub fn spawn_all(
     worker: &WorkerHandle,
     metrics: &Arc<ControlMetrics>,
     file: Option<file::FileWatch>,
-    probe_targets: watch::Receiver<Vec<ProbeTarget>>,
+    probe_updates: mpsc::UnboundedReceiver<ProbeUpdate>,
     registrations: RegistrationInputs,
 ) {
     tokio::spawn(registrations::serve(
@@ -96,10 +110,14 @@ pub fn spawn_all(
         metrics.clone(),
     ));
     tokio::spawn(prober::run(
-        probe_targets,
+        probe_updates,
         worker.clone(),
         metrics.clone(),
-        Duration::from_millis(config.health.probe_interval_ms),
+        probe_schedule::ScheduleSettings {
+            interval: Duration::from_millis(config.health.probe_interval_ms),
+            settled_interval: Duration::from_millis(config.health.settled_probe_interval_ms),
+            budget_per_second: config.health.probe_budget_per_second,
+        },
         Duration::from_millis(config.health.probe_timeout_ms),
     ));
     tokio::spawn(sweep::run(

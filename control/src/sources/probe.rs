@@ -2,27 +2,32 @@
 //! upstream activator probes a queue-proxy, plus the fork's IP-reuse check on the revision
 //! headers. Runs on the control thread, never on the request path.
 //!
-//! [`probe`] does the I/O (one connection, one request, everything under one timeout);
-//! [`judge`] decides from what came back and is what the tests of the rules exercise.
+//! [`probe_on`] does the I/O over the data plane's HTTP/1 codec (`kactivator_h1`): one request
+//! on a connection kept from the pod's last probe, or on a new one, everything under one
+//! timeout; a healthy pod's connection comes back for its next probe. [`probe`] is one probe on
+//! a new connection. [`judge`] decides from what came back and is what the tests of the rules
+//! exercise.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
-use hyper::Method;
 use kactivator_api::headers::{
     NETWORK_PROBE, SERVING_REVISION_NAME, SERVING_REVISION_NAMESPACE, USER_AGENT,
 };
 use kactivator_api::probe::{HEALTH_PATH, HEALTH_USER_AGENT, QUEUE};
 use kactivator_api::RevisionKey;
-
-use crate::http_client::{self, Call};
+use kactivator_h1::{parse_response, BodyDecoder, BodyEvent, Method, Parsed, ResponseHead};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// At most this much of a response body is read; a healthy one is five bytes.
 pub const BODY_LIMIT: usize = 4 * 1024;
 
 /// Longest piece of a wrong body quoted in [`ProbeResult::Answered`].
 const QUOTED_BODY: usize = 64;
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 16 * 1024;
 
 /// What a probe found out about a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,34 +100,177 @@ pub struct Answer {
     pub body_truncated: bool,
 }
 
-/// Probes the pod at `addr` for `revision`. Connecting, writing and reading all count against
-/// `timeout`; the connection is closed afterwards whatever happened.
+/// A connection to a pod kept from its last probe, clean (nothing unread) and idle.
+pub struct Connection {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+}
+
+/// Probes the pod at `addr` for `revision` on a new connection, closed afterwards whatever
+/// happened. Connecting, writing and reading all count against `timeout`.
 pub async fn probe(addr: SocketAddr, revision: &RevisionKey, timeout: Duration) -> ProbeResult {
-    let call = Call {
-        method: Method::GET,
-        path: HEALTH_PATH,
-        headers: &[(NETWORK_PROBE, QUEUE), (USER_AGENT, HEALTH_USER_AGENT)],
-        body: Bytes::new(),
-    };
-    match http_client::send(addr, call, BODY_LIMIT, timeout).await {
-        Err(reason) => ProbeResult::Unhealthy(reason),
-        Ok(answer) => {
-            let header = |name: &str| {
-                answer
-                    .headers
-                    .get(name)
-                    .map(|value| value.as_bytes().to_vec())
-            };
-            let answer = Answer {
-                status: answer.status,
-                revision_name: header(SERVING_REVISION_NAME),
-                revision_namespace: header(SERVING_REVISION_NAMESPACE),
-                body: answer.body,
-                body_truncated: answer.body_truncated,
-            };
-            judge(&answer, revision.namespace(), revision.name())
+    probe_on(None, addr, revision, timeout, false).await.0
+}
+
+/// Probes the pod at `addr` for `revision`, on `kept` when given, else on a new connection;
+/// with `keep_alive`, returns the connection when it can carry the next probe. A kept
+/// connection that fails before any byte of an answer (the pod closed it while it was idle) is
+/// not the pod's fault: the probe is made again on a new connection. Connecting, writing and
+/// reading all count against `timeout`.
+pub async fn probe_on(
+    kept: Option<Connection>,
+    addr: SocketAddr,
+    revision: &RevisionKey,
+    timeout: Duration,
+    keep_alive: bool,
+) -> (ProbeResult, Option<Connection>) {
+    match tokio::time::timeout(timeout, attempt(kept, addr, keep_alive)).await {
+        Err(_) => (
+            ProbeResult::Unhealthy(format!("timed out after {timeout:?}")),
+            None,
+        ),
+        Ok(Err(failure)) => (ProbeResult::Unhealthy(failure.reason), None),
+        Ok(Ok((answer, connection))) => {
+            let result = judge(&answer, revision.namespace(), revision.name());
+            // Only a healthy pod's connection is worth keeping.
+            let connection = connection.filter(|_| result == ProbeResult::Healthy);
+            (result, connection)
         }
     }
+}
+
+/// Why an exchange failed, and whether any byte of an answer had arrived.
+struct Failure {
+    reason: String,
+    answered: bool,
+}
+
+impl Failure {
+    fn new(reason: String, answered: bool) -> Failure {
+        Failure { reason, answered }
+    }
+}
+
+async fn attempt(
+    kept: Option<Connection>,
+    addr: SocketAddr,
+    keep_alive: bool,
+) -> Result<(Answer, Option<Connection>), Failure> {
+    if let Some(connection) = kept {
+        match exchange(connection, addr, keep_alive).await {
+            Err(failure) if !failure.answered => {
+                tracing::debug!(pod = %addr, "kept probe connection closed: {}", failure.reason);
+            }
+            done => return done,
+        }
+    }
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|error| Failure::new(format!("connect: {error}"), false))?;
+    let _ = stream.set_nodelay(true);
+    let connection = Connection {
+        stream,
+        buffer: Vec::new(),
+    };
+    exchange(connection, addr, keep_alive).await
+}
+
+/// One request and its response on `connection`; the connection back when it may carry another.
+async fn exchange(
+    mut connection: Connection,
+    addr: SocketAddr,
+    keep_alive: bool,
+) -> Result<(Answer, Option<Connection>), Failure> {
+    let close = if keep_alive {
+        ""
+    } else {
+        "Connection: close\r\n"
+    };
+    let request = format!(
+        "GET {HEALTH_PATH} HTTP/1.1\r\nHost: {addr}\r\n{NETWORK_PROBE}: {QUEUE}\r\n{USER_AGENT}: {HEALTH_USER_AGENT}\r\n{close}\r\n"
+    );
+    let Connection { stream, buffer } = &mut connection;
+    buffer.clear();
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|error| Failure::new(format!("request: {error}"), false))?;
+    let mut head = ResponseHead::default();
+    loop {
+        match parse_response(buffer, Method::Get, &mut head) {
+            Ok(Parsed::Complete) if head.is_informational() && head.status != 101 => {
+                buffer.drain(..head.len);
+                continue;
+            }
+            Ok(Parsed::Complete) => break,
+            Ok(Parsed::Partial) => {}
+            Err(error) => return Err(Failure::new(format!("response: {error}"), true)),
+        }
+        let answered = !buffer.is_empty();
+        let read = read_more(stream, buffer)
+            .await
+            .map_err(|error| Failure::new(format!("response: {error}"), answered))?;
+        if read == 0 {
+            return Err(Failure::new(
+                "response: connection closed before a complete response head".into(),
+                answered,
+            ));
+        }
+    }
+    let header = |name: &str| head.header(buffer, name).map(<[u8]>::to_vec);
+    let mut answer = Answer {
+        status: head.status,
+        revision_name: header(SERVING_REVISION_NAME),
+        revision_namespace: header(SERVING_REVISION_NAMESPACE),
+        ..Answer::default()
+    };
+    let reusable = keep_alive && head.keep_alive();
+    buffer.drain(..head.len);
+    let mut decoder = BodyDecoder::new(head.body);
+    let body_failure = |error: String| Failure::new(format!("body: {error}"), true);
+    let mut ended = false;
+    loop {
+        let (consumed, event) = decoder
+            .decode(buffer)
+            .map_err(|error| body_failure(error.to_string()))?;
+        let idle = consumed == 0 && event.is_none();
+        match event {
+            Some(BodyEvent::Data(data)) => {
+                let room = BODY_LIMIT - answer.body.len();
+                if data.len() > room {
+                    answer.body.extend_from_slice(&data[..room]);
+                    answer.body_truncated = true;
+                } else {
+                    answer.body.extend_from_slice(data);
+                }
+            }
+            Some(BodyEvent::End) => ended = true,
+            Some(BodyEvent::Trailers(_)) | None => {}
+        }
+        buffer.drain(..consumed);
+        if ended || answer.body_truncated {
+            break;
+        }
+        if idle {
+            let read = read_more(stream, buffer)
+                .await
+                .map_err(|error| body_failure(error.to_string()))?;
+            if read == 0 {
+                // The close ends a close-delimited body; any other body was cut short.
+                decoder
+                    .finish()
+                    .map_err(|error| body_failure(error.to_string()))?;
+                break;
+            }
+        }
+    }
+    let clean = ended && !answer.body_truncated && buffer.is_empty();
+    Ok((answer, (reusable && clean).then_some(connection)))
+}
+
+async fn read_more(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> std::io::Result<usize> {
+    buffer.reserve(READ_CHUNK);
+    stream.read_buf(buffer).await
 }
 
 /// Decides a probe from its response.
@@ -433,6 +581,74 @@ mod tests {
                 revision: "other-00003".into()
             }
         );
+    }
+
+    /// A pod that answers `answers` on each connection, up to `per_connection` requests each
+    /// (then closes it), counting the connections it accepted.
+    async fn keep_alive_pod(
+        answer: &'static str,
+        per_connection: usize,
+    ) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    for _ in 0..per_connection {
+                        if read_head(&mut stream).await.is_empty() {
+                            return;
+                        }
+                        if stream.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    const KEEP_ALIVE_QUEUE: &str = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nqueue";
+
+    #[tokio::test]
+    async fn a_healthy_pods_connection_carries_its_next_probes() {
+        let (addr, accepted) = keep_alive_pod(KEEP_ALIVE_QUEUE, usize::MAX).await;
+        let mut kept = None;
+        for _ in 0..3 {
+            let (result, connection) = probe_on(kept, addr, &key(), TIMEOUT, true).await;
+            assert_eq!(result, ProbeResult::Healthy);
+            assert!(connection.is_some(), "kept for the next probe");
+            kept = connection;
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_the_pod_closed_is_retried_on_a_new_one_without_blame() {
+        let (addr, accepted) = keep_alive_pod(KEEP_ALIVE_QUEUE, 1).await;
+        let (result, kept) = probe_on(None, addr, &key(), TIMEOUT, true).await;
+        assert_eq!(result, ProbeResult::Healthy);
+        // The pod closes its end after one answer.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (result, _) = probe_on(kept, addr, &key(), TIMEOUT, true).await;
+        assert_eq!(result, ProbeResult::Healthy);
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_unhealthy_pods_connection_is_not_kept() {
+        let (addr, _) = keep_alive_pod(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+            usize::MAX,
+        )
+        .await;
+        let (result, kept) = probe_on(None, addr, &key(), TIMEOUT, true).await;
+        assert_eq!(result.label(), "unhealthy");
+        assert!(kept.is_none());
     }
 
     #[tokio::test]

@@ -1,95 +1,149 @@
-//! The active health check's schedule (quarantine gate on): every routable pod of a pod-mode
-//! revision every `health.probe_interval_ms`, at most [`PROBE_CONCURRENCY`] at once, and a pod
-//! that just entered probation at once. Only what changes a pod becomes an op: a failure, an
-//! IP reuse, a probation pod's pass.
+//! The active health check (quarantine gate on): the shell around [`ProbeSchedule`]. It keeps
+//! the schedule's view of every revision's probe set from the state worker's
+//! [`ProbeUpdate`]s, makes the probes the schedule says are due — at most
+//! [`PROBE_CONCURRENCY`] at once, all in this one task on the control thread — over a kept
+//! connection to each healthy pod, and hands the results back to the schedule. Only what
+//! changes a pod becomes an op: a failure, an IP reuse, a probation pod's pass.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, Semaphore};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-use super::probe::{self, ProbeResult};
+use super::probe::{self, Connection, ProbeResult};
+use super::probe_schedule::{ProbeClass, ProbeJob, ProbeSchedule, ScheduleSettings};
 use super::ControlMetrics;
-use crate::pod_state::{Event, Reason};
-use crate::state::{Op, PodTarget, ProbeTarget, Source};
+use crate::pod_state::{Event, Reason, Timestamp};
+use crate::state::{Op, PodTarget, ProbeUpdate, Source};
 use crate::worker::WorkerHandle;
 
 /// Most probes in flight at once.
 pub const PROBE_CONCURRENCY: usize = 64;
 
-/// Probes the routable pods every `interval` (only populated with quarantine on).
+/// Kept connections when the open-file limit cannot be read.
+const KEPT_WITHOUT_A_LIMIT: usize = 256;
+
+/// Runs the health check until the state worker's side of `updates` is gone.
 pub async fn run(
-    mut targets: watch::Receiver<Vec<ProbeTarget>>,
+    mut updates: mpsc::UnboundedReceiver<ProbeUpdate>,
     worker: WorkerHandle,
     metrics: Arc<ControlMetrics>,
-    interval: Duration,
+    settings: ScheduleSettings,
     timeout: Duration,
 ) {
-    let limit = Arc::new(Semaphore::new(PROBE_CONCURRENCY));
-    // The first round comes one interval after start-up, like every later one.
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let start = Instant::now();
+    let clock = move || Timestamp::from_epoch_offset(start.elapsed());
+    let mut schedule = ProbeSchedule::new(settings);
+    // A quarter of the open-file limit: the rest is for clients, pods and the API server.
+    let keep_limit = kactivator_shards::runtime::limits::open_files()
+        .map_or(KEPT_WITHOUT_A_LIMIT, |limit| {
+            usize::try_from(limit / 4).unwrap_or(usize::MAX)
+        });
+    let mut kept: HashMap<SocketAddr, Connection> = HashMap::new();
+    let mut probes = FuturesUnordered::new();
+    let mut counts = [usize::MAX; 4];
     loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            // A pod that just entered probation is probed at once rather than a tick later.
-            changed = targets.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                if !targets.borrow().iter().any(|target| target.recovering) {
-                    continue;
-                }
-            }
-        }
-        let round: Vec<ProbeTarget> = targets.borrow_and_update().clone();
-        for target in round {
-            let Ok(permit) = limit.clone().acquire_owned().await else {
-                return;
-            };
-            let worker = worker.clone();
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let result = probe::probe(target.addr, &target.revision, timeout).await;
-                drop(permit);
-                metrics.probes.with_label_values(&[result.label()]).inc();
-                let op = match result {
-                    ProbeResult::Healthy => {
-                        if !target.recovering {
-                            return;
-                        }
-                        Event::HealthCheckPassed
-                    }
-                    ProbeResult::Unhealthy(_) | ProbeResult::Answered { .. } => {
-                        let reason = result.reason();
-                        tracing::warn!(pod = %target.addr, revision = %target.revision, "health check failed: {reason}");
-                        Event::HealthCheckFailed
-                    }
-                    ProbeResult::IpReused {
-                        namespace,
-                        revision,
-                    } => {
-                        tracing::warn!(pod = %target.addr, revision = %target.revision, now_serving = %format!("{namespace}/{revision}"), "pod IP reused by another revision");
-                        let _ = worker
-                            .enqueue(Op::RemovePod {
-                                revision: target.revision,
-                                addr: target.addr,
-                                reason: Reason::IpReused,
-                                source: Source::Prober,
-                            })
-                            .await;
-                        return;
-                    }
-                };
-                let _ = worker
-                    .enqueue(Op::MutatePod {
-                        revision: target.revision,
-                        target: PodTarget::Addr(target.addr),
-                        event: op,
-                        source: Source::Prober,
-                    })
-                    .await;
+        for job in schedule.due(clock(), PROBE_CONCURRENCY - probes.len()) {
+            let connection = kept.remove(&job.addr);
+            probes.push(async move {
+                let (result, connection) =
+                    probe::probe_on(connection, job.addr, &job.revision, timeout, true).await;
+                (job, result, connection)
             });
         }
+        if schedule.counts() != counts {
+            counts = schedule.counts();
+            for (class, count) in ProbeClass::ALL.iter().zip(counts) {
+                metrics
+                    .probe_targets
+                    .with_label_values(&[class.label()])
+                    .set(count as i64);
+            }
+        }
+        // With every probe slot taken, the next completion is what frees one.
+        let wakeup = (probes.len() < PROBE_CONCURRENCY)
+            .then(|| schedule.next_wakeup())
+            .flatten();
+        let sleep = async move {
+            match wakeup {
+                Some(at) => tokio::time::sleep_until(start + at.epoch_offset()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            update = updates.recv() => {
+                let Some(update) = update else {
+                    return;
+                };
+                let now = clock();
+                let mut next = Some(update);
+                while let Some(update) = next {
+                    for addr in schedule.update(update, now) {
+                        kept.remove(&addr);
+                    }
+                    next = updates.try_recv().ok();
+                }
+            }
+            Some((job, result, connection)) = probes.next(), if !probes.is_empty() => {
+                metrics.probes.with_label_values(&[result.label()]).inc();
+                let passed = result == ProbeResult::Healthy;
+                if !schedule.complete(job.ticket, passed, clock()) {
+                    // The pod left (or was replaced) while the probe was out.
+                    continue;
+                }
+                if let Some(connection) = connection {
+                    if kept.len() < keep_limit {
+                        kept.insert(job.addr, connection);
+                    }
+                }
+                if let Some(op) = op_for(&job, result) {
+                    let worker = worker.clone();
+                    // Enqueueing waits while the worker's queue is full; probing goes on.
+                    tokio::spawn(async move {
+                        let _ = worker.enqueue(op).await;
+                    });
+                }
+            }
+            () = sleep => {}
+        }
     }
+}
+
+/// The op a probe's result calls for, if any: a pass only matters on probation.
+fn op_for(job: &ProbeJob, result: ProbeResult) -> Option<Op> {
+    let event = match result {
+        ProbeResult::Healthy => {
+            if !job.recovering {
+                return None;
+            }
+            Event::HealthCheckPassed
+        }
+        ProbeResult::Unhealthy(_) | ProbeResult::Answered { .. } => {
+            let reason = result.reason();
+            tracing::warn!(pod = %job.addr, revision = %job.revision, "health check failed: {reason}");
+            Event::HealthCheckFailed
+        }
+        ProbeResult::IpReused {
+            namespace,
+            revision,
+        } => {
+            tracing::warn!(pod = %job.addr, revision = %job.revision, now_serving = %format!("{namespace}/{revision}"), "pod IP reused by another revision");
+            return Some(Op::RemovePod {
+                revision: job.revision.clone(),
+                addr: job.addr,
+                reason: Reason::IpReused,
+                source: Source::Prober,
+            });
+        }
+    };
+    Some(Op::MutatePod {
+        revision: job.revision.clone(),
+        target: PodTarget::Addr(job.addr),
+        event,
+        source: Source::Prober,
+    })
 }

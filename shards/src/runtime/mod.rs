@@ -5,6 +5,7 @@ pub mod alarm;
 pub mod blocks;
 pub mod buffer;
 pub mod control_link;
+pub mod limits;
 pub(crate) mod race;
 pub mod reactor;
 pub mod readiness;

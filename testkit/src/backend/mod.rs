@@ -40,7 +40,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -113,6 +113,8 @@ pub(crate) struct Shared {
     counters: Arc<Counters>,
     /// Whether queue-proxy probes get 200 `queue` (else 503).
     probe_healthy: AtomicBool,
+    /// Milliseconds a queue-proxy probe waits before its answer.
+    probe_delay_ms: AtomicU64,
 }
 
 impl Shared {
@@ -125,6 +127,7 @@ impl Shared {
             )?,
             counters: Arc::default(),
             probe_healthy: AtomicBool::new(true),
+            probe_delay_ms: AtomicU64::new(0),
         })
     }
 }
@@ -242,6 +245,16 @@ impl BackendHandle {
     /// requests are served either way, as a real pod would until it is taken out of rotation.
     pub fn set_probe_healthy(&self, healthy: bool) {
         self.shared.probe_healthy.store(healthy, Ordering::SeqCst);
+    }
+
+    /// Makes every queue-proxy probe wait `delay` before its answer (initially none): a pod
+    /// whose probes are slow, or, with [`BackendHandle::set_probe_healthy`]`(false)`, fail only
+    /// after a while.
+    pub fn set_probe_delay(&self, delay: Duration) {
+        let milliseconds = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.shared
+            .probe_delay_ms
+            .store(milliseconds, Ordering::SeqCst);
     }
 
     /// Whether queue-proxy probes currently pass.

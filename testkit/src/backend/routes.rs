@@ -134,6 +134,10 @@ fn is_queue_probe(request: &Request<Incoming>) -> bool {
 async fn queue_probe(request: Request<Incoming>, shared: &Shared) -> Response<RouteBody> {
     shared.counters.probe_answered();
     drain(request.into_body()).await;
+    let delay = shared.probe_delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
     if shared.probe_healthy.load(Ordering::SeqCst) {
         text(StatusCode::OK, "queue")
     } else {
