@@ -6,16 +6,25 @@ use std::future::poll_fn;
 use std::task::{Poll, Waker};
 
 /// Set once; every `wait` before or after completes. Single-threaded by design (a shard).
+///
+/// Every idle connection waits on one (a drain closes it), so a wait that ends without the
+/// event (the connection got a request, or closed) takes its waker back out: a waker keeps its
+/// task's allocation alive, and one left behind per connection was a leak that grew with every
+/// connection the shard ever served (found by the chaos soak). The waiters live in a slab, so a
+/// wait costs a slot taken and given back, whatever the number of waiters.
 #[derive(Debug, Default)]
 pub struct LocalEvent {
     set: Cell<bool>,
-    waiters: RefCell<Vec<Waker>>,
+    waiters: RefCell<Vec<Option<Waker>>>,
+    free: RefCell<Vec<usize>>,
 }
 
 impl LocalEvent {
     pub fn set(&self) {
         if !self.set.replace(true) {
-            for waker in self.waiters.borrow_mut().drain(..) {
+            let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+            self.free.borrow_mut().clear();
+            for waker in waiters.into_iter().flatten() {
                 waker.wake();
             }
         }
@@ -25,18 +34,78 @@ impl LocalEvent {
         self.set.get()
     }
 
-    pub async fn wait(&self) {
-        poll_fn(|cx| {
-            if self.set.get() {
-                return Poll::Ready(());
+    pub fn wait(&self) -> EventWait<'_> {
+        EventWait {
+            event: self,
+            slot: None,
+        }
+    }
+
+    /// Wakers registered and not yet taken back (for tests).
+    pub fn waiting(&self) -> usize {
+        self.waiters.borrow().iter().flatten().count()
+    }
+
+    fn register(&self, slot: Option<usize>, waker: &Waker) -> usize {
+        let mut waiters = self.waiters.borrow_mut();
+        if let Some(slot) = slot {
+            if let Some(entry) = waiters.get_mut(slot) {
+                if !entry.as_ref().is_some_and(|known| known.will_wake(waker)) {
+                    *entry = Some(waker.clone());
+                }
+                return slot;
             }
-            let mut waiters = self.waiters.borrow_mut();
-            if !waiters.iter().any(|waker| waker.will_wake(cx.waker())) {
-                waiters.push(cx.waker().clone());
+        }
+        match self.free.borrow_mut().pop() {
+            Some(slot) => {
+                waiters[slot] = Some(waker.clone());
+                slot
             }
-            Poll::Pending
-        })
-        .await
+            None => {
+                waiters.push(Some(waker.clone()));
+                waiters.len() - 1
+            }
+        }
+    }
+
+    fn unregister(&self, slot: usize) {
+        let mut waiters = self.waiters.borrow_mut();
+        // After `set` the slab is gone and the slot means nothing.
+        if let Some(entry) = waiters.get_mut(slot) {
+            if entry.take().is_some() {
+                self.free.borrow_mut().push(slot);
+            }
+        }
+    }
+}
+
+/// A wait for a [`LocalEvent`]; dropped before the event, it takes its waker back.
+pub struct EventWait<'a> {
+    event: &'a LocalEvent,
+    slot: Option<usize>,
+}
+
+impl std::future::Future for EventWait<'_> {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if self.event.set.get() {
+            self.slot = None;
+            return Poll::Ready(());
+        }
+        let slot = self.event.register(self.slot, cx.waker());
+        self.slot = Some(slot);
+        Poll::Pending
+    }
+}
+
+impl Drop for EventWait<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            if !self.event.set.get() {
+                self.event.unregister(slot);
+            }
+        }
     }
 }
 
@@ -131,6 +200,44 @@ impl BackOfQueue {
 mod tests {
     use super::*;
     use std::rc::Rc;
+
+    #[test]
+    fn a_wait_that_ends_without_the_event_leaves_no_waker_behind() {
+        use std::future::Future;
+        let event = LocalEvent::default();
+        let waker = Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        // A million connections that each waited and went away: the slab stays one slot.
+        for _ in 0..1_000_000 {
+            let mut wait = std::pin::pin!(event.wait());
+            assert!(wait.as_mut().poll(&mut cx).is_pending());
+            assert!(wait.as_mut().poll(&mut cx).is_pending(), "polled again");
+            assert_eq!(event.waiting(), 1);
+        }
+        assert_eq!(event.waiting(), 0);
+        assert_eq!(event.waiters.borrow().len(), 1);
+        // Waits still pending when the event is set complete.
+        let mut first = Box::pin(event.wait());
+        let mut second = Box::pin(event.wait());
+        assert!(first.as_mut().poll(&mut cx).is_pending());
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        event.set();
+        assert!(first.as_mut().poll(&mut cx).is_ready());
+        drop(second);
+        assert!(event.wait().as_mut_ready());
+    }
+
+    trait ReadyNow {
+        fn as_mut_ready(self) -> bool;
+    }
+
+    impl<F: std::future::Future> ReadyNow for F {
+        fn as_mut_ready(self) -> bool {
+            let mut future = std::pin::pin!(self);
+            let mut cx = std::task::Context::from_waker(Waker::noop());
+            future.as_mut().poll(&mut cx).is_ready()
+        }
+    }
 
     /// Runs `steps` on one monoio thread and returns the order in which they logged.
     fn order_of(with_relay: bool) -> Vec<&'static str> {
