@@ -24,6 +24,8 @@ use crate::ScratchDir;
 
 /// How long after a kill a failure naming the killed pod still counts as "in flight on it".
 const KILL_WINDOW: Duration = Duration::from_secs(2);
+/// How long after a kill a stream or tunnel cut (no status to name the pod) counts as in flight.
+const CUT_WINDOW: Duration = Duration::from_millis(200);
 /// Client timeouts (connect, and each read/write).
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -665,11 +667,15 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
     let mut all_in_flight = true;
     for r in records.iter() {
         let Some(failure) = &r.failure else { continue };
+        // A 502 names the pod. A cut stream or websocket tunnel (head already sent) cannot:
+        // it counts when it started before a kill and ended within CUT_WINDOW of it.
         let explained = log.kills.iter().find(|(addr, at)| {
-            failure.starts_with("502")
+            let named = failure.starts_with("502")
                 && failure.contains(&addr.to_string())
-                && r.start <= *at
-                && r.end <= *at + KILL_WINDOW
+                && r.end <= *at + KILL_WINDOW;
+            let cut = (failure.contains("EOF inside") || failure.contains("mid-session"))
+                && r.end <= *at + CUT_WINDOW;
+            r.start <= *at && (named || cut)
         });
         let class = format!("{} — {}", r.kind, normalise(failure, &log));
         let entry = classes.entry(class).or_default();
@@ -769,7 +775,7 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
     );
     let _ = writeln!(
         w,
-        "Every failure in flight on a pod that died (a 502 naming a pod killed while it ran, ended within {} s of the kill): **{}**.",
+        "Every failure in flight on a pod that died (a 502 naming a pod killed while it ran, ended within {} s of the kill; or a stream or websocket cut within 200 ms of a kill it started before): **{}**.",
         KILL_WINDOW.as_secs(),
         if all_in_flight { "yes" } else { "no" }
     );
