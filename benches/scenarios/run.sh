@@ -10,6 +10,7 @@
 #   bash benches/scenarios/run.sh kube-scale                # real kube-apiserver, 10 000 revisions × 10 pods: sync, RSS, event → applied
 #   bash benches/scenarios/run.sh pod-scale                 # 1 000 and 5 000 revisions × 10 pods: idle CPU, RSS, reg → fwd; ~8 min
 #   bash benches/scenarios/run.sh pod-scale --revisions 100 --idle 5 --settle 5 --repetitions 20   # a quick check
+#   bash benches/scenarios/run.sh chaos [--duration-seconds 120]   # soak: kills, QP flips, config rewrites; 10 min
 #   bash benches/scenarios/run.sh all                       # every implemented scenario
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/scenarios/run.sh ...   # that binary, no build
 #
@@ -23,14 +24,14 @@ set -euo pipefail
 {
 
 usage() {
-  sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 (($#)) || { usage >&2; exit 2; }
 scenario=$1
 shift
 case $scenario in
-  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | pod-scale | all) ;;
+  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | pod-scale | chaos | all) ;;
   -h | --help) usage; exit 0 ;;
   *) echo "run.sh: unknown scenario '$scenario'" >&2; usage >&2; exit 2 ;;
 esac
@@ -104,6 +105,14 @@ if [[ $scenario == kube-scale || $scenario == all ]] && [[ -z ${KACTIVATOR_KUBE_
   [[ ! -x $target_dir/kube/bin/kube-apiserver ]]; then
   log "no kube-apiserver in $target_dir/kube/bin: building it with scripts/kube-apiserver.sh"
   CARGO_TARGET_DIR=$target_dir bash scripts/kube-apiserver.sh >&2 || die "scripts/kube-apiserver.sh failed"
+fi
+
+# chaos runs its pods as separate kactivator-testbackend processes, to SIGKILL them.
+if [[ $scenario == chaos ]] && [[ -z ${KACTIVATOR_TESTBACKEND:-} ]]; then
+  log "building kactivator-testbackend (release, $target_dir)"
+  cargo build --release --quiet -p kactivator-testkit --bin kactivator-testbackend --target-dir "$target_dir" ||
+    die "building kactivator-testbackend failed"
+  export KACTIVATOR_TESTBACKEND=$target_dir/release/kactivator-testbackend
 fi
 
 # One descriptor per connection: the soft limit goes up to the hard one (which only

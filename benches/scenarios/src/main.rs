@@ -8,6 +8,7 @@
 
 mod activator;
 mod backends;
+mod chaos;
 mod client;
 mod cold_poke;
 mod first_forward;
@@ -40,6 +41,22 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Scenario {
+    /// Soak: mixed load (keep-alive, connection per request, chunked bodies, websockets, a
+    /// revision scaling to zero and back) while pods are killed and restarted, queue-proxy
+    /// events flip them, and the config file and gates change. Prints requests sent, succeeded,
+    /// failed by class, VmRSS at start and end; passes when every failure was in flight on a
+    /// pod that was killed.
+    Chaos {
+        /// Seconds of chaos after the 5 s warm-up.
+        #[arg(long, default_value_t = 600)]
+        duration_seconds: u64,
+        /// Pods of the main revision (each a `kactivator-testbackend` process).
+        #[arg(long, default_value_t = 4)]
+        pods: usize,
+        /// The `kactivator-testbackend` binary.
+        #[arg(long, env = "KACTIVATOR_TESTBACKEND")]
+        testbackend: PathBuf,
+    },
     /// P pods × containerConcurrency, C clients through kactivator: throughput against P×CC ÷
     /// delay and against the backends alone, latency, and each pod's own max in flight.
     Scarcity {
@@ -157,6 +174,24 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let outcome = match cli.scenario {
+        Scenario::Chaos {
+            duration_seconds,
+            pods,
+            testbackend,
+        } => chaos::run(
+            &cli.kactivator,
+            &chaos::Options {
+                duration: Duration::from_secs(duration_seconds),
+                shards: cli.shards,
+                driver: cli
+                    .drivers
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "io-uring".into()),
+                testbackend,
+                pods,
+            },
+        ),
         Scenario::Scarcity {
             pods,
             container_concurrency,
