@@ -224,15 +224,15 @@ mod tests {
         event.set();
         assert!(first.as_mut().poll(&mut cx).is_ready());
         drop(second);
-        assert!(event.wait().as_mut_ready());
+        assert!(event.wait().completes_at_once());
     }
 
     trait ReadyNow {
-        fn as_mut_ready(self) -> bool;
+        fn completes_at_once(self) -> bool;
     }
 
     impl<F: std::future::Future> ReadyNow for F {
-        fn as_mut_ready(self) -> bool {
+        fn completes_at_once(self) -> bool {
             let mut future = std::pin::pin!(self);
             let mut cx = std::task::Context::from_waker(Waker::noop());
             future.as_mut().poll(&mut cx).is_ready()
