@@ -214,6 +214,12 @@ impl Shard {
             .is_some_and(|peer| peer.send(grant).is_ok())
     }
 
+    /// At `max_connections` open connections or `max_pending_heads` unfinished heads.
+    fn at_accept_limit(&self) -> bool {
+        self.stats().connections_open.get() as usize >= self.settings.max_connections
+            || self.pending_heads.get() >= self.settings.max_pending_heads
+    }
+
     #[inline]
     pub fn stats(&self) -> &ShardStats {
         &self.all_stats[self.index]
@@ -282,15 +288,10 @@ pub async fn run(
     let accepting = async {
         loop {
             // At a limit no accept is in flight: new clients wait in the kernel's queue.
-            if shard.stats().connections_open.get() as usize >= shard.settings.max_connections
-                || shard.pending_heads.get() >= shard.settings.max_pending_heads
-            {
+            if shard.at_accept_limit() {
                 shard.stats().accept_pauses.increment();
                 shard.accept_paused.set(true);
-                while shard.stats().connections_open.get() as usize
-                    >= shard.settings.max_connections
-                    || shard.pending_heads.get() >= shard.settings.max_pending_heads
-                {
+                while shard.at_accept_limit() {
                     shard.connection_closed.notified().await;
                 }
                 shard.accept_paused.set(false);

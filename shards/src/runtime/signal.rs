@@ -41,8 +41,9 @@ impl LocalEvent {
         }
     }
 
-    /// Wakers registered and not yet taken back (for tests).
-    pub fn waiting(&self) -> usize {
+    /// Wakers registered and not yet taken back.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
         self.waiters.borrow().iter().flatten().count()
     }
 
