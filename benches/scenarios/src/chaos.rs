@@ -46,6 +46,13 @@ struct Pod {
 }
 
 impl Pod {
+    /// Sends a queue-proxy event for this pod of `default/chaos`; the status is for the log.
+    fn queue_proxy(&self, http: SocketAddr, event: &str) -> String {
+        let qp = QueueProxyClient::new(http, "default", "chaos", self.name.clone(), self.addr.ip());
+        let (status, _) = qp.send_blocking(event);
+        format!("queue-proxy {event} for {}: {status}", self.addr)
+    }
+
     fn start(&mut self, binary: &Path) -> Result<(), String> {
         let mut last = String::new();
         for _ in 0..50 {
@@ -574,39 +581,13 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
                 std::thread::sleep(Duration::from_secs(2));
                 pods[victim].start(&options.testbackend)?;
                 event(&mut log, format!("restarted {}", pods[victim].addr));
-                let qp = QueueProxyClient::new(
-                    http,
-                    "default",
-                    "chaos",
-                    pods[victim].name.clone(),
-                    pods[victim].addr.ip(),
-                );
-                let (status, _) = qp.send_blocking("ready");
-                event(
-                    &mut log,
-                    format!("queue-proxy ready for {}: {status}", pods[victim].addr),
-                );
+                event(&mut log, pods[victim].queue_proxy(http, "ready"));
             }
             // queue-proxy: not-ready, then ready again
             2 => {
-                let qp = QueueProxyClient::new(
-                    http,
-                    "default",
-                    "chaos",
-                    pods[victim].name.clone(),
-                    pods[victim].addr.ip(),
-                );
-                let (status, _) = qp.send_blocking("not-ready");
-                event(
-                    &mut log,
-                    format!("queue-proxy not-ready for {}: {status}", pods[victim].addr),
-                );
+                event(&mut log, pods[victim].queue_proxy(http, "not-ready"));
                 std::thread::sleep(Duration::from_secs(2));
-                let (status, _) = qp.send_blocking("ready");
-                event(
-                    &mut log,
-                    format!("queue-proxy ready for {}: {status}", pods[victim].addr),
-                );
+                event(&mut log, pods[victim].queue_proxy(http, "ready"));
                 *counts.entry("queue-proxy flips").or_default() += 1;
             }
             // config rewrite: a pod leaves the list, gates flip, then the pod comes back
