@@ -39,6 +39,11 @@ fn load(activator: &Activator, name: &str, clients: usize, each: usize) -> Vec<(
         .collect()
 }
 
+/// The next response on `stream`, which must come.
+fn next_response(stream: &mut std::net::TcpStream) -> support::Response {
+    support::read_response(stream, &mut Vec::new()).expect("a response")
+}
+
 fn failures(results: &[(u16, String)]) -> Vec<&(u16, String)> {
     results
         .iter()
@@ -284,8 +289,7 @@ fn during_the_grace_period_keep_alive_clients_are_moved_off_while_new_connection
     // A keep-alive connection that has served a request and sits idle.
     let mut idle = activator.connect();
     idle.write_all(request.as_bytes()).unwrap();
-    let mut buffered = Vec::new();
-    let first = support::read_response(&mut idle, &mut buffered).unwrap();
+    let first = next_response(&mut idle);
     assert_eq!(first.status, 200);
     assert_eq!(
         first.header("connection"),
@@ -313,8 +317,7 @@ fn during_the_grace_period_keep_alive_clients_are_moved_off_while_new_connection
     // The connection that had sent nothing is not closed under it: its request is answered,
     // with Connection: close.
     quiet.write_all(request.as_bytes()).unwrap();
-    let mut buffered = Vec::new();
-    let answered = support::read_response(&mut quiet, &mut buffered).unwrap();
+    let answered = next_response(&mut quiet);
     assert_eq!(answered.status, 200);
     assert_eq!(answered.header("connection"), Some("close"));
     assert_eq!(
@@ -345,8 +348,7 @@ fn a_connection_accepted_before_the_listeners_close_is_answered_after_they_did()
         "the listeners are closed"
     );
     late.write_all(get("late", "/").as_bytes()).unwrap();
-    let mut buffered = Vec::new();
-    let response = support::read_response(&mut late, &mut buffered).unwrap();
+    let response = next_response(&mut late);
     assert_eq!(response.status, 200);
     assert_eq!(response.header("connection"), Some("close"));
     assert_eq!(activator.wait_exit(Duration::from_secs(10)), Some(0));
@@ -540,13 +542,7 @@ fn at_the_connection_limit_accepting_pauses_and_resumes_when_a_connection_closes
     let mut open: Vec<std::net::TcpStream> = (0..4).map(|_| activator.connect()).collect();
     for stream in &mut open {
         stream.write_all(request.as_bytes()).unwrap();
-        let mut buffered = Vec::new();
-        assert_eq!(
-            support::read_response(stream, &mut buffered)
-                .unwrap()
-                .status,
-            200
-        );
+        assert_eq!(next_response(stream).status, 200);
     }
     // The fifth connects (the kernel queues it) but is not taken while four are open.
     let mut waiting = activator.connect();
@@ -632,13 +628,7 @@ fn slow_heads_are_capped_and_cannot_grow_memory() {
         stream
             .write_all(b"1\r\nHost: loris.default.svc.cluster.local\r\n\r\n")
             .unwrap();
-        let mut buffered = Vec::new();
-        assert_eq!(
-            support::read_response(stream, &mut buffered)
-                .unwrap()
-                .status,
-            200
-        );
+        assert_eq!(next_response(stream).status, 200);
     }
     drop(queued);
     assert_eq!(exchange(activator.http, request.as_bytes()).status, 200);
