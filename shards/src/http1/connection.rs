@@ -448,8 +448,7 @@ async fn proxy_request(
                 }
                 shard.stats().dial_retries.increment();
                 // Nothing was sent: the head goes back as it was before this pod's Host line.
-                conn.request_out
-                    .drain(host_at..host_at + pod.host_line.len());
+                rewrite::remove_host(&mut conn.request_out, host_at, &pod.host_line);
                 unreached = Some(error);
                 continue;
             }
@@ -505,9 +504,7 @@ async fn proxy_request(
             if !may_retry(attempt, failure, replayable) {
                 return ended;
             }
-            // The head as it was before this pod's Host line went in.
-            conn.request_out
-                .drain(host_at..host_at + pod.host_line.len());
+            rewrite::remove_host(&mut conn.request_out, host_at, &pod.host_line);
             continue;
         }
         // A fresh connection the pod dropped says more than a pooled one that raced its

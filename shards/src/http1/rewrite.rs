@@ -168,6 +168,12 @@ pub fn insert_host(out: &mut Vec<u8>, host_at: usize, host_line: &[u8]) {
     out.splice(host_at..host_at, host_line.iter().copied());
 }
 
+/// Undoes [`insert_host`]: the head as it was before a pod's `Host` line went in, for the
+/// request to go to another pod.
+pub fn remove_host(out: &mut Vec<u8>, host_at: usize, host_line: &[u8]) {
+    out.drain(host_at..host_at + host_line.len());
+}
+
 /// The `Host` line for a pod, formatted once per pod rather than once per request.
 pub fn host_line(pod: SocketAddr) -> Box<[u8]> {
     format!("Host: {pod}\r\n").into_bytes().into_boxed_slice()
