@@ -676,8 +676,8 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
                 let nearest = log
                     .events
                     .iter()
-                    .filter(|(at, _)| *at <= r.end)
-                    .last()
+                    .rev()
+                    .find(|(at, _)| *at <= r.end)
                     .map(|(at, text)| format!("last event before its end: {} {text}", t(*at)))
                     .unwrap_or_default();
                 entry.2.push(format!(

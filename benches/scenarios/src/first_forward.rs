@@ -140,6 +140,50 @@ fn wait_queued(activator: &Activator, count: f64) -> Result<(), String> {
 }
 
 /// One driver: returns the delays in microseconds, sorted.
+/// One repetition: the pod at `pod_ip` is made not-ready, a client's request to `revision`
+/// waits, `queued` says when it is queued, then a queue-proxy `ready` goes in. Returns the
+/// microseconds from sending that `ready` to the request's head reaching the pod. Each step
+/// (connecting, the request's arrival) may take up to `step_timeout`.
+pub(crate) fn time_ready_to_forward(
+    activator: &Activator,
+    pod: &Pod,
+    pod_ip: IpAddr,
+    revision: &'static str,
+    step_timeout: Duration,
+    queued: impl FnOnce(&Activator) -> Result<(), String>,
+) -> Result<u32, String> {
+    register(activator.http, pod_ip, "not-ready")?;
+    let http = activator.http;
+    let client = std::thread::spawn(move || {
+        Conn::connect(http, step_timeout)
+            .and_then(|mut conn| conn.roundtrip(&get_request("/", revision)))
+            .map(|response| response.status)
+    });
+    queued(activator)?;
+    while pod.arrivals.try_recv().is_ok() {}
+    let start = Instant::now();
+    let mut stream =
+        TcpStream::connect_timeout(&activator.http, step_timeout).map_err(|e| e.to_string())?;
+    stream
+        .write_all(&registration(pod_ip, "ready"))
+        .map_err(|e| e.to_string())?;
+    let arrived = pod.arrivals.recv_timeout(step_timeout).map_err(|_| {
+        format!(
+            "the queued request never reached the pod; log:\n{}",
+            activator.log_tail()
+        )
+    })?;
+    let delay = arrived.saturating_duration_since(start).as_micros() as u32;
+    match read_status(stream) {
+        Ok(200) => {}
+        other => return Err(format!("registration {other:?}")),
+    }
+    match client.join() {
+        Ok(Ok(200)) => Ok(delay),
+        other => Err(format!("client {other:?}")),
+    }
+}
+
 fn measure(binary: &Path, driver: &str, options: &Options) -> Result<Vec<u32>, String> {
     let dir = ScratchDir::new(&format!("first-forward-{driver}"))?;
     let pod_ip = IpAddr::from([127, 0, 0, 2]);
@@ -167,36 +211,16 @@ fn measure(binary: &Path, driver: &str, options: &Options) -> Result<Vec<u32>, S
     })?;
     let mut delays = Vec::with_capacity(options.repetitions);
     for repetition in 0..options.repetitions {
-        register(activator.http, pod_ip, "not-ready")?;
-        let http = activator.http;
-        let client = std::thread::spawn(move || {
-            Conn::connect(http, STEP_TIMEOUT)
-                .and_then(|mut conn| conn.roundtrip(&get_request("/", "zero")))
-                .map(|response| response.status)
-        });
-        wait_queued(&activator, 1.0).map_err(|e| format!("repetition {repetition}: {e}"))?;
-        while pod.arrivals.try_recv().is_ok() {}
-        let start = Instant::now();
-        let mut stream =
-            TcpStream::connect_timeout(&activator.http, STEP_TIMEOUT).map_err(|e| e.to_string())?;
-        stream
-            .write_all(&registration(pod_ip, "ready"))
-            .map_err(|e| e.to_string())?;
-        let arrived = pod.arrivals.recv_timeout(STEP_TIMEOUT).map_err(|_| {
-            format!(
-                "repetition {repetition}: the queued request never reached the pod; log:\n{}",
-                activator.log_tail()
-            )
-        })?;
-        delays.push(arrived.saturating_duration_since(start).as_micros() as u32);
-        match read_status(stream) {
-            Ok(200) => {}
-            other => return Err(format!("repetition {repetition}: registration {other:?}")),
-        }
-        match client.join() {
-            Ok(Ok(200)) => {}
-            other => return Err(format!("repetition {repetition}: client {other:?}")),
-        }
+        let delay = time_ready_to_forward(
+            &activator,
+            &pod,
+            pod_ip,
+            "zero",
+            STEP_TIMEOUT,
+            |activator| wait_queued(activator, 1.0),
+        )
+        .map_err(|e| format!("repetition {repetition}: {e}"))?;
+        delays.push(delay);
     }
     if let Some(trouble) = activator.stop() {
         return Err(trouble);

@@ -16,8 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::activator::{Activator, Launch};
-use crate::client::{get_request, Conn};
-use crate::first_forward::{read_status, register, registration, spawn_pod};
+use crate::first_forward::{read_status, spawn_pod, time_ready_to_forward};
 use crate::{fmt_us, percentile, ScratchDir};
 
 /// Targets of issue 16 at 5 000 × 10, quarantine on.
@@ -227,37 +226,14 @@ fn measure(
     // Registration → forwarded.
     let mut delays = Vec::with_capacity(options.repetitions);
     for repetition in 0..options.repetitions {
-        register(activator.http, zero_ip, "not-ready")?;
-        let http = activator.http;
-        let client = std::thread::spawn(move || {
-            Conn::connect(http, STEP_TIMEOUT)
-                .and_then(|mut conn| conn.roundtrip(&get_request("/", "zero")))
-                .map(|response| response.status)
-        });
-        // Queued within microseconds; no /metrics scrape (several MB at this size) in between.
-        std::thread::sleep(Duration::from_millis(20));
-        while zero_pod.arrivals.try_recv().is_ok() {}
-        let start = Instant::now();
-        let mut stream =
-            TcpStream::connect_timeout(&activator.http, STEP_TIMEOUT).map_err(|e| e.to_string())?;
-        stream
-            .write_all(&registration(zero_ip, "ready"))
-            .map_err(|e| e.to_string())?;
-        let arrived = zero_pod.arrivals.recv_timeout(STEP_TIMEOUT).map_err(|_| {
-            format!(
-                "repetition {repetition}: the queued request never reached the pod; log:\n{}",
-                activator.log_tail()
-            )
-        })?;
-        delays.push(arrived.saturating_duration_since(start).as_micros() as u32);
-        match read_status(stream) {
-            Ok(200) => {}
-            other => return Err(format!("repetition {repetition}: registration {other:?}")),
-        }
-        match client.join() {
-            Ok(Ok(200)) => {}
-            other => return Err(format!("repetition {repetition}: client {other:?}")),
-        }
+        let delay =
+            time_ready_to_forward(&activator, &zero_pod, zero_ip, "zero", STEP_TIMEOUT, |_| {
+                // Queued within microseconds; no /metrics scrape (several MB at this size) in between.
+                std::thread::sleep(Duration::from_millis(20));
+                Ok(())
+            })
+            .map_err(|e| format!("repetition {repetition}: {e}"))?;
+        delays.push(delay);
     }
     delays.sort_unstable();
 
