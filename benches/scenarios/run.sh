@@ -10,7 +10,7 @@
 #   bash benches/scenarios/run.sh kube-scale                # real kube-apiserver, 10 000 revisions × 10 pods: sync, RSS, event → applied
 #   bash benches/scenarios/run.sh pod-scale                 # 1 000 and 5 000 revisions × 10 pods: idle CPU, RSS, reg → fwd; ~8 min
 #   bash benches/scenarios/run.sh pod-scale --revisions 100 --idle 5 --settle 5 --repetitions 20   # a quick check
-#   bash benches/scenarios/run.sh chaos [--duration-seconds 120]   # soak: kills, QP flips, config rewrites; 10 min
+#   bash benches/scenarios/run.sh chaos [--duration-seconds 120] [--warm-up-seconds 60]   # soak: kills, QP flips, config rewrites; 10 min
 #   bash benches/scenarios/run.sh all                       # every implemented scenario
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/scenarios/run.sh ...   # that binary, no build
 #

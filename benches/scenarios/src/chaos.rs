@@ -31,6 +31,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct Options {
     pub duration: Duration,
+    /// Chaos time before the RSS baseline is taken: the first rounds of every event fill the
+    /// allocator's arenas, the pools and the connection slabs to their working size.
+    pub warm_up: Duration,
     pub shards: Option<usize>,
     pub driver: String,
     pub testbackend: PathBuf,
@@ -553,12 +556,14 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
 
     // Warm-up, then the start figure.
     std::thread::sleep(Duration::from_secs(5));
-    let rss_start = activator.memory_kib()?.rss;
+    let rss_load = activator.memory_kib()?.rss;
     eprintln!(
-        "[chaos] warm-up done, VmRSS {rss_start} KiB; chaos for {:?}",
-        options.duration
+        "[chaos] load running, VmRSS {rss_load} KiB; chaos for {:?}, RSS baseline after {:?} of it",
+        options.duration, options.warm_up
     );
     let begin = Instant::now();
+    // VmRSS sampled after every chaos step: (seconds into the chaos, KiB).
+    let mut rss_samples: Vec<(f64, u64)> = Vec::new();
     let mut log = Log::default();
     let event = |log: &mut Log, text: String| {
         eprintln!("[chaos {:>6.1}s] {text}", begin.elapsed().as_secs_f64());
@@ -629,6 +634,12 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
             }
         }
         std::thread::sleep(Duration::from_secs(1));
+        let rss = activator.memory_kib()?.rss;
+        let at = begin.elapsed().as_secs_f64();
+        if rss_samples.last().is_none_or(|(last, _)| at - last >= 60.0) {
+            eprintln!("[chaos {at:>6.1}s] VmRSS {rss} KiB");
+        }
+        rss_samples.push((at, rss));
     }
     // Let everything settle, then stop the load.
     std::thread::sleep(Duration::from_secs(3));
@@ -701,7 +712,7 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
         w,
         "kactivator {} driver, {shards} shards; {} pods for `default/chaos`, 2 for `default/zero`; \
          load: 8 keep-alive, 8 connection-per-request, 4 streamed (chunked) clients, 2 on the \
-         scale-to-zero revision, 3 websocket clients. Chaos for {:.0} s after a 5 s warm-up.\n",
+         scale-to-zero revision, 3 websocket clients, started 5 s before the chaos. Chaos for {:.0} s.\n",
         options.driver,
         chaos_n,
         elapsed.as_secs_f64()
@@ -749,10 +760,48 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
         }
         let _ = writeln!(w);
     }
-    let growth = (rss_end as f64 / rss_start.max(1) as f64 - 1.0) * 100.0;
+    // The baseline: the first sample at or after the warm-up (the last one if the run is shorter).
+    let warm_up = options.warm_up.as_secs_f64();
+    let (base_at, rss_start) = rss_samples
+        .iter()
+        .copied()
+        .find(|(at, _)| *at >= warm_up)
+        .or(rss_samples.last().copied())
+        .unwrap_or((0.0, rss_load));
+    let after: Vec<u64> = rss_samples
+        .iter()
+        .filter(|(at, _)| *at >= base_at)
+        .map(|(_, kib)| *kib)
+        .chain([rss_end])
+        .collect();
+    let (low, high) = (
+        after.iter().copied().min().unwrap_or(rss_end),
+        after.iter().copied().max().unwrap_or(rss_end),
+    );
+    let pct = |kib: u64| (kib as f64 / rss_start.max(1) as f64 - 1.0) * 100.0;
+    let growth = pct(rss_end);
+    let flat = pct(low) >= -10.0 && pct(high) <= 10.0;
     let _ = writeln!(
         w,
-        "kactivator VmRSS: {rss_start} KiB after warm-up, {rss_end} KiB at the end ({growth:+.1} %).\n"
+        "kactivator VmRSS: {rss_load} KiB with the load running before any chaos; baseline \
+         {rss_start} KiB at {base_at:.0} s of chaos (warm-up {warm_up:.0} s); {rss_end} KiB at the \
+         end ({growth:+.1} %); after the baseline between {low} KiB ({:+.1} %) and {high} KiB \
+         ({:+.1} %). Flat within ±10 %: **{}**.\n",
+        pct(low),
+        pct(high),
+        if flat { "yes" } else { "no" }
+    );
+    let mut series = String::new();
+    let mut next = 0.0;
+    for (at, kib) in &rss_samples {
+        if *at >= next {
+            let _ = write!(series, "{at:.0} s {kib}, ");
+            next = at + 60.0;
+        }
+    }
+    let _ = writeln!(
+        w,
+        "VmRSS (KiB) about once a minute: {series}end {rss_end}.\n"
     );
     let _ = writeln!(
         w,
@@ -763,7 +812,7 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
     if let Some(note) = stop_note {
         let _ = writeln!(w, "\n{note}");
     }
-    Ok((report, all_in_flight))
+    Ok((report, all_in_flight && flat))
 }
 
 /// A failure text with the varying parts (pod addresses, numbers of bytes) kept, so that classes
