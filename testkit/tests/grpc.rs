@@ -279,3 +279,24 @@ async fn dropping_a_server_stream_mid_way_counts_as_cancelled() {
     let reply = client.unary(request(b"after")).await.expect("unary");
     assert_eq!(reply.into_inner().payload, Bytes::from_static(b"after"));
 }
+
+#[tokio::test]
+async fn abandoning_a_delayed_unary_call_counts_as_cancelled() {
+    let backend = backend();
+    let mut client = connect(backend.addr(), AUTHORITY).await.expect("connect");
+    let call = client.unary(EchoRequest {
+        delay_ms: 10_000,
+        ..request(b"slow")
+    });
+    // Dropping the call future resets the stream while the handler still sleeps.
+    let abandoned = tokio::time::timeout(Duration::from_millis(100), call).await;
+    assert!(abandoned.is_err(), "the call should still be running");
+    let stats = wait_for_stats(&backend, |stats| {
+        stats.cancelled == 1 && stats.in_flight == 0
+    })
+    .await;
+    assert_eq!(
+        (stats.cancelled, stats.in_flight, stats.requests),
+        (1, 0, 1)
+    );
+}
