@@ -13,7 +13,8 @@
 //! | anything else | 404 `no route\n` |
 //!
 //! Every answer carries `X-Backend: <name>`, the revision headers when configured, and
-//! `X-Http-Version: HTTP/1.1` or `HTTP/2.0`, the protocol the request reached the pod over.
+//! `X-Http-Version: HTTP/1.1` or `HTTP/2.0`, the protocol the request reached the pod over, and
+//! `X-Request-Authority`, the `:authority` (HTTP/2) or `Host` (HTTP/1.1) it arrived with.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -30,7 +31,7 @@ use bytes::Bytes;
 use futures_util::stream::{self, Stream, StreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -64,6 +65,7 @@ pub const MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 
 const HTTP_VERSION_HEADER: HeaderName = HeaderName::from_static("x-http-version");
+const AUTHORITY_HEADER: HeaderName = HeaderName::from_static("x-request-authority");
 const PROBE_HEADER: HeaderName = HeaderName::from_static("k-network-probe");
 
 /// Error type of the response bodies and of the client helpers.
@@ -543,6 +545,7 @@ async fn handle(
 ) -> Response<TrackedBody> {
     let shared = &connection.shared;
     let version = request.version();
+    let authority = request_authority(&request);
     if version == Version::HTTP_2 && !connection.spoke_h2.swap(true, Ordering::SeqCst) {
         shared.extra.h2_connections.fetch_add(1, Ordering::SeqCst);
     }
@@ -572,7 +575,19 @@ async fn handle(
     if let Ok(value) = HeaderValue::from_str(&format!("{version:?}")) {
         headers.insert(HTTP_VERSION_HEADER, value);
     }
+    if let Some(authority) = authority {
+        headers.insert(AUTHORITY_HEADER, authority);
+    }
     response
+}
+
+/// What the request was addressed to: HTTP/2's `:authority` (hyper puts it in the URI), else
+/// the `Host` header.
+fn request_authority(request: &Request<Incoming>) -> Option<HeaderValue> {
+    match request.uri().authority() {
+        Some(authority) => HeaderValue::from_str(authority.as_str()).ok(),
+        None => request.headers().get(HOST).cloned(),
+    }
 }
 
 fn is_queue_probe(request: &Request<Incoming>) -> bool {

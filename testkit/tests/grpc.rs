@@ -76,6 +76,7 @@ async fn unary_echoes_the_payload_and_names_the_backend() {
         "hello-00001"
     );
     assert_eq!(headers.get("x-http-version").unwrap(), "HTTP/2.0");
+    assert_eq!(headers.get("x-request-authority").unwrap(), AUTHORITY);
     let stats = wait_for_stats(&backend, |stats| stats.in_flight == 0).await;
     assert_eq!(stats.requests, 1);
     assert_eq!(stats.in_flight, 0);
@@ -185,6 +186,7 @@ async fn h2c_get_reports_http2() {
         .expect("h2c GET /");
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-http-version"], "HTTP/2.0");
+    assert_eq!(response.headers()["x-request-authority"], AUTHORITY);
     assert_eq!(response.headers()["x-backend"], "pod-a");
     assert_eq!(response.body().as_ref(), b"hello from pod-a\n");
     assert_eq!(backend.stats().h2_connections, 1);
@@ -200,6 +202,7 @@ async fn http1_get_on_the_same_port_reports_http1() {
         "{response}"
     );
     assert!(response.contains("x-knative-revision-namespace: default\r\n"));
+    assert!(response.contains(&format!("x-request-authority: {AUTHORITY}\r\n")));
     assert!(response.ends_with("hello from pod-a\n"), "{response}");
     let stats = backend.stats();
     assert_eq!((stats.requests, stats.h2_connections), (1, 0));
