@@ -563,7 +563,7 @@ async fn handle(
         let response = if is_grpc(&request) {
             grpc(request, shared).await
         } else {
-            plain(request, &shared.identity.name)
+            plain(request, &shared.identity.name).await
         };
         response.map(|body| TrackedBody {
             inner: body,
@@ -616,10 +616,18 @@ async fn grpc(request: Request<Incoming>, shared: &Shared) -> Response<ResponseB
     response.map(|body| body.map_err(BoxError::from).boxed_unsync())
 }
 
-/// The plain HTTP side: the greeting on `/`, 404 elsewhere. Request bodies are ignored;
-/// hyper discards what is left of them.
-fn plain(request: Request<Incoming>, name: &str) -> Response<ResponseBody> {
-    if request.method() == Method::GET && request.uri().path() == "/" {
+/// The plain HTTP side: the greeting on `/`, 404 elsewhere.
+async fn plain(request: Request<Incoming>, name: &str) -> Response<ResponseBody> {
+    let greeting = request.method() == Method::GET && request.uri().path() == "/";
+    // Read to the end even though nothing uses it: an HTTP/1.1 connection whose request
+    // body was left unread is closed rather than reused, and tests expect keep-alive.
+    let mut body = request.into_body();
+    while let Some(frame) = body.frame().await {
+        if frame.is_err() {
+            break;
+        }
+    }
+    if greeting {
         text(StatusCode::OK, format!("hello from {name}\n"))
     } else {
         text(StatusCode::NOT_FOUND, "no route\n")
