@@ -15,6 +15,25 @@
 //! Every answer carries `X-Backend: <name>`, the revision headers when configured, and
 //! `X-Http-Version: HTTP/1.1` or `HTTP/2.0`, the protocol the request reached the pod over, and
 //! `X-Request-Authority`, the `:authority` (HTTP/2) or `Host` (HTTP/1.1) it arrived with.
+//!
+//! A test drives it like this (through the proxy, `addr` would be the proxy's):
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), kactivator_testkit::grpc::BoxError> {
+//! use kactivator_testkit::backend::BackendConfig;
+//! use kactivator_testkit::grpc::{connect, pb::EchoRequest, spawn_grpc};
+//!
+//! let backend = spawn_grpc(BackendConfig::named("pod-a"))?;
+//! let mut client = connect(backend.addr(), "hello-00001.default.svc.cluster.local").await?;
+//! let reply = client
+//!     .unary(EchoRequest { payload: "ping".into(), delay_ms: 0, reply_bytes: 0 })
+//!     .await?
+//!     .into_inner();
+//! assert_eq!(reply.backend, "pod-a");
+//! assert_eq!(backend.stats().requests, 1);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -189,7 +189,11 @@ async fn h2c_get_reports_http2() {
     assert_eq!(response.headers()["x-request-authority"], AUTHORITY);
     assert_eq!(response.headers()["x-backend"], "pod-a");
     assert_eq!(response.body().as_ref(), b"hello from pod-a\n");
-    assert_eq!(backend.stats().h2_connections, 1);
+    let stats = backend.stats();
+    assert_eq!(
+        (stats.h2_connections, stats.in_flight, stats.cancelled),
+        (1, 0, 0)
+    );
 }
 
 #[tokio::test]
@@ -205,7 +209,10 @@ async fn http1_get_on_the_same_port_reports_http1() {
     assert!(response.contains(&format!("x-request-authority: {AUTHORITY}\r\n")));
     assert!(response.ends_with("hello from pod-a\n"), "{response}");
     let stats = backend.stats();
-    assert_eq!((stats.requests, stats.h2_connections), (1, 0));
+    assert_eq!(
+        (stats.requests, stats.h2_connections, stats.cancelled),
+        (1, 0, 0)
+    );
 }
 
 #[tokio::test]
