@@ -3,7 +3,9 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use kactivator_control::config::{Config, RevisionConfig, DEFAULT_ADMIN, DEFAULT_HTTP, DEFAULT_HTTP2};
+use kactivator_control::config::{
+    Config, RevisionConfig, DEFAULT_ADMIN, DEFAULT_HTTP, DEFAULT_HTTP2,
+};
 use kactivator_testkit::backend::{self, BackendConfig};
 
 use crate::cli::{Cli, DemoArgs};

@@ -277,8 +277,9 @@ pub fn run_with(
     );
 
     // Both data ports serve HTTP/1.1 and h2c alike; each shard has a listener on each.
-    let mut listeners: Vec<Vec<std::net::TcpListener>> =
-        (0..placement.shards).map(|_| Vec::with_capacity(2)).collect();
+    let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..placement.shards)
+        .map(|_| Vec::with_capacity(2))
+        .collect();
     for addr in [config.listen.http, config.listen.http2] {
         let bound = reactor::bind_listeners(addr, placement.shards)
             .map_err(|source| StartError::Bind { addr, source })?;

@@ -10,6 +10,13 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::time::Duration;
 
+use kactivator_shards::http2::{
+    H2Settings, DEFAULT_CONNECTION_WINDOW as DEFAULT_H2_CONNECTION_WINDOW,
+    DEFAULT_MAX_CONCURRENT_STREAMS as DEFAULT_H2_MAX_CONCURRENT_STREAMS,
+    DEFAULT_MAX_FRAME as DEFAULT_H2_MAX_FRAME,
+    DEFAULT_MAX_HEADER_LIST as DEFAULT_H2_MAX_HEADER_LIST,
+    DEFAULT_STREAM_WINDOW as DEFAULT_H2_STREAM_WINDOW,
+};
 use kactivator_shards::routing::{
     LbPolicy, Protocol, Timeouts, DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT,
 };
@@ -18,13 +25,6 @@ use kactivator_shards::runtime::shard::{
 };
 use kactivator_shards::upstream::pool::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_POD,
-};
-use kactivator_shards::http2::{
-    H2Settings, DEFAULT_CONNECTION_WINDOW as DEFAULT_H2_CONNECTION_WINDOW,
-    DEFAULT_MAX_CONCURRENT_STREAMS as DEFAULT_H2_MAX_CONCURRENT_STREAMS,
-    DEFAULT_MAX_FRAME as DEFAULT_H2_MAX_FRAME,
-    DEFAULT_MAX_HEADER_LIST as DEFAULT_H2_MAX_HEADER_LIST,
-    DEFAULT_STREAM_WINDOW as DEFAULT_H2_STREAM_WINDOW,
 };
 use serde::Deserialize;
 use toml::de::DeTable;

@@ -576,4 +576,3 @@ impl ClientWatch for Watch<'_> {
         matches!(self.inbuf.fill(self.reader).await, Ok(read) if read > 0)
     }
 }
-

@@ -96,7 +96,9 @@ mod tests {
         let mut space = [0u8; 2];
         loop {
             let mut buf = ReadBuf::new(&mut space);
-            assert!(Pin::new(&mut rewind).poll_read(&mut cx, &mut buf).is_ready());
+            assert!(Pin::new(&mut rewind)
+                .poll_read(&mut cx, &mut buf)
+                .is_ready());
             if buf.filled().is_empty() {
                 break;
             }

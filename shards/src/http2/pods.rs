@@ -103,7 +103,9 @@ impl H2Pods {
             Err(_) => return Err(timed_out()),
         };
         let _ = stream.set_nodelay(true);
-        let io = stream.try_into_poll_io().map_err(|(error, _)| failed(error))?;
+        let io = stream
+            .try_into_poll_io()
+            .map_err(|(error, _)| failed(error))?;
         let mut builder = h2::client::Builder::new();
         builder
             .initial_window_size(self.settings.stream_window)

@@ -107,7 +107,10 @@ pub(crate) async fn take_over(
     match stream.try_into_poll_io() {
         Ok(io) => serve_connection(shard, Rewind::new(read, io), peer_ip).await,
         Err((error, _)) => {
-            tracing::warn!(shard = shard.index, "cannot serve a connection as HTTP/2: {error}")
+            tracing::warn!(
+                shard = shard.index,
+                "cannot serve a connection as HTTP/2: {error}"
+            )
         }
     }
 }

@@ -352,16 +352,7 @@ async fn proxy(
         };
         address_to(&mut outbound, &pod);
         let exchanged = exchange(
-            shard,
-            revision,
-            addr,
-            sender,
-            &outbound,
-            body,
-            respond,
-            &deadlines,
-            &mut held,
-            grpc,
+            shard, revision, addr, sender, &outbound, body, respond, &deadlines, &mut held, grpc,
         )
         .await;
         let (error, replayable) = match exchanged {
@@ -579,14 +570,14 @@ async fn exchange(
         let download = relay_response(shard, addr, &mut from_pod, &mut to_client, deadlines, held);
         let mut download = pin!(download);
         poll_fn(|cx| {
-        if upload_ended.is_none() {
-            if let Poll::Ready(ended) = upload.as_mut().poll(cx) {
-                upload_ended = Some(ended);
+            if upload_ended.is_none() {
+                if let Poll::Ready(ended) = upload.as_mut().poll(cx) {
+                    upload_ended = Some(ended);
+                }
             }
-        }
-        if upload_ended == Some(Upload::ClientGone) {
-            return Poll::Ready(Err(Cut::ClientGone));
-        }
+            if upload_ended == Some(Upload::ClientGone) {
+                return Poll::Ready(Err(Cut::ClientGone));
+            }
             download.as_mut().poll(cx)
         })
         .await
@@ -771,9 +762,7 @@ async fn relay_response(
     .await
     {
         Either::Left(Ok(trailers)) => trailers,
-        Either::Left(Err(error)) => {
-            return Err(Cut::Pod(h2_failure(addr, &error, Phase::Receive)))
-        }
+        Either::Left(Err(error)) => return Err(Cut::Pod(h2_failure(addr, &error, Phase::Receive))),
         Either::Right(()) => return Err(Cut::TimedOut),
     };
     // The pod is done with this request: its slot goes to the next one now.
