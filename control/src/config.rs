@@ -980,17 +980,28 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
     }
 
     #[test]
-    fn h2c_is_refused_until_http2_to_pods_is_built() {
+    fn h2c_revisions_load_and_http2_settings_are_checked() {
         let text =
             "[[revisions]]\nnamespace = \"default\"\nname = \"web\"\nprotocol = \"http1\"\n\n\
                     [[revisions]]\nnamespace = \"default\"\nname = \"hello\"\nprotocol = \"h2c\"\n";
-        let (position, message) = error_at(text);
-        assert_eq!(position, Some((9, 12)), "{message}");
+        let config = Config::parse(text).expect("h2c is a protocol like http1");
+        assert_eq!(config.revisions[1].protocol, ProtocolName::H2c);
+
+        let window = "[proxy]\nh2_stream_window_bytes = 1000\n";
+        let (position, message) = error_at(window);
+        assert_eq!(position, Some((2, 26)), "{message}");
         assert_eq!(
             message,
-            "revision default/hello: protocol \"h2c\" is not supported yet (HTTP/2 to pods is not \
-             built); use \"http1\""
+            "proxy.h2_stream_window_bytes must be between 65535 and 2147483647"
         );
+        let frame = "[proxy]\nh2_max_frame_bytes = 16777216\n";
+        assert!(error_at(frame).1.contains("h2_max_frame_bytes"));
+        let streams = "[proxy]\nh2_max_concurrent_streams = 0\n";
+        assert!(error_at(streams).1.contains("at least 1"));
+        let same = "[listen]\nhttp = \"127.0.0.1:8012\"\nhttp2 = \"127.0.0.1:8012\"\n";
+        let (position, message) = error_at(same);
+        assert_eq!(position, Some((3, 9)), "{message}");
+        assert!(message.contains("must differ"), "{message}");
     }
 
     #[test]
