@@ -405,8 +405,9 @@ async fn a_pod_killed_mid_stream_fails_that_stream_with_unavailable() {
     assert_ne!(reply.into_inner().backend, victim_name);
 }
 
-/// SIGTERM: clients get GOAWAY at the start of the grace period, the streams they have open
-/// finish, and new calls land on a new connection while the listeners still accept.
+/// SIGTERM: clients get GOAWAY at the start of the grace period (an idle connection closes at
+/// once), the streams they have open finish, and a new connection is served while the listeners
+/// still accept.
 #[tokio::test]
 async fn a_drain_lets_open_streams_finish() {
     let pod = pod("pod-a");
@@ -422,7 +423,40 @@ async fn a_drain_lets_open_streams_finish() {
         .expect("server stream")
         .into_inner();
     replies.message().await.expect("first").expect("a reply");
+    // A second client connection, idle: it must be told to go (GOAWAY) at the start of the
+    // grace period, not when the listeners close.
+    let idle = tokio::net::TcpStream::connect(activator.http2)
+        .await
+        .unwrap();
+    let (idle_sender, idle_connection) = h2::client::handshake(idle).await.expect("handshake");
+    let (ended_tx, ended_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = ended_tx.send(idle_connection.await);
+    });
+    let idle_sender = idle_sender.ready().await.expect("the connection is up");
     activator.send_signal("TERM");
+    let signalled = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), ended_rx)
+        .await
+        .expect("the idle connection ends")
+        .unwrap();
+    assert!(
+        signalled.elapsed() < Duration::from_millis(700),
+        "the idle h2 connection ended {:?} after SIGTERM: after the grace period, not at its start",
+        signalled.elapsed()
+    );
+    assert!(
+        ended
+            .as_ref()
+            .map_or_else(|error| error.is_go_away(), |()| true),
+        "ended without GOAWAY: {ended:?}"
+    );
+    drop(idle_sender);
+    // The listeners still accept during the grace period: a new connection is served.
+    let fresh = h2c_request(activator.http2, AUTHORITY, http::Method::GET, "/", &[])
+        .await
+        .expect("a new connection during the grace period");
+    assert_eq!(fresh.status(), 200);
     let mut received = 1;
     while let Some(_reply) = replies.message().await.expect("the open stream finishes") {
         received += 1;
