@@ -379,8 +379,8 @@ fn malformed_frames_get_goaway_with_an_error_code_and_the_connection_closes() {
 // === 2. a wrong preface ===
 
 /// A connection that starts like the HTTP/2 preface but goes wrong after `PRI * HTTP/2.0` is
-/// not HTTP/2 and not a valid HTTP/1 request either: the client gets an HTTP/1 error status
-/// and the connection is closed.
+/// not HTTP/2 and not a valid HTTP/1 request either: the client gets `505 HTTP Version Not
+/// Supported` with `Connection: close`, and the connection is closed.
 #[test]
 fn a_preface_wrong_after_its_first_bytes_is_refused_and_closed() {
     let pod = pod();
@@ -393,15 +393,17 @@ fn a_preface_wrong_after_its_first_bytes_is_refused_and_closed() {
         stream
             .write_all(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n")
             .unwrap();
+        // read_to_end returns once the activator closes; a timeout here would be a hang.
         let mut answer = Vec::new();
         let read = stream.read_to_end(&mut answer);
-        assert!(
-            read.is_ok() || answer.is_empty(),
-            "the connection neither closed nor answered: {read:?}"
-        );
         let text = String::from_utf8_lossy(&answer);
         assert!(
-            text.starts_with("HTTP/1.1 400") || text.starts_with("HTTP/1.1 505"),
+            read.is_ok(),
+            "on {port}: not closed ({read:?}), got {text:?}"
+        );
+        // `PRI * HTTP/2.0` reads as an HTTP/1 request line of version 2.0.
+        assert!(
+            text.starts_with("HTTP/1.1 505 ") && text.contains("Connection: close\r\n"),
             "on {port}: {text:?}"
         );
     }
@@ -491,7 +493,8 @@ fn after_flood(baseline: u64, peak: u64, stream: TcpStream, what: &str) {
 
 /// A client that floods PINGs and never reads the PONGs cannot make the activator buffer
 /// them: the activator stops reading once its answers back up, memory stays flat, and
-/// everyone else is still served.
+/// everyone else is still served. (On loopback the socket buffers take all 1.7 MB of PINGs
+/// and PONGs, so the writer may well finish; the memory bound is what is checked.)
 #[test]
 fn a_ping_flood_without_reading_is_held_back_and_memory_stays_bounded() {
     let pod = pod();
