@@ -698,7 +698,9 @@ fn a_slow_reader_stalls_the_pod_and_memory_stays_bounded() {
     let stream = h2_connect(activator.http2);
     let mut reader = FrameReader::new(stream.try_clone().unwrap());
     reader.ack_settings();
-    // 2000 replies of 64 KiB: 125 MiB the pod would send if nothing held it back.
+    // 2000 replies of 64 KiB: 125 MiB the pod would send if nothing held it back (to a client
+    // that reads, it sends them all in about 0.2 s here, so a stream still open seconds later
+    // is a stalled one).
     (&stream)
         .write_all(&grpc_call(1, "ServerStream", &stream_request(2000, 65_536)))
         .unwrap();
