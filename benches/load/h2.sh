@@ -78,7 +78,7 @@ mkdir -p "$results_dir"
 
 work=$(mktemp -d /tmp/kactivator-h2.XXXXXX)
 chmod 755 "$work" # nginx workers run as nobody and read below it
-records="$work/records.tsv" # workload round row rps mean_us sd_us max_us errors foreign%
+records="$work/records.tsv" # workload round row rps mean_us sd_us max_us errors foreign% succeeded proxy_ticks backend_ticks
 : >"$records"
 
 log() { printf '[h2 %s] %s\n' "$(date +%T)" "$*" >&2; }
@@ -292,30 +292,46 @@ declare -A label=([direct]="direct to backend" [kact-uring]="kactivator io-uring
 declare -A port_of=([direct]=$BACKEND_PORT [kact-uring]=$KACT_URING_PORT
   [kact-epoll]=$KACT_EPOLL_PORT [nginx]=$NGINX_PORT)
 
+# pid_ticks PID: CPU time (user + system, all threads) of PID and its descendants, in ticks.
+pid_ticks() {
+  local p ticks sum=0
+  for p in "$1" $(descendants "$1"); do
+    ticks=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }')
+    sum=$((sum + ${ticks:-0}))
+  done
+  echo "$sum"
+}
+
 # measure WORKLOAD ROUND ROW SECS: one h2load run on the client CPU.
 measure() {
   local workload=$1 round=$2 row=$3 secs=$4 out before foreign rps mean sd max errors
+  local proxy_before backend_before proxy_ticks backend_ticks done
   out="$work/h2load-$workload-$round-$row.txt"
   before=$(cpu_snapshot)
+  proxy_before=$(pid_ticks "${pid_of[$row]}")
+  backend_before=$(pid_ticks "${pid_of[direct]}")
   # shellcheck disable=SC2046 # workload_args is a word list
   taskset -c "$CLIENT_CPU" h2load -c "$clients" -m "$streams" -t 1 -D "$secs" \
     -H ":authority: $AUTHORITY" $(workload_args "$workload") \
     "http://127.0.0.1:${port_of[$row]}$(workload_path "$workload")" >"$out" 2>&1 || true
+  proxy_ticks=$(($(pid_ticks "${pid_of[$row]}") - proxy_before))
+  backend_ticks=$(($(pid_ticks "${pid_of[direct]}") - backend_before))
   foreign=$(foreign_percent "$before" "$(cpu_snapshot)")
   [[ $round == warmup ]] && return 0
+  done=$(awk '/^requests:/ { print $8 }' "$out")
   rps=$(awk '/^finished in/ { print $4 }' "$out")
   read -r mean sd max < <(awk '/^time for request:/ { print $6, $7, $5 }' "$out")
   # Errors: failed + errored + timeout requests, and every response that was not 2xx.
   errors=$(awk '/^requests:/ { n += $10 + $12 + $14 } /^status codes:/ { n += $5 + $7 + $9 } END { print n + 0 }' "$out")
   [[ -n $rps && -n $mean ]] || { cat "$out" >&2; die "could not parse h2load output for ${label[$row]} ($workload)"; }
   mean=$(to_us "$mean") sd=$(to_us "$sd") max=$(to_us "$max")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workload" "$round" "$row" "$rps" "$mean" "$sd" "$max" "$errors" "$foreign" >>"$records"
-  raw "--- h2load workload=$workload round=$round row=$row rps=$rps mean_us=$mean sd_us=$sd max_us=$max errors=$errors foreign_cpu=$foreign%"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workload" "$round" "$row" "$rps" "$mean" "$sd" "$max" "$errors" "$foreign" "$done" "$proxy_ticks" "$backend_ticks" >>"$records"
+  raw "--- h2load workload=$workload round=$round row=$row rps=$rps mean_us=$mean sd_us=$sd max_us=$max errors=$errors foreign_cpu=$foreign% done=$done proxy_ticks=$proxy_ticks backend_ticks=$backend_ticks"
   cat "$out" >>"$results"
   local note=""
   ((errors == 0)) || note+=", $errors ERRORS"
   ((foreign <= FOREIGN_CPU_LIMIT)) || note+=", other processes used $foreign% of the CPUs"
-  log "$workload round $round ${label[$row]}: $rps req/s, mean $mean us (sd $sd)$note"
+  log "$workload round $round ${label[$row]}: $rps req/s, mean $mean us (sd $sd), $(per_cpu_s "$done" "$proxy_ticks") req per proxy CPU-second$note"
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END {
@@ -328,6 +344,17 @@ metric() { # metric WORKLOAD ROW COLUMN: median over rounds (errors, column 8: s
   else
     awk -F'\t' -v w="$1" -v r="$2" -v c="$3" '$1 == w && $3 == r { print $c }' "$records" | median
   fi
+}
+# per_cpu_s REQUESTS TICKS: requests per CPU-second.
+per_cpu_s() { awk -v n="$1" -v t="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { if (t > 0) printf "%.0f", n * hz / t }'; }
+# per_core WORKLOAD ROW: median over rounds of requests per CPU-second of the row's proxy (direct:
+# of the backend).
+per_core() {
+  awk -F'\t' -v w="$1" -v r="$2" -v hz="$(getconf CLK_TCK)" '$1 == w && $3 == r && $11 > 0 { print $10 * hz / $11 }' "$records" | median
+}
+# proxy_share WORKLOAD ROW: median share (%) of cpu0's busy time (proxy + backend) the proxy took.
+proxy_share() {
+  awk -F'\t' -v w="$1" -v r="$2" '$1 == w && $3 == r && $11 + $12 > 0 { print 100 * $11 / ($11 + $12) }' "$records" | median
 }
 per_round() { # per_round WORKLOAD ROW: rps of each round, in round order
   awk -F'\t' -v w="$1" -v r="$2" '$1 == w && $3 == r { printf "%s%.1fk", sep, $4 / 1000; sep = ", " }' "$records"
@@ -350,9 +377,12 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 require_port_free "$BACKEND_PORT" "$NGINX_PORT" "$KACT_URING_PORT" "$KACT_URING_ADMIN" "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
 log "L1: backend and proxies on cpu$PROXY_CPU, h2load -c$clients -m$streams on cpu$CLIENT_CPU; load average $load_before"
+declare -A pid_of=() # row -> the pid whose CPU time is that row's proxy (direct: the backend)
 start_backend
+pid_of[direct]=$last_pid
 check_h2 backend "$last_pid" "$BACKEND_PORT" || die "the backend did not come up"
 start_nginx
+pid_of[nginx]=$last_pid
 check_h2 nginx "$last_pid" "$NGINX_PORT" || die "nginx did not come up"
 declare -A kact_pid=()
 start_kactivator kact-uring io-uring "$KACT_URING_PORT" "$KACT_URING_ADMIN"
@@ -360,6 +390,8 @@ kact_pid[kact-uring]=$last_pid
 check_h2 kact-uring "$last_pid" "$KACT_URING_PORT" || die "kactivator io-uring did not come up"
 start_kactivator kact-epoll epoll "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
 kact_pid[kact-epoll]=$last_pid
+pid_of[kact-uring]=${kact_pid[kact-uring]}
+pid_of[kact-epoll]=${kact_pid[kact-epoll]}
 check_h2 kact-epoll "$last_pid" "$KACT_EPOLL_PORT" || die "kactivator epoll did not come up"
 
 for workload in "${workloads[@]}"; do
@@ -391,20 +423,24 @@ stop_kactivator "${kact_pid[kact-epoll]}" "$KACT_EPOLL_ADMIN"
       echo "## gRPC unary $GRPC_PATH (9-byte request frame)"
     fi
     echo
-    echo "| path | req/s | req/s per proxy core | mean | sd | max | errors | req/s per round |"
-    echo "|---|---|---|---|---|---|---|---|"
+    echo "| path | req/s | req per proxy CPU-second | proxy share of cpu0 | mean | sd | max | errors | req/s per round |"
+    echo "|---|---|---|---|---|---|---|---|---|"
     for row in "${rows[@]}"; do
-      local_rps=$(metric "$workload" "$row" 4)
-      per_core=$(fmt_rps "$local_rps")
-      [[ $row == direct ]] && per_core="—"
-      echo "| ${label[$row]} | $(fmt_rps "$local_rps") | $per_core | $(fmt_us "$(metric "$workload" "$row" 5)") | $(fmt_us "$(metric "$workload" "$row" 6)") | $(fmt_us "$(metric "$workload" "$row" 7)") | $(metric "$workload" "$row" 8) | $(per_round "$workload" "$row") |"
+      if [[ $row == direct ]]; then
+        share="—"
+      else
+        share=$(proxy_share "$workload" "$row")
+        share=${share:+$(printf '%.0f %%' "$share")}
+      fi
+      echo "| ${label[$row]} | $(fmt_rps "$(metric "$workload" "$row" 4)") | $(fmt_rps "$(per_core "$workload" "$row")") | ${share:-—} | $(fmt_us "$(metric "$workload" "$row" 5)") | $(fmt_us "$(metric "$workload" "$row" 6)") | $(fmt_us "$(metric "$workload" "$row" 7)") | $(metric "$workload" "$row" 8) | $(per_round "$workload" "$row") |"
     done
     echo
-    echo "| ratio, same run | req/s |"
-    echo "|---|---|"
-    for pair in kact-uring:nginx kact-epoll:nginx nginx:direct kact-uring:direct; do
+    echo "| ratio, same run | req/s | req per proxy CPU-second |"
+    echo "|---|---|---|"
+    for pair in kact-uring:nginx kact-epoll:nginx kact-uring:kact-epoll nginx:direct kact-uring:direct; do
       a=${pair%%:*} b=${pair##*:}
-      echo "| ${label[$a]} ÷ ${label[$b]} | $(ratio "$(metric "$workload" "$a" 4)" "$(metric "$workload" "$b" 4)") |"
+      if [[ $b == direct ]]; then cpu_ratio="—"; else cpu_ratio=$(ratio "$(per_core "$workload" "$a")" "$(per_core "$workload" "$b")"); fi
+      echo "| ${label[$a]} ÷ ${label[$b]} | $(ratio "$(metric "$workload" "$a" 4)" "$(metric "$workload" "$b" 4)") | $cpu_ratio |"
     done
   done
   noisy=$(awk -F'\t' -v limit="$FOREIGN_CPU_LIMIT" '{ runs++; if ($9 > limit) { n++; if ($9 > max) max = $9 } }
