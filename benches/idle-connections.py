@@ -39,6 +39,7 @@ server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 config = f"""[listen]
 http = "127.0.0.1:28112"
+http2 = "127.0.0.1:0"
 admin = "127.0.0.1:28113"
 [features]
 "activator.pod-quarantine" = "disabled"

@@ -4,8 +4,9 @@
 # the codec's fuzz seeds.
 #
 # Works on a fresh machine with a Rust toolchain: it installs the few system tools the
-# end-to-end tests drive (curl, and iproute2 for the pod addresses of the Kubernetes tests) when
-# they are missing, and provides a real kube-apiserver with etcd and kubectl through
+# end-to-end tests drive (curl, iproute2 for the pod addresses of the Kubernetes tests, and
+# Python's grpcio, the second gRPC implementation of tests/grpc.rs) when they are missing, and
+# provides a real kube-apiserver with etcd and kubectl through
 # scripts/kube-apiserver.sh (built once, about 5 minutes; cached in target/kube afterwards).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,12 @@ if ((${#need_packages[@]})); then
   else
     sudo apt-get update -qq && sudo apt-get install -y -qq "${need_packages[@]}"
   fi
+fi
+
+# grpcio's wheels carry their C core; grpcio-tools generates the test stubs at run time.
+if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
+  echo "== installing grpcio and grpcio-tools (Python) for tests/grpc.rs"
+  python3 -m pip install --quiet --disable-pip-version-check 'grpcio==1.85.3' 'grpcio-tools==1.85.1'
 fi
 
 echo "== kube-apiserver, etcd and kubectl for the Kubernetes tests"

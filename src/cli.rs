@@ -37,6 +37,11 @@ pub struct Cli {
     #[arg(long, env = "KACTIVATOR_HTTP", global = true)]
     pub http: Option<SocketAddr>,
 
+    /// Second data port address (upstream's h2c port; both ports serve HTTP/1.1 and h2c),
+    /// overriding the file's `listen.http2`.
+    #[arg(long, env = "KACTIVATOR_HTTP2", global = true)]
+    pub http2: Option<SocketAddr>,
+
     /// Admin port address (metrics, health), overriding the file's `listen.admin`.
     #[arg(long, env = "KACTIVATOR_ADMIN", global = true)]
     pub admin: Option<SocketAddr>,

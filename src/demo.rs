@@ -3,7 +3,9 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use kactivator_control::config::{Config, RevisionConfig, DEFAULT_ADMIN, DEFAULT_HTTP};
+use kactivator_control::config::{
+    Config, RevisionConfig, DEFAULT_ADMIN, DEFAULT_HTTP, DEFAULT_HTTP2,
+};
 use kactivator_testkit::backend::{self, BackendConfig};
 
 use crate::cli::{Cli, DemoArgs};
@@ -58,6 +60,7 @@ fn demo_defaults() -> Config {
     let mut config = Config::default();
     // The default ports, on loopback only.
     config.listen.http = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DEFAULT_HTTP.port());
+    config.listen.http2 = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DEFAULT_HTTP2.port());
     config.listen.admin = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), DEFAULT_ADMIN.port());
     // A demo should stop promptly on Ctrl-C.
     config.proxy.drain_grace_seconds = 0;

@@ -149,6 +149,9 @@ fn effective_config(cli: &Cli, preset: Option<Config>) -> Result<Config, StartEr
     if let Some(http) = cli.http {
         config.listen.http = http;
     }
+    if let Some(http2) = cli.http2 {
+        config.listen.http2 = http2;
+    }
     if let Some(admin) = cli.admin {
         config.listen.admin = admin;
     }
@@ -273,13 +276,17 @@ pub fn run_with(
         "placement"
     );
 
-    let listeners =
-        reactor::bind_listeners(config.listen.http, placement.shards).map_err(|source| {
-            StartError::Bind {
-                addr: config.listen.http,
-                source,
-            }
-        })?;
+    // Both data ports serve HTTP/1.1 and h2c alike; each shard has a listener on each.
+    let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..placement.shards)
+        .map(|_| Vec::with_capacity(2))
+        .collect();
+    for addr in [config.listen.http, config.listen.http2] {
+        let bound = reactor::bind_listeners(addr, placement.shards)
+            .map_err(|source| StartError::Bind { addr, source })?;
+        for (shard, listener) in listeners.iter_mut().zip(bound) {
+            shard.push(listener);
+        }
+    }
     let admin_listener =
         std::net::TcpListener::bind(config.listen.admin).map_err(|source| StartError::Bind {
             addr: config.listen.admin,
@@ -312,6 +319,7 @@ pub fn run_with(
         stop: Arc::default(),
         max_connections: config.proxy.max_connections_per_shard,
         max_pending_heads: config.proxy.max_pending_heads_per_shard,
+        h2: config.proxy.h2(),
     });
     let stats: AllShardStats = (0..placement.shards)
         .map(|index| CachePadded::new(ShardStats::new(index)))
@@ -369,7 +377,7 @@ pub fn run_with(
             index,
             cpu: placement.pins.as_ref().map(|pins| pins[index]),
             driver: cli.driver,
-            listener,
+            listeners: listener,
             commands,
             grants,
             peers: grant_senders.clone(),
@@ -395,6 +403,7 @@ pub fn run_with(
     let driver = drivers.first().map_or("none", |kind| kind.as_str());
     tracing::info!(
         http = %config.listen.http,
+        http2 = %config.listen.http2,
         admin = %config.listen.admin,
         shards = placement.shards,
         driver,

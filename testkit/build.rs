@@ -1,11 +1,25 @@
-//! Compiles the autoscaler's stat messages from the repository's `.proto` (the one kactivator
-//! is built from), so the test autoscaler decodes frames with its own generated code rather
-//! than with kactivator's.
+//! Compiles the testkit's protobuf code without protoc (protox):
+//!
+//! * the autoscaler's stat messages from the repository's `.proto` (the one kactivator is
+//!   built from), so the test autoscaler decodes frames with its own generated code rather
+//!   than with kactivator's;
+//! * the gRPC Echo service of `proto/echo.proto`, client and server, for the gRPC backend.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "../api/proto/stat.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let descriptors = protox::compile([proto], ["../api/proto"])?;
+    let stat_proto = "../api/proto/stat.proto";
+    println!("cargo:rerun-if-changed={stat_proto}");
+    let descriptors = protox::compile([stat_proto], ["../api/proto"])?;
     prost_build::Config::new().compile_fds(descriptors)?;
+
+    let echo_proto = "proto/echo.proto";
+    println!("cargo:rerun-if-changed={echo_proto}");
+    let descriptors = protox::compile([echo_proto], ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .build_transport(false)
+        // `bytes` fields as `Bytes`, so large payloads are shared instead of copied.
+        .bytes(".")
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -11,9 +11,12 @@ use kactivator_testkit::ports::free_port;
 #[test]
 fn the_demo_serves_its_revision_and_prints_what_to_try() {
     let http = format!("127.0.0.1:{}", free_port());
+    let http2 = format!("127.0.0.1:{}", free_port());
     let admin = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
-        .args(["demo", "--http", &http, "--admin", &admin])
+        .args([
+            "demo", "--http", &http, "--http2", &http2, "--admin", &admin,
+        ])
         .env_remove("KACTIVATOR_CONFIG")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -98,7 +98,14 @@ fn a_port_in_use_is_reported_and_exits_non_zero() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_kactivator"))
-        .args(["--http", &addr.to_string(), "--admin", "127.0.0.1:0"])
+        .args([
+            "--http",
+            &addr.to_string(),
+            "--http2",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ])
         .env_remove("KACTIVATOR_CONFIG")
         .output()
         .unwrap();

@@ -433,6 +433,7 @@ kactivator_conf() {
   cat >"$file" <<EOF
 [listen]
 http = "127.0.0.1:$port"
+http2 = "127.0.0.1:0"
 admin = "127.0.0.1:$admin"
 
 [features]

@@ -10,6 +10,13 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::time::Duration;
 
+use kactivator_shards::http2::{
+    H2Settings, DEFAULT_CONNECTION_WINDOW as DEFAULT_H2_CONNECTION_WINDOW,
+    DEFAULT_MAX_CONCURRENT_STREAMS as DEFAULT_H2_MAX_CONCURRENT_STREAMS,
+    DEFAULT_MAX_FRAME as DEFAULT_H2_MAX_FRAME,
+    DEFAULT_MAX_HEADER_LIST as DEFAULT_H2_MAX_HEADER_LIST,
+    DEFAULT_STREAM_WINDOW as DEFAULT_H2_STREAM_WINDOW,
+};
 use kactivator_shards::routing::{
     LbPolicy, Protocol, Timeouts, DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT,
 };
@@ -291,6 +298,11 @@ pub struct ClusterSettings {
 /// Default of `listen.http`: every interface, port 8012, Knative's `networking.BackendHTTPPort`,
 /// where upstream's activator serves HTTP/1.
 pub const DEFAULT_HTTP: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8012));
+/// Default of `listen.http2`: every interface, port 8013, Knative's
+/// `networking.BackendHTTP2Port` (upstream's `h2c` listener). It serves HTTP/1.1 too, and
+/// `listen.http` serves h2c too: as upstream, the port does not decide the protocol.
+pub const DEFAULT_HTTP2: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8013));
 /// Default of `listen.admin`: every interface, port 9090, where upstream's activator serves
 /// its metrics.
 pub const DEFAULT_ADMIN: SocketAddr =
@@ -300,8 +312,12 @@ pub const DEFAULT_ADMIN: SocketAddr =
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Listen {
-    /// Data port for HTTP/1.1. Default: [`DEFAULT_HTTP`] (`0.0.0.0:8012`).
+    /// Data port (HTTP/1.1, and h2c by prior knowledge). Default: [`DEFAULT_HTTP`]
+    /// (`0.0.0.0:8012`).
     pub http: SocketAddr,
+    /// Second data port, upstream's h2c port; serves exactly as `http`. Default:
+    /// [`DEFAULT_HTTP2`] (`0.0.0.0:8013`).
+    pub http2: SocketAddr,
     /// Admin port: `/metrics`, `/healthz`, `/readyz`. Default: [`DEFAULT_ADMIN`]
     /// (`0.0.0.0:9090`).
     pub admin: SocketAddr,
@@ -311,6 +327,7 @@ impl Default for Listen {
     fn default() -> Self {
         Listen {
             http: DEFAULT_HTTP,
+            http2: DEFAULT_HTTP2,
             admin: DEFAULT_ADMIN,
         }
     }
@@ -356,6 +373,22 @@ pub struct ProxySettings {
     /// read; at the limit the shard pauses accepting until one completes or closes. Default:
     /// [`DEFAULT_MAX_PENDING_HEADS_PER_SHARD`] (1 024 heads).
     pub max_pending_heads_per_shard: usize,
+    /// HTTP/2 streams a client may open at once on one connection. Default:
+    /// [`DEFAULT_H2_MAX_CONCURRENT_STREAMS`] (250, as upstream's Go server).
+    pub h2_max_concurrent_streams: u32,
+    /// HTTP/2 flow-control window of each stream, both ways, in bytes (65 535 to 2³¹−1). Default:
+    /// [`DEFAULT_H2_STREAM_WINDOW`] (1 MiB).
+    pub h2_stream_window_bytes: u32,
+    /// HTTP/2 flow-control window of a connection, both ways, in bytes (65 535 to 2³¹−1): the
+    /// most the activator holds of one connection's bodies. Default:
+    /// [`DEFAULT_H2_CONNECTION_WINDOW`] (2 MiB).
+    pub h2_connection_window_bytes: u32,
+    /// Largest HTTP/2 frame payload accepted, in bytes (16 384 to 16 777 215). Default:
+    /// [`DEFAULT_H2_MAX_FRAME`] (16 KiB).
+    pub h2_max_frame_bytes: u32,
+    /// Largest HTTP/2 header block accepted (decoded), in bytes. Default:
+    /// [`DEFAULT_H2_MAX_HEADER_LIST`] (64 KiB).
+    pub h2_max_header_list_bytes: u32,
 }
 
 impl Default for ProxySettings {
@@ -370,6 +403,24 @@ impl Default for ProxySettings {
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
             max_connections_per_shard: DEFAULT_MAX_CONNECTIONS_PER_SHARD,
             max_pending_heads_per_shard: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
+            h2_max_concurrent_streams: DEFAULT_H2_MAX_CONCURRENT_STREAMS,
+            h2_stream_window_bytes: DEFAULT_H2_STREAM_WINDOW,
+            h2_connection_window_bytes: DEFAULT_H2_CONNECTION_WINDOW,
+            h2_max_frame_bytes: DEFAULT_H2_MAX_FRAME,
+            h2_max_header_list_bytes: DEFAULT_H2_MAX_HEADER_LIST,
+        }
+    }
+}
+
+impl ProxySettings {
+    /// The HTTP/2 settings the shards use, towards clients and pods.
+    pub fn h2(&self) -> H2Settings {
+        H2Settings {
+            max_concurrent_streams: self.h2_max_concurrent_streams,
+            stream_window: self.h2_stream_window_bytes,
+            connection_window: self.h2_connection_window_bytes,
+            max_frame: self.h2_max_frame_bytes,
+            max_header_list: self.h2_max_header_list_bytes,
         }
     }
 }
@@ -394,8 +445,9 @@ pub struct RevisionConfig {
     /// `container-concurrency`.
     #[serde(default)]
     pub container_concurrency: u32,
-    /// `http1`, the default and the only protocol supported. `h2c` is refused at load until
-    /// HTTP/2 to pods is built.
+    /// `http1` (the default) or `h2c`. As upstream, the protocol a request arrived in decides the
+    /// one it goes to the pod in; `h2c` only changes the port a queue-proxy's bare `pod_ip`
+    /// maps to ([`DEFAULT_H2C_SERVING_PORT`]).
     #[serde(default)]
     pub protocol: ProtocolName,
     /// Whole-request timeout in seconds, queueing included. Default: [`DEFAULT_TIMEOUT`] (300 s).
@@ -440,7 +492,7 @@ fn default_queue_depth() -> u32 {
     DEFAULT_QUEUE_DEPTH
 }
 
-/// Protocol names the file may spell. `H2c` parses but validation refuses it for now.
+/// Protocol names the file may spell.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(try_from = "String")]
 pub enum ProtocolName {
@@ -452,13 +504,13 @@ pub enum ProtocolName {
 impl TryFrom<String> for ProtocolName {
     type Error = String;
 
-    /// By hand rather than derived, so an unknown name is not answered with "expected `http1`
-    /// or `h2c`" while h2c is refused.
     fn try_from(name: String) -> Result<ProtocolName, String> {
         match name.as_str() {
             "http1" => Ok(ProtocolName::Http1),
             "h2c" => Ok(ProtocolName::H2c),
-            _ => Err(format!("unknown protocol {name:?}, expected \"http1\"")),
+            _ => Err(format!(
+                "unknown protocol {name:?}, expected \"http1\" or \"h2c\""
+            )),
         }
     }
 }
@@ -666,6 +718,16 @@ impl Config {
                 "max_pending_heads_per_shard",
                 self.proxy.max_pending_heads_per_shard as u64,
             ),
+            (
+                "proxy",
+                "h2_max_concurrent_streams",
+                u64::from(self.proxy.h2_max_concurrent_streams),
+            ),
+            (
+                "proxy",
+                "h2_max_header_list_bytes",
+                u64::from(self.proxy.h2_max_header_list_bytes),
+            ),
         ] {
             if value == 0 {
                 return Err(ConfigError::invalid(
@@ -673,6 +735,43 @@ impl Config {
                     format!("{table}.{key} must be at least 1"),
                 ));
             }
+        }
+        // RFC 9113 §6.5.2 bounds of the window and frame sizes.
+        for (key, value, low, high) in [
+            (
+                "h2_stream_window_bytes",
+                self.proxy.h2_stream_window_bytes,
+                65_535,
+                (1 << 31) - 1,
+            ),
+            (
+                "h2_connection_window_bytes",
+                self.proxy.h2_connection_window_bytes,
+                65_535,
+                (1 << 31) - 1,
+            ),
+            (
+                "h2_max_frame_bytes",
+                self.proxy.h2_max_frame_bytes,
+                16_384,
+                16_777_215,
+            ),
+        ] {
+            if !(low..=high).contains(&value) {
+                return Err(ConfigError::invalid(
+                    spans.table_value("proxy", key),
+                    format!("proxy.{key} must be between {low} and {high}"),
+                ));
+            }
+        }
+        if self.listen.http == self.listen.http2 && self.listen.http.port() != 0 {
+            return Err(ConfigError::invalid(
+                spans.table_value("listen", "http2"),
+                format!(
+                    "listen.http2 must differ from listen.http ({}): each is a port of its own",
+                    self.listen.http
+                ),
+            ));
         }
         let mut seen = HashSet::new();
         for (index, revision) in self.revisions.iter().enumerate() {
@@ -693,17 +792,6 @@ impl Config {
                 return Err(ConfigError::invalid(
                     at("name"),
                     format!("revision {key} is declared twice"),
-                ));
-            }
-            if revision.protocol == ProtocolName::H2c {
-                // The name stays for when HTTP/2 is built; until then nothing may take it,
-                // or the pods' h2c ports would get HTTP/1.
-                return Err(ConfigError::invalid(
-                    at("protocol"),
-                    format!(
-                        "revision {key}: protocol \"h2c\" is not supported yet (HTTP/2 to pods is \
-                         not built); use \"http1\""
-                    ),
                 ));
             }
             if revision.timeout_seconds == 0 {
@@ -840,8 +928,8 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
         let (position, message) = error_at(bad);
         assert_eq!(position, Some((4, 12)), "{message}");
         assert!(
-            message.contains("\"h3\"") && message.contains("\"http1\"") && !message.contains("h2c"),
-            "an unknown protocol must not suggest the unsupported h2c: {message}"
+            message.contains("\"h3\"") && message.contains("\"http1\"") && message.contains("h2c"),
+            "an unknown protocol names the known ones: {message}"
         );
         let bad =
             "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\nload_balancing_policy = \"random\"\n";
@@ -892,17 +980,28 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
     }
 
     #[test]
-    fn h2c_is_refused_until_http2_to_pods_is_built() {
+    fn h2c_revisions_load_and_http2_settings_are_checked() {
         let text =
             "[[revisions]]\nnamespace = \"default\"\nname = \"web\"\nprotocol = \"http1\"\n\n\
                     [[revisions]]\nnamespace = \"default\"\nname = \"hello\"\nprotocol = \"h2c\"\n";
-        let (position, message) = error_at(text);
-        assert_eq!(position, Some((9, 12)), "{message}");
+        let config = Config::parse(text).expect("h2c is a protocol like http1");
+        assert_eq!(config.revisions[1].protocol, ProtocolName::H2c);
+
+        let window = "[proxy]\nh2_stream_window_bytes = 1000\n";
+        let (position, message) = error_at(window);
+        assert_eq!(position, Some((2, 26)), "{message}");
         assert_eq!(
             message,
-            "revision default/hello: protocol \"h2c\" is not supported yet (HTTP/2 to pods is not \
-             built); use \"http1\""
+            "proxy.h2_stream_window_bytes must be between 65535 and 2147483647"
         );
+        let frame = "[proxy]\nh2_max_frame_bytes = 16777216\n";
+        assert!(error_at(frame).1.contains("h2_max_frame_bytes"));
+        let streams = "[proxy]\nh2_max_concurrent_streams = 0\n";
+        assert!(error_at(streams).1.contains("at least 1"));
+        let same = "[listen]\nhttp = \"127.0.0.1:8012\"\nhttp2 = \"127.0.0.1:8012\"\n";
+        let (position, message) = error_at(same);
+        assert_eq!(position, Some((3, 9)), "{message}");
+        assert!(message.contains("must differ"), "{message}");
     }
 
     #[test]
@@ -1036,6 +1135,8 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
             ShardSettings::default().max_pending_heads,
             DEFAULT_MAX_PENDING_HEADS_PER_SHARD
         );
+        assert_eq!(proxy.h2(), ShardSettings::default().h2);
+        assert_eq!(config.listen.http2, DEFAULT_HTTP2);
 
         // [control], and the state worker's own defaults.
         let control = &config.control;

@@ -306,15 +306,20 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
         }
     }
-    let counters: [ShardMetric; 11] = [
+    let counters: [ShardMetric; 12] = [
         (
             "kactivator_shard_connections_accepted_total",
             "Client connections accepted.",
             |s| s.connections_accepted.get(),
         ),
         (
+            "kactivator_shard_h2_connections_total",
+            "Client connections that spoke HTTP/2 (h2c with prior knowledge).",
+            |s| s.h2_connections.get(),
+        ),
+        (
             "kactivator_shard_requests_total",
-            "Requests read, including probes and errors.",
+            "Requests read (HTTP/1 requests and HTTP/2 streams), including probes and errors.",
             |s| s.requests.get(),
         ),
         (
@@ -324,7 +329,7 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
         ),
         (
             "kactivator_shard_bad_requests_total",
-            "Malformed requests refused with 400 or 431.",
+            "Malformed requests refused with 400 or 431, and HTTP/2 connections closed for a protocol error.",
             |s| s.bad_requests.get(),
         ),
         (

@@ -6,6 +6,8 @@
 //! * [`http1`] — the HTTP/1.1 front: one task per client connection, the exchange with a pod,
 //!   upgrades, the queue-proxy registration endpoint. The only place that knows HTTP/1 framing
 //!   (beside the sans-IO codec in `kactivator-h1`).
+//! * [`http2`] — the HTTP/2 front (h2c): one task per client connection and one per stream, the
+//!   per-shard h2c connections to pods. Framing is the `h2` crate's.
 //! * [`request`] — the protocol-neutral request path every front goes through: which revision,
 //!   local answers, admission and the wait for a pod slot, deadlines, how an exchange ends.
 //! * [`upstream`] — connections to pods: the per-shard pool and the errors of talking to a pod.
@@ -25,6 +27,7 @@
 #![deny(unsafe_code)]
 
 pub mod http1;
+pub mod http2;
 pub mod metrics;
 pub mod request;
 pub mod routing;

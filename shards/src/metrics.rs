@@ -295,6 +295,9 @@ pub struct ShardStats {
     pub routing_version: Gauge,
     pub connections_accepted: Counter,
     pub connections_open: Gauge,
+    /// Client connections that spoke HTTP/2 (prior knowledge, on any data port).
+    pub h2_connections: Counter,
+    /// Requests: HTTP/1 requests and HTTP/2 streams.
     pub requests: Counter,
     pub local_responses: Counter,
     pub upstream_connects: Counter,
@@ -334,6 +337,7 @@ impl ShardStats {
             upstream_stale_discards: Counter::default(),
             bad_requests: Counter::default(),
             client_aborts: Counter::default(),
+            h2_connections: Counter::default(),
             accept_pauses: Counter::default(),
             queue_time_warning: Counter::default(),
             queue_time_error: Counter::default(),

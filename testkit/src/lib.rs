@@ -8,13 +8,15 @@
 //! [`autoscaler`] is a stand-in for the autoscaler's stat server. For the Kubernetes tests,
 //! [`apiserver`] runs a real kube-apiserver with its etcd, [`knative`] writes the objects
 //! Knative's reconcilers would, and [`podnet`] gives pods real
-//! (non-loopback) addresses.
+//! (non-loopback) addresses. [`grpc`] is a gRPC backend speaking HTTP/1.1 and h2c on one
+//! port, with an h2c gRPC client for the tests that drive it.
 
 #![forbid(unsafe_code)]
 
 pub mod apiserver;
 pub mod autoscaler;
 pub mod backend;
+pub mod grpc;
 pub mod knative;
 pub mod pattern;
 pub mod podnet;

@@ -8,8 +8,13 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
 fn run_and_signal(signal: libc::c_int) {
+    run_and_signal_with(signal, &[]);
+}
+
+fn run_and_signal_with(signal: libc::c_int, extra_arguments: &[&str]) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kactivator-testbackend"))
         .args(["--listen", "127.0.0.1:0", "--name", "standalone"])
+        .args(extra_arguments)
         .args([
             "--revision-name",
             "hello-00002",
@@ -59,4 +64,10 @@ fn exits_cleanly_on_sigterm() {
 #[test]
 fn exits_cleanly_on_sigint() {
     run_and_signal(libc::SIGINT);
+}
+
+/// The gRPC backend answers plain HTTP/1.1 `GET /` the same way, so the same checks hold.
+#[test]
+fn grpc_backend_exits_cleanly_on_sigterm() {
+    run_and_signal_with(libc::SIGTERM, &["--grpc"]);
 }

@@ -21,6 +21,8 @@ static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 pub struct Activator {
     child: Option<Child>,
     pub http: SocketAddr,
+    /// The second data port (upstream's h2c port; both serve HTTP/1.1 and h2c).
+    pub http2: SocketAddr,
     pub admin: SocketAddr,
     pub dir: PathBuf,
     pub config_path: PathBuf,
@@ -82,6 +84,7 @@ impl Activator {
     pub fn prepare_on(ip: std::net::IpAddr, revisions: &str, proxy: &str) -> Activator {
         let mut activator = Activator::configure(revisions, proxy);
         activator.http = SocketAddr::new(ip, free_port());
+        activator.http2 = SocketAddr::new(ip, free_port());
         activator.write_config(revisions, proxy);
         activator
     }
@@ -132,12 +135,14 @@ impl Activator {
     /// Free ports and a config file; nothing started yet.
     fn configure(revisions: &str, proxy: &str) -> Activator {
         let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let http2: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let dir = scratch_dir();
         let config_path = dir.join("kactivator.toml");
         let activator = Activator {
             child: None,
             http,
+            http2,
             admin,
             dir,
             config_path,
@@ -150,8 +155,8 @@ impl Activator {
     /// `revisions` may start with other tables (`[health]`, `[control]`, …).
     pub fn config_text(&self, revisions: &str, proxy: &str) -> String {
         format!(
-            "[listen]\nhttp = \"{}\"\nadmin = \"{}\"\n\n[proxy]\ndrain_grace_seconds = 1\n{proxy}\n\n{revisions}",
-            self.http, self.admin
+            "[listen]\nhttp = \"{}\"\nhttp2 = \"{}\"\nadmin = \"{}\"\n\n[proxy]\ndrain_grace_seconds = 1\n{proxy}\n\n{revisions}",
+            self.http, self.http2, self.admin
         )
     }
 

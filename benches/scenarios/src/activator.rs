@@ -82,7 +82,7 @@ impl Activator {
             format!("[features]\n{}\n\n", launch.features)
         };
         let config = format!(
-            "[listen]\nhttp = \"{http}\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 0\n{}\n\n{features}{}\n\n{}",
+            "[listen]\nhttp = \"{http}\"\nhttp2 = \"127.0.0.1:0\"\nadmin = \"{admin}\"\n\n[proxy]\ndrain_grace_seconds = 0\n{}\n\n{features}{}\n\n{}",
             launch.proxy, launch.tables, launch.revisions
         );
         std::fs::write(&config_path, config)

@@ -458,7 +458,7 @@ impl ConfigFile {
                 .join(", ")
         };
         let text = format!(
-            "[listen]\nhttp = \"{}\"\nadmin = \"{}\"\n\n[proxy]\ndrain_grace_seconds = 0\n\n\
+            "[listen]\nhttp = \"{}\"\nhttp2 = \"127.0.0.1:0\"\nadmin = \"{}\"\n\n[proxy]\ndrain_grace_seconds = 0\n\n\
              [features]\n\"activator.pod-quarantine\" = \"{}\"\n\"queueproxy.pod-authority\" = \"{}\"\n\n\
              [control]\nwatch_interval_ms = 200\n\n\
              [[revisions]]\nnamespace = \"default\"\nname = \"chaos\"\nserving_port = {}\n\

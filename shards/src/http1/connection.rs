@@ -25,15 +25,16 @@ use super::exchange::{exchange, WATCH_LIMIT};
 use super::io::{client_readable, write_all};
 use super::registration::{is_registration_path, register_pod};
 use super::rewrite::{self, ClientSide, LocalResponse};
-use crate::metrics::micros_since_start;
+use crate::http2::Preface;
 use crate::request::admission::{self, acquire, ClientWatch, Held};
 use crate::request::deadlines::Deadlines;
 use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
 use crate::request::identity;
 use crate::request::outcome::{conclude, Concluded, Ended, Next};
-use crate::request::probes::{self, Health};
+use crate::request::probes;
 use crate::request::retry::may_retry;
+use crate::request::tally::Tally;
 use crate::routing::replica::LocalRevision;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::control_link::EvidenceKind;
@@ -68,6 +69,8 @@ enum HeadRead {
     Ready,
     Closed,
     Invalid(HeadError),
+    /// The connection opened with the HTTP/2 preface: it is the HTTP/2 front's.
+    Http2,
 }
 
 /// Serves one accepted connection until it closes.
@@ -105,10 +108,15 @@ pub(crate) fn serve_connection(
         let shard = &shard;
         let stats = shard.stats();
         let mut served = false;
+        let mut http2 = false;
         loop {
             match read_request_head(shard, &mut conn, served).await {
                 HeadRead::Ready => {}
                 HeadRead::Closed => break,
+                HeadRead::Http2 => {
+                    http2 = true;
+                    break;
+                }
                 HeadRead::Invalid(error) => {
                     stats.bad_requests.increment();
                     let body = format!(
@@ -141,8 +149,34 @@ pub(crate) fn serve_connection(
                 break;
             }
         }
-        // Closing the write half sends FIN now rather than when the read half is dropped.
-        let _ = conn.writer.shutdown().await;
+        if http2 {
+            // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1 one's, and only
+            // the connections that turn out to be HTTP/2 pay for it.
+            let ClientConn {
+                reader,
+                writer,
+                inbuf,
+                peer_ip,
+                ..
+            } = conn;
+            match reader.reunite(writer) {
+                Ok(stream) => {
+                    let read = bytes::Bytes::copy_from_slice(inbuf.data());
+                    drop(inbuf);
+                    Box::pin(crate::http2::server::take_over(
+                        shard.clone(),
+                        stream,
+                        read,
+                        Rc::from(peer_ip),
+                    ))
+                    .await;
+                }
+                Err(_) => tracing::warn!("cannot rejoin the halves of a connection for HTTP/2"),
+            }
+        } else {
+            // Closing the write half sends FIN now rather than when the read half is dropped.
+            let _ = conn.writer.shutdown().await;
+        }
         stats.connections_open.decrement();
         shard.connection_closed.notify_all();
     }
@@ -160,10 +194,21 @@ async fn read_request_head(shard: &Shard, conn: &mut ClientConn, served: bool) -
     };
     loop {
         if !conn.inbuf.is_empty() {
-            match parse_request(conn.inbuf.data(), &mut conn.head) {
-                Ok(Parsed::Complete) => return HeadRead::Ready,
-                Ok(Parsed::Partial) => {}
-                Err(error) => return HeadRead::Invalid(error),
+            // A connection may open with the HTTP/2 preface instead of a request head (h2c with
+            // prior knowledge, on any data port, as upstream).
+            let opening = if served {
+                Preface::No
+            } else {
+                crate::http2::preface(conn.inbuf.data())
+            };
+            match opening {
+                Preface::Yes => return HeadRead::Http2,
+                Preface::Partial => {}
+                Preface::No => match parse_request(conn.inbuf.data(), &mut conn.head) {
+                    Ok(Parsed::Complete) => return HeadRead::Ready,
+                    Ok(Parsed::Partial) => {}
+                    Err(error) => return HeadRead::Invalid(error),
+                },
             }
             if first_byte_at.is_none() {
                 first_byte_at = Some(Instant::now());
@@ -325,15 +370,7 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
         rewrite::write_request_head(&conn.head, buf, &conn.peer_ip, &mut conn.request_out);
     conn.inbuf.consume(head_len);
 
-    let counters = revision.counters.clone();
-    let arrived_us = micros_since_start(arrival.into_std());
-    if let Some(before) = counters.arrive(arrived_us) {
-        // The revision's first request since the reporter last had it: the autoscaler hears
-        // of it now, not at the next tick (a revision at zero waits for this to scale up).
-        shard
-            .control
-            .poke(revision.key(), &counters, before, arrived_us);
-    }
+    let tally = Tally::arrive(shard, &revision, arrival);
     let ended = proxy_request(shard, conn, &revision, meta, arrival, host_at).await;
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
@@ -358,9 +395,7 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
             (error.status(), next)
         }
     };
-    let latency_us = arrival.elapsed().as_micros() as u64;
-    counters.load.depart(arrived_us + latency_us);
-    counters.record(status, latency_us);
+    tally.end(arrival, status);
     next
 }
 
@@ -539,17 +574,5 @@ impl ClientWatch for Watch<'_> {
 
     async fn absorb(&mut self) -> bool {
         matches!(self.inbuf.fill(self.reader).await, Ok(read) if read > 0)
-    }
-}
-
-impl Shard {
-    fn health(&self) -> Health {
-        if self.draining.is_set() {
-            Health::Draining
-        } else if let Some(reason) = self.settings.readiness.not_ready() {
-            Health::NotReady(reason)
-        } else {
-            Health::Healthy
-        }
     }
 }

@@ -8,29 +8,7 @@ use std::net::SocketAddr;
 use kactivator_api::headers;
 use kactivator_h1::{BodyKind, RequestHead, ResponseHead, Version};
 
-/// Hop-by-hop headers that never cross the proxy (RFC 9110 §7.6.1 plus the legacy ones Go drops).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "proxy-connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// Request headers that the activator consumes or replaces.
-const CONSUMED_REQUEST_HEADERS: [&str; 7] = [
-    headers::HOST,
-    headers::REVISION,
-    headers::NAMESPACE,
-    headers::NETWORK_HASH,
-    headers::PROXY_REQUEST,
-    headers::FORWARDED_FOR,
-    headers::RUN_ID,
-];
+use crate::request::headers::{CONSUMED_REQUEST_HEADERS, HOP_BY_HOP};
 
 /// The two headers every proxied request gets, written in one piece (see [`PROXY_HEADERS`]'s
 /// test): `K-Proxy-Request: activator` and the start of `X-Forwarded-For`.

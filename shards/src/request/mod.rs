@@ -2,7 +2,8 @@
 //! ([`identity`], over the [`headers`] abstraction), the answers the activator gives itself
 //! ([`probes`]), admission and the wait for a pod slot ([`admission`]), deadlines
 //! ([`deadlines`]), whether a failed attempt may go to another pod ([`retry`]), how a request
-//! ends ([`outcome`]), and why it failed, with whose fault it was ([`error`]).
+//! ends ([`outcome`]), why it failed, with whose fault it was ([`error`]), and its entry in the
+//! revision's counters ([`tally`]).
 //!
 //! `identity`, `probes`, `deadlines`, `retry`, `outcome` and `error` are pure; `admission` is
 //! the shell that waits on the shard's queue and timers.
@@ -15,3 +16,4 @@ pub mod identity;
 pub mod outcome;
 pub mod probes;
 pub mod retry;
+pub(crate) mod tally;

@@ -10,6 +10,9 @@
 //! * **A pod answered in the name of another revision** (its IP was reused): it never served
 //!   this request, so a request that can be sent again unchanged (no body, no upgrade: its head
 //!   is kept) goes to another pod.
+//! * **A pod's HTTP/2 connection refused the stream** (GOAWAY before it, REFUSED_STREAM): the
+//!   pod processed none of it (RFC 9113 §8.7), so a request whose body the activator has not
+//!   started to forward goes to another pod, or to a new connection to the same one.
 
 use crate::upstream::error::UpstreamError;
 
@@ -21,7 +24,7 @@ pub const MAX_RETRIES: u32 = 3;
 pub fn may_retry(attempt: u32, error: &UpstreamError, replayable: bool) -> bool {
     let reached_no_pod = match error {
         UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. } => true,
-        UpstreamError::IpReused { .. } => replayable,
+        UpstreamError::IpReused { .. } | UpstreamError::StreamRefused { .. } => replayable,
         _ => false,
     };
     reached_no_pod && attempt <= MAX_RETRIES

@@ -105,7 +105,8 @@ pub struct ShardSpec {
     pub index: usize,
     pub cpu: Option<usize>,
     pub driver: DriverChoice,
-    pub listener: std::net::TcpListener,
+    /// One listener per data port (HTTP/1 and HTTP/2 alike on each), bound by the caller.
+    pub listeners: Vec<std::net::TcpListener>,
     pub commands: flume::Receiver<ShardCommand>,
     /// Slots granted to this shard by others.
     pub grants: flume::Receiver<Grant>,
@@ -233,7 +234,7 @@ fn run_on<D: Driver>(
         .unwrap_or_else(|poisoned| poisoned.into_inner()) = kind.as_str();
     let ShardSpec {
         index,
-        listener,
+        listeners,
         commands,
         grants,
         peers,
@@ -242,29 +243,35 @@ fn run_on<D: Driver>(
         control,
         ..
     } = spec;
-    // A second descriptor of the listening socket, for the stop: the backlog is drained through
+    // A second descriptor of each listening socket, for the stop: the backlog is drained through
     // it with non-blocking accepts, and the socket is shut down through it.
-    let spare = match listener.try_clone() {
-        Ok(spare) => spare,
-        Err(error) => {
-            let _ = started.send(Err(format!(
-                "shard {index}: cannot duplicate the listener: {error}"
-            )));
-            return;
-        }
-    };
-    runtime.block_on(async move {
-        let listener = match monoio::net::TcpListener::from_std(listener) {
-            Ok(listener) => listener,
+    let mut spares = Vec::with_capacity(listeners.len());
+    for listener in &listeners {
+        match listener.try_clone() {
+            Ok(spare) => spares.push(spare),
             Err(error) => {
                 let _ = started.send(Err(format!(
-                    "shard {index}: cannot register listener: {error}"
+                    "shard {index}: cannot duplicate a listener: {error}"
                 )));
                 return;
             }
-        };
+        }
+    }
+    runtime.block_on(async move {
+        let mut ports = Vec::with_capacity(listeners.len());
+        for (listener, spare) in listeners.into_iter().zip(spares) {
+            match monoio::net::TcpListener::from_std(listener) {
+                Ok(listener) => ports.push((listener, spare)),
+                Err(error) => {
+                    let _ = started.send(Err(format!(
+                        "shard {index}: cannot register listener: {error}"
+                    )));
+                    return;
+                }
+            }
+        }
         let _ = started.send(Ok(kind));
         let shard = Rc::new(Shard::new(index, settings, stats, peers, control));
-        shard::run(shard, listener, spare, commands, grants).await;
+        shard::run(shard, ports, commands, grants).await;
     });
 }

@@ -12,8 +12,11 @@ use std::time::Duration;
 use monoio::net::TcpListener;
 
 use crate::http1;
+use crate::http2::pods::H2Pods;
+use crate::http2::H2Settings;
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::request::identity::DEFAULT_CLUSTER_DOMAIN;
+use crate::request::probes::Health;
 use crate::routing::replica::Replica;
 use crate::routing::{Grant, ShardCommand};
 use crate::runtime::alarm::{self, Alarms};
@@ -115,6 +118,8 @@ pub struct ShardSettings {
     /// heads cannot hold more than this many head buffers. Default:
     /// [`DEFAULT_MAX_PENDING_HEADS_PER_SHARD`] (1 024 heads).
     pub max_pending_heads: usize,
+    /// HTTP/2 settings, towards clients and pods.
+    pub h2: H2Settings,
 }
 
 /// Default of `proxy.max_connections_per_shard`: 16 384 client connections per shard, about
@@ -135,6 +140,7 @@ impl Default for ShardSettings {
             stop: Arc::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS_PER_SHARD,
             max_pending_heads: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
+            h2: H2Settings::default(),
         }
     }
 }
@@ -146,6 +152,8 @@ pub struct Shard {
     all_stats: AllShardStats,
     pub replica: Replica,
     pub pool: Pool,
+    /// h2c connections to pods, one per pod (requests that arrived over HTTP/2).
+    pub(crate) h2_pods: H2Pods,
     /// Set on `BeginDrain`: probes fail, requests are still served, responses carry
     /// `Connection: close` and idle keep-alive connections close.
     pub draining: LocalEvent,
@@ -186,12 +194,14 @@ impl Shard {
         control: ControlLink,
     ) -> Shard {
         let pool = Pool::new(settings.pool);
+        let h2_pods = H2Pods::new(settings.pool, settings.h2);
         Shard {
             index,
             settings,
             all_stats,
             replica: Replica::default(),
             pool,
+            h2_pods,
             draining: LocalEvent::default(),
             stop_accepting: LocalEvent::default(),
             stopping: LocalEvent::default(),
@@ -220,6 +230,17 @@ impl Shard {
             || self.pending_heads.get() >= self.settings.max_pending_heads
     }
 
+    /// Health as the kubelet's probes see it.
+    pub(crate) fn health(&self) -> Health {
+        if self.draining.is_set() {
+            Health::Draining
+        } else if let Some(reason) = self.settings.readiness.not_ready() {
+            Health::NotReady(reason)
+        } else {
+            Health::Healthy
+        }
+    }
+
     #[inline]
     pub fn stats(&self) -> &ShardStats {
         &self.all_stats[self.index]
@@ -238,10 +259,12 @@ impl Shard {
 }
 
 /// Runs a shard until it has stopped accepting and its last connection closed.
+///
+/// `ports`: each data port's listener with a second descriptor of the same socket (`spare`),
+/// through which the stop drains its backlog and shuts it down.
 pub async fn run(
     shard: Rc<Shard>,
-    listener: TcpListener,
-    spare: std::net::TcpListener,
+    ports: Vec<(TcpListener, std::net::TcpListener)>,
     commands: flume::Receiver<ShardCommand>,
     grants: flume::Receiver<Grant>,
 ) {
@@ -279,36 +302,47 @@ pub async fn run(
         while !sweep_shard.stopping.is_set() {
             monoio::time::sleep(SWEEP_INTERVAL).await;
             sweep_shard.pool.sweep();
+            sweep_shard.h2_pods.sweep();
         }
     });
 
+    let (listeners, spares): (Vec<TcpListener>, Vec<std::net::TcpListener>) =
+        ports.into_iter().unzip();
     let listener_shut = Cell::new(false);
-    // The accept loop runs until the listener is shut down; it is never dropped mid-accept, since
-    // an io_uring accept cancelled too late completes with a connection nobody would serve.
-    let accepting = async {
-        loop {
-            // At a limit no accept is in flight: new clients wait in the kernel's queue.
-            if shard.at_accept_limit() {
-                shard.stats().accept_pauses.increment();
-                shard.accept_paused.set(true);
-                while shard.at_accept_limit() {
-                    shard.connection_closed.notified().await;
+    // Each accept loop runs until its listener is shut down; it is never dropped mid-accept,
+    // since an io_uring accept cancelled too late completes with a connection nobody would serve.
+    let accept_loop = |listener: TcpListener| {
+        let shard = &shard;
+        let listener_shut = &listener_shut;
+        async move {
+            loop {
+                // At a limit no accept is in flight: new clients wait in the kernel's queue.
+                if shard.at_accept_limit() {
+                    shard.stats().accept_pauses.increment();
+                    shard.accept_paused.set(true);
+                    while shard.at_accept_limit() {
+                        shard.connection_closed.notified().await;
+                    }
+                    shard.accept_paused.set(false);
                 }
-                shard.accept_paused.set(false);
-            }
-            match listener.accept().await {
-                Ok((stream, peer)) => {
-                    monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
-                }
-                Err(_) if shard.stop_accepting.is_set() && listener_shut.get() => break,
-                Err(error) => {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!(shard = shard.index, "accept failed: {error}");
-                    monoio::time::sleep(Duration::from_millis(10)).await;
+                match listener.accept().await {
+                    Ok((stream, peer)) => {
+                        monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
+                    }
+                    Err(_) if shard.stop_accepting.is_set() && listener_shut.get() => break,
+                    Err(error) => {
+                        // EMFILE and friends: back off briefly rather than spin.
+                        tracing::warn!(shard = shard.index, "accept failed: {error}");
+                        monoio::time::sleep(Duration::from_millis(10)).await;
+                    }
                 }
             }
         }
     };
+    let mut accepting: Vec<_> = listeners
+        .into_iter()
+        .map(|listener| Box::pin(accept_loop(listener)))
+        .collect();
     let stopping = async {
         shard.stop_accepting.wait().await;
         let shards = shard.peers.len();
@@ -319,47 +353,58 @@ pub async fn run(
         // start on any listener: a socket filter drops new clients' SYNs (they retry, find the
         // port closed and go elsewhere). Then what completed, or was under way, is accepted and
         // served, and only then is the socket shut down.
-        if let Err(error) = socket2::SockRef::from(&spare).attach_filter(&REFUSE_NEW_CONNECTIONS) {
-            tracing::warn!(
-                shard = shard.index,
-                "cannot filter the listener before closing it: {error}"
-            );
+        for spare in &spares {
+            if let Err(error) = socket2::SockRef::from(spare).attach_filter(&REFUSE_NEW_CONNECTIONS)
+            {
+                tracing::warn!(
+                    shard = shard.index,
+                    "cannot filter the listener before closing it: {error}"
+                );
+            }
         }
         meet(&barrier.filtered, shards, shard.index, "listeners filtered").await;
         // A handshake whose SYN passed before the filter completes within this: on loopback at
         // once, over a network in one round trip.
         monoio::time::sleep(HANDSHAKES_IN_FLIGHT).await;
-        let _ = spare.set_nonblocking(true);
-        while let Ok((stream, peer)) = spare.accept() {
-            // An accepted socket does not inherit the listener's O_NONBLOCK, and the epoll
-            // driver needs it (io_uring does not mind).
-            let registered = stream
-                .set_nonblocking(true)
-                .and_then(|()| monoio::net::TcpStream::from_std(stream));
-            match registered {
-                Ok(stream) => {
-                    monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
+        for spare in &spares {
+            let _ = spare.set_nonblocking(true);
+            while let Ok((stream, peer)) = spare.accept() {
+                // An accepted socket does not inherit the listener's O_NONBLOCK, and the epoll
+                // driver needs it (io_uring does not mind).
+                let registered = stream
+                    .set_nonblocking(true)
+                    .and_then(|()| monoio::net::TcpStream::from_std(stream));
+                match registered {
+                    Ok(stream) => {
+                        monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
+                    }
+                    Err(error) => tracing::warn!(shard = shard.index, "accept failed: {error}"),
                 }
-                Err(error) => tracing::warn!(shard = shard.index, "accept failed: {error}"),
             }
         }
         listener_shut.set(true);
-        // Shutting the socket down (not only closing our descriptors) ends the accept in flight.
-        let _ = socket2::SockRef::from(&spare).shutdown(std::net::Shutdown::Both);
+        // Shutting the sockets down (not only closing our descriptors) ends the accepts in
+        // flight.
+        for spare in &spares {
+            let _ = socket2::SockRef::from(spare).shutdown(std::net::Shutdown::Both);
+        }
         meet(&barrier.closed, shards, shard.index, "listeners closed").await;
         shard.stopping.set();
         shard.pool.clear();
+        shard.h2_pods.clear();
     };
-    // Both run until the listener is shut; then the accept loop has a moment to hand over a
-    // connection its last accept completed with (after the shutdown none can arrive, so dropping
-    // it then loses nothing).
-    let (mut accepting, mut stopping) = (pin!(accepting), pin!(stopping));
-    let mut accept_ended = false;
+    // All run until the listeners are shut; then the accept loops have a moment to hand over a
+    // connection their last accepts completed with (after the shutdown none can arrive, so
+    // dropping them then loses nothing).
+    let mut stopping = pin!(stopping);
+    let mut accepts_ended = vec![false; accepting.len()];
     let mut stopped = false;
     let mut last_call: Option<std::pin::Pin<Box<monoio::time::Sleep>>> = None;
     let stop = std::future::poll_fn(|cx| {
-        if !accept_ended {
-            accept_ended = accepting.as_mut().poll(cx).is_ready();
+        for (accept, ended) in accepting.iter_mut().zip(accepts_ended.iter_mut()) {
+            if !*ended {
+                *ended = accept.as_mut().poll(cx).is_ready();
+            }
         }
         if !stopped {
             stopped = stopping.as_mut().poll(cx).is_ready();
@@ -367,7 +412,7 @@ pub async fn run(
         if !stopped {
             return Poll::Pending;
         }
-        if accept_ended {
+        if accepts_ended.iter().all(|ended| *ended) {
             return Poll::Ready(());
         }
         let timer = last_call

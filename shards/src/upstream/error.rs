@@ -40,6 +40,12 @@ pub enum UpstreamError {
         namespace: String,
         revision: String,
     },
+    /// The pod's HTTP/2 connection or stream failed without an I/O error: it reset the stream,
+    /// went away (GOAWAY) or broke the protocol. `detail` is the `h2` crate's description.
+    Http2 { addr: SocketAddr, detail: String },
+    /// The pod's HTTP/2 connection did not take the stream (GOAWAY before it, or
+    /// REFUSED_STREAM): by RFC 9113 §8.7 the pod did not process any of it.
+    StreamRefused { addr: SocketAddr, detail: String },
 }
 
 impl UpstreamError {
@@ -55,7 +61,9 @@ impl UpstreamError {
             }
             UpstreamError::MalformedResponse { .. }
             | UpstreamError::UnexpectedSwitch { .. }
-            | UpstreamError::IpReused { .. } => false,
+            | UpstreamError::IpReused { .. }
+            | UpstreamError::Http2 { .. }
+            | UpstreamError::StreamRefused { .. } => false,
         }
     }
 }
@@ -128,6 +136,8 @@ impl UpstreamError {
             UpstreamError::MalformedResponse { .. } => "malformed_response",
             UpstreamError::UnexpectedSwitch { .. } => "unexpected_switch",
             UpstreamError::IpReused { .. } => "ip_reused",
+            UpstreamError::Http2 { .. } => "http2_error",
+            UpstreamError::StreamRefused { .. } => "stream_refused",
         }
     }
 }
@@ -160,6 +170,10 @@ impl fmt::Display for UpstreamError {
                 f,
                 "pod {addr} now serves revision {namespace}/{revision} (IP reused)"
             ),
+            UpstreamError::Http2 { addr, detail } => write!(f, "HTTP/2 with {addr}: {detail}"),
+            UpstreamError::StreamRefused { addr, detail } => {
+                write!(f, "{addr} refused the HTTP/2 stream: {detail}")
+            }
         }
     }
 }

@@ -32,8 +32,8 @@
 //! that the connection stays reusable.
 
 mod bodies;
-mod routes;
-mod stats;
+pub(crate) mod routes;
+pub(crate) mod stats;
 mod upgrades;
 
 use std::convert::Infallible;
@@ -352,7 +352,7 @@ pub fn run_until_signal(
     })
 }
 
-fn build_runtime() -> io::Result<Runtime> {
+pub(crate) fn build_runtime() -> io::Result<Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -360,7 +360,7 @@ fn build_runtime() -> io::Result<Runtime> {
 
 /// Binds a listener with address reuse (so a backend can be restarted on the port it
 /// just left, as a restarted pod would be) and a deep accept queue.
-fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {

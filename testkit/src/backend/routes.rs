@@ -88,7 +88,7 @@ impl Identity {
         Ok(())
     }
 
-    fn stamp(&self, headers: &mut HeaderMap) {
+    pub(crate) fn stamp(&self, headers: &mut HeaderMap) {
         headers.insert(BACKEND_HEADER, self.name_value.clone());
         let revision = self.revision.read().unwrap_or_else(PoisonError::into_inner);
         if let Some(revision_name) = &revision.name {

@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use kactivator_api::RevisionKey;
-use kactivator_shards::routing::Protocol;
 use serde_json::Value;
 
 use super::backends::{Backends, Outcome, ProbeJob, Target};
@@ -152,17 +151,9 @@ impl Model {
         self.mesh == MeshMode::Enabled || self.backends.via_service(revision)
     }
 
-    /// Reads a Revision object. An h2c revision is refused: HTTP/2 to pods is not built yet,
-    /// and routing it as HTTP/1 would fail every request.
+    /// Reads a Revision object.
     fn read_revision(&mut self, object: &Value) -> Result<RevisionSeen, String> {
         let spec = objects::revision_spec(object)?;
-        if spec.protocol == Protocol::H2c {
-            return Err(format!(
-                "revision {}: its port is named h2c, and HTTP/2 to pods is not supported yet; \
-                 not routed",
-                spec.key
-            ));
-        }
         self.backends
             .set_optimisation(&spec.key, objects::probe_optimisation(object));
         Ok(RevisionSeen {
@@ -771,15 +762,14 @@ mod tests {
     }
 
     #[test]
-    fn an_h2c_revision_is_refused_with_a_reason() {
+    fn an_h2c_revision_is_routed_like_any_other() {
+        // Its requests go to the pods in the protocol they arrived in, at the endpoints' port
+        // (named `http2`, 8013), as upstream.
         let mut model = model();
         let mut object = revision("grpc", 1);
         object["spec"]["containers"] = json!([{"ports": [{"name": "h2c", "containerPort": 8080}]}]);
-        let error = model.revision_applied(&object).unwrap_err();
-        assert!(
-            error.contains("h2c") && error.contains("not supported"),
-            "{error}"
-        );
-        assert_eq!(model.revision_count(), 0);
+        let applied = model.revision_applied(&object);
+        assert!(applied.is_ok(), "{:?}", applied.err());
+        assert_eq!(model.revision_count(), 1);
     }
 }

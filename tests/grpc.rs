@@ -1,0 +1,511 @@
+//! gRPC and h2c through the real binary, with a real gRPC server for the pod (tonic, behind a
+//! hyper server that speaks HTTP/1.1 and h2c on one port, as a queue-proxy does) and real
+//! clients: tonic's, and Python's `grpcio` (another HTTP/2 stack).
+//!
+//! Each stream is one request: admitted with one slot, timed, counted, and its failures reach
+//! the client as gRPC status codes.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kactivator_testkit::backend::BackendConfig;
+use kactivator_testkit::grpc::pb::{EchoRequest, StreamRequest};
+use kactivator_testkit::grpc::{connect, h2c_request, spawn_grpc, GrpcHandle, GrpcStats};
+use support::{revision, Activator};
+use tonic::Code;
+
+const AUTHORITY: &str = "hello-00001.default.svc.cluster.local";
+
+fn pod(name: &str) -> GrpcHandle {
+    spawn_grpc(BackendConfig::named(name).with_revision("hello-00001", "default"))
+        .expect("spawn the gRPC pod")
+}
+
+fn hello(pods: &[&GrpcHandle], extra: &str) -> String {
+    let addrs: Vec<SocketAddr> = pods.iter().map(|pod| pod.addr()).collect();
+    revision("default", "hello-00001", &addrs, extra)
+}
+
+fn echo(payload: &'static [u8]) -> EchoRequest {
+    EchoRequest {
+        payload: Bytes::from_static(payload),
+        delay_ms: 0,
+        reply_bytes: 0,
+    }
+}
+
+/// Polls the pod's counters until `condition` holds, for at most `limit`.
+async fn pod_stats(
+    pod: &GrpcHandle,
+    limit: Duration,
+    condition: impl Fn(&GrpcStats) -> bool,
+) -> GrpcStats {
+    let deadline = Instant::now() + limit;
+    loop {
+        let stats = pod.stats();
+        if condition(&stats) || Instant::now() > deadline {
+            return stats;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Every kind of call works through either data port: unary, server streaming, client
+/// streaming and bidirectional streaming, trailers (the gRPC status) included.
+#[tokio::test]
+async fn unary_and_streaming_calls_pass_through_both_ports() {
+    let pod = pod("pod-a");
+    let activator = Activator::start(&hello(&[&pod], "container_concurrency = 4\n"));
+    for port in [activator.http2, activator.http] {
+        let mut client = connect(port, AUTHORITY).await.expect("connect");
+        let reply = client
+            .unary(echo(b"ping"))
+            .await
+            .expect("unary")
+            .into_inner();
+        assert_eq!(
+            (reply.payload.as_ref(), reply.backend.as_str()),
+            (&b"ping"[..], "pod-a")
+        );
+
+        let mut replies = client
+            .server_stream(StreamRequest {
+                count: 5,
+                interval_ms: 5,
+                reply_bytes: 100,
+            })
+            .await
+            .expect("server stream")
+            .into_inner();
+        let mut seqs = Vec::new();
+        while let Some(reply) = replies.message().await.expect("a reply or the end") {
+            assert_eq!(reply.payload.len(), 100);
+            seqs.push(reply.seq);
+        }
+        assert_eq!(seqs, [0, 1, 2, 3, 4]);
+
+        let requests = futures_util::stream::iter(vec![echo(b"a"), echo(b"bc"), echo(b"def")]);
+        let reply = client
+            .client_stream(requests)
+            .await
+            .expect("client stream")
+            .into_inner();
+        assert_eq!((reply.payload.as_ref(), reply.seq), (&b"abcdef"[..], 3));
+
+        // Bidi as a conversation: each request is sent only after the previous reply came back,
+        // so the exchange needs both directions open at once.
+        let (sender, receiver) = tokio::sync::mpsc::channel::<EchoRequest>(1);
+        let outbound = tokio_stream_of(receiver);
+        sender.send(echo(b"one")).await.unwrap();
+        let mut replies = client.bidi(outbound).await.expect("bidi").into_inner();
+        for (i, next) in [&b"two"[..], b"three"].iter().enumerate() {
+            let reply = replies.message().await.unwrap().expect("a reply");
+            assert_eq!(reply.seq, i as u64);
+            sender
+                .send(EchoRequest {
+                    payload: Bytes::copy_from_slice(next),
+                    delay_ms: 0,
+                    reply_bytes: 0,
+                })
+                .await
+                .unwrap();
+        }
+        let last = replies.message().await.unwrap().expect("the third reply");
+        assert_eq!(last.payload.as_ref(), b"three");
+        drop(sender);
+        assert!(replies.message().await.expect("clean end").is_none());
+    }
+    let stats = pod.stats();
+    assert_eq!(stats.requests, 8, "{stats:?}");
+    assert!(
+        stats.h2_connections >= 1,
+        "the pod was reached over h2c: {stats:?}"
+    );
+    assert_eq!(stats.cancelled, 0, "{stats:?}");
+}
+
+/// A receiver as a stream, for a client-side request stream fed from the test.
+fn tokio_stream_of(
+    mut receiver: tokio::sync::mpsc::Receiver<EchoRequest>,
+) -> impl futures_util::Stream<Item = EchoRequest> {
+    futures_util::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+}
+
+/// 16 MiB messages go both ways, streamed under flow control rather than buffered whole.
+#[tokio::test]
+async fn sixteen_mib_messages_both_ways() {
+    let pod = pod("pod-a");
+    let activator = Activator::start(&hello(&[&pod], "container_concurrency = 1\n"));
+    let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
+    let big = Bytes::from(vec![0x5au8; 16 << 20]);
+    let reply = client
+        .unary(EchoRequest {
+            payload: big.clone(),
+            delay_ms: 0,
+            reply_bytes: 0,
+        })
+        .await
+        .expect("16 MiB up and back")
+        .into_inner();
+    assert_eq!(reply.payload.len(), big.len());
+    assert!(reply.payload == big, "the echoed payload differs");
+    let reply = client
+        .unary(EchoRequest {
+            payload: Bytes::from_static(b"x"),
+            delay_ms: 0,
+            reply_bytes: 16 << 20,
+        })
+        .await
+        .expect("16 MiB down")
+        .into_inner();
+    assert_eq!(reply.payload.len(), 16 << 20);
+    // The activator held a window's worth, not the message.
+    assert!(
+        activator.rss_kib() < 64 * 1024,
+        "VmRSS {} KiB after 16 MiB messages",
+        activator.rss_kib()
+    );
+}
+
+/// A client that cancels a stream mid-way frees its slot at once, and the pod sees the reset.
+#[tokio::test]
+async fn a_client_cancel_mid_stream_frees_the_slot_and_resets_the_pod_stream() {
+    let pod = pod("pod-a");
+    let activator = Activator::start(&hello(&[&pod], "container_concurrency = 1\n"));
+    let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
+    let mut replies = client
+        .server_stream(StreamRequest {
+            count: 1000,
+            interval_ms: 20,
+            reply_bytes: 10,
+        })
+        .await
+        .expect("server stream")
+        .into_inner();
+    replies.message().await.expect("first").expect("a reply");
+    drop(replies);
+    let stats = pod_stats(&pod, Duration::from_secs(3), |stats| {
+        stats.cancelled == 1 && stats.in_flight == 0
+    })
+    .await;
+    assert_eq!((stats.cancelled, stats.in_flight), (1, 0), "{stats:?}");
+    // With containerConcurrency 1, the next call gets the slot the cancelled one gave back.
+    let mut request = tonic::Request::new(echo(b"next"));
+    request.set_timeout(Duration::from_secs(2));
+    let reply = client.unary(request).await.expect("the slot came back");
+    assert_eq!(reply.into_inner().payload.as_ref(), b"next");
+}
+
+/// A call past its deadline ends for the client; its slot is freed and the pod's stream reset,
+/// so the next call is served at once.
+#[tokio::test]
+async fn a_deadline_exceeded_call_gives_its_slot_back() {
+    let pod = pod("pod-a");
+    let activator = Activator::start(&hello(&[&pod], "container_concurrency = 1\n"));
+    let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
+    let mut slow = tonic::Request::new(EchoRequest {
+        delay_ms: 10_000,
+        ..echo(b"slow")
+    });
+    slow.set_timeout(Duration::from_millis(300));
+    let status = client.unary(slow).await.expect_err("past its deadline");
+    // tonic's client ends a call at its own deadline as CANCELLED "Timeout expired" (and resets
+    // the stream); a server-side expiry would be DEADLINE_EXCEEDED. Either way, the call ended.
+    assert!(
+        status.code() == Code::DeadlineExceeded
+            || (status.code() == Code::Cancelled && status.message().contains("Timeout")),
+        "{status:?}"
+    );
+    let stats = pod_stats(&pod, Duration::from_secs(3), |stats| stats.in_flight == 0).await;
+    assert_eq!((stats.in_flight, stats.cancelled), (0, 1), "{stats:?}");
+    let started = Instant::now();
+    let mut next = tonic::Request::new(echo(b"next"));
+    next.set_timeout(Duration::from_secs(2));
+    client
+        .unary(next)
+        .await
+        .expect("served after the slot came back");
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// containerConcurrency 1 holds for streams: 64 concurrent calls on 4 connections, two ports,
+/// two shards; the pod never has more than one at a time, and every call succeeds.
+#[tokio::test]
+async fn containerconcurrency_one_holds_for_64_streams_on_4_connections() {
+    let pod = pod("pod-a");
+    let activator = Activator::start(&hello(&[&pod], "container_concurrency = 1\n"));
+    let mut clients = Vec::new();
+    for port in [
+        activator.http2,
+        activator.http2,
+        activator.http,
+        activator.http,
+    ] {
+        clients.push(connect(port, AUTHORITY).await.expect("connect"));
+    }
+    let mut calls = Vec::new();
+    for i in 0..64 {
+        let mut client = clients[i % 4].clone();
+        calls.push(tokio::spawn(async move {
+            client
+                .unary(EchoRequest {
+                    payload: Bytes::from(format!("call {i}")),
+                    delay_ms: 5,
+                    reply_bytes: 0,
+                })
+                .await
+                .map(|reply| reply.into_inner().payload)
+        }));
+    }
+    for (i, call) in calls.into_iter().enumerate() {
+        let payload = call.await.unwrap().expect("every call succeeds");
+        assert_eq!(payload, Bytes::from(format!("call {i}")));
+    }
+    let stats = pod.stats();
+    assert_eq!(stats.requests, 64, "{stats:?}");
+    assert_eq!(
+        stats.max_in_flight, 1,
+        "containerConcurrency exceeded: {stats:?}"
+    );
+}
+
+/// A gRPC call to a revision with no pod waits (the autoscaler is poked) and is served by the
+/// first pod that appears.
+#[tokio::test]
+async fn a_grpc_call_waits_through_scale_from_zero() {
+    let activator = Activator::start(&revision("default", "hello-00001", &[], ""));
+    let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
+    let call = tokio::spawn(async move { client.unary(echo(b"cold")).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!call.is_finished(), "the call must wait for a pod");
+    let pod = pod("pod-late");
+    activator.write_config(&hello(&[&pod], ""), "");
+    let reply = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("served once the pod appeared")
+        .unwrap()
+        .expect("a reply");
+    assert_eq!(reply.into_inner().backend, "pod-late");
+}
+
+/// As upstream, the protocol a request arrived in is the one it goes to the pod in, whatever the
+/// revision's protocol: h2c to an `http1` revision goes as h2c, HTTP/1.1 to an `h2c` revision as
+/// HTTP/1.1 (a queue-proxy takes both on either port). The pod sees `:authority`/Host = itself.
+#[tokio::test]
+async fn the_inbound_protocol_is_the_outbound_one_for_either_revision_protocol() {
+    let pod = pod("pod-a");
+    let grpc_pod = spawn_grpc(BackendConfig::named("pod-b").with_revision("grpc-00001", "default"))
+        .expect("spawn the gRPC pod");
+    let grpc_revision = revision(
+        "default",
+        "grpc-00001",
+        &[grpc_pod.addr()],
+        "protocol = \"h2c\"\n",
+    );
+    let activator = Activator::start(&format!("{}{grpc_revision}", hello(&[&pod], "")));
+    let response = h2c_request(activator.http2, AUTHORITY, http::Method::GET, "/", &[])
+        .await
+        .expect("h2c to an http1 revision");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-http-version"], "HTTP/2.0");
+    assert_eq!(
+        response.headers()["x-request-authority"],
+        pod.addr().to_string().as_str()
+    );
+
+    let response = support::exchange(
+        activator.http2,
+        b"GET / HTTP/1.1\r\nHost: grpc-00001.default.svc.cluster.local\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-http-version"), Some("HTTP/1.1"));
+}
+
+/// Over HTTP/2 the activator answers its own probes and unknown revisions as over HTTP/1.
+#[tokio::test]
+async fn probes_and_unknown_revisions_are_answered_over_h2() {
+    let pod = pod("pod-a");
+    let activator = Activator::start(&hello(&[&pod], ""));
+    let probe = h2c_request(
+        activator.http2,
+        AUTHORITY,
+        http::Method::GET,
+        "/",
+        &[("k-network-probe", "activator")],
+    )
+    .await
+    .expect("probe");
+    assert_eq!(probe.status(), 200);
+    assert_eq!(probe.body().as_ref(), b"activator");
+    let unknown = h2c_request(
+        activator.http,
+        "nope.default.svc.cluster.local",
+        http::Method::GET,
+        "/",
+        &[],
+    )
+    .await
+    .expect("unknown revision");
+    assert_eq!(unknown.status(), 404);
+    assert_eq!(
+        unknown.body().as_ref(),
+        b"Error getting active endpoint: revision.serving.knative.dev \"nope\" not found\n"
+    );
+    assert_eq!(pod.stats().requests, 0);
+}
+
+/// A pod that dies mid-stream fails only that stream, with UNAVAILABLE and the cause; the
+/// next call goes to the pod that is left.
+#[tokio::test]
+async fn a_pod_killed_mid_stream_fails_that_stream_with_unavailable() {
+    let doomed = pod("pod-doomed");
+    let survivor = pod("pod-survivor");
+    let activator = Activator::start_with(
+        &hello(
+            &[&doomed, &survivor],
+            "container_concurrency = 1\nload_balancing_policy = \"first-available\"\n",
+        ),
+        "",
+        &["--shards", "1"],
+        &[],
+    );
+    let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
+    let mut replies = client
+        .server_stream(StreamRequest {
+            count: 1000,
+            interval_ms: 20,
+            reply_bytes: 10,
+        })
+        .await
+        .expect("server stream")
+        .into_inner();
+    let first = replies.message().await.expect("first").expect("a reply");
+    let victim = if first.backend == "pod-doomed" {
+        doomed
+    } else {
+        survivor
+    };
+    let victim_name = first.backend.clone();
+    victim.shutdown();
+    let status = loop {
+        match replies.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended cleanly although its pod died"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let mut next = tonic::Request::new(echo(b"next"));
+    next.set_timeout(Duration::from_secs(5));
+    let reply = client.unary(next).await.expect("the other pod serves");
+    assert_ne!(reply.into_inner().backend, victim_name);
+}
+
+/// SIGTERM: clients get GOAWAY at the start of the grace period (an idle connection closes at
+/// once), the streams they have open finish, and a new connection is served while the listeners
+/// still accept.
+#[tokio::test]
+async fn a_drain_lets_open_streams_finish() {
+    let pod = pod("pod-a");
+    let activator = Activator::start(&hello(&[&pod], ""));
+    let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
+    let mut replies = client
+        .server_stream(StreamRequest {
+            count: 10,
+            interval_ms: 50,
+            reply_bytes: 10,
+        })
+        .await
+        .expect("server stream")
+        .into_inner();
+    replies.message().await.expect("first").expect("a reply");
+    // A second client connection, idle: it must be told to go (GOAWAY) at the start of the
+    // grace period, not when the listeners close.
+    let idle = tokio::net::TcpStream::connect(activator.http2)
+        .await
+        .unwrap();
+    let (idle_sender, idle_connection) = h2::client::handshake(idle).await.expect("handshake");
+    let (ended_tx, ended_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = ended_tx.send(idle_connection.await);
+    });
+    let idle_sender = idle_sender.ready().await.expect("the connection is up");
+    activator.send_signal("TERM");
+    let signalled = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), ended_rx)
+        .await
+        .expect("the idle connection ends")
+        .unwrap();
+    assert!(
+        signalled.elapsed() < Duration::from_millis(700),
+        "the idle h2 connection ended {:?} after SIGTERM: after the grace period, not at its start",
+        signalled.elapsed()
+    );
+    assert!(
+        ended
+            .as_ref()
+            .map_or_else(|error| error.is_go_away(), |()| true),
+        "ended without GOAWAY: {ended:?}"
+    );
+    drop(idle_sender);
+    // The listeners still accept during the grace period: a new connection is served.
+    let fresh = h2c_request(activator.http2, AUTHORITY, http::Method::GET, "/", &[])
+        .await
+        .expect("a new connection during the grace period");
+    assert_eq!(fresh.status(), 200);
+    let mut received = 1;
+    while let Some(_reply) = replies.message().await.expect("the open stream finishes") {
+        received += 1;
+    }
+    assert_eq!(received, 10);
+    assert_eq!(pod.stats().cancelled, 0);
+}
+
+/// Python's grpcio (C core, another HTTP/2 implementation) through the activator: unary,
+/// streaming both ways and a 16 MiB message. Needs `python3 -m pip install grpcio grpcio-tools`
+/// (`.ci/run` installs them).
+#[test]
+fn grpcio_calls_through_the_activator() {
+    let pod = pod("pod-a");
+    let activator = Activator::start(&hello(&[&pod], "container_concurrency = 2\n"));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/testkit/python/echo_client.py");
+    for (port, call) in [
+        (activator.http2, vec!["unary"]),
+        (activator.http, vec!["server-stream", "5"]),
+        (activator.http2, vec!["bidi", "5"]),
+        (activator.http2, vec!["big", "16"]),
+    ] {
+        let output = Command::new("python3")
+            .arg(script)
+            .args(["--target", &port.to_string(), "--authority", AUTHORITY])
+            .args(&call)
+            .output()
+            .expect("run python3");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "grpcio {call:?} failed (python3 -m pip install grpcio grpcio-tools?)\n{stdout}\n{stderr}"
+        );
+        assert!(stdout.contains("\"ok\": true"), "{stdout}");
+    }
+    assert!(pod.stats().requests >= 4);
+}
+
+/// Requests counted on the activator's metrics like HTTP/1 ones (`activator_request_count`),
+/// per status.
+#[tokio::test]
+async fn h2_streams_are_counted_in_the_request_metrics() {
+    let pod = pod("pod-a");
+    let activator = Activator::start(&hello(&[&pod], ""));
+    let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
+    for _ in 0..3 {
+        client.unary(echo(b"x")).await.expect("unary");
+    }
+    let counted = activator.metric_sum("activator_request_count", &["response_code=\"200\""]);
+    assert_eq!(counted, 3.0, "{}", activator.metrics());
+}
