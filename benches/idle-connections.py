@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Memory per open client connection: idle keep-alive ones and ones that sent nothing.
+"""Memory per open client connection: idle keep-alive ones, ones that sent nothing, and idle
+HTTP/2 ones.
 
 Usage: python3 benches/idle-connections.py <kactivator binary> [count]
 
 Starts a one-line Python backend and kactivator with one shard on 127.0.0.1:28112 (admin
 28113), opens `count` (default 5000) connections that each get one request answered and then
-sit idle, then `count` more that send nothing, and prints kactivator's VmRSS after each stage
-and the growth per connection. Socket buffers are kernel memory and not in VmRSS.
+sit idle, then `count` more that send nothing, then `count` HTTP/2 connections (h2c prior
+knowledge) that each had one stream answered (the activator's own probe, no pod) and sit idle,
+and prints kactivator's VmRSS after each stage and the growth per connection. Socket buffers are kernel memory and not in VmRSS.
 """
 import http.server
 import resource
@@ -81,10 +83,41 @@ try:
     silent = [socket.create_connection(("127.0.0.1", 28112)) for _ in range(count)]
     time.sleep(0.5)
     after_silent = rss_kib()
+    def frame(kind, flags, stream, payload=b""):
+        return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+    authority = b"m.default.svc.cluster.local"
+    probe = b"k-network-probe"
+    # HPACK: :method GET, :scheme http, :path / (static table), :authority and the probe header
+    # as literals without indexing.
+    block = (bytes([0x82, 0x86, 0x84, 0x01, len(authority)]) + authority
+             + bytes([0x00, len(probe)]) + probe + bytes([len(b"activator")]) + b"activator")
+    opening = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0) + frame(4, 1, 0)
+               + frame(1, 0x5, 1, block))
+
+    def h2_served():
+        sock = socket.create_connection(("127.0.0.1", 28112))
+        sock.sendall(opening)
+        data = b""
+        while b"activator" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise RuntimeError("HTTP/2 connection closed before the answer")
+            data += chunk
+        return sock
+
+    h2_served().close()
+    time.sleep(0.3)
+    before_h2 = rss_kib()
+    h2 = [h2_served() for _ in range(count)]
+    time.sleep(0.5)
+    after_h2 = rss_kib()
     print(f"idle keep-alive: {count} connections, VmRSS {base} -> {after_idle} KiB, "
           f"{(after_idle - base) * 1024 / count:.0f} B each")
     print(f"sent nothing:    {count} connections, VmRSS {after_idle} -> {after_silent} KiB, "
           f"{(after_silent - after_idle) * 1024 / count:.0f} B each")
+    print(f"idle HTTP/2:     {count} connections, VmRSS {before_h2} -> {after_h2} KiB, "
+          f"{(after_h2 - before_h2) * 1024 / count:.0f} B each")
 finally:
     process.terminate()
     process.wait()
