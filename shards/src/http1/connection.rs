@@ -456,12 +456,8 @@ async fn proxy_request(
         let pod = match acquire(shard, revision, deadlines.first_byte, &mut client).await {
             Ok(pod) => pod,
             Err(error) => {
-                let error = match (error, unreached) {
-                    (RequestError::TimedOut, Some(unreached)) => unreached.into(),
-                    (error, _) => error,
-                };
                 return Ended::Failed {
-                    error,
+                    error: admission::not_admitted(error, unreached),
                     request_complete: false,
                 };
             }
@@ -516,25 +512,7 @@ async fn proxy_request(
             ..
         } = &**failure
         {
-            tracing::warn!(
-                request_id = %conn.request_id,
-                pod = %pod.tracker.addr,
-                now_serving = %format_args!("{namespace}/{serving}"),
-                "pod IP reused by another revision; retiring it"
-            );
-            // No shard may start another request there, even before the control thread
-            // publishes the removal; the first shard to retire it reports it.
-            if pod.tracker.slots.retire() {
-                admission::report(
-                    shard,
-                    revision,
-                    &pod,
-                    EvidenceKind::IpReused {
-                        namespace: namespace.clone(),
-                        revision: serving.clone(),
-                    },
-                );
-            }
+            admission::retire_reused(shard, revision, &pod, namespace, serving, &conn.request_id);
             drop(held);
             if !may_retry(attempt, failure, replayable) {
                 return ended;

@@ -321,12 +321,8 @@ async fn proxy(
         let pod = match acquire(shard, revision, deadlines.first_byte, &mut watch).await {
             Ok(pod) => pod,
             Err(error) => {
-                let error = match (error, unreached) {
-                    (RequestError::TimedOut, Some(unreached)) => unreached.into(),
-                    (error, _) => error,
-                };
                 return Ended::Failed {
-                    error,
+                    error: admission::not_admitted(error, unreached),
                     request_complete: false,
                 };
             }
@@ -377,25 +373,7 @@ async fn proxy(
                 namespace,
                 revision: serving,
                 ..
-            } => {
-                tracing::warn!(
-                    request_id,
-                    pod = %addr,
-                    now_serving = %format_args!("{namespace}/{serving}"),
-                    "pod IP reused by another revision; retiring it"
-                );
-                if pod.tracker.slots.retire() {
-                    admission::report(
-                        shard,
-                        revision,
-                        &pod,
-                        EvidenceKind::IpReused {
-                            namespace: namespace.clone(),
-                            revision: serving.clone(),
-                        },
-                    );
-                }
-            }
+            } => admission::retire_reused(shard, revision, &pod, namespace, serving, request_id),
             // The connection went away under us: the next stream gets a new one.
             _ => shard.h2_pods.forget(addr),
         }

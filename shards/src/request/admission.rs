@@ -17,6 +17,7 @@ use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
 use crate::runtime::shard::Shard;
 use crate::throttle::gate::{Admission, WaiterId};
+use crate::upstream::error::UpstreamError;
 
 use super::deadlines::QueueTimeLevels;
 use super::error::RequestError;
@@ -110,6 +111,46 @@ pub(crate) fn dial_failed(shard: &Rc<Shard>, revision: &Rc<LocalRevision>, pod: 
         pod.end_hold();
         revision.dispatch(&shard);
     });
+}
+
+/// A pod answered in the name of another revision (its IP was given to a new pod): no shard may
+/// start another request there, even before the control thread publishes the removal, so its
+/// slots are retired at once; the first shard to retire it reports it.
+pub(crate) fn retire_reused(
+    shard: &Shard,
+    revision: &LocalRevision,
+    pod: &LocalPod,
+    namespace: &str,
+    serving: &str,
+    request_id: &str,
+) {
+    tracing::warn!(
+        request_id,
+        pod = %pod.tracker.addr,
+        now_serving = %format_args!("{namespace}/{serving}"),
+        "pod IP reused by another revision; retiring it"
+    );
+    if pod.tracker.slots.retire() {
+        report(
+            shard,
+            revision,
+            pod,
+            EvidenceKind::IpReused {
+                namespace: namespace.to_string(),
+                revision: serving.to_string(),
+            },
+        );
+    }
+}
+
+/// Why a request that left admission without a pod failed: a deadline that passed after a pod
+/// could not be reached is answered with that pod's failure (the client hears why, not only that
+/// time ran out).
+pub(crate) fn not_admitted(error: RequestError, unreached: Option<UpstreamError>) -> RequestError {
+    match (error, unreached) {
+        (RequestError::TimedOut, Some(unreached)) => unreached.into(),
+        (error, _) => error,
+    }
 }
 
 /// How a wait in the queue ended.
