@@ -269,12 +269,13 @@ fn outbound_request(parts: &http::request::Parts, client_ip: &[u8]) -> Request<(
 
 /// Points the request at `pod` (`:authority` = the pod's address, as HTTP/1's `Host`).
 fn address_to(request: &mut Request<()>, pod: &LocalPod) {
-    let path = request
-        .uri()
-        .path_and_query()
-        .map_or("/", |path| path.as_str());
-    let uri = format!("http://{}{path}", pod.tracker.addr);
-    if let Ok(uri) = uri.parse::<Uri>() {
+    let mut parts = std::mem::take(request.uri_mut()).into_parts();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = Some(pod.authority());
+    if parts.path_and_query.is_none() {
+        parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    }
+    if let Ok(uri) = Uri::from_parts(parts) {
         *request.uri_mut() = uri;
     }
 }

@@ -25,6 +25,9 @@ pub struct LocalPod {
     pub tracker: Arc<PodTracker>,
     /// `Host: <ip:port>\r\n`, formatted once here rather than for every request.
     pub host_line: Box<[u8]>,
+    /// `<ip:port>` as an HTTP/2 `:authority`, formatted on the first HTTP/2 request to the pod
+    /// (most pods never see one).
+    authority: std::cell::OnceCell<http::uri::Authority>,
     /// This shard could not connect to the pod a moment ago and passes it over until the hold
     /// ends (`request::admission::dial_failed`). Shard-local, and written only by this shard:
     /// it is not the pod's capacity, which only the control thread writes (and, once it has the
@@ -39,8 +42,19 @@ impl LocalPod {
         LocalPod {
             tracker,
             host_line,
+            authority: std::cell::OnceCell::new(),
             held_off: Cell::new(false),
         }
+    }
+
+    /// The pod's address as an HTTP/2 `:authority` (a cheap clone after the first call).
+    pub fn authority(&self) -> http::uri::Authority {
+        self.authority
+            .get_or_init(|| {
+                http::uri::Authority::try_from(self.tracker.addr.to_string())
+                    .expect("a socket address is a valid authority")
+            })
+            .clone()
     }
 
     /// Starts a hold; false if one is already running.
