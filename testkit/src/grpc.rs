@@ -43,7 +43,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -56,14 +55,13 @@ use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 use tonic::codegen::Service;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
 
 use crate::backend::routes::Identity;
 use crate::backend::stats::{ConnectionGuard, Counters, InFlightGuard};
-use crate::backend::{bind, build_runtime, BackendConfig, Stats};
+use crate::backend::{run_server_until_signal, BackendConfig, ServerThread, Stats};
 use crate::pattern::{pattern_byte, pattern_frame, FRAME_SIZE};
 
 /// Code generated from `testkit/proto/echo.proto`: messages, client and server.
@@ -410,30 +408,16 @@ pub fn spawn_grpc(config: BackendConfig) -> io::Result<GrpcHandle> {
 /// port is bound before this returns.
 pub fn spawn_grpc_on(addr: SocketAddr, config: BackendConfig) -> io::Result<GrpcHandle> {
     let shared = Arc::new(Shared::new(&config)?);
-    let runtime = build_runtime()?;
-    let listener = {
-        // Binding registers the socket with this runtime's reactor.
-        let _entered = runtime.enter();
-        bind(addr)?
-    };
-    let local_addr = listener.local_addr()?;
-    let handle_shared = Arc::clone(&shared);
-    let (stop_sender, stop_receiver) = oneshot::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name(format!("grpc-backend-{}", config.name))
-        .spawn(move || {
-            runtime.block_on(serve(listener, shared, async move {
-                // A dropped sender is a stop request too.
-                let _ = stop_receiver.await;
-            }));
-            // Dropping the runtime cancels every connection task, closing the sockets.
-            drop(runtime);
-        })?;
+    let serving = Arc::clone(&shared);
+    let (addr, server) = ServerThread::spawn(
+        addr,
+        format!("grpc-backend-{}", config.name),
+        move |listener, stop| serve(listener, serving, stop),
+    )?;
     Ok(GrpcHandle {
-        addr: local_addr,
-        shared: handle_shared,
-        stop_sender: Some(stop_sender),
-        thread: Some(thread),
+        addr,
+        shared,
+        server,
     })
 }
 
@@ -444,23 +428,9 @@ pub fn run_grpc_until_signal(
     config: BackendConfig,
     on_ready: impl FnOnce(SocketAddr),
 ) -> io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-
     let shared = Arc::new(Shared::new(&config)?);
-    let runtime = build_runtime()?;
-    runtime.block_on(async move {
-        let listener = bind(addr)?;
-        let mut terminate = signal(SignalKind::terminate())?;
-        let mut interrupt = signal(SignalKind::interrupt())?;
-        on_ready(listener.local_addr()?);
-        let stop = async move {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = interrupt.recv() => {}
-            }
-        };
-        serve(listener, shared, stop).await;
-        Ok(())
+    run_server_until_signal(addr, on_ready, move |listener, stop| {
+        serve(listener, shared, stop)
     })
 }
 
@@ -469,8 +439,7 @@ pub fn run_grpc_until_signal(
 pub struct GrpcHandle {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    stop_sender: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    server: ServerThread,
 }
 
 impl GrpcHandle {
@@ -493,24 +462,7 @@ impl GrpcHandle {
 
     /// Stops accepting, closes every connection and joins the backend's thread.
     pub fn shutdown(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
-        if let Some(stop_sender) = self.stop_sender.take() {
-            let _ = stop_sender.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            // A panic there has been reported already; re-raising it could abort an
-            // unwinding test.
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for GrpcHandle {
-    fn drop(&mut self) {
-        self.stop();
+        self.server.stop();
     }
 }
 

@@ -149,30 +149,14 @@ pub fn spawn(config: BackendConfig) -> io::Result<BackendHandle> {
 /// the backend accepts connections as soon as the handle exists.
 pub fn spawn_on(addr: SocketAddr, config: BackendConfig) -> io::Result<BackendHandle> {
     let shared = Arc::new(Shared::new(&config)?);
-    let runtime = build_runtime()?;
-    let listener = {
-        // Binding registers the socket with this runtime's reactor, which needs its context.
-        let _entered = runtime.enter();
-        bind(addr)?
-    };
-    let local_addr = listener.local_addr()?;
-    let handle_shared = Arc::clone(&shared);
-    let (stop_sender, stop_receiver) = oneshot::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name(format!("backend-{}", config.name))
-        .spawn(move || {
-            // A dropped sender counts as a stop request too, hence the ignored result.
-            runtime.block_on(serve(listener, shared, async move {
-                let _ = stop_receiver.await;
-            }));
-            // Dropping the runtime cancels every connection task, closing their sockets.
-            drop(runtime);
-        })?;
+    let serving = Arc::clone(&shared);
+    let (addr, server) = ServerThread::spawn(addr, format!("backend-{}", config.name), {
+        move |listener, stop| serve(listener, serving, stop)
+    })?;
     Ok(BackendHandle {
-        addr: local_addr,
-        shared: handle_shared,
-        stop_sender: Some(stop_sender),
-        thread: Some(thread),
+        addr,
+        shared,
+        server,
     })
 }
 
@@ -215,8 +199,7 @@ fn spawn_all_on_one_port(pods: &[(IpAddr, BackendConfig)]) -> io::Result<Vec<Bac
 pub struct BackendHandle {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    stop_sender: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    server: ServerThread,
 }
 
 impl BackendHandle {
@@ -297,25 +280,107 @@ impl BackendHandle {
 
     /// Stops accepting, closes every connection and joins the backend's thread.
     pub fn shutdown(mut self) {
-        self.stop();
+        self.server.stop();
+    }
+}
+
+/// A test server on its own thread with a current-thread runtime, for both backends. Dropping
+/// it stops the server (every connection closes) and joins the thread.
+#[derive(Debug)]
+pub(crate) struct ServerThread {
+    stop_sender: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What ends a server: a stop request, or a signal.
+pub(crate) type Stop = std::pin::Pin<Box<dyn Future<Output = ()>>>;
+
+impl ServerThread {
+    /// Binds `addr` (before returning, so the server accepts as soon as this returns) and runs
+    /// `serve(listener, stop)` on a new thread named `name`. Returns the bound address.
+    pub(crate) fn spawn<S, F>(
+        addr: SocketAddr,
+        name: String,
+        serve: S,
+    ) -> io::Result<(SocketAddr, ServerThread)>
+    where
+        S: FnOnce(TcpListener, Stop) -> F + Send + 'static,
+        F: Future<Output = ()>,
+    {
+        let runtime = build_runtime()?;
+        let listener = {
+            // Binding registers the socket with this runtime's reactor, which needs its context.
+            let _entered = runtime.enter();
+            bind(addr)?
+        };
+        let local_addr = listener.local_addr()?;
+        let (stop_sender, stop_receiver) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            // A dropped sender counts as a stop request too, hence the ignored result.
+            let stop: Stop = Box::pin(async move {
+                let _ = stop_receiver.await;
+            });
+            runtime.block_on(serve(listener, stop));
+            // Dropping the runtime cancels every connection task, closing their sockets.
+            drop(runtime);
+        })?;
+        Ok((
+            local_addr,
+            ServerThread {
+                stop_sender: Some(stop_sender),
+                thread: Some(thread),
+            },
+        ))
     }
 
-    fn stop(&mut self) {
+    /// Stops the server and joins its thread (once).
+    pub(crate) fn stop(&mut self) {
         if let Some(stop_sender) = self.stop_sender.take() {
             let _ = stop_sender.send(());
         }
         if let Some(thread) = self.thread.take() {
-            // A panic on the backend thread has already been reported by the panic hook;
+            // A panic on the server thread has already been reported by the panic hook;
             // re-raising it here could abort a test that is unwinding.
             let _ = thread.join();
         }
     }
 }
 
-impl Drop for BackendHandle {
+impl Drop for ServerThread {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Runs a server on the current thread until the process receives SIGTERM or SIGINT, calling
+/// `on_ready` with the bound address once it accepts and the signal handlers are installed (so a
+/// signal sent after `on_ready` always ends in a clean exit, never the default signal action).
+pub(crate) fn run_server_until_signal<S, F>(
+    addr: SocketAddr,
+    on_ready: impl FnOnce(SocketAddr),
+    serve: S,
+) -> io::Result<()>
+where
+    S: FnOnce(TcpListener, Stop) -> F,
+    F: Future<Output = ()>,
+{
+    use tokio::signal::unix::{signal, SignalKind};
+
+    let runtime = build_runtime()?;
+    runtime.block_on(async move {
+        let listener = bind(addr)?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        on_ready(listener.local_addr()?);
+        let stop: Stop = Box::pin(async move {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        });
+        serve(listener, stop).await;
+        Ok(())
+    })
 }
 
 /// Runs a backend on the current thread until the process receives SIGTERM or SIGINT,
@@ -332,23 +397,9 @@ pub fn run_until_signal(
     config: BackendConfig,
     on_ready: impl FnOnce(SocketAddr),
 ) -> io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-
     let shared = Arc::new(Shared::new(&config)?);
-    let runtime = build_runtime()?;
-    runtime.block_on(async move {
-        let listener = bind(addr)?;
-        let mut terminate = signal(SignalKind::terminate())?;
-        let mut interrupt = signal(SignalKind::interrupt())?;
-        on_ready(listener.local_addr()?);
-        let stop = async move {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = interrupt.recv() => {}
-            }
-        };
-        serve(listener, shared, stop).await;
-        Ok(())
+    run_server_until_signal(addr, on_ready, move |listener, stop| {
+        serve(listener, shared, stop)
     })
 }
 
