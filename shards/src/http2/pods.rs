@@ -11,14 +11,13 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 use rustc_hash::FxHashMap;
 
 use super::H2Settings;
 use crate::metrics::ShardStats;
 use crate::upstream::error::{TransportCause, UpstreamError};
-use crate::upstream::pool::PoolConfig;
+use crate::upstream::pool::{connect, PoolConfig};
 
 /// A live connection to one pod.
 struct PodConn {
@@ -80,7 +79,6 @@ impl H2Pods {
         addr: SocketAddr,
         stats: &ShardStats,
     ) -> Result<(SendRequest<Bytes>, Rc<Cell<bool>>), UpstreamError> {
-        stats.upstream_connects.increment();
         let timeout = self.pool.connect_timeout;
         let timed_out = || {
             stats.upstream_connect_errors.increment();
@@ -89,23 +87,14 @@ impl H2Pods {
                 after_ms: timeout.as_millis() as u64,
             }
         };
-        let failed = |error: std::io::Error| {
-            stats.upstream_connect_errors.increment();
-            UpstreamError::Connect {
-                addr,
-                cause: TransportCause::of(&error),
-            }
-        };
         let started = Instant::now();
-        let stream = match monoio::time::timeout(timeout, TcpStream::connect_addr(addr)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(error)) => return Err(failed(error)),
-            Err(_) => return Err(timed_out()),
-        };
-        let _ = stream.set_nodelay(true);
+        let stream = connect(addr, timeout, stats).await?;
         let io = stream
             .try_into_poll_io()
-            .map_err(|(error, _)| failed(error))?;
+            .map_err(|(error, _)| UpstreamError::Connect {
+                addr,
+                cause: TransportCause::of(&error),
+            })?;
         let mut builder = h2::client::Builder::new();
         builder
             .initial_window_size(self.settings.stream_window)

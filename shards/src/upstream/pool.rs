@@ -110,6 +110,36 @@ impl Default for PoolConfig {
     }
 }
 
+/// Opens a TCP connection to a pod within `timeout`, counted in the shard's figures, with
+/// Nagle off (small writes, heads and frames, must not wait). Both fronts' pod connections
+/// (HTTP/1 here, h2c in `http2::pods`) are made by it.
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    timeout: Duration,
+    stats: &ShardStats,
+) -> Result<TcpStream, UpstreamError> {
+    stats.upstream_connects.increment();
+    let stream = match monoio::time::timeout(timeout, TcpStream::connect_addr(addr)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            stats.upstream_connect_errors.increment();
+            return Err(UpstreamError::Connect {
+                addr,
+                cause: TransportCause::of(&error),
+            });
+        }
+        Err(_elapsed) => {
+            stats.upstream_connect_errors.increment();
+            return Err(UpstreamError::ConnectTimeout {
+                addr,
+                after_ms: timeout.as_millis() as u64,
+            });
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
 /// One shard's idle connections, by pod address.
 pub struct Pool {
     config: PoolConfig,
@@ -144,28 +174,7 @@ impl Pool {
         addr: SocketAddr,
         stats: &ShardStats,
     ) -> Result<UpstreamConn, UpstreamError> {
-        stats.upstream_connects.increment();
-        let dial =
-            monoio::time::timeout(self.config.connect_timeout, TcpStream::connect_addr(addr)).await;
-        let stream = match dial {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(error)) => {
-                stats.upstream_connect_errors.increment();
-                return Err(UpstreamError::Connect {
-                    addr,
-                    cause: TransportCause::of(&error),
-                });
-            }
-            Err(_elapsed) => {
-                stats.upstream_connect_errors.increment();
-                return Err(UpstreamError::ConnectTimeout {
-                    addr,
-                    after_ms: self.config.connect_timeout.as_millis() as u64,
-                });
-            }
-        };
-        // Small writes (heads) must not wait for Nagle.
-        let _ = stream.set_nodelay(true);
+        let stream = connect(addr, self.config.connect_timeout, stats).await?;
         Ok(UpstreamConn::new(addr, stream))
     }
 
