@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kactivator_testkit::backend::BackendConfig;
-use kactivator_testkit::grpc::pb::{EchoRequest, StreamRequest};
+use kactivator_testkit::grpc::pb::echo_client::EchoClient;
+use kactivator_testkit::grpc::pb::{EchoReply, EchoRequest, StreamRequest};
 use kactivator_testkit::grpc::{connect, h2c_request, spawn_grpc, GrpcHandle, GrpcStats};
 use support::{revision, Activator};
+use tonic::transport::Channel;
 use tonic::Code;
 
 const AUTHORITY: &str = "hello-00001.default.svc.cluster.local";
@@ -36,6 +38,30 @@ fn echo(payload: &'static [u8]) -> EchoRequest {
         delay_ms: 0,
         reply_bytes: 0,
     }
+}
+
+/// A server-streaming call of `count` 10-byte replies, `interval_ms` apart.
+async fn server_stream(
+    client: &mut EchoClient<Channel>,
+    count: u32,
+    interval_ms: u32,
+) -> tonic::Streaming<EchoReply> {
+    client
+        .server_stream(StreamRequest {
+            count,
+            interval_ms,
+            reply_bytes: 10,
+        })
+        .await
+        .expect("server stream")
+        .into_inner()
+}
+
+/// `message` as a call with a client deadline of `limit`.
+fn within(message: EchoRequest, limit: Duration) -> tonic::Request<EchoRequest> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(limit);
+    request
 }
 
 /// Polls the pod's counters until `condition` holds, for at most `limit`.
@@ -177,15 +203,7 @@ async fn a_client_cancel_mid_stream_frees_the_slot_and_resets_the_pod_stream() {
     let pod = pod("pod-a");
     let activator = Activator::start(&hello(&[&pod], "container_concurrency = 1\n"));
     let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
-    let mut replies = client
-        .server_stream(StreamRequest {
-            count: 1000,
-            interval_ms: 20,
-            reply_bytes: 10,
-        })
-        .await
-        .expect("server stream")
-        .into_inner();
+    let mut replies = server_stream(&mut client, 1000, 20).await;
     replies.message().await.expect("first").expect("a reply");
     drop(replies);
     let stats = pod_stats(&pod, Duration::from_secs(3), |stats| {
@@ -194,8 +212,7 @@ async fn a_client_cancel_mid_stream_frees_the_slot_and_resets_the_pod_stream() {
     .await;
     assert_eq!((stats.cancelled, stats.in_flight), (1, 0), "{stats:?}");
     // With containerConcurrency 1, the next call gets the slot the cancelled one gave back.
-    let mut request = tonic::Request::new(echo(b"next"));
-    request.set_timeout(Duration::from_secs(2));
+    let request = within(echo(b"next"), Duration::from_secs(2));
     let reply = client.unary(request).await.expect("the slot came back");
     assert_eq!(reply.into_inner().payload.as_ref(), b"next");
 }
@@ -207,11 +224,13 @@ async fn a_deadline_exceeded_call_gives_its_slot_back() {
     let pod = pod("pod-a");
     let activator = Activator::start(&hello(&[&pod], "container_concurrency = 1\n"));
     let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
-    let mut slow = tonic::Request::new(EchoRequest {
-        delay_ms: 10_000,
-        ..echo(b"slow")
-    });
-    slow.set_timeout(Duration::from_millis(300));
+    let slow = within(
+        EchoRequest {
+            delay_ms: 10_000,
+            ..echo(b"slow")
+        },
+        Duration::from_millis(300),
+    );
     let status = client.unary(slow).await.expect_err("past its deadline");
     // tonic's client ends a call at its own deadline as CANCELLED "Timeout expired" (and resets
     // the stream); a server-side expiry would be DEADLINE_EXCEEDED. Either way, the call ended.
@@ -223,8 +242,7 @@ async fn a_deadline_exceeded_call_gives_its_slot_back() {
     let stats = pod_stats(&pod, Duration::from_secs(3), |stats| stats.in_flight == 0).await;
     assert_eq!((stats.in_flight, stats.cancelled), (0, 1), "{stats:?}");
     let started = Instant::now();
-    let mut next = tonic::Request::new(echo(b"next"));
-    next.set_timeout(Duration::from_secs(2));
+    let next = within(echo(b"next"), Duration::from_secs(2));
     client
         .unary(next)
         .await
@@ -374,15 +392,7 @@ async fn a_pod_killed_mid_stream_fails_that_stream_with_unavailable() {
         &[],
     );
     let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
-    let mut replies = client
-        .server_stream(StreamRequest {
-            count: 1000,
-            interval_ms: 20,
-            reply_bytes: 10,
-        })
-        .await
-        .expect("server stream")
-        .into_inner();
+    let mut replies = server_stream(&mut client, 1000, 20).await;
     let first = replies.message().await.expect("first").expect("a reply");
     let victim = if first.backend == "pod-doomed" {
         doomed
@@ -399,8 +409,7 @@ async fn a_pod_killed_mid_stream_fails_that_stream_with_unavailable() {
         }
     };
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    let mut next = tonic::Request::new(echo(b"next"));
-    next.set_timeout(Duration::from_secs(5));
+    let next = within(echo(b"next"), Duration::from_secs(5));
     let reply = client.unary(next).await.expect("the other pod serves");
     assert_ne!(reply.into_inner().backend, victim_name);
 }
@@ -413,15 +422,7 @@ async fn a_drain_lets_open_streams_finish() {
     let pod = pod("pod-a");
     let activator = Activator::start(&hello(&[&pod], ""));
     let mut client = connect(activator.http2, AUTHORITY).await.expect("connect");
-    let mut replies = client
-        .server_stream(StreamRequest {
-            count: 10,
-            interval_ms: 50,
-            reply_bytes: 10,
-        })
-        .await
-        .expect("server stream")
-        .into_inner();
+    let mut replies = server_stream(&mut client, 10, 50).await;
     replies.message().await.expect("first").expect("a reply");
     // A second client connection, idle: it must be told to go (GOAWAY) at the start of the
     // grace period, not when the listeners close.
