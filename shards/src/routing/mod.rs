@@ -25,6 +25,14 @@ pub const DEFAULT_QUEUE_DEPTH: u32 = 10_000;
 /// Default whole-request timeout per revision: 300 s, Knative's `revision-timeout-seconds`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Longest revision timeout accepted from any source (each of `timeoutSeconds`,
+/// `responseStartTimeoutSeconds`, `idleTimeoutSeconds`): one year. A larger value is refused
+/// where it enters (the file, with its position; a Revision, naming the field), never clamped.
+/// Knative's own default ceiling (`max-revision-timeout-seconds`) is 600 s and clusters raise it
+/// to hours, so this refuses nothing real; it keeps every deadline far inside what an `Instant`
+/// and the shards' timers can represent.
+pub const MAX_TIMEOUT_SECONDS: u64 = 365 * 24 * 60 * 60;
+
 /// Wire protocol the revision's pods speak.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Protocol {
