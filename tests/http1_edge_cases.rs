@@ -229,9 +229,9 @@ fn http_1_2_is_served_as_http_1_1_on_a_connection_that_stays_open() {
 }
 
 #[test]
-fn an_unknown_transfer_coding_gets_501() {
+fn an_unknown_transfer_coding_before_chunked_gets_501() {
     let (backend, activator) = with_backend();
-    for coding in ["gzip", "gzip, chunked"] {
+    for coding in ["gzip, chunked", "identity, chunked"] {
         let (mut stream, response, buffered) = send(
             &activator,
             &format!("POST / HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: {coding}\r\n\r\n"),
@@ -241,6 +241,17 @@ fn an_unknown_transfer_coding_gets_501() {
             501,
             "501 Not Implemented: unknown transfer coding (only chunked is implemented)\n",
         );
+        assert!(response.headers.iter().any(|(_, value)| value == "close"));
+        assert!(closed(&mut stream, &buffered));
+    }
+    // RFC 9112 §6.3: when chunked is not the final coding the length cannot be determined,
+    // a 400 that comes before "not implemented".
+    for coding in ["chunked, identity", "gzip", "identity", "chunked, gzip"] {
+        let (mut stream, response, buffered) = send(
+            &activator,
+            &format!("POST / HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: {coding}\r\n\r\n"),
+        );
+        assert_eq!(response.status, 400, "{coding}");
         assert!(response.headers.iter().any(|(_, value)| value == "close"));
         assert!(closed(&mut stream, &buffered));
     }

@@ -21,13 +21,14 @@ pub enum HeadError {
     /// A request carries both Content-Length and Transfer-Encoding.
     ConflictingFraming,
     /// Transfer-Encoding that cannot be framed at all: an empty or malformed coding list, any
-    /// message that applies chunked more than once, or Transfer-Encoding on an HTTP/1.0
-    /// message (RFC 9112 §6.1 calls that faulty framing).
+    /// message that applies chunked more than once, Transfer-Encoding on an HTTP/1.0 message
+    /// (RFC 9112 §6.1 calls that faulty framing), or a request whose final coding is not a bare
+    /// `chunked` (`gzip`, `chunked, identity`: RFC 9112 §6.3 makes that a 400).
     UnsupportedTransferEncoding,
-    /// A well-formed request coding list other than a single bare `chunked`, such as `gzip`
-    /// or `gzip, chunked`: RFC 9112 §6.1 answers a coding the server does not implement with
-    /// 501. Only chunked is implemented; a proxy that decoded nothing else and forwarded the
-    /// rest could not promise the pod what it received.
+    /// A well-formed request coding list that ends in `chunked` but applies another coding
+    /// first, such as `gzip, chunked`: RFC 9112 §6.1 answers a coding the server does not
+    /// implement with 501. Only chunked is implemented; a proxy that decoded nothing else and
+    /// forwarded the rest could not promise the pod what it received.
     UnknownTransferCoding,
     /// An HTTP/1.1 request without a Host field (RFC 9112 §3.2).
     MissingHost,

@@ -13,7 +13,8 @@
 //! * Obsolete line folding is rejected, header names must be tokens, whitespace between a field
 //!   name and the colon is rejected.
 //! * Request framing follows §6.3 with the anti-smuggling choices documented on [`HeadError`];
-//!   of the transfer codings only a single `chunked` is implemented, any other is a 501.
+//!   a request whose final coding is not `chunked` is a 400 (§6.3), and of the transfer codings
+//!   only a single `chunked` is implemented, so `gzip, chunked` is a 501.
 //! * An HTTP/1.1 request needs exactly one Host field, any request at most one; the authority
 //!   of an absolute-form target wins over it ([`RequestHead::authority`]).
 //! * `HTTP/1.2` to `HTTP/1.9` request lines are read as HTTP/1.1 (RFC 9110 §2.5); other

@@ -275,8 +275,13 @@ fn request_body(
         {
             return Err(HeadError::UnsupportedTransferEncoding);
         }
+        // RFC 9112 §6.3: a request whose final coding is not `chunked` has no length anyone
+        // can determine, a MUST 400 that comes before "a coding we do not implement".
+        if !encoding.chunked_last {
+            return Err(HeadError::UnsupportedTransferEncoding);
+        }
         // Only a single bare `chunked` is implemented (RFC 9112 §6.1: 501 for the rest).
-        if encoding.codings != 1 || !encoding.chunked_last {
+        if encoding.codings != 1 {
             return Err(HeadError::UnknownTransferCoding);
         }
         return Ok(BodyKind::Chunked);

@@ -310,17 +310,22 @@ fn request_framing() {
         (
             "HTTP/1.1",
             "Transfer-Encoding: gzip\r\n",
-            Err(UnknownTransferCoding),
+            Err(UnsupportedTransferEncoding),
         ),
         (
             "HTTP/1.1",
             "Transfer-Encoding: identity\r\n",
-            Err(UnknownTransferCoding),
+            Err(UnsupportedTransferEncoding),
         ),
         (
             "HTTP/1.1",
             "Transfer-Encoding: chunked, gzip\r\n",
-            Err(UnknownTransferCoding),
+            Err(UnsupportedTransferEncoding),
+        ),
+        (
+            "HTTP/1.1",
+            "Transfer-Encoding: chunked, identity\r\n",
+            Err(UnsupportedTransferEncoding),
         ),
         (
             "HTTP/1.1",
@@ -335,7 +340,7 @@ fn request_framing() {
         (
             "HTTP/1.1",
             "Transfer-Encoding: chunked;x=1\r\n",
-            Err(UnknownTransferCoding),
+            Err(UnsupportedTransferEncoding),
         ),
         (
             "HTTP/1.1",
@@ -345,7 +350,7 @@ fn request_framing() {
         (
             "HTTP/1.1",
             "Transfer-Encoding: x;p=\"a, chunked\"\r\n",
-            Err(UnknownTransferCoding),
+            Err(UnsupportedTransferEncoding),
         ),
         (
             "HTTP/1.1",
@@ -388,7 +393,7 @@ fn request_framing() {
         (
             "HTTP/1.9",
             "Transfer-Encoding: gzip\r\n",
-            Err(UnknownTransferCoding),
+            Err(UnsupportedTransferEncoding),
         ),
         ("HTTP/1.0", "Content-Length: 3\r\n", Ok(Length(3))),
     ];
@@ -1075,7 +1080,10 @@ fn generated_request() -> impl Strategy<Value = GeneratedRequest> {
                 let mut verdict = Ok(Parsed::Complete);
                 let body = if !coding.is_empty() {
                     fields.push(format!("Transfer-Encoding: {coding}{newline}"));
-                    if coding != "chunked" {
+                    // RFC 9112 §6.3: chunked not final is a 400; before chunked, a 501.
+                    if !coding.ends_with("chunked") {
+                        verdict = Err(HeadError::UnsupportedTransferEncoding);
+                    } else if coding != "chunked" {
                         verdict = Err(HeadError::UnknownTransferCoding);
                     }
                     BodyKind::Chunked
