@@ -29,6 +29,10 @@ pub const PROBE_WITHOUT_HASH: &str =
 /// 503 to a registration when the control thread cannot take it. Ours.
 pub const CONTROL_PLANE_UNAVAILABLE: &str = "activator control plane unavailable\n";
 
+/// Body of the 500 a request gets when a panic in kactivator ended it before any of its answer
+/// was written (the shard serves on; the panic is logged and counted).
+pub const INTERNAL_ERROR: &str = "activator internal error (see the activator's log)\n";
+
 /// 405 to a CONNECT request: the activator routes by revision and is not a forward proxy
 /// (upstream relays CONNECT to the pod). Ours.
 pub const CONNECT_REFUSED: &str = "CONNECT is not supported: kactivator is not a forward proxy\n";

@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use kactivator_shards::metrics::AllShardStats;
-use kactivator_shards::runtime::readiness::Readiness;
+use kactivator_shards::runtime::readiness::{Readiness, SHARD_DIED};
 use tokio::net::TcpListener;
 
 /// What the admin endpoints read.
@@ -31,6 +31,8 @@ pub struct AdminState {
     pub metric_names: crate::config::MetricNames,
     /// The reporter's per-second concurrency of each revision, when a reporter runs.
     pub reported_concurrency: Option<crate::metrics::ReportedConcurrency>,
+    /// `POST /quitquitquit` asks for what SIGTERM does: the drain, then the exit.
+    pub quit: tokio::sync::Notify,
 }
 
 /// Serves admin requests until the runtime stops.
@@ -98,11 +100,22 @@ async fn handle(
                 }
             }
         }
-        // Liveness: the control thread answers and its state worker is healthy.
-        (&Method::GET, "/healthz") => match state.worker.as_ref().map(|worker| worker.health()) {
-            Some(Err(why)) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-            _ => text(StatusCode::OK, "ok\n".into()),
-        },
+        // Liveness: the control thread answers, its state worker is healthy and every shard
+        // thread lives (one that died took its listeners and connections with it: only a
+        // restart brings it back).
+        (&Method::GET, "/healthz") => {
+            if let Some(shard) = state.readiness.dead_shard() {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("shard {shard}: {}\n", SHARD_DIED),
+                )
+            } else {
+                match state.worker.as_ref().map(|worker| worker.health()) {
+                    Some(Err(why)) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+                    _ => text(StatusCode::OK, "ok\n".into()),
+                }
+            }
+        }
         (&Method::GET, "/readyz") => {
             if state.draining.load(Ordering::Acquire) {
                 text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
@@ -119,13 +132,14 @@ async fn handle(
             "quitquitquit is only accepted from loopback\n".into(),
         ),
         (&Method::POST, "/quitquitquit") => {
-            tracing::info!("exit requested through the admin port");
-            // Let the response go out first.
-            tokio::spawn(async {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                std::process::exit(0);
-            });
-            text(StatusCode::OK, "bye\n".into())
+            tracing::info!("exit requested through the admin port: draining as on SIGTERM");
+            // The same drain as a signal's (a second request skips the rest of the grace
+            // period, as a second signal does): nothing in flight is lost.
+            state.quit.notify_one();
+            text(
+                StatusCode::OK,
+                "draining: readiness fails now; the process exits once the grace period is over and in-flight requests are done\n".into(),
+            )
         }
         (_, "/metrics" | "/healthz" | "/readyz" | "/quitquitquit") => text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -209,6 +223,7 @@ mod tests {
             readiness: Arc::new(Readiness::new(false, false)),
             metric_names: crate::config::MetricNames::default(),
             reported_concurrency: None,
+            quit: tokio::sync::Notify::new(),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

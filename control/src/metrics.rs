@@ -306,7 +306,7 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
         }
     }
-    let counters: [ShardMetric; 12] = [
+    let counters: [ShardMetric; 15] = [
         (
             "kactivator_shard_connections_accepted_total",
             "Client connections accepted.",
@@ -336,6 +336,21 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             "kactivator_shard_accept_pauses_total",
             "Times accepting paused at proxy.max_connections_per_shard or max_pending_heads_per_shard.",
             |s| s.accept_pauses.get(),
+        ),
+        (
+            "kactivator_shard_idle_evictions_total",
+            "Idle keep-alive connections closed to admit a new client at proxy.max_connections_per_shard.",
+            |s| s.idle_evictions.get(),
+        ),
+        (
+            "kactivator_shard_head_timeouts_total",
+            "Connections closed because a request head was not whole within proxy.head_timeout_seconds.",
+            |s| s.head_timeouts.get(),
+        ),
+        (
+            "kactivator_shard_panics_total",
+            "Requests, streams and connections ended by a panic that was kept to them (the shard served on).",
+            |s| s.panics.get(),
         ),
         (
             "kactivator_shard_client_aborts_total",

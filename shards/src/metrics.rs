@@ -310,6 +310,12 @@ pub struct ShardStats {
     pub client_aborts: Counter,
     /// Times the accept loop paused at the connection or pending-head limit.
     pub accept_pauses: Counter,
+    /// Idle keep-alive connections closed to admit a new one at the connection limit.
+    pub idle_evictions: Counter,
+    /// Connections closed because a request head did not arrive within the head timeout.
+    pub head_timeouts: Counter,
+    /// Requests, streams and connections ended by a panic that was contained to them.
+    pub panics: Counter,
     /// Requests that left the queue after waiting at least 4 s / 60 s / 180 s (the fork's
     /// warning, error and critical thresholds); each request counts once per threshold.
     pub queue_time_warning: Counter,
@@ -339,6 +345,9 @@ impl ShardStats {
             client_aborts: Counter::default(),
             h2_connections: Counter::default(),
             accept_pauses: Counter::default(),
+            idle_evictions: Counter::default(),
+            head_timeouts: Counter::default(),
+            panics: Counter::default(),
             queue_time_warning: Counter::default(),
             queue_time_error: Counter::default(),
             queue_time_critical: Counter::default(),

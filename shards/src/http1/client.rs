@@ -2,9 +2,13 @@
 //! halves and scratch buffers, what is known of the current request, and the answers the
 //! activator writes itself.
 
+use std::future::Future;
+
 use kactivator_h1::{BodyKind, Method, RequestHead, ResponseHead, Version};
-use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
+use monoio::buf::{IoBuf, IoVecBuf};
+use monoio::io::{AsyncWriteRent, Canceller, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
+use monoio::BufResult;
 
 use super::io::write_all;
 use super::rewrite::{self, ClientSide, LocalResponse};
@@ -14,7 +18,7 @@ use crate::runtime::buffer::InBuf;
 /// The downstream side of a connection and its reusable scratch buffers.
 pub(super) struct ClientConn {
     pub(super) reader: OwnedReadHalf<TcpStream>,
-    pub(super) writer: OwnedWriteHalf<TcpStream>,
+    pub(super) writer: ClientWriter,
     pub(super) inbuf: InBuf,
     /// Outbound request head and body bytes on their way to the pod.
     pub(super) request_out: Vec<u8>,
@@ -28,6 +32,60 @@ pub(super) struct ClientConn {
     pub(super) head: RequestHead,
     pub(super) response_head: ResponseHead,
     pub(super) request_id: String,
+    /// This connection closes after the current request: it was told to while idle (evicted at
+    /// the connection cap, or the drain ended) and a request had already arrived.
+    pub(super) close_after: bool,
+}
+
+/// The client's write half, remembering whether anything of the current request's answer was
+/// written: a panic that ends a request may answer it with a 500 only while nothing was.
+pub(super) struct ClientWriter {
+    half: OwnedWriteHalf<TcpStream>,
+    wrote: bool,
+}
+
+impl ClientWriter {
+    pub(super) fn new(half: OwnedWriteHalf<TcpStream>) -> ClientWriter {
+        ClientWriter { half, wrote: false }
+    }
+
+    /// A new request begins: nothing of its answer is written yet.
+    pub(super) fn begin(&mut self) {
+        self.wrote = false;
+    }
+
+    /// Whether any byte of the current answer was handed to the socket.
+    pub(super) fn wrote(&self) -> bool {
+        self.wrote
+    }
+
+    pub(super) fn into_inner(self) -> OwnedWriteHalf<TcpStream> {
+        self.half
+    }
+}
+
+impl AsyncWriteRent for ClientWriter {
+    #[inline]
+    fn write<T: IoBuf>(&mut self, buf: T) -> impl Future<Output = BufResult<usize, T>> {
+        self.wrote = true;
+        self.half.write(buf)
+    }
+
+    #[inline]
+    fn writev<T: IoVecBuf>(&mut self, buf_vec: T) -> impl Future<Output = BufResult<usize, T>> {
+        self.wrote = true;
+        self.half.writev(buf_vec)
+    }
+
+    #[inline]
+    fn flush(&mut self) -> impl Future<Output = std::io::Result<()>> {
+        self.half.flush()
+    }
+
+    #[inline]
+    fn shutdown(&mut self) -> impl Future<Output = std::io::Result<()>> {
+        self.half.shutdown()
+    }
 }
 
 /// What the exchange needs to know about the request once its head is consumed.

@@ -9,7 +9,6 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::pin;
 use std::rc::Rc;
-use std::time::Duration;
 
 use kactivator_api::{headers, messages};
 use kactivator_h1::{
@@ -20,15 +19,16 @@ use monoio::net::TcpStream;
 use monoio::time::Instant;
 use std::net::SocketAddr;
 
-use super::client::{answer_error, answer_locally, ClientConn, RequestMeta};
+use super::client::{answer_error, answer_locally, ClientConn, ClientWriter, RequestMeta};
 use super::exchange::{exchange, WATCH_LIMIT};
 use super::io::{client_readable, write_all};
 use super::registration::{is_registration_path, register_pod};
 use super::rewrite::{self, ClientSide, LocalResponse};
 use crate::http2::Preface;
 use crate::request::admission::{self, acquire, ClientWatch, Held};
-use crate::request::deadlines::Deadlines;
+use crate::request::deadlines::{self, Deadlines};
 use crate::request::error::RequestError;
+use crate::request::faults;
 use crate::request::headers::RequestHeaders;
 use crate::request::identity;
 use crate::request::outcome::{conclude, Concluded, Ended, Next};
@@ -37,14 +37,11 @@ use crate::request::retry::may_retry;
 use crate::request::tally::Tally;
 use crate::routing::replica::LocalRevision;
 use crate::runtime::buffer::InBuf;
+use crate::runtime::contain;
 use crate::runtime::control_link::EvidenceKind;
 use crate::runtime::race::{race, Either};
 use crate::runtime::shard::{Shard, FIRST_REQUEST_GRACE};
 use crate::upstream::error::UpstreamError;
-
-/// Once the first byte of a request arrived, its head must complete within this (Go's
-/// `ReadHeaderTimeout` on the activator's server is one minute).
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// An HTTP/1 request head as the request path reads it.
 struct H1Headers<'a> {
@@ -83,14 +80,15 @@ pub(crate) fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
 ) -> impl Future<Output = ()> {
+    let accepted = Instant::now();
     let stats = shard.stats();
     stats.connections_accepted.increment();
-    stats.connections_open.increment();
+    let open = OpenConnection::count(&shard);
     let _ = stream.set_nodelay(true);
     let (reader, writer) = stream.into_split();
     let mut conn = ClientConn {
         reader,
-        writer,
+        writer: ClientWriter::new(writer),
         // Every open connection holds these, idle or queued for a pod, so they start small: a
         // request head usually fits in 2 KiB and the buffer grows to `READ_CHUNK` once a read
         // fills it; the output buffers are allocated on first use (a queued request has not
@@ -103,14 +101,17 @@ pub(crate) fn serve_connection(
         head: RequestHead::default(),
         response_head: ResponseHead::default(),
         request_id: String::new(),
+        close_after: false,
     };
     async move {
+        // Counted out when this future ends, or is dropped while unwinding from a panic.
+        let _open = open;
         let shard = &shard;
         let stats = shard.stats();
         let mut served = false;
         let mut http2 = false;
         loop {
-            match read_request_head(shard, &mut conn, served).await {
+            match read_request_head(shard, &mut conn, served, accepted).await {
                 HeadRead::Ready => {}
                 HeadRead::Closed => break,
                 HeadRead::Http2 => {
@@ -145,8 +146,27 @@ pub(crate) fn serve_connection(
             }
             stats.requests.increment();
             served = true;
-            if handle_request(shard, &mut conn).await == Next::Close || shard.draining.is_set() {
+            conn.writer.begin();
+            // A panic while serving this request ends the request and the connection, not the
+            // shard.
+            let handled = contain::catching(handle_request(shard, &mut conn)).await;
+            let next = match handled {
+                Ok(next) => next,
+                Err(panic) => {
+                    contain::record(stats, "a request", &*panic);
+                    answer_after_panic(&mut conn).await;
+                    Next::Close
+                }
+            };
+            // A response that did not say `Connection: close` promised the client it may send
+            // again on this connection, draining or not: it waits, idle, for that request (see
+            // `read_request_head`); the end of the drain closes it.
+            if next == Next::Close {
                 break;
+            }
+            if shard.accept_paused.get() {
+                // An idle connection can give way to a client waiting at the connection cap.
+                shard.connection_closed.notify_all();
             }
         }
         if http2 {
@@ -159,7 +179,7 @@ pub(crate) fn serve_connection(
                 peer_ip,
                 ..
             } = conn;
-            match reader.reunite(writer) {
+            match reader.reunite(writer.into_inner()) {
                 Ok(stream) => {
                     let read = bytes::Bytes::copy_from_slice(inbuf.data());
                     drop(inbuf);
@@ -177,15 +197,71 @@ pub(crate) fn serve_connection(
             // Closing the write half sends FIN now rather than when the read half is dropped.
             let _ = conn.writer.shutdown().await;
         }
-        stats.connections_open.decrement();
-        shard.connection_closed.notify_all();
     }
 }
 
+/// A connection counted among the shard's open ones until this is dropped, also while
+/// unwinding from a panic.
+struct OpenConnection(Rc<Shard>);
+
+impl OpenConnection {
+    fn count(shard: &Rc<Shard>) -> OpenConnection {
+        shard.stats().connections_open.increment();
+        OpenConnection(shard.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.stats().connections_open.decrement();
+        self.0.connection_closed.notify_all();
+    }
+}
+
+/// After a panic ended a request: a 500 if nothing of an answer was written yet (the
+/// connection closes either way; what the panic left in it cannot be trusted).
+async fn answer_after_panic(conn: &mut ClientConn) {
+    if conn.writer.wrote() {
+        return;
+    }
+    conn.response_out.clear();
+    rewrite::write_local_response(
+        &LocalResponse {
+            status: 500,
+            body: messages::INTERNAL_ERROR.as_bytes(),
+            extra_header: None,
+            error_style: true,
+        },
+        ClientSide {
+            version: conn.head.version,
+            keep_alive: false,
+            head_only: conn.head.method == Method::Head,
+        },
+        &mut conn.response_out,
+    );
+    let _ = write_all(&mut conn.writer, &mut conn.response_out).await;
+}
+
 /// Reads until a request head is complete. `served`: the connection has carried a request
-/// before (it is an idle keep-alive connection while nothing is buffered).
-async fn read_request_head(shard: &Shard, conn: &mut ClientConn, served: bool) -> HeadRead {
-    let mut first_byte_at: Option<Instant> = None;
+/// before (it is an idle keep-alive connection while nothing is buffered); `accepted`: when it
+/// was accepted.
+///
+/// Timers, as upstream's server (`ReadHeaderTimeout`): a connection's first head must be whole
+/// within the head timeout of the accept, so a client that connects and says nothing cannot
+/// hold a place under the connection cap for longer; a later head within the head timeout of
+/// its first byte. Between requests a keep-alive connection waits without a timer, until its
+/// client sends, or it is the longest idle at the connection cap, or the drain ends.
+async fn read_request_head(
+    shard: &Shard,
+    conn: &mut ClientConn,
+    served: bool,
+    accepted: Instant,
+) -> HeadRead {
+    let head_timeout = shard.settings.head_timeout;
+    // When the head must be whole: set from the accept for the first request, from the first
+    // byte for later ones.
+    let mut deadline = (!served).then(|| deadlines::later(accepted, head_timeout));
+    let mut first_byte = false;
     // Counted among the shard's pending heads from the first read that left it unfinished
     // until it is read or the connection closes (the common head, whole in one read, never is).
     let _pending = PendingHead {
@@ -210,30 +286,54 @@ async fn read_request_head(shard: &Shard, conn: &mut ClientConn, served: bool) -
                     Err(error) => return HeadRead::Invalid(error),
                 },
             }
-            if first_byte_at.is_none() {
-                first_byte_at = Some(Instant::now());
+            if !first_byte {
+                first_byte = true;
                 _pending.count();
+                deadline.get_or_insert_with(|| deadlines::later(Instant::now(), head_timeout));
             }
         }
-        let read = match first_byte_at {
-            Some(start) => match race(
-                conn.inbuf.fill(&mut conn.reader),
-                shard.alarms.at(start + HEAD_TIMEOUT),
-            )
-            .await
-            {
-                Either::Left(read) => read,
-                Either::Right(()) => return HeadRead::Closed,
-            },
-            // Idle between requests: once a drain begins the connection closes, so that its
-            // client reconnects (elsewhere) while the listeners still accept. The read is
-            // cancelled, not dropped: a request that arrives at that moment is served.
-            None if served => {
-                let cancel = conn.canceller.get_or_insert_with(Canceller::new).handle();
-                let mut fill = pin!(conn.inbuf.fill_cancelable(&mut conn.reader, cancel));
-                match race(fill.as_mut(), shard.draining.wait()).await {
+        let read = match deadline {
+            // A new connection that has sent nothing yet is not closed under its first request
+            // by the drain: it has until `FIRST_REQUEST_GRACE` after every listener closed to
+            // send one, and is answered; and until its head deadline in any case.
+            Some(deadline) if !served && !first_byte => {
+                let stop = async {
+                    shard.stopping.wait().await;
+                    shard.alarms.at(Instant::now() + FIRST_REQUEST_GRACE).await;
+                };
+                match race(
+                    conn.inbuf.fill(&mut conn.reader),
+                    race(shard.alarms.at(deadline), stop),
+                )
+                .await
+                {
+                    Either::Left(read) => read,
+                    Either::Right(Either::Left(())) => {
+                        shard.stats().head_timeouts.increment();
+                        return HeadRead::Closed;
+                    }
+                    Either::Right(Either::Right(())) => return HeadRead::Closed,
+                }
+            }
+            Some(deadline) => {
+                match race(conn.inbuf.fill(&mut conn.reader), shard.alarms.at(deadline)).await {
                     Either::Left(read) => read,
                     Either::Right(()) => {
+                        shard.stats().head_timeouts.increment();
+                        return HeadRead::Closed;
+                    }
+                }
+            }
+            // Idle between requests. Told to close (the longest idle at the connection cap, or
+            // the drain is over), the read is cancelled, not dropped: a request that arrived at
+            // that moment is served, and the connection closes after it.
+            None => {
+                let cancel = conn.canceller.get_or_insert_with(Canceller::new).handle();
+                let mut fill = pin!(conn.inbuf.fill_cancelable(&mut conn.reader, cancel));
+                match race(fill.as_mut(), shard.idle.wait()).await {
+                    Either::Left(read) => read,
+                    Either::Right(()) => {
+                        conn.close_after = true;
                         if let Some(canceller) = conn.canceller.as_mut() {
                             *canceller = std::mem::take(canceller).cancel();
                         }
@@ -241,17 +341,6 @@ async fn read_request_head(shard: &Shard, conn: &mut ClientConn, served: bool) -
                     }
                 }
             }
-            // A new connection is not closed under its first request: it has until
-            // `FIRST_REQUEST_GRACE` after every listener closed to send one, and is answered.
-            None => match race(conn.inbuf.fill(&mut conn.reader), async {
-                shard.stopping.wait().await;
-                shard.alarms.at(Instant::now() + FIRST_REQUEST_GRACE).await;
-            })
-            .await
-            {
-                Either::Left(read) => read,
-                Either::Right(()) => return HeadRead::Closed,
-            },
         };
         match read {
             Ok(0) | Err(_) => return HeadRead::Closed,
@@ -290,7 +379,9 @@ impl Drop for PendingHead<'_> {
 
 async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
     let arrival = Instant::now();
-    let meta = RequestMeta::of(&conn.head);
+    let mut meta = RequestMeta::of(&conn.head);
+    // Told to close while idle, just as this request arrived: it is the connection's last.
+    meta.keep_alive &= !conn.close_after;
     let head_len = conn.head.len;
     if meta.method == Method::Connect {
         return Box::pin(refuse_connect(shard, conn)).await;
@@ -327,6 +418,8 @@ async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
         )
         .await;
     }
+
+    faults::inject(&request);
 
     if meta.method == Method::Post && is_registration_path(conn.head.target.of(buf)) {
         // Boxed: registrations are rare next to proxied requests, and inline their state would

@@ -21,7 +21,7 @@ use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 
-use super::client::{ClientConn, RequestMeta};
+use super::client::{ClientConn, ClientWriter, RequestMeta};
 use super::io::{send_now, write_all, write_rest};
 use super::reframe::{reframe, Reframed};
 use super::rewrite::{self, client_framing, ClientFraming};
@@ -397,7 +397,7 @@ async fn read_ahead(
 async fn receive_response(
     upstream: &mut OwnedReadHalf<TcpStream>,
     upstream_inbuf: &mut InBuf,
-    client: &mut OwnedWriteHalf<TcpStream>,
+    client: &mut ClientWriter,
     out: &mut Vec<u8>,
     head: &mut ResponseHead,
     meta: RequestMeta,

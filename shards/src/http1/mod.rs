@@ -14,4 +14,3 @@ pub mod rewrite;
 mod upgrade;
 
 pub(crate) use connection::serve_connection;
-pub use connection::HEAD_TIMEOUT;

@@ -9,6 +9,7 @@ use std::task::Poll;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
 
+use super::client::ClientWriter;
 use super::io::write_all;
 use crate::runtime::buffer::InBuf;
 
@@ -16,7 +17,7 @@ use crate::runtime::buffer::InBuf;
 pub(super) async fn splice_upgraded(
     client_reader: &mut OwnedReadHalf<TcpStream>,
     client_inbuf: &mut InBuf,
-    client_writer: &mut OwnedWriteHalf<TcpStream>,
+    client_writer: &mut ClientWriter,
     upstream_reader: &mut OwnedReadHalf<TcpStream>,
     upstream_inbuf: &mut InBuf,
     upstream_writer: &mut OwnedWriteHalf<TcpStream>,

@@ -2,6 +2,9 @@
 //! first use, shared by every stream of the shard that goes there, dropped when the pod closes it,
 //! sends GOAWAY, or it has carried nothing for the pool's idle timeout.
 //!
+//! While a dial is under way, other streams for that pod wait for it instead of dialling their
+//! own: a cold burst of N streams opens one connection, not N.
+//!
 //! A stream waits in `h2` for the pod's `SETTINGS_MAX_CONCURRENT_STREAMS`; admission keeps a
 //! pod's streams at its containerConcurrency anyway.
 
@@ -15,7 +18,9 @@ use monoio::time::Instant;
 use rustc_hash::FxHashMap;
 
 use super::H2Settings;
-use crate::metrics::ShardStats;
+use crate::metrics::{AllShardStats, ShardStats};
+use crate::runtime::contain;
+use crate::runtime::signal::LocalEvent;
 use crate::upstream::error::{TransportCause, UpstreamError};
 use crate::upstream::pool::{connect, PoolConfig};
 
@@ -27,51 +32,110 @@ struct PodConn {
     last_used: Cell<Instant>,
 }
 
+/// A dial under way, which other checkouts of the pod wait for.
+#[derive(Default)]
+struct Dial {
+    done: LocalEvent,
+    /// Its result, once done; none if the dialling stream went away before the end (then a
+    /// waiter dials itself).
+    result: RefCell<Option<Result<SendRequest<Bytes>, UpstreamError>>>,
+}
+
+enum Entry {
+    Dialing(Rc<Dial>),
+    Open(PodConn),
+}
+
 /// The shard's h2c connections, by pod address.
 pub(crate) struct H2Pods {
     pool: PoolConfig,
     settings: H2Settings,
-    conns: RefCell<FxHashMap<SocketAddr, PodConn>>,
+    conns: RefCell<FxHashMap<SocketAddr, Entry>>,
+    /// The shard's counters, for the connection tasks this spawns.
+    stats: AllShardStats,
+    shard: usize,
 }
 
 impl H2Pods {
-    pub(crate) fn new(pool: PoolConfig, settings: H2Settings) -> H2Pods {
+    pub(crate) fn new(
+        pool: PoolConfig,
+        settings: H2Settings,
+        stats: AllShardStats,
+        shard: usize,
+    ) -> H2Pods {
         H2Pods {
             pool,
             settings,
             conns: RefCell::new(FxHashMap::default()),
+            stats,
+            shard,
         }
     }
 
-    /// A handle on the connection to `addr`, dialled if there is none. `reused`: it was there.
+    /// A handle on the connection to `addr`: the open one, the one being dialled, or a new one.
+    /// `reused`: it was open already.
     pub(crate) async fn checkout(
         &self,
         addr: SocketAddr,
         stats: &ShardStats,
     ) -> Result<(SendRequest<Bytes>, bool), UpstreamError> {
-        if let Some(conn) = self.conns.borrow().get(&addr) {
-            if !conn.closed.get() {
-                conn.last_used.set(Instant::now());
-                stats.upstream_reuses.increment();
-                return Ok((conn.sender.clone(), true));
+        loop {
+            let dialling = match self.conns.borrow().get(&addr) {
+                Some(Entry::Open(conn)) if !conn.closed.get() => {
+                    conn.last_used.set(Instant::now());
+                    stats.upstream_reuses.increment();
+                    return Ok((conn.sender.clone(), true));
+                }
+                Some(Entry::Dialing(dial)) => Some(dial.clone()),
+                Some(Entry::Open(_)) | None => None,
+            };
+            let Some(dial) = dialling else {
+                break;
+            };
+            dial.done.wait().await;
+            let result = dial.result.borrow().clone();
+            if let Some(result) = result {
+                return result.map(|sender| (sender, false));
             }
         }
-        let (sender, closed) = Box::pin(self.dial(addr, stats)).await?;
-        self.conns.borrow_mut().insert(
+        let dial = Rc::new(Dial::default());
+        self.conns
+            .borrow_mut()
+            .insert(addr, Entry::Dialing(dial.clone()));
+        // Whatever happens to this checkout (its stream may be reset mid-dial), the entry and
+        // its waiters are settled.
+        let mut settle = Settle {
+            pods: self,
             addr,
-            PodConn {
-                sender: sender.clone(),
-                closed,
-                last_used: Cell::new(Instant::now()),
-            },
-        );
-        Ok((sender, false))
+            dial: &dial,
+            result: None,
+        };
+        let result = Box::pin(self.dial(addr, stats)).await;
+        settle.result = Some(match &result {
+            Ok((sender, _)) => Ok(sender.clone()),
+            Err(error) => Err(error.clone()),
+        });
+        if let Ok((sender, closed)) = &result {
+            self.conns.borrow_mut().insert(
+                addr,
+                Entry::Open(PodConn {
+                    sender: sender.clone(),
+                    closed: closed.clone(),
+                    last_used: Cell::new(Instant::now()),
+                }),
+            );
+        }
+        drop(settle);
+        result.map(|(sender, _)| (sender, false))
     }
 
     /// Forgets the connection to `addr` (it refused a new stream: GOAWAY), so the next
     /// checkout dials a new one. Streams already on it finish there.
     pub(crate) fn forget(&self, addr: SocketAddr) {
-        self.conns.borrow_mut().remove(&addr);
+        let mut conns = self.conns.borrow_mut();
+        if matches!(conns.get(&addr), Some(Entry::Open(_))) {
+            conns.remove(&addr);
+        }
     }
 
     async fn dial(
@@ -112,9 +176,16 @@ impl H2Pods {
         };
         let closed = Rc::new(Cell::new(false));
         let flag = closed.clone();
+        let (all_stats, shard) = (self.stats.clone(), self.shard);
         monoio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(pod = %addr, "h2c connection to pod ended: {error}");
+            match contain::catching(connection).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(pod = %addr, "h2c connection to pod ended: {error}");
+                }
+                Err(panic) => {
+                    contain::record(&all_stats[shard], "an h2c connection to a pod", &*panic)
+                }
             }
             flag.set(true);
         });
@@ -126,14 +197,42 @@ impl H2Pods {
     pub(crate) fn sweep(&self) {
         let now = Instant::now();
         let idle = self.pool.idle_timeout;
-        self.conns.borrow_mut().retain(|_, conn| {
-            !conn.closed.get() && now.duration_since(conn.last_used.get()) < idle
+        self.conns.borrow_mut().retain(|_, entry| match entry {
+            Entry::Open(conn) => {
+                !conn.closed.get() && now.duration_since(conn.last_used.get()) < idle
+            }
+            Entry::Dialing(_) => true,
         });
     }
 
     /// Drops every connection (stop): each closes once its streams ended.
     pub(crate) fn clear(&self) {
         self.conns.borrow_mut().clear();
+    }
+}
+
+/// Ends a dial's entry: on success the caller has put the open connection in its place; on
+/// failure, or when the dialling checkout was dropped mid-dial, the entry goes. Either way
+/// the waiters wake and read `result` (none: they dial themselves).
+struct Settle<'a> {
+    pods: &'a H2Pods,
+    addr: SocketAddr,
+    dial: &'a Rc<Dial>,
+    result: Option<Result<SendRequest<Bytes>, UpstreamError>>,
+}
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        let succeeded = matches!(self.result, Some(Ok(_)));
+        if !succeeded {
+            let mut conns = self.pods.conns.borrow_mut();
+            if matches!(conns.get(&self.addr), Some(Entry::Dialing(dial)) if Rc::ptr_eq(dial, self.dial))
+            {
+                conns.remove(&self.addr);
+            }
+        }
+        *self.dial.result.borrow_mut() = self.result.take();
+        self.dial.done.set();
     }
 }
 

@@ -4,7 +4,6 @@
 //! GOAWAY at once: it opens new streams elsewhere while the ones open here finish.
 
 use std::rc::Rc;
-use std::time::Duration;
 
 use monoio::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -13,10 +12,6 @@ use super::io::Rewind;
 use super::stream;
 use crate::runtime::race::{race, Either};
 use crate::runtime::shard::Shard;
-
-/// The client's preface and SETTINGS must arrive within this (as an HTTP/1 head must, see
-/// `http1::connection::HEAD_TIMEOUT`).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Streams the client reset before we could take them from the connection, beyond which the
 /// connection is closed with ENHANCE_YOUR_CALM (rapid-reset flood; `h2`'s default is 20).
@@ -41,7 +36,11 @@ where
         .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS);
     let handshake = race(
         builder.handshake::<T, bytes::Bytes>(io),
-        shard.alarms.at(Instant::now() + HANDSHAKE_TIMEOUT),
+        // The client's SETTINGS must follow its preface within the head timeout, as an HTTP/1
+        // head must arrive.
+        shard
+            .alarms
+            .at(Instant::now() + shard.settings.head_timeout),
     )
     .await;
     let mut connection = match handshake {
@@ -75,7 +74,7 @@ where
         match next {
             Some(Ok((request, respond))) => {
                 stats.requests.increment();
-                monoio::spawn(stream::serve(
+                monoio::spawn(stream::serve_contained(
                     shard.clone(),
                     request,
                     respond,

@@ -27,6 +27,7 @@ use super::pods::{h2_failure, Phase};
 use crate::request::admission::{self, acquire, ClientWatch, Held};
 use crate::request::deadlines::Deadlines;
 use crate::request::error::RequestError;
+use crate::request::faults;
 use crate::request::headers::{RequestHeaders, CONSUMED_REQUEST_HEADERS, HOP_BY_HOP};
 use crate::request::identity;
 use crate::request::outcome::{conclude, Concluded, Ended, RequestShape};
@@ -34,6 +35,7 @@ use crate::request::probes;
 use crate::request::retry::may_retry;
 use crate::request::tally::Tally;
 use crate::routing::replica::{LocalPod, LocalRevision};
+use crate::runtime::contain;
 use crate::runtime::control_link::EvidenceKind;
 use crate::runtime::race::{race, Either};
 use crate::runtime::shard::Shard;
@@ -58,11 +60,35 @@ impl RequestHeaders for H2Headers<'_> {
     }
 }
 
-/// Serves one stream to its end.
-pub(crate) async fn serve(
+/// Serves one stream to its end, a panic included: a panic ends this stream only, with a 500
+/// if its answer had not begun, else a reset.
+pub(crate) async fn serve_contained(
     shard: Rc<Shard>,
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    peer_ip: Rc<[u8]>,
+) {
+    let served = contain::catching(serve(&shard, request, &mut respond, peer_ip)).await;
+    if let Err(panic) = served {
+        contain::record(shard.stats(), "an HTTP/2 stream", &*panic);
+        if !answer(
+            &mut respond,
+            500,
+            messages::INTERNAL_ERROR.as_bytes(),
+            None,
+            true,
+            false,
+        ) {
+            respond.send_reset(Reason::INTERNAL_ERROR);
+        }
+    }
+}
+
+/// Serves one stream to its end.
+async fn serve(
+    shard: &Rc<Shard>,
+    request: Request<RecvStream>,
+    respond: &mut SendResponse<Bytes>,
     peer_ip: Rc<[u8]>,
 ) {
     let arrival = Instant::now();
@@ -71,7 +97,7 @@ pub(crate) async fn serve(
     if parts.method == Method::CONNECT {
         shard.stats().local_responses.increment();
         answer(
-            &mut respond,
+            respond,
             405,
             messages::CONNECT_REFUSED.as_bytes(),
             Some(("allow", messages::CONNECT_REFUSED_ALLOW.as_bytes())),
@@ -88,7 +114,7 @@ pub(crate) async fn serve(
             .as_ref()
             .map(|(name, value)| (*name, value.as_slice()));
         answer(
-            &mut respond,
+            respond,
             local.status,
             &local.body,
             extra,
@@ -97,11 +123,12 @@ pub(crate) async fn serve(
         );
         return;
     }
+    faults::inject(&request);
     let revision_id = identity::revision_of(&request, &shard.settings.cluster_domain);
     let revision = revision_id.and_then(|id| shard.replica.find(id.namespace, id.name));
     let Some(revision) = revision else {
         let body = messages::revision_not_found(revision_id.map_or("", |id| id.name));
-        answer(&mut respond, 404, body.as_bytes(), None, true, head_only);
+        answer(respond, 404, body.as_bytes(), None, true, head_only);
         return;
     };
     let request_id = request
@@ -114,13 +141,13 @@ pub(crate) async fn serve(
     let outbound = outbound_request(&parts, &peer_ip);
     drop(parts);
 
-    let tally = Tally::arrive(&shard, &revision, arrival);
+    let tally = Tally::arrive(shard, &revision, arrival);
     let ended = proxy(
-        &shard,
+        shard,
         &revision,
         outbound,
         &mut body,
-        &mut respond,
+        respond,
         arrival,
         grpc,
         &request_id,
@@ -141,7 +168,7 @@ pub(crate) async fn serve(
                 "answered by the activator: {error}"
             );
             answer(
-                &mut respond,
+                respond,
                 error.status(),
                 &error.body(),
                 None,
@@ -163,7 +190,8 @@ fn is_grpc(headers: &HeaderMap) -> bool {
 }
 
 /// Answers the stream with a response of the activator's own, as `http1::rewrite` writes them:
-/// plain text, `X-Content-Type-Options: nosniff` for errors in Go's style.
+/// plain text, `X-Content-Type-Options: nosniff` for errors in Go's style. False when the
+/// stream could not take it (the client reset it, or an answer had already begun).
 fn answer(
     respond: &mut SendResponse<Bytes>,
     status: u16,
@@ -171,7 +199,7 @@ fn answer(
     extra: Option<(&str, &[u8])>,
     error_style: bool,
     head_only: bool,
-) {
+) -> bool {
     let mut response = Response::new(());
     *response.status_mut() =
         http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
@@ -197,11 +225,16 @@ fn answer(
     }
     let end = body.is_empty() || head_only;
     // A client that reset the stream meanwhile cannot be answered; nothing to do about it.
-    if let Ok(mut send) = respond.send_response(response, end) {
-        if !end {
-            // Small, so it is not worth waiting for window: `h2` sends it as the window allows.
-            let _ = send.send_data(Bytes::copy_from_slice(body), true);
+    match respond.send_response(response, end) {
+        Ok(mut send) => {
+            if !end {
+                // Small, so it is not worth waiting for window: `h2` sends it as the window
+                // allows.
+                let _ = send.send_data(Bytes::copy_from_slice(body), true);
+            }
+            true
         }
+        Err(_) => false,
     }
 }
 

@@ -21,15 +21,30 @@ pub struct Deadlines {
     pub idle: Option<Duration>,
 }
 
+/// How far away "no deadline" is: a deadline past what an `Instant` can hold becomes this,
+/// a century on. (Every source bounds revision timeouts far below, see
+/// `routing::MAX_TIMEOUT_SECONDS`; this is the request path's own guard, never its rule.)
+pub const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// `after` past `at`, saturating: an instant beyond what the clock can represent is "no
+/// deadline" ([`NEVER`] from `at`), never a panic.
+#[inline]
+pub fn later(at: Instant, after: Duration) -> Instant {
+    match at.checked_add(after) {
+        Some(instant) => instant,
+        None => at.checked_add(NEVER).unwrap_or(at),
+    }
+}
+
 impl Deadlines {
     pub fn new(timeouts: &Timeouts, arrival: Instant) -> Deadlines {
-        let total = arrival + timeouts.total;
+        let total = later(arrival, timeouts.total);
         let mut first_byte = total;
         for limit in [timeouts.response_start, timeouts.idle]
             .into_iter()
             .flatten()
         {
-            first_byte = first_byte.min(arrival + limit);
+            first_byte = first_byte.min(later(arrival, limit));
         }
         Deadlines {
             total,
@@ -41,7 +56,7 @@ impl Deadlines {
     /// The deadline of the next read of the response body, made at `now`.
     pub fn next_body_read(&self, now: Instant) -> Instant {
         match self.idle {
-            Some(idle) => self.total.min(now + idle),
+            Some(idle) => self.total.min(later(now, idle)),
             None => self.total,
         }
     }
@@ -148,6 +163,21 @@ mod tests {
         assert_eq!(idle.next_body_read(arrival + secs(58)), arrival + secs(60));
         let no_idle = Deadlines::new(&Timeouts::default(), arrival);
         assert_eq!(no_idle.next_body_read(arrival + secs(10)), no_idle.total);
+    }
+
+    #[test]
+    fn a_timeout_past_what_the_clock_holds_is_no_deadline_not_a_panic() {
+        let arrival = Instant::now();
+        let huge = Timeouts {
+            total: Duration::from_secs(u64::MAX),
+            response_start: Some(Duration::MAX),
+            idle: Some(Duration::from_secs(u64::MAX)),
+        };
+        let deadlines = Deadlines::new(&huge, arrival);
+        assert!(deadlines.total >= arrival + NEVER);
+        assert!(deadlines.first_byte >= arrival + NEVER);
+        assert!(deadlines.next_body_read(arrival + secs(5)) >= arrival + NEVER);
+        assert_eq!(later(arrival, secs(7)), arrival + secs(7));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 pub mod admission;
 pub mod deadlines;
 pub mod error;
+pub mod faults;
 pub mod headers;
 pub mod identity;
 pub mod outcome;

@@ -4,7 +4,9 @@
 pub mod alarm;
 pub mod blocks;
 pub mod buffer;
+pub mod contain;
 pub mod control_link;
+pub mod idle;
 pub mod limits;
 pub(crate) mod race;
 pub mod reactor;

@@ -126,6 +126,10 @@ pub fn spawn_shard(
     std::thread::Builder::new()
         .name(format!("shard-{}", spec.index))
         .spawn(move || {
+            let _life = ShardLife {
+                index: spec.index,
+                readiness: spec.settings.readiness.clone(),
+            };
             if let Some(cpu) = spec.cpu {
                 if let Err(error) = monoio::utils::bind_to_cpu_set([cpu]) {
                     tracing::warn!(shard = spec.index, cpu, "could not pin shard: {error:?}");
@@ -141,6 +145,25 @@ pub fn spawn_shard(
                 }
             }
         })
+}
+
+/// Lives as long as a shard thread; dropped while unwinding, it reports the shard dead, so that
+/// health turns red instead of a dead shard hiding behind the others' 200s.
+struct ShardLife {
+    index: usize,
+    readiness: Arc<crate::runtime::readiness::Readiness>,
+}
+
+impl Drop for ShardLife {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.readiness.shard_died(self.index);
+            tracing::error!(
+                shard = self.index,
+                "shard thread died: its connections are lost; liveness and readiness now fail"
+            );
+        }
+    }
 }
 
 enum Reactor {

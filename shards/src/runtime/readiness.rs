@@ -1,13 +1,16 @@
 //! Whether this activator should take traffic, as `/readyz` on the admin port and kubelet
 //! probes on the data port both report it: every condition that applies must hold. Written by
-//! the control thread, read by any thread (a probe reads two flags).
+//! the control thread (and by a shard thread that dies), read by any thread (a probe reads a
+//! few flags).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Said while the autoscaler link is down (upstream's `statSink.Status()` error).
 pub const AUTOSCALER_NOT_CONNECTED: &str = kactivator_api::messages::AUTOSCALER_NOT_CONNECTED;
 /// Said while a Kubernetes informer has not applied its first list.
 pub const INFORMERS_SYNCING: &str = "informers have not synced yet";
+/// Said, by readiness and liveness alike, once a shard thread has died.
+pub const SHARD_DIED: &str = "a shard thread died (see the log); this process must be restarted";
 
 /// The conditions of readiness besides draining.
 #[derive(Debug, Default)]
@@ -18,6 +21,12 @@ pub struct Readiness {
     /// The Kubernetes source runs: every informer must have applied its first list.
     informers_required: bool,
     informers_synced: AtomicBool,
+    /// Shard threads that ended while they should have been serving (a panic outside the work
+    /// `runtime::contain` keeps it to). Their listeners are gone and their connections with
+    /// them; the process is not what it claims to be, so liveness fails too.
+    dead_shards: AtomicUsize,
+    /// The index of the first shard that died, plus one (0: none has).
+    first_dead: AtomicUsize,
 }
 
 impl Readiness {
@@ -41,8 +50,29 @@ impl Readiness {
         self.informers_synced.store(true, Ordering::Release);
     }
 
+    /// Shard `index`'s thread ended by a panic.
+    pub fn shard_died(&self, index: usize) {
+        self.dead_shards.fetch_add(1, Ordering::AcqRel);
+        let _ = self
+            .first_dead
+            .compare_exchange(0, index + 1, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The first shard whose thread died, if any has.
+    pub fn dead_shard(&self) -> Option<usize> {
+        self.first_dead.load(Ordering::Acquire).checked_sub(1)
+    }
+
+    /// Shard threads that died.
+    pub fn dead_shards(&self) -> usize {
+        self.dead_shards.load(Ordering::Acquire)
+    }
+
     /// Why this activator is not ready, or `None` when it is.
     pub fn not_ready(&self) -> Option<&'static str> {
+        if self.dead_shard().is_some() {
+            return Some(SHARD_DIED);
+        }
         if self.informers_required && !self.informers_synced.load(Ordering::Acquire) {
             return Some(INFORMERS_SYNCING);
         }
@@ -68,5 +98,16 @@ mod tests {
         assert_eq!(both.not_ready(), None);
         both.set_autoscaler_up(false);
         assert_eq!(both.not_ready(), Some(AUTOSCALER_NOT_CONNECTED));
+    }
+
+    #[test]
+    fn a_dead_shard_outweighs_every_other_condition_and_names_the_first() {
+        let readiness = Readiness::new(false, false);
+        assert_eq!(readiness.dead_shard(), None);
+        readiness.shard_died(1);
+        readiness.shard_died(0);
+        assert_eq!(readiness.not_ready(), Some(SHARD_DIED));
+        assert_eq!(readiness.dead_shard(), Some(1));
+        assert_eq!(readiness.dead_shards(), 2);
     }
 }

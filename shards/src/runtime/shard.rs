@@ -21,7 +21,9 @@ use crate::routing::replica::Replica;
 use crate::routing::{Grant, ShardCommand};
 use crate::runtime::alarm::{self, Alarms};
 use crate::runtime::blocks::Blocks;
+use crate::runtime::contain;
 use crate::runtime::control_link::ControlLink;
+use crate::runtime::idle::IdleConnections;
 use crate::runtime::readiness::Readiness;
 use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
 use crate::upstream::pool::{Pool, PoolConfig};
@@ -82,11 +84,14 @@ const REFUSE_NEW_CONNECTIONS: [socket2::SockFilter; 5] = [
 /// way to land in its accept queue.
 const HANDSHAKES_IN_FLIGHT: Duration = Duration::from_millis(20);
 
-/// Waits (polling: this happens once per process) until `count` reaches `shards`.
-async fn meet(count: &AtomicUsize, shards: usize, index: usize, what: &str) {
+/// Waits (polling: this happens once per process) until `count` reaches `shards`; a shard whose
+/// thread died counts as there.
+async fn meet(count: &AtomicUsize, shards: usize, shard: &Shard, what: &str) {
+    let index = shard.index;
     count.fetch_add(1, Ordering::AcqRel);
     let started = std::time::Instant::now();
-    while count.load(Ordering::Acquire) < shards {
+    let dead = || shard.settings.readiness.dead_shards();
+    while count.load(Ordering::Acquire) + dead() < shards {
         if started.elapsed() >= BARRIER_PATIENCE {
             tracing::warn!(shard = index, "stopping without the other shards: {what}");
             return;
@@ -120,7 +125,15 @@ pub struct ShardSettings {
     pub max_pending_heads: usize,
     /// HTTP/2 settings, towards clients and pods.
     pub h2: H2Settings,
+    /// A connection's first request head must be whole within this of the accept, any later
+    /// head within this of its first byte (upstream's `ReadHeaderTimeout`). Default:
+    /// [`DEFAULT_HEAD_TIMEOUT`] (60 s).
+    pub head_timeout: Duration,
 }
+
+/// Default of `proxy.head_timeout_seconds`: 60 s, the `ReadHeaderTimeout` of upstream's server
+/// (`network.NewServer`).
+pub const DEFAULT_HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Default of `proxy.max_connections_per_shard`: 16 384 client connections per shard, about
 /// 75 MiB of idle keep-alive connections (BENCHMARKS.md, "Memory per open connection").
@@ -141,6 +154,7 @@ impl Default for ShardSettings {
             max_connections: DEFAULT_MAX_CONNECTIONS_PER_SHARD,
             max_pending_heads: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
             h2: H2Settings::default(),
+            head_timeout: DEFAULT_HEAD_TIMEOUT,
         }
     }
 }
@@ -166,6 +180,9 @@ pub struct Shard {
     /// Fires whenever a client connection closes (drain waits on it), and when a pending head
     /// completes while accepting is paused.
     pub connection_closed: LocalNotify,
+    /// Keep-alive connections between requests: the longest idle gives way at the connection
+    /// cap, and all close once the listeners are closed.
+    pub idle: IdleConnections,
     /// Connections in the middle of a request head (see `ShardSettings::max_pending_heads`).
     pub pending_heads: Cell<usize>,
     /// The accept loop waits for room (a connection or a pending head fewer).
@@ -194,7 +211,7 @@ impl Shard {
         control: ControlLink,
     ) -> Shard {
         let pool = Pool::new(settings.pool);
-        let h2_pods = H2Pods::new(settings.pool, settings.h2);
+        let h2_pods = H2Pods::new(settings.pool, settings.h2, all_stats.clone(), index);
         Shard {
             index,
             settings,
@@ -206,6 +223,7 @@ impl Shard {
             stop_accepting: LocalEvent::default(),
             stopping: LocalEvent::default(),
             connection_closed: LocalNotify::default(),
+            idle: IdleConnections::default(),
             pending_heads: Cell::new(0),
             accept_paused: Cell::new(false),
             peers,
@@ -226,8 +244,25 @@ impl Shard {
 
     /// At `max_connections` open connections or `max_pending_heads` unfinished heads.
     fn at_accept_limit(&self) -> bool {
+        self.at_connection_limit() || self.pending_heads.get() >= self.settings.max_pending_heads
+    }
+
+    fn at_connection_limit(&self) -> bool {
         self.stats().connections_open.get() as usize >= self.settings.max_connections
-            || self.pending_heads.get() >= self.settings.max_pending_heads
+    }
+
+    /// Runs a client connection with its panics contained: a panic ends this connection only.
+    fn serve(self: &Rc<Self>, stream: monoio::net::TcpStream, peer: std::net::SocketAddr) {
+        let connection = http1::serve_connection(self.clone(), stream, peer);
+        let shard = self.clone();
+        monoio::spawn(async move {
+            if let Err(panic) = contain::catching(connection).await {
+                contain::record(shard.stats(), "a connection", &*panic);
+                // The connection's own bookkeeping was unwound with it.
+                shard.stats().connections_open.decrement();
+                shard.connection_closed.notify_all();
+            }
+        });
     }
 
     /// Health as the kubelet's probes see it.
@@ -316,19 +351,21 @@ pub async fn run(
         let listener_shut = &listener_shut;
         async move {
             loop {
-                // At a limit no accept is in flight: new clients wait in the kernel's queue.
+                // At a limit no accept is in flight: new clients wait in the kernel's queue. At
+                // the connection cap the longest-idle keep-alive connection gives way first.
                 if shard.at_accept_limit() {
                     shard.stats().accept_pauses.increment();
                     shard.accept_paused.set(true);
                     while shard.at_accept_limit() {
+                        if shard.at_connection_limit() && shard.idle.evict_oldest() {
+                            shard.stats().idle_evictions.increment();
+                        }
                         shard.connection_closed.notified().await;
                     }
                     shard.accept_paused.set(false);
                 }
                 match listener.accept().await {
-                    Ok((stream, peer)) => {
-                        monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
-                    }
+                    Ok((stream, peer)) => shard.serve(stream, peer),
                     Err(_) if shard.stop_accepting.is_set() && listener_shut.get() => break,
                     Err(error) => {
                         // EMFILE and friends: back off briefly rather than spin.
@@ -347,7 +384,7 @@ pub async fn run(
         shard.stop_accepting.wait().await;
         let shards = shard.peers.len();
         let barrier = &shard.settings.stop;
-        meet(&barrier.told, shards, shard.index, "told to stop accepting").await;
+        meet(&barrier.told, shards, &shard, "told to stop accepting").await;
         // Closing a listener resets the connections the kernel completed for it and nobody
         // accepted yet, and those clients have sent their requests. So first no connection may
         // start on any listener: a socket filter drops new clients' SYNs (they retry, find the
@@ -362,7 +399,7 @@ pub async fn run(
                 );
             }
         }
-        meet(&barrier.filtered, shards, shard.index, "listeners filtered").await;
+        meet(&barrier.filtered, shards, &shard, "listeners filtered").await;
         // A handshake whose SYN passed before the filter completes within this: on loopback at
         // once, over a network in one round trip.
         monoio::time::sleep(HANDSHAKES_IN_FLIGHT).await;
@@ -375,9 +412,7 @@ pub async fn run(
                     .set_nonblocking(true)
                     .and_then(|()| monoio::net::TcpStream::from_std(stream));
                 match registered {
-                    Ok(stream) => {
-                        monoio::spawn(http1::serve_connection(shard.clone(), stream, peer));
-                    }
+                    Ok(stream) => shard.serve(stream, peer),
                     Err(error) => tracing::warn!(shard = shard.index, "accept failed: {error}"),
                 }
             }
@@ -388,8 +423,11 @@ pub async fn run(
         for spare in &spares {
             let _ = socket2::SockRef::from(spare).shutdown(std::net::Shutdown::Both);
         }
-        meet(&barrier.closed, shards, shard.index, "listeners closed").await;
+        meet(&barrier.closed, shards, &shard, "listeners closed").await;
         shard.stopping.set();
+        // The grace period is over and no listener takes new connections: idle keep-alive
+        // clients now reconnect elsewhere.
+        shard.idle.close_all();
         shard.pool.clear();
         shard.h2_pods.clear();
     };

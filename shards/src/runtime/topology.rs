@@ -169,6 +169,45 @@ fn numa_nodes() -> Vec<Vec<usize>> {
     nodes.into_iter().map(|(_, cpus)| cpus).collect()
 }
 
+/// The cgroup memory limit of this process in bytes, if one is set (cgroup v2 `memory.max`, v1
+/// `memory.limit_in_bytes`). What the connection, head and queue caps must fit in.
+pub fn memory_limit() -> Option<u64> {
+    let membership = fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in membership.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let candidates = if controllers.is_empty() {
+            vec![
+                format!("/sys/fs/cgroup{path}/memory.max"),
+                "/sys/fs/cgroup/memory.max".to_string(),
+            ]
+        } else if controllers.split(',').any(|c| c == "memory") {
+            vec![
+                format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"),
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes".to_string(),
+            ]
+        } else {
+            continue;
+        };
+        for file in candidates {
+            if let Ok(text) = fs::read_to_string(&file) {
+                return parse_memory_limit(&text);
+            }
+        }
+    }
+    None
+}
+
+/// Parses a cgroup memory limit: `max` (v2) or a value at or beyond 2⁶² bytes (v1's way of
+/// saying none, `9223372036854771712`) is no limit.
+pub fn parse_memory_limit(text: &str) -> Option<u64> {
+    let text = text.trim();
+    if text == "max" {
+        return None;
+    }
+    text.parse::<u64>().ok().filter(|&bytes| bytes < 1 << 62)
+}
+
 fn cgroup_quota() -> Option<usize> {
     let membership = fs::read_to_string("/proc/self/cgroup").ok()?;
     for line in membership.lines() {
@@ -218,6 +257,14 @@ mod tests {
         assert_eq!(parse_cpu_max("150000 100000"), Some(2));
         assert_eq!(parse_cpu_max("30000 100000"), Some(1));
         assert_eq!(parse_cpu_max("garbage"), None);
+    }
+
+    #[test]
+    fn a_memory_limit_is_bytes_and_max_or_v1_huge_means_none() {
+        assert_eq!(parse_memory_limit("629145600\n"), Some(629_145_600));
+        assert_eq!(parse_memory_limit("max\n"), None);
+        assert_eq!(parse_memory_limit("9223372036854771712"), None);
+        assert_eq!(parse_memory_limit("garbage"), None);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::io;
 use std::net::SocketAddr;
 
 /// What went wrong talking to a pod, phrased so an operator can act on it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum UpstreamError {
     /// The TCP connection could not be made.
     Connect {
