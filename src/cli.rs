@@ -100,9 +100,9 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Number of demo backends (pods).
-    #[arg(long, default_value_t = 3)]
-    pub pods: usize,
+    /// Number of demo backends (pods), 1 to 64.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub pods: u16,
 }
 
 fn parse_driver(text: &str) -> Result<DriverChoice, String> {

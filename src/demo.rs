@@ -12,8 +12,8 @@ use crate::cli::{Cli, DemoArgs};
 use crate::start::{self, StartError};
 
 pub fn run(cli: &Cli, args: &DemoArgs) -> Result<(), StartError> {
-    let mut handles = Vec::with_capacity(args.pods);
-    for index in 0..args.pods.max(1) {
+    let mut handles = Vec::with_capacity(usize::from(args.pods));
+    for index in 0..args.pods {
         let handle = backend::spawn(BackendConfig {
             name: format!("hello-pod-{index}"),
             revision_name: Some("hello".into()),

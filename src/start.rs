@@ -5,6 +5,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
+use kactivator_control::budget;
 use kactivator_control::config::{AutoscalerSettings, Config, ConfigError};
 use kactivator_control::features::{self, Tunables};
 use kactivator_control::publisher::Publisher;
@@ -16,7 +17,7 @@ use kactivator_shards::runtime::control_link::ControlLink;
 use kactivator_shards::runtime::reactor::{self, DriverKind, ShardSpec};
 use kactivator_shards::runtime::readiness::Readiness;
 use kactivator_shards::runtime::shard::ShardSettings;
-use kactivator_shards::runtime::topology::CpuBudget;
+use kactivator_shards::runtime::topology::{self, CpuBudget};
 use kactivator_shards::throttle::gate::ProcessQueue;
 use kactivator_shards::upstream::pool::PoolConfig;
 
@@ -156,7 +157,16 @@ fn effective_config(cli: &Cli, preset: Option<Config>) -> Result<Config, StartEr
         config.listen.admin = admin;
     }
     if let Some(grace) = cli.drain_grace_seconds {
+        check_flag(
+            "--drain-grace-seconds",
+            grace,
+            0,
+            kactivator_control::config::MAX_SETTING_SECONDS,
+        )?;
         config.proxy.drain_grace_seconds = grace;
+    }
+    if let Some(shards) = cli.shards {
+        check_flag("--shards", shards as u64, 1, MAX_SHARDS as u64)?;
     }
     if let Some(url) = &cli.autoscaler_url {
         if !url.is_empty() {
@@ -169,6 +179,22 @@ fn effective_config(cli: &Cli, preset: Option<Config>) -> Result<Config, StartEr
         config.autoscaler.url = Some(url.clone());
     }
     Ok(config)
+}
+
+/// Most shards `--shards` may ask for: far more than any machine's cores (each is a thread
+/// with its own reactor, listeners and buffers).
+const MAX_SHARDS: usize = 1024;
+
+/// A number given on the command line (or its environment twin) within `least..=most`.
+fn check_flag(flag: &str, value: u64, least: u64, most: u64) -> Result<(), ConfigError> {
+    if (least..=most).contains(&value) {
+        return Ok(());
+    }
+    Err(ConfigError {
+        source: Some(flag.into()),
+        position: None,
+        message: format!("{value} is outside {least}..={most}"),
+    })
 }
 
 /// Where to report: the configured URL; an empty one turns reporting off; none at all inside a
@@ -232,6 +258,40 @@ async fn connect_kubernetes(
     .map_err(StartError::Kubernetes)
 }
 
+/// Fits the connection, head and queue caps to the memory limit (see `budget`), and says what
+/// they are and what they cost at worst.
+fn fit_memory(config: &mut Config, shards: usize, limit: Option<u64>) -> Result<(), StartError> {
+    let fitted = budget::fit(&config.proxy, shards, limit).map_err(|message| ConfigError {
+        source: Some("memory budget".into()),
+        position: None,
+        message,
+    })?;
+    let caps = fitted.caps;
+    config.proxy.max_connections_per_shard = caps.max_connections_per_shard;
+    config.proxy.max_pending_heads_per_shard = caps.max_pending_heads_per_shard;
+    config.proxy.max_queued_requests = caps.max_queued_requests;
+    let derived: Vec<&str> = [
+        "max_connections_per_shard",
+        "max_pending_heads_per_shard",
+        "max_queued_requests",
+    ]
+    .into_iter()
+    .zip(fitted.derived)
+    .filter(|(_, derived)| *derived)
+    .map(|(key, _)| key)
+    .collect();
+    tracing::info!(
+        limit = %fitted.limit.map_or("none".to_string(), |limit| budget::Mib(limit).to_string()),
+        connections_per_shard = caps.max_connections_per_shard,
+        pending_heads_per_shard = caps.max_pending_heads_per_shard,
+        queued_requests = caps.max_queued_requests,
+        worst_case = %budget::Mib(fitted.worst),
+        lowered_to_fit = ?derived,
+        "memory budget"
+    );
+    Ok(())
+}
+
 /// Knative's namespace, where `config-features` lives when `SYSTEM_NAMESPACE` does not say.
 const DEFAULT_SYSTEM_NAMESPACE: &str = "knative-serving";
 
@@ -275,6 +335,7 @@ pub fn run_with(
         unpinned = placement.unpinned_reason.unwrap_or(""),
         "placement"
     );
+    fit_memory(&mut config, placement.shards, topology::memory_limit())?;
 
     // Both data ports serve HTTP/1.1 and h2c alike; each shard has a listener on each.
     let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..placement.shards)
@@ -320,6 +381,7 @@ pub fn run_with(
         max_connections: config.proxy.max_connections_per_shard,
         max_pending_heads: config.proxy.max_pending_heads_per_shard,
         h2: config.proxy.h2(),
+        head_timeout: Duration::from_secs(config.proxy.head_timeout_seconds),
     });
     let stats: AllShardStats = (0..placement.shards)
         .map(|index| CachePadded::new(ShardStats::new(index)))

@@ -18,10 +18,10 @@ use kactivator_shards::http2::{
     DEFAULT_STREAM_WINDOW as DEFAULT_H2_STREAM_WINDOW,
 };
 use kactivator_shards::routing::{
-    LbPolicy, Protocol, Timeouts, DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT,
+    LbPolicy, Protocol, Timeouts, DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT, MAX_TIMEOUT_SECONDS,
 };
 use kactivator_shards::runtime::shard::{
-    DEFAULT_MAX_CONNECTIONS_PER_SHARD, DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
+    DEFAULT_HEAD_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_SHARD, DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
 };
 use kactivator_shards::upstream::pool::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_POD,
@@ -365,14 +365,25 @@ pub struct ProxySettings {
     /// `pending request queue full`. Default: [`DEFAULT_MAX_QUEUED_REQUESTS`] (100 000
     /// requests).
     pub max_queued_requests: u32,
-    /// Most client connections open per shard; at the limit the shard pauses accepting (new
-    /// clients wait in the kernel's queue) until one closes. Default:
+    /// A new client connection's first request head must be complete within this many
+    /// seconds of the accept, and any later head within this of its first byte; else the
+    /// connection closes (upstream's `ReadHeaderTimeout`). Default: [`DEFAULT_HEAD_TIMEOUT`]
+    /// (60 s).
+    pub head_timeout_seconds: u64,
+    /// Most client connections open per shard. At the limit the longest-idle keep-alive
+    /// connection is closed to admit a new client; with none idle the shard pauses accepting
+    /// (new clients wait in the kernel's queue) until one closes. Default:
     /// [`DEFAULT_MAX_CONNECTIONS_PER_SHARD`] (16 384 connections).
     pub max_connections_per_shard: usize,
     /// Most connections per shard in the middle of a request head that did not arrive in one
     /// read; at the limit the shard pauses accepting until one completes or closes. Default:
     /// [`DEFAULT_MAX_PENDING_HEADS_PER_SHARD`] (1 024 heads).
     pub max_pending_heads_per_shard: usize,
+    /// Which of the three memory caps (`max_connections_per_shard`,
+    /// `max_pending_heads_per_shard`, `max_queued_requests`) the file sets; the others follow
+    /// the memory budget (`budget::fit`). Not a key of the file.
+    #[serde(skip)]
+    pub explicit_caps: ExplicitCaps,
     /// HTTP/2 streams a client may open at once on one connection. Default:
     /// [`DEFAULT_H2_MAX_CONCURRENT_STREAMS`] (250, as upstream's Go server).
     pub h2_max_concurrent_streams: u32,
@@ -401,8 +412,10 @@ impl Default for ProxySettings {
             max_idle_per_pod: DEFAULT_MAX_IDLE_PER_POD,
             drain_grace_seconds: DEFAULT_DRAIN_GRACE_SECONDS,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
+            head_timeout_seconds: DEFAULT_HEAD_TIMEOUT.as_secs(),
             max_connections_per_shard: DEFAULT_MAX_CONNECTIONS_PER_SHARD,
             max_pending_heads_per_shard: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
+            explicit_caps: ExplicitCaps::default(),
             h2_max_concurrent_streams: DEFAULT_H2_MAX_CONCURRENT_STREAMS,
             h2_stream_window_bytes: DEFAULT_H2_STREAM_WINDOW,
             h2_connection_window_bytes: DEFAULT_H2_CONNECTION_WINDOW,
@@ -410,6 +423,14 @@ impl Default for ProxySettings {
             h2_max_header_list_bytes: DEFAULT_H2_MAX_HEADER_LIST,
         }
     }
+}
+
+/// Which memory caps a configuration sets itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExplicitCaps {
+    pub max_connections_per_shard: bool,
+    pub max_pending_heads_per_shard: bool,
+    pub max_queued_requests: bool,
 }
 
 impl ProxySettings {
@@ -628,12 +649,19 @@ impl Config {
         };
         // The spanned document is kept for validation, which needs to say where a value is.
         let document = DeTable::parse(text).map_err(toml_error)?;
-        let config = Config::deserialize(toml::de::Deserializer::from(document.clone()))
+        let mut config = Config::deserialize(toml::de::Deserializer::from(document.clone()))
             .map_err(toml_error)?;
-        config.validate(&Spans {
+        let spans = Spans {
             text,
             root: document.get_ref(),
-        })?;
+        };
+        config.validate(&spans)?;
+        let set = |key: &str| spans.table_value("proxy", key).is_some();
+        config.proxy.explicit_caps = ExplicitCaps {
+            max_connections_per_shard: set("max_connections_per_shard"),
+            max_pending_heads_per_shard: set("max_pending_heads_per_shard"),
+            max_queued_requests: set("max_queued_requests"),
+        };
         Ok(config)
     }
 
@@ -674,67 +702,175 @@ impl Config {
                 ),
             ));
         }
-        for (table, key, value) in [
-            ("control", "watch_interval_ms", control.watch_interval_ms),
+        // Every number the file sets has a floor and a ceiling (issue: no value from input may
+        // reach arithmetic that panics, nor allocate without bound): the ceilings are far beyond
+        // any sensible setting and far inside what timers, channels and counters can take.
+        let proxy = &self.proxy;
+        let health = &self.health;
+        let kubernetes = &self.kubernetes;
+        for (table, key, value, least, most) in [
+            (
+                "control",
+                "watch_interval_ms",
+                control.watch_interval_ms,
+                1,
+                MAX_INTERVAL_MS,
+            ),
             (
                 "control",
                 "state_queue_capacity",
                 control.state_queue_capacity as u64,
+                1,
+                MAX_COUNT,
+            ),
+            (
+                "control",
+                "max_trackers_per_revision",
+                control.max_trackers_per_revision as u64,
+                1,
+                MAX_COUNT,
+            ),
+            (
+                "control",
+                "qp_freshness_seconds",
+                control.qp_freshness_seconds,
+                0,
+                MAX_SETTING_SECONDS,
+            ),
+            (
+                "control",
+                "qp_staleness_seconds",
+                control.qp_staleness_seconds,
+                0,
+                MAX_SETTING_SECONDS,
             ),
             (
                 "control",
                 "stale_sweep_seconds",
                 control.stale_sweep_seconds,
+                1,
+                MAX_SETTING_SECONDS,
             ),
-            ("health", "probe_interval_ms", self.health.probe_interval_ms),
-            ("health", "probe_timeout_ms", self.health.probe_timeout_ms),
+            (
+                "health",
+                "probe_interval_ms",
+                health.probe_interval_ms,
+                1,
+                MAX_INTERVAL_MS,
+            ),
+            (
+                "health",
+                "probe_timeout_ms",
+                health.probe_timeout_ms,
+                1,
+                MAX_INTERVAL_MS,
+            ),
             (
                 "health",
                 "settled_probe_interval_ms",
-                self.health.settled_probe_interval_ms,
+                health.settled_probe_interval_ms,
+                1,
+                MAX_SETTING_SECONDS * 1000,
             ),
             (
                 "health",
                 "probe_budget_per_second",
-                u64::from(self.health.probe_budget_per_second),
+                u64::from(health.probe_budget_per_second),
+                1,
+                MAX_COUNT,
             ),
             (
                 "kubernetes",
                 "probe_interval_ms",
-                self.kubernetes.probe_interval_ms,
+                kubernetes.probe_interval_ms,
+                1,
+                MAX_INTERVAL_MS,
             ),
             (
                 "kubernetes",
                 "probe_timeout_ms",
-                self.kubernetes.probe_timeout_ms,
+                kubernetes.probe_timeout_ms,
+                1,
+                MAX_INTERVAL_MS,
+            ),
+            (
+                "proxy",
+                "connect_timeout_ms",
+                proxy.connect_timeout_ms,
+                1,
+                MAX_INTERVAL_MS,
+            ),
+            (
+                "proxy",
+                "upstream_idle_timeout_seconds",
+                proxy.upstream_idle_timeout_seconds,
+                1,
+                MAX_SETTING_SECONDS,
+            ),
+            (
+                "proxy",
+                "max_idle_per_pod",
+                proxy.max_idle_per_pod as u64,
+                0,
+                MAX_COUNT,
+            ),
+            (
+                "proxy",
+                "drain_grace_seconds",
+                proxy.drain_grace_seconds,
+                0,
+                MAX_SETTING_SECONDS,
+            ),
+            (
+                "proxy",
+                "head_timeout_seconds",
+                proxy.head_timeout_seconds,
+                1,
+                MAX_SETTING_SECONDS,
+            ),
+            (
+                "proxy",
+                "max_queued_requests",
+                u64::from(proxy.max_queued_requests),
+                1,
+                MAX_QUEUED,
             ),
             (
                 "proxy",
                 "max_connections_per_shard",
-                self.proxy.max_connections_per_shard as u64,
+                proxy.max_connections_per_shard as u64,
+                1,
+                MAX_COUNT,
             ),
             (
                 "proxy",
                 "max_pending_heads_per_shard",
-                self.proxy.max_pending_heads_per_shard as u64,
+                proxy.max_pending_heads_per_shard as u64,
+                1,
+                MAX_COUNT,
             ),
             (
                 "proxy",
                 "h2_max_concurrent_streams",
-                u64::from(self.proxy.h2_max_concurrent_streams),
+                u64::from(proxy.h2_max_concurrent_streams),
+                1,
+                MAX_COUNT,
             ),
             (
                 "proxy",
                 "h2_max_header_list_bytes",
-                u64::from(self.proxy.h2_max_header_list_bytes),
+                u64::from(proxy.h2_max_header_list_bytes),
+                1,
+                16 << 20,
             ),
         ] {
-            if value == 0 {
-                return Err(ConfigError::invalid(
-                    spans.table_value(table, key),
-                    format!("{table}.{key} must be at least 1"),
-                ));
-            }
+            check_range(
+                spans.table_value(table, key),
+                &format!("{table}.{key}"),
+                value,
+                least,
+                most,
+            )?;
         }
         // RFC 9113 §6.5.2 bounds of the window and frame sizes.
         for (key, value, low, high) in [
@@ -761,6 +897,19 @@ impl Config {
                 return Err(ConfigError::invalid(
                     spans.table_value("proxy", key),
                     format!("proxy.{key} must be between {low} and {high}"),
+                ));
+            }
+        }
+        // The file's `[features]` holds our two gates only (the config-features ConfigMap,
+        // which every Knative component shares, may hold anything; it is read elsewhere).
+        for key in self.features.keys() {
+            if !crate::features::GATES.contains(&key.as_str()) {
+                return Err(ConfigError::invalid(
+                    spans.table_value("features", key),
+                    format!(
+                        "features: unknown key {key:?} (known: {})",
+                        crate::features::GATES.join(", ")
+                    ),
                 ));
             }
         }
@@ -794,15 +943,62 @@ impl Config {
                     format!("revision {key} is declared twice"),
                 ));
             }
-            if revision.timeout_seconds == 0 {
-                return Err(ConfigError::invalid(
-                    at("timeout_seconds"),
-                    format!("revision {key}: timeout_seconds must be at least 1"),
-                ));
+            for (field, value, least) in [
+                ("timeout_seconds", revision.timeout_seconds, 1),
+                (
+                    "response_start_timeout_seconds",
+                    revision.response_start_timeout_seconds,
+                    0,
+                ),
+                ("idle_timeout_seconds", revision.idle_timeout_seconds, 0),
+            ] {
+                check_range(
+                    at(field),
+                    &format!("revision {key}: {field}"),
+                    value,
+                    least,
+                    MAX_TIMEOUT_SECONDS,
+                )?;
             }
+            check_range(
+                at("queue_depth"),
+                &format!("revision {key}: queue_depth"),
+                u64::from(revision.queue_depth),
+                1,
+                MAX_QUEUED,
+            )?;
         }
         Ok(())
     }
+}
+
+/// Ceiling of every interval and timeout in milliseconds the file sets: one hour.
+pub const MAX_INTERVAL_MS: u64 = 60 * 60 * 1000;
+/// Ceiling of every period in seconds the file sets (grace, sweeps, freshness): one day.
+pub const MAX_SETTING_SECONDS: u64 = 24 * 60 * 60;
+/// Ceiling of every count the file sets (queues, trackers, connections, streams): 2²⁰.
+pub const MAX_COUNT: u64 = 1 << 20;
+/// Ceiling of the queue bounds (`queue_depth`, `max_queued_requests`): 10⁷ requests, about
+/// 20 GiB of waiting requests at 2 KiB each.
+pub const MAX_QUEUED: u64 = 10_000_000;
+
+/// `value` within `least..=most`, or an error naming `what` at `position`.
+fn check_range(
+    position: Option<(usize, usize)>,
+    what: &str,
+    value: u64,
+    least: u64,
+    most: u64,
+) -> Result<(), ConfigError> {
+    if (least..=most).contains(&value) {
+        return Ok(());
+    }
+    let message = if value < least {
+        format!("{what} must be at least {least}")
+    } else {
+        format!("{what} is {value}, more than the most allowed, {most}")
+    };
+    Err(ConfigError::invalid(position, message))
 }
 
 /// The parsed document beside the typed config: where each value sits in the text.
@@ -972,7 +1168,7 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
 
     #[test]
     fn an_invalid_namespace_is_found_in_its_revision_not_in_an_earlier_table() {
-        let text = "[features]\n\"team/x\" = \"enabled\"\n\n\
+        let text = "[features]\n\"queueproxy.pod-authority\" = \"team/x\"\n\n\
                     [[revisions]]\nnamespace = \"team/x\"\nname = \"b\"\n";
         let (position, message) = error_at(text);
         assert_eq!(position, Some((5, 13)), "{message}");
@@ -1198,10 +1394,19 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
         let section = &readme[readme.find("## Configuration file").expect("the section")..];
         let start = section.find("```toml\n").expect("the example") + "```toml\n".len();
         let example = &section[start..start + section[start..].find("```").unwrap()];
-        // The two defaults it shows commented out, to be read as well.
+        // The defaults it shows commented out, to be read as well.
         let example = example
             .replace("# cluster_domain =", "cluster_domain =")
-            .replace("# serving_port =", "serving_port =");
+            .replace("# serving_port =", "serving_port =")
+            .replace("# max_queued_requests =", "max_queued_requests =")
+            .replace(
+                "# max_connections_per_shard =",
+                "max_connections_per_shard =",
+            )
+            .replace(
+                "# max_pending_heads_per_shard =",
+                "max_pending_heads_per_shard =",
+            );
         let config = Config::parse(&example).unwrap_or_else(|error| panic!("{error}"));
 
         assert_eq!(config.listen, Listen::default());
@@ -1209,6 +1414,12 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
             config.proxy,
             ProxySettings {
                 cluster_domain: Some(DEFAULT_CLUSTER_DOMAIN.into()),
+                // It sets them (to their defaults), so the memory budget keeps them.
+                explicit_caps: ExplicitCaps {
+                    max_connections_per_shard: true,
+                    max_pending_heads_per_shard: true,
+                    max_queued_requests: true,
+                },
                 ..ProxySettings::default()
             }
         );

@@ -17,6 +17,8 @@ use crate::pod_state::Gates;
 pub const POD_AUTHORITY: &str = "queueproxy.pod-authority";
 /// The quarantine gate.
 pub const POD_QUARANTINE: &str = "activator.pod-quarantine";
+/// Every gate; the keys the standalone file's `[features]` accepts.
+pub const GATES: [&str; 2] = [POD_AUTHORITY, POD_QUARANTINE];
 
 /// The gates `features` asks for. A missing key means the default (`enabled`); a value other
 /// than `enabled`/`disabled` keeps `previous`'s setting and yields a warning. Keys that are not

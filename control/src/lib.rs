@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod autoscaler;
+pub mod budget;
 pub mod config;
 pub mod features;
 pub mod http_client;
@@ -134,6 +135,7 @@ impl ControlPlane {
             reported_concurrency: config.autoscaler.url.as_ref().map(|_| Arc::default()),
             readiness,
             metric_names: config.metrics.names,
+            quit: tokio::sync::Notify::new(),
         });
         ControlPlane {
             config,
@@ -169,7 +171,7 @@ impl ControlPlane {
     }
 
     /// Serves the admin port, runs the state worker and the sources, and waits for
-    /// SIGTERM/SIGINT; then drains: readiness fails at once, requests keep being served for the
+    /// SIGTERM/SIGINT (or `POST /quitquitquit`); then drains: readiness fails at once, requests keep being served for the
     /// grace period, then the shards stop accepting. Returns when the shards have been told to
     /// stop; the caller joins them.
     pub async fn run(self, admin_listener: std::net::TcpListener) -> std::io::Result<()> {
@@ -234,9 +236,11 @@ impl ControlPlane {
 
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
+        let quit = &self.admin.quit;
         let which = tokio::select! {
             _ = terminate.recv() => "SIGTERM",
             _ = interrupt.recv() => "SIGINT",
+            _ = quit.notified() => "POST /quitquitquit",
         };
         let grace = Duration::from_secs(self.config.proxy.drain_grace_seconds);
         tracing::info!(
@@ -251,6 +255,7 @@ impl ControlPlane {
             _ = tokio::time::sleep(grace) => {}
             _ = terminate.recv() => tracing::warn!("second signal: skipping the rest of the grace period"),
             _ = interrupt.recv() => tracing::warn!("second signal: skipping the rest of the grace period"),
+            _ = quit.notified() => tracing::warn!("second /quitquitquit: skipping the rest of the grace period"),
         }
         tracing::info!("closing listeners; finishing in-flight requests");
         self.publisher.broadcast(ShardCommand::StopAccepting);
