@@ -65,7 +65,7 @@ pub const DEFAULT_MAX_TRACKERS_PER_REVISION: usize = 5000;
 pub const DEFAULT_SERVING_PORT: u16 = 8012;
 
 /// A revision's default serving port for h2c pods: 8013, Knative's
-/// `networking.BackendHTTP2Port`. Kept for HTTP/2; h2c revisions are refused for now.
+/// `networking.BackendHTTP2Port`.
 pub const DEFAULT_H2C_SERVING_PORT: u16 = 8013;
 
 /// How a revision routes, from a source, without its pods.
