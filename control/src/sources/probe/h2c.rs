@@ -49,6 +49,8 @@ impl Connection {
     pub(super) async fn handshake(stream: TcpStream) -> Result<Connection, Failure> {
         let (sender, connection) = h2::client::Builder::new()
             .max_header_list_size(HEAD_LIMIT)
+            // A probe wants one answer, nothing pushed.
+            .enable_push(false)
             .handshake::<_, Bytes>(stream)
             .await
             .map_err(|error| Failure::new(format!("handshake: {error}"), false))?;
@@ -92,7 +94,7 @@ pub(super) async fn exchange(
     let (response, mut request_body) = sender
         .send_request(request, false)
         .map_err(|error| failure("request", error))?;
-    // Seven bytes at most: within any window, so h2 sends them at once.
+    // Five bytes: within any window, so h2 sends them at once.
     request_body
         .send_data(Bytes::from(grpc_health::check_request()), true)
         .map_err(|error| failure("request", error))?;

@@ -134,20 +134,17 @@ async fn read_more(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> std::io::Res
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
+    use kactivator_api::RevisionKey;
+    use kactivator_shards::routing::Protocol;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::oneshot;
 
-    use super::*;
-
-    use kactivator_api::RevisionKey;
-    use kactivator_shards::routing::Protocol;
-    use std::time::Duration;
-
     use super::super::tests::{NAMESPACE, REVISION};
     use super::super::{Connection, ProbeResult, QUOTED_BODY};
+    use super::*;
 
     fn key() -> RevisionKey {
         RevisionKey::new(NAMESPACE, REVISION).unwrap()
