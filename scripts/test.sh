@@ -23,10 +23,11 @@ if ((${#need_packages[@]})); then
   fi
 fi
 
-# grpcio's wheels carry their C core; grpcio-tools generates the test stubs at run time.
-if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
-  echo "== installing grpcio and grpcio-tools (Python) for tests/grpc.rs"
-  python3 -m pip install --quiet --disable-pip-version-check 'grpcio==1.85.3' 'grpcio-tools==1.85.1'
+# grpcio's wheels carry their C core; grpcio-tools generates the test stubs at run time;
+# grpcio-health-checking is the standard health service of the HTTP/2-only test pods.
+if ! python3 -c 'import grpc, grpc_tools, grpc_health' >/dev/null 2>&1; then
+  echo "== installing grpcio, grpcio-tools and grpcio-health-checking (Python) for tests/grpc.rs"
+  python3 -m pip install --quiet --disable-pip-version-check 'grpcio==1.85.3' 'grpcio-tools==1.85.1' 'grpcio-health-checking==1.85.1'
 fi
 
 echo "== kube-apiserver, etcd and kubectl for the Kubernetes tests"

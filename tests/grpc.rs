@@ -1,6 +1,8 @@
 //! gRPC and h2c through the real binary, with a real gRPC server for the pod (tonic, behind a
 //! hyper server that speaks HTTP/1.1 and h2c on one port, as a queue-proxy does) and real
-//! clients: tonic's, and Python's `grpcio` (another HTTP/2 stack).
+//! clients: tonic's, and Python's `grpcio` (another HTTP/2 stack). Pods that speak only HTTP/2
+//! (Python's grpcio server, no queue-proxy in front) check that the health probes of an h2c
+//! revision speak h2c.
 //!
 //! Each stream is one request: admitted with one slot, timed, counted, and its failures reach
 //! the client as gRPC status codes.
@@ -16,7 +18,8 @@ use kactivator_testkit::backend::BackendConfig;
 use kactivator_testkit::grpc::pb::echo_client::EchoClient;
 use kactivator_testkit::grpc::pb::{EchoReply, EchoRequest, StreamRequest};
 use kactivator_testkit::grpc::{connect, h2c_request, spawn_grpc, GrpcHandle, GrpcStats};
-use support::{revision, Activator};
+use kactivator_testkit::grpcio::{GrpcioPod, Health};
+use support::{eventually, revision, Activator};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -509,4 +512,216 @@ async fn h2_streams_are_counted_in_the_request_metrics() {
     }
     let counted = activator.metric_sum("activator_request_count", &["response_code=\"200\""]);
     assert_eq!(counted, 3.0, "{}", activator.metrics());
+}
+
+// === pods that speak only HTTP/2 ===
+
+const GRPC_AUTHORITY: &str = "grpc-00001.default.svc.cluster.local";
+
+/// A grpcio pod on 127.0.0.1: gRPC over HTTP/2 only, no queue-proxy in front.
+fn grpcio_pod(name: &str, health: Health) -> GrpcioPod {
+    GrpcioPod::spawn(SocketAddr::from(([127, 0, 0, 1], 0)), name, health)
+        .expect("spawn the grpcio pod")
+}
+
+/// The h2c revision `default/grpc-00001` with these pods, everything else default.
+fn grpc_revision(pods: &[&GrpcioPod]) -> String {
+    let addrs: Vec<SocketAddr> = pods.iter().map(|pod| pod.addr()).collect();
+    revision("default", "grpc-00001", &addrs, "protocol = \"h2c\"\n")
+}
+
+/// `message` with a client deadline of `limit`, for any kind of call.
+fn deadline<T>(message: T, limit: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(limit);
+    request
+}
+
+/// Unary, server-streaming and bidi calls and 16 MiB messages both ways through `port`; every
+/// call has a deadline, so a pod that is never routable fails the test instead of hanging it.
+async fn every_kind_of_call(port: SocketAddr, backend: &str) {
+    const LIMIT: Duration = Duration::from_secs(10);
+    let mut client = connect(port, GRPC_AUTHORITY).await.expect("connect");
+    let reply = client
+        .unary(deadline(echo(b"ping"), LIMIT))
+        .await
+        .unwrap_or_else(|status| panic!("unary through {port}: {status:?}"))
+        .into_inner();
+    assert_eq!(
+        (reply.payload.as_ref(), reply.backend.as_str()),
+        (&b"ping"[..], backend)
+    );
+
+    let stream = StreamRequest {
+        count: 5,
+        interval_ms: 5,
+        reply_bytes: 100,
+    };
+    let mut replies = client
+        .server_stream(deadline(stream, LIMIT))
+        .await
+        .expect("server stream")
+        .into_inner();
+    let mut seqs = Vec::new();
+    while let Some(reply) = replies.message().await.expect("a reply or the end") {
+        assert_eq!(reply.payload.len(), 100);
+        seqs.push(reply.seq);
+    }
+    assert_eq!(seqs, [0, 1, 2, 3, 4]);
+
+    // Bidi as a conversation: each request goes only after the previous reply came back.
+    let (sender, receiver) = tokio::sync::mpsc::channel::<EchoRequest>(1);
+    sender.send(echo(b"one")).await.unwrap();
+    let mut replies = client
+        .bidi(deadline(tokio_stream_of(receiver), LIMIT))
+        .await
+        .expect("bidi")
+        .into_inner();
+    for (i, next) in [&b"two"[..], b"three"].iter().enumerate() {
+        let reply = replies.message().await.unwrap().expect("a reply");
+        assert_eq!(reply.seq, i as u64);
+        let next = EchoRequest {
+            payload: Bytes::copy_from_slice(next),
+            ..echo(b"")
+        };
+        sender.send(next).await.unwrap();
+    }
+    let last = replies.message().await.unwrap().expect("the third reply");
+    assert_eq!((last.payload.as_ref(), last.seq), (&b"three"[..], 2));
+    drop(sender);
+    assert!(replies.message().await.expect("clean end").is_none());
+
+    let big = Bytes::from(vec![0xa5u8; 16 << 20]);
+    let up = EchoRequest {
+        payload: big.clone(),
+        ..echo(b"")
+    };
+    let reply = client
+        .unary(deadline(up, Duration::from_secs(60)))
+        .await
+        .expect("16 MiB up and back")
+        .into_inner();
+    assert!(reply.payload == big, "the echoed 16 MiB differ");
+    let down = EchoRequest {
+        reply_bytes: 16 << 20,
+        ..echo(b"x")
+    };
+    let reply = client
+        .unary(deadline(down, Duration::from_secs(60)))
+        .await
+        .expect("16 MiB down")
+        .into_inner();
+    assert_eq!(reply.payload.len(), 16 << 20);
+    assert!(
+        reply
+            .payload
+            .iter()
+            .enumerate()
+            .all(|(i, byte)| *byte == kactivator_testkit::pattern_byte(i as u64)),
+        "the 16 MiB reply is not the pattern"
+    );
+}
+
+/// A pod that speaks only HTTP/2 — a plain grpcio server without the health service, as users
+/// run one standalone — behind the default configuration (quarantine on): the prober checks it
+/// over h2c (the health check answered UNIMPLEMENTED: up and dispatching calls), it stays
+/// routable, and every kind of call and 16 MiB messages go through both data ports. Probed over
+/// HTTP/1.1, the pod failed (`invalid HTTP version`) and was quarantined for good: every call
+/// waited until its deadline.
+#[tokio::test]
+async fn an_http2_only_grpc_pod_serves_with_the_default_configuration() {
+    let pod = grpcio_pod("grpcio-a", Health::Absent);
+    let activator = Activator::start(&grpc_revision(&[&pod]));
+    // A new pod's first probe comes within `health.probe_interval_ms` (1 s).
+    assert!(
+        eventually(Duration::from_secs(10), || activator
+            .metric_sum("activator_pod_probes_total", &[])
+            >= 1.0),
+        "{}",
+        activator.metrics()
+    );
+    for port in [activator.http2, activator.http] {
+        every_kind_of_call(port, "grpcio-a").await;
+    }
+    // A pod logs each call before it answers; the log reaches the test a moment later.
+    assert!(
+        eventually(Duration::from_secs(5), || pod.calls() >= 10),
+        "{:?}",
+        pod.lines()
+    );
+    assert_eq!(pod.calls(), 10, "{:?}", pod.lines());
+    assert!(
+        pod.health_checks() >= 1,
+        "probed with the gRPC health check: {:?}",
+        pod.lines()
+    );
+    let metrics = activator.metrics();
+    assert_eq!(
+        activator.metric_sum("activator_pod_probes_total", &["result=\"unhealthy\""]),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        activator.metric_sum("activator_pod_quarantine_entries_total", &[]),
+        0.0,
+        "{metrics}"
+    );
+}
+
+/// The h2c probe still fails a pod that says it is not serving: of two HTTP/2-only pods with
+/// the standard health service, the one answering NOT_SERVING is quarantined and gets no call,
+/// the one answering SERVING serves them all.
+#[tokio::test]
+async fn a_not_serving_grpc_pod_is_quarantined_while_a_serving_one_serves() {
+    let sick = grpcio_pod("grpcio-sick", Health::NotServing);
+    let well = grpcio_pod("grpcio-well", Health::Serving);
+    let activator = Activator::start(&grpc_revision(&[&sick, &well]));
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            activator.metric_sum("activator_pod_quarantine_entries_total", &[]) >= 1.0
+                && activator.metric_sum("activator_pod_probes_total", &["result=\"healthy\""])
+                    >= 1.0
+        }),
+        "{}",
+        activator.metrics()
+    );
+    let mut client = connect(activator.http2, GRPC_AUTHORITY)
+        .await
+        .expect("connect");
+    for _ in 0..20 {
+        let reply = client
+            .unary(deadline(echo(b"x"), Duration::from_secs(5)))
+            .await
+            .expect("served")
+            .into_inner();
+        assert_eq!(reply.backend, "grpcio-well");
+    }
+    // A pod logs each call before it answers; the log reaches the test a moment later.
+    assert!(
+        eventually(Duration::from_secs(5), || well.calls() >= 20),
+        "{:?}",
+        well.lines()
+    );
+    assert_eq!(well.calls(), 20, "{:?}", well.lines());
+    assert_eq!(sick.calls(), 0, "{:?}", sick.lines());
+    assert!(
+        sick.lines().iter().any(|line| line == "health NOT_SERVING"),
+        "{:?}",
+        sick.lines()
+    );
+    assert!(
+        well.lines().iter().any(|line| line == "health SERVING"),
+        "{:?}",
+        well.lines()
+    );
+    // Only the sick pod ever left routing.
+    assert_eq!(
+        activator.metric_sum(
+            "pod_state_transitions_total",
+            &["from_state=\"ready\"", "to_state=\"quarantined\""]
+        ),
+        1.0,
+        "{}",
+        activator.metrics()
+    );
 }

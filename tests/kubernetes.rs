@@ -697,3 +697,61 @@ fn an_api_server_outage_loses_no_request_and_changes_made_meanwhile_apply_after(
         activator.metrics()
     );
 }
+
+/// An h2c Revision whose pod speaks only HTTP/2 (a plain grpcio server, no queue-proxy in
+/// front): the backend prober checks the listed pod over h2c with the gRPC health check, so it
+/// becomes routable and a gRPC call through the activator is served. Probed over HTTP/1.1, the
+/// pod never passed and the call waited for a pod until its deadline.
+#[test]
+fn an_h2c_revisions_http2_only_pod_is_probed_over_h2c_and_serves() {
+    use kactivator_testkit::grpc::{connect, pb::EchoRequest};
+    use kactivator_testkit::grpcio::{GrpcioPod, Health};
+
+    let cluster = Cluster::start(Listing::Endpoints);
+    let pod_ip = cluster.net.add_address();
+    let pod = GrpcioPod::spawn(
+        SocketAddr::new(pod_ip, POD_PORT),
+        "grpc-pod",
+        Health::Absent,
+    )
+    .expect("grpcio pod");
+    cluster.api.apply_yaml(&format!(
+        "{}{}",
+        knative::h2c_revision("default", "grpc", 0),
+        knative::private_service("default", "grpc", POD_PORT)
+    ));
+    cluster.endpoints("grpc", &[pod_ip], &[]);
+    let activator = cluster.activator();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime for the gRPC client");
+    let reply = runtime.block_on(async {
+        let mut client = connect(activator.http2, "grpc.default.svc.cluster.local")
+            .await
+            .expect("connect");
+        let mut request = tonic::Request::new(EchoRequest {
+            payload: "ping".into(),
+            delay_ms: 0,
+            reply_bytes: 0,
+        });
+        request.set_timeout(Duration::from_secs(10));
+        client.unary(request).await
+    });
+    let reply = reply
+        .unwrap_or_else(|status| panic!("{status:?}\n{}", activator.stderr()))
+        .into_inner();
+    assert_eq!(
+        (reply.payload.as_ref(), reply.backend.as_str()),
+        (&b"ping"[..], "grpc-pod")
+    );
+    assert!(pod.health_checks() >= 1, "{:?}", pod.lines());
+    assert!(
+        activator.metric_sum(
+            "kactivator_kubernetes_backend_probes_total",
+            &["result=\"healthy\""]
+        ) >= 1.0,
+        "{}",
+        activator.metrics()
+    );
+}

@@ -1,7 +1,7 @@
 //! What kactivator says on the wire, in one place below the data plane, the control plane and
 //! the test kit: header names, paths, user agents and the messages of answers the activator
-//! writes itself, the queue-proxy registration body, the autoscaler's stat messages, and the
-//! key that names a revision.
+//! writes itself, the queue-proxy registration body, the autoscaler's stat messages, the gRPC
+//! health check sent to h2c pods, and the key that names a revision.
 //!
 //! Nothing here does I/O. The values are Knative's (or the Cerebrium fork's) unless a comment
 //! says otherwise; `../shared/reference/knative-activator.md` has the upstream file and line.
@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod autoscaler;
+pub mod grpc_health;
 pub mod headers;
 pub mod messages;
 pub mod probe;

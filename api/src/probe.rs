@@ -1,5 +1,7 @@
 //! Probes: the kubelet's and the network probes the activator answers, and the health check it
-//! sends a queue-proxy (upstream `revision_backends.go` §4.2, queue-proxy §4.6).
+//! sends a queue-proxy (upstream `revision_backends.go` §4.2, queue-proxy §4.6). The pods of an
+//! h2c revision get the gRPC health check instead ([`crate::grpc_health`]), with the same
+//! user agent and `K-Network-Probe` header.
 
 /// A kubelet probe's user agent starts with this.
 pub const KUBE_PROBE_USER_AGENT_PREFIX: &str = "kube-probe/";

@@ -65,7 +65,7 @@ pub const DEFAULT_MAX_TRACKERS_PER_REVISION: usize = 5000;
 pub const DEFAULT_SERVING_PORT: u16 = 8012;
 
 /// A revision's default serving port for h2c pods: 8013, Knative's
-/// `networking.BackendHTTP2Port`. Kept for HTTP/2; h2c revisions are refused for now.
+/// `networking.BackendHTTP2Port`.
 pub const DEFAULT_H2C_SERVING_PORT: u16 = 8013;
 
 /// How a revision routes, from a source, without its pods.
@@ -292,6 +292,8 @@ struct Revision {
     published: Option<(RevisionSpec, Vec<(u64, u32)>)>,
     /// The probe set last sent to the prober (empty: none sent, or an empty one).
     probe_set: Vec<ProbePod>,
+    /// The protocol it was sent with.
+    probe_protocol: Protocol,
 }
 
 impl Revision {
@@ -309,6 +311,7 @@ impl Revision {
             virtual_tracker: None,
             published: None,
             probe_set: Vec::new(),
+            probe_protocol: Protocol::default(),
         }
     }
 }
@@ -324,11 +327,15 @@ pub struct ProbePod {
 }
 
 /// A revision's probe set, sent to the prober when it changed: the pods the active health
-/// check watches (quarantine on, pod mode: Ready and Recovering pods). Empty when none is to be
-/// probed any more (the revision is gone, moved to cluster-IP mode, or quarantine is off).
+/// check watches (quarantine on, pod mode: Ready and Recovering pods), and the protocol they
+/// are probed in. Empty when none is to be probed any more (the revision is gone, moved to
+/// cluster-IP mode, or quarantine is off).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeUpdate {
     pub revision: RevisionKey,
+    /// The revision's protocol (HTTP/1 while no source declared it): h2c pods are probed over
+    /// h2c, the others over HTTP/1.1.
+    pub protocol: Protocol,
     /// Sorted by address.
     pub pods: Vec<ProbePod>,
 }
@@ -430,11 +437,11 @@ impl PodStates {
     /// Every revision's probe set, recounted from scratch. Production derives only the
     /// revisions an op touched ([`PodStates::take_probe_updates`]); tests check the two agree.
     #[cfg(test)]
-    pub fn recount_probe_sets(&self) -> BTreeMap<RevisionKey, Vec<ProbePod>> {
+    pub fn recount_probe_sets(&self) -> BTreeMap<RevisionKey, (Protocol, Vec<ProbePod>)> {
         self.revisions
             .values()
             .map(|revision| (revision.key.clone(), derive_probes(revision, self.gates)))
-            .filter(|(_, pods)| !pods.is_empty())
+            .filter(|(_, (_, pods))| !pods.is_empty())
             .collect()
     }
 
@@ -632,6 +639,7 @@ impl PodStates {
         if !entry.probe_set.is_empty() {
             self.probe_updates.push(ProbeUpdate {
                 revision: key.clone(),
+                protocol: entry.probe_protocol,
                 pods: Vec::new(),
             });
         }
@@ -910,11 +918,15 @@ impl PodStates {
         let Some(entry) = self.revisions.get_mut(key) else {
             return;
         };
-        let pods = derive_probes(entry, self.gates);
-        if pods != entry.probe_set {
+        let (protocol, pods) = derive_probes(entry, self.gates);
+        // An empty set is empty in any protocol.
+        let protocol_changed = protocol != entry.probe_protocol && !pods.is_empty();
+        if pods != entry.probe_set || protocol_changed {
             entry.probe_set = pods.clone();
+            entry.probe_protocol = protocol;
             self.probe_updates.push(ProbeUpdate {
                 revision: key.clone(),
+                protocol,
                 pods,
             });
         }
@@ -1078,16 +1090,21 @@ impl PodStates {
 
 /// The pods of `revision` the prober watches: with quarantine on and in pod mode, the Ready ones
 /// and those on probation (Recovering: a passing probe makes them Ready). Quarantined pods wait
-/// for their quarantine to end; NotReady ones are their queue-proxy's and the informer's.
-fn derive_probes(revision: &Revision, gates: Gates) -> Vec<ProbePod> {
+/// for their quarantine to end; NotReady ones are their queue-proxy's and the informer's. With
+/// them, the protocol to probe them in: the revision's (HTTP/1 until a source declares it).
+fn derive_probes(revision: &Revision, gates: Gates) -> (Protocol, Vec<ProbePod>) {
+    let protocol = revision
+        .spec
+        .as_ref()
+        .map_or(Protocol::default(), |spec| spec.protocol);
     let cluster_ip = revision
         .spec
         .as_ref()
         .is_some_and(|spec| spec.cluster_ip.is_some());
     if !gates.pod_quarantine || cluster_ip {
-        return Vec::new();
+        return (protocol, Vec::new());
     }
-    revision
+    let pods = revision
         .pods
         .iter()
         .filter_map(|(addr, tracked)| {
@@ -1102,7 +1119,8 @@ fn derive_probes(revision: &Revision, gates: Gates) -> Vec<ProbePod> {
                 recovering,
             })
         })
-        .collect()
+        .collect();
+    (protocol, pods)
 }
 
 /// `key`'s entry in `revisions`, created (undeclared) when it is new.
@@ -1400,6 +1418,41 @@ mod tests {
             "a passing probe routes it again"
         );
         assert_eq!(states.next_deadline(), None);
+    }
+
+    #[test]
+    fn a_probe_set_carries_its_revisions_protocol_and_is_sent_again_when_it_changes() {
+        let mut states = states();
+        let pod = "10.0.0.1:8012";
+        states
+            .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
+            .unwrap();
+        let sent = states.take_probe_updates();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].protocol, Protocol::Http1);
+        // The revision is h2c now, same pods: the prober must probe them over h2c.
+        let h2c = RevisionSpec {
+            protocol: Protocol::H2c,
+            ..spec("a", 1)
+        };
+        states
+            .apply(Op::UpsertRevision(h2c.clone()), at(1))
+            .unwrap();
+        let sent = states.take_probe_updates();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].protocol, Protocol::H2c);
+        let pods: Vec<SocketAddr> = sent[0].pods.iter().map(|pod| pod.addr).collect();
+        assert_eq!(pods, [addr(pod)]);
+        // Unchanged: nothing sent.
+        states.apply(Op::UpsertRevision(h2c), at(2)).unwrap();
+        assert!(states.take_probe_updates().is_empty());
+        // Gone: an empty set.
+        states
+            .apply(Op::RemoveRevision { revision: key("a") }, at(3))
+            .unwrap();
+        let sent = states.take_probe_updates();
+        assert_eq!(sent.len(), 1);
+        assert!(sent[0].pods.is_empty());
     }
 
     #[test]
@@ -1994,6 +2047,14 @@ mod tests {
             name.clone().prop_map(|name| Op::RemoveRevision {
                 revision: key(name)
             }),
+            // The same revision in the other protocol: its probe set is sent again.
+            (name.clone(), any::<bool>()).prop_map(|(name, h2c)| {
+                let protocol = if h2c { Protocol::H2c } else { Protocol::Http1 };
+                Op::UpsertRevision(RevisionSpec {
+                    protocol,
+                    ..spec(name, 2)
+                })
+            }),
             Just(Op::CleanupStale),
         ];
         (op, 0..700u64)
@@ -2052,7 +2113,7 @@ mod tests {
         fn probe_sets_sent_incrementally_equal_a_recount(ops in prop::collection::vec(any_op(), 1..60)) {
             let mut states = states();
             let mut now = 0;
-            let mut sent: BTreeMap<RevisionKey, Vec<ProbePod>> = BTreeMap::new();
+            let mut sent: BTreeMap<RevisionKey, (Protocol, Vec<ProbePod>)> = BTreeMap::new();
             for (op, step) in ops {
                 now += step;
                 let _ = states.apply(op, at(now));
@@ -2061,7 +2122,7 @@ mod tests {
                     if update.pods.is_empty() {
                         sent.remove(&update.revision);
                     } else {
-                        sent.insert(update.revision, update.pods);
+                        sent.insert(update.revision, (update.protocol, update.pods));
                     }
                 }
                 prop_assert_eq!(&sent, &states.recount_probe_sets());

@@ -3,7 +3,7 @@
 
 It checks that what works with the Rust (tonic/hyper) client also works with another
 implementation's HTTP/2 stack. Stubs are generated at run time from testkit/proto/echo.proto
-with grpc_tools.protoc into a temporary directory, so no generated code is committed.
+(echo_stubs.py), so no generated code is committed.
 
 Needs: python3 -m pip install grpcio grpcio-tools
 
@@ -17,41 +17,14 @@ Prints one JSON object per line (one per call) and exits non-zero on any failure
 """
 
 import argparse
-import atexit
-import importlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 
-PROTO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "proto")
-PROTO_FILE = "echo.proto"
+from echo_stubs import load_stubs
+
 MAX_MESSAGE_SIZE = 64 * 1024 * 1024
 MIB = 1024 * 1024
-
-
-def load_stubs():
-    """Generates the Python modules for echo.proto and imports them."""
-    from grpc_tools import protoc
-
-    out_dir = tempfile.mkdtemp(prefix="echo-stubs-")
-    # Imported modules stay loaded, so the files can go when the process ends.
-    atexit.register(shutil.rmtree, out_dir, ignore_errors=True)
-    status = protoc.main(
-        [
-            "protoc",
-            f"-I{PROTO_DIR}",
-            f"--python_out={out_dir}",
-            f"--grpc_python_out={out_dir}",
-            PROTO_FILE,
-        ]
-    )
-    if status != 0:
-        raise RuntimeError(f"protoc failed with status {status}")
-    sys.path.insert(0, out_dir)
-    return importlib.import_module("echo_pb2"), importlib.import_module("echo_pb2_grpc")
 
 
 def pattern_ok(data):

@@ -34,6 +34,22 @@ fn owner_labels(revision: &str, kind: ServiceType) -> String {
 /// Revision `namespace/name` with `containerConcurrency: cc`, a 60 s timeout and one container
 /// with an unnamed port (HTTP/1).
 pub fn revision(namespace: &str, name: &str, cc: u32) -> String {
+    revision_with_port(namespace, name, cc, "- containerPort: 8080")
+}
+
+/// [`revision`] whose container port is named `h2c`: Knative's mark of an HTTP/2 (gRPC)
+/// revision.
+pub fn h2c_revision(namespace: &str, name: &str, cc: u32) -> String {
+    revision_with_port(
+        namespace,
+        name,
+        cc,
+        "- name: h2c\n      containerPort: 8080",
+    )
+}
+
+/// [`revision`] with `port` as the container's one port (YAML, indented for the list).
+fn revision_with_port(namespace: &str, name: &str, cc: u32, port: &str) -> String {
     format!(
         "apiVersion: serving.knative.dev/v1
 kind: Revision
@@ -49,7 +65,7 @@ spec:
   containers:
   - image: example.com/app
     ports:
-    - containerPort: 8080
+    {port}
 ---
 "
     )

@@ -9,7 +9,8 @@
 //! [`apiserver`] runs a real kube-apiserver with its etcd, [`knative`] writes the objects
 //! Knative's reconcilers would, and [`podnet`] gives pods real
 //! (non-loopback) addresses. [`grpc`] is a gRPC backend speaking HTTP/1.1 and h2c on one
-//! port, with an h2c gRPC client for the tests that drive it.
+//! port, with an h2c gRPC client for the tests that drive it; [`grpcio`] is a gRPC pod that
+//! speaks only HTTP/2 (Python's grpcio server), as users run one standalone.
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod apiserver;
 pub mod autoscaler;
 pub mod backend;
 pub mod grpc;
+pub mod grpcio;
 pub mod knative;
 pub mod pattern;
 pub mod podnet;

@@ -19,12 +19,15 @@
 //!
 //! Entries are keyed by an id the schedule hands out when a pod enters it: a result for a pod
 //! that has since left the schedule (or left and came back) carries an old id and is ignored.
+//! Each job says the protocol to probe in, its revision's: when a revision's protocol changes,
+//! its pods get new entries, since a probe in the old protocol says nothing of the new one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use kactivator_api::RevisionKey;
+use kactivator_shards::routing::Protocol;
 
 use crate::pod_state::Timestamp;
 pub use crate::state::{ProbePod, ProbeUpdate};
@@ -87,6 +90,8 @@ impl ProbeClass {
 pub struct ProbeJob {
     pub revision: RevisionKey,
     pub addr: SocketAddr,
+    /// What to probe in: the revision's protocol.
+    pub protocol: Protocol,
     /// The pod was on probation when the probe went out.
     pub recovering: bool,
     pub class: ProbeClass,
@@ -101,6 +106,7 @@ pub struct Ticket(u64);
 struct Entry {
     revision: RevisionKey,
     addr: SocketAddr,
+    protocol: Protocol,
     tracker: u64,
     recovering: bool,
     class: ProbeClass,
@@ -115,8 +121,8 @@ struct Entry {
 pub struct ProbeSchedule {
     settings: ScheduleSettings,
     entries: HashMap<u64, Entry>,
-    /// Each revision's pods: address → entry id.
-    revisions: HashMap<RevisionKey, BTreeMap<SocketAddr, u64>>,
+    /// Each revision's protocol and pods (address → entry id).
+    revisions: HashMap<RevisionKey, (Protocol, BTreeMap<SocketAddr, u64>)>,
     /// Entries waiting for their next probe, per class, by due time.
     queues: [BTreeSet<(Timestamp, u64)>; 4],
     /// Entries per class, in flight or not (the gauge).
@@ -153,10 +159,22 @@ impl ProbeSchedule {
         self.entries.is_empty()
     }
 
-    /// Replaces a revision's probe set. Returns the addresses that left the schedule (their
-    /// kept connections can go).
+    /// Replaces a revision's probe set. Returns the addresses whose kept connections can go:
+    /// those that left the schedule, and every one of a revision whose protocol changed.
     pub fn update(&mut self, update: ProbeUpdate, now: Timestamp) -> Vec<SocketAddr> {
-        let mut old = self.revisions.remove(&update.revision).unwrap_or_default();
+        let mut gone = Vec::new();
+        let mut old = match self.revisions.remove(&update.revision) {
+            Some((protocol, old)) if protocol == update.protocol => old,
+            Some((_, old)) => {
+                // Another protocol: every pod starts over as a new entry.
+                for (addr, id) in old {
+                    self.remove(id);
+                    gone.push(addr);
+                }
+                BTreeMap::new()
+            }
+            None => BTreeMap::new(),
+        };
         let mut current = BTreeMap::new();
         for pod in &update.pods {
             let id = match old.remove(&pod.addr) {
@@ -175,18 +193,18 @@ impl ProbeSchedule {
                     if let Some(id) = replaced {
                         self.remove(id);
                     }
-                    self.insert(&update.revision, pod, now)
+                    self.insert(&update.revision, update.protocol, pod, now)
                 }
             };
             current.insert(pod.addr, id);
         }
-        let mut gone = Vec::new();
         for (addr, id) in old {
             self.remove(id);
             gone.push(addr);
         }
         if !current.is_empty() {
-            self.revisions.insert(update.revision, current);
+            self.revisions
+                .insert(update.revision, (update.protocol, current));
         }
         gone
     }
@@ -278,7 +296,13 @@ impl ProbeSchedule {
 
     // === internals ===
 
-    fn insert(&mut self, revision: &RevisionKey, pod: &ProbePod, now: Timestamp) -> u64 {
+    fn insert(
+        &mut self,
+        revision: &RevisionKey,
+        protocol: Protocol,
+        pod: &ProbePod,
+        now: Timestamp,
+    ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let (class, due) = if pod.recovering {
@@ -294,6 +318,7 @@ impl ProbeSchedule {
             Entry {
                 revision: revision.clone(),
                 addr: pod.addr,
+                protocol,
                 tracker: pod.tracker,
                 recovering: pod.recovering,
                 class,
@@ -389,6 +414,7 @@ impl ProbeSchedule {
             jobs.push(ProbeJob {
                 revision: entry.revision.clone(),
                 addr: entry.addr,
+                protocol: entry.protocol,
                 recovering: entry.recovering,
                 class,
                 ticket: Ticket(id),
@@ -477,6 +503,7 @@ mod tests {
     fn set(pods: Vec<ProbePod>) -> ProbeUpdate {
         ProbeUpdate {
             revision: revision(),
+            protocol: Protocol::Http1,
             pods,
         }
     }
@@ -708,5 +735,38 @@ mod tests {
         schedule.update(set(vec![replaced]), ms(1_001));
         assert!(!schedule.complete(job.ticket, false, ms(1_002)));
         assert_eq!(schedule.counts(), [1, 0, 0, 0]);
+    }
+
+    #[test]
+    fn jobs_carry_the_revisions_protocol_and_a_new_protocol_starts_its_pods_over() {
+        let mut schedule = ProbeSchedule::new(settings());
+        let h2c = |pods: Vec<ProbePod>| ProbeUpdate {
+            protocol: Protocol::H2c,
+            ..set(pods)
+        };
+        schedule.update(h2c(vec![pod(1, true), pod(2, false)]), ms(0));
+        let first = schedule.due(ms(0), usize::MAX).remove(0);
+        assert_eq!(
+            (first.addr, first.protocol),
+            (pod(1, true).addr, Protocol::H2c)
+        );
+        // The revision is HTTP/1 now: both pods leave their kept connections and start over,
+        // and the result of the probe made in the old protocol counts for nothing.
+        let gone = schedule.update(set(vec![pod(1, true), pod(2, false)]), ms(5));
+        assert_eq!(gone, [pod(1, true).addr, pod(2, false).addr]);
+        assert!(!schedule.complete(first.ticket, true, ms(10)));
+        assert_eq!(schedule.counts(), [1, 0, 1, 0]);
+        let again = schedule.due(ms(10), usize::MAX);
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            (again[0].addr, again[0].protocol),
+            (pod(1, true).addr, Protocol::Http1)
+        );
+        let later = schedule.due(ms(1_000), usize::MAX);
+        assert!(later.iter().all(|job| job.protocol == Protocol::Http1));
+        // The same protocol again keeps the entries.
+        assert!(schedule
+            .update(set(vec![pod(1, true), pod(2, false)]), ms(1_001))
+            .is_empty());
     }
 }

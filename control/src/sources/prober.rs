@@ -1,9 +1,10 @@
 //! The active health check (quarantine gate on): the shell around [`ProbeSchedule`]. It keeps
 //! the schedule's view of every revision's probe set from the state worker's
 //! [`ProbeUpdate`]s, makes the probes the schedule says are due — at most
-//! [`PROBE_CONCURRENCY`] at once, all in this one task on the control thread — over a kept
-//! connection to each healthy pod, and hands the results back to the schedule. Only what
-//! changes a pod becomes an op: a failure, an IP reuse, a probation pod's pass.
+//! [`PROBE_CONCURRENCY`] at once, all in this one task on the control thread — in each
+//! revision's protocol (h2c pods over h2c), over a kept connection to each healthy pod, and
+//! hands the results back to the schedule. Only what changes a pod becomes an op: a failure,
+//! an IP reuse, a probation pod's pass.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -50,8 +51,15 @@ pub async fn run(
         for job in schedule.due(clock(), PROBE_CONCURRENCY - probes.len()) {
             let connection = kept.remove(&job.addr);
             probes.push(async move {
-                let (result, connection) =
-                    probe::probe_on(connection, job.addr, &job.revision, timeout, true).await;
+                let (result, connection) = probe::probe_on(
+                    connection,
+                    job.addr,
+                    &job.revision,
+                    job.protocol,
+                    timeout,
+                    true,
+                )
+                .await;
                 (job, result, connection)
             });
         }

@@ -16,6 +16,10 @@
 //!   (the revision has no exec readiness probe and no startup probes, [`super::objects::probe_optimisation`]).
 //! * A pod that moved from ready to not ready is probed again before it counts as healthy.
 //! * A pod no longer listed is dropped; a relist that lists the same pods changes nothing.
+//! * ★ A probe speaks the revision's protocol: an h2c revision's pods (and Service) get the
+//!   gRPC health check over h2c, the others `GET /healthz` over HTTP/1.1 (upstream probes every
+//!   pod over HTTP/1, which a pod that speaks only HTTP/2 never passes). Until its Revision
+//!   object is seen, a revision's pods are probed over HTTP/1.
 //!
 //! ★ No rounds: each probe has its own timeout and a failed pod is probed again at the next
 //! interval tick, so one slow pod never holds back the others (upstream probes a
@@ -27,6 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use kactivator_api::RevisionKey;
+use kactivator_shards::routing::Protocol;
 
 use super::model::MeshMode;
 use super::objects::Addresses;
@@ -43,11 +48,13 @@ pub enum Target {
 }
 
 /// One probe to make.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeJob {
     pub revision: RevisionKey,
     pub addr: SocketAddr,
     pub target: Target,
+    /// What to probe in: the revision's protocol.
+    pub protocol: Protocol,
 }
 
 /// How a probe ended.
@@ -77,6 +84,8 @@ struct Revision {
     failed: BTreeSet<SocketAddr>,
     /// A passing probe promotes a not-ready pod too.
     optimisation: bool,
+    /// The protocol its pods are probed in (from its Revision object; HTTP/1 until then).
+    protocol: Protocol,
     /// Through the private Service since its probe passed: the pods were not reachable
     /// directly (`auto` mesh mode). Never undone while the revision lasts.
     via_service: bool,
@@ -97,6 +106,7 @@ impl Default for Revision {
             failed: BTreeSet::new(),
             // On until the Revision object says otherwise.
             optimisation: true,
+            protocol: Protocol::default(),
             via_service: false,
             service_healthy: false,
             not_mesh: false,
@@ -221,6 +231,12 @@ impl Backends {
             .optimisation = on;
     }
 
+    /// A revision's protocol (from its Revision object; HTTP/1 until that is seen): what its
+    /// pods are probed in from the next probe on.
+    pub fn set_protocol(&mut self, revision: &RevisionKey, protocol: Protocol) {
+        self.revisions.entry(revision.clone()).or_default().protocol = protocol;
+    }
+
     /// The revision's private endpoints now list `listed` (merged over its objects). Returns
     /// the `SetEndpoints` when the healthy pods changed; the caller then asks [`Backends::due`].
     pub fn listed(&mut self, revision: &RevisionKey, listed: Addresses) -> Option<Op> {
@@ -287,6 +303,7 @@ impl Backends {
                 revision.not_mesh = false;
             }
             let service = services.get(key).copied();
+            let protocol = revision.protocol;
             let probe_service = |revision: &mut Revision, jobs: &mut Vec<ProbeJob>| {
                 let Some(addr) = service else { return };
                 if revision.in_flight.contains(&addr) || revision.failed.contains(&addr) {
@@ -297,6 +314,7 @@ impl Backends {
                     revision: key.clone(),
                     addr,
                     target: Target::Service,
+                    protocol,
                 });
             };
             if revision.via_service {
@@ -323,6 +341,7 @@ impl Backends {
                     revision: key.clone(),
                     addr,
                     target: Target::Pod,
+                    protocol,
                 });
             }
             if sniff && revision.wants_service() {
@@ -422,6 +441,7 @@ mod tests {
             revision: key(name),
             addr: addr(last),
             target: Target::Pod,
+            protocol: Protocol::Http1,
         }
     }
 
@@ -559,6 +579,7 @@ mod tests {
             revision: key("a"),
             addr: service_addr(),
             target: Target::Service,
+            protocol: Protocol::Http1,
         }
     }
 
@@ -676,5 +697,54 @@ mod tests {
                 .all(|job| job.target == Target::Pod));
             assert!(!backends.via_service(&key("a")));
         }
+    }
+
+    #[test]
+    fn probes_speak_the_revisions_protocol() {
+        // (protocol the Revision object says, if seen; what its pods and Service are probed in)
+        let cases = [
+            (None, Protocol::Http1),
+            (Some(Protocol::Http1), Protocol::Http1),
+            (Some(Protocol::H2c), Protocol::H2c),
+        ];
+        for (seen, expected) in cases {
+            let mut backends = Backends::new(MeshMode::Auto);
+            if let Some(protocol) = seen {
+                backends.set_protocol(&key("a"), protocol);
+            }
+            backends.listed(&key("a"), listed(&[1, 2], &[]));
+            let jobs = backends.due(false, &services());
+            assert_eq!(jobs.len(), 2, "{jobs:?}");
+            assert!(
+                jobs.iter().all(|job| job.protocol == expected),
+                "{seen:?}: {jobs:?}"
+            );
+            // Every pod failing as behind a mesh: the Service is probed, in the same protocol.
+            for job in &jobs {
+                backends.probed(job, MESH);
+            }
+            let service = backends.due(false, &services());
+            assert_eq!(
+                service
+                    .iter()
+                    .map(|job| (job.target, job.protocol))
+                    .collect::<Vec<_>>(),
+                [(Target::Service, expected)],
+                "{seen:?}"
+            );
+        }
+        // A revision seen after its endpoints: the next probes speak its protocol.
+        let mut backends = Backends::new(MeshMode::Auto);
+        backends.listed(&key("a"), listed(&[1], &[]));
+        let [first] = &backends.due(false, &no_services())[..] else {
+            panic!("one probe");
+        };
+        assert_eq!(first.protocol, Protocol::Http1);
+        backends.probed(first, NOT_MESH);
+        backends.set_protocol(&key("a"), Protocol::H2c);
+        let [again] = &backends.due(true, &no_services())[..] else {
+            panic!("probed again at the tick");
+        };
+        assert_eq!(again.protocol, Protocol::H2c);
     }
 }

@@ -156,6 +156,7 @@ impl Model {
         let spec = objects::revision_spec(object)?;
         self.backends
             .set_optimisation(&spec.key, objects::probe_optimisation(object));
+        self.backends.set_protocol(&spec.key, spec.protocol);
         Ok(RevisionSeen {
             policy_chosen: objects::chosen_lb_policy(object).is_some(),
             spec,
@@ -771,5 +772,29 @@ mod tests {
         let applied = model.revision_applied(&object);
         assert!(applied.is_ok(), "{:?}", applied.err());
         assert_eq!(model.revision_count(), 1);
+    }
+
+    #[test]
+    fn an_h2c_revisions_pods_are_probed_over_h2c_and_the_others_over_http1() {
+        use kactivator_shards::routing::Protocol;
+        let mut model = model_with(MeshMode::Auto);
+        let mut grpc = revision("grpc", 1);
+        grpc["spec"]["containers"] = json!([{"ports": [{"name": "h2c", "containerPort": 8080}]}]);
+        model.revision_applied(&grpc).unwrap();
+        model.revision_applied(&revision("web", 1)).unwrap();
+        model.endpoints_applied(id("grpc-private"), private("grpc", &["10.0.0.1:8013"]));
+        model.endpoints_applied(id("web-private"), private("web", &["10.0.0.2:8012"]));
+        let jobs: BTreeMap<String, Protocol> = model
+            .probes_due(false)
+            .iter()
+            .map(|job| (job.revision.name().to_string(), job.protocol))
+            .collect();
+        assert_eq!(
+            jobs,
+            BTreeMap::from([
+                ("grpc".to_string(), Protocol::H2c),
+                ("web".to_string(), Protocol::Http1)
+            ])
+        );
     }
 }

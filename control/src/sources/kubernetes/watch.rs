@@ -875,7 +875,7 @@ impl KubeSource {
                 let timeout = tunables.probe_timeout;
                 let counter = watcher.metrics.probes.clone();
                 tokio::spawn(async move {
-                    let result = probe::probe(job.addr, &job.revision, timeout).await;
+                    let result = probe::probe(job.addr, &job.revision, job.protocol, timeout).await;
                     drop(permit);
                     counter.with_label_values(&[result.label()]).inc();
                     let outcome = match &result {

@@ -1,182 +1,41 @@
-//! The active health check of one pod: `GET /healthz` with `K-Network-Probe: queue`, as the
-//! upstream activator probes a queue-proxy, plus the fork's IP-reuse check on the revision
-//! headers. Runs on the control thread, never on the request path.
-//!
-//! [`probe_on`] does the I/O over the data plane's HTTP/1 codec (`kactivator_h1`): one request
-//! on a connection kept from the pod's last probe, or on a new one, everything under one
-//! timeout; a healthy pod's connection comes back for its next probe. [`probe`] is one probe on
-//! a new connection. [`judge`] decides from what came back and is what the tests of the rules
-//! exercise.
+//! The HTTP/1 probe, what the upstream activator sends a queue-proxy: `GET /healthz` with
+//! `K-Network-Probe: queue` and the activator's user agent, read with the data plane's codec
+//! (`kactivator_h1`). One request per exchange; the connection is kept alive when asked and
+//! the answer leaves it clean.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use kactivator_api::headers::{
     NETWORK_PROBE, SERVING_REVISION_NAME, SERVING_REVISION_NAMESPACE, USER_AGENT,
 };
 use kactivator_api::probe::{HEALTH_PATH, HEALTH_USER_AGENT, QUEUE};
-use kactivator_api::RevisionKey;
 use kactivator_h1::{parse_response, BodyDecoder, BodyEvent, Method, Parsed, ResponseHead};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// At most this much of a response body is read; a healthy one is five bytes.
-pub const BODY_LIMIT: usize = 4 * 1024;
-
-/// Longest piece of a wrong body quoted in [`ProbeResult::Answered`].
-const QUOTED_BODY: usize = 64;
+use super::{Answer, Failure, BODY_LIMIT};
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// What a probe found out about a pod.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProbeResult {
-    /// 200 with body `queue`, and no revision headers naming another revision.
-    Healthy,
-    /// No usable answer: the reason is for logs, e.g.
-    /// `connect: Connection refused (os error 111)`, `timed out after 2s`.
-    Unhealthy(String),
-    /// An HTTP answer that is not a healthy queue-proxy's (another status, or another body);
-    /// the reason is for logs: `status 503`, `body "nope"`.
-    Answered { status: u16, reason: String },
-    /// The pod answered in the name of another revision: its address was given to a new pod.
-    /// Holds the headers' values (empty for an absent one).
-    IpReused {
-        /// `X-Knative-Revision-Namespace` of the response.
-        namespace: String,
-        /// `X-Knative-Revision-Name` of the response.
-        revision: String,
-    },
-}
-
-impl ProbeResult {
-    /// The `result` label of the probe counters: `healthy`, `unhealthy` or `ip_reused`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            ProbeResult::Healthy => "healthy",
-            ProbeResult::Unhealthy(_) | ProbeResult::Answered { .. } => "unhealthy",
-            ProbeResult::IpReused { .. } => "ip_reused",
-        }
-    }
-
-    /// A failure a service mesh could cause (upstream's `IsPotentialMeshErrorResponse`): no
-    /// answer at all, or 502/503, what a sidecar says when it refuses plain traffic to the pod.
-    /// Any other answer came from something that is not a mesh, which rules out falling back
-    /// to the revision's Service.
-    pub fn mesh_like(&self) -> bool {
-        match self {
-            ProbeResult::Unhealthy(_) => true,
-            ProbeResult::Answered { status, .. } => matches!(status, 502 | 503),
-            ProbeResult::Healthy | ProbeResult::IpReused { .. } => false,
-        }
-    }
-
-    /// Why the probe did not pass, for logs (empty when it passed).
-    pub fn reason(&self) -> String {
-        match self {
-            ProbeResult::Healthy => String::new(),
-            ProbeResult::Unhealthy(reason) | ProbeResult::Answered { reason, .. } => reason.clone(),
-            ProbeResult::IpReused {
-                namespace,
-                revision,
-            } => format!("answered for {namespace}/{revision}"),
-        }
-    }
-}
-
-/// What a probe response said, as far as [`judge`] cares.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Answer {
-    /// The status code.
-    pub status: u16,
-    /// `X-Knative-Revision-Name`, if sent.
-    pub revision_name: Option<Vec<u8>>,
-    /// `X-Knative-Revision-Namespace`, if sent.
-    pub revision_namespace: Option<Vec<u8>>,
-    /// The first [`BODY_LIMIT`] bytes of the body.
-    pub body: Vec<u8>,
-    /// The body was longer than [`BODY_LIMIT`] and the rest was not read.
-    pub body_truncated: bool,
-}
-
-/// A connection to a pod kept from its last probe, clean (nothing unread) and idle.
-pub struct Connection {
+/// An HTTP/1.1 connection to a pod, clean (nothing unread) and idle between probes.
+pub(super) struct Connection {
     stream: TcpStream,
     buffer: Vec<u8>,
 }
 
-/// Probes the pod at `addr` for `revision` on a new connection, closed afterwards whatever
-/// happened. Connecting, writing and reading all count against `timeout`.
-pub async fn probe(addr: SocketAddr, revision: &RevisionKey, timeout: Duration) -> ProbeResult {
-    probe_on(None, addr, revision, timeout, false).await.0
-}
-
-/// Probes the pod at `addr` for `revision`, on `kept` when given, else on a new connection;
-/// with `keep_alive`, returns the connection when it can carry the next probe. A kept
-/// connection that fails before any byte of an answer (the pod closed it while it was idle) is
-/// not the pod's fault: the probe is made again on a new connection. Connecting, writing and
-/// reading all count against `timeout`.
-pub async fn probe_on(
-    kept: Option<Connection>,
-    addr: SocketAddr,
-    revision: &RevisionKey,
-    timeout: Duration,
-    keep_alive: bool,
-) -> (ProbeResult, Option<Connection>) {
-    match tokio::time::timeout(timeout, attempt(kept, addr, keep_alive)).await {
-        Err(_) => (
-            ProbeResult::Unhealthy(format!("timed out after {timeout:?}")),
-            None,
-        ),
-        Ok(Err(failure)) => (ProbeResult::Unhealthy(failure.reason), None),
-        Ok(Ok((answer, connection))) => {
-            let result = judge(&answer, revision.namespace(), revision.name());
-            // Only a healthy pod's connection is worth keeping.
-            let connection = connection.filter(|_| result == ProbeResult::Healthy);
-            (result, connection)
+impl Connection {
+    /// A fresh connection.
+    pub(super) fn new(stream: TcpStream) -> Connection {
+        Connection {
+            stream,
+            buffer: Vec::new(),
         }
     }
-}
-
-/// Why an exchange failed, and whether any byte of an answer had arrived.
-struct Failure {
-    reason: String,
-    answered: bool,
-}
-
-impl Failure {
-    fn new(reason: String, answered: bool) -> Failure {
-        Failure { reason, answered }
-    }
-}
-
-async fn attempt(
-    kept: Option<Connection>,
-    addr: SocketAddr,
-    keep_alive: bool,
-) -> Result<(Answer, Option<Connection>), Failure> {
-    if let Some(connection) = kept {
-        match exchange(connection, addr, keep_alive).await {
-            Err(failure) if !failure.answered => {
-                tracing::debug!(pod = %addr, "kept probe connection closed: {}", failure.reason);
-            }
-            done => return done,
-        }
-    }
-    let stream = TcpStream::connect(addr)
-        .await
-        .map_err(|error| Failure::new(format!("connect: {error}"), false))?;
-    let _ = stream.set_nodelay(true);
-    let connection = Connection {
-        stream,
-        buffer: Vec::new(),
-    };
-    exchange(connection, addr, keep_alive).await
 }
 
 /// One request and its response on `connection`; the connection back when it may carry another.
-async fn exchange(
+pub(super) async fn exchange(
     mut connection: Connection,
     addr: SocketAddr,
     keep_alive: bool,
@@ -273,181 +132,39 @@ async fn read_more(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> std::io::Res
     stream.read_buf(buffer).await
 }
 
-/// Decides a probe from its response.
-///
-/// * Identity first, whatever the status: if either revision header is non-empty, both must
-///   equal the expected revision, otherwise [`ProbeResult::IpReused`]. An empty header counts
-///   as absent (Go's `Header.Get` cannot tell them apart, and the fork compared its results).
-///   With both absent (a queue-proxy older than the fork) the pod is judged on the rest.
-/// * Then the status must be exactly 200 (upstream's prober; the fork took any 2xx).
-/// * Then the body must be exactly `queue`: no trimming. That is upstream's check and what a
-///   queue-proxy writes; something answering `queue\n` is not a queue-proxy.
-pub fn judge(answer: &Answer, namespace: &str, revision: &str) -> ProbeResult {
-    if let Some((namespace, revision)) = kactivator_shards::request::identity::other_revision(
-        answer.revision_name.as_deref(),
-        answer.revision_namespace.as_deref(),
-        namespace,
-        revision,
-    ) {
-        return ProbeResult::IpReused {
-            namespace,
-            revision,
-        };
-    }
-    if answer.status != 200 {
-        return ProbeResult::Answered {
-            status: answer.status,
-            reason: format!("status {}", answer.status),
-        };
-    }
-    if answer.body_truncated || answer.body != QUEUE.as_bytes() {
-        return ProbeResult::Answered {
-            status: answer.status,
-            reason: format!("body {}", quote(answer)),
-        };
-    }
-    ProbeResult::Healthy
-}
-
-/// The start of a wrong body, quoted for a log line.
-fn quote(answer: &Answer) -> String {
-    let shown = &answer.body[..answer.body.len().min(QUOTED_BODY)];
-    let mut quoted = format!("{:?}", String::from_utf8_lossy(shown));
-    if answer.body_truncated || answer.body.len() > QUOTED_BODY {
-        quoted.push_str("...");
-    }
-    quoted
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
+    use kactivator_api::RevisionKey;
+    use kactivator_shards::routing::Protocol;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::oneshot;
 
+    use super::super::tests::{NAMESPACE, REVISION};
+    use super::super::{Connection, ProbeResult, QUOTED_BODY};
     use super::*;
-
-    const NAMESPACE: &str = "default";
-    const REVISION: &str = "hello-00001";
 
     fn key() -> RevisionKey {
         RevisionKey::new(NAMESPACE, REVISION).unwrap()
     }
     const TIMEOUT: Duration = Duration::from_secs(5);
 
-    // === judge (no I/O) ===
-
-    fn answer(status: u16, body: &str) -> Answer {
-        Answer {
-            status,
-            body: body.as_bytes().to_vec(),
-            ..Answer::default()
-        }
+    /// [`super::super::probe`] of an HTTP/1 revision.
+    async fn probe(addr: SocketAddr, revision: &RevisionKey, timeout: Duration) -> ProbeResult {
+        super::super::probe(addr, revision, Protocol::Http1, timeout).await
     }
 
-    fn with_identity(mut answer: Answer, namespace: Option<&str>, name: Option<&str>) -> Answer {
-        answer.revision_namespace = namespace.map(|value| value.as_bytes().to_vec());
-        answer.revision_name = name.map(|value| value.as_bytes().to_vec());
-        answer
-    }
-
-    #[test]
-    fn judge_follows_the_rules_in_order() {
-        let reused = |namespace: &str, revision: &str| ProbeResult::IpReused {
-            namespace: namespace.into(),
-            revision: revision.into(),
-        };
-        let unhealthy = |status: u16, reason: &str| ProbeResult::Answered {
-            status,
-            reason: reason.into(),
-        };
-        let cases = [
-            (answer(200, "queue"), ProbeResult::Healthy),
-            (answer(200, "queue\n"), unhealthy(200, r#"body "queue\n""#)),
-            (answer(200, ""), unhealthy(200, r#"body """#)),
-            (answer(204, "queue"), unhealthy(204, "status 204")),
-            (answer(503, ""), unhealthy(503, "status 503")),
-            (
-                with_identity(answer(200, "queue"), Some(NAMESPACE), Some(REVISION)),
-                ProbeResult::Healthy,
-            ),
-            (
-                with_identity(answer(503, ""), Some(NAMESPACE), Some(REVISION)),
-                unhealthy(503, "status 503"),
-            ),
-            (
-                with_identity(answer(200, "queue"), Some(NAMESPACE), Some("other-00001")),
-                reused(NAMESPACE, "other-00001"),
-            ),
-            (
-                with_identity(answer(503, ""), Some("other"), Some(REVISION)),
-                reused("other", REVISION),
-            ),
-            // One header alone, even a right one, cannot vouch for the pod.
-            (
-                with_identity(answer(200, "queue"), None, Some(REVISION)),
-                reused("", REVISION),
-            ),
-            (
-                with_identity(answer(200, "queue"), Some(NAMESPACE), None),
-                reused(NAMESPACE, ""),
-            ),
-            // Empty values are as good as absent.
-            (
-                with_identity(answer(200, "queue"), Some(""), Some("")),
-                ProbeResult::Healthy,
-            ),
-            (
-                with_identity(answer(200, "queue"), Some(""), Some(REVISION)),
-                reused("", REVISION),
-            ),
-        ];
-        for (answer, expected) in cases {
-            assert_eq!(judge(&answer, NAMESPACE, REVISION), expected, "{answer:?}");
-        }
-    }
-
-    #[test]
-    fn only_no_answer_or_a_502_or_503_could_be_a_mesh() {
-        let answered = |status| ProbeResult::Answered {
-            status,
-            reason: String::new(),
-        };
-        assert!(ProbeResult::Unhealthy("connect: refused".into()).mesh_like());
-        assert!(answered(502).mesh_like());
-        assert!(answered(503).mesh_like());
-        for status in [200, 404, 500, 504] {
-            assert!(!answered(status).mesh_like(), "{status}");
-        }
-        assert!(!reused_result().mesh_like());
-        assert!(!ProbeResult::Healthy.mesh_like());
-    }
-
-    fn reused_result() -> ProbeResult {
-        ProbeResult::IpReused {
-            namespace: "other".into(),
-            revision: "r".into(),
-        }
-    }
-
-    #[test]
-    fn a_truncated_body_is_never_healthy_and_is_quoted_short() {
-        let mut long = answer(200, "queue");
-        long.body_truncated = true;
-        assert_eq!(
-            judge(&long, NAMESPACE, REVISION),
-            ProbeResult::Answered {
-                status: 200,
-                reason: r#"body "queue"..."#.into()
-            }
-        );
-        let big = answer(200, &"x".repeat(1000));
-        let ProbeResult::Answered { reason, .. } = judge(&big, NAMESPACE, REVISION) else {
-            panic!("a 1000-byte body is not `queue`");
-        };
-        assert_eq!(reason, format!("body {:?}...", "x".repeat(QUOTED_BODY)));
+    /// [`super::super::probe_on`] of an HTTP/1 revision.
+    async fn probe_on(
+        kept: Option<Connection>,
+        addr: SocketAddr,
+        revision: &RevisionKey,
+        timeout: Duration,
+        keep_alive: bool,
+    ) -> (ProbeResult, Option<Connection>) {
+        super::super::probe_on(kept, addr, revision, Protocol::Http1, timeout, keep_alive).await
     }
 
     // === probe against real sockets ===
