@@ -780,8 +780,11 @@ impl Config {
             }
         }
         if self.listen.http == self.listen.http2 && self.listen.http.port() != 0 {
+            // The file sets at least one of the two (their defaults differ); point at it.
             return Err(ConfigError::invalid(
-                spans.table_value("listen", "http2"),
+                spans
+                    .table_value("listen", "http2")
+                    .or_else(|| spans.table_value("listen", "http")),
                 format!(
                     "listen.http2 must differ from listen.http ({}): each is a port of its own",
                     self.listen.http
@@ -906,6 +909,16 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
     fn syntax_errors_name_line_and_column() {
         let error = Config::parse("[listen]\nhttp = \"127.0.0.1:80\"\nadmin = \n").unwrap_err();
         assert_eq!(error.position.map(|(line, _)| line), Some(3), "{error}");
+    }
+
+    #[test]
+    fn the_data_ports_clash_where_the_file_sets_one_of_them() {
+        // `http` set to `http2`'s default: the file only names `http`.
+        let error = Config::parse("[listen]\nhttp = \"0.0.0.0:8013\"\n").unwrap_err();
+        assert_eq!(error.position, Some((2, 8)), "{error}");
+        let error = Config::parse("[listen]\nhttp = \"127.0.0.1:1\"\nhttp2 = \"127.0.0.1:1\"\n")
+            .unwrap_err();
+        assert_eq!(error.position, Some((3, 9)), "{error}");
     }
 
     #[test]
