@@ -17,7 +17,10 @@ pub fn config(data: &[u8]) {
                 .position
                 .unwrap_or_else(|| panic!("no position for: {error}"));
             let lines = data.iter().filter(|&&byte| byte == b'\n').count() + 1;
-            assert!((1..=lines).contains(&line), "line {line} of {lines}: {error}");
+            assert!(
+                (1..=lines).contains(&line),
+                "line {line} of {lines}: {error}"
+            );
             assert!(column >= 1, "{error}");
             let _ = error.to_string();
             return;
@@ -36,7 +39,11 @@ pub fn config(data: &[u8]) {
         assert!(timeouts.total > Duration::ZERO && timeouts.total <= longest);
         assert!(timeouts.response_start.is_none_or(|t| t <= longest));
         assert!(timeouts.idle.is_none_or(|t| t <= longest));
-        let _ = (revision.lb_policy(), revision.protocol(), revision.serving_port());
+        let _ = (
+            revision.lb_policy(),
+            revision.protocol(),
+            revision.serving_port(),
+        );
     }
     let h2 = config.proxy.h2();
     assert!(h2.max_concurrent_streams >= 1 && h2.max_header_list >= 1);

@@ -37,6 +37,7 @@ use kactivator_shards::runtime::control_link::ControlLink;
 use kactivator_shards::runtime::shard::{Shard, ShardSettings};
 use kactivator_shards::throttle::gate::{ProcessQueue, RevisionGate};
 use kactivator_shards::throttle::slots::UNLIMITED;
+use monoio::time::TimeDriver;
 use monoio::{LegacyDriver, Runtime, RuntimeBuilder};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -46,7 +47,7 @@ const LINGER_POLLS: u32 = 64;
 
 thread_local! {
     /// One reactor for every input (building one per input costs more than most inputs).
-    static RUNTIME: RefCell<Runtime<LegacyDriver>> = RefCell::new(
+    static RUNTIME: RefCell<Runtime<TimeDriver<LegacyDriver>>> = RefCell::new(
         RuntimeBuilder::<LegacyDriver>::new()
             .enable_timer()
             .build()
@@ -66,7 +67,11 @@ pub fn h2_front(data: &[u8]) {
     let (selector, seed) = (*selector, *seed);
     let mut stream = PREFACE.to_vec();
     stream.extend_from_slice(frames);
-    RUNTIME.with_borrow_mut(|runtime| runtime.block_on(run(selector, seed, stream)));
+    // In a task of its own: the future `block_on` drives directly is polled again as soon as
+    // it is woken, before any task, so its yields would starve the streams.
+    RUNTIME.with_borrow_mut(|runtime| {
+        runtime.block_on(async move { monoio::spawn(run(selector, seed, stream)).await })
+    });
 }
 
 async fn run(selector: u8, seed: u8, stream: Vec<u8>) {
@@ -128,7 +133,7 @@ async fn run(selector: u8, seed: u8, stream: Vec<u8>) {
         linger: LINGER_POLLS,
         seed: u32::from(seed) | 0x100,
         drain_after,
-        shard: shard.clone(),
+        shard: Rc::downgrade(&shard),
     };
     serve_h2(shard.clone(), feed).await;
 
@@ -146,7 +151,7 @@ async fn run(selector: u8, seed: u8, stream: Vec<u8>) {
     }
 }
 
-/// Yields to the other tasks once.
+/// Yields to the other tasks once, behind every task already queued.
 async fn yield_now() {
     let mut yielded = false;
     poll_fn(|cx| {
@@ -154,10 +159,18 @@ async fn yield_now() {
             return Poll::Ready(());
         }
         yielded = true;
-        cx.waker().wake_by_ref();
+        wake_later(cx);
         Poll::Pending
     })
     .await
+}
+
+/// Wakes the polling task once every task queued now has run. (A monoio task that wakes
+/// itself while it is polled goes to the front of the queue, so `wake_by_ref` would run it
+/// again before anything else.)
+fn wake_later(cx: &Context<'_>) {
+    let waker = cx.waker().clone();
+    monoio::spawn(async move { waker.wake() });
 }
 
 /// The client's side of the connection: hands the server `data` in pieces of 1 to 64 bytes,
@@ -171,7 +184,8 @@ struct Feed {
     linger: u32,
     seed: u32,
     drain_after: usize,
-    shard: Rc<Shard>,
+    /// Weak: the connection's I/O must not keep the shard alive.
+    shard: std::rc::Weak<Shard>,
 }
 
 impl AsyncRead for Feed {
@@ -183,13 +197,13 @@ impl AsyncRead for Feed {
         let feed = &mut *self;
         if !feed.ready {
             feed.ready = true;
-            cx.waker().wake_by_ref();
+            wake_later(cx);
             return Poll::Pending;
         }
         if feed.at == feed.data.len() {
             if feed.linger > 0 {
                 feed.linger -= 1;
-                cx.waker().wake_by_ref();
+                wake_later(cx);
                 return Poll::Pending;
             }
             return Poll::Ready(Ok(()));
@@ -205,14 +219,20 @@ impl AsyncRead for Feed {
         feed.at += size;
         feed.reads += 1;
         if feed.reads == feed.drain_after {
-            feed.shard.draining.set();
+            if let Some(shard) = feed.shard.upgrade() {
+                shard.draining.set();
+            }
         }
         Poll::Ready(Ok(()))
     }
 }
 
 impl AsyncWrite for Feed {
-    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Poll::Ready(Ok(buf.len()))
     }
 
@@ -232,7 +252,9 @@ fn pod_address() -> SocketAddr {
     }
     let listener =
         monoio::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port for the pod");
-    let addr = listener.local_addr().expect("a bound listener has an address");
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
     POD.set(Some(addr));
     monoio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {

@@ -98,7 +98,10 @@ pub fn kubernetes(data: &[u8]) {
             Some("PROBE") => {
                 let outcomes = event["outcomes"].as_str().unwrap_or_default();
                 let mut ops = Vec::new();
-                for (job, letter) in probes.drain(..).zip(outcomes.chars().chain(std::iter::repeat('s'))) {
+                for (job, letter) in probes
+                    .drain(..)
+                    .zip(outcomes.chars().chain(std::iter::repeat('s')))
+                {
                     let outcome = match letter {
                         'p' => Outcome::Passed,
                         'f' => Outcome::Failed { mesh_like: true },
@@ -122,7 +125,11 @@ pub fn kubernetes(data: &[u8]) {
         }
         now = now + Duration::from_millis(100);
         states.expire_quarantines(now);
-        let _ = (states.take_updates(), states.take_journal(), states.take_probe_updates());
+        let _ = (
+            states.take_updates(),
+            states.take_journal(),
+            states.take_probe_updates(),
+        );
     }
 
     // The model holds what it was last told, and relisting exactly that changes nothing.
