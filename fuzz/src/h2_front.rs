@@ -61,6 +61,7 @@ thread_local! {
 
 /// Feed arbitrary bytes to an HTTP/2 connection after the preface.
 pub fn h2_front(data: &[u8]) {
+    ignore_sigpipe();
     let [selector, seed, frames @ ..] = data else {
         return;
     };
@@ -326,4 +327,16 @@ async fn pod_stream(
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
     let _ = send.send_trailers(trailers);
+}
+
+/// A write to a socket whose peer has gone raises SIGPIPE, which kills the process unless it is
+/// ignored. The kactivator binary ignores it as every Rust program does (the standard library's
+/// start-up sets it to SIG_IGN before `main`), but libFuzzer's `main` is not Rust's.
+#[allow(unsafe_code)]
+fn ignore_sigpipe() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code; done once.
+    ONCE.call_once(|| unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    });
 }
