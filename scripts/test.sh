@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it: formatting, lints, then every test once per I/O
 # driver (io_uring and epoll), then a loom model check of the admission gate, then a replay of
-# the codec's fuzz seeds.
+# every fuzz target's seeds.
 #
 # Works on a fresh machine with a Rust toolchain: it installs the few system tools the
 # end-to-end tests drive (curl, iproute2 for the pod addresses of the Kubernetes tests, and
@@ -54,5 +54,7 @@ LOOM_MAX_PREEMPTIONS=5 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 
 echo "== replaying the HTTP/1 codec's fuzz seeds"
 cargo test --manifest-path shards/h1/fuzz/Cargo.toml --locked
+echo "== replaying the fuzz seeds of registrations, the config file, Kubernetes objects and HTTP/2"
+cargo test --manifest-path fuzz/Cargo.toml --locked
 
 echo "== all green"

@@ -665,14 +665,29 @@ impl Config {
         Ok(config)
     }
 
+    /// Parses and validates the bytes of a file. Bytes that are not UTF-8 are an error at the
+    /// first one that is not, like any other in the file.
+    pub fn parse_bytes(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let text = std::str::from_utf8(bytes).map_err(|error| {
+            // The prefix up to the bad byte is valid UTF-8 by definition.
+            let valid = std::str::from_utf8(&bytes[..error.valid_up_to()]).unwrap_or_default();
+            ConfigError {
+                source: None,
+                position: Some(line_and_column(valid, valid.len())),
+                message: "not UTF-8 text".to_string(),
+            }
+        })?;
+        Config::parse(text)
+    }
+
     /// Reads and parses a file; errors carry the file name.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError {
+        let bytes = std::fs::read(path).map_err(|error| ConfigError {
             source: Some(path.display().to_string()),
             position: None,
             message: format!("cannot read: {error}"),
         })?;
-        Config::parse(&text).map_err(|mut error| {
+        Config::parse_bytes(&bytes).map_err(|mut error| {
             error.source = Some(path.display().to_string());
             error
         })
@@ -914,8 +929,11 @@ impl Config {
             }
         }
         if self.listen.http == self.listen.http2 && self.listen.http.port() != 0 {
+            // The file sets at least one of the two (their defaults differ); point at it.
             return Err(ConfigError::invalid(
-                spans.table_value("listen", "http2"),
+                spans
+                    .table_value("listen", "http2")
+                    .or_else(|| spans.table_value("listen", "http")),
                 format!(
                     "listen.http2 must differ from listen.http ({}): each is a port of its own",
                     self.listen.http
@@ -1087,6 +1105,30 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
     fn syntax_errors_name_line_and_column() {
         let error = Config::parse("[listen]\nhttp = \"127.0.0.1:80\"\nadmin = \n").unwrap_err();
         assert_eq!(error.position.map(|(line, _)| line), Some(3), "{error}");
+    }
+
+    #[test]
+    fn the_data_ports_clash_where_the_file_sets_one_of_them() {
+        // `http` set to `http2`'s default: the file only names `http`.
+        let error = Config::parse("[listen]\nhttp = \"0.0.0.0:8013\"\n").unwrap_err();
+        assert_eq!(error.position, Some((2, 8)), "{error}");
+        let error = Config::parse("[listen]\nhttp = \"127.0.0.1:1\"\nhttp2 = \"127.0.0.1:1\"\n")
+            .unwrap_err();
+        assert_eq!(error.position, Some((3, 9)), "{error}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_utf8_is_refused_at_the_first_bad_byte() {
+        let path =
+            std::env::temp_dir().join(format!("kactivator-not-utf8-{}.toml", std::process::id()));
+        std::fs::write(&path, b"[listen]\nhttp = \"\xff\"\n").unwrap();
+        let error = Config::load(&path).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(error.position, Some((2, 9)), "{error}");
+        assert_eq!(
+            error.source.as_deref(),
+            Some(path.display().to_string().as_str())
+        );
     }
 
     #[test]

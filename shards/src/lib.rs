@@ -34,3 +34,7 @@ pub mod routing;
 pub mod runtime;
 pub mod throttle;
 pub mod upstream;
+
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
