@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kactivator_testkit::apiserver::ApiServer;
 use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
@@ -160,6 +160,26 @@ impl Cluster {
             ),
         };
         self.api.apply_yaml(&yaml);
+    }
+
+    /// How long after `since` the API server first answered a list as kactivator's service
+    /// account (polled, for at most 30 s).
+    fn answers_the_activator_from(&self, since: Instant) -> Duration {
+        let answered = eventually(Duration::from_secs(30), || {
+            self.api
+                .try_kubectl_as(
+                    &self.kubeconfig,
+                    ["get", "endpoints", "-A", "-o", "name"],
+                    None,
+                )
+                .status
+                .success()
+        });
+        assert!(
+            answered,
+            "the API server never answered the activator's account"
+        );
+        since.elapsed()
     }
 
     fn features(&self, data: &[(&str, &str)]) {
@@ -653,10 +673,20 @@ fn two_activators_in_the_public_endpoints_split_the_pods() {
     }
 }
 
+/// After an API server outage the watches are back within [`WATCHES_BACK_WITHIN`] of the
+/// server answering kactivator again: the watch backoff is capped at 1 s (kube-rs's default,
+/// client-go's, grew to 30 s over the restarting server's refusals, so a change made right
+/// after the restart was followed 19-49 s later).
+const WATCHES_BACK_WITHIN: Duration = Duration::from_secs(2);
+
 #[test]
 fn an_api_server_outage_loses_no_request_and_changes_made_meanwhile_apply_after() {
     let mut cluster = Cluster::start(Listing::Endpoints);
-    let pods = [cluster.pod("steady"), cluster.pod("steady")];
+    let pods = [
+        cluster.pod("steady"),
+        cluster.pod("steady"),
+        cluster.pod("steady"),
+    ];
     cluster.revision("steady", 1);
     cluster.endpoints("steady", &[ip(&pods[0])], &[]);
     let activator = cluster.activator();
@@ -680,14 +710,54 @@ fn an_api_server_outage_loses_no_request_and_changes_made_meanwhile_apply_after(
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(pods[1].stats().requests, 0, "not seen yet");
     cluster.api.restart_apiserver();
-    // A restarted kube-apiserver answers 403 for its first seconds (its RBAC cache warms up),
-    // and the watches' backoff (kube-rs's default, client-go's: 0.8 s doubling to 30 s) grows
-    // over those answers, so the relist can come 20-30 s after the restart on a loaded machine.
-    assert!(
-        eventually(Duration::from_secs(90), || pods[1].stats().requests > 0),
-        "the change made meanwhile is applied: {}",
-        activator.stderr()
+    let restarted = Instant::now();
+    let (changed, answering, followed) = std::thread::scope(|scope| {
+        // When the server answers kactivator's service account again (a restarted server may
+        // refuse it for a moment while its RBAC cache fills): no watch can be back before.
+        let answering = scope.spawn(|| cluster.answers_the_activator_from(restarted));
+        // When each change is followed: the pod it added gets requests.
+        let followed = scope.spawn(|| {
+            let mut followed: [Option<Duration>; 2] = [None, None];
+            eventually(Duration::from_secs(30), || {
+                for (pod, at) in [&pods[1], &pods[2]].into_iter().zip(&mut followed) {
+                    if at.is_none() && pod.stats().requests > 0 {
+                        *at = Some(restarted.elapsed());
+                    }
+                }
+                followed.iter().all(Option::is_some)
+            });
+            followed
+        });
+        // A change made right after the restart.
+        cluster.endpoints("steady", &[ip(&pods[0]), ip(&pods[1]), ip(&pods[2])], &[]);
+        let changed = restarted.elapsed();
+        let answering = answering.join().expect("polling thread");
+        (changed, answering, followed.join().expect("polling thread"))
+    });
+    eprintln!(
+        "after the restart: the change applied at {changed:?}, the activator's service \
+         account answered at {answering:?}, the change made meanwhile followed at {:?}, the \
+         change made after at {:?}",
+        followed[0], followed[1]
     );
+    let [Some(meanwhile), Some(after)] = followed else {
+        panic!(
+            "changes not followed within 30 s ({followed:?}): {}",
+            activator.stderr()
+        );
+    };
+    // Each change is followed within the bound of the moment the watches could first see it.
+    for (what, followed, since) in [
+        ("made meanwhile", meanwhile, answering),
+        ("made after", after, answering.max(changed)),
+    ] {
+        assert!(
+            followed < since + WATCHES_BACK_WITHIN,
+            "the change {what} was followed {:?} after the server could first tell it: {}",
+            followed - since,
+            activator.stderr()
+        );
+    }
     assert!(load.flows(50));
     let (ok, failures) = load.finish();
     assert!(failures.is_empty(), "{failures:?} of {ok}");

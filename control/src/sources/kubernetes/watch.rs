@@ -15,9 +15,9 @@
 //! Start-up: every watch's first list is buffered, and once all five have listed, everything is
 //! applied as one batch (features, revisions, Services, endpoints, in that order) and readiness
 //! is told. Until then a line every few seconds says which watches are still listing and why.
-//! Afterwards each event is applied as it comes. A watch that fails is retried with backoff
-//! (kube-runtime's default) while the shards keep serving the last snapshot; a relist applies
-//! only what changed (see [`Model`]).
+//! Afterwards each event is applied as it comes. A watch that fails is retried with a short
+//! backoff ([`WatchBackoff`]: 0.2 s doubling to 1 s, jittered) while the shards keep serving the
+//! last snapshot; a relist applies only what changed (see [`Model`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -38,6 +38,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use super::backends::{Outcome, ProbeJob};
+use super::backoff::WatchBackoff;
 use super::model::{EndpointsSeen, MeshMode, Model, ObjectId};
 use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL};
 use crate::config::EndpointsKind;
@@ -352,7 +353,8 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
         EndpointsApi::Endpoints => (
             changes(
                 Informer::Endpoints,
-                watcher::watcher(Api::<Endpoints>::all(client.clone()), selected).default_backoff(),
+                watcher::watcher(Api::<Endpoints>::all(client.clone()), selected)
+                    .backoff(WatchBackoff::new()),
                 read_endpoints,
             ),
             changes(
@@ -362,7 +364,7 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                     watcher::Config::default()
                         .fields(&format!("metadata.name={ACTIVATOR_SERVICE}")),
                 )
-                .default_backoff(),
+                .backoff(WatchBackoff::new()),
                 read_activator_endpoints,
             ),
         ),
@@ -378,7 +380,7 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                         Api::<DynamicObject>::all_with(client.clone(), &slices),
                         selected,
                     )
-                    .default_backoff(),
+                    .backoff(WatchBackoff::new()),
                     read_slice,
                 ),
                 changes(
@@ -392,7 +394,7 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                         watcher::Config::default()
                             .labels(&format!("{SLICE_SERVICE_LABEL}={ACTIVATOR_SERVICE}")),
                     )
-                    .default_backoff(),
+                    .backoff(WatchBackoff::new()),
                     read_activator_slice,
                 ),
             )
@@ -405,7 +407,7 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                 Api::<ConfigMap>::namespaced(client.clone(), &source.system_namespace),
                 features,
             )
-            .default_backoff(),
+            .backoff(WatchBackoff::new()),
             read_features,
         ),
         changes(
@@ -414,12 +416,13 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                 Api::<DynamicObject>::all_with(client.clone(), &revisions),
                 watcher::Config::default(),
             )
-            .default_backoff(),
+            .backoff(WatchBackoff::new()),
             read_revision,
         ),
         changes(
             Informer::Services,
-            watcher::watcher(Api::<Service>::all(client.clone()), private).default_backoff(),
+            watcher::watcher(Api::<Service>::all(client.clone()), private)
+                .backoff(WatchBackoff::new()),
             read_service,
         ),
         endpoints,
