@@ -224,6 +224,8 @@ enum Item {
     Endpoints {
         id: ObjectId,
         seen: Option<EndpointsSeen>,
+        /// What in the object could not be used (`ns/name: field …`).
+        problems: Vec<String>,
     },
     Service {
         revision: Option<RevisionKey>,
@@ -234,7 +236,27 @@ enum Item {
     Activators {
         id: ObjectId,
         addresses: objects::Addresses,
+        problems: Vec<String>,
     },
+}
+
+impl Item {
+    /// What in the object could not be used.
+    fn problems(&self) -> &[String] {
+        match self {
+            Item::Endpoints { problems, .. } | Item::Activators { problems, .. } => problems,
+            _ => &[],
+        }
+    }
+}
+
+/// An endpoints object's problems, each prefixed with the object's name.
+fn named(id: &ObjectId, problems: Vec<String>) -> Vec<String> {
+    let (namespace, name) = id;
+    problems
+        .into_iter()
+        .map(|problem| format!("{namespace}/{name}: {problem}"))
+        .collect()
 }
 
 /// A watch event with the object read.
@@ -287,25 +309,28 @@ fn read_revision(object: DynamicObject) -> Item {
 }
 
 fn read_endpoints(object: Endpoints) -> Item {
-    let seen = objects::owner(&object.metadata).map(|(revision, kind)| EndpointsSeen {
-        revision,
-        kind,
-        addresses: objects::endpoints_addresses(&object),
-    });
-    Item::Endpoints {
-        id: object_id(&object),
-        seen,
-    }
+    let listing = objects::endpoints_addresses(&object);
+    endpoints_item(object_id(&object), &object.metadata, listing)
 }
 
 fn read_slice(object: DynamicObject) -> Item {
-    let seen = objects::owner(&object.metadata).map(|(revision, kind)| EndpointsSeen {
+    let listing = objects::slice_addresses(&object.data);
+    endpoints_item(object_id(&object), &object.metadata, listing)
+}
+
+fn endpoints_item(
+    id: ObjectId,
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    listing: objects::Listing,
+) -> Item {
+    let seen = objects::owner(metadata).map(|(revision, kind)| EndpointsSeen {
         revision,
         kind,
-        addresses: objects::slice_addresses(&object.data),
+        addresses: listing.addresses,
     });
     Item::Endpoints {
-        id: object_id(&object),
+        problems: named(&id, listing.problems),
+        id,
         seen,
     }
 }
@@ -321,16 +346,22 @@ fn read_service(object: Service) -> Item {
 }
 
 fn read_activator_endpoints(object: Endpoints) -> Item {
+    let id = object_id(&object);
+    let listing = objects::activator_endpoints_addresses(&object);
     Item::Activators {
-        id: object_id(&object),
-        addresses: objects::activator_endpoints_addresses(&object),
+        problems: named(&id, listing.problems),
+        id,
+        addresses: listing.addresses,
     }
 }
 
 fn read_activator_slice(object: DynamicObject) -> Item {
+    let id = object_id(&object);
+    let listing = objects::activator_slice_addresses(&object.data);
     Item::Activators {
-        id: object_id(&object),
-        addresses: objects::activator_slice_addresses(&object.data),
+        problems: named(&id, listing.problems),
+        id,
+        addresses: listing.addresses,
     }
 }
 
@@ -535,6 +566,11 @@ impl Watcher {
     /// One event: the model's ops, applied now or kept for the start-up batch.
     async fn on_change(&mut self, informer: Informer, change: Result<Change, String>) {
         let arrived = Instant::now();
+        if let Ok(Change::Listed(item) | Change::Applied(item)) = &change {
+            for problem in item.problems() {
+                self.invalid(informer, "endpoints partly not used", problem);
+            }
+        }
         let state = self.informers.entry(informer).or_default();
         state.last_event = Some(Instant::now());
         let change = match change {
@@ -613,7 +649,7 @@ impl Watcher {
                 items
                     .into_iter()
                     .filter_map(|item| match item {
-                        Item::Endpoints { id, seen } => Some((id, seen?)),
+                        Item::Endpoints { id, seen, .. } => Some((id, seen?)),
                         _ => None,
                     })
                     .collect(),
@@ -631,7 +667,7 @@ impl Watcher {
                 let all = items
                     .into_iter()
                     .filter_map(|item| match item {
-                        Item::Activators { id, addresses } => Some((id, addresses)),
+                        Item::Activators { id, addresses, .. } => Some((id, addresses)),
                         _ => None,
                     })
                     .collect();
@@ -665,16 +701,17 @@ impl Watcher {
             Item::Endpoints {
                 id,
                 seen: Some(seen),
+                ..
             } => self.model.endpoints_applied(id, seen),
             // Its labels no longer name a revision: as good as gone.
-            Item::Endpoints { id, seen: None } => self.model.endpoints_deleted(&id),
+            Item::Endpoints { id, seen: None, .. } => self.model.endpoints_deleted(&id),
             Item::Service {
                 revision: Some(revision),
                 address,
             } => self.model.service_applied(revision, address),
             Item::Service { revision: None, .. } => Vec::new(),
             Item::Features(data) => self.features(&data),
-            Item::Activators { id, addresses } => {
+            Item::Activators { id, addresses, .. } => {
                 let peers = self.model.activators_applied(id, Some(addresses));
                 self.set_peers(peers);
                 Vec::new()
