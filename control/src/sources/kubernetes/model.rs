@@ -111,6 +111,12 @@ impl Model {
         self.gates
     }
 
+    /// Revisions the backend prober remembers.
+    #[cfg(test)]
+    fn backend_revisions(&self) -> usize {
+        self.backends.revision_count()
+    }
+
     /// Listed pods not vouched for yet.
     pub fn pending_pods(&self) -> usize {
         self.backends.pending()
@@ -299,7 +305,16 @@ impl Model {
         match kind {
             // The pods the source vouches for (probed, or trusted): one it does not list is
             // omitted.
-            ServiceType::Private => self.backends.listed(revision, merged).into_iter().collect(),
+            ServiceType::Private => {
+                let op = self.backends.listed(revision, merged);
+                if !self.revisions.contains_key(revision) && !self.owned.contains_key(owner) {
+                    // Neither the Revision nor any of its private endpoints is left (they went
+                    // in either order): the prober forgets it, after `op` took back what was
+                    // sent for its pods.
+                    self.backends.remove(revision);
+                }
+                op.into_iter().collect()
+            }
             // Upstream: when this activator is not among them, it keeps what it had.
             ServiceType::Public => objects::public_activators(&merged, self.pod_ip)
                 .map(|activators| Op::SetRevisionActivators {
@@ -587,6 +602,65 @@ mod tests {
         // Deleting one slice leaves the other's pods.
         let ops = model.endpoints_deleted(&id("a-2"));
         assert!(matches!(&ops[..], [Op::SetEndpoints { ready, .. }] if ready.len() == 1));
+    }
+
+    /// A revision and its private endpoints go away in either order, each event in its own
+    /// watch: nothing of the revision is left behind, and the later deletion sends nothing.
+    #[test]
+    fn a_revision_and_its_endpoints_deleted_in_either_order_leave_nothing_behind() {
+        for mesh in [MeshMode::Disabled, MeshMode::Auto] {
+            // Revision first, then its endpoints.
+            let mut model = model_with(mesh);
+            model.revision_applied(&revision("a", 1)).unwrap();
+            model.endpoints_applied(id("a-private"), private("a", &["10.0.0.1:8012"]));
+            assert_eq!(
+                model.revision_deleted(&key("a")),
+                [Op::RemoveRevision { revision: key("a") }]
+            );
+            assert_eq!(model.endpoints_deleted(&id("a-private")), [], "{mesh:?}");
+            assert_eq!(model.backend_revisions(), 0, "{mesh:?}: re-created");
+            assert!(model.probes_due(true).is_empty(), "{mesh:?}");
+
+            // Endpoints first, then the revision.
+            let mut model = model_with(mesh);
+            model.revision_applied(&revision("a", 1)).unwrap();
+            model.endpoints_applied(id("a-private"), private("a", &["10.0.0.1:8012"]));
+            for job in model.probes_due(false) {
+                model.probed(&job, Outcome::Passed);
+            }
+            let ops = model.endpoints_deleted(&id("a-private"));
+            assert!(
+                matches!(&ops[..], [Op::SetEndpoints { ready, .. }] if ready.is_empty()),
+                "{mesh:?}: the pods go first: {ops:?}"
+            );
+            assert_eq!(
+                model.revision_deleted(&key("a")),
+                [Op::RemoveRevision { revision: key("a") }]
+            );
+            assert_eq!(model.backend_revisions(), 0, "{mesh:?}");
+
+            // The endpoints change once more after the revision went (a pod still
+            // terminating), then go: what was sent for them is taken back, and nothing stays.
+            let mut model = model_with(mesh);
+            model.revision_applied(&revision("a", 1)).unwrap();
+            model.endpoints_applied(
+                id("a-private"),
+                private("a", &["10.0.0.1:8012", "10.0.0.2:8012"]),
+            );
+            model.revision_deleted(&key("a"));
+            model.endpoints_applied(id("a-private"), private("a", &["10.0.0.2:8012"]));
+            for job in model.probes_due(false) {
+                model.probed(&job, Outcome::Passed);
+            }
+            let ops = model.endpoints_deleted(&id("a-private"));
+            assert!(
+                ops.iter()
+                    .all(|op| matches!(op, Op::SetEndpoints { ready, .. } if ready.is_empty())),
+                "{mesh:?}: {ops:?}"
+            );
+            assert_eq!(model.backend_revisions(), 0, "{mesh:?}");
+            assert!(model.probes_due(true).is_empty(), "{mesh:?}");
+        }
     }
 
     #[test]
