@@ -340,6 +340,48 @@ fn endpoint_slices_pods_serve_with_auto_falling_back_to_v1beta1() {
     serves_what_the_cluster_lists(Listing::Slices);
 }
 
+/// `kubernetes.endpoints = "auto"` on a server that serves EndpointSlices (1.20's v1beta1) but
+/// has none for Knative's Endpoints (nothing here mirrors them, as on a cluster without the
+/// mirroring controller): the revision has no pod, and the log says why and names the setting
+/// that fixes it, once.
+#[test]
+fn auto_endpoints_warn_once_naming_the_fix_when_nothing_mirrors_endpoints_into_slices() {
+    let cluster = Cluster::start(Listing::Slices);
+    let pod = cluster.pod("unmirrored");
+    cluster.revision("unmirrored", 1);
+    cluster.api.apply_yaml(&knative::endpoints(
+        "default",
+        "unmirrored",
+        ServiceType::Private,
+        &[ip(&pod)],
+        &[],
+        POD_PORT,
+    ));
+    let activator = cluster.activator();
+    let warning = "nothing mirrors Knative's Endpoints into EndpointSlices";
+    assert!(
+        eventually(Duration::from_secs(10), || activator
+            .stderr()
+            .contains(warning)),
+        "{}",
+        activator.stderr()
+    );
+    let log = activator.stderr();
+    assert!(
+        log.contains("Set endpoints = \"endpoints\" in the [kubernetes] table"),
+        "{log}"
+    );
+    assert_eq!(
+        activator.metric_sum(
+            "kactivator_revision_routable_pods",
+            &["revision=\"unmirrored\""]
+        ),
+        0.0
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(activator.stderr().matches(warning).count(), 1, "said once");
+}
+
 #[test]
 fn readiness_waits_for_every_watch_and_says_which_is_missing() {
     // Without the Revision CRD, the revisions watch cannot list: never ready, and the log

@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
 use kactivator_api::RevisionKey;
 use kactivator_shards::runtime::readiness::Readiness;
 use kactivator_shards::throttle::gate::ProcessQueue;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
@@ -39,7 +39,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 use super::backends::{Outcome, ProbeJob};
 use super::backoff::WatchBackoff;
-use super::model::{EndpointsSeen, MeshMode, Model, ObjectId};
+use super::model::{EndpointsSeen, MeshMode, MissingSlices, Model, ObjectId};
 use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL};
 use crate::config::EndpointsKind;
 use crate::features::Tunables;
@@ -150,6 +150,22 @@ pub async fn client() -> Result<Client, String> {
     Client::try_default()
         .await
         .map_err(|error| error.to_string())
+}
+
+/// Whether core/v1 Endpoints with Knative's `serviceType` label exist (one is asked for: any is
+/// the evidence [`MissingSlices`] wants). `None` when the list fails.
+async fn labelled_endpoints(client: Client) -> Option<usize> {
+    let endpoints: Api<Endpoints> = Api::all(client);
+    match endpoints
+        .list(&ListParams::default().labels(SERVICE_TYPE_LABEL).limit(1))
+        .await
+    {
+        Ok(list) => Some(list.items.len()),
+        Err(error) => {
+            tracing::debug!("listing labelled core/v1 Endpoints: {error}");
+            None
+        }
+    }
 }
 
 /// `auto` picks EndpointSlices when the server serves them (v1, else v1beta1).
@@ -870,6 +886,8 @@ impl KubeSource {
         let mut progress = tokio::time::interval(PROGRESS_EVERY);
         progress.tick().await;
         let mut gauges = tokio::time::interval(Duration::from_secs(1));
+        let mut missing_slices = MissingSlices::default();
+        let (looked_tx, mut looked) = mpsc::unbounded_channel::<Option<usize>>();
         loop {
             let mut tick = false;
             tokio::select! {
@@ -889,6 +907,26 @@ impl KubeSource {
                 }
                 _ = gauges.tick() => {
                     watcher.gauges();
+                    let (revisions, slices) =
+                        (watcher.model.revision_count(), watcher.model.endpoints_count());
+                    if matches!(self.endpoints, EndpointsApi::Slices(_))
+                        && watcher.synced()
+                        && missing_slices.due(Instant::now(), revisions, slices)
+                    {
+                        let (client, looked) = (self.client.clone(), looked_tx.clone());
+                        tokio::spawn(async move {
+                            let _ = looked.send(labelled_endpoints(client).await);
+                        });
+                    }
+                    continue;
+                }
+                Some(found) = looked.recv() => {
+                    let (revisions, slices) =
+                        (watcher.model.revision_count(), watcher.model.endpoints_count());
+                    let api = self.endpoints.describe();
+                    if let Some(warning) = missing_slices.looked(found, revisions, slices, &api) {
+                        tracing::warn!("{warning}");
+                    }
                     continue;
                 }
             }
