@@ -236,7 +236,7 @@ async fn report(
                 before += before_poke;
                 blocks.add(&poke.revision, &poke.counters);
                 if let Some(report) = stats.poke(&poke.revision, before, poke.at_us) {
-                    send(&to_link, &pod_name, vec![report], "poke");
+                    send(&to_link, &pod_name, vec![report], link::POKE);
                 }
             }
             _ = ticks.tick() => {
@@ -255,7 +255,7 @@ async fn report(
                         gauges.insert(report.revision.clone(), report.average_concurrency);
                     }
                 }
-                send(&to_link, &pod_name, tick.reports, "tick");
+                send(&to_link, &pod_name, tick.reports, link::TICK);
             }
         }
     }
