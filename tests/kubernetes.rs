@@ -1,7 +1,8 @@
 //! Kubernetes mode end to end: the real binary watching a real kube-apiserver (v1.20.2, built by
 //! `scripts/kube-apiserver.sh`), as the ServiceAccount `deploy/rbac.yaml` creates, in front of
 //! real backends. core/v1 Endpoints refuse loopback addresses, so every pod listens on an
-//! address of the test's own [`PodNet`] (10.213.N.k, see testkit's `podnet`).
+//! address of the test's own [`PodNet`] (10.213.N.k, see testkit's `podnet`), inside that
+//! PodNet's network namespace: nothing is bound on the host's addresses.
 //!
 //! Every object is what Knative's reconcilers would write: a Revision (our own minimal CRD), its
 //! private Service and endpoints labelled `networking.internal.knative.dev/serviceType=Private`
@@ -113,15 +114,19 @@ impl Cluster {
         self.spawn_activator(None, "").until_ready()
     }
 
-    /// A pod of revision `default/<revision>` on a new address of the pod network.
+    /// A pod of revision `default/<revision>` on a new address of the pod network, served
+    /// from inside its namespace.
     fn pod(&self, revision: &str) -> BackendHandle {
         let ip = self.net.add_address();
         let name = format!("{revision}@{ip}");
-        backend::spawn_on(
-            SocketAddr::new(ip, POD_PORT),
-            BackendConfig::named(name).with_revision(revision, "default"),
-        )
-        .expect("pod backend")
+        self.net
+            .inside(|| {
+                backend::spawn_on(
+                    SocketAddr::new(ip, POD_PORT),
+                    BackendConfig::named(name).with_revision(revision, "default"),
+                )
+            })
+            .expect("pod backend")
     }
 
     /// The Revision and its private Service; `containerConcurrency` = `cc`.
@@ -469,11 +474,15 @@ fn in_auto_mesh_mode_pods_behind_a_mesh_are_reached_through_their_private_servic
         pod.set_probe_healthy(false);
     }
     // The Service (kube-proxy, and the mesh behind it) reaches a queue-proxy that answers.
-    let service = backend::spawn_on(
-        SocketAddr::new(service_ip, 80),
-        BackendConfig::named("meshed-service").with_revision("meshed", "default"),
-    )
-    .expect("service backend");
+    let service = cluster
+        .net
+        .inside(|| {
+            backend::spawn_on(
+                SocketAddr::new(service_ip, 80),
+                BackendConfig::named("meshed-service").with_revision("meshed", "default"),
+            )
+        })
+        .expect("service backend");
     cluster.api.apply_yaml(&format!(
         "{}{}",
         knative::revision("default", "meshed", 2),
@@ -541,7 +550,11 @@ fn registrations_are_relayed_to_the_other_activators_of_activator_service() {
     let pod = cluster.pod("relayed");
     cluster.revision("relayed", 1);
     cluster.endpoints("relayed", &[ip(&pod)], &[]);
-    let (first_ip, second_ip) = (cluster.net.add_address(), cluster.net.add_address());
+    // Activators run in the host's namespace, at host-side addresses of the pod network.
+    let (first_ip, second_ip) = (
+        cluster.net.add_host_address(),
+        cluster.net.add_host_address(),
+    );
     let first = cluster
         .spawn_activator_listening(Some(first_ip), true, "")
         .until_ready();
@@ -684,7 +697,11 @@ fn two_activators_in_the_public_endpoints_split_the_pods() {
     cluster.revision("split", 1);
     let ips: Vec<IpAddr> = pods.iter().map(ip).collect();
     cluster.endpoints("split", &ips, &[]);
-    let (first_ip, second_ip) = (cluster.net.add_address(), cluster.net.add_address());
+    // Activators run in the host's namespace, at host-side addresses of the pod network.
+    let (first_ip, second_ip) = (
+        cluster.net.add_host_address(),
+        cluster.net.add_host_address(),
+    );
     cluster.public_endpoints("split", &[first_ip, second_ip]);
     let first = cluster.spawn_activator(Some(first_ip), "").until_ready();
     let second = cluster.spawn_activator(Some(second_ip), "").until_ready();
