@@ -118,7 +118,7 @@ fn env_duration(name: &str) -> Result<Option<Duration>, StartError> {
     let Ok(text) = std::env::var(name) else {
         return Ok(None);
     };
-    features::positive_duration(&text).map(Some).map_err(|why| {
+    features::probe_duration(&text).map(Some).map_err(|why| {
         StartError::Config(ConfigError {
             source: Some(name.into()),
             position: None,

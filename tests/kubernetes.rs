@@ -1,7 +1,8 @@
 //! Kubernetes mode end to end: the real binary watching a real kube-apiserver (v1.20.2, built by
 //! `scripts/kube-apiserver.sh`), as the ServiceAccount `deploy/rbac.yaml` creates, in front of
 //! real backends. core/v1 Endpoints refuse loopback addresses, so every pod listens on an
-//! address of the test's own [`PodNet`] (10.213.N.k, see testkit's `podnet`).
+//! address of the test's own [`PodNet`] (10.213.N.k, see testkit's `podnet`), inside that
+//! PodNet's network namespace: nothing is bound on the host's addresses.
 //!
 //! Every object is what Knative's reconcilers would write: a Revision (our own minimal CRD), its
 //! private Service and endpoints labelled `networking.internal.knative.dev/serviceType=Private`
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kactivator_testkit::apiserver::ApiServer;
 use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
@@ -113,15 +114,19 @@ impl Cluster {
         self.spawn_activator(None, "").until_ready()
     }
 
-    /// A pod of revision `default/<revision>` on a new address of the pod network.
+    /// A pod of revision `default/<revision>` on a new address of the pod network, served
+    /// from inside its namespace.
     fn pod(&self, revision: &str) -> BackendHandle {
         let ip = self.net.add_address();
         let name = format!("{revision}@{ip}");
-        backend::spawn_on(
-            SocketAddr::new(ip, POD_PORT),
-            BackendConfig::named(name).with_revision(revision, "default"),
-        )
-        .expect("pod backend")
+        self.net
+            .inside(|| {
+                backend::spawn_on(
+                    SocketAddr::new(ip, POD_PORT),
+                    BackendConfig::named(name).with_revision(revision, "default"),
+                )
+            })
+            .expect("pod backend")
     }
 
     /// The Revision and its private Service; `containerConcurrency` = `cc`.
@@ -160,6 +165,26 @@ impl Cluster {
             ),
         };
         self.api.apply_yaml(&yaml);
+    }
+
+    /// How long after `since` the API server first answered a list as kactivator's service
+    /// account (polled, for at most 30 s).
+    fn answers_the_activator_from(&self, since: Instant) -> Duration {
+        let answered = eventually(Duration::from_secs(30), || {
+            self.api
+                .try_kubectl_as(
+                    &self.kubeconfig,
+                    ["get", "endpoints", "-A", "-o", "name"],
+                    None,
+                )
+                .status
+                .success()
+        });
+        assert!(
+            answered,
+            "the API server never answered the activator's account"
+        );
+        since.elapsed()
     }
 
     fn features(&self, data: &[(&str, &str)]) {
@@ -320,6 +345,48 @@ fn endpoint_slices_pods_serve_with_auto_falling_back_to_v1beta1() {
     serves_what_the_cluster_lists(Listing::Slices);
 }
 
+/// `kubernetes.endpoints = "auto"` on a server that serves EndpointSlices (1.20's v1beta1) but
+/// has none for Knative's Endpoints (nothing here mirrors them, as on a cluster without the
+/// mirroring controller): the revision has no pod, and the log says why and names the setting
+/// that fixes it, once.
+#[test]
+fn auto_endpoints_warn_once_naming_the_fix_when_nothing_mirrors_endpoints_into_slices() {
+    let cluster = Cluster::start(Listing::Slices);
+    let pod = cluster.pod("unmirrored");
+    cluster.revision("unmirrored", 1);
+    cluster.api.apply_yaml(&knative::endpoints(
+        "default",
+        "unmirrored",
+        ServiceType::Private,
+        &[ip(&pod)],
+        &[],
+        POD_PORT,
+    ));
+    let activator = cluster.activator();
+    let warning = "nothing mirrors Knative's Endpoints into EndpointSlices";
+    assert!(
+        eventually(Duration::from_secs(10), || activator
+            .stderr()
+            .contains(warning)),
+        "{}",
+        activator.stderr()
+    );
+    let log = activator.stderr();
+    assert!(
+        log.contains("Set endpoints = \"endpoints\" in the [kubernetes] table"),
+        "{log}"
+    );
+    assert_eq!(
+        activator.metric_sum(
+            "kactivator_revision_routable_pods",
+            &["revision=\"unmirrored\""]
+        ),
+        0.0
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(activator.stderr().matches(warning).count(), 1, "said once");
+}
+
 #[test]
 fn readiness_waits_for_every_watch_and_says_which_is_missing() {
     // Without the Revision CRD, the revisions watch cannot list: never ready, and the log
@@ -407,11 +474,15 @@ fn in_auto_mesh_mode_pods_behind_a_mesh_are_reached_through_their_private_servic
         pod.set_probe_healthy(false);
     }
     // The Service (kube-proxy, and the mesh behind it) reaches a queue-proxy that answers.
-    let service = backend::spawn_on(
-        SocketAddr::new(service_ip, 80),
-        BackendConfig::named("meshed-service").with_revision("meshed", "default"),
-    )
-    .expect("service backend");
+    let service = cluster
+        .net
+        .inside(|| {
+            backend::spawn_on(
+                SocketAddr::new(service_ip, 80),
+                BackendConfig::named("meshed-service").with_revision("meshed", "default"),
+            )
+        })
+        .expect("service backend");
     cluster.api.apply_yaml(&format!(
         "{}{}",
         knative::revision("default", "meshed", 2),
@@ -479,7 +550,11 @@ fn registrations_are_relayed_to_the_other_activators_of_activator_service() {
     let pod = cluster.pod("relayed");
     cluster.revision("relayed", 1);
     cluster.endpoints("relayed", &[ip(&pod)], &[]);
-    let (first_ip, second_ip) = (cluster.net.add_address(), cluster.net.add_address());
+    // Activators run in the host's namespace, at host-side addresses of the pod network.
+    let (first_ip, second_ip) = (
+        cluster.net.add_host_address(),
+        cluster.net.add_host_address(),
+    );
     let first = cluster
         .spawn_activator_listening(Some(first_ip), true, "")
         .until_ready();
@@ -622,7 +697,11 @@ fn two_activators_in_the_public_endpoints_split_the_pods() {
     cluster.revision("split", 1);
     let ips: Vec<IpAddr> = pods.iter().map(ip).collect();
     cluster.endpoints("split", &ips, &[]);
-    let (first_ip, second_ip) = (cluster.net.add_address(), cluster.net.add_address());
+    // Activators run in the host's namespace, at host-side addresses of the pod network.
+    let (first_ip, second_ip) = (
+        cluster.net.add_host_address(),
+        cluster.net.add_host_address(),
+    );
     cluster.public_endpoints("split", &[first_ip, second_ip]);
     let first = cluster.spawn_activator(Some(first_ip), "").until_ready();
     let second = cluster.spawn_activator(Some(second_ip), "").until_ready();
@@ -653,10 +732,20 @@ fn two_activators_in_the_public_endpoints_split_the_pods() {
     }
 }
 
+/// After an API server outage the watches are back within [`WATCHES_BACK_WITHIN`] of the
+/// server answering kactivator again: the watch backoff is capped at 1 s (kube-rs's default,
+/// client-go's, grew to 30 s over the restarting server's refusals, so a change made right
+/// after the restart was followed 19-49 s later).
+const WATCHES_BACK_WITHIN: Duration = Duration::from_secs(2);
+
 #[test]
 fn an_api_server_outage_loses_no_request_and_changes_made_meanwhile_apply_after() {
     let mut cluster = Cluster::start(Listing::Endpoints);
-    let pods = [cluster.pod("steady"), cluster.pod("steady")];
+    let pods = [
+        cluster.pod("steady"),
+        cluster.pod("steady"),
+        cluster.pod("steady"),
+    ];
     cluster.revision("steady", 1);
     cluster.endpoints("steady", &[ip(&pods[0])], &[]);
     let activator = cluster.activator();
@@ -680,14 +769,54 @@ fn an_api_server_outage_loses_no_request_and_changes_made_meanwhile_apply_after(
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(pods[1].stats().requests, 0, "not seen yet");
     cluster.api.restart_apiserver();
-    // A restarted kube-apiserver answers 403 for its first seconds (its RBAC cache warms up),
-    // and the watches' backoff (kube-rs's default, client-go's: 0.8 s doubling to 30 s) grows
-    // over those answers, so the relist can come 20-30 s after the restart on a loaded machine.
-    assert!(
-        eventually(Duration::from_secs(90), || pods[1].stats().requests > 0),
-        "the change made meanwhile is applied: {}",
-        activator.stderr()
+    let restarted = Instant::now();
+    let (changed, answering, followed) = std::thread::scope(|scope| {
+        // When the server answers kactivator's service account again (a restarted server may
+        // refuse it for a moment while its RBAC cache fills): no watch can be back before.
+        let answering = scope.spawn(|| cluster.answers_the_activator_from(restarted));
+        // When each change is followed: the pod it added gets requests.
+        let followed = scope.spawn(|| {
+            let mut followed: [Option<Duration>; 2] = [None, None];
+            eventually(Duration::from_secs(30), || {
+                for (pod, at) in [&pods[1], &pods[2]].into_iter().zip(&mut followed) {
+                    if at.is_none() && pod.stats().requests > 0 {
+                        *at = Some(restarted.elapsed());
+                    }
+                }
+                followed.iter().all(Option::is_some)
+            });
+            followed
+        });
+        // A change made right after the restart.
+        cluster.endpoints("steady", &[ip(&pods[0]), ip(&pods[1]), ip(&pods[2])], &[]);
+        let changed = restarted.elapsed();
+        let answering = answering.join().expect("polling thread");
+        (changed, answering, followed.join().expect("polling thread"))
+    });
+    eprintln!(
+        "after the restart: the change applied at {changed:?}, the activator's service \
+         account answered at {answering:?}, the change made meanwhile followed at {:?}, the \
+         change made after at {:?}",
+        followed[0], followed[1]
     );
+    let [Some(meanwhile), Some(after)] = followed else {
+        panic!(
+            "changes not followed within 30 s ({followed:?}): {}",
+            activator.stderr()
+        );
+    };
+    // Each change is followed within the bound of the moment the watches could first see it.
+    for (what, followed, since) in [
+        ("made meanwhile", meanwhile, answering),
+        ("made after", after, answering.max(changed)),
+    ] {
+        assert!(
+            followed < since + WATCHES_BACK_WITHIN,
+            "the change {what} was followed {:?} after the server could first tell it: {}",
+            followed - since,
+            activator.stderr()
+        );
+    }
     assert!(load.flows(50));
     let (ok, failures) = load.finish();
     assert!(failures.is_empty(), "{failures:?} of {ok}");

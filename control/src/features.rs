@@ -32,7 +32,8 @@ pub fn resolve(features: &BTreeMap<String, String>, previous: Gates) -> (Gates, 
             "disabled" => false,
             _ => {
                 warnings.push(format!(
-                    "feature {key}: {value:?} is neither \"enabled\" nor \"disabled\"; keeping {}",
+                    "feature {key}: {} is neither \"enabled\" nor \"disabled\"; keeping {}",
+                    quoted(value),
                     if previous { "enabled" } else { "disabled" }
                 ));
                 previous
@@ -52,6 +53,15 @@ pub const QUEUE_DEPTH: &str = "activator.queue-depth";
 /// (`random-choice-2`, `first-available`, `round-robin`, `least-connections`; empty for
 /// upstream's rule by containerConcurrency).
 pub const LOAD_BALANCING_POLICY: &str = "activator.load-balancing-policy";
+/// Shortest backend probe timeout or interval accepted (`activator.probe-timeout`,
+/// `activator.probe-interval`, `PROBE_TIMEOUT`, `PROBE_FREQUENCY`): 1 ms. Shorter ones are
+/// refused rather than spinning the control thread.
+pub const MIN_PROBE_DURATION: Duration = Duration::from_millis(1);
+/// Longest backend probe timeout or interval accepted: one hour. Longer ones are refused, so
+/// that every timer computed from one stays far inside what an `Instant` holds (a duration
+/// can say `9223372036854775807s`, and adding that to now panics).
+pub const MAX_PROBE_DURATION: Duration = Duration::from_secs(3600);
+
 /// `activator.probe-timeout`: how long one backend probe may take (a Go duration, `300ms`).
 pub const PROBE_TIMEOUT: &str = "activator.probe-timeout";
 /// `activator.probe-interval`: time between probes of a pod not yet confirmed (`200ms`).
@@ -102,7 +112,7 @@ pub fn resolve_tunables(
         probe_timeout: setting(
             data,
             PROBE_TIMEOUT,
-            positive_duration,
+            probe_duration,
             defaults.probe_timeout,
             previous.probe_timeout,
             &mut warnings,
@@ -110,7 +120,7 @@ pub fn resolve_tunables(
         probe_interval: setting(
             data,
             PROBE_INTERVAL,
-            positive_duration,
+            probe_duration,
             defaults.probe_interval,
             previous.probe_interval,
             &mut warnings,
@@ -141,10 +151,22 @@ fn setting<T: Copy>(
     };
     parse(value.trim()).unwrap_or_else(|why| {
         warnings.push(format!(
-            "feature {key}: {value:?} {why}; keeping the previous value"
+            "feature {key}: {} {why}; keeping the previous value",
+            quoted(value)
         ));
         previous
     })
+}
+
+/// Most characters of a value quoted in a warning: a ConfigMap value can hold a megabyte.
+const QUOTED_MAX_CHARS: usize = 64;
+
+/// `value` as a warning quotes it, cut to [`QUOTED_MAX_CHARS`] characters.
+fn quoted(value: &str) -> String {
+    match value.char_indices().nth(QUOTED_MAX_CHARS) {
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &value[..cut], value.len()),
+        None => format!("{value:?}"),
+    }
 }
 
 fn count(text: &str) -> Result<u32, &'static str> {
@@ -154,11 +176,19 @@ fn count(text: &str) -> Result<u32, &'static str> {
         .ok_or("is not a whole number of at least 1")
 }
 
-/// A Go duration above zero; the error completes a sentence starting with the value.
-pub fn positive_duration(text: &str) -> Result<Duration, &'static str> {
-    parse_duration(text)
+/// A Go duration from [`MIN_PROBE_DURATION`] to [`MAX_PROBE_DURATION`], for a backend probe's
+/// timeout or interval; the error completes a sentence starting with the value.
+pub fn probe_duration(text: &str) -> Result<Duration, &'static str> {
+    let duration = parse_duration(text)
         .filter(|duration| !duration.is_zero())
-        .ok_or("is not a positive duration such as \"300ms\" or \"1.5s\"")
+        .ok_or("is not a positive duration such as \"300ms\" or \"1.5s\"")?;
+    if duration < MIN_PROBE_DURATION {
+        return Err("is shorter than the shortest probe duration, 1ms");
+    }
+    if duration > MAX_PROBE_DURATION {
+        return Err("is longer than the longest probe duration, 1h");
+    }
+    Ok(duration)
 }
 
 fn policy(text: &str) -> Result<Option<LbPolicy>, &'static str> {
@@ -330,6 +360,54 @@ mod tests {
         assert_eq!(read, previous);
         assert_eq!(warnings.len(), 3, "{warnings:?}");
         assert!(warnings[0].contains(QUEUE_DEPTH), "{warnings:?}");
+    }
+
+    /// Values at the edge of their type: what each key takes and what it refuses.
+    #[test]
+    fn tunables_at_the_edges_of_their_types() {
+        let defaults = tunables();
+        let huge = "9".repeat(1 << 20);
+        for (key, value, accepted) in [
+            (QUEUE_DEPTH, "4294967295", true),
+            (QUEUE_DEPTH, "4294967296", false),
+            (QUEUE_DEPTH, "18446744073709551615", false),
+            (QUEUE_DEPTH, "-1", false),
+            (QUEUE_DEPTH, "0", false),
+            (QUEUE_DEPTH, huge.as_str(), false),
+            (MAX_QUEUED_REQUESTS, "4294967295", true),
+            (MAX_QUEUED_REQUESTS, "-9223372036854775808", false),
+            (MAX_QUEUED_REQUESTS, "0", false),
+            (PROBE_TIMEOUT, "1h", true),
+            (PROBE_TIMEOUT, "1h0m0.001s", false),
+            (PROBE_TIMEOUT, "2562047h", false),
+            (PROBE_INTERVAL, "9223372036854775807s", false),
+            (PROBE_TIMEOUT, "18446744073709551615s", false),
+            (PROBE_TIMEOUT, huge.as_str(), false),
+            (PROBE_TIMEOUT, "1ms", true),
+            (PROBE_TIMEOUT, "999us", false),
+            (PROBE_TIMEOUT, "1ns", false),
+            (PROBE_TIMEOUT, "0s", false),
+            (PROBE_INTERVAL, "3600s", true),
+            (PROBE_INTERVAL, "100000000000h", false),
+            (PROBE_INTERVAL, "0.5ns", false),
+        ] {
+            let (read, warnings) =
+                resolve_tunables(&features(&[(key, value)]), &defaults, &defaults);
+            let shown = &value[..value.len().min(24)];
+            if accepted {
+                assert!(warnings.is_empty(), "{key} = {shown}: {warnings:?}");
+                assert_ne!(read, defaults, "{key} = {shown} applied");
+            } else {
+                assert_eq!(read, defaults, "{key} = {shown} refused");
+                assert_eq!(warnings.len(), 1, "{key} = {shown}");
+                assert!(warnings[0].contains(key), "{warnings:?}");
+                assert!(
+                    warnings[0].len() < 300,
+                    "the value is cut: {}",
+                    warnings[0].len()
+                );
+            }
+        }
     }
 
     #[test]

@@ -1,31 +1,41 @@
-//! Pods with real addresses: core/v1 Endpoints refuse loopback addresses (127.0.0.0/8), so a
-//! test that feeds pods to kactivator through the API server needs addresses a cluster could
-//! have. Needs root (CAP_NET_ADMIN) and `ip` from iproute2.
+//! Pods with real addresses, in a network namespace of their own: core/v1 Endpoints refuse
+//! loopback addresses (127.0.0.0/8), so a test that feeds pods to kactivator through the API
+//! server needs addresses a cluster could have. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN for
+//! `setns`) and `ip` from iproute2.
 //!
-//! A [`PodNet`] is one network interface in the test's own (root) network namespace, named
-//! `ktpod<N>`, that holds the pods' addresses: `10.213.<N>.<k>/32`, `k` = 2, 3, … Addresses on
-//! any interface of a namespace are local addresses of the whole namespace, so a backend binds
-//! one ([`crate::backend::spawn_on`]) and anything on the machine dials it, with no routing,
-//! no veth pairs and no `ip netns exec`. A pod's traffic goes through the loopback device
-//! like 127.0.0.1's; only the addresses are real.
+//! A [`PodNet`] is one network namespace, `ktpod<N>`, joined to the test's own (root) namespace
+//! by a veth pair: `ktpod<N>` on the host side, `ktpod<N>p` inside. Its addresses come from
+//! `10.213.<N>.0/24`:
+//! - `.1` is the host end's: what kactivator's connections to pods come from;
+//! - pods ([`PodNet::add_address`]) live inside the namespace, so a backend started there
+//!   ([`PodNet::inside`]) binds nothing on the host's addresses: a test pod on `:8012` does not
+//!   collide with anything on the machine listening on `:8012`. The host reaches each pod by a
+//!   `/32` route through the veth;
+//! - [`PodNet::add_host_address`] puts an address on the host end, for a process that must run
+//!   in the host's namespace at a pod-like address (a kactivator that `activator-service`
+//!   lists);
+//! - `.254` is never handed out: the rest of the /24 is an `unreachable` route, so dialing a
+//!   pod that is gone fails at once with "No route to host".
 //!
-//! The interface is a bridge with no ports, used as nothing more than an always-up link to
-//! hang addresses on. (A `dummy` link is the usual choice, but the kernels these tests run on
-//! lack the dummy driver: `ip link add … type dummy` says "Unknown device type".)
+//! Service ClusterIPs ([`PodNet::add_service_address`], `10.96.<N>.<k>`) live inside the
+//! namespace too, each with its `/32` route.
 //!
-//! Many test processes share the namespace, so:
-//! - `N` is claimed by creating the link: the kernel refuses a second `ktpod<N>`, whichever
-//!   process asks, and the next free `N` is taken instead. At most 256 PodNets exist at once.
-//! - The link is created with its owner's pid as its interface group (set in the same netlink
-//!   request as the name), and a link whose owner is dead is deleted by the next
-//!   [`PodNet::new`]: nothing leaks when a test process is killed.
-//! - Every address of `10.213.<N>.0/24` that no pod holds is unreachable (an `unreachable`
-//!   route), so dialing a pod that is gone fails at once with "No route to host" instead of
-//!   leaving the machine through the default route.
-//!
-//! Dropping the [`PodNet`] deletes its route and its link, and with it every address.
+//! The machine is left as it was found:
+//! - [`PodNet::new`] refuses to start (panics, saying which route) when the machine already
+//!   routes any part of 10.213.0.0/16 or 10.96.0.0/16 other than through a PodNet's own link:
+//!   its routes would shadow that network.
+//! - `N` is claimed by creating the host link: the kernel refuses a second `ktpod<N>`,
+//!   whichever process asks. The link carries its owner's pid as its interface group, and the
+//!   links (with their namespace and route) of owners that are dead are removed by the next
+//!   [`PodNet::new`] in any process.
+//! - Dropping the [`PodNet`], also while a failing test unwinds, deletes the one route it added
+//!   (the `unreachable` /24, only if it added it), its namespace and its link; every address and
+//!   `/32` route goes with the link. No other route is ever replaced or deleted.
 
+use std::fs::File;
+use std::io;
 use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::AsRawFd;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, Once};
 
@@ -41,21 +51,39 @@ pub const SERVICE_NETWORK_OCTETS: [u8; 2] = [10, 96];
 /// Service's).
 const FIRST_SERVICE_HOST: u8 = 10;
 
-/// Links are named `ktpod<N>`.
+/// Links and namespaces are named `ktpod<N>` (the namespace's end of the veth `ktpod<N>p`).
 const LINK_PREFIX: &str = "ktpod";
 
-/// Host numbers handed out by [`PodNet::add_address`]; `.1` is kept as
-/// [`PodNet::unassigned_address`].
+/// The host end's own address, `.1`.
+const HOST_END: u8 = 1;
+/// Host numbers handed out by [`PodNet::add_address`] and [`PodNet::add_host_address`].
 const FIRST_HOST: u8 = 2;
-const LAST_HOST: u8 = 254;
+const LAST_HOST: u8 = 253;
+/// Never handed out: [`PodNet::unassigned_address`].
+const UNASSIGNED_HOST: u8 = 254;
 
-/// One test's pod network: a link holding addresses of `10.213.<N>.0/24`. See the module docs.
+/// Where an address handed out lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    /// Inside the namespace (a pod), with a `/32` route from the host.
+    Pod,
+    /// On the host end of the veth, in the test's own namespace.
+    Host,
+}
+
+/// One test's pod network: a namespace holding addresses of `10.213.<N>.0/24`. See the
+/// module docs.
 #[derive(Debug)]
 pub struct PodNet {
     index: u8,
-    link: String,
+    /// The host link's and the namespace's name, `ktpod<N>`.
+    name: String,
+    /// The namespace's end of the veth, `ktpod<N>p`.
+    inner: String,
+    /// The `unreachable` route of the /24 was added by this PodNet (and so is deleted by it).
+    route_added: bool,
     /// Host numbers given out and not removed.
-    hosts: Mutex<Vec<u8>>,
+    hosts: Mutex<Vec<(u8, Side)>>,
     /// Service addresses given out so far.
     services: Mutex<u8>,
 }
@@ -63,18 +91,23 @@ pub struct PodNet {
 // === impl PodNet ===
 
 impl PodNet {
-    /// Claims a free `ktpod<N>` and its `10.213.<N>.0/24`.
+    /// Claims a free `ktpod<N>`: its namespace, veth pair and `10.213.<N>.0/24`.
     ///
     /// # Panics
     ///
-    /// When `ip` is missing or refuses (not root), or all 256 networks are taken.
+    /// When `ip` is missing or refuses (not root), when the machine already routes part of
+    /// 10.213.0.0/16 or 10.96.0.0/16 (the message names the route), or when all 256 networks
+    /// are taken.
     pub fn new() -> PodNet {
         reclaim_orphans_once();
+        refuse_ranges_in_use();
         let owner = std::process::id().to_string();
         for index in 0..=u8::MAX {
-            let link = format!("{LINK_PREFIX}{index}");
+            let name = format!("{LINK_PREFIX}{index}");
+            let inner = format!("{name}p");
             let created = ip(&[
-                "link", "add", "name", &link, "group", &owner, "type", "bridge",
+                "link", "add", "name", &name, "group", &owner, "type", "veth", "peer", "name",
+                &inner,
             ]);
             if !created.status.success() {
                 let stderr = String::from_utf8_lossy(&created.stderr);
@@ -82,33 +115,66 @@ impl PodNet {
                     continue;
                 }
                 panic!(
-                    "`ip link add {link} type bridge` failed: {} (PodNet needs root, or \
+                    "`ip link add {name} type veth` failed: {} (PodNet needs root, or \
                      CAP_NET_ADMIN)",
                     stderr.trim()
                 );
             }
             // From here on the link is ours, and Drop removes whatever was set up.
-            let net = PodNet {
+            let mut net = PodNet {
                 index,
-                link,
+                name,
+                inner,
+                route_added: false,
                 hosts: Mutex::new(Vec::new()),
                 services: Mutex::new(0),
             };
-            let alias = format!(
-                "kactivator testkit PodNet of pid {owner} ({})",
-                std::env::args().next().unwrap_or_default()
-            );
-            ip_expect(&["link", "set", "dev", &net.link, "alias", &alias]);
-            ip_expect(&["link", "set", "dev", &net.link, "up"]);
-            ip_expect(&["route", "replace", "unreachable", &net.subnet()]);
+            if !ip(&["netns", "add", &net.name]).status.success() {
+                // A namespace of that name that no PodNet made: leave it alone, give the link
+                // back, and let Drop remove nothing.
+                let _ = ip(&["link", "del", "dev", &net.name]);
+                net.name.clear();
+                continue;
+            }
+            net.set_up(&owner);
             return net;
         }
         panic!("all 256 pod networks ({LINK_PREFIX}0 to {LINK_PREFIX}255) are taken");
     }
 
-    /// The link's name, `ktpod<N>`.
+    fn set_up(&mut self, owner: &str) {
+        let alias = format!(
+            "kactivator testkit PodNet of pid {owner} ({})",
+            std::env::args().next().unwrap_or_default()
+        );
+        let (name, inner) = (self.name.clone(), self.inner.clone());
+        let host_end = format!("{}", self.host(HOST_END));
+        ip_expect(&["link", "set", "dev", &name, "alias", &alias]);
+        ip_expect(&["link", "set", "dev", &inner, "netns", &name]);
+        ip_expect(&["address", "add", &format!("{host_end}/32"), "dev", &name]);
+        ip_expect(&["link", "set", "dev", &name, "up"]);
+        ip_expect(&["route", "add", "unreachable", &self.subnet()]);
+        self.route_added = true;
+        for args in [
+            &["link", "set", "dev", "lo", "up"][..],
+            &["link", "set", "dev", &inner, "up"][..],
+            &["route", "add", &host_end, "dev", &inner, "scope", "link"][..],
+            &["route", "add", "default", "via", &host_end, "dev", &inner][..],
+        ] {
+            let mut inside = vec!["-n", name.as_str()];
+            inside.extend_from_slice(args);
+            ip_expect(&inside);
+        }
+    }
+
+    /// The host link's name, `ktpod<N>`.
     pub fn link(&self) -> &str {
-        &self.link
+        &self.name
+    }
+
+    /// The network namespace's name, `ktpod<N>` (`ip netns exec <this> …`).
+    pub fn namespace(&self) -> &str {
+        &self.name
     }
 
     /// `10.213.<N>.0/24`.
@@ -116,26 +182,42 @@ impl PodNet {
         format!("{}/24", self.host(0))
     }
 
-    /// Adds the next free address, `10.213.<N>.<k>` with `k` from 2 up, and returns it. It is
-    /// usable (bindable, dialable) at once.
+    /// Adds the next free address inside the namespace, `10.213.<N>.<k>`, routes it from the
+    /// host, and returns it: a pod's. Bind it from [`PodNet::inside`] (or a
+    /// [`PodNet::command`]); anything on the machine dials it.
     ///
     /// # Panics
     ///
-    /// When all 253 addresses are in use, or `ip` fails.
+    /// When all addresses are in use, or `ip` fails.
     pub fn add_address(&self) -> IpAddr {
+        self.add(Side::Pod)
+    }
+
+    /// Adds the next free address on the host end of the veth, in the test's own namespace:
+    /// for a process that runs there at a pod-like address (a kactivator listening where
+    /// `activator-service`'s endpoints say it is). Pods reach it too.
+    ///
+    /// # Panics
+    ///
+    /// When all addresses are in use, or `ip` fails.
+    pub fn add_host_address(&self) -> IpAddr {
+        self.add(Side::Host)
+    }
+
+    fn add(&self, side: Side) -> IpAddr {
         let mut hosts = self.hosts.lock().expect("no code panics while holding it");
         let host = (FIRST_HOST..=LAST_HOST)
-            .find(|host| !hosts.contains(host))
-            .unwrap_or_else(|| panic!("{}: all addresses of {} in use", self.link, self.subnet()));
+            .find(|host| !hosts.iter().any(|(taken, _)| taken == host))
+            .unwrap_or_else(|| panic!("{}: all addresses of {} in use", self.name, self.subnet()));
         let address = self.host(host);
-        self.address("add", address);
-        hosts.push(host);
+        self.place("add", address, side);
+        hosts.push((host, side));
         IpAddr::V4(address)
     }
 
-    /// Removes an address [`PodNet::add_address`] gave out: listeners bound to it stop
-    /// receiving connections, and dialing it fails at once, as for a pod that is gone. Its
-    /// host number is given out again later.
+    /// Removes an address [`PodNet::add_address`] or [`PodNet::add_host_address`] gave out:
+    /// listeners bound to it stop receiving connections, and dialing it fails at once, as for
+    /// a pod that is gone. Its host number is given out again later.
     ///
     /// # Panics
     ///
@@ -144,19 +226,20 @@ impl PodNet {
         let mut hosts = self.hosts.lock().expect("no code panics while holding it");
         let position = hosts
             .iter()
-            .position(|&host| IpAddr::V4(self.host(host)) == address)
-            .unwrap_or_else(|| panic!("{address} is not an address of {}", self.link));
+            .position(|&(host, _)| IpAddr::V4(self.host(host)) == address)
+            .unwrap_or_else(|| panic!("{address} is not an address of {}", self.name));
         let IpAddr::V4(address) = address else {
             unreachable!("every address of a PodNet is IPv4")
         };
-        self.address("del", address);
+        self.place("del", address, hosts[position].1);
         hosts.swap_remove(position);
     }
 
-    /// Adds a Service ClusterIP, `10.96.<N>.<k>` with `k` from 10 up, for a test that writes a
-    /// Service with that `clusterIP` and listens on it itself, as kube-proxy would forward it.
-    /// (The apiserver picks ClusterIPs at random in 10.96.0.0/16 for Services that name none;
-    /// a test sets its explicit ones before creating those.) It goes away with the link.
+    /// Adds a Service ClusterIP inside the namespace, `10.96.<N>.<k>` with `k` from 10 up, for
+    /// a test that writes a Service with that `clusterIP` and listens on it itself (from
+    /// [`PodNet::inside`]), as kube-proxy would forward it. (The apiserver picks ClusterIPs at
+    /// random in 10.96.0.0/16 for Services that name none; a test sets its explicit ones before
+    /// creating those.) It goes away with the PodNet.
     ///
     /// # Panics
     ///
@@ -168,28 +251,78 @@ impl PodNet {
             .expect("no code panics while holding it");
         let host = FIRST_SERVICE_HOST
             .checked_add(*given)
-            .unwrap_or_else(|| panic!("{}: no Service address left", self.link));
+            .unwrap_or_else(|| panic!("{}: no Service address left", self.name));
         let [a, b] = SERVICE_NETWORK_OCTETS;
         let address = Ipv4Addr::new(a, b, self.index, host);
-        self.address("add", address);
+        self.place("add", address, Side::Pod);
         *given += 1;
         IpAddr::V4(address)
     }
 
-    /// `10.213.<N>.1`, which is never a pod's: dialing it fails at once ("No route to host").
+    /// `10.213.<N>.254`, which is never given out: dialing it fails at once ("No route to
+    /// host").
     pub fn unassigned_address(&self) -> IpAddr {
-        IpAddr::V4(self.host(1))
+        IpAddr::V4(self.host(UNASSIGNED_HOST))
     }
 
-    /// `ip address <action> <address>/32 dev <link>`.
-    fn address(&self, action: &str, address: Ipv4Addr) {
-        ip_expect(&[
-            "address",
-            action,
-            &format!("{address}/32"),
-            "dev",
-            &self.link,
-        ]);
+    /// Runs `f` on a thread of its own inside the namespace and returns what it returns.
+    /// Sockets made there stay in the namespace, and so do threads spawned from there, so a
+    /// backend started inside serves on pod addresses for as long as it runs:
+    /// `net.inside(|| backend::spawn_on(SocketAddr::new(pod, 8012), config))`.
+    ///
+    /// # Panics
+    ///
+    /// When the namespace cannot be entered; a panic in `f` is passed on.
+    pub fn inside<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::scope(|scope| {
+            let entered = scope.spawn(|| {
+                let namespace =
+                    File::open(&path).unwrap_or_else(|error| panic!("opening {path}: {error}"));
+                enter_network_namespace(&namespace)
+                    .unwrap_or_else(|error| panic!("entering {path}: {error}"));
+                f()
+            });
+            entered
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    /// `program` run inside the namespace (`ip netns exec ktpod<N> program`): for a pod that is
+    /// a process of its own. Add its arguments and spawn it.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.name, program]);
+        command
+    }
+
+    /// Adds or deletes (`action`) `address`: inside the namespace with its route from the host,
+    /// or on the host end.
+    fn place(&self, action: &str, address: Ipv4Addr, side: Side) {
+        let address = format!("{address}/32");
+        match side {
+            Side::Pod => {
+                ip_expect(&[
+                    "-n",
+                    &self.name,
+                    "address",
+                    action,
+                    &address,
+                    "dev",
+                    &self.inner,
+                ]);
+                let source = self.host(HOST_END).to_string();
+                if action == "add" {
+                    ip_expect(&["route", "add", &address, "dev", &self.name, "src", &source]);
+                } else {
+                    ip_expect(&["route", "del", &address, "dev", &self.name]);
+                }
+            }
+            Side::Host => {
+                ip_expect(&["address", action, &address, "dev", &self.name]);
+            }
+        }
     }
 
     fn host(&self, host: u8) -> Ipv4Addr {
@@ -207,35 +340,57 @@ impl Default for PodNet {
 
 impl Drop for PodNet {
     fn drop(&mut self) {
-        remove(self.index, &self.link);
-    }
-}
-
-/// Deletes the route of network `index` and then its link (the order in which a crash in
-/// between leaves the link, which a later [`reclaim_orphans_once`] finds).
-fn remove(index: u8, link: &str) {
-    let [a, b] = POD_NETWORK_OCTETS;
-    let subnet = format!("{a}.{b}.{index}.0/24");
-    for args in [
-        &["route", "del", "unreachable", &subnet][..],
-        &["link", "del", "dev", link][..],
-    ] {
-        let output = ip(args);
-        if !output.status.success() {
-            eprintln!(
-                "`ip {}` failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
+        if !self.name.is_empty() {
+            remove(self.index, &self.name, self.route_added);
         }
     }
 }
 
-/// Once per process: deletes the `ktpod<N>` links (and routes) of processes that are gone.
+/// `setns(2)` into the network namespace `namespace` (a `/run/netns/…` file) for the calling
+/// thread only.
+#[allow(unsafe_code)]
+fn enter_network_namespace(namespace: &File) -> io::Result<()> {
+    // SAFETY: `setns` takes a file descriptor, valid for the call since `namespace` is
+    // borrowed, and a flag; it changes only the calling thread's network namespace and touches
+    // no memory of ours.
+    let result = unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Deletes network `index`'s `unreachable` route (when `route` says it is ours), its namespace
+/// and then its link, named `name` (the order in which a crash in between leaves the link,
+/// which a later [`reclaim_orphans_once`] finds). Errors are reported, not raised: this runs
+/// from Drop, also while a test unwinds.
+fn remove(index: u8, name: &str, route: bool) {
+    let [a, b] = POD_NETWORK_OCTETS;
+    let subnet = format!("{a}.{b}.{index}.0/24");
+    let mut steps: Vec<Vec<&str>> = Vec::new();
+    if route {
+        steps.push(vec!["route", "del", "unreachable", &subnet]);
+    }
+    steps.push(vec!["netns", "del", name]);
+    steps.push(vec!["link", "del", "dev", name]);
+    for args in steps {
+        let output = ip(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // Deleting the namespace takes the veth pair with it when nothing else holds it.
+        let gone = stderr.contains("Cannot find device") || stderr.contains("No such file");
+        if !output.status.success() && !gone {
+            eprintln!("`ip {}` failed: {}", args.join(" "), stderr.trim());
+        }
+    }
+}
+
+/// Once per process: removes the PodNets (links, namespaces, routes) of processes that are
+/// gone, and the bridges earlier versions of this module made.
 fn reclaim_orphans_once() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let listed = ip_expect(&["-j", "link", "show", "type", "bridge"]);
+        let listed = ip_expect(&["-j", "link", "show"]);
         let links: Vec<serde_json::Value> =
             serde_json::from_slice(&listed.stdout).unwrap_or_default();
         for link in links {
@@ -259,9 +414,106 @@ fn reclaim_orphans_once() {
             if owner == 0 || std::path::Path::new(&format!("/proc/{owner}")).exists() {
                 continue;
             }
-            remove(index, name);
+            // Its route, if it is still there, is the dead owner's: no other route of that /24
+            // passes `refuse_ranges_in_use`.
+            remove(index, name, route_exists(index));
         }
     });
+}
+
+/// Whether the `unreachable` route of network `index` exists.
+fn route_exists(index: u8) -> bool {
+    let [a, b] = POD_NETWORK_OCTETS;
+    let listed = ip(&[
+        "-j",
+        "route",
+        "show",
+        "type",
+        "unreachable",
+        &format!("{a}.{b}.{index}.0/24"),
+    ]);
+    let routes: Vec<serde_json::Value> = serde_json::from_slice(&listed.stdout).unwrap_or_default();
+    !routes.is_empty()
+}
+
+/// Panics, naming the route, when the machine routes part of 10.213.0.0/16 or 10.96.0.0/16
+/// other than through a PodNet.
+fn refuse_ranges_in_use() {
+    let routes = ip_expect(&["-j", "-4", "route", "show", "table", "all"]);
+    let links = ip_expect(&["-j", "link", "show"]);
+    let routes: Vec<serde_json::Value> = serde_json::from_slice(&routes.stdout).unwrap_or_default();
+    let links: Vec<serde_json::Value> = serde_json::from_slice(&links.stdout).unwrap_or_default();
+    let links: Vec<&str> = links
+        .iter()
+        .filter_map(|link| link["ifname"].as_str())
+        .collect();
+    if let Some(route) = foreign_routes(&routes, &links).first() {
+        panic!(
+            "this machine routes {route}, which overlaps the test pod networks \
+             ({}.{}.0.0/16 and {}.{}.0.0/16): PodNet refuses to start rather than shadow it",
+            POD_NETWORK_OCTETS[0],
+            POD_NETWORK_OCTETS[1],
+            SERVICE_NETWORK_OCTETS[0],
+            SERVICE_NETWORK_OCTETS[1]
+        );
+    }
+}
+
+/// The routes (of `ip -j route show table all`) that overlap the PodNet ranges and are not a
+/// PodNet's: a PodNet's go through a `ktpod<N>` link, or are the `unreachable` route of
+/// `10.213.<N>.0/24` while a link `ktpod<N>` (of `links`) exists. Pure, for the tests.
+pub fn foreign_routes(routes: &[serde_json::Value], links: &[&str]) -> Vec<String> {
+    let ranges = [POD_NETWORK_OCTETS, SERVICE_NETWORK_OCTETS]
+        .map(|[a, b]| (u32::from(Ipv4Addr::new(a, b, 0, 0)), 16));
+    let mut foreign = Vec::new();
+    for route in routes {
+        let Some((network, length)) = route["dst"].as_str().and_then(prefix) else {
+            continue;
+        };
+        if !ranges
+            .iter()
+            .any(|&range| overlaps((network, length), range))
+        {
+            continue;
+        }
+        let dev = route["dev"].as_str().unwrap_or_default();
+        let a_podnets_link = dev
+            .strip_prefix(LINK_PREFIX)
+            .is_some_and(|rest| rest.trim_end_matches('p').parse::<u8>().is_ok());
+        let octets = network.to_be_bytes();
+        let a_podnets_route = route["type"].as_str() == Some("unreachable")
+            && length == 24
+            && octets[..2] == POD_NETWORK_OCTETS
+            && links.contains(&format!("{LINK_PREFIX}{}", octets[2]).as_str());
+        if !(a_podnets_link || a_podnets_route) {
+            let mut described = route["dst"].as_str().unwrap_or_default().to_string();
+            if !dev.is_empty() {
+                described.push_str(&format!(" dev {dev}"));
+            }
+            if let Some(kind) = route["type"].as_str() {
+                described = format!("{kind} {described}");
+            }
+            foreign.push(described);
+        }
+    }
+    foreign
+}
+
+/// `a.b.c.d` or `a.b.c.d/n` as (network, length).
+fn prefix(text: &str) -> Option<(u32, u32)> {
+    let (address, length) = match text.split_once('/') {
+        Some((address, length)) => (address, length.parse().ok()?),
+        None => (text, 32),
+    };
+    let address: Ipv4Addr = address.parse().ok()?;
+    (length <= 32).then_some((u32::from(address), length))
+}
+
+/// Whether two prefixes share an address.
+fn overlaps((a, a_length): (u32, u32), (b, b_length): (u32, u32)) -> bool {
+    let length = a_length.min(b_length);
+    let mask = u32::MAX.checked_shl(32 - length).unwrap_or(0);
+    a & mask == b & mask
 }
 
 /// Runs `ip <args>` and returns what happened.
@@ -290,4 +542,38 @@ fn ip_expect(args: &[&str]) -> Output {
         );
     }
     output
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_routes_of_other_owners_in_the_ranges_are_foreign() {
+        let routes = [
+            json!({"dst": "default", "gateway": "192.0.2.1", "dev": "eth0"}),
+            json!({"dst": "192.0.2.0/24", "dev": "eth0"}),
+            json!({"type": "unreachable", "dst": "10.213.3.0/24"}),
+            json!({"dst": "10.213.3.7", "dev": "ktpod3"}),
+            json!({"type": "local", "dst": "10.213.3.1", "dev": "ktpod3", "table": "local"}),
+            json!({"dst": "10.96.3.10", "dev": "ktpod3"}),
+            // A PodNet route of a network whose link is gone, and other people's routes.
+            json!({"type": "unreachable", "dst": "10.213.9.0/24"}),
+            json!({"dst": "10.0.0.0/8", "dev": "tun0"}),
+            json!({"dst": "10.96.0.0/12", "dev": "kube-bridge"}),
+            json!({"type": "local", "dst": "10.213.0.5", "dev": "eth1", "table": "local"}),
+            json!({"dst": "10.212.0.0/16", "dev": "eth1"}),
+            json!({"dst": "10.214.0.0/15", "dev": "eth1"}),
+        ];
+        assert_eq!(
+            foreign_routes(&routes, &["lo", "eth0", "ktpod3"]),
+            [
+                "unreachable 10.213.9.0/24",
+                "10.0.0.0/8 dev tun0",
+                "10.96.0.0/12 dev kube-bridge",
+                "local 10.213.0.5 dev eth1",
+            ]
+        );
+    }
 }

@@ -6,7 +6,8 @@
 //! A close frame from the autoscaler (1012 when it restarts) is a reconnect like any other.
 //!
 //! ★ What could not be sent is not lost: the latest stat of each revision that was due while the
-//! link was down (a cold-start poke included) is kept, and right after reconnecting those of
+//! link was down is kept, and before it the revision's cold-start poke if that never went out
+//! (a later stat never overwrites a poke, see [`Pending`]); right after reconnecting those of
 //! revisions that still have requests waiting are sent. Upstream drops them, so a cold start
 //! during an autoscaler restart waits for the next tick at best.
 
@@ -155,16 +156,74 @@ impl LinkMetrics {
 #[derive(Debug)]
 pub struct Outgoing {
     pub batch: WireStatMessages,
-    /// `poke` or `tick`, for the metrics.
+    /// [`POKE`], [`TICK`] or [`RESENT`]: what the batch is, and its metric label.
     pub kind: &'static str,
 }
 
-/// The latest undelivered stat of each revision.
-type Pending = BTreeMap<(String, String), WireStatMessage>;
+/// A revision's first request, reported at once.
+pub const POKE: &str = "poke";
+/// The stats of every revision at a report tick.
+pub const TICK: &str = "tick";
+/// What could not be sent before a reconnect, sent right after it.
+pub const RESENT: &str = "resent";
 
-fn keep(pending: &mut Pending, batch: WireStatMessages) {
-    for message in batch.messages {
-        pending.insert((message.namespace.clone(), message.name.clone()), message);
+/// What could not be sent while the link was down, kept for right after the reconnect: per
+/// revision its latest stat, and before it the revision's poke if that was never delivered.
+/// A later stat replaces an earlier one but never a poke: the first window after a poke
+/// subtracts the poked request, so a request still waiting reports `{0, 0}` there, and that
+/// stat alone would tell the autoscaler nothing of it.
+#[derive(Debug, Default)]
+pub struct Pending {
+    kept: BTreeMap<(String, String), Kept>,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    poke: Option<WireStatMessage>,
+    latest: Option<WireStatMessage>,
+}
+
+impl Pending {
+    /// `due` could not be sent.
+    pub fn keep(&mut self, due: Outgoing) {
+        for message in due.batch.messages {
+            let key = (message.namespace.clone(), message.name.clone());
+            if due.kind == POKE {
+                // A poke comes only after the revision's entry was deleted: whatever was kept
+                // from before is over.
+                self.kept.insert(
+                    key,
+                    Kept {
+                        poke: Some(message),
+                        latest: None,
+                    },
+                );
+            } else {
+                self.kept.entry(key).or_default().latest = Some(message);
+            }
+        }
+    }
+
+    /// What to send right after a reconnect: the kept stats of the revisions that still have
+    /// requests waiting (`waiting(namespace, name)`), each revision's poke before its latest
+    /// stat; `None` when nothing is due. What is kept stays until [`Pending::delivered`].
+    pub fn after_reconnect(&self, waiting: impl Fn(&str, &str) -> bool) -> Option<Outgoing> {
+        let messages: Vec<WireStatMessage> = self
+            .kept
+            .iter()
+            .filter(|((namespace, name), _)| waiting(namespace, name))
+            .flat_map(|(_, kept)| kept.poke.iter().chain(kept.latest.iter()).cloned())
+            .collect();
+        (!messages.is_empty()).then_some(Outgoing {
+            batch: WireStatMessages { messages },
+            kind: RESENT,
+        })
+    }
+
+    /// What [`Pending::after_reconnect`] chose was sent (or nothing was due): the rest is
+    /// stale, and nothing is kept any more.
+    pub fn delivered(&mut self) {
+        self.kept.clear();
     }
 }
 
@@ -179,7 +238,7 @@ pub async fn run(
     waiting: impl Fn(&str, &str) -> bool,
 ) {
     let mut backoff = Backoff::default();
-    let mut pending = Pending::new();
+    let mut pending = Pending::default();
     loop {
         // Nagle off: a poke is one small frame, and with it on, a frame written while the
         // previous one is unacknowledged waits for the peer's delayed ACK (40 ms).
@@ -194,14 +253,10 @@ pub async fn run(
                 readiness.set_autoscaler_up(true);
                 metrics.up();
                 tracing::info!(%url, "connected to the autoscaler");
-                let late: Vec<WireStatMessage> = std::mem::take(&mut pending)
-                    .into_values()
-                    .filter(|message| waiting(&message.namespace, &message.name))
-                    .collect();
-                let late = (!late.is_empty()).then_some(Outgoing {
-                    batch: WireStatMessages { messages: late },
-                    kind: "resent",
-                });
+                let late = pending.after_reconnect(&waiting);
+                if late.is_none() {
+                    pending.delivered();
+                }
                 let why = serve(socket, late, &mut outgoing, &mut pending, &metrics).await;
                 readiness.set_autoscaler_up(false);
                 metrics.down("lost");
@@ -228,7 +283,7 @@ pub async fn run(
                         .send_errors
                         .with_label_values(&["disconnected"])
                         .inc();
-                    keep(&mut pending, due.batch);
+                    pending.keep(due);
                 }
                 Ok(None) => return,
                 Err(_elapsed) => break,
@@ -305,10 +360,16 @@ where
                     .sent
                     .with_label_values(&[due.kind])
                     .inc_by(due.batch.messages.len() as u64);
+                if due.kind == RESENT {
+                    pending.delivered();
+                }
             }
             Err(error) => {
                 metrics.send_errors.with_label_values(&["send"]).inc();
-                keep(pending, due.batch);
+                // A resent batch is still kept; any other is kept now.
+                if due.kind != RESENT {
+                    pending.keep(due);
+                }
                 return Ended::Lost(format!("send: {error}"));
             }
         }
@@ -347,33 +408,103 @@ mod tests {
         assert_eq!(backoff.next(0.0), BACKOFF_INITIAL);
     }
 
-    #[test]
-    fn only_the_latest_undelivered_stat_of_a_revision_is_kept() {
-        let mut pending = Pending::new();
-        let stat = |name: &str, concurrency: f64| {
-            autoscaler::stat_message("ns", name, "act", concurrency, 1.0)
-        };
-        keep(
-            &mut pending,
-            WireStatMessages {
-                messages: vec![stat("a", 1.0), stat("b", 3.0)],
-            },
-        );
-        keep(
-            &mut pending,
-            WireStatMessages {
-                messages: vec![stat("a", 2.0)],
-            },
-        );
-        let kept: Vec<(String, f64)> = pending
-            .into_values()
+    fn stat(name: &str, concurrency: f64, count: f64) -> WireStatMessage {
+        autoscaler::stat_message("ns", name, "act", concurrency, count)
+    }
+
+    fn outgoing(messages: Vec<WireStatMessage>, kind: &'static str) -> Outgoing {
+        Outgoing {
+            batch: WireStatMessages { messages },
+            kind,
+        }
+    }
+
+    /// (name, concurrency, count) of each message.
+    fn sent(due: &Outgoing) -> Vec<(String, f64, f64)> {
+        due.batch
+            .messages
+            .iter()
             .map(|message| {
+                let stat = message.stat.as_ref().expect("a stat");
                 (
-                    message.name,
-                    message.stat.unwrap().average_concurrent_requests,
+                    message.name.clone(),
+                    stat.average_concurrent_requests,
+                    stat.request_count,
                 )
             })
-            .collect();
-        assert_eq!(kept, [("a".to_string(), 2.0), ("b".to_string(), 3.0)]);
+            .collect()
+    }
+
+    #[test]
+    fn only_the_latest_undelivered_stat_of_a_revision_is_kept() {
+        let mut pending = Pending::default();
+        pending.keep(outgoing(
+            vec![stat("a", 1.0, 1.0), stat("b", 3.0, 1.0)],
+            TICK,
+        ));
+        pending.keep(outgoing(vec![stat("a", 2.0, 1.0)], TICK));
+        let due = pending.after_reconnect(|_, _| true).expect("due");
+        assert_eq!(due.kind, RESENT);
+        assert_eq!(sent(&due), [("a".into(), 2.0, 1.0), ("b".into(), 3.0, 1.0)]);
+        // Only revisions with requests waiting; kept until delivered.
+        let due = pending.after_reconnect(|_, name| name == "b").expect("due");
+        assert_eq!(sent(&due), [("b".into(), 3.0, 1.0)]);
+        pending.delivered();
+        assert!(pending.after_reconnect(|_, _| true).is_none());
+    }
+
+    /// The reporter's own stats on simulated time: a cold start while the link is down.
+    #[test]
+    fn an_undelivered_poke_outlives_the_zero_stat_of_its_first_window() {
+        use crate::autoscaler::stats::{Stats, Totals};
+        use kactivator_api::RevisionKey;
+        let revision = RevisionKey::new("ns", "cold").unwrap();
+        let message = |report: &crate::autoscaler::stats::Report| {
+            stat(
+                report.revision.name(),
+                report.average_concurrency,
+                report.request_count,
+            )
+        };
+        let mut stats = Stats::default();
+        let mut pending = Pending::default();
+        // t = 0: the revision's first request pokes; the link is down, so it is kept.
+        let poke = stats.poke(&revision, Totals::default(), 0).expect("a poke");
+        pending.keep(outgoing(vec![message(&poke)], POKE));
+        // t = 1 s: the request still waits for a pod. The first window subtracts the poked
+        // request, so the tick says {0, 0}; it cannot be sent either.
+        let waiting = Totals {
+            arrivals: 1,
+            in_flight: 1,
+            integral: 1_000_000,
+        };
+        let tick = stats.tick(1_000_000, |_| waiting);
+        assert_eq!(
+            sent(&outgoing(tick.reports.iter().map(message).collect(), TICK)),
+            [("cold".into(), 0.0, 0.0)]
+        );
+        pending.keep(outgoing(tick.reports.iter().map(message).collect(), TICK));
+        // The link is back while the request still waits: the autoscaler hears of it.
+        let due = pending.after_reconnect(|_, _| true).expect("due");
+        assert_eq!(
+            sent(&due),
+            [("cold".into(), 1.0, 1.0), ("cold".into(), 0.0, 0.0)],
+            "the poke, then the latest stat"
+        );
+        // t = 2 s: the next window says {1, 0}; it replaces the {0, 0}, never the poke.
+        let tick = stats.tick(2_000_000, |_| Totals {
+            integral: 2_000_000,
+            ..waiting
+        });
+        pending.keep(outgoing(tick.reports.iter().map(message).collect(), TICK));
+        let due = pending.after_reconnect(|_, _| true).expect("due");
+        assert_eq!(
+            sent(&due),
+            [("cold".into(), 1.0, 1.0), ("cold".into(), 1.0, 0.0)]
+        );
+        // A new poke (after the entry was deleted) replaces everything kept before it.
+        pending.keep(outgoing(vec![stat("cold", 1.0, 1.0)], POKE));
+        let due = pending.after_reconnect(|_, _| true).expect("due");
+        assert_eq!(sent(&due), [("cold".into(), 1.0, 1.0)]);
     }
 }

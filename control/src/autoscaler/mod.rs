@@ -27,7 +27,7 @@ use prometheus::Registry;
 use tokio::sync::mpsc;
 
 use self::link::{LinkMetrics, Outgoing};
-use self::stats::{Report, Stats, Totals};
+use self::stats::{Report, Stats, Tick, Totals};
 use crate::metrics::ReportedConcurrency;
 
 /// How often every entry reports (upstream's `reportInterval`).
@@ -236,7 +236,7 @@ async fn report(
                 before += before_poke;
                 blocks.add(&poke.revision, &poke.counters);
                 if let Some(report) = stats.poke(&poke.revision, before, poke.at_us) {
-                    send(&to_link, &pod_name, vec![report], "poke");
+                    send(&to_link, &pod_name, vec![report], link::POKE);
                 }
             }
             _ = ticks.tick() => {
@@ -246,18 +246,27 @@ async fn report(
                 for revision in &tick.deleted {
                     blocks.forget(revision);
                 }
-                // What the concurrency gauges show, as upstream records them at each report.
-                {
-                    let mut gauges = reported_concurrency
+                record_gauges(
+                    &mut reported_concurrency
                         .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    for report in &tick.reports {
-                        gauges.insert(report.revision.clone(), report.average_concurrency);
-                    }
-                }
-                send(&to_link, &pod_name, tick.reports, "tick");
+                        .unwrap_or_else(|poisoned| poisoned.into_inner()),
+                    &tick,
+                );
+                send(&to_link, &pod_name, tick.reports, link::TICK);
             }
         }
+    }
+}
+
+/// What the concurrency gauges show after `tick`: each report's average, as upstream records
+/// them at each report. A revision whose entry the tick deleted (idle, or gone from routing)
+/// keeps no gauge: its last report was zero, and the map would otherwise only grow.
+fn record_gauges(gauges: &mut BTreeMap<RevisionKey, f64>, tick: &Tick) {
+    for report in &tick.reports {
+        gauges.insert(report.revision.clone(), report.average_concurrency);
+    }
+    for revision in &tick.deleted {
+        gauges.remove(revision);
     }
 }
 
@@ -286,4 +295,61 @@ fn send(
     };
     // The link is gone only when the runtime stops.
     let _ = to_link.send(Outgoing { batch, kind });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On simulated time: a revision's gauge lives as long as its reporter entry.
+    #[test]
+    fn a_revision_whose_entry_is_deleted_keeps_no_concurrency_gauge() {
+        let revision = RevisionKey::new("ns", "idle").unwrap();
+        let other = RevisionKey::new("ns", "busy").unwrap();
+        let mut stats = Stats::default();
+        let mut gauges = BTreeMap::new();
+        let busy = Totals {
+            arrivals: 1,
+            in_flight: 1,
+            integral: 0,
+        };
+        stats.poke(&revision, Totals::default(), 0).unwrap();
+        stats.poke(&other, Totals::default(), 0).unwrap();
+        // Over the first second: `idle`'s request took half of it, `busy`'s is still in flight.
+        let tick = stats.tick(1_000_000, |key| {
+            if key == &revision {
+                Totals {
+                    arrivals: 1,
+                    in_flight: 0,
+                    integral: 500_000,
+                }
+            } else {
+                Totals {
+                    integral: 1_000_000,
+                    ..busy
+                }
+            }
+        });
+        record_gauges(&mut gauges, &tick);
+        assert_eq!(gauges.len(), 2);
+        // A second with nothing: `idle`'s entry reports zero and is deleted, with its gauge.
+        let tick = stats.tick(2_000_000, |key| {
+            if key == &revision {
+                Totals {
+                    arrivals: 1,
+                    in_flight: 0,
+                    integral: 500_000,
+                }
+            } else {
+                Totals {
+                    integral: 2_000_000,
+                    ..busy
+                }
+            }
+        });
+        assert_eq!(tick.deleted, std::slice::from_ref(&revision));
+        record_gauges(&mut gauges, &tick);
+        assert_eq!(gauges.get(&revision), None, "its gauge went with its entry");
+        assert_eq!(gauges.get(&other), Some(&1.0));
+    }
 }

@@ -191,6 +191,12 @@ impl Backends {
         }
     }
 
+    /// Revisions remembered (listed pods, probe results or the probe optimisation).
+    #[cfg(test)]
+    pub fn revision_count(&self) -> usize {
+        self.revisions.len()
+    }
+
     /// Listed pods not yet vouched for, over every revision.
     pub fn pending(&self) -> usize {
         self.unsettled
@@ -240,6 +246,11 @@ impl Backends {
     /// The revision's private endpoints now list `listed` (merged over its objects). Returns
     /// the `SetEndpoints` when the healthy pods changed; the caller then asks [`Backends::due`].
     pub fn listed(&mut self, revision: &RevisionKey, listed: Addresses) -> Option<Op> {
+        if !self.revisions.contains_key(revision) && listed == Addresses::default() {
+            // Nothing known and nothing listed (the endpoints of a revision already gone):
+            // nothing to remember or to say.
+            return None;
+        }
         let trust_ready = self.mesh != MeshMode::Auto;
         let entry = self.revisions.entry(revision.clone()).or_default();
         if entry.via_service {

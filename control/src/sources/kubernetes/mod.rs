@@ -1,6 +1,7 @@
 //! The Kubernetes source: the cluster watched as the upstream activator watches it.
 
 pub mod backends;
+pub mod backoff;
 pub mod model;
 pub mod objects;
 pub mod watch;

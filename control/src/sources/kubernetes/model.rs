@@ -5,12 +5,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
 
 use kactivator_api::RevisionKey;
 use serde_json::Value;
 
 use super::backends::{Backends, Outcome, ProbeJob, Target};
-use super::objects::{self, Addresses, ServiceType};
+use super::objects::{self, Addresses, ServiceType, SERVICE_TYPE_LABEL};
 use crate::features::{self, Tunables};
 use crate::pod_state::Gates;
 use crate::state::{Op, RevisionSpec};
@@ -109,6 +110,12 @@ impl Model {
 
     pub fn gates(&self) -> Gates {
         self.gates
+    }
+
+    /// Revisions the backend prober remembers.
+    #[cfg(test)]
+    fn backend_revisions(&self) -> usize {
+        self.backends.revision_count()
     }
 
     /// Listed pods not vouched for yet.
@@ -300,7 +307,16 @@ impl Model {
         match kind {
             // The pods the source vouches for (probed, or trusted): one it does not list is
             // omitted.
-            ServiceType::Private => self.backends.listed(revision, merged).into_iter().collect(),
+            ServiceType::Private => {
+                let op = self.backends.listed(revision, merged);
+                if !self.revisions.contains_key(revision) && !self.owned.contains_key(owner) {
+                    // Neither the Revision nor any of its private endpoints is left (they went
+                    // in either order): the prober forgets it, after `op` took back what was
+                    // sent for its pods.
+                    self.backends.remove(revision);
+                }
+                op.into_iter().collect()
+            }
             // Upstream: when this activator is not among them, it keeps what it had.
             ServiceType::Public => objects::public_activators(&merged, self.pod_ip)
                 .map(|activators| Op::SetRevisionActivators {
@@ -459,6 +475,68 @@ impl Model {
     }
 }
 
+// === EndpointSlices nothing mirrors ===
+
+/// How often, at most, the source looks for labelled core/v1 Endpoints while it watches
+/// EndpointSlices and sees none.
+pub const MISSING_SLICES_CHECK_EVERY: Duration = Duration::from_secs(30);
+
+/// Whether a cluster lists Knative's pods only in core/v1 Endpoints while kactivator watches
+/// EndpointSlices (`kubernetes.endpoints = "auto"` on a server that serves EndpointSlices
+/// where nothing mirrors Endpoints into them, such as one without the mirroring controller):
+/// then every revision has zero pods. The evidence is revisions known and not one labelled
+/// slice seen; when it holds the shell lists the labelled Endpoints (at most every
+/// [`MISSING_SLICES_CHECK_EVERY`]), and if there are some, the warning is said, once.
+#[derive(Debug, Default)]
+pub struct MissingSlices {
+    last_look: Option<Instant>,
+    looking: bool,
+    warned: bool,
+}
+
+impl MissingSlices {
+    /// Whether to look for labelled Endpoints now, given the revisions and the labelled slices
+    /// the source holds. A `true` must be answered with [`MissingSlices::looked`].
+    pub fn due(&mut self, now: Instant, revisions: usize, slices: usize) -> bool {
+        let due = !self.warned
+            && !self.looking
+            && revisions > 0
+            && slices == 0
+            && self.last_look.is_none_or(|last| {
+                now.saturating_duration_since(last) >= MISSING_SLICES_CHECK_EVERY
+            });
+        if due {
+            self.looking = true;
+            self.last_look = Some(now);
+        }
+        due
+    }
+
+    /// The look found `endpoints` labelled Endpoints objects (`None`: the list failed) while
+    /// `revisions` are known and `slices` labelled slices of `api` are held. Returns the
+    /// warning, the first time the evidence is there.
+    pub fn looked(
+        &mut self,
+        endpoints: Option<usize>,
+        revisions: usize,
+        slices: usize,
+        api: &str,
+    ) -> Option<String> {
+        self.looking = false;
+        if self.warned || endpoints.unwrap_or(0) == 0 || slices > 0 || revisions == 0 {
+            return None;
+        }
+        self.warned = true;
+        Some(format!(
+            "kubernetes.endpoints: watching {api}, but none is labelled \
+             {SERVICE_TYPE_LABEL} while {revisions} revision(s) are known and core/v1 Endpoints \
+             with that label exist: nothing mirrors Knative's Endpoints into EndpointSlices on \
+             this cluster, so no revision has a pod. Set endpoints = \"endpoints\" in the \
+             [kubernetes] table of the --config file to read the Endpoints"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,6 +666,101 @@ mod tests {
         // Deleting one slice leaves the other's pods.
         let ops = model.endpoints_deleted(&id("a-2"));
         assert!(matches!(&ops[..], [Op::SetEndpoints { ready, .. }] if ready.len() == 1));
+    }
+
+    /// A revision and its private endpoints go away in either order, each event in its own
+    /// watch: nothing of the revision is left behind, and the later deletion sends nothing.
+    #[test]
+    fn a_revision_and_its_endpoints_deleted_in_either_order_leave_nothing_behind() {
+        for mesh in [MeshMode::Disabled, MeshMode::Auto] {
+            // Revision first, then its endpoints.
+            let mut model = model_with(mesh);
+            model.revision_applied(&revision("a", 1)).unwrap();
+            model.endpoints_applied(id("a-private"), private("a", &["10.0.0.1:8012"]));
+            assert_eq!(
+                model.revision_deleted(&key("a")),
+                [Op::RemoveRevision { revision: key("a") }]
+            );
+            assert_eq!(model.endpoints_deleted(&id("a-private")), [], "{mesh:?}");
+            assert_eq!(model.backend_revisions(), 0, "{mesh:?}: re-created");
+            assert!(model.probes_due(true).is_empty(), "{mesh:?}");
+
+            // Endpoints first, then the revision.
+            let mut model = model_with(mesh);
+            model.revision_applied(&revision("a", 1)).unwrap();
+            model.endpoints_applied(id("a-private"), private("a", &["10.0.0.1:8012"]));
+            for job in model.probes_due(false) {
+                model.probed(&job, Outcome::Passed);
+            }
+            let ops = model.endpoints_deleted(&id("a-private"));
+            assert!(
+                matches!(&ops[..], [Op::SetEndpoints { ready, .. }] if ready.is_empty()),
+                "{mesh:?}: the pods go first: {ops:?}"
+            );
+            assert_eq!(
+                model.revision_deleted(&key("a")),
+                [Op::RemoveRevision { revision: key("a") }]
+            );
+            assert_eq!(model.backend_revisions(), 0, "{mesh:?}");
+
+            // The endpoints change once more after the revision went (a pod still
+            // terminating), then go: what was sent for them is taken back, and nothing stays.
+            let mut model = model_with(mesh);
+            model.revision_applied(&revision("a", 1)).unwrap();
+            model.endpoints_applied(
+                id("a-private"),
+                private("a", &["10.0.0.1:8012", "10.0.0.2:8012"]),
+            );
+            model.revision_deleted(&key("a"));
+            model.endpoints_applied(id("a-private"), private("a", &["10.0.0.2:8012"]));
+            for job in model.probes_due(false) {
+                model.probed(&job, Outcome::Passed);
+            }
+            let ops = model.endpoints_deleted(&id("a-private"));
+            assert!(
+                ops.iter()
+                    .all(|op| matches!(op, Op::SetEndpoints { ready, .. } if ready.is_empty())),
+                "{mesh:?}: {ops:?}"
+            );
+            assert_eq!(model.backend_revisions(), 0, "{mesh:?}");
+            assert!(model.probes_due(true).is_empty(), "{mesh:?}");
+        }
+    }
+
+    #[test]
+    fn missing_slices_are_looked_for_only_on_the_evidence_and_warned_about_once() {
+        let start = Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        let api = "discovery.k8s.io/v1beta1 EndpointSlices";
+        let mut check = MissingSlices::default();
+        // No revision yet, or slices seen: nothing to look for.
+        assert!(!check.due(at(0), 0, 0));
+        assert!(!check.due(at(0), 3, 1));
+        // Revisions and no slice: look, once at a time.
+        assert!(check.due(at(0), 3, 0));
+        assert!(!check.due(at(1), 3, 0), "a look is under way");
+        // No labelled Endpoints either (revisions scaled to zero, say): no warning, and the
+        // next look waits.
+        assert_eq!(check.looked(Some(0), 3, 0, api), None);
+        assert!(!check.due(at(29), 3, 0));
+        assert!(check.due(at(30), 3, 0));
+        // The list failed: nothing said, tried again later.
+        assert_eq!(check.looked(None, 3, 0, api), None);
+        assert!(check.due(at(60), 3, 0));
+        // Labelled Endpoints exist: the warning, naming the setting that fixes it.
+        let warning = check
+            .looked(Some(1), 3, 0, api)
+            .expect("the evidence is there");
+        assert!(warning.contains("endpoints = \"endpoints\""), "{warning}");
+        assert!(warning.contains("[kubernetes]"), "{warning}");
+        assert!(warning.contains(api), "{warning}");
+        // Said once.
+        assert!(!check.due(at(3600), 3, 0));
+        assert_eq!(check.looked(Some(1), 3, 0, api), None);
+        // A slice that appeared while the look was out: no warning.
+        let mut check = MissingSlices::default();
+        assert!(check.due(at(0), 1, 0));
+        assert_eq!(check.looked(Some(1), 1, 1, api), None);
     }
 
     #[test]

@@ -1,7 +1,13 @@
 //! What the watched Kubernetes objects say, as the state worker's terms: a Revision's spec, a
 //! revision's endpoints (core/v1 Endpoints or an EndpointSlice, v1 or v1beta1), the activators in
 //! its public endpoints, its private Service's address. Pure: objects in, values out; anything
-//! missing or malformed is an error that names the field, never a panic.
+//! missing, malformed or out of bounds is an error that names the field, never a panic.
+//!
+//! Bounds, checked here so that nothing later has to: a Revision's three timeouts are at most
+//! [`MAX_TIMEOUT_SECONDS`] (a larger one refuses the Revision, as a bad `containerConcurrency`
+//! does); a port is 1–65535 (a subset or slice with another is not used, and the problem is
+//! reported); an endpoints object lists at most [`MAX_ADDRESSES_PER_OBJECT`] addresses (beyond
+//! that it is not used at all). Values quoted in errors are cut to [`QUOTED_MAX_CHARS`].
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -11,7 +17,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kactivator_api::RevisionKey;
 use kactivator_shards::routing::{
-    LbPolicy, Protocol, RevisionLabels, Timeouts, DEFAULT_QUEUE_DEPTH,
+    LbPolicy, Protocol, RevisionLabels, Timeouts, DEFAULT_QUEUE_DEPTH, MAX_TIMEOUT_SECONDS,
 };
 use serde_json::Value;
 
@@ -29,6 +35,23 @@ pub const CONFIGURATION_LABEL: &str = "serving.knative.dev/configuration";
 pub const LB_POLICY_ANNOTATION: &str = "kactivator.knative.dev/load-balancing-policy";
 /// EndpointSlice label naming the Service it belongs to.
 pub const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
+
+/// Most addresses one Endpoints object or EndpointSlice may list (ready and not, over its
+/// subsets or endpoints). Kubernetes' own controllers write at most 1000 per object; a larger
+/// one is refused whole rather than probed and tracked address by address.
+pub const MAX_ADDRESSES_PER_OBJECT: usize = 65_536;
+
+/// Longest part of a value quoted in an error: a field can hold megabytes, a log line should not.
+pub const QUOTED_MAX_CHARS: usize = 64;
+
+/// `value` as an error quotes it: its JSON, cut to [`QUOTED_MAX_CHARS`] characters.
+fn quoted(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(QUOTED_MAX_CHARS) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
+        None => text,
+    }
+}
 
 /// Which of a revision's Services (and their endpoints) an object is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -70,10 +93,17 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
     let seconds = |field: &str| -> Result<Option<u64>, String> {
         match &spec[field] {
             Value::Null => Ok(None),
-            value => value
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| format!("spec.{field} is not a whole number of seconds: {value}")),
+            value => match value.as_u64() {
+                Some(seconds) if seconds <= MAX_TIMEOUT_SECONDS => Ok(Some(seconds)),
+                Some(seconds) => Err(format!(
+                    "spec.{field} {seconds} is above the longest timeout kactivator accepts, \
+                     {MAX_TIMEOUT_SECONDS} s (a year)"
+                )),
+                None => Err(format!(
+                    "spec.{field} is not a whole number of seconds: {}",
+                    quoted(value)
+                )),
+            },
         }
     };
     let container_concurrency = match &spec["containerConcurrency"] {
@@ -81,7 +111,12 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
         value => value
             .as_u64()
             .and_then(|value| u32::try_from(value).ok())
-            .ok_or_else(|| format!("spec.containerConcurrency is not a count: {value}"))?,
+            .ok_or_else(|| {
+                format!(
+                    "spec.containerConcurrency is not a count: {}",
+                    quoted(value)
+                )
+            })?,
     };
     let timeouts = Timeouts {
         total: seconds("timeoutSeconds")?
@@ -102,7 +137,11 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
     let lb_policy = match chosen_lb_policy(object) {
         None => LbPolicy::default_for(container_concurrency),
         Some(name) => LbPolicy::parse(name).ok_or_else(|| {
-            format!("unknown load-balancing policy {name:?} (random-choice-2, first-available, round-robin, least-connections)")
+            format!(
+                "unknown load-balancing policy {} (random-choice-2, first-available, \
+                 round-robin, least-connections)",
+                quoted(&Value::from(name))
+            )
         })?,
     };
     Ok(RevisionSpec {
@@ -188,82 +227,162 @@ fn is_http_port(name: Option<&str>) -> bool {
     name == Some("http")
 }
 
+/// What one endpoints object lists, and what in it could not be used (each problem names the
+/// field; the caller adds the object's name).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub addresses: Addresses,
+    pub problems: Vec<String>,
+}
+
+/// Most problems reported per object; the rest are counted in the last one.
+const PROBLEMS_MAX: usize = 8;
+
+impl Listing {
+    fn problem(&mut self, problem: String) {
+        match self.problems.len() {
+            count if count < PROBLEMS_MAX => self.problems.push(problem),
+            PROBLEMS_MAX => self.problems.push("… and more".into()),
+            _ => {}
+        }
+    }
+
+    /// Refuses the whole object when it lists more than [`MAX_ADDRESSES_PER_OBJECT`].
+    fn bounded(mut self, listed: usize, field: &str) -> Listing {
+        if listed > MAX_ADDRESSES_PER_OBJECT {
+            self.addresses = Addresses::default();
+            self.problems = vec![format!(
+                "{field} list {listed} addresses, more than the {MAX_ADDRESSES_PER_OBJECT} \
+                 kactivator takes from one object; none is used"
+            )];
+        }
+        self
+    }
+}
+
+/// A port number as the API writes it: 1–65535, else `None`.
+fn port_number(port: i64) -> Option<u16> {
+    u16::try_from(port).ok().filter(|&port| port != 0)
+}
+
 /// core/v1 Endpoints → addresses: from every subset with a port named `http` or `http2`, at
 /// that port (upstream's `endpointsToDests`).
-pub fn endpoints_addresses(endpoints: &Endpoints) -> Addresses {
+pub fn endpoints_addresses(endpoints: &Endpoints) -> Listing {
     endpoints_addresses_at(endpoints, is_serving_port)
 }
 
 /// `activator-service`'s Endpoints → the activators' addresses at their port named `http`.
-pub fn activator_endpoints_addresses(endpoints: &Endpoints) -> Addresses {
+pub fn activator_endpoints_addresses(endpoints: &Endpoints) -> Listing {
     endpoints_addresses_at(endpoints, is_http_port)
 }
 
 /// An `activator-service` EndpointSlice → the activators' addresses at their port named `http`.
-pub fn activator_slice_addresses(slice: &Value) -> Addresses {
+pub fn activator_slice_addresses(slice: &Value) -> Listing {
     slice_addresses_at(slice, is_http_port)
 }
 
-fn endpoints_addresses_at(endpoints: &Endpoints, accept: fn(Option<&str>) -> bool) -> Addresses {
-    let mut addresses = Addresses::default();
-    for subset in endpoints.subsets.iter().flatten() {
-        let Some(port) = subset
+fn endpoints_addresses_at(endpoints: &Endpoints, accept: fn(Option<&str>) -> bool) -> Listing {
+    let mut listing = Listing::default();
+    let mut listed = 0;
+    for (index, subset) in endpoints.subsets.iter().flatten().enumerate() {
+        let Some((port_index, port)) = subset
             .ports
             .iter()
             .flatten()
-            .find(|port| accept(port.name.as_deref()))
-            .and_then(|port| u16::try_from(port.port).ok())
+            .enumerate()
+            .find(|(_, port)| accept(port.name.as_deref()))
         else {
             continue;
         };
-        for (list, into) in [
-            (&subset.addresses, &mut addresses.ready),
-            (&subset.not_ready_addresses, &mut addresses.not_ready),
+        let Some(port) = port_number(i64::from(port.port)) else {
+            listing.problem(format!(
+                "subsets[{index}].ports[{port_index}].port {} is not a port (1-65535); the \
+                 subset is not used",
+                port.port
+            ));
+            continue;
+        };
+        for (field, list, ready) in [
+            ("addresses", &subset.addresses, true),
+            ("notReadyAddresses", &subset.not_ready_addresses, false),
         ] {
-            for address in list.iter().flatten() {
-                if let Ok(ip) = address.ip.parse::<IpAddr>() {
-                    into.insert(SocketAddr::new(ip, port));
-                }
+            for (at, address) in list.iter().flatten().enumerate() {
+                listed += 1;
+                let Ok(ip) = address.ip.parse::<IpAddr>() else {
+                    listing.problem(format!(
+                        "subsets[{index}].{field}[{at}].ip {} is not an IP address",
+                        quoted(&Value::from(address.ip.as_str()))
+                    ));
+                    continue;
+                };
+                let into = if ready {
+                    &mut listing.addresses.ready
+                } else {
+                    &mut listing.addresses.not_ready
+                };
+                into.insert(SocketAddr::new(ip, port));
             }
         }
     }
-    addresses
+    listing.bounded(listed, "subsets")
 }
 
 /// An EndpointSlice (v1 or v1beta1, read as JSON) → addresses at its port named `http` or
 /// `http2`. An endpoint is ready unless `conditions.ready` is false (nil means ready, as the
 /// API documents).
-pub fn slice_addresses(slice: &Value) -> Addresses {
+pub fn slice_addresses(slice: &Value) -> Listing {
     slice_addresses_at(slice, is_serving_port)
 }
 
-fn slice_addresses_at(slice: &Value, accept: fn(Option<&str>) -> bool) -> Addresses {
-    let mut addresses = Addresses::default();
-    let Some(port) = slice["ports"]
+fn slice_addresses_at(slice: &Value, accept: fn(Option<&str>) -> bool) -> Listing {
+    let mut listing = Listing::default();
+    let Some((port_index, port)) = slice["ports"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|port| accept(port["name"].as_str()))
-        .and_then(|port| port["port"].as_u64())
-        .and_then(|port| u16::try_from(port).ok())
+        .enumerate()
+        .find(|(_, port)| accept(port["name"].as_str()))
     else {
-        return addresses;
+        return listing;
     };
-    for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
+    let Some(port) = port["port"].as_i64().and_then(port_number) else {
+        listing.problem(format!(
+            "ports[{port_index}].port {} is not a port (1-65535); the slice is not used",
+            quoted(&port["port"])
+        ));
+        return listing;
+    };
+    let mut listed = 0;
+    for (index, endpoint) in slice["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let ready = endpoint["conditions"]["ready"].as_bool().unwrap_or(true);
-        for ip in endpoint["addresses"].as_array().into_iter().flatten() {
+        for (at, ip) in endpoint["addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            listed += 1;
             let Some(ip) = ip.as_str().and_then(|ip| ip.parse::<IpAddr>().ok()) else {
+                listing.problem(format!(
+                    "endpoints[{index}].addresses[{at}] {} is not an IP address",
+                    quoted(ip)
+                ));
                 continue;
             };
             let addr = SocketAddr::new(ip, port);
             if ready {
-                addresses.ready.insert(addr);
+                listing.addresses.ready.insert(addr);
             } else {
-                addresses.not_ready.insert(addr);
+                listing.addresses.not_ready.insert(addr);
             }
         }
     }
-    addresses
+    listing.bounded(listed, "endpoints")
 }
 
 /// The activators in a revision's public endpoints, as the subsetting sees them: every ready
@@ -291,7 +410,7 @@ pub fn service_address(service: &Service) -> Option<SocketAddr> {
         .iter()
         .flatten()
         .find(|port| is_serving_port(port.name.as_deref()))?;
-    Some(SocketAddr::new(ip, u16::try_from(port.port).ok()?))
+    Some(SocketAddr::new(ip, port_number(i64::from(port.port))?))
 }
 
 #[cfg(test)]
@@ -360,6 +479,228 @@ mod tests {
         assert!(revision_spec(&json!({"metadata": {"name": "x"}})).is_err());
     }
 
+    /// Values at the edge of their type: each row is one field's value and what comes of it.
+    #[test]
+    fn revision_values_out_of_bounds_refuse_the_revision_naming_the_field() {
+        let huge = "x".repeat(1 << 20);
+        for (field, value, refused_naming) in [
+            (
+                "timeoutSeconds",
+                json!(u64::MAX),
+                Some("spec.timeoutSeconds"),
+            ),
+            (
+                "timeoutSeconds",
+                json!(MAX_TIMEOUT_SECONDS + 1),
+                Some("spec.timeoutSeconds"),
+            ),
+            ("timeoutSeconds", json!(MAX_TIMEOUT_SECONDS), None),
+            ("timeoutSeconds", json!(-1), Some("spec.timeoutSeconds")),
+            (
+                "timeoutSeconds",
+                json!(i64::MIN),
+                Some("spec.timeoutSeconds"),
+            ),
+            ("timeoutSeconds", json!(1.5), Some("spec.timeoutSeconds")),
+            ("timeoutSeconds", json!(0), None),
+            ("timeoutSeconds", json!(huge), Some("spec.timeoutSeconds")),
+            (
+                "responseStartTimeoutSeconds",
+                json!(u64::MAX),
+                Some("spec.responseStartTimeoutSeconds"),
+            ),
+            (
+                "responseStartTimeoutSeconds",
+                json!(MAX_TIMEOUT_SECONDS),
+                None,
+            ),
+            (
+                "idleTimeoutSeconds",
+                json!(u64::MAX),
+                Some("spec.idleTimeoutSeconds"),
+            ),
+            (
+                "idleTimeoutSeconds",
+                json!(-5),
+                Some("spec.idleTimeoutSeconds"),
+            ),
+            ("idleTimeoutSeconds", json!(MAX_TIMEOUT_SECONDS), None),
+            (
+                "containerConcurrency",
+                json!(u64::MAX),
+                Some("spec.containerConcurrency"),
+            ),
+            (
+                "containerConcurrency",
+                json!(u64::from(u32::MAX) + 1),
+                Some("spec.containerConcurrency"),
+            ),
+            ("containerConcurrency", json!(u32::MAX), None),
+            (
+                "containerConcurrency",
+                json!(-1),
+                Some("spec.containerConcurrency"),
+            ),
+            (
+                "loadBalancingPolicy",
+                json!(huge),
+                Some("load-balancing policy"),
+            ),
+        ] {
+            let result = revision_spec(&revision(json!({ field: value })));
+            match refused_naming {
+                None => assert!(result.is_ok(), "{field} = {value:.40}: {result:?}"),
+                Some(naming) => {
+                    let error = result.expect_err(field);
+                    assert!(error.contains(naming), "{field}: {error}");
+                    assert!(error.len() < 300, "the error quotes a cut value: {error}");
+                }
+            }
+        }
+        // The largest accepted timeouts are what the spec carries.
+        let spec = revision_spec(&revision(json!({
+            "timeoutSeconds": MAX_TIMEOUT_SECONDS,
+            "idleTimeoutSeconds": MAX_TIMEOUT_SECONDS,
+        })))
+        .unwrap();
+        assert_eq!(
+            spec.timeouts.total,
+            Duration::from_secs(MAX_TIMEOUT_SECONDS)
+        );
+        assert_eq!(
+            spec.timeouts.idle,
+            Some(Duration::from_secs(MAX_TIMEOUT_SECONDS))
+        );
+    }
+
+    #[test]
+    fn an_endpoints_port_out_of_range_leaves_its_subset_unused_and_says_which_field() {
+        for (port, used) in [
+            (0, false),
+            (-1, false),
+            (i32::MIN, false),
+            (65_536, false),
+            (i32::MAX, false),
+            (1, true),
+            (65_535, true),
+        ] {
+            let endpoints: Endpoints = serde_json::from_value(json!({
+                "metadata": {"name": "x-private", "namespace": "default"},
+                "subsets": [
+                    {"addresses": [{"ip": "10.0.0.1"}], "ports": [{"name": "http", "port": port}]},
+                    {"addresses": [{"ip": "10.0.0.2"}], "ports": [{"name": "http", "port": 8012}]},
+                ],
+            }))
+            .unwrap();
+            let listing = endpoints_addresses(&endpoints);
+            let ready: Vec<String> = listing
+                .addresses
+                .ready
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            if used {
+                assert_eq!(
+                    ready,
+                    [format!("10.0.0.1:{port}"), "10.0.0.2:8012".to_string()]
+                );
+                assert!(listing.problems.is_empty(), "{:?}", listing.problems);
+            } else {
+                assert_eq!(
+                    ready,
+                    ["10.0.0.2:8012"],
+                    "port {port}: the other subset still counts"
+                );
+                assert_eq!(listing.problems.len(), 1, "{:?}", listing.problems);
+                assert!(
+                    listing.problems[0].contains("subsets[0].ports[0].port"),
+                    "{:?}",
+                    listing.problems
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_slice_port_out_of_range_or_an_address_that_is_no_ip_is_reported() {
+        for port in [
+            json!(0),
+            json!(-1),
+            json!(65_536),
+            json!(u64::MAX),
+            json!(null),
+            json!("http"),
+        ] {
+            let listing = slice_addresses(&json!({
+                "ports": [{"name": "http", "port": port}],
+                "endpoints": [{"addresses": ["10.0.0.1"]}],
+            }));
+            assert_eq!(listing.addresses, Addresses::default(), "{port}");
+            assert!(
+                listing.problems[0].contains("ports[0].port"),
+                "{:?}",
+                listing.problems
+            );
+        }
+        let huge = "1".repeat(1 << 20);
+        let listing = slice_addresses(&json!({
+            "ports": [{"name": "http", "port": 8012}],
+            "endpoints": [{"addresses": ["10.0.0.1", huge, 7]}],
+        }));
+        assert_eq!(listing.addresses.ready.len(), 1);
+        assert_eq!(listing.problems.len(), 2, "{:?}", listing.problems);
+        assert!(listing.problems[0].contains("endpoints[0].addresses[1]"));
+        assert!(
+            listing.problems[0].len() < 300,
+            "cut: {}",
+            listing.problems[0]
+        );
+        // Many bad addresses: a few problems are listed, not one per address.
+        let many: Vec<Value> = (0..10_000).map(|n| json!(format!("bad-{n}"))).collect();
+        let listing = slice_addresses(&json!({
+            "ports": [{"name": "http", "port": 8012}],
+            "endpoints": [{"addresses": many}],
+        }));
+        assert_eq!(listing.problems.len(), PROBLEMS_MAX + 1);
+    }
+
+    #[test]
+    fn an_object_listing_more_addresses_than_the_bound_is_not_used() {
+        let ips = |count: usize| -> Vec<Value> {
+            (0..count)
+                .map(|n| json!(format!("10.{}.{}.{}", n >> 16, (n >> 8) & 255, n & 255)))
+                .collect()
+        };
+        let slice = |count: usize| {
+            json!({
+                "ports": [{"name": "http", "port": 8012}],
+                "endpoints": [{"addresses": ips(count)}],
+            })
+        };
+        let at_bound = slice_addresses(&slice(MAX_ADDRESSES_PER_OBJECT));
+        assert_eq!(at_bound.addresses.ready.len(), MAX_ADDRESSES_PER_OBJECT);
+        assert!(at_bound.problems.is_empty());
+        let over = slice_addresses(&slice(MAX_ADDRESSES_PER_OBJECT + 1));
+        assert_eq!(over.addresses, Addresses::default());
+        assert!(
+            over.problems[0].contains("65537 addresses"),
+            "{:?}",
+            over.problems
+        );
+        let endpoints: Endpoints = serde_json::from_value(json!({
+            "metadata": {"name": "x-private", "namespace": "default"},
+            "subsets": [{
+                "addresses": ips(MAX_ADDRESSES_PER_OBJECT).into_iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+                "notReadyAddresses": [{"ip": "10.255.0.1"}],
+                "ports": [{"name": "http", "port": 8012}],
+            }],
+        }))
+        .unwrap();
+        let over = endpoints_addresses(&endpoints);
+        assert_eq!(over.addresses, Addresses::default());
+        assert!(over.problems[0].contains("subsets"), "{:?}", over.problems);
+    }
+
     #[test]
     fn endpoints_take_the_port_named_http_or_http2_and_split_ready_from_not_ready() {
         let endpoints: Endpoints = serde_json::from_value(json!({
@@ -374,7 +715,9 @@ mod tests {
             ],
         }))
         .unwrap();
-        let addresses = endpoints_addresses(&endpoints);
+        let listing = endpoints_addresses(&endpoints);
+        assert_eq!(listing.problems, Vec::<String>::new());
+        let addresses = listing.addresses;
         let ready: Vec<String> = addresses.ready.iter().map(ToString::to_string).collect();
         assert_eq!(ready, ["10.0.0.1:8012", "10.0.0.2:8012"]);
         let not_ready: Vec<String> = addresses
@@ -401,7 +744,7 @@ mod tests {
         v1beta1["apiVersion"] = json!("discovery.k8s.io/v1beta1");
         v1beta1["endpoints"][0]["topology"] = json!({"kubernetes.io/hostname": "n"});
         for slice in [v1, v1beta1] {
-            let addresses = slice_addresses(&slice);
+            let addresses = slice_addresses(&slice).addresses;
             let ready: Vec<String> = addresses.ready.iter().map(ToString::to_string).collect();
             assert_eq!(
                 ready,
@@ -412,9 +755,9 @@ mod tests {
         }
         assert_eq!(
             slice_addresses(&json!({"ports": [{"name": "https", "port": 1}]})),
-            Addresses::default()
+            Listing::default()
         );
-        assert_eq!(slice_addresses(&json!(null)), Addresses::default());
+        assert_eq!(slice_addresses(&json!(null)), Listing::default());
     }
 
     #[test]

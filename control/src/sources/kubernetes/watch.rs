@@ -15,9 +15,9 @@
 //! Start-up: every watch's first list is buffered, and once all five have listed, everything is
 //! applied as one batch (features, revisions, Services, endpoints, in that order) and readiness
 //! is told. Until then a line every few seconds says which watches are still listing and why.
-//! Afterwards each event is applied as it comes. A watch that fails is retried with backoff
-//! (kube-runtime's default) while the shards keep serving the last snapshot; a relist applies
-//! only what changed (see [`Model`]).
+//! Afterwards each event is applied as it comes. A watch that fails is retried with a short
+//! backoff ([`WatchBackoff`]: 0.2 s doubling to 1 s, jittered) while the shards keep serving the
+//! last snapshot; a relist applies only what changed (see [`Model`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
 use kactivator_api::RevisionKey;
 use kactivator_shards::runtime::readiness::Readiness;
 use kactivator_shards::throttle::gate::ProcessQueue;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
@@ -38,7 +38,8 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use super::backends::{Outcome, ProbeJob};
-use super::model::{EndpointsSeen, MeshMode, Model, ObjectId};
+use super::backoff::WatchBackoff;
+use super::model::{EndpointsSeen, MeshMode, MissingSlices, Model, ObjectId};
 use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL};
 use crate::config::EndpointsKind;
 use crate::features::Tunables;
@@ -151,6 +152,22 @@ pub async fn client() -> Result<Client, String> {
         .map_err(|error| error.to_string())
 }
 
+/// Whether core/v1 Endpoints with Knative's `serviceType` label exist (one is asked for: any is
+/// the evidence [`MissingSlices`] wants). `None` when the list fails.
+async fn labelled_endpoints(client: Client) -> Option<usize> {
+    let endpoints: Api<Endpoints> = Api::all(client);
+    match endpoints
+        .list(&ListParams::default().labels(SERVICE_TYPE_LABEL).limit(1))
+        .await
+    {
+        Ok(list) => Some(list.items.len()),
+        Err(error) => {
+            tracing::debug!("listing labelled core/v1 Endpoints: {error}");
+            None
+        }
+    }
+}
+
 /// `auto` picks EndpointSlices when the server serves them (v1, else v1beta1).
 async fn resolve_endpoints(client: &Client, kind: EndpointsKind) -> Result<EndpointsApi, String> {
     if kind == EndpointsKind::Endpoints {
@@ -223,6 +240,8 @@ enum Item {
     Endpoints {
         id: ObjectId,
         seen: Option<EndpointsSeen>,
+        /// What in the object could not be used (`ns/name: field …`).
+        problems: Vec<String>,
     },
     Service {
         revision: Option<RevisionKey>,
@@ -233,7 +252,27 @@ enum Item {
     Activators {
         id: ObjectId,
         addresses: objects::Addresses,
+        problems: Vec<String>,
     },
+}
+
+impl Item {
+    /// What in the object could not be used.
+    fn problems(&self) -> &[String] {
+        match self {
+            Item::Endpoints { problems, .. } | Item::Activators { problems, .. } => problems,
+            _ => &[],
+        }
+    }
+}
+
+/// An endpoints object's problems, each prefixed with the object's name.
+fn named(id: &ObjectId, problems: Vec<String>) -> Vec<String> {
+    let (namespace, name) = id;
+    problems
+        .into_iter()
+        .map(|problem| format!("{namespace}/{name}: {problem}"))
+        .collect()
 }
 
 /// A watch event with the object read.
@@ -286,25 +325,28 @@ fn read_revision(object: DynamicObject) -> Item {
 }
 
 fn read_endpoints(object: Endpoints) -> Item {
-    let seen = objects::owner(&object.metadata).map(|(revision, kind)| EndpointsSeen {
-        revision,
-        kind,
-        addresses: objects::endpoints_addresses(&object),
-    });
-    Item::Endpoints {
-        id: object_id(&object),
-        seen,
-    }
+    let listing = objects::endpoints_addresses(&object);
+    endpoints_item(object_id(&object), &object.metadata, listing)
 }
 
 fn read_slice(object: DynamicObject) -> Item {
-    let seen = objects::owner(&object.metadata).map(|(revision, kind)| EndpointsSeen {
+    let listing = objects::slice_addresses(&object.data);
+    endpoints_item(object_id(&object), &object.metadata, listing)
+}
+
+fn endpoints_item(
+    id: ObjectId,
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    listing: objects::Listing,
+) -> Item {
+    let seen = objects::owner(metadata).map(|(revision, kind)| EndpointsSeen {
         revision,
         kind,
-        addresses: objects::slice_addresses(&object.data),
+        addresses: listing.addresses,
     });
     Item::Endpoints {
-        id: object_id(&object),
+        problems: named(&id, listing.problems),
+        id,
         seen,
     }
 }
@@ -320,16 +362,22 @@ fn read_service(object: Service) -> Item {
 }
 
 fn read_activator_endpoints(object: Endpoints) -> Item {
+    let id = object_id(&object);
+    let listing = objects::activator_endpoints_addresses(&object);
     Item::Activators {
-        id: object_id(&object),
-        addresses: objects::activator_endpoints_addresses(&object),
+        problems: named(&id, listing.problems),
+        id,
+        addresses: listing.addresses,
     }
 }
 
 fn read_activator_slice(object: DynamicObject) -> Item {
+    let id = object_id(&object);
+    let listing = objects::activator_slice_addresses(&object.data);
     Item::Activators {
-        id: object_id(&object),
-        addresses: objects::activator_slice_addresses(&object.data),
+        problems: named(&id, listing.problems),
+        id,
+        addresses: listing.addresses,
     }
 }
 
@@ -352,7 +400,8 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
         EndpointsApi::Endpoints => (
             changes(
                 Informer::Endpoints,
-                watcher::watcher(Api::<Endpoints>::all(client.clone()), selected).default_backoff(),
+                watcher::watcher(Api::<Endpoints>::all(client.clone()), selected)
+                    .backoff(WatchBackoff::new()),
                 read_endpoints,
             ),
             changes(
@@ -362,7 +411,7 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                     watcher::Config::default()
                         .fields(&format!("metadata.name={ACTIVATOR_SERVICE}")),
                 )
-                .default_backoff(),
+                .backoff(WatchBackoff::new()),
                 read_activator_endpoints,
             ),
         ),
@@ -378,7 +427,7 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                         Api::<DynamicObject>::all_with(client.clone(), &slices),
                         selected,
                     )
-                    .default_backoff(),
+                    .backoff(WatchBackoff::new()),
                     read_slice,
                 ),
                 changes(
@@ -392,7 +441,7 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                         watcher::Config::default()
                             .labels(&format!("{SLICE_SERVICE_LABEL}={ACTIVATOR_SERVICE}")),
                     )
-                    .default_backoff(),
+                    .backoff(WatchBackoff::new()),
                     read_activator_slice,
                 ),
             )
@@ -405,7 +454,7 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                 Api::<ConfigMap>::namespaced(client.clone(), &source.system_namespace),
                 features,
             )
-            .default_backoff(),
+            .backoff(WatchBackoff::new()),
             read_features,
         ),
         changes(
@@ -414,12 +463,13 @@ fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
                 Api::<DynamicObject>::all_with(client.clone(), &revisions),
                 watcher::Config::default(),
             )
-            .default_backoff(),
+            .backoff(WatchBackoff::new()),
             read_revision,
         ),
         changes(
             Informer::Services,
-            watcher::watcher(Api::<Service>::all(client.clone()), private).default_backoff(),
+            watcher::watcher(Api::<Service>::all(client.clone()), private)
+                .backoff(WatchBackoff::new()),
             read_service,
         ),
         endpoints,
@@ -532,6 +582,11 @@ impl Watcher {
     /// One event: the model's ops, applied now or kept for the start-up batch.
     async fn on_change(&mut self, informer: Informer, change: Result<Change, String>) {
         let arrived = Instant::now();
+        if let Ok(Change::Listed(item) | Change::Applied(item)) = &change {
+            for problem in item.problems() {
+                self.invalid(informer, "endpoints partly not used", problem);
+            }
+        }
         let state = self.informers.entry(informer).or_default();
         state.last_event = Some(Instant::now());
         let change = match change {
@@ -610,7 +665,7 @@ impl Watcher {
                 items
                     .into_iter()
                     .filter_map(|item| match item {
-                        Item::Endpoints { id, seen } => Some((id, seen?)),
+                        Item::Endpoints { id, seen, .. } => Some((id, seen?)),
                         _ => None,
                     })
                     .collect(),
@@ -628,7 +683,7 @@ impl Watcher {
                 let all = items
                     .into_iter()
                     .filter_map(|item| match item {
-                        Item::Activators { id, addresses } => Some((id, addresses)),
+                        Item::Activators { id, addresses, .. } => Some((id, addresses)),
                         _ => None,
                     })
                     .collect();
@@ -662,16 +717,17 @@ impl Watcher {
             Item::Endpoints {
                 id,
                 seen: Some(seen),
+                ..
             } => self.model.endpoints_applied(id, seen),
             // Its labels no longer name a revision: as good as gone.
-            Item::Endpoints { id, seen: None } => self.model.endpoints_deleted(&id),
+            Item::Endpoints { id, seen: None, .. } => self.model.endpoints_deleted(&id),
             Item::Service {
                 revision: Some(revision),
                 address,
             } => self.model.service_applied(revision, address),
             Item::Service { revision: None, .. } => Vec::new(),
             Item::Features(data) => self.features(&data),
-            Item::Activators { id, addresses } => {
+            Item::Activators { id, addresses, .. } => {
                 let peers = self.model.activators_applied(id, Some(addresses));
                 self.set_peers(peers);
                 Vec::new()
@@ -830,6 +886,8 @@ impl KubeSource {
         let mut progress = tokio::time::interval(PROGRESS_EVERY);
         progress.tick().await;
         let mut gauges = tokio::time::interval(Duration::from_secs(1));
+        let mut missing_slices = MissingSlices::default();
+        let (looked_tx, mut looked) = mpsc::unbounded_channel::<Option<usize>>();
         loop {
             let mut tick = false;
             tokio::select! {
@@ -849,6 +907,26 @@ impl KubeSource {
                 }
                 _ = gauges.tick() => {
                     watcher.gauges();
+                    let (revisions, slices) =
+                        (watcher.model.revision_count(), watcher.model.endpoints_count());
+                    if matches!(self.endpoints, EndpointsApi::Slices(_))
+                        && watcher.synced()
+                        && missing_slices.due(Instant::now(), revisions, slices)
+                    {
+                        let (client, looked) = (self.client.clone(), looked_tx.clone());
+                        tokio::spawn(async move {
+                            let _ = looked.send(labelled_endpoints(client).await);
+                        });
+                    }
+                    continue;
+                }
+                Some(found) = looked.recv() => {
+                    let (revisions, slices) =
+                        (watcher.model.revision_count(), watcher.model.endpoints_count());
+                    let api = self.endpoints.describe();
+                    if let Some(warning) = missing_slices.looked(found, revisions, slices, &api) {
+                        tracing::warn!("{warning}");
+                    }
                     continue;
                 }
             }
