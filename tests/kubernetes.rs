@@ -838,12 +838,17 @@ fn an_h2c_revisions_http2_only_pod_is_probed_over_h2c_and_serves() {
 
     let cluster = Cluster::start(Listing::Endpoints);
     let pod_ip = cluster.net.add_address();
-    let pod = GrpcioPod::spawn(
-        SocketAddr::new(pod_ip, POD_PORT),
-        "grpc-pod",
-        Health::Absent,
-    )
-    .expect("grpcio pod");
+    // Started from inside the pods' network namespace, where its address is.
+    let pod = cluster
+        .net
+        .inside(|| {
+            GrpcioPod::spawn(
+                SocketAddr::new(pod_ip, POD_PORT),
+                "grpc-pod",
+                Health::Absent,
+            )
+        })
+        .expect("grpcio pod");
     cluster.api.apply_yaml(&format!(
         "{}{}",
         knative::h2c_revision("default", "grpc", 0),
