@@ -11,13 +11,14 @@ use kactivator_control::features::{self, Tunables};
 use kactivator_control::publisher::Publisher;
 use kactivator_control::sources::kubernetes::watch::{self, KubeSource};
 use kactivator_control::{ControlInputs, ControlPlane};
+use kactivator_shards::hub::{self, ShardSpec};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
 use kactivator_shards::request::identity::detect_cluster_domain;
 use kactivator_shards::runtime::control_link::ControlLink;
-use kactivator_shards::runtime::reactor::{self, DriverKind, ShardSpec};
+use kactivator_shards::runtime::reactor::{self, DriverKind};
 use kactivator_shards::runtime::readiness::Readiness;
-use kactivator_shards::runtime::shard::ShardSettings;
 use kactivator_shards::runtime::topology::{self, CpuBudget};
+use kactivator_shards::shard::ShardSettings;
 use kactivator_shards::throttle::gate::ProcessQueue;
 use kactivator_shards::upstream::pool::PoolConfig;
 
@@ -447,7 +448,7 @@ pub fn run_with(
             stats: stats.clone(),
             control: control_link.clone(),
         };
-        threads.push(reactor::spawn_shard(spec, started_tx.clone())?);
+        threads.push(hub::spawn_shard(spec, started_tx.clone())?);
     }
     drop(started_tx);
     let mut drivers: Vec<DriverKind> = Vec::with_capacity(placement.shards);

@@ -20,7 +20,7 @@ use kactivator_shards::http2::{
 use kactivator_shards::routing::{
     LbPolicy, Protocol, Timeouts, DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT, MAX_TIMEOUT_SECONDS,
 };
-use kactivator_shards::runtime::shard::{
+use kactivator_shards::shard::{
     DEFAULT_HEAD_TIMEOUT, DEFAULT_MAX_CONNECTIONS_PER_SHARD, DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
 };
 use kactivator_shards::upstream::pool::{
@@ -1323,7 +1323,7 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
         use crate::worker::DEFAULT_QUEUE_CAPACITY;
         use kactivator_shards::request::identity::{detect_cluster_domain, DEFAULT_CLUSTER_DOMAIN};
         use kactivator_shards::routing::{DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT};
-        use kactivator_shards::runtime::shard::ShardSettings;
+        use kactivator_shards::shard::ShardSettings;
         use kactivator_shards::upstream::pool::{
             PoolConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_POD,
         };

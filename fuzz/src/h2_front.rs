@@ -31,10 +31,11 @@ use kactivator_shards::fuzzing::serve_h2;
 use kactivator_shards::http2::PREFACE;
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
 use kactivator_shards::routing::{
-    LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate, Timeouts,
+    LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate, ShardCommand,
+    Timeouts,
 };
 use kactivator_shards::runtime::control_link::ControlLink;
-use kactivator_shards::runtime::shard::{Shard, ShardSettings};
+use kactivator_shards::shard::{Shard, ShardSettings};
 use kactivator_shards::throttle::gate::{ProcessQueue, RevisionGate};
 use kactivator_shards::throttle::slots::UNLIMITED;
 use monoio::time::TimeDriver;
@@ -115,13 +116,10 @@ async fn run(selector: u8, seed: u8, stream: Vec<u8>) {
             gate: gate.clone(),
             queue_depth: 4,
         };
-        shard.replica.apply(
-            RoutingUpdate::Upsert {
-                version: 1,
-                route: Arc::new(route),
-            },
-            &shard,
-        );
+        shard.apply(ShardCommand::Routing(RoutingUpdate::Upsert {
+            version: 1,
+            route: Arc::new(route),
+        }));
     }
     // Bits 2-4: after how many reads the shard starts draining (GOAWAY); 0 is never.
     let drain_after = usize::from((selector >> 2) & 7);

@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::runtime::shard::Shard;
+use crate::shard::Shard;
 
 /// Serves one HTTP/2 connection over `io` (its bytes start with the client preface) on
 /// `shard`, as `http2::server::take_over` does for a socket, until the connection closes.

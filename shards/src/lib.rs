@@ -28,10 +28,13 @@
 
 pub mod http1;
 pub mod http2;
+pub mod hub;
 pub mod metrics;
+pub mod preface;
 pub mod request;
 pub mod routing;
 pub mod runtime;
+pub mod shard;
 pub mod throttle;
 pub mod upstream;
 

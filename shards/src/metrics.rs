@@ -11,7 +11,14 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use crate::routing::RevisionLabels;
+/// Labels Knative puts on per-revision metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RevisionLabels {
+    pub namespace: String,
+    pub revision: String,
+    pub service: String,
+    pub configuration: String,
+}
 
 /// Upper bounds (ms) of `activator_request_latencies`, as upstream Knative.
 pub const LATENCY_BUCKETS_MS: [u64; 26] = [

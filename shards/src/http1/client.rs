@@ -11,7 +11,8 @@ use monoio::net::TcpStream;
 use monoio::BufResult;
 
 use super::io::write_all;
-use super::rewrite::{self, ClientSide, LocalResponse};
+use super::rewrite::{self, ClientSide};
+use crate::request::answer::Answer;
 use crate::request::outcome::{Next, RequestShape};
 use crate::runtime::buffer::InBuf;
 
@@ -127,7 +128,7 @@ impl RequestMeta {
 /// Answers with a response the activator made itself.
 pub(super) async fn answer_locally(
     conn: &mut ClientConn,
-    response: &LocalResponse<'_>,
+    response: &Answer<'_>,
     client: ClientSide,
 ) -> Next {
     conn.response_out.clear();
@@ -136,31 +137,4 @@ pub(super) async fn answer_locally(
         Ok(()) if client.keep_alive => Next::KeepAlive,
         _ => Next::Close,
     }
-}
-
-/// Answers with an error of the activator's own; the connection carries another request only
-/// if `keep_alive` and the answer was written.
-pub(super) async fn answer_error(
-    conn: &mut ClientConn,
-    meta: RequestMeta,
-    status: u16,
-    body: &[u8],
-    go_error_style: bool,
-    keep_alive: bool,
-) -> Next {
-    answer_locally(
-        conn,
-        &LocalResponse {
-            status,
-            body,
-            extra_header: None,
-            error_style: go_error_style,
-        },
-        ClientSide {
-            version: meta.version,
-            keep_alive,
-            head_only: meta.method == Method::Head,
-        },
-    )
-    .await
 }

@@ -32,7 +32,7 @@ use crate::request::error::RequestError;
 use crate::request::identity;
 use crate::request::outcome::Ended;
 use crate::runtime::buffer::InBuf;
-use crate::runtime::shard::Shard;
+use crate::shard::Shard;
 use crate::upstream::error::{TransportCause, UpstreamError};
 use crate::upstream::pool::UpstreamConn;
 

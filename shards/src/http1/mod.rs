@@ -1,16 +1,17 @@
-//! The HTTP/1.1 front: reads requests from a client connection, answers locally or takes them
-//! through the protocol-neutral request path (`crate::request`), and relays the exchange with
-//! the pod. The framing itself is the sans-IO codec `kactivator-h1`; [`rewrite`] and
-//! [`reframe`] are the pure pieces of relaying.
+//! The HTTP/1.1 front: the connection loop (`connection`), and HTTP/1's leaves of the request
+//! path (`front`): reading a request's fields in place, the activator's answers, the rewrite for
+//! a pod, and the exchange with it (`exchange`, `upgrade`). The request path itself is
+//! `crate::request::lifecycle`; the framing is the sans-IO codec `kactivator-h1`; [`rewrite`]
+//! and [`reframe`] are the pure pieces of relaying.
 
 mod client;
 mod connection;
 pub mod date;
 mod exchange;
+mod front;
 mod io;
 pub mod reframe;
-mod registration;
 pub mod rewrite;
 mod upgrade;
 
-pub(crate) use connection::serve_connection;
+pub(crate) use connection::{serve_connection, Served};

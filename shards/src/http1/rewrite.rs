@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use kactivator_api::headers;
 use kactivator_h1::{BodyKind, RequestHead, ResponseHead, Version};
 
-use crate::request::headers::{CONSUMED_REQUEST_HEADERS, HOP_BY_HOP};
+use crate::request::answer::Answer;
+use crate::request::policy::{self, RequestField};
 
 /// The two headers every proxied request gets, written in one piece (see [`PROXY_HEADERS`]'s
 /// test): `K-Proxy-Request: activator` and the start of `X-Forwarded-For`.
@@ -47,33 +48,30 @@ pub fn write_request_head(
     let mut has_original_host = false;
     let mut wants_trailers = false;
     for (name, value) in head.headers(buf) {
-        if name.eq_ignore_ascii_case(headers::FORWARDED_FOR.as_bytes()) {
-            // Re-emitted below as one header with the client appended.
-            forwarded_for = true;
-            continue;
+        match policy::request_field(name) {
+            RequestField::Keep => {}
+            RequestField::Drop => continue,
+            RequestField::ForwardedFor => {
+                // Re-emitted below as one header with the client appended.
+                forwarded_for = true;
+                continue;
+            }
+            RequestField::Te => {
+                wants_trailers |= head.te_trailers;
+                continue;
+            }
+            RequestField::RequestId if run_id.is_some() => continue,
+            RequestField::RequestId => {}
+            RequestField::OriginalHost => has_original_host = true,
         }
-        if name.eq_ignore_ascii_case(b"te") {
-            wants_trailers |= head.te_trailers;
-            continue;
-        }
-        if is_listed(name, &HOP_BY_HOP) || is_listed(name, &CONSUMED_REQUEST_HEADERS) {
-            continue;
-        }
+        // HTTP/1's own: fields the client's `Connection` names are hop-by-hop too, and so is
+        // the field of an h2c upgrade offer that is ignored (see `RequestHead::upgrade`).
         if connection_named
             .iter()
             .flatten()
             .any(|token| name.eq_ignore_ascii_case(token))
+            || (head.h2c_offered && name.eq_ignore_ascii_case(b"http2-settings"))
         {
-            continue;
-        }
-        if name.eq_ignore_ascii_case(headers::REQUEST_ID.as_bytes()) && run_id.is_some() {
-            continue;
-        }
-        if name.eq_ignore_ascii_case(headers::ORIGINAL_HOST.as_bytes()) {
-            has_original_host = true;
-        }
-        // Connection-specific to an h2c upgrade that is ignored (see `RequestHead::upgrade`).
-        if head.h2c_offered && name.eq_ignore_ascii_case(b"http2-settings") {
             continue;
         }
         put_header(out, name, value);
@@ -140,21 +138,70 @@ fn push_without_h2c(out: &mut Vec<u8>, offered: &[u8]) {
     }
 }
 
-/// Inserts the pod's `Host: <ip:port>\r\n` line (see [`host_line`]) at the offset
-/// [`write_request_head`] returned.
-pub fn insert_host(out: &mut Vec<u8>, host_at: usize, host_line: &[u8]) {
-    out.splice(host_at..host_at, host_line.iter().copied());
+/// Inserts the pod's `Host: <ip:port>\r\n` line at the offset [`write_request_head`]
+/// returned; returns its length, for [`remove_host`].
+pub fn insert_host(out: &mut Vec<u8>, host_at: usize, pod: SocketAddr) -> usize {
+    let mut line = [0u8; HOST_LINE_MAX];
+    let len = host_line(pod, &mut line);
+    out.splice(host_at..host_at, line[..len].iter().copied());
+    len
 }
 
 /// Undoes [`insert_host`]: the head as it was before a pod's `Host` line went in, for the
 /// request to go to another pod.
-pub fn remove_host(out: &mut Vec<u8>, host_at: usize, host_line: &[u8]) {
-    out.drain(host_at..host_at + host_line.len());
+pub fn remove_host(out: &mut Vec<u8>, host_at: usize, len: usize) {
+    out.drain(host_at..host_at + len);
 }
 
-/// The `Host` line for a pod, formatted once per pod rather than once per request.
-pub fn host_line(pod: SocketAddr) -> Box<[u8]> {
-    format!("Host: {pod}\r\n").into_bytes().into_boxed_slice()
+/// Room for `Host: [<IPv6 with zone>]:65535\r\n`.
+const HOST_LINE_MAX: usize = 80;
+
+/// Writes `Host: <ip:port>\r\n` for a pod into `line`; returns its length. IPv4, what pods have,
+/// without going through `core::fmt`: this runs for every request.
+fn host_line(pod: SocketAddr, line: &mut [u8; HOST_LINE_MAX]) -> usize {
+    let mut at = 0;
+    let mut put = |bytes: &[u8]| {
+        line[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    };
+    put(b"Host: ");
+    match pod {
+        SocketAddr::V4(v4) => {
+            for (index, octet) in v4.ip().octets().into_iter().enumerate() {
+                if index > 0 {
+                    put(b".");
+                }
+                put_decimal(&mut put, u32::from(octet));
+            }
+            put(b":");
+            put_decimal(&mut put, u32::from(v4.port()));
+        }
+        SocketAddr::V6(_) => {
+            let mut text = [0u8; HOST_LINE_MAX - 8];
+            let mut cursor = std::io::Cursor::new(&mut text[..]);
+            let _ = write!(cursor, "{pod}");
+            let len = cursor.position() as usize;
+            put(&text[..len]);
+        }
+    }
+    put(b"\r\n");
+    at
+}
+
+/// Appends `value` in decimal.
+fn put_decimal(put: &mut impl FnMut(&[u8]), value: u32) {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut rest = value;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    put(&digits[at..]);
 }
 
 /// Appends a status code as three ASCII digits without going through `core::fmt`.
@@ -221,7 +268,7 @@ pub fn write_response_head(
             }
             continue;
         }
-        if is_listed(name, &HOP_BY_HOP)
+        if policy::drops_response_field(name)
             || connection_named
                 .iter()
                 .flatten()
@@ -247,16 +294,6 @@ pub fn write_response_head(
     out.extend_from_slice(b"\r\n");
 }
 
-/// A complete response the activator produces itself.
-#[derive(Clone, Copy, Debug)]
-pub struct LocalResponse<'a> {
-    pub status: u16,
-    pub body: &'a [u8],
-    pub extra_header: Option<(&'a str, &'a [u8])>,
-    /// Go `http.Error` style: adds `X-Content-Type-Options: nosniff`.
-    pub error_style: bool,
-}
-
 /// What the client side of the connection needs to frame a response.
 #[derive(Clone, Copy, Debug)]
 pub struct ClientSide {
@@ -267,7 +304,7 @@ pub struct ClientSide {
 }
 
 /// Writes a response the activator makes itself.
-pub fn write_local_response(response: &LocalResponse<'_>, client: ClientSide, out: &mut Vec<u8>) {
+pub fn write_local_response(response: &Answer<'_>, client: ClientSide, out: &mut Vec<u8>) {
     out.extend_from_slice(match client.version {
         Version::Http10 => b"HTTP/1.0 ",
         Version::Http11 => b"HTTP/1.1 ",
@@ -331,11 +368,6 @@ fn put_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
-}
-
-fn is_listed(name: &[u8], list: &[&str]) -> bool {
-    list.iter()
-        .any(|entry| name.eq_ignore_ascii_case(entry.as_bytes()))
 }
 
 /// Up to eight extra header names listed in `Connection` (beyond the standard tokens).
@@ -426,11 +458,7 @@ mod tests {
         ));
         let mut out = Vec::new();
         let host_at = write_request_head(&head, raw.as_bytes(), b"192.168.1.9", &mut out);
-        insert_host(
-            &mut out,
-            host_at,
-            &host_line("10.0.0.5:8012".parse().unwrap()),
-        );
+        insert_host(&mut out, host_at, "10.0.0.5:8012".parse().unwrap());
         String::from_utf8(out).unwrap()
     }
 
@@ -564,7 +592,7 @@ mod tests {
     #[test]
     fn local_error_responses_match_go_http_error() {
         let mut out = Vec::new();
-        let response = LocalResponse {
+        let response = Answer {
             status: 404,
             body: b"nope\n",
             extra_header: None,
@@ -594,7 +622,7 @@ mod tests {
     #[test]
     fn a_local_response_with_its_own_content_type_has_only_that_one() {
         let mut out = Vec::new();
-        let response = LocalResponse {
+        let response = Answer {
             status: 200,
             body: b"{\"status\":\"accepted\"}\n",
             extra_header: Some(("Content-Type", b"application/json")),

@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::io::Rewind;
 use super::stream;
 use crate::runtime::race::{race, Either};
-use crate::runtime::shard::Shard;
+use crate::shard::Shard;
 
 /// Streams the client reset before we could take them from the connection, beyond which the
 /// connection is closed with ENHANCE_YOUR_CALM (rapid-reset flood; `h2`'s default is 20).

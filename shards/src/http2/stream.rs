@@ -1,6 +1,7 @@
-//! One HTTP/2 stream as one request: local answers (probes, unknown revisions, CONNECT), then
-//! the shared request path — admission with one slot per stream, deadlines, the conclusion and
-//! the revision's counters — around an exchange with the pod over h2c.
+//! One HTTP/2 stream as one request: HTTP/2's leaves of the request path
+//! (`request::lifecycle::Front`) — the request's fields from its header map, the activator's
+//! answers as HTTP/2 responses, a queued client watched for a reset, the request rewritten for
+//! a pod (`request::policy`) — and the exchange with the pod over h2c.
 //!
 //! The exchange streams both ways with flow control: a chunk read from one side is released to
 //! its sender only once the other side took it, so what the activator holds of a stream is
@@ -20,26 +21,24 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Method, Request, Response, Uri};
-use kactivator_api::{headers, messages};
+use kactivator_api::{headers, messages, registration};
 use monoio::time::Instant;
 
-use super::pods::{h2_failure, Phase};
-use crate::request::admission::{self, acquire, ClientWatch, Held};
-use crate::request::deadlines::Deadlines;
+use crate::request::admission::{ClientWatch, Held};
+use crate::request::answer::Answer;
+use crate::request::deadlines::{self, Deadlines};
 use crate::request::error::RequestError;
-use crate::request::faults;
-use crate::request::headers::{RequestHeaders, CONSUMED_REQUEST_HEADERS, HOP_BY_HOP};
+use crate::request::headers::RequestHeaders;
 use crate::request::identity;
-use crate::request::outcome::{conclude, Concluded, Ended, RequestShape};
-use crate::request::probes;
-use crate::request::retry::may_retry;
-use crate::request::tally::Tally;
+use crate::request::lifecycle::{self, Attempt, Front, Shape, SmallBody};
+use crate::request::outcome::{Ended, Next, RequestShape};
+use crate::request::policy::{self, RequestField};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::contain;
-use crate::runtime::control_link::EvidenceKind;
 use crate::runtime::race::{race, Either};
-use crate::runtime::shard::Shard;
+use crate::shard::Shard;
 use crate::upstream::error::UpstreamError;
+use crate::upstream::h2c::{h2_failure, Phase};
 
 /// An HTTP/2 request's headers as the request path reads them.
 pub(crate) struct H2Headers<'a> {
@@ -71,20 +70,13 @@ pub(crate) async fn serve_contained(
     let served = contain::catching(serve(&shard, request, &mut respond, peer_ip)).await;
     if let Err(panic) = served {
         contain::record(shard.stats(), "an HTTP/2 stream", &*panic);
-        if !answer(
-            &mut respond,
-            500,
-            messages::INTERNAL_ERROR.as_bytes(),
-            None,
-            true,
-            false,
-        ) {
+        if !send_answer(&mut respond, &Answer::internal_error(), false) {
             respond.send_reset(Reason::INTERNAL_ERROR);
         }
     }
 }
 
-/// Serves one stream to its end.
+/// Serves one stream to its end: through the request path with the stream as its front.
 async fn serve(
     shard: &Rc<Shard>,
     request: Request<RecvStream>,
@@ -92,94 +84,163 @@ async fn serve(
     peer_ip: Rc<[u8]>,
 ) {
     let arrival = Instant::now();
-    let (parts, mut body) = request.into_parts();
-    let head_only = parts.method == Method::HEAD;
-    if parts.method == Method::CONNECT {
-        shard.stats().local_responses.increment();
-        answer(
-            respond,
-            405,
-            messages::CONNECT_REFUSED.as_bytes(),
-            Some(("allow", messages::CONNECT_REFUSED_ALLOW.as_bytes())),
-            true,
-            false,
-        );
-        return;
-    }
-    let request = H2Headers { parts: &parts };
-    if let Some(local) = probes::answer(&request, shard.health()) {
-        shard.stats().local_responses.increment();
-        let extra = local
-            .extra_header
-            .as_ref()
-            .map(|(name, value)| (*name, value.as_slice()));
-        answer(
-            respond,
-            local.status,
-            &local.body,
-            extra,
-            local.error_style,
-            head_only,
-        );
-        return;
-    }
-    faults::inject(&request);
-    let revision_id = identity::revision_of(&request, &shard.settings.cluster_domain);
-    let revision = revision_id.and_then(|id| shard.replica.find(id.namespace, id.name));
-    let Some(revision) = revision else {
-        let body = messages::revision_not_found(revision_id.map_or("", |id| id.name));
-        answer(respond, 404, body.as_bytes(), None, true, head_only);
-        return;
-    };
-    let request_id = request
-        .get(headers::RUN_ID)
-        .or_else(|| request.get(headers::REQUEST_ID))
-        .map(|id| String::from_utf8_lossy(id).into_owned())
-        .unwrap_or_default();
-    let grpc = is_grpc(&parts.headers);
-    let bodiless = body.is_end_stream();
-    let outbound = outbound_request(&parts, &peer_ip);
-    drop(parts);
-
-    let tally = Tally::arrive(shard, &revision, arrival);
-    let ended = proxy(
-        shard,
-        &revision,
-        outbound,
-        &mut body,
-        respond,
-        arrival,
-        grpc,
-        &request_id,
-    )
-    .await;
-    let shape = RequestShape {
-        keep_alive: true,
-        bodiless,
-        upgrade: false,
-    };
-    let status = match conclude(shape, ended) {
-        Concluded::Done { status, .. } => status,
-        Concluded::Answer { error, .. } => {
-            tracing::debug!(
-                request_id = %request_id,
-                status = error.status(),
-                fault = error.fault().label(),
-                "answered by the activator: {error}"
-            );
-            answer(
-                respond,
-                error.status(),
-                &error.body(),
-                None,
-                error.go_error_style(),
-                head_only,
-            );
-            error.status()
-        }
-    };
-    tally.end(arrival, status);
+    let (parts, body) = request.into_parts();
+    let mut front = H2Front::new(parts, body, respond, peer_ip);
+    lifecycle::serve(shard, &mut front, arrival).await;
 }
+
+/// One stream, as the request path sees it.
+struct H2Front<'r> {
+    /// The client's request head: what the local answers read, and what the pod's request is
+    /// made from.
+    parts: http::request::Parts,
+    body: RecvStream,
+    respond: &'r mut SendResponse<Bytes>,
+    peer_ip: Rc<[u8]>,
+    shape: Shape,
+    /// The request, rewritten for a pod once prepared (its `:authority` set on each attempt).
+    outbound: Request<()>,
+    grpc: bool,
+    request_id: String,
+}
+
+impl<'r> H2Front<'r> {
+    fn new(
+        parts: http::request::Parts,
+        body: RecvStream,
+        respond: &'r mut SendResponse<Bytes>,
+        peer_ip: Rc<[u8]>,
+    ) -> H2Front<'r> {
+        let shape = Shape {
+            connect: parts.method == Method::CONNECT,
+            registration: parts.method == Method::POST && parts.uri.path() == registration::PATH,
+            head_only: parts.method == Method::HEAD,
+            // A stream is not a connection: nothing of one request is left behind in it.
+            request: RequestShape {
+                keep_alive: true,
+                bodiless: body.is_end_stream(),
+                upgrade: false,
+            },
+        };
+        H2Front {
+            parts,
+            body,
+            respond,
+            peer_ip,
+            shape,
+            outbound: Request::new(()),
+            grpc: false,
+            request_id: String::new(),
+        }
+    }
+}
+
+impl Front for H2Front<'_> {
+    type Headers<'h>
+        = H2Headers<'h>
+    where
+        Self: 'h;
+    type Watch<'w>
+        = ResetWatch<'w>
+    where
+        Self: 'w;
+
+    fn headers(&self) -> H2Headers<'_> {
+        H2Headers { parts: &self.parts }
+    }
+
+    fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    async fn answer(&mut self, _shard: &Shard, answer: &Answer<'_>, _keep_alive: bool) -> Next {
+        send_answer(self.respond, answer, self.shape.head_only);
+        Next::KeepAlive
+    }
+
+    async fn read_small_body(&mut self, shard: &Shard, limit: usize) -> Result<Vec<u8>, SmallBody> {
+        let deadline = deadlines::later(Instant::now(), SMALL_BODY_TIMEOUT);
+        let mut body = Vec::new();
+        loop {
+            match race(self.body.data(), shard.alarms.at(deadline)).await {
+                Either::Left(Some(Ok(chunk))) => {
+                    let _ = self.body.flow_control().release_capacity(chunk.len());
+                    if body.len() + chunk.len() > limit {
+                        return Err(SmallBody::TooLarge);
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Either::Left(None) => return Ok(body),
+                Either::Left(Some(Err(_))) | Either::Right(()) => return Err(SmallBody::Gone),
+            }
+        }
+    }
+
+    fn prepare(&mut self) {
+        let fields = H2Headers { parts: &self.parts };
+        self.request_id = policy::run_id(&fields)
+            .or_else(|| fields.get(headers::REQUEST_ID))
+            .map(|id| String::from_utf8_lossy(id).into_owned())
+            .unwrap_or_default();
+        self.grpc = is_grpc(&self.parts.headers);
+        self.outbound = outbound_request(&self.parts, &self.peer_ip);
+    }
+
+    fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    fn watch(&mut self) -> ResetWatch<'_> {
+        ResetWatch {
+            respond: RefCell::new(&mut *self.respond),
+        }
+    }
+
+    async fn attempt(
+        &mut self,
+        shard: &Rc<Shard>,
+        revision: &LocalRevision,
+        pod: &Rc<LocalPod>,
+        deadlines: &Deadlines,
+        held: &mut Option<Held<'_>>,
+    ) -> Attempt {
+        let addr = pod.tracker.addr;
+        let (streams, reused) = match shard.h2c.checkout(addr, shard.stats()).await {
+            Ok(checked_out) => checked_out,
+            Err(error) => return Attempt::Unreached(error),
+        };
+        address_to(&mut self.outbound, streams.authority);
+        let exchanged = exchange(
+            shard,
+            revision,
+            addr,
+            streams.sender,
+            &self.outbound,
+            &mut self.body,
+            self.respond,
+            deadlines,
+            held,
+            self.grpc,
+        )
+        .await;
+        match exchanged {
+            Exchanged::Ended(ended) => Attempt::Ended {
+                ended,
+                fresh: !reused,
+            },
+            Exchanged::NotTaken { error, replayable } => {
+                if !matches!(error, UpstreamError::IpReused { .. }) {
+                    // The connection went away under us: the next stream gets a new one.
+                    shard.h2c.forget(addr);
+                }
+                Attempt::NotTaken { error, replayable }
+            }
+        }
+    }
+}
+
+/// Longest wait for the rest of a small body (a registration's).
+const SMALL_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether a request is gRPC (its failures after the response started are reported in
 /// `grpc-status` trailers, which gRPC clients read).
@@ -192,30 +253,23 @@ fn is_grpc(headers: &HeaderMap) -> bool {
 /// Answers the stream with a response of the activator's own, as `http1::rewrite` writes them:
 /// plain text, `X-Content-Type-Options: nosniff` for errors in Go's style. False when the
 /// stream could not take it (the client reset it, or an answer had already begun).
-fn answer(
-    respond: &mut SendResponse<Bytes>,
-    status: u16,
-    body: &[u8],
-    extra: Option<(&str, &[u8])>,
-    error_style: bool,
-    head_only: bool,
-) -> bool {
+fn send_answer(respond: &mut SendResponse<Bytes>, answer: &Answer<'_>, head_only: bool) -> bool {
     let mut response = Response::new(());
     *response.status_mut() =
-        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+        http::StatusCode::from_u16(answer.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     let fields = response.headers_mut();
     fields.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    if error_style {
+    if answer.error_style {
         fields.insert(
             HeaderName::from_static("x-content-type-options"),
             HeaderValue::from_static("nosniff"),
         );
     }
-    fields.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-    if let Some((name, value)) = extra {
+    fields.insert(CONTENT_LENGTH, HeaderValue::from(answer.body.len()));
+    if let Some((name, value)) = answer.extra_header {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_bytes(value),
@@ -223,14 +277,13 @@ fn answer(
             fields.insert(name, value);
         }
     }
-    let end = body.is_empty() || head_only;
-    // A client that reset the stream meanwhile cannot be answered; nothing to do about it.
+    let end = answer.body.is_empty() || head_only;
     match respond.send_response(response, end) {
         Ok(mut send) => {
             if !end {
                 // Small, so it is not worth waiting for window: `h2` sends it as the window
                 // allows.
-                let _ = send.send_data(Bytes::copy_from_slice(body), true);
+                let _ = send.send_data(Bytes::copy_from_slice(answer.body), true);
             }
             true
         }
@@ -238,60 +291,53 @@ fn answer(
     }
 }
 
-/// The request the pod is sent, but for its `:authority` (the pod, known once one is picked).
-/// The rules are HTTP/1's (`http1::rewrite::write_request_head`): hop-by-hop and consumed
-/// headers dropped, `K-Original-Host`, `K-Proxy-Request: activator`, `X-Forwarded-For` with the
-/// client appended, `X-Run-Id` replacing `X-Request-Id`; `TE: trailers` kept.
+/// The request the pod is sent, but for its `:authority` (the pod, known once one is picked):
+/// the request path's header policy (`request::policy`) applied to a header map.
 fn outbound_request(parts: &http::request::Parts, client_ip: &[u8]) -> Request<()> {
     let mut request = Request::new(());
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = parts.uri.clone();
     let out = request.headers_mut();
-    let run_id = parts
-        .headers
-        .get(headers::RUN_ID)
-        .filter(|value| !value.is_empty());
+    let client = H2Headers { parts };
+    let run_id = policy::run_id(&client);
     let mut forwarded: Vec<u8> = Vec::new();
+    let mut has_original_host = false;
     for (name, value) in &parts.headers {
-        let text = name.as_str();
-        if text == "te" {
-            if value.as_bytes().eq_ignore_ascii_case(b"trailers") {
-                out.append(name.clone(), value.clone());
+        match policy::request_field(name.as_str().as_bytes()) {
+            RequestField::Keep => {}
+            RequestField::Drop => continue,
+            RequestField::Te => {
+                if !policy::keeps_te(value.as_bytes()) {
+                    continue;
+                }
             }
-            continue;
-        }
-        if text.eq_ignore_ascii_case(headers::FORWARDED_FOR) {
-            forwarded.extend_from_slice(value.as_bytes());
-            forwarded.extend_from_slice(b", ");
-            continue;
-        }
-        if HOP_BY_HOP.iter().any(|hop| text.eq_ignore_ascii_case(hop))
-            || CONSUMED_REQUEST_HEADERS
-                .iter()
-                .any(|consumed| text.eq_ignore_ascii_case(consumed))
-        {
-            continue;
-        }
-        if run_id.is_some() && text.eq_ignore_ascii_case(headers::REQUEST_ID) {
-            continue;
+            RequestField::ForwardedFor => {
+                forwarded.extend_from_slice(value.as_bytes());
+                forwarded.extend_from_slice(b", ");
+                continue;
+            }
+            RequestField::RequestId if run_id.is_some() => continue,
+            RequestField::RequestId => {}
+            RequestField::OriginalHost => has_original_host = true,
         }
         out.append(name.clone(), value.clone());
     }
-    if !out.contains_key(headers::ORIGINAL_HOST) {
-        let original = H2Headers { parts }.authority().map(<[u8]>::to_vec);
-        if let Some(value) = original
-            .filter(|host| !host.is_empty())
-            .and_then(|host| HeaderValue::from_bytes(&host).ok())
-        {
-            out.insert(HeaderName::from_static("k-original-host"), value);
-        }
+    let added = policy::Added::of(&client, has_original_host);
+    if let Some(value) = added
+        .original_host
+        .and_then(|host| HeaderValue::from_bytes(host).ok())
+    {
+        out.insert(HeaderName::from_static("k-original-host"), value);
     }
-    if let Some(run_id) = run_id {
-        out.insert(HeaderName::from_static("x-request-id"), run_id.clone());
+    if let Some(value) = added
+        .request_id
+        .and_then(|id| HeaderValue::from_bytes(id).ok())
+    {
+        out.insert(HeaderName::from_static("x-request-id"), value);
     }
     out.insert(
         HeaderName::from_static("k-proxy-request"),
-        HeaderValue::from_static(headers::PROXY_REQUEST_VALUE),
+        HeaderValue::from_static(policy::PROXY_REQUEST.1),
     );
     forwarded.extend_from_slice(client_ip);
     if let Ok(value) = HeaderValue::from_bytes(&forwarded) {
@@ -300,11 +346,11 @@ fn outbound_request(parts: &http::request::Parts, client_ip: &[u8]) -> Request<(
     request
 }
 
-/// Points the request at `pod` (`:authority` = the pod's address, as HTTP/1's `Host`).
-fn address_to(request: &mut Request<()>, pod: &LocalPod) {
+/// Points the request at a pod (`:authority` = the pod's address, as HTTP/1's `Host`).
+fn address_to(request: &mut Request<()>, authority: http::uri::Authority) {
     let mut parts = std::mem::take(request.uri_mut()).into_parts();
     parts.scheme = Some(http::uri::Scheme::HTTP);
-    parts.authority = Some(pod.authority());
+    parts.authority = Some(authority);
     if parts.path_and_query.is_none() {
         parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
     }
@@ -315,7 +361,7 @@ fn address_to(request: &mut Request<()>, pod: &LocalPod) {
 
 /// The client of a stream waiting for a slot: it has something to say only by resetting the
 /// stream (or losing its connection); its DATA waits in `h2` under flow control.
-struct ResetWatch<'a> {
+pub(crate) struct ResetWatch<'a> {
     respond: RefCell<&'a mut SendResponse<Bytes>>,
 }
 
@@ -328,95 +374,6 @@ impl ClientWatch for ResetWatch<'_> {
 
     async fn absorb(&mut self) -> bool {
         false
-    }
-}
-
-/// Waits for a pod and runs the exchange; as `http1::connection::proxy_request`, a request that
-/// reached no pod goes back to admission within its deadline (`request::retry`).
-#[allow(clippy::too_many_arguments)]
-async fn proxy(
-    shard: &Rc<Shard>,
-    revision: &Rc<LocalRevision>,
-    mut outbound: Request<()>,
-    body: &mut RecvStream,
-    respond: &mut SendResponse<Bytes>,
-    arrival: Instant,
-    grpc: bool,
-    request_id: &str,
-) -> Ended {
-    let deadlines = Deadlines::new(&revision.timeouts(), arrival);
-    let mut attempt = 0;
-    let mut unreached: Option<UpstreamError> = None;
-    loop {
-        attempt += 1;
-        let mut watch = ResetWatch {
-            respond: RefCell::new(&mut *respond),
-        };
-        let pod = match acquire(shard, revision, deadlines.first_byte, &mut watch).await {
-            Ok(pod) => pod,
-            Err(error) => {
-                return Ended::Failed {
-                    error: admission::not_admitted(error, unreached),
-                    request_complete: false,
-                };
-            }
-        };
-        let mut held = Some(Held::new(&pod, revision, shard));
-        let addr = pod.tracker.addr;
-        let (sender, reused) = match shard.h2_pods.checkout(addr, shard.stats()).await {
-            Ok(checked_out) => checked_out,
-            Err(error) => {
-                tracing::warn!(request_id, pod = %addr, class = error.class(), "{error}");
-                admission::dial_failed(shard, revision, &pod);
-                drop(held);
-                if !may_retry(attempt, &error, true) {
-                    return Ended::Failed {
-                        error: error.into(),
-                        request_complete: false,
-                    };
-                }
-                shard.stats().dial_retries.increment();
-                unreached = Some(error);
-                continue;
-            }
-        };
-        address_to(&mut outbound, &pod);
-        let exchanged = exchange(
-            shard, revision, addr, sender, &outbound, body, respond, &deadlines, &mut held, grpc,
-        )
-        .await;
-        let (error, replayable) = match exchanged {
-            Exchanged::Ended(ended) => {
-                if let Ended::Failed {
-                    error: RequestError::Upstream(failure),
-                    ..
-                } = &ended
-                {
-                    tracing::warn!(request_id, pod = %addr, class = failure.class(), "{failure}");
-                    if failure.is_pod_failure() && !reused {
-                        admission::report(shard, revision, &pod, EvidenceKind::TransportFailure);
-                    }
-                }
-                return ended;
-            }
-            Exchanged::NotTaken { error, replayable } => (error, replayable),
-        };
-        drop(held);
-        match &error {
-            UpstreamError::IpReused {
-                namespace,
-                revision: serving,
-                ..
-            } => admission::retire_reused(shard, revision, &pod, namespace, serving, request_id),
-            // The connection went away under us: the next stream gets a new one.
-            _ => shard.h2_pods.forget(addr),
-        }
-        if !may_retry(attempt, &error, replayable) {
-            return Ended::Failed {
-                error: error.into(),
-                request_complete: false,
-            };
-        }
     }
 }
 
@@ -647,9 +604,15 @@ fn clone_head(request: &Request<()>) -> Request<()> {
     copy
 }
 
-/// Drops connection-specific fields a pod may have sent (HTTP/2 forbids them).
+/// Drops connection-specific fields a pod may have sent (HTTP/2 forbids them). A look at each
+/// name, and a removal only for those found (almost never).
 fn strip_hop_by_hop(fields: &mut HeaderMap) {
-    for name in HOP_BY_HOP {
+    let doomed: Vec<HeaderName> = fields
+        .keys()
+        .filter(|name| policy::drops_response_field(name.as_str().as_bytes()))
+        .cloned()
+        .collect();
+    for name in doomed {
         fields.remove(name);
     }
 }

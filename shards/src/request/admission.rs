@@ -15,7 +15,7 @@ use monoio::time::Instant;
 
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
-use crate::runtime::shard::Shard;
+use crate::shard::Shard;
 use crate::throttle::gate::{Admission, WaiterId};
 use crate::upstream::error::UpstreamError;
 
@@ -49,7 +49,9 @@ pub(crate) async fn acquire<W: ClientWatch>(
     deadline: Instant,
     client: &mut W,
 ) -> Result<Rc<LocalPod>, RequestError> {
-    match revision.admit(shard) {
+    let (admission, outbox) = revision.admit();
+    shard.deliver(revision, outbox);
+    match admission {
         Admission::Proceed(pod) => Ok(pod),
         Admission::Rejected => Err(RequestError::QueueFull),
         Admission::Queued(id) => {
@@ -109,7 +111,8 @@ pub(crate) fn dial_failed(shard: &Rc<Shard>, revision: &Rc<LocalRevision>, pod: 
     monoio::spawn(async move {
         shard.alarms.at(Instant::now() + DIAL_FAILURE_HOLD).await;
         pod.end_hold();
-        revision.dispatch(&shard);
+        let outbox = revision.dispatch();
+        shard.deliver(&revision, outbox);
     });
 }
 
@@ -243,7 +246,8 @@ impl Future for Queued<'_> {
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.revision.cancel(self.id, self.shard);
+            let outbox = self.revision.cancel(self.id);
+            self.shard.deliver(self.revision, outbox);
         }
     }
 }
@@ -268,12 +272,14 @@ impl<'a> Held<'a> {
     /// Gives the slot back now; true when a request queued on this shard was woken with it.
     pub fn give_back(self) -> bool {
         let held = std::mem::ManuallyDrop::new(self);
-        held.revision.release(held.pod, held.shard)
+        let outbox = held.revision.release(held.pod);
+        held.shard.deliver(held.revision, outbox)
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.revision.release(self.pod, self.shard);
+        let outbox = self.revision.release(self.pod);
+        self.shard.deliver(self.revision, outbox);
     }
 }

@@ -9,12 +9,15 @@
 //! the shell that waits on the shard's queue and timers.
 
 pub mod admission;
+pub mod answer;
 pub mod deadlines;
 pub mod error;
 pub mod faults;
 pub mod headers;
 pub mod identity;
+pub(crate) mod lifecycle;
 pub mod outcome;
+pub mod policy;
 pub mod probes;
 pub mod retry;
 pub(crate) mod tally;

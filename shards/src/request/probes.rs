@@ -7,6 +7,7 @@
 use kactivator_api::{headers, messages, probe};
 
 use super::headers::RequestHeaders;
+pub use crate::runtime::readiness::Health;
 
 /// A response the shard writes without going upstream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,14 +20,19 @@ pub struct LocalAnswer {
     pub error_style: bool,
 }
 
-/// Health as the kubelet should see it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Health {
-    Healthy,
-    /// SIGTERM received: fail so the endpoint is removed before we stop.
-    Draining,
-    /// Not ready yet, with the reason sent in the body.
-    NotReady(&'static str),
+impl LocalAnswer {
+    /// As the fronts write it.
+    pub fn as_answer(&self) -> super::answer::Answer<'_> {
+        super::answer::Answer {
+            status: self.status,
+            body: &self.body,
+            extra_header: self
+                .extra_header
+                .as_ref()
+                .map(|(name, value)| (*name, value.as_slice())),
+            error_style: self.error_style,
+        }
+    }
 }
 
 /// Decides whether the request is a probe and, if so, the answer.

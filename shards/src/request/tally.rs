@@ -8,7 +8,7 @@ use monoio::time::Instant;
 
 use crate::metrics::{micros_since_start, RevisionCounters};
 use crate::routing::replica::LocalRevision;
-use crate::runtime::shard::Shard;
+use crate::shard::Shard;
 
 /// A request counted as arrived; [`Tally::end`] counts it out.
 pub(crate) struct Tally {

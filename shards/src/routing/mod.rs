@@ -122,14 +122,7 @@ pub struct Grant {
     pub pod: Arc<PodTracker>,
 }
 
-/// Labels Knative puts on per-revision metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RevisionLabels {
-    pub namespace: String,
-    pub revision: String,
-    pub service: String,
-    pub configuration: String,
-}
+pub use crate::metrics::RevisionLabels;
 
 /// Everything a shard needs to route one revision, as of one version.
 #[derive(Debug)]

@@ -13,21 +13,16 @@ use std::task::{Context, Poll, Waker};
 use kactivator_api::RevisionKey;
 use rustc_hash::{FxHashMap, FxHasher};
 
-use crate::metrics::RevisionCounters;
-use crate::routing::{Grant, PodTracker, RevisionRoute, RoutingUpdate};
-use crate::runtime::shard::Shard;
+use crate::metrics::{RevisionCounters, ShardStats};
+use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
 use crate::throttle::gate::{Admission, Effect, LocalQueue, QueueLimits, RevisionGate, WaiterId};
 use crate::throttle::lb::{Balancer, Slots};
 
-/// One pod as seen by one shard.
+/// One pod as seen by one shard. Protocol-neutral: what a front needs of a pod's address in its
+/// own terms (HTTP/1's `Host` line, HTTP/2's `:authority`) is its own business.
 #[derive(Debug)]
 pub struct LocalPod {
     pub tracker: Arc<PodTracker>,
-    /// `Host: <ip:port>\r\n`, formatted once here rather than for every request.
-    pub host_line: Box<[u8]>,
-    /// `<ip:port>` as an HTTP/2 `:authority`, formatted on the first HTTP/2 request to the pod
-    /// (most pods never see one).
-    authority: std::cell::OnceCell<http::uri::Authority>,
     /// This shard could not connect to the pod a moment ago and passes it over until the hold
     /// ends (`request::admission::dial_failed`). Shard-local, and written only by this shard:
     /// it is not the pod's capacity, which only the control thread writes (and, once it has the
@@ -38,23 +33,10 @@ pub struct LocalPod {
 
 impl LocalPod {
     pub fn new(tracker: Arc<PodTracker>) -> LocalPod {
-        let host_line = crate::http1::rewrite::host_line(tracker.addr);
         LocalPod {
             tracker,
-            host_line,
-            authority: std::cell::OnceCell::new(),
             held_off: Cell::new(false),
         }
-    }
-
-    /// The pod's address as an HTTP/2 `:authority` (a cheap clone after the first call).
-    pub fn authority(&self) -> http::uri::Authority {
-        self.authority
-            .get_or_init(|| {
-                http::uri::Authority::try_from(self.tracker.addr.to_string())
-                    .expect("a socket address is a valid authority")
-            })
-            .clone()
     }
 
     /// Starts a hold; false if one is already running.
@@ -84,6 +66,26 @@ impl Slots for Rc<LocalPod> {
 
     fn try_acquire(&self) -> bool {
         !self.held_off.get() && self.tracker.slots.try_acquire()
+    }
+}
+
+/// What a revision leaves its shard to do after handing slots out: the slots granted to waiters
+/// on other shards, to be sent over their grant mailboxes (a grant that cannot be delivered is
+/// released, which may hand it on again: `runtime::shard::Shard::deliver`). Almost always
+/// empty, which costs no allocation.
+#[must_use = "granted slots must be delivered or released"]
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// A request queued on this shard was woken with a slot.
+    pub woke_local: bool,
+    /// Slots for other shards' oldest waiters: (shard index, pod).
+    pub grants: Vec<(usize, Rc<LocalPod>)>,
+}
+
+impl Outbox {
+    fn merge(&mut self, other: Outbox) {
+        self.woke_local |= other.woke_local;
+        self.grants.extend(other.grants);
     }
 }
 
@@ -122,7 +124,7 @@ impl LocalRevision {
     }
 
     /// Admits an arriving request: a slot now, a place in the queue, or a refusal.
-    pub fn admit(&self, shard: &Shard) -> Admission<Rc<LocalPod>> {
+    pub fn admit(&self) -> (Admission<Rc<LocalPod>>, Outbox) {
         let limits = QueueLimits {
             revision_depth: self.route.borrow().queue_depth,
         };
@@ -135,9 +137,9 @@ impl LocalRevision {
             // Before the effects: the dispatch inside `admit` may have served this very waiter.
             self.waiters.borrow_mut().insert(id, WaiterSlot::default());
         }
-        self.apply_effects(effects, shard);
+        let outbox = self.apply_effects(effects);
         self.publish_queued();
-        admission
+        (admission, outbox)
     }
 
     /// Polls a queued request: its slot once granted, `None` if the revision went away.
@@ -159,44 +161,48 @@ impl LocalRevision {
 
     /// A queued request gave up (timeout, client gone, revision removed): frees its place, or
     /// the slot it was granted meanwhile.
-    pub fn cancel(&self, id: WaiterId, shard: &Shard) {
+    pub fn cancel(&self, id: WaiterId) -> Outbox {
         let slot = self.waiters.borrow_mut().remove(&id);
         if self.queue.borrow_mut().cancel(&self.gate, id) {
             self.publish_queued();
-            return;
+            return Outbox::default();
         }
-        if let Some(WaiterSlot {
-            granted: Some(pod), ..
-        }) = slot
-        {
-            self.release(&pod, shard);
+        match slot {
+            Some(WaiterSlot {
+                granted: Some(pod), ..
+            }) => self.release(&pod),
+            _ => Outbox::default(),
         }
     }
 
-    /// Gives a slot back and hands free slots to waiters, on any shard. True when a request
-    /// queued on this shard was woken with one.
-    pub fn release(&self, pod: &LocalPod, shard: &Shard) -> bool {
+    /// Gives a slot back and hands free slots to waiters, on any shard.
+    #[inline]
+    pub fn release(&self, pod: &LocalPod) -> Outbox {
         pod.tracker.slots.release();
-        self.dispatch(shard)
+        self.dispatch()
     }
 
-    /// Serves waiters while slots are free (after a release, a grant or new capacity). True
-    /// when a request queued on this shard was woken with a slot.
-    pub fn dispatch(&self, shard: &Shard) -> bool {
+    /// Serves waiters while slots are free (after a release, a grant or new capacity).
+    #[inline]
+    pub fn dispatch(&self) -> Outbox {
         if self.gate.waiting() == 0 {
-            return false;
+            return Outbox::default();
         }
+        self.dispatch_waiting()
+    }
+
+    fn dispatch_waiting(&self) -> Outbox {
         let mut effects = Vec::new();
         self.queue
             .borrow_mut()
             .dispatch(&self.gate, || self.try_acquire(), &mut effects);
-        let woke_local = self.apply_effects(effects, shard);
+        let outbox = self.apply_effects(effects);
         self.publish_queued();
-        woke_local
+        outbox
     }
 
     /// A slot granted by another shard arrived.
-    pub fn receive_grant(&self, tracker: Arc<PodTracker>, shard: &Shard) {
+    pub fn receive_grant(&self, tracker: Arc<PodTracker>) -> Outbox {
         let pod = self
             .pods
             .borrow()
@@ -209,8 +215,7 @@ impl LocalRevision {
             // This shard could not connect to the pod a moment ago: none of its waiters gets
             // it (the shard that sent it has not found out yet). The slot goes back, and a
             // dispatch here hands waiters any other free slot.
-            self.release(&pod, shard);
-            return;
+            return self.release(&pod);
         }
         let mut effects = Vec::new();
         let unused = self.queue.borrow_mut().receive_grant(
@@ -219,11 +224,12 @@ impl LocalRevision {
             || self.try_acquire(),
             &mut effects,
         );
-        self.apply_effects(effects, shard);
+        let mut outbox = self.apply_effects(effects);
         self.publish_queued();
         if let Some(pod) = unused {
-            self.release(&pod, shard);
+            outbox.merge(self.release(&pod));
         }
+        outbox
     }
 
     /// This shard's queue length, for the `kactivator_revision_queued` gauge.
@@ -239,9 +245,10 @@ impl LocalRevision {
             .map(|at| pods[at].clone())
     }
 
-    /// Carries out the queue's decisions; true when a local waiter was woken with a slot.
-    fn apply_effects(&self, effects: Vec<Effect<Rc<LocalPod>>>, shard: &Shard) -> bool {
-        let mut woke_local = false;
+    /// Carries out the queue's decisions on this shard (local waiters woken); what goes to
+    /// other shards is left in the outbox.
+    fn apply_effects(&self, effects: Vec<Effect<Rc<LocalPod>>>) -> Outbox {
+        let mut outbox = Outbox::default();
         for effect in effects {
             match effect {
                 Effect::Wake { waiter, pod } => {
@@ -251,29 +258,21 @@ impl LocalRevision {
                             slot.granted = Some(pod);
                             if let Some(waker) = slot.waker.take() {
                                 waker.wake();
-                                woke_local = true;
+                                outbox.woke_local = true;
                             }
                         }
                         None => {
                             // Only cancel removes a waiter, and it leaves the queue first; if that
                             // ever breaks, the slot must still go back.
                             drop(waiters);
-                            woke_local |= self.release(&pod, shard);
+                            outbox.merge(self.release(&pod));
                         }
                     }
                 }
-                Effect::Grant { shard: to, pod } => {
-                    let grant = Grant {
-                        key: self.key.clone(),
-                        pod: pod.tracker.clone(),
-                    };
-                    if !shard.send_grant(to, grant) {
-                        woke_local |= self.release(&pod, shard);
-                    }
-                }
+                Effect::Grant { shard: to, pod } => outbox.grants.push((to, pod)),
             }
         }
-        woke_local
+        outbox
     }
 
     fn apply(&self, route: Arc<RevisionRoute>) {
@@ -338,10 +337,18 @@ impl Replica {
         self.get(&key)
     }
 
-    /// Applies one update from the control thread.
-    pub fn apply(&self, update: RoutingUpdate, shard: &Shard) {
-        let stats = shard.stats();
+    /// Applies one update from the control thread on the shard whose counters are `stats`
+    /// (`report_load`: an autoscaler reporter reads revisions' load). New pods or capacity may
+    /// serve requests already waiting: what that hands to other shards comes back with the
+    /// revision.
+    pub fn apply(
+        &self,
+        update: RoutingUpdate,
+        stats: &ShardStats,
+        report_load: bool,
+    ) -> Option<(Rc<LocalRevision>, Outbox)> {
         let version = update.version();
+        let mut handed_on = None;
         match update {
             RoutingUpdate::Upsert { route, .. } => {
                 let existing = self.revisions.borrow().get(&route.key).cloned();
@@ -356,13 +363,10 @@ impl Replica {
                             .borrow_mut()
                             .entry(route.key.clone())
                             .or_insert_with(|| {
-                                stats.register_revision(
-                                    route.labels.clone(),
-                                    shard.settings.report_load,
-                                )
+                                stats.register_revision(route.labels.clone(), report_load)
                             })
                             .clone();
-                        let seed = (shard.index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        let seed = (stats.index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
                             ^ hash_key(route.key.as_str());
                         let revision = Rc::new(LocalRevision {
                             key: route.key.clone(),
@@ -370,7 +374,7 @@ impl Replica {
                             gate: route.gate.clone(),
                             pods: RefCell::new(Vec::new()),
                             balancer: RefCell::new(Balancer::new(route.lb_policy, seed)),
-                            queue: RefCell::new(LocalQueue::new(shard.index)),
+                            queue: RefCell::new(LocalQueue::new(stats.index)),
                             waiters: RefCell::new(FxHashMap::default()),
                             removed: Cell::new(false),
                             counters,
@@ -383,7 +387,8 @@ impl Replica {
                     }
                 };
                 // New pods or capacity may serve requests already waiting.
-                revision.dispatch(shard);
+                let outbox = revision.dispatch();
+                handed_on = Some((revision, outbox));
             }
             RoutingUpdate::Remove { key, .. } => {
                 let removed = self.revisions.borrow_mut().remove(&key);
@@ -397,6 +402,7 @@ impl Replica {
             self.version.set(version);
             stats.routing_version.set(version);
         }
+        handed_on
     }
 }
 

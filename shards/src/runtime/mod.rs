@@ -11,6 +11,6 @@ pub mod limits;
 pub(crate) mod race;
 pub mod reactor;
 pub mod readiness;
-pub mod shard;
+
 pub mod signal;
 pub mod topology;

@@ -1,4 +1,4 @@
-//! Builds one monoio reactor per shard on its own pinned thread, choosing the I/O driver.
+//! Builds a shard's monoio reactor, choosing the I/O driver, and binds the listeners.
 //!
 //! io_uring is tried first unless epoll is forced; when the kernel refuses it (EPERM under a
 //! default container seccomp profile, ENOSYS on old kernels, `io_uring_disabled`) the shard falls
@@ -6,20 +6,12 @@
 //! the driver of the current thread.
 
 use std::fmt;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::rc::Rc;
 use std::str::FromStr;
-use std::sync::mpsc;
-use std::sync::Arc;
-use std::thread::JoinHandle;
 
-use monoio::{Driver, IoUringDriver, LegacyDriver, Runtime, RuntimeBuilder};
+use monoio::{IoUringDriver, LegacyDriver, Runtime, RuntimeBuilder};
 use socket2::{Domain, Protocol, Socket, Type};
-
-use crate::metrics::AllShardStats;
-use crate::routing::{Grant, ShardCommand};
-use crate::runtime::control_link::ControlLink;
-use crate::runtime::shard::{self, Shard, ShardSettings};
 
 /// Submission queue entries per io_uring instance.
 const URING_ENTRIES: u32 = 1024;
@@ -100,75 +92,28 @@ pub fn bind_listeners(
     Ok(listeners)
 }
 
-/// Everything a shard thread needs.
-pub struct ShardSpec {
-    pub index: usize,
-    pub cpu: Option<usize>,
-    pub driver: DriverChoice,
-    /// One listener per data port (HTTP/1 and HTTP/2 alike on each), bound by the caller.
-    pub listeners: Vec<std::net::TcpListener>,
-    pub commands: flume::Receiver<ShardCommand>,
-    /// Slots granted to this shard by others.
-    pub grants: flume::Receiver<Grant>,
-    /// Every shard's grant mailbox, by index.
-    pub peers: Vec<flume::Sender<Grant>>,
-    pub settings: Arc<ShardSettings>,
-    pub stats: AllShardStats,
-    /// Registrations and pod signals to the control thread.
-    pub control: ControlLink,
-}
-
-/// Starts a shard thread. `started` receives the driver in use, or why the shard could not start.
-pub fn spawn_shard(
-    spec: ShardSpec,
-    started: mpsc::Sender<Result<DriverKind, String>>,
-) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(format!("shard-{}", spec.index))
-        .spawn(move || {
-            let _life = ShardLife {
-                index: spec.index,
-                readiness: spec.settings.readiness.clone(),
-            };
-            if let Some(cpu) = spec.cpu {
-                if let Err(error) = monoio::utils::bind_to_cpu_set([cpu]) {
-                    tracing::warn!(shard = spec.index, cpu, "could not pin shard: {error:?}");
-                }
-            }
-            match build_runtime(spec.driver) {
-                Ok(Reactor::IoUring(runtime)) => {
-                    run_on(runtime, DriverKind::IoUring, spec, started)
-                }
-                Ok(Reactor::Epoll(runtime)) => run_on(runtime, DriverKind::Epoll, spec, started),
-                Err(error) => {
-                    let _ = started.send(Err(error));
-                }
-            }
-        })
-}
-
-/// Lives as long as a shard thread; dropped while unwinding, it reports the shard dead, so that
-/// health turns red instead of a dead shard hiding behind the others' 200s.
-struct ShardLife {
-    index: usize,
-    readiness: Arc<crate::runtime::readiness::Readiness>,
-}
-
-impl Drop for ShardLife {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.readiness.shard_died(self.index);
-            tracing::error!(
-                shard = self.index,
-                "shard thread died: its connections are lost; liveness and readiness now fail"
-            );
-        }
-    }
-}
-
-enum Reactor {
+/// A shard's reactor, on the driver it got.
+pub enum Reactor {
     IoUring(Runtime<monoio::time::TimeDriver<IoUringDriver>>),
     Epoll(Runtime<monoio::time::TimeDriver<LegacyDriver>>),
+}
+
+impl Reactor {
+    /// The driver it runs on.
+    pub fn kind(&self) -> DriverKind {
+        match self {
+            Reactor::IoUring(_) => DriverKind::IoUring,
+            Reactor::Epoll(_) => DriverKind::Epoll,
+        }
+    }
+
+    /// Runs `future` to its end on this reactor.
+    pub fn block_on<F: Future>(&mut self, future: F) -> F::Output {
+        match self {
+            Reactor::IoUring(runtime) => runtime.block_on(future),
+            Reactor::Epoll(runtime) => runtime.block_on(future),
+        }
+    }
 }
 
 /// io_uring setup flags used unless `KACTIVATOR_URING_SETUP` says otherwise.
@@ -203,7 +148,8 @@ fn uring_builder(flags: &str) -> io_uring::Builder {
     builder
 }
 
-fn build_runtime(choice: DriverChoice) -> Result<Reactor, String> {
+/// Builds a reactor on the driver `choice` asks for (see the module's doc).
+pub fn build(choice: DriverChoice) -> Result<Reactor, String> {
     let uring = || {
         let flags = std::env::var("KACTIVATOR_URING_SETUP")
             .unwrap_or_else(|_| DEFAULT_URING_SETUP.to_string());
@@ -243,58 +189,4 @@ fn build_runtime(choice: DriverChoice) -> Result<Reactor, String> {
             }
         },
     }
-}
-
-fn run_on<D: Driver>(
-    mut runtime: Runtime<D>,
-    kind: DriverKind,
-    spec: ShardSpec,
-    started: mpsc::Sender<Result<DriverKind, String>>,
-) {
-    *spec.stats[spec.index]
-        .driver
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner()) = kind.as_str();
-    let ShardSpec {
-        index,
-        listeners,
-        commands,
-        grants,
-        peers,
-        settings,
-        stats,
-        control,
-        ..
-    } = spec;
-    // A second descriptor of each listening socket, for the stop: the backlog is drained through
-    // it with non-blocking accepts, and the socket is shut down through it.
-    let mut spares = Vec::with_capacity(listeners.len());
-    for listener in &listeners {
-        match listener.try_clone() {
-            Ok(spare) => spares.push(spare),
-            Err(error) => {
-                let _ = started.send(Err(format!(
-                    "shard {index}: cannot duplicate a listener: {error}"
-                )));
-                return;
-            }
-        }
-    }
-    runtime.block_on(async move {
-        let mut ports = Vec::with_capacity(listeners.len());
-        for (listener, spare) in listeners.into_iter().zip(spares) {
-            match monoio::net::TcpListener::from_std(listener) {
-                Ok(listener) => ports.push((listener, spare)),
-                Err(error) => {
-                    let _ = started.send(Err(format!(
-                        "shard {index}: cannot register listener: {error}"
-                    )));
-                    return;
-                }
-            }
-        }
-        let _ = started.send(Ok(kind));
-        let shard = Rc::new(Shard::new(index, settings, stats, peers, control));
-        shard::run(shard, ports, commands, grants).await;
-    });
 }

@@ -12,6 +12,16 @@ pub const INFORMERS_SYNCING: &str = "informers have not synced yet";
 /// Said, by readiness and liveness alike, once a shard thread has died.
 pub const SHARD_DIED: &str = "a shard thread died (see the log); this process must be restarted";
 
+/// Health as the kubelet should see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    Healthy,
+    /// SIGTERM received: fail so the endpoint is removed before we stop.
+    Draining,
+    /// Not ready yet, with the reason sent in the body.
+    NotReady(&'static str),
+}
+
 /// The conditions of readiness besides draining.
 #[derive(Debug, Default)]
 pub struct Readiness {

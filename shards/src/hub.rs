@@ -1,54 +1,38 @@
-//! One shard: a reactor thread's accept loop, its routing replica, pool and counters.
+//! The hub: one shard's thread and its ports. Builds the shard's reactor on its own thread,
+//! accepts on each data port, gives every connection to its front (HTTP/1, which hands a
+//! connection that opens with the HTTP/2 preface back here for the HTTP/2 front), runs the
+//! shard's own tasks (routing commands, grants from other shards, the timer, sweeps), and stops
+//! with the other shards (the stop barrier). The only module that knows both fronts.
 
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::task::Poll;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use monoio::net::TcpListener;
 
-use crate::http1;
-use crate::http2::pods::H2Pods;
-use crate::http2::H2Settings;
-use crate::metrics::{AllShardStats, ShardStats};
-use crate::request::identity::DEFAULT_CLUSTER_DOMAIN;
-use crate::request::probes::Health;
-use crate::routing::replica::Replica;
+use crate::http1::{self, Served};
+use crate::http2;
+use crate::metrics::AllShardStats;
 use crate::routing::{Grant, ShardCommand};
-use crate::runtime::alarm::{self, Alarms};
-use crate::runtime::blocks::Blocks;
+use crate::runtime::alarm;
 use crate::runtime::contain;
 use crate::runtime::control_link::ControlLink;
-use crate::runtime::idle::IdleConnections;
+use crate::runtime::reactor::{self, DriverChoice, DriverKind, Reactor};
 use crate::runtime::readiness::Readiness;
-use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
-use crate::upstream::pool::{Pool, PoolConfig};
+use crate::shard::{OpenConnection, Shard, ShardSettings};
 
 /// How often idle upstream connections are swept.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Once every listener is closed, how long a connection accepted before that has to send its
-/// first request (it is answered, not closed under it, see `http1::connection`).
-pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
-
 /// How long a shard waits at the stop barrier for the others before going on alone (a shard
 /// whose thread died must not keep the rest from stopping).
 const BARRIER_PATIENCE: Duration = Duration::from_secs(2);
-
-/// The shards' meeting point when they stop: no shard closes its listener before every shard
-/// has been told to stop accepting, and no shard closes a connection it accepted before every
-/// listener is closed. So a client whose connection closes can always reconnect, and a
-/// connection is never refused by one shard while another still accepts.
-#[derive(Debug, Default)]
-pub struct StopBarrier {
-    told: AtomicUsize,
-    filtered: AtomicUsize,
-    closed: AtomicUsize,
-}
 
 /// A classic BPF socket filter that drops a TCP segment with SYN set and ACK clear (a client
 /// opening a connection) and lets everything else through: handshakes already under way
@@ -100,204 +84,13 @@ async fn meet(count: &AtomicUsize, shards: usize, shard: &Shard, what: &str) {
     }
 }
 
-/// Settings every shard shares, fixed at start-up.
-#[derive(Clone, Debug)]
-pub struct ShardSettings {
-    /// Domain for the Host fallback `<rev>.<ns>.svc.<domain>`. Default:
-    /// [`DEFAULT_CLUSTER_DOMAIN`] (`cluster.local`).
-    pub cluster_domain: String,
-    /// Upstream connection pool settings.
-    pub pool: PoolConfig,
-    /// An autoscaler reporter runs: a revision's first request pokes it. Default false.
-    pub report_load: bool,
-    /// What kubelet probes report besides draining (the autoscaler link, the informers).
-    pub readiness: Arc<Readiness>,
-    /// Where the shards meet when they stop accepting (one object for all of them).
-    pub stop: Arc<StopBarrier>,
-    /// Most client connections open on one shard; at the limit the shard stops accepting until
-    /// one closes (new clients wait in the kernel's queue). Default:
-    /// [`DEFAULT_MAX_CONNECTIONS_PER_SHARD`] (16 384 connections).
-    pub max_connections: usize,
-    /// Most connections on one shard in the middle of a request head (the head did not come in
-    /// one read); at the limit the shard stops accepting until one completes or closes, so slow
-    /// heads cannot hold more than this many head buffers. Default:
-    /// [`DEFAULT_MAX_PENDING_HEADS_PER_SHARD`] (1 024 heads).
-    pub max_pending_heads: usize,
-    /// HTTP/2 settings, towards clients and pods.
-    pub h2: H2Settings,
-    /// A connection's first request head must be whole within this of the accept, any later
-    /// head within this of its first byte (upstream's `ReadHeaderTimeout`). Default:
-    /// [`DEFAULT_HEAD_TIMEOUT`] (60 s).
-    pub head_timeout: Duration,
-}
-
-/// Default of `proxy.head_timeout_seconds`: 60 s, the `ReadHeaderTimeout` of upstream's server
-/// (`network.NewServer`).
-pub const DEFAULT_HEAD_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Default of `proxy.max_connections_per_shard`: 16 384 client connections per shard, about
-/// 75 MiB of idle keep-alive connections (BENCHMARKS.md, "Memory per open connection").
-pub const DEFAULT_MAX_CONNECTIONS_PER_SHARD: usize = 16_384;
-
-/// Default of `proxy.max_pending_heads_per_shard`: 1 024 unfinished request heads per shard
-/// (each holds a buffer of up to the 64 KiB head limit).
-pub const DEFAULT_MAX_PENDING_HEADS_PER_SHARD: usize = 1_024;
-
-impl Default for ShardSettings {
-    fn default() -> Self {
-        ShardSettings {
-            cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
-            pool: PoolConfig::default(),
-            report_load: false,
-            readiness: Arc::default(),
-            stop: Arc::default(),
-            max_connections: DEFAULT_MAX_CONNECTIONS_PER_SHARD,
-            max_pending_heads: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
-            h2: H2Settings::default(),
-            head_timeout: DEFAULT_HEAD_TIMEOUT,
-        }
-    }
-}
-
-/// Shard-local state, shared by the shard's tasks through `Rc`.
-pub struct Shard {
-    pub index: usize,
-    pub settings: Arc<ShardSettings>,
-    all_stats: AllShardStats,
-    pub replica: Replica,
-    pub pool: Pool,
-    /// h2c connections to pods, one per pod (requests that arrived over HTTP/2).
-    pub(crate) h2_pods: H2Pods,
-    /// Set on `BeginDrain`: probes fail, requests are still served, responses carry
-    /// `Connection: close` and idle keep-alive connections close.
-    pub draining: LocalEvent,
-    /// Set on `StopAccepting`: the shard meets the others at the [`StopBarrier`] and then closes
-    /// its listener.
-    pub stop_accepting: LocalEvent,
-    /// Set once every shard's listener is closed: a connection that has not sent its first
-    /// request within [`FIRST_REQUEST_GRACE`] closes.
-    pub stopping: LocalEvent,
-    /// Fires whenever a client connection closes (drain waits on it), and when a pending head
-    /// completes while accepting is paused.
-    pub connection_closed: LocalNotify,
-    /// Keep-alive connections between requests: the longest idle gives way at the connection
-    /// cap, and all close once the listeners are closed.
-    pub idle: IdleConnections,
-    /// Connections in the middle of a request head (see `ShardSettings::max_pending_heads`).
-    pub pending_heads: Cell<usize>,
-    /// The accept loop waits for room (a connection or a pending head fewer).
-    pub accept_paused: Cell<bool>,
-    /// Every shard's grant mailbox, this one's included, by shard index.
-    peers: Vec<flume::Sender<Grant>>,
-    /// Registrations and pod signals to the control thread.
-    pub control: ControlLink,
-    /// Deadlines of waiting requests (queued for a slot, slow heads), one timer for all.
-    pub alarms: Alarms,
-    /// Spare blocks for exchanges with pods, which run outside the connections' futures.
-    pub exchanges: Blocks,
-    /// Where a task that handed its pod slot on lets the woken waiter go first.
-    pub back_of_queue: BackOfQueue,
-}
-
-/// Spare exchange blocks a shard keeps (each a few KiB) once its concurrency drops.
-const SPARE_EXCHANGES: usize = 256;
-
-impl Shard {
-    pub fn new(
-        index: usize,
-        settings: Arc<ShardSettings>,
-        all_stats: AllShardStats,
-        peers: Vec<flume::Sender<Grant>>,
-        control: ControlLink,
-    ) -> Shard {
-        let pool = Pool::new(settings.pool);
-        let h2_pods = H2Pods::new(settings.pool, settings.h2, all_stats.clone(), index);
-        Shard {
-            index,
-            settings,
-            all_stats,
-            replica: Replica::default(),
-            pool,
-            h2_pods,
-            draining: LocalEvent::default(),
-            stop_accepting: LocalEvent::default(),
-            stopping: LocalEvent::default(),
-            connection_closed: LocalNotify::default(),
-            idle: IdleConnections::default(),
-            pending_heads: Cell::new(0),
-            accept_paused: Cell::new(false),
-            peers,
-            control,
-            alarms: Alarms::default(),
-            exchanges: Blocks::new(SPARE_EXCHANGES),
-            back_of_queue: BackOfQueue::default(),
-        }
-    }
-
-    /// Sends a slot to another shard's oldest waiter. False if that shard is gone (the caller
-    /// then releases the slot).
-    pub fn send_grant(&self, shard: usize, grant: Grant) -> bool {
-        self.peers
-            .get(shard)
-            .is_some_and(|peer| peer.send(grant).is_ok())
-    }
-
-    /// At `max_connections` open connections or `max_pending_heads` unfinished heads.
-    fn at_accept_limit(&self) -> bool {
-        self.at_connection_limit() || self.pending_heads.get() >= self.settings.max_pending_heads
-    }
-
-    fn at_connection_limit(&self) -> bool {
-        self.stats().connections_open.get() as usize >= self.settings.max_connections
-    }
-
-    /// Runs a client connection with its panics contained: a panic ends this connection only.
-    fn serve(self: &Rc<Self>, stream: monoio::net::TcpStream, peer: std::net::SocketAddr) {
-        let connection = http1::serve_connection(self.clone(), stream, peer);
-        let shard = self.clone();
-        monoio::spawn(async move {
-            if let Err(panic) = contain::catching(connection).await {
-                contain::record(shard.stats(), "a connection", &*panic);
-                // The connection's own bookkeeping was unwound with it.
-                shard.stats().connections_open.decrement();
-                shard.connection_closed.notify_all();
-            }
-        });
-    }
-
-    /// Health as the kubelet's probes see it.
-    pub(crate) fn health(&self) -> Health {
-        if self.draining.is_set() {
-            Health::Draining
-        } else if let Some(reason) = self.settings.readiness.not_ready() {
-            Health::NotReady(reason)
-        } else {
-            Health::Healthy
-        }
-    }
-
-    #[inline]
-    pub fn stats(&self) -> &ShardStats {
-        &self.all_stats[self.index]
-    }
-
-    fn apply(&self, command: ShardCommand) {
-        match command {
-            ShardCommand::Routing(update) => self.replica.apply(update, self),
-            ShardCommand::BeginDrain => self.draining.set(),
-            ShardCommand::StopAccepting => {
-                self.draining.set();
-                self.stop_accepting.set();
-            }
-        }
-    }
-}
-
-/// Runs a shard until it has stopped accepting and its last connection closed.
+/// Runs a shard until it has stopped accepting and its last connection closed: its own tasks
+/// (routing commands, grants, the back-of-queue relay, the timer, the sweep), an accept loop
+/// per port, and the stop.
 ///
 /// `ports`: each data port's listener with a second descriptor of the same socket (`spare`),
 /// through which the stop drains its backlog and shuts it down.
-pub async fn run(
+async fn run(
     shard: Rc<Shard>,
     ports: Vec<(TcpListener, std::net::TcpListener)>,
     commands: flume::Receiver<ShardCommand>,
@@ -320,7 +113,10 @@ pub async fn run(
     monoio::spawn(async move {
         while let Ok(grant) = grants.recv_async().await {
             match grant_shard.replica.get(grant.key.as_str()) {
-                Some(revision) => revision.receive_grant(grant.pod, &grant_shard),
+                Some(revision) => {
+                    let outbox = revision.receive_grant(grant.pod);
+                    grant_shard.deliver(&revision, outbox);
+                }
                 // The revision is gone here: nobody to serve, give the slot back.
                 None => {
                     grant.pod.slots.release();
@@ -337,7 +133,7 @@ pub async fn run(
         while !sweep_shard.stopping.is_set() {
             monoio::time::sleep(SWEEP_INTERVAL).await;
             sweep_shard.pool.sweep();
-            sweep_shard.h2_pods.sweep();
+            sweep_shard.h2c.sweep();
         }
     });
 
@@ -365,7 +161,7 @@ pub async fn run(
                     shard.accept_paused.set(false);
                 }
                 match listener.accept().await {
-                    Ok((stream, peer)) => shard.serve(stream, peer),
+                    Ok((stream, peer)) => serve(shard, stream, peer),
                     Err(_) if shard.stop_accepting.is_set() && listener_shut.get() => break,
                     Err(error) => {
                         // EMFILE and friends: back off briefly rather than spin.
@@ -412,7 +208,7 @@ pub async fn run(
                     .set_nonblocking(true)
                     .and_then(|()| monoio::net::TcpStream::from_std(stream));
                 match registered {
-                    Ok(stream) => shard.serve(stream, peer),
+                    Ok(stream) => serve(&shard, stream, peer),
                     Err(error) => tracing::warn!(shard = shard.index, "accept failed: {error}"),
                 }
             }
@@ -429,7 +225,7 @@ pub async fn run(
         // clients now reconnect elsewhere.
         shard.idle.close_all();
         shard.pool.clear();
-        shard.h2_pods.clear();
+        shard.h2c.clear();
     };
     // All run until the listeners are shut; then the accept loops have a moment to hand over a
     // connection their last accepts completed with (after the shutdown none can arrive, so
@@ -462,4 +258,166 @@ pub async fn run(
     while shard.stats().connections_open.get() > 0 {
         shard.connection_closed.notified().await;
     }
+}
+
+/// Everything a shard thread needs.
+pub struct ShardSpec {
+    pub index: usize,
+    pub cpu: Option<usize>,
+    pub driver: DriverChoice,
+    /// One listener per data port (HTTP/1 and HTTP/2 alike on each), bound by the caller.
+    pub listeners: Vec<std::net::TcpListener>,
+    pub commands: flume::Receiver<ShardCommand>,
+    /// Slots granted to this shard by others.
+    pub grants: flume::Receiver<Grant>,
+    /// Every shard's grant mailbox, by index.
+    pub peers: Vec<flume::Sender<Grant>>,
+    pub settings: Arc<ShardSettings>,
+    pub stats: AllShardStats,
+    /// Registrations and pod signals to the control thread.
+    pub control: ControlLink,
+}
+
+/// Starts a shard thread. `started` receives the driver in use, or why the shard could not start.
+pub fn spawn_shard(
+    spec: ShardSpec,
+    started: mpsc::Sender<Result<DriverKind, String>>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("shard-{}", spec.index))
+        .spawn(move || {
+            if let Some(cpu) = spec.cpu {
+                if let Err(error) = monoio::utils::bind_to_cpu_set([cpu]) {
+                    tracing::warn!(shard = spec.index, cpu, "could not pin shard: {error:?}");
+                }
+            }
+            match reactor::build(spec.driver) {
+                Ok(reactor) => run_on(reactor, spec, started),
+                Err(error) => {
+                    let _ = started.send(Err(error));
+                }
+            }
+        })
+}
+
+/// Lives as long as a shard runs; dropped while unwinding, it reports the shard dead, so that
+/// health turns red instead of a dead shard hiding behind the others' 200s, and shuts its
+/// listeners down, so that no new connection lands in a queue nobody serves any more (the
+/// other shards' listeners on the same ports take them all).
+struct ShardLife {
+    index: usize,
+    readiness: Arc<Readiness>,
+    /// Descriptors of the shard's listening sockets.
+    listeners: Vec<std::net::TcpListener>,
+}
+
+impl Drop for ShardLife {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for listener in &self.listeners {
+                let _ = socket2::SockRef::from(listener).shutdown(std::net::Shutdown::Both);
+            }
+            self.readiness.shard_died(self.index);
+            tracing::error!(
+                shard = self.index,
+                "shard thread died: its connections are lost; liveness and readiness now fail"
+            );
+        }
+    }
+}
+
+fn run_on(
+    mut reactor: Reactor,
+    spec: ShardSpec,
+    started: mpsc::Sender<Result<DriverKind, String>>,
+) {
+    let kind = reactor.kind();
+    *spec.stats[spec.index]
+        .driver
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = kind.as_str();
+    let ShardSpec {
+        index,
+        listeners,
+        commands,
+        grants,
+        peers,
+        settings,
+        stats,
+        control,
+        ..
+    } = spec;
+    // A second descriptor of each listening socket, for the stop: the backlog is drained through
+    // it with non-blocking accepts, and the socket is shut down through it.
+    let mut spares = Vec::with_capacity(listeners.len());
+    let mut watched = Vec::with_capacity(listeners.len());
+    for listener in &listeners {
+        match listener
+            .try_clone()
+            .and_then(|spare| Ok((spare, listener.try_clone()?)))
+        {
+            Ok((spare, other)) => {
+                spares.push(spare);
+                watched.push(other);
+            }
+            Err(error) => {
+                let _ = started.send(Err(format!(
+                    "shard {index}: cannot duplicate a listener: {error}"
+                )));
+                return;
+            }
+        }
+    }
+    let _life = ShardLife {
+        index,
+        readiness: settings.readiness.clone(),
+        listeners: watched,
+    };
+    reactor.block_on(async move {
+        let mut ports = Vec::with_capacity(listeners.len());
+        for (listener, spare) in listeners.into_iter().zip(spares) {
+            match monoio::net::TcpListener::from_std(listener) {
+                Ok(listener) => ports.push((listener, spare)),
+                Err(error) => {
+                    let _ = started.send(Err(format!(
+                        "shard {index}: cannot register listener: {error}"
+                    )));
+                    return;
+                }
+            }
+        }
+        let _ = started.send(Ok(kind));
+        let shard = Rc::new(Shard::new(index, settings, stats, peers, control));
+        run(shard, ports, commands, grants).await;
+    });
+}
+
+/// Serves one accepted connection with its front, its panics contained to it: HTTP/1, or
+/// HTTP/2 when it opens with the preface (the HTTP/1 front recognises it and hands the
+/// connection back with what it read).
+fn serve(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::SocketAddr) {
+    let open = OpenConnection::count(shard);
+    let connection = http1::serve_connection(shard.clone(), stream, peer);
+    let front_shard = shard.clone();
+    let shard = shard.clone();
+    monoio::spawn(async move {
+        // Counted out when the task ends, or while unwinding from a panic.
+        let _open = open;
+        let served = contain::catching(async move {
+            if let Served::Http2 {
+                stream,
+                read,
+                peer_ip,
+            } = connection.await
+            {
+                // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1 one's, and
+                // only the connections that turn out to be HTTP/2 pay for it.
+                Box::pin(http2::server::take_over(front_shard, stream, read, peer_ip)).await;
+            }
+        })
+        .await;
+        if let Err(panic) = served {
+            contain::record(shard.stats(), "a connection", &*panic);
+        }
+    });
 }

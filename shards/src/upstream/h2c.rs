@@ -17,16 +17,63 @@ use h2::client::SendRequest;
 use monoio::time::Instant;
 use rustc_hash::FxHashMap;
 
-use super::H2Settings;
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::runtime::contain;
 use crate::runtime::signal::LocalEvent;
 use crate::upstream::error::{TransportCause, UpstreamError};
 use crate::upstream::pool::{connect, PoolConfig};
 
+/// Default of `proxy.h2_max_concurrent_streams`: 250 streams per client connection, as Go's
+/// `x/net/http2` server (upstream's) advertises.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 250;
+/// Default of `proxy.h2_stream_window_bytes`: 1 MiB, Go's per-stream upload buffer.
+pub const DEFAULT_STREAM_WINDOW: u32 = 1 << 20;
+/// Default of `proxy.h2_connection_window_bytes`: 2 MiB. What one connection can have buffered
+/// in the activator from its client (and from a pod) at most.
+pub const DEFAULT_CONNECTION_WINDOW: u32 = 2 << 20;
+/// Default of `proxy.h2_max_frame_bytes`: 16 KiB, the protocol's initial value.
+pub const DEFAULT_MAX_FRAME: u32 = 16 << 10;
+/// Default of `proxy.h2_max_header_list_bytes`: 64 KiB, as an HTTP/1 request head.
+pub const DEFAULT_MAX_HEADER_LIST: u32 = 64 << 10;
+
+/// HTTP/2 settings, for client connections and for connections to pods alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct H2Settings {
+    /// Streams a client may have open on one connection.
+    pub max_concurrent_streams: u32,
+    /// Initial flow-control window of each stream, both directions.
+    pub stream_window: u32,
+    /// Flow-control window of a whole connection, both directions.
+    pub connection_window: u32,
+    /// Largest frame payload we accept.
+    pub max_frame: u32,
+    /// Largest header block we accept (decoded size).
+    pub max_header_list: u32,
+}
+
+impl Default for H2Settings {
+    fn default() -> Self {
+        H2Settings {
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            stream_window: DEFAULT_STREAM_WINDOW,
+            connection_window: DEFAULT_CONNECTION_WINDOW,
+            max_frame: DEFAULT_MAX_FRAME,
+            max_header_list: DEFAULT_MAX_HEADER_LIST,
+        }
+    }
+}
+
+/// A way to open streams to one pod: the connection's handle, and the pod's address as an
+/// HTTP/2 `:authority` (made once per connection, not once per request).
+#[derive(Clone)]
+pub(crate) struct PodStreams {
+    pub sender: SendRequest<Bytes>,
+    pub authority: http::uri::Authority,
+}
+
 /// A live connection to one pod.
 struct PodConn {
-    sender: SendRequest<Bytes>,
+    streams: PodStreams,
     /// Set by the connection's task when it ends (the pod closed it, GOAWAY, an error).
     closed: Rc<Cell<bool>>,
     last_used: Cell<Instant>,
@@ -38,7 +85,7 @@ struct Dial {
     done: LocalEvent,
     /// Its result, once done; none if the dialling stream went away before the end (then a
     /// waiter dials itself).
-    result: RefCell<Option<Result<SendRequest<Bytes>, UpstreamError>>>,
+    result: RefCell<Option<Result<PodStreams, UpstreamError>>>,
 }
 
 enum Entry {
@@ -47,7 +94,7 @@ enum Entry {
 }
 
 /// The shard's h2c connections, by pod address.
-pub(crate) struct H2Pods {
+pub(crate) struct H2cConnections {
     pool: PoolConfig,
     settings: H2Settings,
     conns: RefCell<FxHashMap<SocketAddr, Entry>>,
@@ -56,14 +103,14 @@ pub(crate) struct H2Pods {
     shard: usize,
 }
 
-impl H2Pods {
+impl H2cConnections {
     pub(crate) fn new(
         pool: PoolConfig,
         settings: H2Settings,
         stats: AllShardStats,
         shard: usize,
-    ) -> H2Pods {
-        H2Pods {
+    ) -> H2cConnections {
+        H2cConnections {
             pool,
             settings,
             conns: RefCell::new(FxHashMap::default()),
@@ -78,13 +125,13 @@ impl H2Pods {
         &self,
         addr: SocketAddr,
         stats: &ShardStats,
-    ) -> Result<(SendRequest<Bytes>, bool), UpstreamError> {
+    ) -> Result<(PodStreams, bool), UpstreamError> {
         loop {
             let dialling = match self.conns.borrow().get(&addr) {
                 Some(Entry::Open(conn)) if !conn.closed.get() => {
                     conn.last_used.set(Instant::now());
                     stats.upstream_reuses.increment();
-                    return Ok((conn.sender.clone(), true));
+                    return Ok((conn.streams.clone(), true));
                 }
                 Some(Entry::Dialing(dial)) => Some(dial.clone()),
                 Some(Entry::Open(_)) | None => None,
@@ -112,21 +159,21 @@ impl H2Pods {
         };
         let result = Box::pin(self.dial(addr, stats)).await;
         settle.result = Some(match &result {
-            Ok((sender, _)) => Ok(sender.clone()),
+            Ok((streams, _)) => Ok(streams.clone()),
             Err(error) => Err(error.clone()),
         });
-        if let Ok((sender, closed)) = &result {
+        if let Ok((streams, closed)) = &result {
             self.conns.borrow_mut().insert(
                 addr,
                 Entry::Open(PodConn {
-                    sender: sender.clone(),
+                    streams: streams.clone(),
                     closed: closed.clone(),
                     last_used: Cell::new(Instant::now()),
                 }),
             );
         }
         drop(settle);
-        result.map(|(sender, _)| (sender, false))
+        result.map(|(streams, _)| (streams, false))
     }
 
     /// Forgets the connection to `addr` (it refused a new stream: GOAWAY), so the next
@@ -142,7 +189,7 @@ impl H2Pods {
         &self,
         addr: SocketAddr,
         stats: &ShardStats,
-    ) -> Result<(SendRequest<Bytes>, Rc<Cell<bool>>), UpstreamError> {
+    ) -> Result<(PodStreams, Rc<Cell<bool>>), UpstreamError> {
         let timeout = self.pool.connect_timeout;
         let timed_out = || {
             stats.upstream_connect_errors.increment();
@@ -189,7 +236,9 @@ impl H2Pods {
             }
             flag.set(true);
         });
-        Ok((sender, closed))
+        let authority = http::uri::Authority::try_from(addr.to_string())
+            .expect("a socket address is a valid authority");
+        Ok((PodStreams { sender, authority }, closed))
     }
 
     /// Drops connections that carried nothing for the idle timeout (streams still running on
@@ -215,10 +264,10 @@ impl H2Pods {
 /// failure, or when the dialling checkout was dropped mid-dial, the entry goes. Either way
 /// the waiters wake and read `result` (none: they dial themselves).
 struct Settle<'a> {
-    pods: &'a H2Pods,
+    pods: &'a H2cConnections,
     addr: SocketAddr,
     dial: &'a Rc<Dial>,
-    result: Option<Result<SendRequest<Bytes>, UpstreamError>>,
+    result: Option<Result<PodStreams, UpstreamError>>,
 }
 
 impl Drop for Settle<'_> {

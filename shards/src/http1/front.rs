@@ -1,0 +1,291 @@
+//! HTTP/1's leaves of the request path (`request::lifecycle::Front`): the request's fields read
+//! in place in the connection's buffer, the activator's answers written as HTTP/1 responses, a
+//! queued client watched for readability, the head rewritten for a pod (`rewrite`), and an
+//! attempt: a pooled or new connection to the pod and the exchange (`exchange`).
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use kactivator_api::{headers, registration};
+use kactivator_h1::{BodyDecoder, BodyEvent, BodyKind, Method, RequestHead};
+use monoio::io::OwnedReadHalf;
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+
+use super::client::{answer_locally, ClientConn, RequestMeta};
+use super::exchange::{exchange, WATCH_LIMIT};
+use super::io::client_readable;
+use super::rewrite::{self, ClientSide};
+use crate::request::admission::{ClientWatch, Held};
+use crate::request::answer::Answer;
+use crate::request::deadlines::{self, Deadlines};
+use crate::request::error::RequestError;
+use crate::request::headers::RequestHeaders;
+use crate::request::lifecycle::{Attempt, Front, Shape, SmallBody};
+use crate::request::outcome::{Ended, Next};
+use crate::request::policy;
+use crate::routing::replica::{LocalPod, LocalRevision};
+use crate::runtime::buffer::InBuf;
+use crate::runtime::race::{race, Either};
+use crate::shard::Shard;
+use crate::upstream::error::UpstreamError;
+
+/// Longest wait for the rest of a small body (a registration's).
+const SMALL_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An HTTP/1 request head as the request path reads it.
+pub(super) struct H1Headers<'a> {
+    head: &'a RequestHead,
+    buf: &'a [u8],
+}
+
+impl RequestHeaders for H1Headers<'_> {
+    #[inline]
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.head.header(self.buf, name)
+    }
+
+    /// The codec has already found it: an absolute-form target's authority, else Host.
+    #[inline]
+    fn authority(&self) -> Option<&[u8]> {
+        self.head.authority.map(|authority| authority.of(self.buf))
+    }
+}
+
+/// One request on an HTTP/1 connection, as the request path sees it.
+pub(super) struct H1Front<'c> {
+    conn: &'c mut ClientConn,
+    meta: RequestMeta,
+    shape: Shape,
+    /// The head is still in the read buffer (the local answers read it).
+    head_in_buffer: bool,
+    /// Where the pod's `Host` line goes in the rewritten head.
+    host_at: usize,
+}
+
+impl<'c> H1Front<'c> {
+    pub(super) fn new(conn: &'c mut ClientConn) -> H1Front<'c> {
+        let mut meta = RequestMeta::of(&conn.head);
+        // Told to close while idle, just as this request arrived: it is the connection's last.
+        meta.keep_alive &= !conn.close_after;
+        let registration = meta.method == Method::Post
+            && is_registration_path(conn.head.target.of(conn.inbuf.data()));
+        H1Front {
+            shape: Shape {
+                connect: meta.method == Method::Connect,
+                registration,
+                head_only: meta.method == Method::Head,
+                request: meta.shape(),
+            },
+            conn,
+            meta,
+            head_in_buffer: true,
+            host_at: 0,
+        }
+    }
+
+    fn consume_head(&mut self) {
+        if std::mem::take(&mut self.head_in_buffer) {
+            self.conn.inbuf.consume(self.conn.head.len);
+        }
+    }
+}
+
+impl Front for H1Front<'_> {
+    type Headers<'h>
+        = H1Headers<'h>
+    where
+        Self: 'h;
+    type Watch<'w>
+        = Watch<'w>
+    where
+        Self: 'w;
+
+    #[inline]
+    fn headers(&self) -> H1Headers<'_> {
+        H1Headers {
+            head: &self.conn.head,
+            buf: self.conn.inbuf.data(),
+        }
+    }
+
+    #[inline]
+    fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    async fn answer(&mut self, _shard: &Shard, answer: &Answer<'_>, keep_alive: bool) -> Next {
+        self.consume_head();
+        let client = ClientSide {
+            version: self.meta.version,
+            keep_alive,
+            head_only: self.shape.head_only,
+        };
+        answer_locally(self.conn, answer, client).await
+    }
+
+    async fn read_small_body(&mut self, shard: &Shard, limit: usize) -> Result<Vec<u8>, SmallBody> {
+        self.consume_head();
+        read_small_body(shard, self.conn, self.meta.body, limit).await
+    }
+
+    fn prepare(&mut self) {
+        let conn = &mut *self.conn;
+        let buf = conn.inbuf.data();
+        let fields = H1Headers {
+            head: &conn.head,
+            buf,
+        };
+        conn.request_id.clear();
+        if let Some(id) = policy::run_id(&fields).or_else(|| fields.get(headers::REQUEST_ID)) {
+            conn.request_id.push_str(&String::from_utf8_lossy(id));
+        }
+        conn.request_out.clear();
+        self.host_at =
+            rewrite::write_request_head(&conn.head, buf, &conn.peer_ip, &mut conn.request_out);
+        self.consume_head();
+    }
+
+    fn request_id(&self) -> &str {
+        &self.conn.request_id
+    }
+
+    fn watch(&mut self) -> Watch<'_> {
+        Watch {
+            reader: &mut self.conn.reader,
+            inbuf: &mut self.conn.inbuf,
+        }
+    }
+
+    async fn attempt(
+        &mut self,
+        shard: &Rc<Shard>,
+        revision: &LocalRevision,
+        pod: &Rc<LocalPod>,
+        deadlines: &Deadlines,
+        held: &mut Option<Held<'_>>,
+    ) -> Attempt {
+        let addr = pod.tracker.addr;
+        let conn = &mut *self.conn;
+        let host_len = rewrite::insert_host(&mut conn.request_out, self.host_at, addr);
+        // Nothing of it reached the pod: the head goes back as it was before this pod's Host.
+        let unsend = |conn: &mut ClientConn| {
+            rewrite::remove_host(&mut conn.request_out, self.host_at, host_len)
+        };
+        let upstream = match shard.pool.checkout(addr, shard.stats()).await {
+            Ok(upstream) => upstream,
+            Err(error) => {
+                unsend(conn);
+                return Attempt::Unreached(error);
+            }
+        };
+        let fresh = !upstream.reused;
+        // The exchange is the largest state a connection goes through; it runs in a block of
+        // its own so that waiting and idle connections do not carry its size (see `blocks`).
+        let ended = shard
+            .exchanges
+            .place(exchange(
+                shard,
+                conn,
+                upstream,
+                self.meta,
+                *deadlines,
+                revision.key(),
+                held,
+            ))
+            .await;
+        match ended {
+            Ended::Failed {
+                error: RequestError::Upstream(failure),
+                ..
+            } if matches!(*failure, UpstreamError::IpReused { .. }) => {
+                // Only a bodiless request is kept whole in `request_out`, ready to go again.
+                unsend(conn);
+                Attempt::NotTaken {
+                    error: *failure,
+                    replayable: self.meta.keeps_head(),
+                }
+            }
+            ended => Attempt::Ended { ended, fresh },
+        }
+    }
+}
+
+/// The client of an HTTP/1 request waiting for a slot: readable when bytes, a FIN or a reset
+/// arrive; bytes (a body, a pipelined request) are kept, up to [`WATCH_LIMIT`].
+pub(super) struct Watch<'a> {
+    reader: &'a mut OwnedReadHalf<TcpStream>,
+    inbuf: &'a mut InBuf,
+}
+
+impl ClientWatch for Watch<'_> {
+    fn parked(&mut self) {
+        // Nothing is read while the request waits, so an empty read buffer goes back.
+        self.inbuf.release_if_empty();
+    }
+
+    async fn readable(&self) {
+        if self.inbuf.len() >= WATCH_LIMIT {
+            // Enough is buffered; reading on would buffer without bound.
+            std::future::pending::<()>().await;
+        }
+        let _ = client_readable(self.reader).await;
+    }
+
+    async fn absorb(&mut self) -> bool {
+        matches!(self.inbuf.fill(self.reader).await, Ok(read) if read > 0)
+    }
+}
+
+/// Whether a request target is the queue-proxy registration endpoint (query ignored).
+fn is_registration_path(target: &[u8]) -> bool {
+    let path = target
+        .iter()
+        .position(|&byte| byte == b'?')
+        .map_or(target, |query| &target[..query]);
+    path == registration::PATH.as_bytes()
+}
+
+/// Reads a whole request body of at most `limit` bytes into memory.
+async fn read_small_body(
+    shard: &Shard,
+    conn: &mut ClientConn,
+    kind: BodyKind,
+    limit: usize,
+) -> Result<Vec<u8>, SmallBody> {
+    if let BodyKind::Length(length) = kind {
+        if length > limit as u64 {
+            return Err(SmallBody::TooLarge);
+        }
+    }
+    let deadline = deadlines::later(Instant::now(), SMALL_BODY_TIMEOUT);
+    let mut decoder = BodyDecoder::new(kind);
+    let mut body = Vec::new();
+    loop {
+        let (consumed, event) = decoder
+            .decode(conn.inbuf.data())
+            .map_err(|_| SmallBody::Invalid)?;
+        let need_more = match event {
+            Some(BodyEvent::Data(data)) => {
+                if body.len() + data.len() > limit {
+                    return Err(SmallBody::TooLarge);
+                }
+                body.extend_from_slice(data);
+                false
+            }
+            Some(BodyEvent::End) => {
+                conn.inbuf.consume(consumed);
+                return Ok(body);
+            }
+            Some(BodyEvent::Trailers(_)) => false,
+            None => true,
+        };
+        conn.inbuf.consume(consumed);
+        if need_more {
+            match race(conn.inbuf.fill(&mut conn.reader), shard.alarms.at(deadline)).await {
+                Either::Left(Ok(read)) if read > 0 => {}
+                _ => return Err(SmallBody::Gone),
+            }
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! The answers the activator gives itself (probes, unknown revisions, refusals, registrations,
+//! errors), as every front writes them: status, body, at most one extra field, and whether it is
+//! an error in Go's `http.Error` style (`X-Content-Type-Options: nosniff`). Pure.
+
+use kactivator_api::messages;
+
+use super::error::RequestError;
+
+/// A response of the activator's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer<'a> {
+    pub status: u16,
+    pub body: &'a [u8],
+    /// One more field, e.g. the echoed `K-Network-Hash` or a JSON `Content-Type`.
+    pub extra_header: Option<(&'a str, &'a [u8])>,
+    /// An error in Go's `http.Error` style: plain text with `X-Content-Type-Options: nosniff`.
+    pub error_style: bool,
+}
+
+impl<'a> Answer<'a> {
+    /// An error answer: plain text, Go's style.
+    pub fn error(status: u16, body: &'a [u8]) -> Answer<'a> {
+        Answer {
+            status,
+            body,
+            extra_header: None,
+            error_style: true,
+        }
+    }
+
+    /// The answer to a request that failed with `error`; `body` is `error.body()`.
+    pub fn of_error(error: &RequestError, body: &'a [u8]) -> Answer<'a> {
+        Answer {
+            status: error.status(),
+            body,
+            extra_header: None,
+            error_style: error.go_error_style(),
+        }
+    }
+
+    /// CONNECT refused: the activator routes by revision and is not a forward proxy.
+    pub fn connect_refused() -> Answer<'static> {
+        Answer {
+            status: 405,
+            body: messages::CONNECT_REFUSED.as_bytes(),
+            extra_header: Some(("Allow", messages::CONNECT_REFUSED_ALLOW.as_bytes())),
+            error_style: true,
+        }
+    }
+
+    /// A request a panic ended before any of its answer was written.
+    pub fn internal_error() -> Answer<'static> {
+        Answer::error(500, messages::INTERNAL_ERROR.as_bytes())
+    }
+}

@@ -1,0 +1,322 @@
+//! The request path, written once for every front: a request is refused or answered locally
+//! (CONNECT, probes, the queue-proxy registration endpoint, an unknown revision), counted in
+//! its revision's tally, admitted (a slot on a pod now, or a wait in the queue), sent to the pod
+//! in as many attempts as may reach no pod, concluded, and answered by the activator when the
+//! pod's answer did not reach the client.
+//!
+//! What differs between HTTP/1 and HTTP/2 sits behind [`Front`], at the leaves: how the
+//! request's fields are read, how an answer of the activator's own is written, how a waiting
+//! client is watched, how the request is rewritten for a pod, and the exchange with the pod
+//! (its connection, the bytes each way). Upstream's handler chain sets the order of the steps:
+//! probes first, then the revision (404), then the wait for a pod, then the proxy
+//! (`reference/knative-activator.md` §1).
+
+use std::rc::Rc;
+
+use kactivator_api::{headers, messages, registration};
+use monoio::time::Instant;
+
+use super::admission::{self, acquire, ClientWatch, Held};
+use super::answer::Answer;
+use super::deadlines::Deadlines;
+use super::error::RequestError;
+use super::faults;
+use super::headers::RequestHeaders;
+use super::identity;
+use super::outcome::{
+    conclude, keeps_connection_after_answer, Concluded, Ended, Next, RequestShape,
+};
+use super::probes;
+use super::retry::may_retry;
+use super::tally::Tally;
+use crate::routing::replica::{LocalPod, LocalRevision};
+use crate::runtime::control_link::EvidenceKind;
+use crate::shard::Shard;
+use crate::upstream::error::UpstreamError;
+
+/// What the request path needs to know of a request from its head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// A CONNECT: refused, the activator is not a forward proxy.
+    pub connect: bool,
+    /// A POST to the queue-proxy registration path.
+    pub registration: bool,
+    /// A HEAD: the activator's own answers carry no body.
+    pub head_only: bool,
+    /// What the conclusion needs: keep-alive, bodiless, upgrade.
+    pub request: RequestShape,
+}
+
+/// One attempt to have a pod serve the request.
+pub(crate) enum Attempt {
+    /// As far as the request path is concerned, the request met its pod: relayed, upgraded,
+    /// cut, or failed. `fresh`: on a connection made for it (a failure there says more about the
+    /// pod than one on a pooled connection that raced its idle timeout).
+    Ended { ended: Ended, fresh: bool },
+    /// The connection to the pod could not be made: nothing was sent anywhere.
+    Unreached(UpstreamError),
+    /// The pod took none of it (a refused stream, an answer in another revision's name) and
+    /// nothing reached the client. `replayable`: it can be sent again unchanged.
+    NotTaken {
+        error: UpstreamError,
+        replayable: bool,
+    },
+}
+
+/// Why a small body (a registration's) could not be read.
+pub(crate) enum SmallBody {
+    TooLarge,
+    Invalid,
+    /// The client went away (or stalled past the body timeout).
+    Gone,
+}
+
+/// A front: the leaves of the request path for one protocol.
+pub(crate) trait Front {
+    /// The request's fields, as the rules read them; valid until [`Front::prepare`].
+    type Headers<'h>: RequestHeaders
+    where
+        Self: 'h;
+    /// The client while the request waits for a slot.
+    type Watch<'w>: ClientWatch
+    where
+        Self: 'w;
+
+    fn headers(&self) -> Self::Headers<'_>;
+    fn shape(&self) -> Shape;
+    /// Writes an answer of the activator's own; `keep_alive`: the connection may carry another
+    /// request after it.
+    async fn answer(&mut self, shard: &Shard, answer: &Answer<'_>, keep_alive: bool) -> Next;
+    /// Reads the whole body, at most `limit` bytes.
+    async fn read_small_body(&mut self, shard: &Shard, limit: usize) -> Result<Vec<u8>, SmallBody>;
+    /// The request is going to a pod: rewrite it for one (the header policy,
+    /// `request::policy`; the pod's address comes with each attempt) and let go of what only
+    /// the local answers read.
+    fn prepare(&mut self);
+    /// The request's id for log lines (`X-Run-Id`, else `X-Request-Id`), once prepared.
+    fn request_id(&self) -> &str;
+    fn watch(&mut self) -> Self::Watch<'_>;
+    /// One attempt on `pod`, whose slot `held` is: its connection and the exchange. The slot
+    /// may be given back before the end (the response is complete while its tail is relayed).
+    async fn attempt(
+        &mut self,
+        shard: &Rc<Shard>,
+        revision: &LocalRevision,
+        pod: &Rc<LocalPod>,
+        deadlines: &Deadlines,
+        held: &mut Option<Held<'_>>,
+    ) -> Attempt;
+}
+
+/// Takes one request through the path; what the connection does next.
+pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -> Next {
+    let shape = front.shape();
+    if shape.connect {
+        // Before probes, registration and routing; whatever the client sends next is meant for a
+        // tunnel, so the connection closes.
+        shard.stats().local_responses.increment();
+        return front.answer(shard, &Answer::connect_refused(), false).await;
+    }
+    let draining = || shard.draining.is_set();
+    // A probe's body is never read: closing keeps the stream in sync without reading it.
+    let local_keep_alive = shape.request.keep_alive && shape.request.bodiless && !draining();
+    let probe = probes::answer(&front.headers(), shard.health());
+    if let Some(answer) = probe {
+        shard.stats().local_responses.increment();
+        return front
+            .answer(shard, &answer.as_answer(), local_keep_alive)
+            .await;
+    }
+    faults::inject(&front.headers());
+    if shape.registration {
+        // Boxed: registrations are rare next to proxied requests, and inline their state would
+        // widen every connection's future.
+        return Box::pin(register(shard, front, shape)).await;
+    }
+    let found = {
+        let fields = front.headers();
+        match identity::revision_of(&fields, &shard.settings.cluster_domain) {
+            Some(id) => shard
+                .replica
+                .find(id.namespace, id.name)
+                .ok_or_else(|| messages::revision_not_found(id.name)),
+            None => Err(messages::revision_not_found("")),
+        }
+    };
+    let revision = match found {
+        Ok(revision) => revision,
+        Err(body) => {
+            return front
+                .answer(
+                    shard,
+                    &Answer::error(404, body.as_bytes()),
+                    local_keep_alive,
+                )
+                .await;
+        }
+    };
+    front.prepare();
+    let tally = Tally::arrive(shard, &revision, arrival);
+    let ended = proxy(shard, front, &revision, arrival).await;
+    // An answer of the activator's own is written here, once the request's own state is gone:
+    // this keeps the error path's write out of the (long-lived) waiting state.
+    let (status, next) = match conclude(shape.request, ended) {
+        Concluded::Done { status, next } => (status, next),
+        Concluded::Answer { error, keep_alive } => {
+            tracing::debug!(
+                request_id = %front.request_id(),
+                status = error.status(),
+                fault = error.fault().label(),
+                "answered by the activator: {error}"
+            );
+            let body = error.body();
+            let next = front
+                .answer(
+                    shard,
+                    &Answer::of_error(&error, &body),
+                    keep_alive && !draining(),
+                )
+                .await;
+            (error.status(), next)
+        }
+    };
+    tally.end(arrival, status);
+    next
+}
+
+/// Waits for a pod and has it serve the request, and says how that ended.
+///
+/// A request that reached no pod goes back to admission, within its deadline and a bounded
+/// number of times (`request::retry`): when the connection to the pod could not be made (the
+/// pod is reported and this shard passes it over for a moment, see `admission::dial_failed`),
+/// and when a pod took none of it (it answered as another revision — it is retired at once on
+/// every shard and reported — or refused the stream) and the request can be sent again.
+/// Otherwise a failure is a 502 naming the problem.
+async fn proxy<F: Front>(
+    shard: &Rc<Shard>,
+    front: &mut F,
+    revision: &Rc<LocalRevision>,
+    arrival: Instant,
+) -> Ended {
+    let deadlines = Deadlines::new(&revision.timeouts(), arrival);
+    let mut attempt = 0;
+    // The last pod that could not be reached: if no other pod serves the request before its
+    // deadline, the client hears why, not only that time ran out.
+    let mut unreached: Option<UpstreamError> = None;
+    loop {
+        attempt += 1;
+        let admitted = acquire(shard, revision, deadlines.first_byte, &mut front.watch()).await;
+        let pod = match admitted {
+            Ok(pod) => pod,
+            Err(error) => {
+                return Ended::Failed {
+                    error: admission::not_admitted(error, unreached),
+                    request_complete: false,
+                };
+            }
+        };
+        let mut held = Some(Held::new(&pod, revision, shard));
+        let outcome = front
+            .attempt(shard, revision, &pod, &deadlines, &mut held)
+            .await;
+        let addr = pod.tracker.addr;
+        match outcome {
+            Attempt::Ended { ended, fresh } => {
+                if let Ended::Failed {
+                    error: RequestError::Upstream(failure),
+                    ..
+                } = &ended
+                {
+                    tracing::warn!(request_id = %front.request_id(), pod = %addr, class = failure.class(), "{failure}");
+                    if failure.is_pod_failure() && fresh {
+                        admission::report(shard, revision, &pod, EvidenceKind::TransportFailure);
+                    }
+                }
+                return ended;
+            }
+            Attempt::Unreached(error) => {
+                tracing::warn!(request_id = %front.request_id(), pod = %addr, class = error.class(), "{error}");
+                admission::dial_failed(shard, revision, &pod);
+                drop(held);
+                if !may_retry(attempt, &error, true) {
+                    return Ended::Failed {
+                        error: error.into(),
+                        request_complete: false,
+                    };
+                }
+                shard.stats().dial_retries.increment();
+                unreached = Some(error);
+            }
+            Attempt::NotTaken { error, replayable } => {
+                if let UpstreamError::IpReused {
+                    namespace,
+                    revision: serving,
+                    ..
+                } = &error
+                {
+                    admission::retire_reused(
+                        shard,
+                        revision,
+                        &pod,
+                        namespace,
+                        serving,
+                        front.request_id(),
+                    );
+                }
+                drop(held);
+                if !may_retry(attempt, &error, replayable) {
+                    return Ended::Failed {
+                        error: error.into(),
+                        request_complete: false,
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// `POST /api/v1/pod-registration` from a queue-proxy: check the caller, read the body (at most
+/// 64 KiB), hand it to the control thread and answer with what it says once the state worker
+/// has applied it. Other methods on the path are proxied like any request, as upstream does.
+async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> Next {
+    shard.stats().local_responses.increment();
+    let (user_agent, relayed) = {
+        let fields = front.headers();
+        (
+            registration::check_user_agent(fields.get(headers::USER_AGENT)),
+            fields.get(headers::RELAYED).is_some(),
+        )
+    };
+    let refused = match user_agent {
+        Err(error) => error,
+        Ok(()) => match front.read_small_body(shard, registration::MAX_BODY).await {
+            Ok(body) => {
+                let reply = shard.control.register(body, relayed).await;
+                let keep_alive = shape.request.keep_alive && !shard.draining.is_set();
+                let answer = Answer {
+                    status: reply.status,
+                    body: &reply.body,
+                    extra_header: reply.json.then_some((
+                        "Content-Type",
+                        registration::ACCEPTED_CONTENT_TYPE.as_bytes(),
+                    )),
+                    error_style: !reply.json,
+                };
+                return front.answer(shard, &answer, keep_alive).await;
+            }
+            Err(SmallBody::TooLarge) => registration::RegistrationError::BodyTooLarge,
+            Err(SmallBody::Invalid) => registration::RegistrationError::InvalidBody,
+            Err(SmallBody::Gone) => return Next::Close,
+        },
+    };
+    // A refusal leaves the body unread: the connection closes unless there was none.
+    let keep_alive = keeps_connection_after_answer(shape.request, false);
+    let body = refused.body();
+    front
+        .answer(
+            shard,
+            &Answer::error(refused.status(), body.as_bytes()),
+            keep_alive,
+        )
+        .await
+}

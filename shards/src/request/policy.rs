@@ -1,0 +1,191 @@
+//! What the activator does to header fields on the way through, whatever protocol carries them:
+//! one list of edits, which each front's writer applies to its own encoding (HTTP/1 head bytes,
+//! HTTP/2 header maps). Pure.
+//!
+//! On the way to the pod, as upstream's activator (`reference/knative-activator.md` §2):
+//! hop-by-hop fields and those the activator consumes are dropped; `X-Forwarded-For` is sent
+//! once, the earlier values joined and the client appended; `TE` goes on only as `trailers`;
+//! `X-Run-Id`, when present, replaces `X-Request-Id`; the client's authority is kept in
+//! `K-Original-Host` unless the request has one; `K-Proxy-Request: activator` is added. The pod's
+//! address as `Host` (or `:authority`) is the writer's, once a pod is picked. What only HTTP/1
+//! has (fields named in `Connection`, an h2c upgrade offer, re-declared framing) stays in its
+//! writer.
+
+use kactivator_api::headers;
+
+use super::headers::RequestHeaders;
+
+/// What becomes of one field of the client's request on its way to the pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestField {
+    /// Passed on as it is.
+    Keep,
+    /// Dropped: hop-by-hop (RFC 9110 §7.6.1, and the legacy ones Go drops), or consumed or
+    /// replaced by the activator (the revision headers, `Host`, `K-Network-Hash`, an inbound
+    /// `K-Proxy-Request`, `X-Run-Id`).
+    Drop,
+    /// `X-Forwarded-For`: gathered and sent once, with the client appended.
+    ForwardedFor,
+    /// `TE`: goes on only as `trailers`.
+    Te,
+    /// `X-Request-Id`: dropped when the request has an `X-Run-Id` to replace it.
+    RequestId,
+    /// `K-Original-Host`: kept, and the activator adds none.
+    OriginalHost,
+}
+
+/// What becomes of the field `name` (any case) of a request on its way to the pod.
+///
+/// Runs for every field of every request, so it looks at the length first: almost every field
+/// matches no length here and costs one comparison.
+#[inline]
+pub fn request_field(name: &[u8]) -> RequestField {
+    let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+    match name.len() {
+        2 if is("te") => RequestField::Te,
+        4 if is(headers::HOST) => RequestField::Drop,
+        7 if is("trailer") || is("upgrade") => RequestField::Drop,
+        8 if is(headers::RUN_ID) => RequestField::Drop,
+        10 if is("connection") || is("keep-alive") => RequestField::Drop,
+        12 if is(headers::REQUEST_ID) => RequestField::RequestId,
+        14 if is(headers::NETWORK_HASH) => RequestField::Drop,
+        15 if is(headers::FORWARDED_FOR) => RequestField::ForwardedFor,
+        15 if is(headers::ORIGINAL_HOST) => RequestField::OriginalHost,
+        15 if is(headers::PROXY_REQUEST) => RequestField::Drop,
+        16 if is("proxy-connection") => RequestField::Drop,
+        17 if is("transfer-encoding") => RequestField::Drop,
+        18 if is("proxy-authenticate") => RequestField::Drop,
+        19 if is("proxy-authorization") => RequestField::Drop,
+        24 if is(headers::REVISION) => RequestField::Drop,
+        25 if is(headers::NAMESPACE) => RequestField::Drop,
+        _ => RequestField::Keep,
+    }
+}
+
+/// Whether a field of the pod's response is dropped on its way to the client: the hop-by-hop
+/// ones, which describe the pod's connection, not the response.
+#[inline]
+pub fn drops_response_field(name: &[u8]) -> bool {
+    let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+    match name.len() {
+        2 => is("te"),
+        7 => is("trailer") || is("upgrade"),
+        10 => is("connection") || is("keep-alive"),
+        16 => is("proxy-connection"),
+        17 => is("transfer-encoding"),
+        18 => is("proxy-authenticate"),
+        19 => is("proxy-authorization"),
+        _ => false,
+    }
+}
+
+/// `K-Proxy-Request: activator`, on every request the activator sends a pod.
+pub const PROXY_REQUEST: (&str, &str) = (headers::PROXY_REQUEST, headers::PROXY_REQUEST_VALUE);
+
+/// The value `TE` keeps when it goes on: gRPC needs it.
+pub fn keeps_te(value: &[u8]) -> bool {
+    value.eq_ignore_ascii_case(b"trailers")
+}
+
+/// The fields the activator adds to a request, from what the request carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Added<'a> {
+    /// `K-Original-Host`: where the client addressed the request, unless it had one already.
+    pub original_host: Option<&'a [u8]>,
+    /// `X-Request-Id`: the request's `X-Run-Id`, which replaces it.
+    pub request_id: Option<&'a [u8]>,
+}
+
+impl<'a> Added<'a> {
+    /// What `request` gets added; `has_original_host`: it carries `K-Original-Host` already
+    /// (the writer finds out while it goes through the fields).
+    pub fn of<H: RequestHeaders + ?Sized>(request: &'a H, has_original_host: bool) -> Added<'a> {
+        Added {
+            original_host: if has_original_host {
+                None
+            } else {
+                request.authority().filter(|host| !host.is_empty())
+            },
+            request_id: run_id(request),
+        }
+    }
+}
+
+/// A non-empty `X-Run-Id`, which replaces `X-Request-Id` on the way to the pod.
+#[inline]
+pub fn run_id<H: RequestHeaders + ?Sized>(request: &H) -> Option<&[u8]> {
+    request
+        .get(headers::RUN_ID)
+        .filter(|value| !value.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::headers::{CONSUMED_REQUEST_HEADERS, HOP_BY_HOP};
+
+    #[test]
+    fn every_hop_by_hop_and_consumed_field_is_dropped_in_any_case_and_others_kept() {
+        for name in HOP_BY_HOP.iter().chain(CONSUMED_REQUEST_HEADERS.iter()) {
+            let expected = match *name {
+                "te" => RequestField::Te,
+                "x-forwarded-for" | "X-Forwarded-For" => RequestField::ForwardedFor,
+                _ => RequestField::Drop,
+            };
+            for spelled in [name.to_string(), name.to_ascii_uppercase()] {
+                assert_eq!(request_field(spelled.as_bytes()), expected, "{spelled}");
+            }
+        }
+        let rows: &[(&str, RequestField)] = &[
+            ("X-Request-Id", RequestField::RequestId),
+            ("k-original-host", RequestField::OriginalHost),
+            ("Content-Type", RequestField::Keep),
+            ("Content-Length", RequestField::Keep),
+            ("Accept", RequestField::Keep),
+            ("x-run-ie", RequestField::Keep),
+            ("hostname", RequestField::Keep),
+            ("", RequestField::Keep),
+        ];
+        for (name, expected) in rows {
+            assert_eq!(request_field(name.as_bytes()), *expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_response_fields_are_dropped_and_the_rest_kept() {
+        for name in HOP_BY_HOP {
+            assert!(drops_response_field(name.as_bytes()), "{name}");
+            assert!(drops_response_field(name.to_ascii_uppercase().as_bytes()));
+        }
+        for name in [
+            "content-type",
+            "x-knative-revision-name",
+            "grpc-status",
+            "host",
+        ] {
+            assert!(!drops_response_field(name.as_bytes()), "{name}");
+        }
+    }
+
+    #[test]
+    fn additions_follow_the_request() {
+        let with_run: &[(&str, &str)] = &[("Host", "a.b.svc"), ("X-Run-Id", "run-7")];
+        assert_eq!(
+            Added::of(with_run, false),
+            Added {
+                original_host: Some(b"a.b.svc"),
+                request_id: Some(b"run-7")
+            }
+        );
+        assert_eq!(Added::of(with_run, true).original_host, None);
+        let bare: &[(&str, &str)] = &[("Host", ""), ("X-Run-Id", "")];
+        assert_eq!(
+            Added::of(bare, false),
+            Added {
+                original_host: None,
+                request_id: None
+            }
+        );
+        assert!(keeps_te(b"Trailers") && !keeps_te(b"gzip"));
+    }
+}

@@ -1,0 +1,263 @@
+//! One shard's context, shared by its tasks through `Rc`: its routing replica, its connections
+//! to pods, its counters, timers and signals, and the settings every shard shares. Protocol-
+//! neutral: the fronts (`http1`, `http2`) and the hub that accepts connections build on it.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::metrics::{AllShardStats, ShardStats};
+use crate::routing::replica::{LocalRevision, Outbox, Replica};
+use crate::routing::{Grant, ShardCommand};
+use crate::runtime::alarm::Alarms;
+use crate::runtime::blocks::Blocks;
+use crate::runtime::control_link::ControlLink;
+use crate::runtime::idle::IdleConnections;
+use crate::runtime::readiness::{Health, Readiness};
+use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
+use crate::upstream::h2c::{H2Settings, H2cConnections};
+use crate::upstream::pool::{Pool, PoolConfig};
+
+/// Once every listener is closed, how long a connection accepted before that has to send its
+/// first request (it is answered, not closed under it, see `http1::connection`).
+pub const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+
+/// The shards' meeting point when they stop: no shard closes its listener before every shard
+/// has been told to stop accepting, and no shard closes a connection it accepted before every
+/// listener is closed (the hub's stop keeps it). So a client whose connection closes can always reconnect, and a
+/// connection is never refused by one shard while another still accepts.
+#[derive(Debug, Default)]
+pub struct StopBarrier {
+    pub(crate) told: AtomicUsize,
+    pub(crate) filtered: AtomicUsize,
+    pub(crate) closed: AtomicUsize,
+}
+
+/// Cluster domain for the Host fallback `<rev>.<ns>.svc.<domain>` when neither resolv.conf nor
+/// `CLUSTER_DOMAIN` gives one (`request::identity::detect_cluster_domain`): `cluster.local`,
+/// knative.dev/pkg's default (`network/domain.go`).
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// Settings every shard shares, fixed at start-up.
+#[derive(Clone, Debug)]
+pub struct ShardSettings {
+    /// Domain for the Host fallback `<rev>.<ns>.svc.<domain>`. Default:
+    /// [`DEFAULT_CLUSTER_DOMAIN`] (`cluster.local`).
+    pub cluster_domain: String,
+    /// Upstream connection pool settings.
+    pub pool: PoolConfig,
+    /// An autoscaler reporter runs: a revision's first request pokes it. Default false.
+    pub report_load: bool,
+    /// What kubelet probes report besides draining (the autoscaler link, the informers).
+    pub readiness: Arc<Readiness>,
+    /// Where the shards meet when they stop accepting (one object for all of them).
+    pub stop: Arc<StopBarrier>,
+    /// Most client connections open on one shard; at the limit the shard stops accepting until
+    /// one closes (new clients wait in the kernel's queue). Default:
+    /// [`DEFAULT_MAX_CONNECTIONS_PER_SHARD`] (16 384 connections).
+    pub max_connections: usize,
+    /// Most connections on one shard in the middle of a request head (the head did not come in
+    /// one read); at the limit the shard stops accepting until one completes or closes, so slow
+    /// heads cannot hold more than this many head buffers. Default:
+    /// [`DEFAULT_MAX_PENDING_HEADS_PER_SHARD`] (1 024 heads).
+    pub max_pending_heads: usize,
+    /// HTTP/2 settings, towards clients and pods.
+    pub h2: H2Settings,
+    /// A connection's first request head must be whole within this of the accept, any later
+    /// head within this of its first byte (upstream's `ReadHeaderTimeout`). Default:
+    /// [`DEFAULT_HEAD_TIMEOUT`] (60 s).
+    pub head_timeout: Duration,
+}
+
+/// Default of `proxy.head_timeout_seconds`: 60 s, the `ReadHeaderTimeout` of upstream's server
+/// (`network.NewServer`).
+pub const DEFAULT_HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default of `proxy.max_connections_per_shard`: 16 384 client connections per shard, about
+/// 75 MiB of idle keep-alive connections (BENCHMARKS.md, "Memory per open connection").
+pub const DEFAULT_MAX_CONNECTIONS_PER_SHARD: usize = 16_384;
+
+/// Default of `proxy.max_pending_heads_per_shard`: 1 024 unfinished request heads per shard
+/// (each holds a buffer of up to the 64 KiB head limit).
+pub const DEFAULT_MAX_PENDING_HEADS_PER_SHARD: usize = 1_024;
+
+impl Default for ShardSettings {
+    fn default() -> Self {
+        ShardSettings {
+            cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
+            pool: PoolConfig::default(),
+            report_load: false,
+            readiness: Arc::default(),
+            stop: Arc::default(),
+            max_connections: DEFAULT_MAX_CONNECTIONS_PER_SHARD,
+            max_pending_heads: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
+            h2: H2Settings::default(),
+            head_timeout: DEFAULT_HEAD_TIMEOUT,
+        }
+    }
+}
+
+/// Shard-local state, shared by the shard's tasks through `Rc`.
+pub struct Shard {
+    pub index: usize,
+    pub settings: Arc<ShardSettings>,
+    all_stats: AllShardStats,
+    pub replica: Replica,
+    pub pool: Pool,
+    /// h2c connections to pods, one per pod (requests that arrived over HTTP/2).
+    pub(crate) h2c: H2cConnections,
+    /// Set on `BeginDrain`: probes fail, requests are still served, responses carry
+    /// `Connection: close` and idle keep-alive connections close.
+    pub draining: LocalEvent,
+    /// Set on `StopAccepting`: the shard meets the others at the [`StopBarrier`] and then closes
+    /// its listener.
+    pub stop_accepting: LocalEvent,
+    /// Set once every shard's listener is closed: a connection that has not sent its first
+    /// request within [`FIRST_REQUEST_GRACE`] closes.
+    pub stopping: LocalEvent,
+    /// Fires whenever a client connection closes (drain waits on it), and when a pending head
+    /// completes while accepting is paused.
+    pub connection_closed: LocalNotify,
+    /// Keep-alive connections between requests: the longest idle gives way at the connection
+    /// cap, and all close once the listeners are closed.
+    pub idle: IdleConnections,
+    /// Connections in the middle of a request head (see `ShardSettings::max_pending_heads`).
+    pub pending_heads: Cell<usize>,
+    /// The accept loop waits for room (a connection or a pending head fewer).
+    pub accept_paused: Cell<bool>,
+    /// Every shard's grant mailbox, this one's included, by shard index.
+    pub(crate) peers: Vec<flume::Sender<Grant>>,
+    /// Registrations and pod signals to the control thread.
+    pub control: ControlLink,
+    /// Deadlines of waiting requests (queued for a slot, slow heads), one timer for all.
+    pub alarms: Alarms,
+    /// Spare blocks for exchanges with pods, which run outside the connections' futures.
+    pub exchanges: Blocks,
+    /// Where a task that handed its pod slot on lets the woken waiter go first.
+    pub back_of_queue: BackOfQueue,
+}
+
+/// Spare exchange blocks a shard keeps (each a few KiB) once its concurrency drops.
+const SPARE_EXCHANGES: usize = 256;
+
+impl Shard {
+    pub fn new(
+        index: usize,
+        settings: Arc<ShardSettings>,
+        all_stats: AllShardStats,
+        peers: Vec<flume::Sender<Grant>>,
+        control: ControlLink,
+    ) -> Shard {
+        let pool = Pool::new(settings.pool);
+        let h2c = H2cConnections::new(settings.pool, settings.h2, all_stats.clone(), index);
+        Shard {
+            index,
+            settings,
+            all_stats,
+            replica: Replica::default(),
+            pool,
+            h2c,
+            draining: LocalEvent::default(),
+            stop_accepting: LocalEvent::default(),
+            stopping: LocalEvent::default(),
+            connection_closed: LocalNotify::default(),
+            idle: IdleConnections::default(),
+            pending_heads: Cell::new(0),
+            accept_paused: Cell::new(false),
+            peers,
+            control,
+            alarms: Alarms::default(),
+            exchanges: Blocks::new(SPARE_EXCHANGES),
+            back_of_queue: BackOfQueue::default(),
+        }
+    }
+
+    /// Carries out what `revision` left in `outbox`: each slot granted to another shard's
+    /// waiter goes to that shard's mailbox; one that cannot be delivered (the shard is gone) is
+    /// released here, which may hand it on again. True when a request queued on this shard
+    /// was woken with a slot.
+    pub fn deliver(&self, revision: &LocalRevision, mut outbox: Outbox) -> bool {
+        let mut woke_local = outbox.woke_local;
+        while let Some((to, pod)) = outbox.grants.pop() {
+            let grant = Grant {
+                key: revision.key().clone(),
+                pod: pod.tracker.clone(),
+            };
+            let sent = self
+                .peers
+                .get(to)
+                .is_some_and(|peer| peer.send(grant).is_ok());
+            if !sent {
+                let again = revision.release(&pod);
+                woke_local |= again.woke_local;
+                outbox.grants.extend(again.grants);
+            }
+        }
+        woke_local
+    }
+
+    /// At `max_connections` open connections or `max_pending_heads` unfinished heads.
+    pub(crate) fn at_accept_limit(&self) -> bool {
+        self.at_connection_limit() || self.pending_heads.get() >= self.settings.max_pending_heads
+    }
+
+    pub(crate) fn at_connection_limit(&self) -> bool {
+        self.stats().connections_open.get() as usize >= self.settings.max_connections
+    }
+
+    /// Health as the kubelet's probes see it.
+    pub(crate) fn health(&self) -> Health {
+        if self.draining.is_set() {
+            Health::Draining
+        } else if let Some(reason) = self.settings.readiness.not_ready() {
+            Health::NotReady(reason)
+        } else {
+            Health::Healthy
+        }
+    }
+
+    #[inline]
+    pub fn stats(&self) -> &ShardStats {
+        &self.all_stats[self.index]
+    }
+
+    /// Applies a command from the control thread: a routing update, the drain, the stop.
+    pub fn apply(&self, command: ShardCommand) {
+        match command {
+            ShardCommand::Routing(update) => {
+                let report_load = self.settings.report_load;
+                if let Some((revision, outbox)) =
+                    self.replica.apply(update, self.stats(), report_load)
+                {
+                    self.deliver(&revision, outbox);
+                }
+            }
+            ShardCommand::BeginDrain => self.draining.set(),
+            ShardCommand::StopAccepting => {
+                self.draining.set();
+                self.stop_accepting.set();
+            }
+        }
+    }
+}
+
+/// A client connection counted among the shard's open ones until this is dropped, also while
+/// unwinding from a panic; closing wakes whoever waits for a connection to close (the accept
+/// loop at its limit, the drain).
+pub(crate) struct OpenConnection(Rc<Shard>);
+
+impl OpenConnection {
+    pub(crate) fn count(shard: &Rc<Shard>) -> OpenConnection {
+        shard.stats().connections_open.increment();
+        OpenConnection(shard.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.stats().connections_open.decrement();
+        self.0.connection_closed.notify_all();
+    }
+}
