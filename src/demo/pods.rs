@@ -5,7 +5,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `K-Network-Probe: queue`, any path | 200 `queue`: a queue-proxy's readiness answer, which the activator's prober asks for before it trusts a pod |
+//! | `K-Network-Probe: queue`, any path | 200 `queue`: a queue-proxy's readiness answer; the activator's prober asks for it and quarantines a pod that fails it |
 //! | `/headers` | the request line and headers as the pod received them, one per line: what the activator changed |
 //! | any other | 200 `hello from <pod>`: which pod answered |
 //!
@@ -189,8 +189,8 @@ async fn answer(request: Request<Incoming>, pod: &Pod) -> Response<String> {
     response
 }
 
-/// `GET /headers HTTP/1.1 (received by hello-pod-1)` and then `name: value` per header, in the
-/// order they arrived (hyper spells every name in lower case).
+/// `GET /headers HTTP/1.1 (received by hello-pod-1)` and then `name: value` per header, as hyper
+/// holds them (names in lower case, repeated names together).
 fn describe(request: &Request<Incoming>, pod: &str) -> String {
     let mut text = format!(
         "{} {} {:?} (received by {pod})\n",
