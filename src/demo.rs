@@ -1,42 +1,36 @@
-//! `kactivator demo`: real backends on loopback and a kactivator in front of them, nothing to
-//! install. Prints what to try, then serves until Ctrl-C.
+//! `kactivator demo`: a few pods on loopback ([`pods`]) and a kactivator in front of them, nothing
+//! to install. Prints what to try, then serves until Ctrl-C.
+
+mod pods;
 
 use std::net::{Ipv4Addr, SocketAddr};
 
 use kactivator_control::config::{
     Config, RevisionConfig, DEFAULT_ADMIN, DEFAULT_HTTP, DEFAULT_HTTP2,
 };
-use kactivator_testkit::backend::{self, BackendConfig};
 
 use crate::cli::{Cli, DemoArgs};
 use crate::start::{self, StartError};
 
+/// The demo's revision, `default/hello`.
+const NAMESPACE: &str = "default";
+const REVISION: &str = "hello";
+
 pub fn run(cli: &Cli, args: &DemoArgs) -> Result<(), StartError> {
-    let mut handles = Vec::with_capacity(usize::from(args.pods));
-    for index in 0..args.pods {
-        let handle = backend::spawn(BackendConfig {
-            name: format!("hello-pod-{index}"),
-            revision_name: Some("hello".into()),
-            revision_namespace: Some("default".into()),
-        })?;
-        handles.push(handle);
-    }
+    let pods = pods::spawn(NAMESPACE, REVISION, args.pods)?;
     let mut config = match &cli.config {
         Some(path) => Config::load(path)?,
         None => demo_defaults(),
     };
     config.revisions.push(RevisionConfig {
-        service: "hello".into(),
-        configuration: "hello".into(),
-        pods: handles.iter().map(|handle| handle.addr()).collect(),
-        ..RevisionConfig::new("default", "hello")
+        service: REVISION.into(),
+        configuration: REVISION.into(),
+        pods: pods.addrs().to_vec(),
+        ..RevisionConfig::new(NAMESPACE, REVISION)
     });
     let http = cli.http.unwrap_or(config.listen.http);
     let admin = cli.admin.unwrap_or(config.listen.admin);
-    let pods: Vec<String> = handles
-        .iter()
-        .map(|handle| handle.addr().to_string())
-        .collect();
+    let pod_list: Vec<String> = pods.addrs().iter().map(ToString::to_string).collect();
     start::run_with(cli, Some(config), || {
         println!(
             "\nkactivator demo: revision default/hello with {} pods ({})\n\n\
@@ -48,11 +42,11 @@ pub fn run(cli: &Cli, args: &DemoArgs) -> Result<(), StartError> {
              curl -i http://{http}/ -H 'K-Network-Probe: activator'                  # answered by the activator\n  \
              curl -s http://{admin}/metrics | grep activator_request_count\n\n\
              Ctrl-C drains and exits.\n",
-            pods.len(),
-            pods.join(", ")
+            pod_list.len(),
+            pod_list.join(", ")
         );
     })?;
-    drop(handles);
+    drop(pods);
     Ok(())
 }
 
