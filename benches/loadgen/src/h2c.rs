@@ -26,6 +26,11 @@ use crate::{Limit, Tally, Target};
 /// message, which every protobuf request type accepts.
 const EMPTY_GRPC_FRAME: [u8; 5] = [0; 5];
 
+/// The receive window of every stream and of the connection, in bytes: 2^30 - 1, as
+/// `h2load`'s default (`-w 30 -W 30`), so the server never waits for a WINDOW_UPDATE and the
+/// client sends almost none.
+const RECEIVE_WINDOW: u32 = (1 << 30) - 1;
+
 /// Request headers HTTP/2 forbids (RFC 9113 §8.2.2); the `h2` crate refuses a request that
 /// carries one, so they are refused when the arguments are read instead.
 const CONNECTION_SPECIFIC: [&str; 5] = [
@@ -357,6 +362,8 @@ async fn connect(addr: SocketAddr, timeout: Duration) -> Result<SendRequest<Byte
         timeout,
         h2::client::Builder::new()
             .enable_push(false)
+            .initial_window_size(RECEIVE_WINDOW)
+            .initial_connection_window_size(RECEIVE_WINDOW)
             .handshake::<_, Bytes>(tcp),
     )
     .await
