@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# HTTP/2 cleartext (h2c) load benchmark: h2load against the backend directly, through nginx
-# (`listen … http2` + `grpc_pass`) and through kactivator (h2c front, h2c to the pod), in layout
-# L1 of benches/load/run.sh (proxy and backend on cpu0, h2load on cpu1). See
+# HTTP/2 cleartext (h2c) load benchmark: the backend directly, through nginx (`listen … http2` +
+# `grpc_pass`), through haproxy (`proto h2` on both sides) and through kactivator (h2c front, h2c
+# to the pod), in two layouts: L1 of benches/load/run.sh (proxy and backend on cpu0, client on
+# cpu1: requests per second and per proxy CPU-second) and P1, the same-CPU ping-pong (backend,
+# proxy and one client stream all on cpu0: the latency each proxy adds over direct). See
 # benches/load/README.md ("HTTP/2: h2.sh") for what the numbers mean.
 #
+# The client is our own `kactivator-loadgen --h2`: every req/s, percentile and error figure
+# comes from it (h2load prints no percentiles, and does not read gRPC trailers), so a row's
+# req/s and p99 come from the same run. It costs ~1.3x h2load's CPU per request on its own
+# CPU. Whether its req/s agree with h2load's was not settled on the busy machine it was written
+# on (see the README): `--h2load` adds one h2load run per row and round in L1 and an
+# "h2load req/s" column, to check that on the machine that measures.
+#
 #   bash benches/load/h2.sh [--quick] [--rounds N] [--duration SECS] [--workloads get,grpc]
-#                           [--clients C] [--streams M]
+#                           [--layouts L1,P1] [--only-pingpong] [--clients C] [--streams M]
+#                           [--h2load]
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/load/h2.sh   # measure that binary, no build
 set -euo pipefail
 
@@ -18,10 +28,15 @@ usage: bash benches/load/h2.sh [options]
 
   --quick            3 s runs, 1 round (a smoke test, not a figure)
   --rounds N         rounds, row order alternating between rounds (default 3)
-  --duration SECS    duration of each h2load run (default 10)
+  --duration SECS    duration of each client run (default 10)
   --workloads LIST   comma-separated, from get (GET /) and grpc (unary Echo call); default get,grpc
-  --clients C        h2load -c (connections, default 8)
-  --streams M        h2load -m (concurrent streams per connection, default 16)
+  --layouts LIST     comma-separated, from L1 (client on cpu1, C x M streams) and P1 (same-CPU
+                     ping-pong, one stream; alias pingpong); default L1,P1
+  --only-pingpong    only the same-CPU ping-pong: --layouts P1
+  --clients C        L1 connections (default 8)
+  --streams M        L1 concurrent streams per connection (default 16)
+  --h2load           in L1, also run h2load -cC -mM against every row and round, a cross-check
+                     of the loadgen's req/s (doubles the time of L1)
 
 Environment: KACTIVATOR_BIN=PATH measures that kactivator binary instead of building
 target/release/kactivator. Results go to target/bench-results/h2-<timestamp>.txt.
@@ -32,16 +47,21 @@ rounds=3
 duration=10
 warmup=1
 workloads=(get grpc)
+layouts=(L1 P1)
 clients=8
 streams=16
+with_h2load=0
 while (($#)); do
   case "$1" in
     --quick) rounds=1 duration=3 ;;
     --rounds) rounds=${2:?--rounds needs a value}; shift ;;
     --duration) duration=${2:?--duration needs a value}; shift ;;
     --workloads) IFS=, read -r -a workloads <<<"${2:?--workloads needs a value}"; shift ;;
+    --layouts) IFS=, read -r -a layouts <<<"${2:?--layouts needs a value}"; shift ;;
+    --only-pingpong) layouts=(P1) ;;
     --clients) clients=${2:?--clients needs a value}; shift ;;
     --streams) streams=${2:?--streams needs a value}; shift ;;
+    --h2load) with_h2load=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "h2.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -50,17 +70,39 @@ done
 for n in "$rounds" "$duration" "$clients" "$streams"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "h2.sh: --rounds, --duration, --clients, --streams take positive integers" >&2; exit 2; }
 done
+((${#workloads[@]})) || { echo "h2.sh: --workloads needs at least one of get, grpc" >&2; exit 2; }
 for w in "${workloads[@]}"; do
   [[ $w == get || $w == grpc ]] || { echo "h2.sh: unknown workload '$w' (get, grpc)" >&2; exit 2; }
 done
+((${#layouts[@]})) || { echo "h2.sh: --layouts needs at least one of L1, P1" >&2; exit 2; }
+deduped=()
+for layout in "${layouts[@]}"; do
+  case $layout in
+    L1 | P1) ;;
+    pingpong) layout=P1 ;;
+    *) echo "h2.sh: unknown layout '$layout' (L1, P1 or pingpong)" >&2; exit 2 ;;
+  esac
+  [[ " ${deduped[*]} " == *" $layout "* ]] || deduped+=("$layout")
+done
+layouts=("${deduped[@]}")
+want_layout() { [[ " ${layouts[*]} " == *" $1 "* ]]; }
+((with_h2load)) && ! want_layout L1 && { echo "h2.sh: --h2load needs layout L1" >&2; exit 2; }
 
-# === fixed layout (L1) ===
+# === fixed layout ===
 
 readonly BACKEND_PORT=18200
 readonly NGINX_PORT=18201
 readonly KACT_URING_PORT=18202 KACT_URING_ADMIN=19202
 readonly KACT_EPOLL_PORT=18203 KACT_EPOLL_ADMIN=19203
-readonly PROXY_CPU=0 CLIENT_CPU=1 # L1: proxy and backend on cpu0, h2load on cpu1
+readonly HAPROXY_PORT=18204
+# The backend and the proxies always run on cpu0. The client runs on cpu1 in L1 and on cpu0
+# with them in P1, with C x M streams in L1 and one stream in P1.
+readonly PROXY_CPU=0 CLIENT_CPU=1
+declare -A client_cpu=([L1]=$CLIENT_CPU [P1]=$PROXY_CPU)
+declare -A client_connections=([L1]=$clients [P1]=1)
+declare -A client_streams=([L1]=$streams [P1]=1)
+# The CPU whose /proc/stat line the foreign-CPU check reads (empty: all CPUs).
+declare -A stat_cpu=([L1]="" [P1]=$PROXY_CPU)
 readonly AUTHORITY=bench.default.svc.cluster.local
 readonly START_TIMEOUT=10
 readonly FOREIGN_CPU_LIMIT=5
@@ -78,7 +120,11 @@ mkdir -p "$results_dir"
 
 work=$(mktemp -d /tmp/kactivator-h2.XXXXXX)
 chmod 755 "$work" # nginx workers run as nobody and read below it
-records="$work/records.tsv" # workload round row rps mean_us sd_us max_us errors foreign% succeeded proxy_ticks backend_ticks
+# One line per measured run:
+#   1 layout, 2 workload, 3 round, 4 row, 5 client (loadgen or h2load), 6 req/s, 7 p50_us,
+#   8 p99_us, 9 max_us (7-9 "-" for h2load), 10 errors, 11 foreign CPU %, 12 succeeded,
+#   13 proxy ticks, 14 backend ticks
+records="$work/records.tsv"
 : >"$records"
 
 log() { printf '[h2 %s] %s\n' "$(date +%T)" "$*" >&2; }
@@ -114,7 +160,7 @@ cleanup() {
   if ((status != 0)); then
     local kept="$results_dir/h2-$stamp-logs"
     mkdir -p "$kept"
-    cp "$work"/*.log "$work"/*.err "$work"/h2load-*.txt "$kept/" 2>/dev/null || true
+    cp "$work"/*.log "$work"/*.err "$work"/run-*.txt "$kept/" 2>/dev/null || true
     log "failed (exit $status); logs kept in $kept/"
   fi
   rm -rf "$work"
@@ -149,9 +195,12 @@ require_port_free() {
 
 # === tools and builds ===
 
-for tool in h2load nginx curl taskset ss; do
-  command -v "$tool" >/dev/null || die "missing $tool (apt-get install -y nghttp2-client nginx curl util-linux iproute2)"
+for tool in nginx haproxy curl taskset ss; do
+  command -v "$tool" >/dev/null || die "missing $tool (apt-get install -y nginx haproxy curl util-linux iproute2)"
 done
+if ((with_h2load)); then
+  command -v h2load >/dev/null || die "--h2load: missing h2load (apt-get install -y nghttp2-client)"
+fi
 
 kactivator_bin=${KACTIVATOR_BIN:-$repo/target/release/kactivator}
 if [[ -z ${KACTIVATOR_BIN:-} ]]; then
@@ -160,10 +209,13 @@ if [[ -z ${KACTIVATOR_BIN:-} ]]; then
     die "kactivator does not build"
 fi
 [[ -x $kactivator_bin ]] || die "$kactivator_bin is not executable"
-log "building kactivator-testbackend (release)"
+log "building kactivator-testbackend and kactivator-loadgen (release)"
 env -u CARGO_TARGET_DIR cargo build --release --quiet -p kactivator-testkit --bin kactivator-testbackend ||
   die "kactivator-testbackend does not build"
+env -u CARGO_TARGET_DIR cargo build --release --quiet -p kactivator-loadgen --bin kactivator-loadgen ||
+  die "kactivator-loadgen does not build"
 backend_bin=$repo/target/release/kactivator-testbackend
+loadgen_bin=$repo/target/release/kactivator-loadgen
 
 # === request bodies ===
 
@@ -172,13 +224,18 @@ backend_bin=$repo/target/release/kactivator-testbackend
 grpc_body="$work/echo-request.bin"
 printf '\x00\x00\x00\x00\x04\x0a\x02hi' >"$grpc_body"
 
-# h2load arguments per workload (both send :authority, which is how kactivator finds the
-# revision; the backend and nginx ignore it).
-workload_args() {
-  case $1 in
-    get) echo "" ;;
-    grpc) echo "-d $grpc_body -H content-type:application/grpc -H te:trailers" ;;
-  esac
+# client_args WORKLOAD: sets loadgen_args and h2load_args for the workload. Both clients send
+# `:authority: $AUTHORITY`, which is how kactivator finds the revision (the backend and the
+# peers ignore it): the loadgen makes a Host header the :authority, h2load needs the
+# pseudo-header itself (a `host` header would go out beside `:authority: 127.0.0.1:PORT`).
+loadgen_args=() h2load_args=()
+client_args() {
+  loadgen_args=(-H "Host: $AUTHORITY")
+  h2load_args=(-H ":authority: $AUTHORITY")
+  if [[ $1 == grpc ]]; then
+    loadgen_args+=(--grpc --data "$grpc_body")
+    h2load_args+=(-d "$grpc_body" -H content-type:application/grpc -H te:trailers)
+  fi
 }
 workload_path() { if [[ $1 == grpc ]]; then echo "$GRPC_PATH"; else echo /; fi; }
 
@@ -216,6 +273,31 @@ EOF
   nginx -t -q -p "$work" -e "$work/nginx.err" -c "$work/nginx.conf" >"$work/nginx.log" 2>&1 ||
     { log_tail nginx; die "nginx rejected its configuration"; }
   start nginx "$PROXY_CPU" nginx -p "$work" -e "$work/nginx.err" -c "$work/nginx.conf"
+}
+
+# haproxy 2.6 with h2c on both sides: `proto h2` on the bind line (prior knowledge: there is no
+# ALPN on cleartext) and on the server line. Unlike grpc_pass it multiplexes requests over its
+# backend connections; `http-reuse always` lets every client connection share them.
+start_haproxy() {
+  cat >"$work/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 4000
+defaults
+  mode http
+  http-reuse always
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend fe
+  bind 127.0.0.1:$HAPROXY_PORT proto h2
+  default_backend be
+backend be
+  server s1 127.0.0.1:$BACKEND_PORT proto h2
+EOF
+  haproxy -c -q -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 ||
+    { log_tail haproxy; die "haproxy rejected its configuration"; }
+  start haproxy "$PROXY_CPU" haproxy -db -f "$work/haproxy.cfg"
 }
 
 # Quarantine at its default (enabled): the testkit backend answers the queue-proxy probe.
@@ -266,10 +348,12 @@ check_h2() {
 
 # === measurement ===
 
-# cpu_snapshot: "busy total ours" in clock ticks (all CPUs), see benches/foreign-cpu.sh.
+# cpu_snapshot [CPU]: "busy total ours" in clock ticks, of all CPUs or of CPU alone (see
+# benches/foreign-cpu.sh); ours is every process started here and this shell's reaped children
+# (the clients).
 cpu_snapshot() {
   local pid p ticks ours=0 busy_total
-  busy_total=$(awk '$1 == "cpu" { print $2 + $3 + $4 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  busy_total=$(awk -v line="cpu${1:-}" '$1 == line { print $2 + $3 + $4 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
   for pid in "${started_pids[@]}"; do
     for p in $pid $(descendants "$pid"); do
       ticks=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }')
@@ -281,16 +365,11 @@ cpu_snapshot() {
 }
 source "$repo/benches/foreign-cpu.sh"
 
-to_us() { awk -v v="$1" 'BEGIN {
-  n = v + 0
-  if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1000000; else print n
-}'; }
-
-rows=(direct kact-uring kact-epoll nginx)
+rows=(direct kact-uring kact-epoll nginx haproxy)
 declare -A label=([direct]="direct to backend" [kact-uring]="kactivator io-uring"
-  [kact-epoll]="kactivator epoll" [nginx]="nginx (grpc_pass)")
+  [kact-epoll]="kactivator epoll" [nginx]="nginx (grpc_pass)" [haproxy]="haproxy (proto h2)")
 declare -A port_of=([direct]=$BACKEND_PORT [kact-uring]=$KACT_URING_PORT
-  [kact-epoll]=$KACT_EPOLL_PORT [nginx]=$NGINX_PORT)
+  [kact-epoll]=$KACT_EPOLL_PORT [nginx]=$NGINX_PORT [haproxy]=$HAPROXY_PORT)
 
 # pid_ticks PID: CPU time (user + system, all threads) of PID and its descendants, in ticks.
 pid_ticks() {
@@ -302,129 +381,131 @@ pid_ticks() {
   echo "$sum"
 }
 
-# measure WORKLOAD ROUND ROW SECS: one h2load run on the client CPU.
+# kv KEY FILE: the value of KEY=value on kactivator-loadgen's summary line in FILE.
+kv() { awk -v k="$1" '/^requests=/ { for (i = 1; i <= NF; i++) if (index($i, k "=") == 1) print substr($i, length(k) + 2) }' "$2"; }
+
+# measure LAYOUT WORKLOAD ROUND ROW CLIENT SECS: one run of CLIENT (loadgen or h2load) against
+# ROW on the layout's client CPU; appends a record unless ROUND is "warmup".
 measure() {
-  local workload=$1 round=$2 row=$3 secs=$4 out before foreign rps mean sd max errors
-  local proxy_before backend_before proxy_ticks backend_ticks done
-  out="$work/h2load-$workload-$round-$row.txt"
-  before=$(cpu_snapshot)
+  local layout=$1 workload=$2 round=$3 row=$4 client=$5 secs=$6 out before foreign
+  local rps p50=- p99=- max=- errors done proxy_before backend_before proxy_ticks backend_ticks
+  local cpu=${client_cpu[$layout]} connections=${client_connections[$layout]} streams=${client_streams[$layout]}
+  local url="http://127.0.0.1:${port_of[$row]}$(workload_path "$workload")"
+  out="$work/run-$layout-$workload-$round-$row-$client.txt"
+  client_args "$workload"
+  before=$(cpu_snapshot "${stat_cpu[$layout]}")
   proxy_before=$(pid_ticks "${pid_of[$row]}")
   backend_before=$(pid_ticks "${pid_of[direct]}")
-  # shellcheck disable=SC2046 # workload_args is a word list
-  taskset -c "$CLIENT_CPU" h2load -c "$clients" -m "$streams" -t 1 -D "$secs" \
-    -H ":authority: $AUTHORITY" $(workload_args "$workload") \
-    "http://127.0.0.1:${port_of[$row]}$(workload_path "$workload")" >"$out" 2>&1 || true
+  if [[ $client == loadgen ]]; then
+    # It exits 1 when a request failed; the errors are counted below.
+    taskset -c "$cpu" "$loadgen_bin" --h2 --url "$url" --connections "$connections" \
+      --streams "$streams" --duration-secs "$secs" --latency "${loadgen_args[@]}" >"$out" 2>&1 || true
+  else
+    taskset -c "$cpu" h2load -t 1 -c "$connections" -m "$streams" -D "$secs" \
+      "${h2load_args[@]}" "$url" >"$out" 2>&1 || true
+  fi
   proxy_ticks=$(($(pid_ticks "${pid_of[$row]}") - proxy_before))
   backend_ticks=$(($(pid_ticks "${pid_of[direct]}") - backend_before))
-  foreign=$(foreign_percent "$before" "$(cpu_snapshot)")
+  foreign=$(foreign_percent "$before" "$(cpu_snapshot "${stat_cpu[$layout]}")")
   [[ $round == warmup ]] && return 0
-  done=$(awk '/^requests:/ { print $8 }' "$out")
-  rps=$(awk '/^finished in/ { print $4 }' "$out")
-  read -r mean sd max < <(awk '/^time for request:/ { print $6, $7, $5 }' "$out")
-  # Errors: failed + errored + timeout requests, and every response that was not 2xx.
-  errors=$(awk '/^requests:/ { n += $10 + $12 + $14 } /^status codes:/ { n += $5 + $7 + $9 } END { print n + 0 }' "$out")
-  [[ -n $rps && -n $mean ]] || { cat "$out" >&2; die "could not parse h2load output for ${label[$row]} ($workload)"; }
-  mean=$(to_us "$mean") sd=$(to_us "$sd") max=$(to_us "$max")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$workload" "$round" "$row" "$rps" "$mean" "$sd" "$max" "$errors" "$foreign" "$done" "$proxy_ticks" "$backend_ticks" >>"$records"
-  raw "--- h2load workload=$workload round=$round row=$row rps=$rps mean_us=$mean sd_us=$sd max_us=$max errors=$errors foreign_cpu=$foreign% done=$done proxy_ticks=$proxy_ticks backend_ticks=$backend_ticks"
+  if [[ $client == loadgen ]]; then
+    rps=$(kv rps "$out") done=$(kv ok "$out") errors=$(kv errors "$out")
+    p50=$(kv p50_us "$out") p99=$(kv p99_us "$out") max=$(kv max_us "$out")
+  else
+    done=$(awk '/^requests:/ { print $8 }' "$out")
+    rps=$(awk '/^finished in/ { print $4 }' "$out")
+    # Errors: failed + errored + timeout requests, and every response that was not 2xx.
+    errors=$(awk '/^requests:/ { n += $10 + $12 + $14 } /^status codes:/ { n += $5 + $7 + $9 } END { print n + 0 }' "$out")
+  fi
+  [[ -n $rps && -n $done && -n $errors && -n $p50 ]] ||
+    { cat "$out" >&2; die "could not parse $client output for ${label[$row]} ($layout $workload)"; }
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$layout" "$workload" "$round" "$row" "$client" \
+    "$rps" "$p50" "$p99" "$max" "$errors" "$foreign" "$done" "$proxy_ticks" "$backend_ticks" >>"$records"
+  raw "--- $client layout=$layout workload=$workload round=$round row=$row rps=$rps p50_us=$p50 p99_us=$p99 max_us=$max errors=$errors foreign_cpu=$foreign% done=$done proxy_ticks=$proxy_ticks backend_ticks=$backend_ticks"
   cat "$out" >>"$results"
   local note=""
   ((errors == 0)) || note+=", $errors ERRORS"
-  ((foreign <= FOREIGN_CPU_LIMIT)) || note+=", other processes used $foreign% of the CPUs"
-  log "$workload round $round ${label[$row]}: $rps req/s, mean $mean us (sd $sd), $(per_cpu_s "$done" "$proxy_ticks") req per proxy CPU-second$note"
+  ((foreign <= FOREIGN_CPU_LIMIT)) || note+=", other processes used $foreign% of ${stat_cpu[$layout]:+cpu}${stat_cpu[$layout]:-the CPUs}"
+  if [[ $client == loadgen ]]; then
+    log "$layout $workload round $round ${label[$row]}: $rps req/s, p50 $p50 us, p99 $p99 us, $(per_cpu_s "$done" "$proxy_ticks") req per proxy CPU-second$note"
+  else
+    log "$layout $workload round $round ${label[$row]} (h2load): $rps req/s$note"
+  fi
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END {
   if (NR == 0) exit
   if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2
 }'; }
-metric() { # metric WORKLOAD ROW COLUMN: median over rounds (errors, column 8: sum)
-  if (($3 == 8)); then
-    awk -F'\t' -v w="$1" -v r="$2" '$1 == w && $3 == r { n += $8 } END { print n + 0 }' "$records"
-  else
-    awk -F'\t' -v w="$1" -v r="$2" -v c="$3" '$1 == w && $3 == r { print $c }' "$records" | median
-  fi
+# metric LAYOUT WORKLOAD ROW CLIENT COLUMN: median over rounds of a records column (column 10,
+# errors: the sum).
+metric() {
+  awk -F'\t' -v l="$1" -v w="$2" -v r="$3" -v c="$4" -v col="$5" '$1 == l && $2 == w && $4 == r && $5 == c {
+    if (col == 10) n += $10; else if ($col != "-") print $col
+  } END { if (col == 10) print n + 0 }' "$records" | if (($5 == 10)); then cat; else median; fi
 }
 # per_cpu_s REQUESTS TICKS: requests per CPU-second.
 per_cpu_s() { awk -v n="$1" -v t="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN { if (t > 0) printf "%.0f", n * hz / t }'; }
-# per_core WORKLOAD ROW: median over rounds of requests per CPU-second of the row's proxy (direct:
-# of the backend).
+# per_core WORKLOAD ROW: median over the L1 loadgen rounds of requests per CPU-second of the
+# row's proxy (direct: of the backend).
 per_core() {
-  awk -F'\t' -v w="$1" -v r="$2" -v hz="$(getconf CLK_TCK)" '$1 == w && $3 == r && $11 > 0 { print $10 * hz / $11 }' "$records" | median
+  awk -F'\t' -v w="$1" -v r="$2" -v hz="$(getconf CLK_TCK)" '$1 == "L1" && $2 == w && $4 == r && $5 == "loadgen" && $13 > 0 { print $12 * hz / $13 }' "$records" | median
 }
 # proxy_share WORKLOAD ROW: median share (%) of cpu0's busy time (proxy + backend) the proxy took.
 proxy_share() {
-  awk -F'\t' -v w="$1" -v r="$2" '$1 == w && $3 == r && $11 + $12 > 0 { print 100 * $11 / ($11 + $12) }' "$records" | median
+  awk -F'\t' -v w="$1" -v r="$2" '$1 == "L1" && $2 == w && $4 == r && $5 == "loadgen" && $13 + $14 > 0 { print 100 * $13 / ($13 + $14) }' "$records" | median
 }
-per_round() { # per_round WORKLOAD ROW: rps of each round, in round order
-  awk -F'\t' -v w="$1" -v r="$2" '$1 == w && $3 == r { printf "%s%.1fk", sep, $4 / 1000; sep = ", " }' "$records"
+per_round() { # per_round WORKLOAD ROW: L1 loadgen req/s of each round, in round order
+  awk -F'\t' -v w="$1" -v r="$2" '$1 == "L1" && $2 == w && $4 == r && $5 == "loadgen" { printf "%s%.1fk", sep, $6 / 1000; sep = ", " }' "$records"
+}
+# added LAYOUT WORKLOAD ROW COLUMN: ROW's median of a loadgen column minus the direct row's (µs).
+added() {
+  local a b
+  a=$(metric "$1" "$2" "$3" loadgen "$4")
+  b=$(metric "$1" "$2" direct loadgen "$4")
+  [[ -n $a && -n $b ]] || return 0
+  awk -v a="$a" -v b="$b" 'BEGIN { print a - b }'
+}
+# added_per_round LAYOUT WORKLOAD ROW COLUMN: ROW's figure minus direct's in the same round, per
+# round, comma-separated, in µs.
+added_per_round() {
+  awk -F'\t' -v l="$1" -v w="$2" -v r="$3" -v c="$4" '$1 == l && $2 == w && $5 == "loadgen" && $4 == "direct" { d[$3] = $c }
+    $1 == l && $2 == w && $5 == "loadgen" && $4 == r { v[$3] = $c }
+    END {
+      for (k = 1; k in v || k in d; k++) if (k in v && k in d) {
+        out = out sep sprintf("%+.0f", v[k] - d[k]); sep = ", "
+      }
+      print out
+    }' "$records"
 }
 fmt_rps() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN { printf "%.1fk", v / 1000 }' || printf '—'; }
 fmt_us() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN { if (v < 1000) printf "%d µs", v + 0.5; else printf "%.2f ms", v / 1000 }' || printf '—'; }
+fmt_added_us() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN {
+  a = v < 0 ? -v : v
+  if (a < 1000) printf "%+d µs", (v < 0 ? v - 0.5 : v + 0.5); else printf "%+.2f ms", v / 1000
+}' || printf '—'; }
 ratio() { [[ -n $1 && -n $2 ]] && awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "—" }' || printf '—'; }
+# noisy_note LAYOUT WHAT: a sentence when other processes took more than FOREIGN_CPU_LIMIT % of
+# WHAT in some of the layout's runs.
+noisy_note() {
+  awk -F'\t' -v l="$1" -v limit="$FOREIGN_CPU_LIMIT" -v what="$2" '$1 == l { runs++; if ($11 > limit) { n++; if ($11 > max) max = $11 } }
+    END { if (n) printf "in %d of %d runs other processes used more than %d%% of %s (up to %d%%)", n, runs, limit, what, max }' "$records"
+}
+workload_title() {
+  if [[ $1 == get ]]; then echo "h2c GET / (backend answers 200, 17-byte body)"; else echo "gRPC unary $GRPC_PATH (9-byte request frame)"; fi
+}
 
-# === main ===
-
-started_at=$SECONDS
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-{
-  echo "kactivator h2c load benchmark $stamp"
-  echo "host: $(uname -r), $(nproc) CPUs; $(h2load --version | head -n 1); $(nginx -v 2>&1)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)')"
-  echo "options: rounds=$rounds duration=${duration}s workloads=${workloads[*]} h2load -c$clients -m$streams kactivator=$kactivator_bin"
-  echo "load average before: $load_before"
-} >>"$results"
-
-require_port_free "$BACKEND_PORT" "$NGINX_PORT" "$KACT_URING_PORT" "$KACT_URING_ADMIN" "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
-log "L1: backend and proxies on cpu$PROXY_CPU, h2load -c$clients -m$streams on cpu$CLIENT_CPU; load average $load_before"
-declare -A pid_of=() # row -> the pid whose CPU time is that row's proxy (direct: the backend)
-start_backend
-pid_of[direct]=$last_pid
-check_h2 backend "$last_pid" "$BACKEND_PORT" || die "the backend did not come up"
-start_nginx
-pid_of[nginx]=$last_pid
-check_h2 nginx "$last_pid" "$NGINX_PORT" || die "nginx did not come up"
-declare -A kact_pid=()
-start_kactivator kact-uring io-uring "$KACT_URING_PORT" "$KACT_URING_ADMIN"
-kact_pid[kact-uring]=$last_pid
-check_h2 kact-uring "$last_pid" "$KACT_URING_PORT" || die "kactivator io-uring did not come up"
-start_kactivator kact-epoll epoll "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
-kact_pid[kact-epoll]=$last_pid
-pid_of[kact-uring]=${kact_pid[kact-uring]}
-pid_of[kact-epoll]=${kact_pid[kact-epoll]}
-check_h2 kact-epoll "$last_pid" "$KACT_EPOLL_PORT" || die "kactivator epoll did not come up"
-
-for workload in "${workloads[@]}"; do
-  for row in "${rows[@]}"; do measure "$workload" warmup "$row" "$warmup"; done
-  for ((round = 1; round <= rounds; round++)); do
-    if ((round % 2 == 1)); then
-      for row in "${rows[@]}"; do measure "$workload" "$round" "$row" "$duration"; done
-    else
-      for ((i = ${#rows[@]} - 1; i >= 0; i--)); do measure "$workload" "$round" "${rows[i]}" "$duration"; done
-    fi
-  done
-done
-
-load_after=$(cut -d' ' -f1-3 /proc/loadavg)
-stop_kactivator "${kact_pid[kact-uring]}" "$KACT_URING_ADMIN"
-stop_kactivator "${kact_pid[kact-epoll]}" "$KACT_EPOLL_ADMIN"
-
-{
+report_l1() {
+  local workload row share h2load_header="" h2load_rule="" h2load_cell=""
+  if ((with_h2load)); then h2load_header=" h2load req/s |" h2load_rule="---|"; fi
   echo
-  echo "# kactivator h2c load benchmark, $stamp ($(nproc) CPUs, $(uname -r), commit $(git rev-parse --short HEAD))"
-  echo
-  echo "L1: backend (kactivator-testbackend --grpc, tonic/hyper) and proxy share cpu$PROXY_CPU, h2load -t1 -c$clients -m$streams -D${duration} on cpu$CLIENT_CPU;"
-  echo "median of $rounds alternating round(s). Load average before: $load_before; after: $load_after."
+  echo "## L1: backend and proxy share cpu$PROXY_CPU, kactivator-loadgen --h2 -c$clients --streams $streams on cpu$CLIENT_CPU (${duration}s, median of $rounds alternating round(s))"
   for workload in "${workloads[@]}"; do
     echo
-    if [[ $workload == get ]]; then
-      echo "## h2c GET / (backend answers 200, 20-byte body)"
-    else
-      echo "## gRPC unary $GRPC_PATH (9-byte request frame)"
-    fi
+    echo "### $(workload_title "$workload")"
     echo
-    echo "| path | req/s | req per proxy CPU-second | proxy share of cpu0 | mean | sd | max | errors | req/s per round |"
-    echo "|---|---|---|---|---|---|---|---|---|"
+    echo "| path | req/s | req per proxy CPU-second | proxy share of cpu0 | p50 | p99 | max | errors | req/s per round |$h2load_header"
+    echo "|---|---|---|---|---|---|---|---|---|$h2load_rule"
     for row in "${rows[@]}"; do
       if [[ $row == direct ]]; then
         share="—"
@@ -432,22 +513,120 @@ stop_kactivator "${kact_pid[kact-epoll]}" "$KACT_EPOLL_ADMIN"
         share=$(proxy_share "$workload" "$row")
         share=${share:+$(printf '%.0f %%' "$share")}
       fi
-      echo "| ${label[$row]} | $(fmt_rps "$(metric "$workload" "$row" 4)") | $(fmt_rps "$(per_core "$workload" "$row")") | ${share:-—} | $(fmt_us "$(metric "$workload" "$row" 5)") | $(fmt_us "$(metric "$workload" "$row" 6)") | $(fmt_us "$(metric "$workload" "$row" 7)") | $(metric "$workload" "$row" 8) | $(per_round "$workload" "$row") |"
+      ((with_h2load)) && h2load_cell=" $(fmt_rps "$(metric L1 "$workload" "$row" h2load 6)") ($(metric L1 "$workload" "$row" h2load 10) errors) |"
+      echo "| ${label[$row]} | $(fmt_rps "$(metric L1 "$workload" "$row" loadgen 6)") | $(fmt_rps "$(per_core "$workload" "$row")") | ${share:-—} | $(fmt_us "$(metric L1 "$workload" "$row" loadgen 7)") | $(fmt_us "$(metric L1 "$workload" "$row" loadgen 8)") | $(fmt_us "$(metric L1 "$workload" "$row" loadgen 9)") | $(metric L1 "$workload" "$row" loadgen 10) | $(per_round "$workload" "$row") |$h2load_cell"
     done
     echo
     echo "| ratio, same run | req/s | req per proxy CPU-second |"
     echo "|---|---|---|"
-    for pair in kact-uring:nginx kact-epoll:nginx kact-uring:kact-epoll nginx:direct kact-uring:direct; do
+    local pair a b cpu_ratio
+    for pair in kact-uring:nginx kact-epoll:nginx kact-uring:haproxy kact-epoll:haproxy kact-uring:kact-epoll haproxy:nginx nginx:direct haproxy:direct kact-uring:direct; do
       a=${pair%%:*} b=${pair##*:}
       if [[ $b == direct ]]; then cpu_ratio="—"; else cpu_ratio=$(ratio "$(per_core "$workload" "$a")" "$(per_core "$workload" "$b")"); fi
-      echo "| ${label[$a]} ÷ ${label[$b]} | $(ratio "$(metric "$workload" "$a" 4)" "$(metric "$workload" "$b" 4)") | $cpu_ratio |"
+      echo "| ${label[$a]} ÷ ${label[$b]} | $(ratio "$(metric L1 "$workload" "$a" loadgen 6)" "$(metric L1 "$workload" "$b" loadgen 6)") | $cpu_ratio |"
     done
   done
-  noisy=$(awk -F'\t' -v limit="$FOREIGN_CPU_LIMIT" '{ runs++; if ($9 > limit) { n++; if ($9 > max) max = $9 } }
-    END { if (n) printf "in %d of %d runs other processes used more than %d%% of the CPUs (up to %d%%)", n, runs, limit, max }' "$records")
-  [[ -z $noisy ]] || { echo; echo "WARNING: $noisy; the figures are not trustworthy."; }
-  errors_total=$(awk -F'\t' '{ n += $8 } END { print n + 0 }' "$records")
-  ((errors_total == 0)) || { echo; echo "ERRORS: $errors_total failed/errored/timed-out or non-2xx requests in total (see the raw file)."; }
+  local noisy
+  noisy=$(noisy_note L1 "the CPUs")
+  [[ -z $noisy ]] || { echo; echo "WARNING: $noisy; the L1 figures are not trustworthy."; }
+}
+
+report_p1() {
+  local workload row add50 add99
+  echo
+  echo "## P1: same-CPU ping-pong (backend, proxy and kactivator-loadgen --h2, 1 connection, 1 stream, all on cpu$PROXY_CPU; ${duration}s, median of $rounds alternating round(s))"
+  for workload in "${workloads[@]}"; do
+    echo
+    echo "### $(workload_title "$workload")"
+    echo
+    echo "| path | p50 | p99 | adds at p50 | adds at p99 | p50 added, per round (µs) | p99 added, per round (µs) | req/s | errors |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    for row in "${rows[@]}"; do
+      if [[ $row == direct ]]; then
+        echo "| ${label[$row]} | $(fmt_us "$(metric P1 "$workload" "$row" loadgen 7)") | $(fmt_us "$(metric P1 "$workload" "$row" loadgen 8)") | — | — | — | — | $(fmt_rps "$(metric P1 "$workload" "$row" loadgen 6)") | $(metric P1 "$workload" "$row" loadgen 10) |"
+        continue
+      fi
+      echo "| ${label[$row]} | $(fmt_us "$(metric P1 "$workload" "$row" loadgen 7)") | $(fmt_us "$(metric P1 "$workload" "$row" loadgen 8)") | $(fmt_added_us "$(added P1 "$workload" "$row" 7)") | $(fmt_added_us "$(added P1 "$workload" "$row" 8)") | $(added_per_round P1 "$workload" "$row" 7) | $(added_per_round P1 "$workload" "$row" 8) | $(fmt_rps "$(metric P1 "$workload" "$row" loadgen 6)") | $(metric P1 "$workload" "$row" loadgen 10) |"
+    done
+    echo
+    for row in "${rows[@]}"; do
+      [[ $row == direct ]] && continue
+      add50=$(fmt_added_us "$(added P1 "$workload" "$row" 7)")
+      add99=$(fmt_added_us "$(added P1 "$workload" "$row" 8)")
+      echo "- ${label[$row]} adds ${add50#+} at p50, ${add99#+} at p99"
+    done
+  done
+  local noisy
+  noisy=$(noisy_note P1 "cpu$PROXY_CPU")
+  [[ -z $noisy ]] || { echo; echo "WARNING: $noisy; the P1 latencies are not trustworthy."; }
+}
+
+# === main ===
+
+started_at=$SECONDS
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+{
+  echo "kactivator h2c load benchmark $stamp"
+  echo "host: $(uname -r), $(nproc) CPUs; $(nginx -v 2>&1); $(haproxy -v | head -n 1)$( ((with_h2load)) && echo "; $(h2load --version | head -n 1)")"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)')"
+  echo "options: layouts=${layouts[*]} rounds=$rounds duration=${duration}s workloads=${workloads[*]} L1 client -c$clients --streams $streams h2load=$with_h2load kactivator=$kactivator_bin"
+  echo "load average before: $load_before"
+} >>"$results"
+
+require_port_free "$BACKEND_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$KACT_URING_PORT" "$KACT_URING_ADMIN" "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
+log "backend and proxies on cpu$PROXY_CPU; layouts ${layouts[*]}; load average $load_before"
+declare -A pid_of=() # row -> the pid whose CPU time is that row's proxy (direct: the backend)
+start_backend
+pid_of[direct]=$last_pid
+check_h2 backend "$last_pid" "$BACKEND_PORT" || die "the backend did not come up"
+start_nginx
+pid_of[nginx]=$last_pid
+check_h2 nginx "$last_pid" "$NGINX_PORT" || die "nginx did not come up"
+start_haproxy
+pid_of[haproxy]=$last_pid
+check_h2 haproxy "$last_pid" "$HAPROXY_PORT" || die "haproxy did not come up"
+start_kactivator kact-uring io-uring "$KACT_URING_PORT" "$KACT_URING_ADMIN"
+pid_of[kact-uring]=$last_pid
+check_h2 kact-uring "$last_pid" "$KACT_URING_PORT" || die "kactivator io-uring did not come up"
+start_kactivator kact-epoll epoll "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
+pid_of[kact-epoll]=$last_pid
+check_h2 kact-epoll "$last_pid" "$KACT_EPOLL_PORT" || die "kactivator epoll did not come up"
+
+# measure_row LAYOUT WORKLOAD ROUND ROW SECS: the loadgen run, and in L1 with --h2load the h2load
+# run right after it.
+measure_row() {
+  measure "$1" "$2" "$3" "$4" loadgen "$5"
+  if [[ $1 == L1 && $with_h2load == 1 ]]; then measure "$1" "$2" "$3" "$4" h2load "$5"; fi
+}
+
+for layout in "${layouts[@]}"; do
+  log "layout $layout: kactivator-loadgen --h2 -c${client_connections[$layout]} --streams ${client_streams[$layout]} on cpu${client_cpu[$layout]}"
+  for workload in "${workloads[@]}"; do
+    for row in "${rows[@]}"; do measure "$layout" "$workload" warmup "$row" loadgen "$warmup"; done
+    for ((round = 1; round <= rounds; round++)); do
+      if ((round % 2 == 1)); then
+        for row in "${rows[@]}"; do measure_row "$layout" "$workload" "$round" "$row" "$duration"; done
+      else
+        for ((i = ${#rows[@]} - 1; i >= 0; i--)); do measure_row "$layout" "$workload" "$round" "${rows[i]}" "$duration"; done
+      fi
+    done
+  done
+done
+
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+stop_kactivator "${pid_of[kact-uring]}" "$KACT_URING_ADMIN"
+stop_kactivator "${pid_of[kact-epoll]}" "$KACT_EPOLL_ADMIN"
+
+{
+  echo
+  echo "# kactivator h2c load benchmark, $stamp ($(nproc) CPUs, $(uname -r), commit $(git rev-parse --short HEAD))"
+  echo
+  echo "Backend: kactivator-testbackend --grpc (tonic/hyper, current-thread) on cpu$PROXY_CPU with the proxy;"
+  echo "every request carries :authority $AUTHORITY. Load average before: $load_before; after: $load_after."
+  if want_layout L1; then report_l1; fi
+  if want_layout P1; then report_p1; fi
+  errors_total=$(awk -F'\t' '{ n += $10 } END { print n + 0 }' "$records")
+  ((errors_total == 0)) || { echo; echo "ERRORS: $errors_total failed requests (status, reset, grpc-status or I/O) in total; those rows are not valid (see the raw file)."; }
   echo
   echo "Raw results: $results ($((SECONDS - started_at)) s)"
 } | tee -a "$results"

@@ -1,11 +1,12 @@
 //! kactivator-loadgen: sends exactly `--requests N` HTTP/1.1 keep-alive GET requests (or as
 //! many as fit in `--duration-secs S`) over `--connections C` connections and checks that every
-//! response is a 200.
+//! response is a 200. With `--h2` it speaks h2c instead (see `h2c`): `--streams M` requests in
+//! flight per connection, a GET or (`--grpc`) a gRPC unary call.
 //!
 //! A fixed request count (not a duration) is what instruction-count benchmarks need: run a
 //! proxy under callgrind twice with different counts and the difference divided by the extra
-//! requests is the marginal cost of one proxied request. Plain std, one thread per connection,
-//! one request in flight per connection.
+//! requests is the marginal cost of one proxied request. HTTP/1 is plain std, one thread per
+//! connection, one request in flight per connection.
 //!
 //! `--latency` records the round-trip time of every request (write of the request to the last
 //! byte of the response) and prints percentiles of exactly those samples. Unlike wrk 4.1, which
@@ -15,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+mod h2c;
 mod response;
 
 use std::fmt::Write as _;
@@ -24,6 +26,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use h2c::H2Options;
 use response::ResponseReader;
 
 /// Default for `--connections`.
@@ -41,10 +44,13 @@ const PERCENTILES: [(u64, &str); 4] = [
     (999, "p999_us"),
 ];
 
+/// Default for `--streams` (h2c): one request in flight per connection, as in HTTP/1.
+const DEFAULT_STREAMS: usize = 1;
+
 const USAGE: &str = "\
 usage: kactivator-loadgen --url http://HOST:PORT/PATH (--requests N | --duration-secs S)
                           [--connections C] [--header 'Name: value']... [--timeout-secs S]
-                          [--latency]
+                          [--latency] [--h2 [--streams M] [--grpc] [--data FILE]]
 
 Sends exactly N GET requests over C HTTP/1.1 keep-alive connections (request i goes to
 connection i mod C; one request in flight per connection), or, with --duration-secs, sends
@@ -60,6 +66,14 @@ Prints `requests=N ok=N errors=E elapsed_ms=T rps=R` and exits 1 if any request 
   --latency            also print p50_us, p90_us, p99_us, p999_us and max_us: percentiles of
                        the round-trip time of every successful request (from writing the
                        request to reading the last byte of the response), in microseconds
+
+h2c (HTTP/2 over cleartext TCP, prior knowledge), on one thread:
+  --h2                 speak h2c; a Host header becomes the :authority
+  --streams M          requests in flight at once on each connection, default 1
+  --grpc               a gRPC unary call: POST with content-type application/grpc and
+                       te: trailers; a success needs status 200 and grpc-status 0
+  --data FILE          the request body, sent as is with a POST (with --grpc: the framed
+                       message; without --data, --grpc sends the empty message)
 ";
 
 #[derive(Debug)]
@@ -70,6 +84,16 @@ struct Args {
     headers: Vec<String>,
     timeout: Duration,
     latency: bool,
+    /// `--h2`: h2c instead of HTTP/1.1.
+    h2: Option<H2Args>,
+}
+
+/// The h2c arguments as given; `--data` is read in `main`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct H2Args {
+    streams: usize,
+    data: Option<String>,
+    grpc: bool,
 }
 
 /// How many requests to send.
@@ -97,7 +121,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let request: Arc<[u8]> = build_request(&args.target, &args.headers).into();
+    // Built before the clock starts; a bad header or body file ends the run here.
+    let h2 = match &args.h2 {
+        Some(h2) => match h2_exchange(&args, h2) {
+            Ok(exchange) => Some((exchange, h2.streams)),
+            Err(message) => {
+                eprintln!("kactivator-loadgen: {message}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
 
     let started = Instant::now();
     let limits: Vec<Limit> = match args.budget {
@@ -108,29 +142,17 @@ fn main() -> ExitCode {
             .collect(),
         Budget::Duration(duration) => vec![Limit::Until(started + duration); args.connections],
     };
-    let workers: Vec<_> = limits
-        .into_iter()
-        .enumerate()
-        .map(|(index, limit)| {
-            let request = Arc::clone(&request);
-            let addr = args.target.addr;
-            let timeout = args.timeout;
-            let latency = args.latency;
-            std::thread::Builder::new()
-                .name(format!("conn-{index}"))
-                .stack_size(256 * 1024)
-                .spawn(move || run_connection(addr, &request, limit, timeout, latency))
-                .expect("spawning a connection thread")
-        })
-        .collect();
-
-    let mut total = Tally::default();
-    for worker in workers {
-        match worker.join() {
-            Ok(tally) => total.merge(tally),
-            Err(_) => total.record_error("connection thread panicked".to_string()),
-        }
-    }
+    let mut total = match h2 {
+        Some((exchange, streams)) => h2c::run(
+            args.target.addr,
+            exchange,
+            limits,
+            streams,
+            args.timeout,
+            args.latency,
+        ),
+        None => run_http1(&args, limits),
+    };
     let elapsed = started.elapsed();
 
     for message in &total.messages {
@@ -181,6 +203,49 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The h2c request of `--h2`, with the body file read.
+fn h2_exchange(args: &Args, h2: &H2Args) -> Result<h2c::Exchange, String> {
+    let body = match &h2.data {
+        Some(path) => Some(std::fs::read(path).map_err(|e| format!("--data {path}: {e}"))?),
+        None => None,
+    };
+    let options = H2Options {
+        streams: h2.streams,
+        body,
+        grpc: h2.grpc,
+    };
+    h2c::Exchange::new(&args.target, &args.headers, &options)
+}
+
+/// The HTTP/1.1 mode: one thread per connection, each running `run_connection`.
+fn run_http1(args: &Args, limits: Vec<Limit>) -> Tally {
+    let request: Arc<[u8]> = build_request(&args.target, &args.headers).into();
+    let workers: Vec<_> = limits
+        .into_iter()
+        .enumerate()
+        .map(|(index, limit)| {
+            let request = Arc::clone(&request);
+            let addr = args.target.addr;
+            let timeout = args.timeout;
+            let latency = args.latency;
+            std::thread::Builder::new()
+                .name(format!("conn-{index}"))
+                .stack_size(256 * 1024)
+                .spawn(move || run_connection(addr, &request, limit, timeout, latency))
+                .expect("spawning a connection thread")
+        })
+        .collect();
+
+    let mut total = Tally::default();
+    for worker in workers {
+        match worker.join() {
+            Ok(tally) => total.merge(tally),
+            Err(_) => total.record_error("connection thread panicked".to_string()),
+        }
+    }
+    total
 }
 
 /// Nearest-rank percentile of sorted samples: the smallest sample with at least `per_mille` ‰
@@ -355,6 +420,10 @@ fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut headers = Vec::new();
     let mut timeout_secs = DEFAULT_TIMEOUT_SECS;
     let mut latency = false;
+    let mut h2 = false;
+    let mut grpc = false;
+    let mut streams = None;
+    let mut data = None;
 
     while let Some(arg) = raw.next() {
         let (flag, inline_value) = match arg.split_once('=') {
@@ -367,9 +436,16 @@ fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
             print!("{USAGE}");
             std::process::exit(0);
         }
-        if flag == "--latency" && inline_value.is_none() {
-            latency = true;
-            continue;
+        if inline_value.is_none() {
+            match flag.as_str() {
+                "--latency" => latency = true,
+                "--h2" => h2 = true,
+                "--grpc" => grpc = true,
+                _ => {}
+            }
+            if matches!(flag.as_str(), "--latency" | "--h2" | "--grpc") {
+                continue;
+            }
         }
         let mut value = || {
             inline_value
@@ -390,6 +466,8 @@ fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
                 headers.push(header);
             }
             "--timeout-secs" => timeout_secs = parse_number(&flag, &value()?)?,
+            "--streams" | "-m" => streams = Some(parse_number(&flag, &value()?)?),
+            "--data" | "-d" => data = Some(value()?),
             _ => return Err(format!("unknown argument {arg:?}")),
         }
     }
@@ -410,6 +488,29 @@ fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
     if timeout_secs == 0 {
         return Err("--timeout-secs must be at least 1".to_string());
     }
+    let h2 = if h2 {
+        let streams = streams.unwrap_or(DEFAULT_STREAMS);
+        if streams == 0 {
+            return Err("--streams must be at least 1".to_string());
+        }
+        Some(H2Args {
+            streams,
+            data,
+            grpc,
+        })
+    } else {
+        // The HTTP/1 mode sends GETs one at a time; refuse what it would ignore.
+        for (given, flag) in [
+            (streams.is_some(), "--streams"),
+            (data.is_some(), "--data"),
+            (grpc, "--grpc"),
+        ] {
+            if given {
+                return Err(format!("{flag} needs --h2"));
+            }
+        }
+        None
+    };
     Ok(Args {
         target: parse_url(&url)?,
         budget,
@@ -417,6 +518,7 @@ fn parse_args(mut raw: impl Iterator<Item = String>) -> Result<Args, String> {
         headers,
         timeout: Duration::from_secs(timeout_secs),
         latency,
+        h2,
     })
 }
 
@@ -582,6 +684,61 @@ mod tests {
         assert_eq!(parsed.budget, Budget::Duration(Duration::from_secs(3)));
         assert_eq!(parsed.connections, 1);
         assert!(parsed.latency);
+    }
+
+    #[test]
+    fn h2_options_are_parsed_and_refused_without_h2() {
+        let parsed = args(&[
+            "--url",
+            "http://127.0.0.1:1/x",
+            "--duration-secs",
+            "2",
+            "--h2",
+            "--streams=16",
+            "--grpc",
+            "--data",
+            "/tmp/frame.bin",
+        ])
+        .unwrap();
+        assert_eq!(
+            parsed.h2,
+            Some(H2Args {
+                streams: 16,
+                data: Some("/tmp/frame.bin".to_string()),
+                grpc: true,
+            })
+        );
+        let plain = args(&["--url", "http://127.0.0.1:1/", "-n", "1", "--h2"]).unwrap();
+        assert_eq!(
+            plain.h2,
+            Some(H2Args {
+                streams: DEFAULT_STREAMS,
+                data: None,
+                grpc: false,
+            })
+        );
+        assert_eq!(
+            args(&["--url", "http://127.0.0.1:1/", "-n", "1"])
+                .unwrap()
+                .h2,
+            None
+        );
+        for extra in [&["--streams", "2"][..], &["--grpc"], &["--data", "f"]] {
+            let mut list = vec!["--url", "http://127.0.0.1:1/", "-n", "1"];
+            list.extend_from_slice(extra);
+            assert!(args(&list).unwrap_err().contains("needs --h2"), "{extra:?}");
+        }
+        assert!(args(&[
+            "--url",
+            "http://127.0.0.1:1/",
+            "-n",
+            "1",
+            "--h2",
+            "--streams",
+            "0"
+        ])
+        .unwrap_err()
+        .contains("--streams"));
     }
 
     #[test]
