@@ -453,7 +453,9 @@ mod tests {
             ]
         );
         assert!(error.missing.is_empty());
-        assert!(error.to_string().contains("USER_PORT: \"70000\" is not a port"));
+        assert!(error
+            .to_string()
+            .contains("USER_PORT: \"70000\" is not a port"));
     }
 
     #[test]

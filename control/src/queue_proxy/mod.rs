@@ -2,5 +2,7 @@
 //! the same request path runs as Knative's queue-proxy sidecar, in front of one user container.
 //!
 //! * [`env`]: the environment Knative's reconciler sets, read with upstream's rules.
+//! * [`admin`]: the admin port's `/wait-for-drain`.
 
+pub mod admin;
 pub mod env;
