@@ -17,6 +17,7 @@ pub mod http_client;
 pub mod metrics;
 pub mod pod_state;
 pub mod publisher;
+pub mod queue_proxy;
 pub mod shell;
 pub mod sources;
 pub mod state;
