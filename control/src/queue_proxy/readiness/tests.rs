@@ -337,7 +337,16 @@ fn refused() -> Outcome {
 #[test]
 fn aggressive_until_ready_then_every_period() {
     use Outcome::Pass;
-    let table: Vec<(&str, Timing, Vec<(u64, Outcome)>, Vec<Option<bool>>, u64)> = vec![
+    /// A name, the timing, the attempts `(start ms, outcome)`, the readiness edge each
+    /// gives, when the next attempt is due (ms).
+    type Case = (
+        &'static str,
+        Timing,
+        Vec<(u64, Outcome)>,
+        Vec<Option<bool>>,
+        u64,
+    );
+    let table: Vec<Case> = vec![
         (
             "period 0: ready on the first pass, then every second",
             timing(0, 0, 1, 3),
