@@ -762,12 +762,14 @@ impl Schedule {
         None
     }
 
-    /// The data path saw a refused connection: not ready at once, the next attempt now; an
-    /// attempt under way is abandoned (its outcome may predate the refusal).
+    /// The data path saw a refused connection. When ready: not ready at once, the next attempt
+    /// now. Either way an attempt under way is abandoned (its outcome may predate the
+    /// refusal) and passes count afresh; when already not ready the next attempt keeps its
+    /// time, so a flood of refusals makes no more than one attempt per
+    /// [`AGGRESSIVE_INTERVAL`].
     pub fn refused(&mut self, now: Instant) -> Option<bool> {
         self.in_flight = None;
         self.successes = 0;
-        self.due = now;
         if self.ready {
             self.not_ready(now)
         } else {

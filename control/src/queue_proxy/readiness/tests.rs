@@ -447,11 +447,20 @@ fn refused_makes_not_ready_at_once_and_discards_the_attempt_under_way() {
     assert_eq!(schedule.refused(start + ms(20)), None);
     assert_eq!(schedule.record(start + ms(30), &Outcome::Pass), None);
     assert!(!schedule.is_ready());
+    // The abandoned attempt keeps the pace: the next one 50 ms after it started, however
+    // many refusals come meanwhile.
+    for at in [30, 40, 50] {
+        assert_eq!(schedule.refused(start + ms(at)), None);
+        assert_eq!(
+            schedule.next(start + ms(at)),
+            Step::SleepUntil(start + ms(60))
+        );
+    }
     assert!(matches!(
-        schedule.next(start + ms(30)),
+        schedule.next(start + ms(60)),
         Step::Attempt { .. }
     ));
-    assert_eq!(schedule.record(start + ms(31), &Outcome::Pass), Some(true));
+    assert_eq!(schedule.record(start + ms(61), &Outcome::Pass), Some(true));
 }
 
 // === attempts against real sockets ===
