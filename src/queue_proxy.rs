@@ -11,13 +11,13 @@
 //! waiting, more get 503 `pending request queue full`.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_control::config::{Config, RevisionConfig};
 use kactivator_control::features;
-use kactivator_control::queue_proxy::{admin, env};
+use kactivator_control::queue_proxy::env::{self, EnvError};
+use kactivator_control::queue_proxy::{admin, readiness};
 use kactivator_shards::shard::{QueueProxyRole, Role};
 
 use crate::cli::{Cli, QueueProxyArgs};
@@ -40,15 +40,22 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         );
     }
     let config = config_of(&env, cli.drain_grace_seconds);
-    let user_ready = Arc::new(AtomicBool::new(false));
+    let probes = readiness::decode(
+        &env.readiness_probe,
+        env.multi_container_probes,
+        env.user_port,
+    )
+    .map_err(|error| EnvError {
+        missing: Vec::new(),
+        invalid: vec![("SERVING_READINESS_PROBE", error.to_string())],
+    })?;
+    let (user, prober) = readiness::prober(probes);
     let role = Role::QueueProxy(QueueProxyRole {
         namespace: env.namespace.clone(),
         revision: env.revision.clone(),
-        user_ready: user_ready.clone(),
+        user: Arc::new(user),
     });
     let admin_addr = args.drain_admin;
-    let probe = env.readiness_probe.clone();
-    let user_port = env.user_port;
     let setup = RoleSetup {
         role,
         second_data_port: false,
@@ -65,7 +72,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
             let _entered = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(listener)?;
             runtime.spawn(admin::serve(listener, drain));
-            runtime.spawn(readiness::watch(probe, user_port, user_ready));
+            runtime.spawn(prober.run());
             Ok(())
         })),
     };
@@ -103,29 +110,4 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
         ..RevisionConfig::new(&env.namespace, &env.revision)
     });
     config
-}
-
-/// The user container's readiness, until the prober of `SERVING_READINESS_PROBE` is wired:
-/// a TCP connection to the user port (the probe Knative defaults a container to).
-mod readiness {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    pub async fn watch(_probe: String, user_port: u16, ready: Arc<AtomicBool>) {
-        loop {
-            let up = tokio::time::timeout(
-                Duration::from_millis(100),
-                tokio::net::TcpStream::connect(("127.0.0.1", user_port)),
-            )
-            .await
-            .is_ok_and(|connected| connected.is_ok());
-            let was = ready.swap(up, Ordering::AcqRel);
-            if up != was {
-                tracing::info!(ready = up, "user container readiness");
-            }
-            let pause = if up { 1000 } else { 50 };
-            tokio::time::sleep(Duration::from_millis(pause)).await;
-        }
-    }
 }

@@ -340,3 +340,35 @@ fn send_signal(pid: u32, signal: &str) {
         .status()
         .expect("kill");
 }
+
+#[test]
+fn a_user_container_that_refuses_connections_fails_health_checks_at_once() {
+    let user_port = free_port();
+    let user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let mut env = knative_env(user_port, free_port(), 0);
+    // Probed every 10 s once ready: a failure seen sooner comes from the request path.
+    env.insert(
+        "SERVING_READINESS_PROBE".into(),
+        format!(r#"{{"tcpSocket":{{"port":{user_port}}},"periodSeconds":10,"timeoutSeconds":1,"failureThreshold":3}}"#),
+    );
+    let proxy = QueueProxy::start(env);
+    assert!(eventually(Duration::from_secs(5), || proxy
+        .health_check("kube-probe/1.30")
+        .status
+        == 200));
+    user.shutdown();
+    let started = Instant::now();
+    let answer = proxy.get("/");
+    assert_eq!(answer.status, 502, "{}", answer.text());
+    let answer = proxy.health_check("kube-probe/1.30");
+    assert_eq!(answer.status, 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}: the prober's period, not the refusal",
+        started.elapsed()
+    );
+}

@@ -91,9 +91,17 @@ pub enum Role {
 pub struct QueueProxyRole {
     pub namespace: String,
     pub revision: String,
-    /// The user container passed its readiness probe (written by the control thread's
-    /// prober, read by health checks).
-    pub user_ready: Arc<std::sync::atomic::AtomicBool>,
+    /// The user container's readiness, kept by the control thread's prober.
+    pub user: Arc<dyn UserContainer>,
+}
+
+/// The queue-proxy's view of its user container, as the request path needs it.
+pub trait UserContainer: Send + Sync + std::fmt::Debug {
+    /// Whether health checks pass: the readiness probe passed and nothing refused since.
+    fn is_ready(&self) -> bool;
+    /// A connection to the user container was refused: not ready from now on, until the
+    /// prober sees it pass again.
+    fn refused(&self);
 }
 
 /// Default of `proxy.head_timeout_seconds`: 60 s, the `ReadHeaderTimeout` of upstream's server

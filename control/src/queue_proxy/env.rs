@@ -41,7 +41,7 @@ pub const REQUIRED: [&str; 10] = [
 
 /// Keys Knative sets that are read and checked but change nothing here (yet): each is named in
 /// the log at start-up when present with a non-default value, and in the README.
-pub const NOT_ACTED_ON: [&str; 20] = [
+pub const NOT_ACTED_ON: [&str; 19] = [
     "SERVING_LOGGING_CONFIG",
     "SERVING_LOGGING_LEVEL",
     "SERVING_ENABLE_REQUEST_LOG",
@@ -58,7 +58,6 @@ pub const NOT_ACTED_ON: [&str; 20] = [
     "ENABLE_PROFILING",
     "ENABLE_HTTP2_AUTO_DETECTION",
     "ENABLE_HTTP_FULL_DUPLEX",
-    "ENABLE_MULTI_CONTAINER_PROBES",
     "OBSERVABILITY_CONFIG",
     "SYSTEM_NAMESPACE",
     "ROOT_CA",
@@ -93,6 +92,9 @@ pub struct QueueProxyEnv {
     pub idle_timeout_seconds: u64,
     /// `SERVING_READINESS_PROBE`, undecoded; empty or absent = always ready.
     pub readiness_probe: String,
+    /// `ENABLE_MULTI_CONTAINER_PROBES`: the probe is a list (the user container's, then each
+    /// sidecar's). Default false.
+    pub multi_container_probes: bool,
     /// `ACTIVATOR_SERVICE_URL` (the fork's push side), when set and non-empty.
     pub activator_service_url: Option<String>,
     /// Keys of [`NOT_ACTED_ON`] that are present with a value.
@@ -167,6 +169,9 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
         response_start_timeout_seconds: reader.seconds("REVISION_RESPONSE_START_TIMEOUT_SECONDS"),
         idle_timeout_seconds: reader.seconds("REVISION_IDLE_TIMEOUT_SECONDS"),
         readiness_probe: reader.string("SERVING_READINESS_PROBE"),
+        multi_container_probes: lookup("ENABLE_MULTI_CONTAINER_PROBES")
+            .and_then(|value| go_bool(&value))
+            .unwrap_or(false),
         activator_service_url: Some(reader.string("ACTIVATOR_SERVICE_URL"))
             .filter(|url| !url.trim().is_empty()),
         not_acted_on: NOT_ACTED_ON

@@ -819,6 +819,17 @@ struct Shared {
     edges: watch::Sender<bool>,
 }
 
+/// The request path's view (`kactivator_shards::shard::Role::QueueProxy`).
+impl kactivator_shards::shard::UserContainer for QueueProxyHealth {
+    fn is_ready(&self) -> bool {
+        QueueProxyHealth::is_ready(self)
+    }
+
+    fn refused(&self) {
+        QueueProxyHealth::refused(self)
+    }
+}
+
 impl QueueProxyHealth {
     pub fn is_ready(&self) -> bool {
         self.shared.ready.load(Ordering::Acquire) && !self.shared.refused.load(Ordering::Acquire)

@@ -12,7 +12,6 @@
 //! (`reference/knative-activator.md` §1).
 
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 
 use kactivator_api::{headers, messages, registration};
 use monoio::time::Instant;
@@ -123,11 +122,9 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     let local_keep_alive = shape.request.keep_alive && shape.request.bodiless && !draining();
     let probe = match &shard.settings.role {
         Role::Activator => probes::answer(&front.headers(), shard.health()),
-        Role::QueueProxy(role) => probes::queue_proxy_answer(
-            &front.headers(),
-            || role.user_ready.load(Ordering::Acquire),
-            draining(),
-        ),
+        Role::QueueProxy(role) => {
+            probes::queue_proxy_answer(&front.headers(), || role.user.is_ready(), draining())
+        }
     };
     if let Some(answer) = probe {
         shard.stats().local_responses.increment();
@@ -252,6 +249,10 @@ async fn proxy<F: Front>(
             }
             Attempt::Unreached(error) => {
                 tracing::warn!(request_id = %front.request_id(), pod = %addr, class = error.class(), "{error}");
+                if let (Role::QueueProxy(role), true) = (&shard.settings.role, error.is_refusal()) {
+                    // The app stopped listening: health checks fail now, not at the next probe.
+                    role.user.refused();
+                }
                 admission::dial_failed(shard, revision, &pod);
                 drop(held);
                 if !may_retry(attempt, &error, true) {

@@ -113,6 +113,17 @@ impl fmt::Display for TransportCause {
 }
 
 impl UpstreamError {
+    /// The pod's address refused the connection: nothing listens there.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            UpstreamError::Connect {
+                cause: TransportCause::Refused,
+                ..
+            }
+        )
+    }
+
     /// A short label for metrics and logs.
     pub fn class(&self) -> &'static str {
         match self {
