@@ -45,7 +45,7 @@ use crate::shell::{PodMetrics, Shell};
 use crate::sources::file::{self, FileWatch};
 use crate::sources::kubernetes::watch::KubeSource;
 use crate::sources::ControlMetrics;
-use crate::state::{Limits, PodStates, ProbeUpdate};
+use crate::state::{ControlState, Limits, ProbeUpdate};
 use crate::worker::{WorkerError, WorkerHandle, WorkerMetrics};
 
 /// The control thread's state.
@@ -117,9 +117,9 @@ impl ControlPlane {
                 qp_staleness: Duration::from_secs(config.control.qp_staleness_seconds),
             },
         };
-        let states = PodStates::new(shards, gates, limits, process_queue.clone());
+        let state = ControlState::new(shards, gates, limits, process_queue.clone());
         let (shell, probe_updates) =
-            Shell::new(states, publisher.clone(), PodMetrics::new(&registry));
+            Shell::new(state, publisher.clone(), PodMetrics::new(&registry));
         let (worker, worker_task) = worker::spawn(
             shell,
             config.control.state_queue_capacity,

@@ -1,4 +1,4 @@
-//! The state worker's machine: [`PodStates`] plus what its results drive — routing updates to
+//! The state worker's machine: [`ControlState`] plus what its results drive — routing updates to
 //! the shards, the pod-state metrics, and the probe sets that changed, to the prober.
 
 use kactivator_shards::throttle::capacity::Capacity;
@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use crate::metrics::register;
 use crate::pod_state::{PodState, Timestamp};
 use crate::publisher::Publisher;
-use crate::state::{Journal, Op, OpError, PodStates, ProbeUpdate};
+use crate::state::{ControlState, Journal, Op, OpError, ProbeUpdate};
 use crate::worker::Machine;
 
 /// Metrics fed by the state machine's journal.
@@ -177,7 +177,7 @@ impl PodMetrics {
 
 /// The machine the state worker drives.
 pub struct Shell {
-    pub states: PodStates,
+    pub state: ControlState,
     publisher: Publisher,
     metrics: PodMetrics,
     /// Unbounded: the worker never waits on the prober. It stays bounded because the prober
@@ -187,14 +187,14 @@ pub struct Shell {
 
 impl Shell {
     pub fn new(
-        states: PodStates,
+        state: ControlState,
         publisher: Publisher,
         metrics: PodMetrics,
     ) -> (Shell, mpsc::UnboundedReceiver<ProbeUpdate>) {
         let (probe_updates, receiver) = mpsc::unbounded_channel();
         (
             Shell {
-                states,
+                state,
                 publisher,
                 metrics,
                 probe_updates,
@@ -206,20 +206,20 @@ impl Shell {
 
 impl Machine for Shell {
     fn apply(&mut self, op: Op, now: Timestamp) -> Result<(), OpError> {
-        self.states.apply(op, now)
+        self.state.apply(op, now)
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
-        self.states.next_deadline()
+        self.state.next_deadline()
     }
 
     fn on_deadline(&mut self, now: Timestamp) {
-        self.states.expire_quarantines(now);
+        self.state.expire_quarantines(now);
     }
 
     fn flush(&mut self) {
-        self.publisher.publish(self.states.take_updates());
-        let journal = self.states.take_journal();
+        self.publisher.publish(self.state.take_updates());
+        let journal = self.state.take_journal();
         for entry in &journal {
             self.metrics.observe(entry);
             if let Journal::Transition {
@@ -242,13 +242,13 @@ impl Machine for Shell {
                 );
             }
         }
-        for update in self.states.take_probe_updates() {
+        for update in self.state.take_probe_updates() {
             // The prober is gone only when the control thread is shutting down.
             let _ = self.probe_updates.send(update);
         }
     }
 
     fn recover(&mut self) {
-        self.states.republish_everything();
+        self.state.republish_everything();
     }
 }

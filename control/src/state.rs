@@ -2,9 +2,9 @@
 //! gates, the activators sharing the pods, and the version counter of the snapshots published
 //! to the shards.
 //!
-//! Sans-IO. [`PodStates::apply`] takes one [`Op`] and the current [`Timestamp`], changes the
+//! Sans-IO. [`ControlState::apply`] takes one [`Op`] and the current [`Timestamp`], changes the
 //! state, and leaves behind what the I/O shell must do: routing updates to publish
-//! ([`PodStates::take_updates`]) and facts for the metrics ([`PodStates::take_journal`]). Nothing
+//! ([`ControlState::take_updates`]) and facts for the metrics ([`ControlState::take_journal`]). Nothing
 //! here awaits, locks or reads a clock, so every rule is tested with simulated time.
 //!
 //! # Ops are incremental
@@ -340,8 +340,10 @@ pub struct ProbeUpdate {
     pub pods: Vec<ProbePod>,
 }
 
-/// Everything the state worker owns.
-pub struct PodStates {
+/// The control plane's whole state, owned by the state worker: every revision with its pod
+/// trackers and admission gate, the feature gates, the activators sharing the pods, and what
+/// is waiting to be carried out.
+pub struct ControlState {
     revisions: BTreeMap<RevisionKey, Revision>,
     gates: Gates,
     limits: Limits,
@@ -360,14 +362,14 @@ pub struct PodStates {
     dirty: BTreeSet<RevisionKey>,
 }
 
-impl PodStates {
+impl ControlState {
     pub fn new(
         shards: usize,
         gates: Gates,
         limits: Limits,
         process_queue: Arc<ProcessQueue>,
-    ) -> PodStates {
-        PodStates {
+    ) -> ControlState {
+        ControlState {
             revisions: BTreeMap::new(),
             gates,
             limits,
@@ -435,7 +437,7 @@ impl PodStates {
     }
 
     /// Every revision's probe set, recounted from scratch. Production derives only the
-    /// revisions an op touched ([`PodStates::take_probe_updates`]); tests check the two agree.
+    /// revisions an op touched ([`ControlState::take_probe_updates`]); tests check the two agree.
     #[cfg(test)]
     pub fn recount_probe_sets(&self) -> BTreeMap<RevisionKey, (Protocol, Vec<ProbePod>)> {
         self.revisions
@@ -1227,8 +1229,8 @@ mod tests {
         }
     }
 
-    fn states() -> PodStates {
-        PodStates::new(
+    fn fresh_state() -> ControlState {
+        ControlState::new(
             2,
             Gates::HYBRID,
             Limits::default(),
@@ -1260,8 +1262,8 @@ mod tests {
 
     #[test]
     fn listed_pods_route_at_once_with_their_whole_concurrency() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(
                 declare(
                     &[("a", 2, &["10.0.0.1:8012", "10.0.0.2:8012"])],
@@ -1270,13 +1272,13 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         assert_eq!(
             last_route(&updates, "a").unwrap(),
             vec![(addr("10.0.0.1:8012"), 2), (addr("10.0.0.2:8012"), 2)]
         );
         // The same view again publishes nothing.
-        states
+        state
             .apply(
                 declare(
                     &[("a", 2, &["10.0.0.1:8012", "10.0.0.2:8012"])],
@@ -1285,82 +1287,82 @@ mod tests {
                 at(1),
             )
             .unwrap();
-        assert!(states.take_updates().is_empty());
+        assert!(state.take_updates().is_empty());
     }
 
     #[test]
     fn a_queue_proxy_ready_makes_a_bare_ip_routable_on_the_serving_port() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
-        states
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap(), vec![]);
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Startup), at(1))
             .unwrap();
-        assert!(states.take_updates().is_empty(), "startup is not ready");
-        states
+        assert!(state.take_updates().is_empty(), "startup is not ready");
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2))
             .unwrap();
         assert_eq!(
-            last_route(&states.take_updates(), "a").unwrap(),
+            last_route(&state.take_updates(), "a").unwrap(),
             vec![(addr("10.0.0.7:8012"), 1)]
         );
         // A file reload that does not list it leaves it alone: the file never listed it.
-        states
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(100))
             .unwrap();
         assert_eq!(
-            states.pod_state(&key("a"), addr("10.0.0.7:8012")),
+            state.pod_state(&key("a"), addr("10.0.0.7:8012")),
             Some(PodState::Ready)
         );
     }
 
     #[test]
     fn pods_announced_before_their_revision_is_declared_route_once_it_is() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(qp("late", "10.0.0.9", QueueProxyEvent::Ready), at(0))
             .unwrap();
         assert!(
-            states.take_updates().is_empty(),
+            state.take_updates().is_empty(),
             "nothing to route without a spec"
         );
-        states
+        state
             .apply(declare(&[("late", 3, &[])], Gates::HYBRID), at(1))
             .unwrap();
         assert_eq!(
-            last_route(&states.take_updates(), "late").unwrap(),
+            last_route(&state.take_updates(), "late").unwrap(),
             vec![(addr("10.0.0.9:8012"), 3)]
         );
     }
 
     #[test]
     fn not_ready_leaves_routing_but_keeps_the_tracker_and_its_in_flight_count() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
-        states
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(0))
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         let route = last_upsert(&updates);
         let tracker = route.pods[0].clone();
         assert!(tracker.slots.try_acquire(), "a request in flight");
-        states
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::NotReady), at(1))
             .unwrap();
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap(), vec![]);
         assert_eq!(
             tracker.slots.capacity(),
             0,
             "no shard may start another request there"
         );
-        states
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2))
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         let route = last_upsert(&updates);
         assert!(
             Arc::ptr_eq(&route.pods[0], &tracker),
@@ -1371,63 +1373,60 @@ mod tests {
 
     #[test]
     fn quarantine_takes_a_pod_out_until_it_ends_then_probation_then_ready() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        states.take_updates();
-        states
+        state.take_updates();
+        state
             .apply(health("a", pod, Event::HealthCheckFailed), at(10))
             .unwrap();
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap(), vec![]);
         assert_eq!(
-            states.next_deadline(),
+            state.next_deadline(),
             Some(at(11)),
             "first quarantine lasts 1 s"
         );
-        states.expire_quarantines(at(10));
+        state.expire_quarantines(at(10));
         assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
+            state.pod_state(&key("a"), addr(pod)),
             Some(PodState::Quarantined)
         );
-        states.expire_quarantines(at(11));
+        state.expire_quarantines(at(11));
         assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
+            state.pod_state(&key("a"), addr(pod)),
             Some(PodState::Recovering)
         );
         assert!(
-            last_route(&states.take_updates(), "a").is_none_or(|route| route.is_empty()),
+            last_route(&state.take_updates(), "a").is_none_or(|route| route.is_empty()),
             "probation does not route"
         );
         // The prober is told at once, with the pod on probation.
-        let probes = states.take_probe_updates();
+        let probes = state.take_probe_updates();
         let last = probes.last().expect("a probe set after the expiry");
         assert_eq!(last.pods.len(), 1);
         assert!(last.pods[0].recovering);
-        states
+        state
             .apply(health("a", pod, Event::HealthCheckPassed), at(12))
             .unwrap();
+        assert_eq!(state.pod_state(&key("a"), addr(pod)), Some(PodState::Ready));
         assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
-            Some(PodState::Ready)
-        );
-        assert_eq!(
-            last_route(&states.take_updates(), "a").unwrap().len(),
+            last_route(&state.take_updates(), "a").unwrap().len(),
             1,
             "a passing probe routes it again"
         );
-        assert_eq!(states.next_deadline(), None);
+        assert_eq!(state.next_deadline(), None);
     }
 
     #[test]
     fn a_probe_set_carries_its_revisions_protocol_and_is_sent_again_when_it_changes() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        let sent = states.take_probe_updates();
+        let sent = state.take_probe_updates();
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].protocol, Protocol::Http1);
         // The revision is h2c now, same pods: the prober must probe them over h2c.
@@ -1435,67 +1434,62 @@ mod tests {
             protocol: Protocol::H2c,
             ..spec("a", 1)
         };
-        states
-            .apply(Op::UpsertRevision(h2c.clone()), at(1))
-            .unwrap();
-        let sent = states.take_probe_updates();
+        state.apply(Op::UpsertRevision(h2c.clone()), at(1)).unwrap();
+        let sent = state.take_probe_updates();
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].protocol, Protocol::H2c);
         let pods: Vec<SocketAddr> = sent[0].pods.iter().map(|pod| pod.addr).collect();
         assert_eq!(pods, [addr(pod)]);
         // Unchanged: nothing sent.
-        states.apply(Op::UpsertRevision(h2c), at(2)).unwrap();
-        assert!(states.take_probe_updates().is_empty());
+        state.apply(Op::UpsertRevision(h2c), at(2)).unwrap();
+        assert!(state.take_probe_updates().is_empty());
         // Gone: an empty set.
-        states
+        state
             .apply(Op::RemoveRevision { revision: key("a") }, at(3))
             .unwrap();
-        let sent = states.take_probe_updates();
+        let sent = state.take_probe_updates();
         assert_eq!(sent.len(), 1);
         assert!(sent[0].pods.is_empty());
     }
 
     #[test]
     fn turning_quarantine_off_releases_quarantined_pods_and_stops_probing() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        states
+        state
             .apply(health("a", pod, Event::HealthCheckFailed), at(1))
             .unwrap();
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap(), vec![]);
         // Same file, quarantine off: nothing would ever end the quarantine, so the informer's
         // listing releases the pod (pod_state's table) and the timer is dropped.
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::QUEUE_PROXY_ONLY), at(3))
             .unwrap();
-        assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
-            Some(PodState::Ready)
-        );
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap().len(), 1);
-        assert!(states.recount_probe_sets().is_empty());
-        let last = states
+        assert_eq!(state.pod_state(&key("a"), addr(pod)), Some(PodState::Ready));
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap().len(), 1);
+        assert!(state.recount_probe_sets().is_empty());
+        let last = state
             .take_probe_updates()
             .pop()
             .expect("the prober is told");
         assert!(last.pods.is_empty());
-        assert_eq!(states.next_deadline(), None);
+        assert_eq!(state.next_deadline(), None);
     }
 
     #[test]
     fn ip_reuse_removes_the_tracker_at_once_and_removal_is_idempotent() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(
                 declare(&[("a", 4, &[pod, "10.0.0.2:8012"])], Gates::HYBRID),
                 at(0),
             )
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         let route = last_upsert(&updates);
         let reused = route.pods[0].clone();
         let remove = Op::RemovePod {
@@ -1504,15 +1498,15 @@ mod tests {
             reason: Reason::IpReused,
             source: Source::Proxy,
         };
-        states.apply(remove.clone(), at(1)).unwrap();
+        state.apply(remove.clone(), at(1)).unwrap();
         assert_eq!(reused.slots.capacity(), 0);
         assert_eq!(
-            last_route(&states.take_updates(), "a").unwrap(),
+            last_route(&state.take_updates(), "a").unwrap(),
             vec![(addr("10.0.0.2:8012"), 4)]
         );
-        states.apply(remove, at(2)).unwrap();
-        assert!(states.take_updates().is_empty());
-        let removals = states
+        state.apply(remove, at(2)).unwrap();
+        assert!(state.take_updates().is_empty());
+        let removals = state
             .take_journal()
             .into_iter()
             .filter(|entry| matches!(entry, Journal::Transition { to: None, .. }))
@@ -1525,8 +1519,8 @@ mod tests {
     /// thread heard of the retirement. The pod must stay out whatever is published meanwhile.
     #[test]
     fn a_pod_retired_by_a_shard_stays_out_when_its_revision_is_republished() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(
                 declare(
                     &[("a", 1, &["10.0.0.1:8012", "10.0.0.2:8012"])],
@@ -1535,17 +1529,17 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let route = last_upsert(&states.take_updates()).clone();
+        let route = last_upsert(&state.take_updates()).clone();
         let retired = route.pods[0].clone();
         assert!(
             retired.slots.retire(),
             "the first shard to see it retires it"
         );
         // Before the evidence reaches the worker, another change republishes the revision.
-        states
+        state
             .apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(1))
             .unwrap();
-        let republished = last_upsert(&states.take_updates()).clone();
+        let republished = last_upsert(&state.take_updates()).clone();
         assert!(republished
             .pods
             .iter()
@@ -1558,7 +1552,7 @@ mod tests {
 
     #[test]
     fn the_tracker_limit_refuses_new_pods_and_says_so() {
-        let mut states = PodStates::new(
+        let mut state = ControlState::new(
             1,
             Gates::HYBRID,
             Limits {
@@ -1567,67 +1561,67 @@ mod tests {
             },
             Arc::new(ProcessQueue::new(u32::MAX)),
         );
-        states
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
         for ip in ["10.0.0.1", "10.0.0.2"] {
-            states
+            state
                 .apply(qp("a", ip, QueueProxyEvent::Ready), at(0))
                 .unwrap();
         }
-        let error = states.apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(0));
+        let error = state.apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(0));
         assert_eq!(error, Err(OpError::TrackerLimit(key("a"), 2)));
-        assert!(states.take_journal().iter().any(
+        assert!(state.take_journal().iter().any(
             |entry| matches!(entry, Journal::TrackerLimit { revision } if revision.name() == "a")
         ));
         // A known pod's events still apply at the limit.
-        states
+        state
             .apply(qp("a", "10.0.0.1", QueueProxyEvent::NotReady), at(1))
             .unwrap();
     }
 
     #[test]
     fn revisions_nobody_declared_are_bounded() {
-        let mut states = states();
+        let mut state = fresh_state();
         for i in 0..MAX_UNDECLARED_REVISIONS {
-            states
+            state
                 .apply(
                     qp(&format!("ghost-{i}"), "10.0.0.1", QueueProxyEvent::Ready),
                     at(0),
                 )
                 .unwrap();
         }
-        let refused = states.apply(qp("one-more", "10.0.0.1", QueueProxyEvent::Ready), at(0));
+        let refused = state.apply(qp("one-more", "10.0.0.1", QueueProxyEvent::Ready), at(0));
         assert!(
             matches!(refused, Err(OpError::TooManyUndeclared(..))),
             "{refused:?}"
         );
         // A declared revision is not affected by the bound.
-        states
+        state
             .apply(declare(&[("real", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
-        states
+        state
             .apply(qp("real", "10.0.0.2", QueueProxyEvent::Ready), at(0))
             .unwrap();
     }
 
     #[test]
     fn idle_not_ready_trackers_are_collected_after_ten_minutes() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
-        states
+        state
             .apply(qp("a", "10.0.0.1", QueueProxyEvent::NotReady), at(0))
             .unwrap();
-        states
+        state
             .apply(qp("a", "10.0.0.2", QueueProxyEvent::Ready), at(0))
             .unwrap();
-        states.apply(Op::CleanupStale, at(600)).unwrap();
-        assert!(states.pod_state(&key("a"), addr("10.0.0.1:8012")).is_some());
-        states.apply(Op::CleanupStale, at(601)).unwrap();
-        assert_eq!(states.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
-        assert!(states.pod_state(&key("a"), addr("10.0.0.2:8012")).is_some());
+        state.apply(Op::CleanupStale, at(600)).unwrap();
+        assert!(state.pod_state(&key("a"), addr("10.0.0.1:8012")).is_some());
+        state.apply(Op::CleanupStale, at(601)).unwrap();
+        assert_eq!(state.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
+        assert!(state.pod_state(&key("a"), addr("10.0.0.2:8012")).is_some());
     }
 
     #[test]
@@ -1639,8 +1633,8 @@ mod tests {
             .collect();
         let mut per_pod: BTreeMap<SocketAddr, u32> = BTreeMap::new();
         for me in &everyone {
-            let mut states = states();
-            states
+            let mut state = fresh_state();
+            state
                 .apply(
                     Op::SetActivators(Activators {
                         me: Some(*me),
@@ -1649,10 +1643,10 @@ mod tests {
                     at(0),
                 )
                 .unwrap();
-            states
+            state
                 .apply(declare(&[("a", 10, &pods)], Gates::HYBRID), at(0))
                 .unwrap();
-            let route = last_route(&states.take_updates(), "a").unwrap();
+            let route = last_route(&state.take_updates(), "a").unwrap();
             assert!(!route.is_empty(), "every activator gets a pod");
             for (pod, capacity) in route {
                 *per_pod.entry(pod).or_default() += capacity;
@@ -1664,8 +1658,8 @@ mod tests {
 
     #[test]
     fn a_removed_revision_leaves_routing_with_its_trackers() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(
                 declare(
                     &[("a", 1, &["10.0.0.1:8012"]), ("b", 1, &[])],
@@ -1674,7 +1668,7 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let tracker = states
+        let tracker = state
             .take_updates()
             .iter()
             .find_map(|update| match update {
@@ -1685,28 +1679,28 @@ mod tests {
             })
             .unwrap();
         assert!(tracker.slots.try_acquire(), "a request in flight");
-        states
+        state
             .apply(Op::RemoveRevision { revision: key("a") }, at(1))
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         assert!(
             matches!(&updates[..], [RoutingUpdate::Remove { key, .. }] if key.as_str() == "ns/a")
         );
-        assert_eq!(states.revision_count(), 1);
-        assert_eq!(states.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
+        assert_eq!(state.revision_count(), 1);
+        assert_eq!(state.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
         assert_eq!(tracker.slots.capacity(), 0, "no new request goes there");
         assert!(tracker.slots.release(), "the one in flight finishes");
         // Again: nothing left to remove.
-        states
+        state
             .apply(Op::RemoveRevision { revision: key("a") }, at(2))
             .unwrap();
-        assert!(states.take_updates().is_empty());
+        assert!(state.take_updates().is_empty());
     }
 
     #[test]
     fn a_batch_publishes_each_revision_it_touched_once() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(
                 declare(
                     &[("a", 1, &["10.0.0.1:8012", "10.0.0.2:8012"]), ("b", 0, &[])],
@@ -1715,7 +1709,7 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let upserts: Vec<String> = states
+        let upserts: Vec<String> = state
             .take_updates()
             .iter()
             .filter_map(|update| match update {
@@ -1725,22 +1719,22 @@ mod tests {
             .collect();
         assert_eq!(upserts, ["ns/a", "ns/b"]);
         // Declaring the same spec again changes nothing.
-        states
+        state
             .apply(Op::UpsertRevision(spec("a", 1)), at(1))
             .unwrap();
-        assert!(states.take_updates().is_empty());
+        assert!(state.take_updates().is_empty());
     }
 
     #[test]
     fn evidence_applies_only_to_the_tracker_it_is_about() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        let old = last_upsert(&states.take_updates()).pods[0].clone();
+        let old = last_upsert(&state.take_updates()).pods[0].clone();
         // The pod goes and a new one comes at the same address: another tracker.
-        states
+        state
             .apply(
                 Op::RemovePod {
                     revision: key("a"),
@@ -1751,13 +1745,13 @@ mod tests {
                 at(1),
             )
             .unwrap();
-        states
+        state
             .apply(
                 declare(&[("a", 1, &[pod, "10.0.0.2:8012"])], Gates::HYBRID),
                 at(2),
             )
             .unwrap();
-        let new = last_upsert(&states.take_updates()).pods[0].clone();
+        let new = last_upsert(&state.take_updates()).pods[0].clone();
         assert!(!Arc::ptr_eq(&old, &new));
         let evidence = |tracker: &Arc<PodTracker>, kind: EvidenceKind| Op::Evidence {
             revision: key("a"),
@@ -1773,26 +1767,23 @@ mod tests {
                 revision: "other".into(),
             },
         ] {
-            states.apply(evidence(&old, kind), at(3)).unwrap();
-            assert_eq!(
-                states.pod_state(&key("a"), addr(pod)),
-                Some(PodState::Ready)
-            );
+            state.apply(evidence(&old, kind), at(3)).unwrap();
+            assert_eq!(state.pod_state(&key("a"), addr(pod)), Some(PodState::Ready));
         }
         // About the new one it counts: a transport failure quarantines, a reuse removes.
-        states
+        state
             .apply(evidence(&new, EvidenceKind::TransportFailure), at(4))
             .unwrap();
         assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
+            state.pod_state(&key("a"), addr(pod)),
             Some(PodState::Quarantined)
         );
         let reused = EvidenceKind::IpReused {
             namespace: "ns".into(),
             revision: "other".into(),
         };
-        states.apply(evidence(&new, reused), at(5)).unwrap();
-        assert_eq!(states.pod_state(&key("a"), addr(pod)), None);
+        state.apply(evidence(&new, reused), at(5)).unwrap();
+        assert_eq!(state.pod_state(&key("a"), addr(pod)), None);
         assert_eq!(new.slots.capacity(), 0);
     }
 
@@ -1801,12 +1792,12 @@ mod tests {
     #[test]
     fn cluster_ip_mode_routes_to_the_service_with_the_shared_capacity() {
         let service = addr("10.96.0.5:80");
-        let mut states = states();
+        let mut state = fresh_state();
         let everyone: Vec<IpAddr> = ["10.1.0.1", "10.1.0.2"]
             .iter()
             .map(|ip| ip.parse().unwrap())
             .collect();
-        states
+        state
             .apply(
                 Op::SetActivators(Activators {
                     me: Some(everyone[0]),
@@ -1822,9 +1813,9 @@ mod tests {
             ready: pods.iter().map(|pod| addr(pod)).collect(),
             scope: OmissionScope::ListedPods,
         };
-        states.apply(Op::UpsertRevision(cluster_ip), at(0)).unwrap();
+        state.apply(Op::UpsertRevision(cluster_ip), at(0)).unwrap();
         assert_eq!(
-            last_route(&states.take_updates(), "a").unwrap(),
+            last_route(&state.take_updates(), "a").unwrap(),
             vec![],
             "no ready pod: closed"
         );
@@ -1835,8 +1826,8 @@ mod tests {
             "10.0.0.4:8012",
             "10.0.0.5:8012",
         ];
-        states.apply(endpoints(&five), at(1)).unwrap();
-        let updates = states.take_updates();
+        state.apply(endpoints(&five), at(1)).unwrap();
+        let updates = state.take_updates();
         assert_eq!(
             last_route(&updates, "a").unwrap(),
             vec![(service, 7)],
@@ -1844,10 +1835,10 @@ mod tests {
         );
         let virtual_tracker = last_upsert(&updates).pods[0].clone();
         assert!(
-            states.recount_probe_sets().is_empty(),
+            state.recount_probe_sets().is_empty(),
             "pods behind a Service are not probed"
         );
-        assert!(states.take_journal().iter().any(|entry| matches!(
+        assert!(state.take_journal().iter().any(|entry| matches!(
             entry,
             Journal::Route {
                 pods: 5,
@@ -1855,8 +1846,8 @@ mod tests {
                 ..
             }
         )));
-        states.apply(endpoints(&five[..1]), at(2)).unwrap();
-        let updates = states.take_updates();
+        state.apply(endpoints(&five[..1]), at(2)).unwrap();
+        let updates = state.take_updates();
         assert_eq!(
             last_route(&updates, "a").unwrap(),
             vec![(service, 1)],
@@ -1867,25 +1858,25 @@ mod tests {
             "the same target, so its in-flight count carries over"
         );
         // Back to pod mode: the Service takes nothing new, the pod gets its share.
-        states
+        state
             .apply(Op::UpsertRevision(spec("a", 3)), at(3))
             .unwrap();
         assert_eq!(virtual_tracker.slots.capacity(), 0);
-        let route = last_route(&states.take_updates(), "a").unwrap();
+        let route = last_route(&state.take_updates(), "a").unwrap();
         assert_eq!(route.len(), 1);
         assert_ne!(route[0].0, service);
     }
 
     #[test]
     fn a_pod_replaced_at_its_address_within_one_op_is_published_with_its_new_tracker() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 2, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        let old = last_upsert(&states.take_updates()).pods[0].clone();
+        let old = last_upsert(&state.take_updates()).pods[0].clone();
         // Gone and back in one batch: same address, same share, another tracker.
-        states
+        state
             .apply(
                 Op::Batch(vec![
                     Op::RemovePod {
@@ -1903,7 +1894,7 @@ mod tests {
                 at(1),
             )
             .unwrap();
-        let route = last_upsert(&states.take_updates()).clone();
+        let route = last_upsert(&state.take_updates()).clone();
         assert!(
             !Arc::ptr_eq(&route.pods[0], &old),
             "the new pod's tracker is routed"
@@ -1914,10 +1905,10 @@ mod tests {
 
     #[test]
     fn cluster_ip_mode_gets_a_fresh_target_when_the_service_moves_or_is_retired() {
-        let mut states = states();
+        let mut state = fresh_state();
         let mut service = spec("a", 0);
         service.cluster_ip = Some(addr("10.96.0.5:80"));
-        states
+        state
             .apply(
                 Op::Batch(vec![
                     Op::UpsertRevision(service.clone()),
@@ -1930,7 +1921,7 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let first = last_upsert(&states.take_updates()).pods[0].clone();
+        let first = last_upsert(&state.take_updates()).pods[0].clone();
         assert_eq!(first.slots.capacity(), UNLIMITED, "CC 0 with a ready pod");
         // A shard saw the Service answer as another revision and retired it.
         assert!(first.slots.retire());
@@ -1943,8 +1934,8 @@ mod tests {
                 revision: "other".into(),
             },
         };
-        states.apply(reused, at(1)).unwrap();
-        let second = last_upsert(&states.take_updates()).pods[0].clone();
+        state.apply(reused, at(1)).unwrap();
+        let second = last_upsert(&state.take_updates()).pods[0].clone();
         assert!(!Arc::ptr_eq(&first, &second));
         assert!(
             second.slots.try_acquire(),
@@ -1952,29 +1943,29 @@ mod tests {
         );
         // The Service moves: the old target takes nothing new.
         service.cluster_ip = Some(addr("10.96.0.6:80"));
-        states.apply(Op::UpsertRevision(service), at(2)).unwrap();
-        let third = last_upsert(&states.take_updates()).pods[0].clone();
+        state.apply(Op::UpsertRevision(service), at(2)).unwrap();
+        let third = last_upsert(&state.take_updates()).pods[0].clone();
         assert_eq!(third.addr, addr("10.96.0.6:80"));
         assert_eq!(second.slots.capacity(), 0);
     }
 
     #[test]
     fn a_revision_with_activators_of_its_own_ignores_the_default_set() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pods = ["10.0.0.1:8012", "10.0.0.2:8012"];
-        states
+        state
             .apply(
                 declare(&[("a", 4, &pods), ("b", 4, &pods)], Gates::HYBRID),
                 at(0),
             )
             .unwrap();
-        states.take_updates();
+        state.take_updates();
         let me: IpAddr = "10.1.0.1".parse().unwrap();
         let crowd = Activators {
             me: Some(me),
             all: vec![me, "10.1.0.2".parse().unwrap(), "10.1.0.3".parse().unwrap()],
         };
-        states
+        state
             .apply(
                 Op::SetRevisionActivators {
                     revision: key("a"),
@@ -1983,7 +1974,7 @@ mod tests {
                 at(1),
             )
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         let shared: u32 = last_route(&updates, "a")
             .unwrap()
             .iter()
@@ -1995,8 +1986,8 @@ mod tests {
             "b keeps the default (alone)"
         );
         // The default set changing does not touch a.
-        states.apply(Op::SetActivators(crowd), at(2)).unwrap();
-        let updates = states.take_updates();
+        state.apply(Op::SetActivators(crowd), at(2)).unwrap();
+        let updates = state.take_updates();
         assert!(last_route(&updates, "a").is_none());
         assert!(last_route(&updates, "b").is_some());
     }
@@ -2066,15 +2057,15 @@ mod tests {
         /// recount (never leaks), so the shell may fold instead of recounting.
         #[test]
         fn routes_gauges_and_journal_stay_consistent(ops in prop::collection::vec(any_op(), 1..60)) {
-            let mut states = states();
+            let mut state = fresh_state();
             let mut now = 0;
             let metrics = crate::shell::PodMetrics::new(&prometheus::Registry::new());
             let mut routes: BTreeMap<String, Vec<(SocketAddr, u32)>> = BTreeMap::new();
             for (op, step) in ops {
                 now += step;
-                let _ = states.apply(op, at(now));
-                states.expire_quarantines(at(now));
-                for update in states.take_updates() {
+                let _ = state.apply(op, at(now));
+                state.expire_quarantines(at(now));
+                for update in state.take_updates() {
                     match update {
                         RoutingUpdate::Upsert { route, .. } => {
                             routes.insert(route.labels.revision.clone(), route.pods.iter().map(|pod| (pod.addr, pod.slots.capacity())).collect());
@@ -2084,16 +2075,16 @@ mod tests {
                         }
                     }
                 }
-                for entry in states.take_journal() {
+                for entry in state.take_journal() {
                     metrics.observe(&entry);
                 }
-                let counts = states.state_counts();
-                for state in PodState::ALL {
-                    let recount = counts.get(state.label()).copied().unwrap_or(0) as i64;
-                    prop_assert_eq!(metrics.trackers(state), recount, "{}", state.label());
+                let counts = state.state_counts();
+                for pod_state in PodState::ALL {
+                    let recount = counts.get(pod_state.label()).copied().unwrap_or(0) as i64;
+                    prop_assert_eq!(metrics.trackers(pod_state), recount, "{}", pod_state.label());
                 }
                 prop_assert_eq!(metrics.quarantined(), counts.get("quarantined").copied().unwrap_or(0) as i64);
-                for (key, revision) in &states.revisions {
+                for (key, revision) in &state.revisions {
                     let Some(spec) = &revision.spec else { continue };
                     let expected: Vec<SocketAddr> = revision.pods.iter().filter(|(_, pod)| pod.pod.is_routable()).map(|(addr, _)| *addr).collect();
                     let published: Vec<SocketAddr> = routes.get(&spec.labels.revision).map(|route| route.iter().map(|(addr, _)| *addr).collect()).unwrap_or_default();
@@ -2111,21 +2102,21 @@ mod tests {
         /// recount of every revision: deriving only what an op touched loses nothing.
         #[test]
         fn probe_sets_sent_incrementally_equal_a_recount(ops in prop::collection::vec(any_op(), 1..60)) {
-            let mut states = states();
+            let mut state = fresh_state();
             let mut now = 0;
             let mut sent: BTreeMap<RevisionKey, (Protocol, Vec<ProbePod>)> = BTreeMap::new();
             for (op, step) in ops {
                 now += step;
-                let _ = states.apply(op, at(now));
-                states.expire_quarantines(at(now));
-                for update in states.take_probe_updates() {
+                let _ = state.apply(op, at(now));
+                state.expire_quarantines(at(now));
+                for update in state.take_probe_updates() {
                     if update.pods.is_empty() {
                         sent.remove(&update.revision);
                     } else {
                         sent.insert(update.revision, (update.protocol, update.pods));
                     }
                 }
-                prop_assert_eq!(&sent, &states.recount_probe_sets());
+                prop_assert_eq!(&sent, &state.recount_probe_sets());
             }
         }
     }
