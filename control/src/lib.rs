@@ -41,7 +41,7 @@ use crate::admin::AdminState;
 use crate::config::Config;
 use crate::pod_state::{Gates, Windows};
 use crate::publisher::Publisher;
-use crate::shell::{PodMetrics, Shell};
+use crate::shell::{PodMetrics, StateShell};
 use crate::sources::file::{self, FileWatch};
 use crate::sources::kubernetes::watch::KubeSource;
 use crate::sources::ControlMetrics;
@@ -119,7 +119,7 @@ impl ControlPlane {
         };
         let state = ControlState::new(shards, gates, limits, process_queue.clone());
         let (shell, probe_updates) =
-            Shell::new(state, publisher.clone(), PodMetrics::new(&registry));
+            StateShell::new(state, publisher.clone(), PodMetrics::new(&registry));
         let (worker, worker_task) = worker::spawn(
             shell,
             config.control.state_queue_capacity,

@@ -175,8 +175,9 @@ impl PodMetrics {
     }
 }
 
-/// The machine the state worker drives.
-pub struct Shell {
+/// The I/O shell around the [`ControlState`]: the machine the state worker drives, which applies
+/// each op to the state and carries out what the state says must change.
+pub struct StateShell {
     pub state: ControlState,
     publisher: Publisher,
     metrics: PodMetrics,
@@ -185,15 +186,15 @@ pub struct Shell {
     probe_updates: mpsc::UnboundedSender<ProbeUpdate>,
 }
 
-impl Shell {
+impl StateShell {
     pub fn new(
         state: ControlState,
         publisher: Publisher,
         metrics: PodMetrics,
-    ) -> (Shell, mpsc::UnboundedReceiver<ProbeUpdate>) {
+    ) -> (StateShell, mpsc::UnboundedReceiver<ProbeUpdate>) {
         let (probe_updates, receiver) = mpsc::unbounded_channel();
         (
-            Shell {
+            StateShell {
                 state,
                 publisher,
                 metrics,
@@ -204,7 +205,7 @@ impl Shell {
     }
 }
 
-impl Machine for Shell {
+impl Machine for StateShell {
     fn apply(&mut self, op: Op, now: Timestamp) -> Result<(), OpError> {
         self.state.apply(op, now)
     }
