@@ -42,7 +42,7 @@ use crate::config::Config;
 use crate::pod_state::{Gates, Windows};
 use crate::publisher::Publisher;
 use crate::shell::{PodMetrics, StateShell};
-use crate::sources::file::{self, FileWatch};
+use crate::sources::file::{self, FilePoller};
 use crate::sources::kubernetes::watch::KubeSource;
 use crate::sources::ControlMetrics;
 use crate::state::{ControlState, Limits, ProbeUpdate};
@@ -71,7 +71,7 @@ pub struct ControlPlane {
 pub struct ControlInputs {
     pub shards: usize,
     pub config: Config,
-    /// The file to watch for changes; `None` for a configuration that did not come from a file.
+    /// The file to poll for changes; `None` for a configuration that did not come from a file.
     pub config_path: Option<PathBuf>,
     pub publisher: Publisher,
     pub stats: AllShardStats,
@@ -84,7 +84,7 @@ pub struct ControlInputs {
     /// Readiness, shared with the shards: the reporter and the Kubernetes source write it.
     pub readiness: Arc<Readiness>,
     /// The Kubernetes source, when kactivator watches a cluster (then the file declares no
-    /// revisions and is not watched).
+    /// revisions and is not polled).
     pub kubernetes: Option<KubeSource>,
 }
 
@@ -202,7 +202,7 @@ impl ControlPlane {
                 self.admin.reported_concurrency.clone().unwrap_or_default(),
             );
         }
-        let watch = self.config_path.clone().map(|path| FileWatch {
+        let file_poller = self.config_path.clone().map(|path| FilePoller {
             path,
             current: self.config.clone(),
             gates: self.gates,
@@ -216,7 +216,7 @@ impl ControlPlane {
             &self.config,
             &self.worker,
             &self.metrics,
-            watch,
+            file_poller,
             self.probe_updates,
             sources::RegistrationInputs {
                 registrations,

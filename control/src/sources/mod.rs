@@ -1,7 +1,7 @@
 //! Everything that feeds the state worker, each a task on the control thread, each turning
 //! what it sees into [`crate::state::Op`]s (none touches the state directly):
 //!
-//! * [`file`] — the configuration file, watched for changes (revisions, pods, gates,
+//! * [`file`] — the configuration file, polled for changes (revisions, pods, gates,
 //!   activators), sent as one batch per reload;
 //! * [`registrations`] — queue-proxy registrations (applied, answered, relayed to peers) and
 //!   the request path's evidence, as the shards hand them over;
@@ -100,7 +100,7 @@ pub fn spawn_all(
     config: &Config,
     worker: &WorkerHandle,
     metrics: &Arc<ControlMetrics>,
-    file: Option<file::FileWatch>,
+    file_poller: Option<file::FilePoller>,
     probe_updates: mpsc::UnboundedReceiver<ProbeUpdate>,
     registrations: RegistrationInputs,
 ) {
@@ -124,7 +124,7 @@ pub fn spawn_all(
         worker.clone(),
         Duration::from_secs(config.control.stale_sweep_seconds),
     ));
-    if let Some(file) = file {
-        tokio::spawn(file.run(worker.clone(), metrics.clone()));
+    if let Some(file_poller) = file_poller {
+        tokio::spawn(file_poller.run(worker.clone(), metrics.clone()));
     }
 }
