@@ -211,7 +211,7 @@ impl ControlPlane {
         });
         // The relay's peers: the file's `cluster.peers`, or what the Kubernetes source finds
         // in `activator-service`'s endpoints (start-up refuses the file's in that mode).
-        let (peers_sender, peers) = tokio::sync::watch::channel(self.config.cluster.peers.clone());
+        let (peers_sender, peers) = sources::peers_channel(self.config.cluster.peers.clone());
         sources::spawn_all(
             &self.config,
             &self.worker,

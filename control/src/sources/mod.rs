@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use kactivator_shards::runtime::control_link::{PodEvidence, RegistrationRequest};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::metrics;
@@ -87,12 +87,25 @@ impl ControlMetrics {
     }
 }
 
+/// Where the registration relay reads its peers: the latest list only, over a
+/// `tokio::sync::watch` channel (a value a reader borrows when it needs it, not a Kubernetes
+/// watch). The Kubernetes source writes it from `activator-service`'s endpoints; standalone it
+/// holds `cluster.peers` for good.
+pub type PeersReceiver = tokio::sync::watch::Receiver<Vec<SocketAddr>>;
+/// The writing end of [`PeersReceiver`]'s channel.
+pub type PeersSender = tokio::sync::watch::Sender<Vec<SocketAddr>>;
+
+/// A peers channel holding `peers` until it is written.
+pub fn peers_channel(peers: Vec<SocketAddr>) -> (PeersSender, PeersReceiver) {
+    tokio::sync::watch::channel(peers)
+}
+
 /// What the registrations task serves: the shards' registrations and evidence, and the peers
 /// it relays registrations to.
 pub struct RegistrationInputs {
     pub registrations: flume::Receiver<RegistrationRequest>,
     pub evidence: flume::Receiver<PodEvidence>,
-    pub peers: watch::Receiver<Vec<SocketAddr>>,
+    pub peers: PeersReceiver,
 }
 
 /// Starts every source on the current (control) runtime.

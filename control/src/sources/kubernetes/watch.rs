@@ -10,7 +10,7 @@
 //! * the **`config-features`** ConfigMap in `SYSTEM_NAMESPACE` (gates and tunables);
 //! * the endpoints of **`activator-service`** in `SYSTEM_NAMESPACE`: the other activators,
 //!   to which queue-proxy registrations are relayed (not state-worker ops: the registrations
-//!   task reads them from a watch channel).
+//!   task reads them from a [`PeersReceiver`](crate::sources::PeersReceiver)).
 //!
 //! Start-up: every watch's first list is buffered, and once all five have listed, everything is
 //! applied as one batch (features, revisions, Services, endpoints, in that order) and readiness
@@ -35,7 +35,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 
 use super::backends::{Outcome, ProbeJob};
 use super::backoff::WatchBackoff;
@@ -47,6 +47,7 @@ use crate::metrics;
 use crate::pod_state::Gates;
 use crate::sources::probe::{self, ProbeResult};
 use crate::sources::prober::PROBE_CONCURRENCY;
+use crate::sources::PeersSender;
 use crate::state::Op;
 use crate::worker::WorkerHandle;
 
@@ -575,7 +576,7 @@ struct Watcher {
     /// Told once the start-up batch is published.
     readiness: Arc<Readiness>,
     /// Where the registration relay reads its peers.
-    peers: watch::Sender<Vec<SocketAddr>>,
+    peers: PeersSender,
 }
 
 impl Watcher {
@@ -865,7 +866,7 @@ impl KubeSource {
         readiness: Arc<Readiness>,
         registry: Registry,
         process_queue: Arc<ProcessQueue>,
-        peers: watch::Sender<Vec<SocketAddr>>,
+        peers: PeersSender,
     ) {
         let mut events = watches(&self);
         let model = Model::new(self.mesh, self.pod_ip, self.gates, self.tunables);
