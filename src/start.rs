@@ -9,7 +9,7 @@ use kactivator_control::budget;
 use kactivator_control::config::{AutoscalerSettings, Config, ConfigError};
 use kactivator_control::features::{self, Tunables};
 use kactivator_control::publisher::Publisher;
-use kactivator_control::sources::kubernetes::watch::{self, KubeSource};
+use kactivator_control::sources::kubernetes::informers::{self, KubeSource};
 use kactivator_control::{ControlInputs, ControlPlane};
 use kactivator_shards::hub::{self, ShardSpec};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
@@ -225,7 +225,7 @@ async fn connect_kubernetes(
     pod_ip: Option<std::net::IpAddr>,
     tunables: Tunables,
 ) -> Result<KubeSource, StartError> {
-    let client = watch::client().await.map_err(|error| {
+    let client = informers::client().await.map_err(|error| {
         StartError::Config(ConfigError {
             source: Some("--source kubernetes".into()),
             position: None,

@@ -43,7 +43,7 @@ use crate::pod_state::{Gates, Windows};
 use crate::publisher::Publisher;
 use crate::shell::{PodMetrics, StateShell};
 use crate::sources::file::{self, FilePoller};
-use crate::sources::kubernetes::watch::KubeSource;
+use crate::sources::kubernetes::informers::KubeSource;
 use crate::sources::ControlMetrics;
 use crate::state::{ControlState, Limits, ProbeUpdate};
 use crate::worker::{WorkerError, WorkerHandle, WorkerMetrics};

@@ -45,7 +45,7 @@ struct Told {
     endpoints: BTreeMap<ObjectId, EndpointsSeen>,
 }
 
-/// One watched object, read as the watcher reads it (`watch.rs`'s `read_*`).
+/// One watched object, read as the informer loop reads it (`informers.rs`'s `read_*`).
 enum Item {
     Revision(Value),
     Endpoints(ObjectId, Option<EndpointsSeen>),
