@@ -128,8 +128,9 @@ fn env_duration(name: &str) -> Result<Option<Duration>, StartError> {
     })
 }
 
-/// The cluster-wide tunables' values when `config-features` does not set them.
-fn default_tunables(config: &Config) -> Result<Tunables, StartError> {
+/// The cluster-wide tunables' values when `config-features` does not set them, and the ceiling
+/// of its queue cap: `queue_ceiling`, the memory budget's ([`fit_memory`]).
+fn default_tunables(config: &Config, queue_ceiling: Option<u32>) -> Result<Tunables, StartError> {
     Ok(Tunables {
         queue_depth: kactivator_shards::routing::DEFAULT_QUEUE_DEPTH,
         lb_policy: None,
@@ -138,6 +139,7 @@ fn default_tunables(config: &Config) -> Result<Tunables, StartError> {
         probe_interval: env_duration("PROBE_FREQUENCY")?
             .unwrap_or(Duration::from_millis(config.kubernetes.probe_interval_ms)),
         max_queued_requests: config.proxy.max_queued_requests,
+        max_queued_requests_ceiling: queue_ceiling,
     })
 }
 
@@ -260,8 +262,13 @@ async fn connect_kubernetes(
 }
 
 /// Fits the connection, head and queue caps to the memory limit (see `budget`), and says what
-/// they are and what they cost at worst.
-fn fit_memory(config: &mut Config, shards: usize, limit: Option<u64>) -> Result<(), StartError> {
+/// they are and what they cost at worst. Returns the most queued requests the limit holds
+/// beside the other caps (`None` without a limit), the ceiling of a queue cap set later.
+fn fit_memory(
+    config: &mut Config,
+    shards: usize,
+    limit: Option<u64>,
+) -> Result<Option<u32>, StartError> {
     let fitted = budget::fit(&config.proxy, shards, limit).map_err(|message| ConfigError {
         source: Some("memory budget".into()),
         position: None,
@@ -290,7 +297,7 @@ fn fit_memory(config: &mut Config, shards: usize, limit: Option<u64>) -> Result<
         lowered_to_fit = ?derived,
         "memory budget"
     );
-    Ok(())
+    Ok(fitted.queue_ceiling)
 }
 
 /// Knative's namespace, where `config-features` lives when `SYSTEM_NAMESPACE` does not say.
@@ -336,7 +343,7 @@ pub fn run_with(
         unpinned = placement.unpinned_reason.unwrap_or(""),
         "placement"
     );
-    fit_memory(&mut config, placement.shards, topology::memory_limit())?;
+    let queue_ceiling = fit_memory(&mut config, placement.shards, topology::memory_limit())?;
 
     // Both data ports serve HTTP/1.1 and h2c alike; each shard has a listener on each.
     let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..placement.shards)
@@ -402,7 +409,7 @@ pub fn run_with(
         .build()?;
     let pod_ip = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());
     let kubernetes = if kubernetes {
-        let tunables = default_tunables(&config)?;
+        let tunables = default_tunables(&config, queue_ceiling)?;
         Some(runtime.block_on(connect_kubernetes(&config, pod_ip, tunables))?)
     } else {
         None
@@ -512,6 +519,32 @@ mod tests {
         }
         let settings = Config::parse("[proxy]\ndrain_grace_seconds = 3\n").unwrap();
         assert!(check_kubernetes_config(&settings).is_ok());
+    }
+
+    /// `config-features` may set the process queue's cap at run time; the memory budget fitted
+    /// at start-up is its ceiling.
+    #[test]
+    fn a_config_features_queue_cap_above_the_memory_budget_is_lowered_to_it() {
+        let mut config = Config::default();
+        let ceiling = fit_memory(&mut config, 2, Some(600 << 20))
+            .unwrap()
+            .expect("a ceiling with a memory limit");
+        assert!(ceiling >= config.proxy.max_queued_requests);
+        let defaults = default_tunables(&config, Some(ceiling)).unwrap();
+        let asked = ceiling as u64 + 1_000_000;
+        let data = [(features::MAX_QUEUED_REQUESTS.to_string(), asked.to_string())].into();
+        let (tunables, warnings) = features::resolve_tunables(&data, &defaults, &defaults);
+        assert_eq!(tunables.max_queued_requests, ceiling);
+        assert!(
+            warnings
+                .iter()
+                .any(|warning| warning.contains(&asked.to_string())
+                    && warning.contains(&ceiling.to_string())),
+            "{warnings:?}"
+        );
+        // Without a memory limit there is no ceiling.
+        let mut config = Config::default();
+        assert_eq!(fit_memory(&mut config, 2, None).unwrap(), None);
     }
 
     #[test]

@@ -70,6 +70,7 @@ pub fn kubernetes(data: &[u8]) {
         probe_timeout: Duration::from_millis(300),
         probe_interval: Duration::from_millis(200),
         max_queued_requests: 100_000,
+        max_queued_requests_ceiling: None,
     };
     let mut model = Model::new(mesh, Some(POD_IP), Gates::default(), tunables);
     let mut state = ControlState::new(

@@ -555,6 +555,7 @@ mod tests {
             probe_timeout: std::time::Duration::from_millis(300),
             probe_interval: std::time::Duration::from_millis(200),
             max_queued_requests: 1000,
+            max_queued_requests_ceiling: None,
         }
     }
 
