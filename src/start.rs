@@ -128,9 +128,8 @@ fn env_duration(name: &str) -> Result<Option<Duration>, StartError> {
     })
 }
 
-/// The cluster-wide tunables' values when `config-features` does not set them, and the ceiling
-/// of its queue cap: `queue_ceiling`, the memory budget's ([`fit_memory`]).
-fn default_tunables(config: &Config, queue_ceiling: Option<u32>) -> Result<Tunables, StartError> {
+/// The cluster-wide tunables' values when `config-features` does not set them.
+fn default_tunables(config: &Config) -> Result<Tunables, StartError> {
     Ok(Tunables {
         queue_depth: kactivator_shards::routing::DEFAULT_QUEUE_DEPTH,
         lb_policy: None,
@@ -139,7 +138,6 @@ fn default_tunables(config: &Config, queue_ceiling: Option<u32>) -> Result<Tunab
         probe_interval: env_duration("PROBE_FREQUENCY")?
             .unwrap_or(Duration::from_millis(config.kubernetes.probe_interval_ms)),
         max_queued_requests: config.proxy.max_queued_requests,
-        max_queued_requests_ceiling: queue_ceiling,
     })
 }
 
@@ -263,7 +261,8 @@ async fn connect_kubernetes(
 
 /// Fits the connection, head and queue caps to the memory limit (see `budget`), and says what
 /// they are and what they cost at worst. Returns the most queued requests the limit holds
-/// beside the other caps (`None` without a limit), the ceiling of a queue cap set later.
+/// beside the other caps (`None` without a limit), the ceiling the state worker holds a queue
+/// cap set later to (`config-features`).
 fn fit_memory(
     config: &mut Config,
     shards: usize,
@@ -409,7 +408,7 @@ pub fn run_with(
         .build()?;
     let pod_ip = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());
     let kubernetes = if kubernetes {
-        let tunables = default_tunables(&config, queue_ceiling)?;
+        let tunables = default_tunables(&config)?;
         Some(runtime.block_on(connect_kubernetes(&config, pod_ip, tunables))?)
     } else {
         None
@@ -430,6 +429,7 @@ pub fn run_with(
         pod_ip,
         from_shards,
         process_queue,
+        queue_ceiling,
         readiness,
         kubernetes,
     });
@@ -521,28 +521,16 @@ mod tests {
         assert!(check_kubernetes_config(&settings).is_ok());
     }
 
-    /// `config-features` may set the process queue's cap at run time; the memory budget fitted
-    /// at start-up is its ceiling.
+    /// `config-features` may set the process queue's cap at run time; with a memory limit, the
+    /// budget fitted at start-up gives the state worker its ceiling, never below the cap the
+    /// queue starts with.
     #[test]
-    fn a_config_features_queue_cap_above_the_memory_budget_is_lowered_to_it() {
+    fn the_memory_budget_gives_the_queue_cap_a_ceiling_only_under_a_limit() {
         let mut config = Config::default();
         let ceiling = fit_memory(&mut config, 2, Some(600 << 20))
             .unwrap()
             .expect("a ceiling with a memory limit");
         assert!(ceiling >= config.proxy.max_queued_requests);
-        let defaults = default_tunables(&config, Some(ceiling)).unwrap();
-        let asked = ceiling as u64 + 1_000_000;
-        let data = [(features::MAX_QUEUED_REQUESTS.to_string(), asked.to_string())].into();
-        let (tunables, warnings) = features::resolve_tunables(&data, &defaults, &defaults);
-        assert_eq!(tunables.max_queued_requests, ceiling);
-        assert!(
-            warnings
-                .iter()
-                .any(|warning| warning.contains(&asked.to_string())
-                    && warning.contains(&ceiling.to_string())),
-            "{warnings:?}"
-        );
-        // Without a memory limit there is no ceiling.
         let mut config = Config::default();
         assert_eq!(fit_memory(&mut config, 2, None).unwrap(), None);
     }

@@ -80,17 +80,13 @@ pub struct Tunables {
     pub probe_timeout: Duration,
     /// Time between probes of a pod not yet confirmed.
     pub probe_interval: Duration,
-    /// The process-wide cap on waiting requests.
+    /// The process-wide cap on waiting requests, as asked: the state worker lowers it to what
+    /// the memory limit holds (`state::Limits::queue_ceiling`).
     pub max_queued_requests: u32,
-    /// Not a key of `config-features`: the most `max_queued_requests` may be, the queued
-    /// requests the memory limit holds beside the other caps (`budget::Budget::queue_ceiling`).
-    /// A larger value is lowered to it, with a warning. `None`: no memory limit, no ceiling.
-    pub max_queued_requests_ceiling: Option<u32>,
 }
 
 /// The tunables `data` asks for: an absent key takes `defaults`' value; a bad value keeps
-/// `previous`' and yields a warning naming the key. A queue cap above `defaults`' ceiling is
-/// lowered to the ceiling, with a warning naming both.
+/// `previous`' and yields a warning naming the key.
 pub fn resolve_tunables(
     data: &BTreeMap<String, String>,
     defaults: &Tunables,
@@ -138,21 +134,6 @@ pub fn resolve_tunables(
             previous.max_queued_requests,
             &mut warnings,
         ),
-        max_queued_requests_ceiling: defaults.max_queued_requests_ceiling,
-    };
-    let tunables = match tunables.max_queued_requests_ceiling {
-        Some(ceiling) if tunables.max_queued_requests > ceiling => {
-            warnings.push(format!(
-                "feature {MAX_QUEUED_REQUESTS}: {} is more queued requests than the memory limit \
-                 holds beside the other caps ({ceiling}); using {ceiling}",
-                tunables.max_queued_requests
-            ));
-            Tunables {
-                max_queued_requests: ceiling,
-                ..tunables
-            }
-        }
-        _ => tunables,
     };
     (tunables, warnings)
 }
@@ -324,7 +305,6 @@ mod tests {
             probe_timeout: Duration::from_millis(300),
             probe_interval: Duration::from_millis(200),
             max_queued_requests: 1000,
-            max_queued_requests_ceiling: None,
         }
     }
 
@@ -355,39 +335,10 @@ mod tests {
                 probe_timeout: Duration::from_millis(1500),
                 probe_interval: Duration::from_millis(50),
                 max_queued_requests: 20,
-                max_queued_requests_ceiling: None,
             }
         );
         let (read, _) = resolve_tunables(&features(&[]), &defaults, &previous);
         assert_eq!(read, defaults, "a removed key goes back to the default");
-    }
-
-    #[test]
-    fn a_queue_cap_above_the_memory_ceiling_is_lowered_to_it_naming_both() {
-        let defaults = Tunables {
-            max_queued_requests_ceiling: Some(5_000),
-            ..tunables()
-        };
-        let (read, warnings) = resolve_tunables(
-            &features(&[(MAX_QUEUED_REQUESTS, "4294967295")]),
-            &defaults,
-            &defaults,
-        );
-        assert_eq!(read.max_queued_requests, 5_000);
-        assert_eq!(warnings.len(), 1, "{warnings:?}");
-        for named in [MAX_QUEUED_REQUESTS, "4294967295", "5000"] {
-            assert!(warnings[0].contains(named), "{named}: {warnings:?}");
-        }
-        // At the ceiling and below it: kept, nothing said.
-        for within in ["5000", "1"] {
-            let (read, warnings) = resolve_tunables(
-                &features(&[(MAX_QUEUED_REQUESTS, within)]),
-                &defaults,
-                &defaults,
-            );
-            assert_eq!(read.max_queued_requests.to_string(), within);
-            assert!(warnings.is_empty(), "{warnings:?}");
-        }
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! The control plane: one tokio thread that owns configuration and pod state and publishes
 //! routing snapshots.
 //!
-//! Data flows one way: sources (the standalone file, queue-proxy registrations, the prober, the
-//! shards' evidence) → the serialized state worker → versioned updates over one channel per
-//! shard. The admin server reads shard counters and the worker's health; it never writes.
+//! Data flows one way: sources (the standalone file or the Kubernetes source, queue-proxy
+//! registrations, the prober, the shards' evidence) → the serialized state worker → its
+//! effects, carried out by its shell: trackers' capacities and the queue limit, then versioned
+//! updates over one channel per shard. The admin server reads shard counters and the worker's
+//! health; it changes no state (its `POST /quitquitquit` only starts the drain). The autoscaler
+//! reporter reads the shards' counters and reports them.
 //! Start-up goes the same way: the file's first view is a batch through the worker.
 
 #![forbid(unsafe_code)]
@@ -63,7 +66,6 @@ pub struct ControlPlane {
     /// Revisions the configuration declared at start-up.
     declared: BTreeSet<RevisionKey>,
     pod_ip: Option<std::net::IpAddr>,
-    process_queue: Arc<ProcessQueue>,
     kubernetes: Option<KubeSource>,
 }
 
@@ -79,8 +81,13 @@ pub struct ControlInputs {
     /// `POD_IP`, the default for `cluster.self_ip`.
     pub pod_ip: Option<std::net::IpAddr>,
     pub from_shards: FromShards,
-    /// Shared by every revision's admission gate.
+    /// Shared by every revision's admission gate; its limit is the state worker's to set
+    /// from then on.
     pub process_queue: Arc<ProcessQueue>,
+    /// The most the queue's cap may be raised to later (`config-features`): what the memory
+    /// limit holds beside the other caps (`budget::Budget::queue_ceiling`); `None` without a
+    /// limit.
+    pub queue_ceiling: Option<u32>,
     /// Readiness, shared with the shards: the reporter and the Kubernetes source write it.
     pub readiness: Arc<Readiness>,
     /// The Kubernetes source, when kactivator watches a cluster (then the file declares no
@@ -102,6 +109,7 @@ impl ControlPlane {
             pod_ip,
             from_shards,
             process_queue,
+            queue_ceiling,
             readiness,
             kubernetes,
         } = inputs;
@@ -116,10 +124,15 @@ impl ControlPlane {
                 qp_freshness: Duration::from_secs(config.control.qp_freshness_seconds),
                 qp_staleness: Duration::from_secs(config.control.qp_staleness_seconds),
             },
+            queue_ceiling,
         };
         let state = ControlState::new(shards, gates, limits, process_queue.clone());
-        let (shell, probe_updates) =
-            StateShell::new(state, publisher.clone(), PodMetrics::new(&registry));
+        let (shell, probe_updates) = StateShell::new(
+            state,
+            publisher.clone(),
+            process_queue.clone(),
+            PodMetrics::new(&registry),
+        );
         let (worker, worker_task) = worker::spawn(
             shell,
             config.control.state_queue_capacity,
@@ -151,7 +164,6 @@ impl ControlPlane {
             metrics,
             declared: BTreeSet::new(),
             pod_ip,
-            process_queue,
             kubernetes,
         }
     }
@@ -229,7 +241,6 @@ impl ControlPlane {
                 self.worker.clone(),
                 self.admin.readiness.clone(),
                 self.admin.registry.clone(),
-                self.process_queue.clone(),
                 peers_sender,
             ));
         }

@@ -70,7 +70,6 @@ pub fn kubernetes(data: &[u8]) {
         probe_timeout: Duration::from_millis(300),
         probe_interval: Duration::from_millis(200),
         max_queued_requests: 100_000,
-        max_queued_requests_ceiling: None,
     };
     let mut model = Model::new(mesh, Some(POD_IP), Gates::default(), tunables);
     let mut state = ControlState::new(
@@ -126,11 +125,7 @@ pub fn kubernetes(data: &[u8]) {
         }
         now = now + Duration::from_millis(100);
         state.expire_quarantines(now);
-        let _ = (
-            state.take_updates(),
-            state.take_journal(),
-            state.take_probe_updates(),
-        );
+        let _ = state.take_effects();
     }
 
     // The model holds what it was last told, and relisting exactly that changes nothing.

@@ -7,7 +7,10 @@
 //!   the request path's evidence, as the shards hand them over;
 //! * [`prober`] — the active health check, which asks [`probe_schedule`] when to probe each
 //!   pod and [`probe`] to make one probe;
-//! * [`sweep`] — the stale-tracker sweep.
+//! * [`sweep`] — the stale-tracker sweep;
+//! * [`kubernetes`] — the cluster (Revisions, their endpoints and Services, `config-features`,
+//!   `activator-service`), when kactivator watches one; started by `ControlPlane::run`, not
+//!   by [`spawn_all`].
 
 pub mod file;
 pub mod kubernetes;

@@ -29,7 +29,6 @@ use futures_util::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
 use kactivator_api::RevisionKey;
 use kactivator_shards::runtime::readiness::Readiness;
-use kactivator_shards::throttle::gate::ProcessQueue;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -867,7 +866,6 @@ impl KubeSource {
         worker: WorkerHandle,
         readiness: Arc<Readiness>,
         registry: Registry,
-        process_queue: Arc<ProcessQueue>,
         peers: PeersSender,
     ) {
         let mut events = watch_streams(&self);
@@ -939,9 +937,6 @@ impl KubeSource {
                 if now.probe_interval != tunables.probe_interval {
                     probe_tick = tokio::time::interval(now.probe_interval);
                     probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                }
-                if now.max_queued_requests != tunables.max_queued_requests {
-                    process_queue.set_limit(now.max_queued_requests);
                 }
                 tracing::info!(tunables = ?now, "{FEATURES_CONFIG_MAP}: tunables changed");
                 tunables = now;
