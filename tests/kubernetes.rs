@@ -709,11 +709,15 @@ fn config_features_caps_the_requests_waiting_over_all_revisions() {
         (refused.status, refused.text().as_str()),
         (503, "pending request queue full\n")
     );
-    // Raised while running: the change is logged once the state worker applied it.
+    // Raised while running: the state worker's shell says so once it set the new cap.
     cluster.features(&[("activator.max-queued-requests", "3")]);
-    assert!(eventually(Duration::from_secs(10), || activator
-        .stderr()
-        .contains("max_queued_requests: 3,")));
+    assert!(
+        eventually(Duration::from_secs(10), || activator
+            .stderr()
+            .contains("process queue cap set max_queued_requests=3")),
+        "{}",
+        activator.stderr()
+    );
     waiting.push(send("cold-b"));
     assert!(eventually(Duration::from_secs(5), || queued() == 3.0));
     // A pod for each revision: every waiter is served.
