@@ -151,11 +151,11 @@ fn read(object: &Value) -> Option<Item> {
             let endpoints: Endpoints = serde_json::from_value(object.clone()).ok()?;
             let id = object_id(&endpoints.metadata);
             if name == ACTIVATOR_SERVICE {
-                let addresses = objects::activator_endpoints_addresses(&endpoints);
+                let addresses = objects::activator_endpoints_addresses(&endpoints).addresses;
                 check_addresses(&addresses);
                 return Some(Item::Activators(id, addresses));
             }
-            let addresses = objects::endpoints_addresses(&endpoints);
+            let addresses = objects::endpoints_addresses(&endpoints).addresses;
             check_addresses(&addresses);
             let seen = objects::owner(&endpoints.metadata).map(|(revision, kind)| EndpointsSeen {
                 revision,
@@ -168,11 +168,11 @@ fn read(object: &Value) -> Option<Item> {
             let slice: DynamicObject = serde_json::from_value(object.clone()).ok()?;
             let id = object_id(&slice.metadata);
             if name == ACTIVATOR_SERVICE {
-                let addresses = objects::activator_slice_addresses(&slice.data);
+                let addresses = objects::activator_slice_addresses(&slice.data).addresses;
                 check_addresses(&addresses);
                 return Some(Item::Activators(id, addresses));
             }
-            let addresses = objects::slice_addresses(&slice.data);
+            let addresses = objects::slice_addresses(&slice.data).addresses;
             check_addresses(&addresses);
             let seen = objects::owner(&slice.metadata).map(|(revision, kind)| EndpointsSeen {
                 revision,
