@@ -9,7 +9,7 @@ use kactivator_control::budget;
 use kactivator_control::config::{AutoscalerSettings, Config, ConfigError};
 use kactivator_control::features::{self, Tunables};
 use kactivator_control::publisher::Publisher;
-use kactivator_control::sources::kubernetes::watch::{self, KubeSource};
+use kactivator_control::sources::kubernetes::informers::{self, KubeSource};
 use kactivator_control::{ControlInputs, ControlPlane, DrainPhase};
 use kactivator_shards::hub::{self, ShardSpec};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
@@ -227,7 +227,7 @@ async fn connect_kubernetes(
     pod_ip: Option<std::net::IpAddr>,
     tunables: Tunables,
 ) -> Result<KubeSource, StartError> {
-    let client = watch::client().await.map_err(|error| {
+    let client = informers::client().await.map_err(|error| {
         StartError::Config(ConfigError {
             source: Some("--source kubernetes".into()),
             position: None,
@@ -262,8 +262,14 @@ async fn connect_kubernetes(
 }
 
 /// Fits the connection, head and queue caps to the memory limit (see `budget`), and says what
-/// they are and what they cost at worst.
-fn fit_memory(config: &mut Config, shards: usize, limit: Option<u64>) -> Result<(), StartError> {
+/// they are and what they cost at worst. Returns the most queued requests the limit holds
+/// beside the other caps (`None` without a limit), the ceiling the state worker holds a queue
+/// cap set later to (`config-features`).
+fn fit_memory(
+    config: &mut Config,
+    shards: usize,
+    limit: Option<u64>,
+) -> Result<Option<u32>, StartError> {
     let fitted = budget::fit(&config.proxy, shards, limit).map_err(|message| ConfigError {
         source: Some("memory budget".into()),
         position: None,
@@ -292,7 +298,7 @@ fn fit_memory(config: &mut Config, shards: usize, limit: Option<u64>) -> Result<
         lowered_to_fit = ?derived,
         "memory budget"
     );
-    Ok(())
+    Ok(fitted.queue_ceiling)
 }
 
 /// Knative's namespace, where `config-features` lives when `SYSTEM_NAMESPACE` does not say.
@@ -384,7 +390,7 @@ pub fn run_as(
         unpinned = placement.unpinned_reason.unwrap_or(""),
         "placement"
     );
-    fit_memory(&mut config, placement.shards, topology::memory_limit())?;
+    let queue_ceiling = fit_memory(&mut config, placement.shards, topology::memory_limit())?;
 
     // Both data ports serve HTTP/1.1 and h2c alike; each shard has a listener on each.
     let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..placement.shards)
@@ -480,6 +486,7 @@ pub fn run_as(
         pod_ip,
         from_shards,
         process_queue,
+        queue_ceiling,
         readiness,
         kubernetes,
     });
@@ -580,6 +587,20 @@ mod tests {
         }
         let settings = Config::parse("[proxy]\ndrain_grace_seconds = 3\n").unwrap();
         assert!(check_kubernetes_config(&settings).is_ok());
+    }
+
+    /// `config-features` may set the process queue's cap at run time; with a memory limit, the
+    /// budget fitted at start-up gives the state worker its ceiling, never below the cap the
+    /// queue starts with.
+    #[test]
+    fn the_memory_budget_gives_the_queue_cap_a_ceiling_only_under_a_limit() {
+        let mut config = Config::default();
+        let ceiling = fit_memory(&mut config, 2, Some(600 << 20))
+            .unwrap()
+            .expect("a ceiling with a memory limit");
+        assert!(ceiling >= config.proxy.max_queued_requests);
+        let mut config = Config::default();
+        assert_eq!(fit_memory(&mut config, 2, None).unwrap(), None);
     }
 
     #[test]

@@ -685,6 +685,50 @@ fn config_features_flip_under_load_without_a_failure() {
     assert!(failures.is_empty(), "{failures:?} of {ok}");
 }
 
+/// `activator.max-queued-requests` caps the requests waiting over every revision, from the
+/// first view on, and a new value applies while the activator runs.
+#[test]
+fn config_features_caps_the_requests_waiting_over_all_revisions() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    cluster.features(&[("activator.max-queued-requests", "2")]);
+    for name in ["cold-a", "cold-b"] {
+        cluster.revision(name, 1);
+        cluster.endpoints(name, &[], &[]);
+    }
+    let activator = cluster.activator();
+    let send = |name: &'static str| {
+        let http = activator.http;
+        std::thread::spawn(move || exchange(http, get(name, "/").as_bytes()))
+    };
+    let queued = || activator.metric_sum("kactivator_revision_queued", &[]);
+    let mut waiting = vec![send("cold-a"), send("cold-b")];
+    assert!(eventually(Duration::from_secs(5), || queued() == 2.0));
+    // Each revision is far below its own queue depth; the process is full.
+    let refused = exchange(activator.http, get("cold-a", "/").as_bytes());
+    assert_eq!(
+        (refused.status, refused.text().as_str()),
+        (503, "pending request queue full\n")
+    );
+    // Raised while running: the state worker's shell says so once it set the new cap.
+    cluster.features(&[("activator.max-queued-requests", "3")]);
+    assert!(
+        eventually(Duration::from_secs(10), || activator
+            .stderr()
+            .contains("process queue cap set max_queued_requests=3")),
+        "{}",
+        activator.stderr()
+    );
+    waiting.push(send("cold-b"));
+    assert!(eventually(Duration::from_secs(5), || queued() == 3.0));
+    // A pod for each revision: every waiter is served.
+    let pods = [cluster.pod("cold-a"), cluster.pod("cold-b")];
+    cluster.endpoints("cold-a", &[ip(&pods[0])], &[]);
+    cluster.endpoints("cold-b", &[ip(&pods[1])], &[]);
+    for waiter in waiting {
+        assert_eq!(waiter.join().unwrap().status, 200);
+    }
+}
+
 #[test]
 fn two_activators_in_the_public_endpoints_split_the_pods() {
     let cluster = Cluster::start(Listing::Endpoints);

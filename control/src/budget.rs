@@ -7,6 +7,9 @@
 //! from its share of the limit (never above its built-in default); a cap the file sets is kept,
 //! and a configuration whose worst case does not fit is refused, naming the keys. Without a
 //! limit the configured caps stand.
+//!
+//! The queue cap may also come later from `config-features` (`activator.max-queued-requests`):
+//! [`Budget::queue_ceiling`] is the most it may be raised to.
 
 use std::fmt;
 
@@ -46,6 +49,10 @@ pub struct Budget {
     pub derived: [bool; 3],
     /// Their worst case, in bytes, over all shards.
     pub worst: u64,
+    /// With a limit: the most queued requests it holds beside the connections and heads at
+    /// their worst, the ceiling of a queue cap set later (`config-features`). At least
+    /// `caps.max_queued_requests`. `None` without a limit.
+    pub queue_ceiling: Option<u32>,
 }
 
 impl Caps {
@@ -85,6 +92,7 @@ pub fn fit(proxy: &ProxySettings, shards: usize, limit: Option<u64>) -> Result<B
             caps: configured,
             derived: [false; 3],
             worst: configured.worst(shards),
+            queue_ceiling: None,
         });
     };
     let room = limit.saturating_sub(RESERVED_BYTES) / 100 * CAPS_PERCENT;
@@ -140,11 +148,21 @@ pub fn fit(proxy: &ProxySettings, shards: usize, limit: Option<u64>) -> Result<B
             Mib(RESERVED_BYTES),
         ));
     }
+    // What the connections and heads leave of the room, in queued requests: the queue cap
+    // could grow to it and the worst case still fit, as a cap the file sets may.
+    let others = Caps {
+        max_queued_requests: 0,
+        ..caps
+    }
+    .worst(shards);
+    let queue_ceiling =
+        u32::try_from(room.saturating_sub(others) / QUEUED_REQUEST_BYTES).unwrap_or(u32::MAX);
     Ok(Budget {
         limit: Some(limit),
         caps,
         derived,
         worst,
+        queue_ceiling: Some(queue_ceiling),
     })
 }
 
@@ -234,6 +252,37 @@ mod tests {
         let error = fit(&proxy(explicit, Some(huge)), 2, Some(600 * MIB)).unwrap_err();
         assert!(error.contains("proxy.max_connections_per_shard"), "{error}");
         assert!(!error.contains("max_queued_requests"), "{error}");
+    }
+
+    #[test]
+    fn the_queue_ceiling_is_every_queued_request_the_room_holds_beside_the_other_caps() {
+        assert_eq!(
+            fit(&ProxySettings::default(), 2, None)
+                .unwrap()
+                .queue_ceiling,
+            None
+        );
+        for (limit, shards) in [(600, 2), (256, 1), (16_384, 2), (600, 4)] {
+            let budget = fit(&ProxySettings::default(), shards, Some(limit * MIB)).unwrap();
+            let ceiling = budget.queue_ceiling.unwrap();
+            assert!(ceiling >= budget.caps.max_queued_requests, "{limit} MiB");
+            let room = (limit * MIB - RESERVED_BYTES) / 100 * CAPS_PERCENT;
+            let at = |queued: u32| {
+                Caps {
+                    max_queued_requests: queued,
+                    ..budget.caps
+                }
+                .worst(shards)
+            };
+            assert!(
+                at(ceiling) <= room,
+                "{limit} MiB on {shards}: the ceiling fits"
+            );
+            assert!(
+                at(ceiling + 1) > room,
+                "{limit} MiB on {shards}: one more does not"
+            );
+        }
     }
 
     #[test]

@@ -80,7 +80,8 @@ pub struct Tunables {
     pub probe_timeout: Duration,
     /// Time between probes of a pod not yet confirmed.
     pub probe_interval: Duration,
-    /// The process-wide cap on waiting requests.
+    /// The process-wide cap on waiting requests, as asked: the state worker lowers it to what
+    /// the memory limit holds (`state::Limits::queue_ceiling`).
     pub max_queued_requests: u32,
 }
 

@@ -1,6 +1,8 @@
-//! The control thread's HTTP/1.1 client (hyper), for the requests it makes itself: the health
-//! probe of a pod and the relay of a registration to a peer activator. One request per
-//! connection, everything under one timeout, the answer's body read up to a limit.
+//! The control thread's HTTP/1.1 client (hyper), for the one request it makes itself over
+//! hyper: the relay of a registration to a peer activator. (Probes do not use it: they speak
+//! the revision's protocol through `sources::probe`, HTTP/1 over `kactivator-h1` or h2c over
+//! `h2`.) One request per connection, everything under one timeout, the answer's body read up
+//! to a limit.
 
 use std::net::SocketAddr;
 use std::pin::pin;

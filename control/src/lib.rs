@@ -1,9 +1,12 @@
 //! The control plane: one tokio thread that owns configuration and pod state and publishes
 //! routing snapshots.
 //!
-//! Data flows one way: sources (the standalone file, queue-proxy registrations, the prober, the
-//! shards' evidence) → the serialized state worker → versioned updates over one channel per
-//! shard. The admin server reads shard counters and the worker's health; it never writes.
+//! Data flows one way: sources (the standalone file or the Kubernetes source, queue-proxy
+//! registrations, the prober, the shards' evidence) → the serialized state worker → its
+//! effects, carried out by its shell: trackers' capacities and the queue limit, then versioned
+//! updates over one channel per shard. The admin server reads shard counters and the worker's
+//! health; it changes no state (its `POST /quitquitquit` only starts the drain). The autoscaler
+//! reporter reads the shards' counters and reports them.
 //! Start-up goes the same way: the file's first view is a batch through the worker.
 
 #![forbid(unsafe_code)]
@@ -41,11 +44,11 @@ use crate::admin::AdminState;
 use crate::config::Config;
 use crate::pod_state::{Gates, Windows};
 use crate::publisher::Publisher;
-use crate::shell::{PodMetrics, Shell};
-use crate::sources::file::{self, FileWatch};
-use crate::sources::kubernetes::watch::KubeSource;
+use crate::shell::{PodMetrics, StateShell};
+use crate::sources::file::{self, FilePoller};
+use crate::sources::kubernetes::informers::KubeSource;
 use crate::sources::ControlMetrics;
-use crate::state::{Limits, PodStates, ProbeUpdate};
+use crate::state::{ControlState, Limits, ProbeUpdate};
 use crate::worker::{WorkerError, WorkerHandle, WorkerMetrics};
 
 /// The control thread's state.
@@ -63,7 +66,6 @@ pub struct ControlPlane {
     /// Revisions the configuration declared at start-up.
     declared: BTreeSet<RevisionKey>,
     pod_ip: Option<std::net::IpAddr>,
-    process_queue: Arc<ProcessQueue>,
     kubernetes: Option<KubeSource>,
     /// Where the drain is; read by whoever waits for it (the queue-proxy's `/wait-for-drain`).
     drain: tokio::sync::watch::Sender<DrainPhase>,
@@ -83,7 +85,7 @@ pub enum DrainPhase {
 pub struct ControlInputs {
     pub shards: usize,
     pub config: Config,
-    /// The file to watch for changes; `None` for a configuration that did not come from a file.
+    /// The file to poll for changes; `None` for a configuration that did not come from a file.
     pub config_path: Option<PathBuf>,
     pub publisher: Publisher,
     pub stats: AllShardStats,
@@ -91,12 +93,17 @@ pub struct ControlInputs {
     /// `POD_IP`, the default for `cluster.self_ip`.
     pub pod_ip: Option<std::net::IpAddr>,
     pub from_shards: FromShards,
-    /// Shared by every revision's admission gate.
+    /// Shared by every revision's admission gate; its limit is the state worker's to set
+    /// from then on.
     pub process_queue: Arc<ProcessQueue>,
+    /// The most the queue's cap may be raised to later (`config-features`): what the memory
+    /// limit holds beside the other caps (`budget::Budget::queue_ceiling`); `None` without a
+    /// limit.
+    pub queue_ceiling: Option<u32>,
     /// Readiness, shared with the shards: the reporter and the Kubernetes source write it.
     pub readiness: Arc<Readiness>,
     /// The Kubernetes source, when kactivator watches a cluster (then the file declares no
-    /// revisions and is not watched).
+    /// revisions and is not polled).
     pub kubernetes: Option<KubeSource>,
 }
 
@@ -114,6 +121,7 @@ impl ControlPlane {
             pod_ip,
             from_shards,
             process_queue,
+            queue_ceiling,
             readiness,
             kubernetes,
         } = inputs;
@@ -128,10 +136,15 @@ impl ControlPlane {
                 qp_freshness: Duration::from_secs(config.control.qp_freshness_seconds),
                 qp_staleness: Duration::from_secs(config.control.qp_staleness_seconds),
             },
+            queue_ceiling,
         };
-        let states = PodStates::new(shards, gates, limits, process_queue.clone());
-        let (shell, probe_updates) =
-            Shell::new(states, publisher.clone(), PodMetrics::new(&registry));
+        let state = ControlState::new(shards, gates, limits, process_queue.clone());
+        let (shell, probe_updates) = StateShell::new(
+            state,
+            publisher.clone(),
+            process_queue.clone(),
+            PodMetrics::new(&registry),
+        );
         let (worker, worker_task) = worker::spawn(
             shell,
             config.control.state_queue_capacity,
@@ -164,7 +177,6 @@ impl ControlPlane {
             metrics,
             declared: BTreeSet::new(),
             pod_ip,
-            process_queue,
             kubernetes,
         }
     }
@@ -221,7 +233,7 @@ impl ControlPlane {
                 self.admin.reported_concurrency.clone().unwrap_or_default(),
             );
         }
-        let watch = self.config_path.clone().map(|path| FileWatch {
+        let file_poller = self.config_path.clone().map(|path| FilePoller {
             path,
             current: self.config.clone(),
             gates: self.gates,
@@ -230,12 +242,12 @@ impl ControlPlane {
         });
         // The relay's peers: the file's `cluster.peers`, or what the Kubernetes source finds
         // in `activator-service`'s endpoints (start-up refuses the file's in that mode).
-        let (peers_sender, peers) = tokio::sync::watch::channel(self.config.cluster.peers.clone());
+        let (peers_sender, peers) = sources::peers_channel(self.config.cluster.peers.clone());
         sources::spawn_all(
             &self.config,
             &self.worker,
             &self.metrics,
-            watch,
+            file_poller,
             self.probe_updates,
             sources::RegistrationInputs {
                 registrations,
@@ -248,7 +260,6 @@ impl ControlPlane {
                 self.worker.clone(),
                 self.admin.readiness.clone(),
                 self.admin.registry.clone(),
-                self.process_queue.clone(),
                 peers_sender,
             ));
         }

@@ -339,7 +339,9 @@ pub enum Event {
     /// The quarantine timer fired; honoured only once the quarantine end has passed, so a timer
     /// left over from an earlier quarantine is harmless.
     QuarantineExpired,
-    /// A proxied request on this pod succeeded.
+    /// A proxied request on this pod succeeded. No source sends it: only a Recovering pod
+    /// would react, and a Recovering pod takes no requests (the prober's `HealthCheckPassed`
+    /// ends probation).
     RequestSucceeded,
     /// A response named another revision in `X-Knative-Revision-Name`/`-Namespace`: the address
     /// now belongs to a different pod.
@@ -754,6 +756,63 @@ mod tests {
 
     fn transition(from: PodState, to: PodState, reason: Reason) -> Outcome {
         Outcome::Transition { from, to, reason }
+    }
+
+    /// The rows of the tables in the module doc.
+    fn documented_rows() -> Vec<&'static str> {
+        include_str!("pod_state.rs")
+            .lines()
+            .filter_map(|line| line.strip_prefix("//! "))
+            .filter(|line| line.starts_with('|'))
+            .collect()
+    }
+
+    /// Every row of the transition table (the one whose last column is `test`) names the test
+    /// that checks it, and that test is here.
+    #[test]
+    fn every_row_of_the_transition_table_names_a_test_of_this_module() {
+        let source = include_str!("pod_state.rs");
+        let rows = documented_rows();
+        let header = rows
+            .iter()
+            .position(|row| row.starts_with("| from "))
+            .expect("the module doc has the transition table");
+        let mut named = 0;
+        // Its rows follow the header and the separator, up to the first line of another table.
+        for row in rows[header + 2..]
+            .iter()
+            .take_while(|row| !row.starts_with("|--"))
+        {
+            let test = row
+                .trim_end_matches([' ', '|'])
+                .rsplit('|')
+                .next()
+                .map(|cell| cell.trim().trim_matches('`'))
+                .unwrap_or_default();
+            assert!(
+                !test.is_empty() && source.contains(&format!("fn {test}()")),
+                "the row {row:?} names {test:?}, which is not a test here"
+            );
+            named += 1;
+        }
+        assert!(named >= 40, "only {named} rows name a test");
+    }
+
+    /// ARCHITECTURE.md repeats the module's tables; a copy that drifts from the rules tells a
+    /// reader something false.
+    #[test]
+    fn architecture_md_repeats_the_tables_row_for_row() {
+        let architecture = include_str!("../../ARCHITECTURE.md");
+        let section = architecture
+            .split("\n## Pod state\n")
+            .nth(1)
+            .expect("ARCHITECTURE.md has a \"Pod state\" section");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        let repeated: Vec<&str> = section
+            .lines()
+            .filter(|line| line.starts_with('|'))
+            .collect();
+        assert_eq!(repeated, documented_rows());
     }
 
     /// A Ready pod the informer created at `now` (the QP never spoke).

@@ -1,14 +1,18 @@
-//! The state worker's machine: [`PodStates`] plus what its results drive — routing updates to
-//! the shards, the pod-state metrics, and the probe sets that changed, to the prober.
+//! The state worker's machine: [`ControlState`] plus what carries out its [`Effects`] — the
+//! trackers' capacities and the process queue's limit (both read by every shard), routing
+//! updates to the shards, the pod-state metrics, and the probe sets that changed, to the prober.
+
+use std::sync::Arc;
 
 use kactivator_shards::throttle::capacity::Capacity;
+use kactivator_shards::throttle::gate::ProcessQueue;
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::mpsc;
 
 use crate::metrics::register;
 use crate::pod_state::{PodState, Timestamp};
 use crate::publisher::Publisher;
-use crate::state::{Journal, Op, OpError, PodStates, ProbeUpdate};
+use crate::state::{CapacityChange, ControlState, Effects, Journal, Op, OpError, ProbeUpdate};
 use crate::worker::Machine;
 
 /// Metrics fed by the state machine's journal.
@@ -161,6 +165,8 @@ impl PodMetrics {
                 let _ = self.routable.remove_label_values(&labels);
                 let _ = self.capacity.remove_label_values(&labels);
             }
+            // Said in the log (see `StateShell::flush`); no metric.
+            Journal::QueueCapLowered { .. } => {}
         }
     }
 
@@ -175,27 +181,32 @@ impl PodMetrics {
     }
 }
 
-/// The machine the state worker drives.
-pub struct Shell {
-    pub states: PodStates,
+/// The I/O shell around the [`ControlState`]: the machine the state worker drives, which applies
+/// each op to the state and carries out what the state says must change.
+pub struct StateShell {
+    pub state: ControlState,
     publisher: Publisher,
+    /// Shared by every revision's gate; its limit is set here only.
+    process_queue: Arc<ProcessQueue>,
     metrics: PodMetrics,
     /// Unbounded: the worker never waits on the prober. It stays bounded because the prober
     /// drains it at once and an update is sent only when a revision's set changed.
     probe_updates: mpsc::UnboundedSender<ProbeUpdate>,
 }
 
-impl Shell {
+impl StateShell {
     pub fn new(
-        states: PodStates,
+        state: ControlState,
         publisher: Publisher,
+        process_queue: Arc<ProcessQueue>,
         metrics: PodMetrics,
-    ) -> (Shell, mpsc::UnboundedReceiver<ProbeUpdate>) {
+    ) -> (StateShell, mpsc::UnboundedReceiver<ProbeUpdate>) {
         let (probe_updates, receiver) = mpsc::unbounded_channel();
         (
-            Shell {
-                states,
+            StateShell {
+                state,
                 publisher,
+                process_queue,
                 metrics,
                 probe_updates,
             },
@@ -204,34 +215,47 @@ impl Shell {
     }
 }
 
-impl Machine for Shell {
+impl Machine for StateShell {
     fn apply(&mut self, op: Op, now: Timestamp) -> Result<(), OpError> {
-        self.states.apply(op, now)
+        self.state.apply(op, now)
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
-        self.states.next_deadline()
+        self.state.next_deadline()
     }
 
     fn on_deadline(&mut self, now: Timestamp) {
-        self.states.expire_quarantines(now);
+        self.state.expire_quarantines(now);
     }
 
     fn flush(&mut self) {
-        self.publisher.publish(self.states.take_updates());
-        let journal = self.states.take_journal();
+        let Effects {
+            capacities,
+            max_queued_requests,
+            updates,
+            probe_updates,
+            journal,
+        } = self.state.take_effects();
+        // Capacities first: a tracker that left a route then takes no new request on any
+        // shard, even one still serving the route the update replaces, and a tracker that
+        // joined one has its slots by the time a shard first sees it.
+        set_capacities(capacities);
+        if let Some(limit) = max_queued_requests {
+            self.process_queue.set_limit(limit);
+            tracing::info!(max_queued_requests = limit, "process queue cap set");
+        }
+        self.publisher.publish(updates);
         for entry in &journal {
             self.metrics.observe(entry);
-            if let Journal::Transition {
-                revision,
-                pod,
-                from,
-                to,
-                reason,
-                source,
-            } = entry
-            {
-                tracing::info!(
+            match entry {
+                Journal::Transition {
+                    revision,
+                    pod,
+                    from,
+                    to,
+                    reason,
+                    source,
+                } => tracing::info!(
                     revision = revision.as_str(),
                     %pod,
                     from = from.map_or("none", PodState::label),
@@ -239,16 +263,168 @@ impl Machine for Shell {
                     reason = reason.label(),
                     source = source.label(),
                     "pod state"
-                );
+                ),
+                Journal::QueueCapLowered { asked, ceiling } => tracing::warn!(
+                    "{}: {asked} is more queued requests than the memory limit holds beside \
+                     the other caps ({ceiling}); using {ceiling}",
+                    crate::features::MAX_QUEUED_REQUESTS
+                ),
+                _ => {}
             }
         }
-        for update in self.states.take_probe_updates() {
+        for update in probe_updates {
             // The prober is gone only when the control thread is shutting down.
             let _ = self.probe_updates.send(update);
         }
     }
 
     fn recover(&mut self) {
-        self.states.republish_everything();
+        self.state.republish_everything();
+    }
+}
+
+/// Carries out the capacities the state decided, in order (a later one for the same tracker
+/// wins): the one place that writes a tracker's capacity. The state's own tests drive the core
+/// through it too.
+pub(crate) fn set_capacities(changes: Vec<CapacityChange>) {
+    for change in changes {
+        change.tracker.slots.set_capacity(change.slots);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kactivator_api::RevisionKey;
+    use kactivator_shards::routing::{
+        LbPolicy, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate, ShardCommand, Timeouts,
+    };
+
+    use super::*;
+    use crate::pod_state::Gates;
+    use crate::state::{Limits, OmissionScope, RevisionSpec, DEFAULT_SERVING_PORT};
+
+    /// Revision `ns/a`, containerConcurrency 2, with `pods` listed.
+    fn declare(pods: &[&str]) -> Op {
+        let key = RevisionKey::new("ns", "a").unwrap();
+        let spec = RevisionSpec {
+            labels: RevisionLabels {
+                namespace: "ns".into(),
+                revision: "a".into(),
+                ..RevisionLabels::default()
+            },
+            key: key.clone(),
+            container_concurrency: 2,
+            protocol: Protocol::Http1,
+            timeouts: Timeouts::default(),
+            lb_policy: LbPolicy::default_for(2),
+            queue_depth: 10,
+            serving_port: DEFAULT_SERVING_PORT,
+            cluster_ip: None,
+        };
+        Op::Batch(vec![
+            Op::UpsertRevision(spec),
+            Op::SetEndpoints {
+                revision: key,
+                ready: pods.iter().map(|pod| pod.parse().unwrap()).collect(),
+                scope: OmissionScope::ListedPods,
+            },
+        ])
+    }
+
+    fn shell(shards: Vec<flume::Sender<ShardCommand>>, queue: &Arc<ProcessQueue>) -> StateShell {
+        shell_with(shards, queue, Limits::default())
+    }
+
+    fn shell_with(
+        shards: Vec<flume::Sender<ShardCommand>>,
+        queue: &Arc<ProcessQueue>,
+        limits: Limits,
+    ) -> StateShell {
+        let state = ControlState::new(shards.len(), Gates::HYBRID, limits, queue.clone());
+        let (shell, _probes) = StateShell::new(
+            state,
+            Publisher::new(shards),
+            queue.clone(),
+            PodMetrics::new(&Registry::new()),
+        );
+        shell
+    }
+
+    fn at(seconds: u64) -> Timestamp {
+        Timestamp::from_epoch_offset(Duration::from_secs(seconds))
+    }
+
+    fn upsert(command: ShardCommand) -> Arc<RevisionRoute> {
+        match command {
+            ShardCommand::Routing(RoutingUpdate::Upsert { route, .. }) => route,
+            _ => panic!("expected a route"),
+        }
+    }
+
+    /// The invariant ARCHITECTURE.md states for routes: a tracker out of the route has capacity
+    /// 0 before any shard hears of the route, and a tracker in it has its share. The shards'
+    /// channels are rendezvous channels here, so the shell cannot go past publishing to the
+    /// second shard until the test took the route from it: what the first shard finds is what
+    /// the shell did before it published.
+    #[test]
+    fn a_shard_hearing_of_a_route_finds_every_capacity_already_set() {
+        let (senders, shards): (Vec<_>, Vec<_>) = (0..2).map(|_| flume::bounded(0)).unzip();
+        let queue = Arc::new(ProcessQueue::new(100));
+        let mut shell = shell(senders, &queue);
+        let pods = ["10.0.0.1:8012", "10.0.0.2:8012"];
+        let driver = std::thread::spawn(move || {
+            for (second, listed) in [&pods[..], &pods[..1]].into_iter().enumerate() {
+                shell.apply(declare(listed), at(second as u64)).unwrap();
+                shell.flush();
+            }
+        });
+        let first = upsert(shards[0].recv().unwrap());
+        let capacities: Vec<u32> = first.pods.iter().map(|pod| pod.slots.capacity()).collect();
+        assert_eq!(capacities, [2, 2], "each pod has its share when first seen");
+        shards[1].recv().unwrap();
+        let second = upsert(shards[0].recv().unwrap());
+        assert_eq!(second.pods.len(), 1);
+        assert_eq!(
+            first.pods[1].slots.capacity(),
+            0,
+            "a shard still on the first route starts nothing on the pod that left"
+        );
+        shards[1].recv().unwrap();
+        driver.join().unwrap();
+    }
+
+    #[test]
+    fn the_queue_limit_op_sets_the_process_queue() {
+        let (sender, _shard) = flume::unbounded();
+        let queue = Arc::new(ProcessQueue::new(100));
+        let mut shell = shell(vec![sender], &queue);
+        shell.apply(Op::SetMaxQueuedRequests(3), at(0)).unwrap();
+        assert_eq!(
+            queue.limit(),
+            100,
+            "carried out at the flush, with the rest"
+        );
+        shell.flush();
+        assert_eq!(queue.limit(), 3);
+    }
+
+    /// Under a memory limit the process queue never takes more than its ceiling, whatever
+    /// `config-features` asks.
+    #[test]
+    fn a_queue_cap_above_the_ceiling_sets_the_ceiling() {
+        let (sender, _shard) = flume::unbounded();
+        let queue = Arc::new(ProcessQueue::new(100));
+        let limits = Limits {
+            queue_ceiling: Some(500),
+            ..Limits::default()
+        };
+        let mut shell = shell_with(vec![sender], &queue, limits);
+        shell
+            .apply(Op::SetMaxQueuedRequests(u32::MAX), at(0))
+            .unwrap();
+        shell.flush();
+        assert_eq!(queue.limit(), 500);
     }
 }

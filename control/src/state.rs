@@ -2,10 +2,12 @@
 //! gates, the activators sharing the pods, and the version counter of the snapshots published
 //! to the shards.
 //!
-//! Sans-IO. [`PodStates::apply`] takes one [`Op`] and the current [`Timestamp`], changes the
-//! state, and leaves behind what the I/O shell must do: routing updates to publish
-//! ([`PodStates::take_updates`]) and facts for the metrics ([`PodStates::take_journal`]). Nothing
-//! here awaits, locks or reads a clock, so every rule is tested with simulated time.
+//! Sans-IO. [`ControlState::apply`] takes one [`Op`] and the current [`Timestamp`], changes the
+//! state, and leaves behind what must change outside it, as [`Effects`] the I/O shell takes
+//! ([`ControlState::take_effects`]) and carries out: trackers' capacities to set, the process
+//! queue's limit, routing updates to publish, probe sets for the prober and facts for the
+//! metrics. Nothing here awaits, locks, reads a clock or writes to what the shards share, so
+//! every rule is tested with simulated time.
 //!
 //! # Ops are incremental
 //!
@@ -29,10 +31,12 @@
 //!
 //! # One writer per fact
 //!
-//! A tracker's capacity is written here and nowhere else. A shard that finds a pod answering
-//! as another revision retires its slots (a latch no capacity undoes) and reports it as
-//! [`Op::Evidence`], which names the tracker it is about: evidence about a tracker that has
-//! since been replaced (a new pod at the same address) changes nothing.
+//! A tracker's capacity is decided here and nowhere else ([`CapacityChange`]; the shell only
+//! carries the decision out). A shard that finds a pod answering as another revision retires
+//! its slots (a latch no capacity undoes) and reports it as [`Op::Evidence`], which names the
+//! tracker it is about: evidence about a tracker that has since been replaced (a new pod at the
+//! same address) changes nothing. The process queue's limit is decided here too
+//! ([`Op::SetMaxQueuedRequests`]).
 //!
 //! # Trackers outlive routing
 //!
@@ -156,6 +160,10 @@ pub enum Op {
     },
     /// The feature gates.
     SetGates(Gates),
+    /// The process-wide cap on waiting requests (`activator.max-queued-requests`), as asked:
+    /// above [`Limits::queue_ceiling`] it is lowered to the ceiling, and
+    /// [`Journal::QueueCapLowered`] says so.
+    SetMaxQueuedRequests(u32),
     /// The activators sharing every revision's pods, unless a revision has its own.
     SetActivators(Activators),
     /// The activators sharing one revision's pods (its public endpoints); `None` falls back to
@@ -202,6 +210,7 @@ impl Op {
             Op::RemoveRevision { .. } => "remove_revision",
             Op::SetEndpoints { .. } => "set_endpoints",
             Op::SetGates(_) => "set_gates",
+            Op::SetMaxQueuedRequests(_) => "set_max_queued_requests",
             Op::SetActivators(_) => "set_activators",
             Op::SetRevisionActivators { .. } => "set_revision_activators",
             Op::MutatePod { .. } => "mutate_pod",
@@ -252,6 +261,38 @@ pub enum Journal {
     },
     /// A revision left routing.
     RouteRemoved { revision: RevisionKey },
+    /// [`Op::SetMaxQueuedRequests`] asked for more queued requests than the memory limit holds
+    /// beside the other caps; the cap is `ceiling` instead.
+    QueueCapLowered { asked: u32, ceiling: u32 },
+}
+
+/// A tracker's capacity, as this state decided it: the shell sets it on the tracker's slots,
+/// which every shard reads.
+#[derive(Clone, Debug)]
+pub struct CapacityChange {
+    pub tracker: Arc<PodTracker>,
+    /// Its share of the revision's concurrency while it is in the route; 0 outside it.
+    pub slots: u32,
+}
+
+/// What must change outside the state after the ops applied since the last
+/// [`ControlState::take_effects`]. The shell carries out `capacities` and
+/// `max_queued_requests` before it publishes `updates`; the rest in any order.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Trackers' capacities, in the order decided (a later one for the same tracker wins). Set
+    /// **before** `updates` are published: a tracker leaving a route then takes no new request
+    /// from any shard, even one that has not applied the update yet, and a tracker joining a
+    /// route has its slots when a shard first sees it.
+    pub capacities: Vec<CapacityChange>,
+    /// The process queue's new limit, when an op changed it.
+    pub max_queued_requests: Option<u32>,
+    /// Routing updates for every shard, in version order.
+    pub updates: Vec<RoutingUpdate>,
+    /// Probe sets that changed, for the prober, in the order they changed.
+    pub probe_updates: Vec<ProbeUpdate>,
+    /// Facts for the metrics, in the order they happened.
+    pub journal: Vec<Journal>,
 }
 
 /// Tunables.
@@ -259,6 +300,10 @@ pub enum Journal {
 pub struct Limits {
     pub max_trackers_per_revision: usize,
     pub windows: Windows,
+    /// The most the process queue's cap may be: the queued requests the memory limit holds
+    /// beside the other caps ([`crate::budget::Budget::queue_ceiling`]). `None` (the default):
+    /// no memory limit, no ceiling.
+    pub queue_ceiling: Option<u32>,
 }
 
 impl Default for Limits {
@@ -266,6 +311,7 @@ impl Default for Limits {
         Limits {
             max_trackers_per_revision: DEFAULT_MAX_TRACKERS_PER_REVISION,
             windows: Windows::default(),
+            queue_ceiling: None,
         }
     }
 }
@@ -273,8 +319,29 @@ impl Default for Limits {
 struct TrackedPod {
     pod: Pod,
     tracker: Arc<PodTracker>,
+    /// The capacity last decided for `tracker` (see [`decide`]).
+    capacity: u32,
     /// The source listed this pod at some point (its omission then counts).
     listed: bool,
+}
+
+impl TrackedPod {
+    /// A pod just tracked, with a new tracker at capacity 0.
+    fn new(pod: Pod, addr: SocketAddr, listed: bool) -> TrackedPod {
+        TrackedPod {
+            pod,
+            tracker: Arc::new(PodTracker::new(addr, 0)),
+            capacity: 0,
+            listed,
+        }
+    }
+}
+
+/// Cluster-IP mode's one target, the revision's private Service.
+struct VirtualTracker {
+    tracker: Arc<PodTracker>,
+    /// The capacity last decided for `tracker` (see [`decide`]).
+    capacity: u32,
 }
 
 struct Revision {
@@ -286,7 +353,7 @@ struct Revision {
     /// This revision's own activators (its public endpoints); `None` = the default set.
     activators: Option<Activators>,
     /// Cluster-IP mode's one target; kept across publishes so its in-flight count carries over.
-    virtual_tracker: Option<Arc<PodTracker>>,
+    virtual_tracker: Option<VirtualTracker>,
     /// Spec and targets (tracker, capacity) of the last published route, to skip identical
     /// republishes.
     published: Option<(RevisionSpec, Vec<(u64, u32)>)>,
@@ -340,44 +407,48 @@ pub struct ProbeUpdate {
     pub pods: Vec<ProbePod>,
 }
 
-/// Everything the state worker owns.
-pub struct PodStates {
+/// The control plane's whole state, owned by the state worker: every revision with its pod
+/// trackers and admission gate, the feature gates, the activators sharing the pods, and what
+/// is waiting to be carried out.
+pub struct ControlState {
     revisions: BTreeMap<RevisionKey, Revision>,
     gates: Gates,
     limits: Limits,
     /// The default activator set (a revision may have its own).
     activators: Activators,
     shards: usize,
+    /// Shared by every revision's gate; this state only hands it to the gates it makes.
     process_queue: Arc<ProcessQueue>,
+    /// The process queue's limit as last decided.
+    max_queued_requests: u32,
     version: u64,
-    updates: Vec<RoutingUpdate>,
-    journal: Vec<Journal>,
-    /// Probe sets that changed, for the prober.
-    probe_updates: Vec<ProbeUpdate>,
+    /// What the shell has yet to carry out.
+    effects: Effects,
     /// Quarantined pods by the time their quarantine ends.
     quarantine_ends: BTreeSet<(Timestamp, RevisionKey, SocketAddr)>,
     /// Revisions an op touched, re-derived and published when the op is done.
     dirty: BTreeSet<RevisionKey>,
 }
 
-impl PodStates {
+impl ControlState {
+    /// An empty state for `shards` shards. `process_queue` is the queue every revision's gate
+    /// shares; its limit when this is called is the one in force until an op changes it.
     pub fn new(
         shards: usize,
         gates: Gates,
         limits: Limits,
         process_queue: Arc<ProcessQueue>,
-    ) -> PodStates {
-        PodStates {
+    ) -> ControlState {
+        ControlState {
             revisions: BTreeMap::new(),
             gates,
             limits,
             activators: Activators::default(),
             shards,
+            max_queued_requests: process_queue.limit(),
             process_queue,
             version: 0,
-            updates: Vec::new(),
-            journal: Vec::new(),
-            probe_updates: Vec::new(),
+            effects: Effects::default(),
             quarantine_ends: BTreeSet::new(),
             dirty: BTreeSet::new(),
         }
@@ -392,19 +463,10 @@ impl PodStates {
         self.revisions.values().filter(|r| r.spec.is_some()).count()
     }
 
-    /// Routing updates produced since the last call, in version order.
-    pub fn take_updates(&mut self) -> Vec<RoutingUpdate> {
-        std::mem::take(&mut self.updates)
-    }
-
-    /// Metric facts produced since the last call.
-    pub fn take_journal(&mut self) -> Vec<Journal> {
-        std::mem::take(&mut self.journal)
-    }
-
-    /// Probe sets that changed since the last call, in the order they changed.
-    pub fn take_probe_updates(&mut self) -> Vec<ProbeUpdate> {
-        std::mem::take(&mut self.probe_updates)
+    /// What must change outside the state since the last call (see [`Effects`] for what to
+    /// carry out first).
+    pub fn take_effects(&mut self) -> Effects {
+        std::mem::take(&mut self.effects)
     }
 
     /// The earliest quarantine end still pending.
@@ -435,7 +497,7 @@ impl PodStates {
     }
 
     /// Every revision's probe set, recounted from scratch. Production derives only the
-    /// revisions an op touched ([`PodStates::take_probe_updates`]); tests check the two agree.
+    /// revisions an op touched ([`Effects::probe_updates`]); tests check the two agree.
     #[cfg(test)]
     pub fn recount_probe_sets(&self) -> BTreeMap<RevisionKey, (Protocol, Vec<ProbePod>)> {
         self.revisions
@@ -476,12 +538,28 @@ impl PodStates {
         self.publish_dirty();
     }
 
-    /// Re-publishes every revision from scratch: after a worker restart the last op may have
-    /// stopped half-way, and this makes the shards agree with the state again.
+    /// Re-publishes every revision from scratch, every tracker's capacity and the queue limit
+    /// included: after a worker restart the last op may have stopped half-way, or its effects
+    /// may have been lost with it, and this makes the shards agree with the state again.
     pub fn republish_everything(&mut self) {
         for revision in self.revisions.values_mut() {
             revision.published = None;
+            let pods = revision
+                .pods
+                .values()
+                .map(|tracked| (&tracked.tracker, tracked.capacity));
+            let service = revision
+                .virtual_tracker
+                .as_ref()
+                .map(|service| (&service.tracker, service.capacity));
+            for (tracker, slots) in pods.chain(service) {
+                self.effects.capacities.push(CapacityChange {
+                    tracker: tracker.clone(),
+                    slots,
+                });
+            }
         }
+        self.effects.max_queued_requests = Some(self.max_queued_requests);
         self.mark_all_dirty();
         self.publish_dirty();
     }
@@ -518,6 +596,22 @@ impl PodStates {
                         self.quarantine_ends.clear();
                     }
                     self.mark_all_dirty();
+                }
+                Ok(())
+            }
+            Op::SetMaxQueuedRequests(asked) => {
+                let limit = match self.limits.queue_ceiling {
+                    Some(ceiling) if asked > ceiling => {
+                        self.effects
+                            .journal
+                            .push(Journal::QueueCapLowered { asked, ceiling });
+                        ceiling
+                    }
+                    _ => asked,
+                };
+                if limit != self.max_queued_requests {
+                    self.max_queued_requests = limit;
+                    self.effects.max_queued_requests = Some(limit);
                 }
                 Ok(())
             }
@@ -572,7 +666,7 @@ impl PodStates {
                 if entry
                     .virtual_tracker
                     .as_ref()
-                    .is_some_and(|service| service.id == tracker)
+                    .is_some_and(|service| service.tracker.id == tracker)
                 {
                     // About cluster-IP mode's Service: no pod to blame. A reuse verdict retired
                     // the target on every shard; a fresh one takes its place rather than leave
@@ -637,33 +731,38 @@ impl PodStates {
             return;
         };
         if !entry.probe_set.is_empty() {
-            self.probe_updates.push(ProbeUpdate {
+            self.effects.probe_updates.push(ProbeUpdate {
                 revision: key.clone(),
                 protocol: entry.probe_protocol,
                 pods: Vec::new(),
             });
         }
-        for (addr, tracked) in &entry.pods {
+        for (addr, tracked) in entry.pods {
             let from = tracked.pod.state();
             forget(
-                &mut self.journal,
+                &mut self.effects,
                 key,
-                *addr,
+                addr,
                 tracked,
                 from,
                 Reason::InformerRemoved,
                 Source::Informer,
             );
         }
-        if let Some(virtual_tracker) = &entry.virtual_tracker {
-            virtual_tracker.slots.set_capacity(0);
+        if let Some(mut service) = entry.virtual_tracker {
+            decide(
+                &mut self.effects.capacities,
+                &service.tracker,
+                &mut service.capacity,
+                0,
+            );
         }
         if entry.spec.is_some() {
-            self.journal.push(Journal::RouteRemoved {
+            self.effects.journal.push(Journal::RouteRemoved {
                 revision: key.clone(),
             });
             self.version += 1;
-            self.updates.push(RoutingUpdate::Remove {
+            self.effects.updates.push(RoutingUpdate::Remove {
                 version: self.version,
                 key: key.clone(),
             });
@@ -677,7 +776,7 @@ impl PodStates {
             .and_then(|entry| entry.pods.remove(&addr))
         {
             let from = tracked.pod.state();
-            forget(&mut self.journal, key, addr, &tracked, from, reason, source);
+            forget(&mut self.effects, key, addr, tracked, from, reason, source);
             self.dirty.insert(key.clone());
         }
     }
@@ -726,12 +825,12 @@ impl PodStates {
                     return Ok(());
                 };
                 if entry.pods.len() >= max_trackers {
-                    self.journal.push(Journal::TrackerLimit {
+                    self.effects.journal.push(Journal::TrackerLimit {
                         revision: key.clone(),
                     });
                     return Err(OpError::TrackerLimit(key.clone(), max_trackers));
                 }
-                self.journal.push(Journal::Transition {
+                self.effects.journal.push(Journal::Transition {
                     revision: key.clone(),
                     pod: addr,
                     from: None,
@@ -739,14 +838,7 @@ impl PodStates {
                     reason: pod.reason(),
                     source,
                 });
-                entry.pods.insert(
-                    addr,
-                    TrackedPod {
-                        pod,
-                        tracker: Arc::new(PodTracker::new(addr, 0)),
-                        listed: false,
-                    },
-                );
+                entry.pods.insert(addr, TrackedPod::new(pod, addr, false));
                 self.dirty.insert(key.clone());
             }
         }
@@ -794,14 +886,7 @@ impl PodStates {
                             reason: pod.reason(),
                             source: Source::Informer,
                         });
-                        entry.pods.insert(
-                            *addr,
-                            TrackedPod {
-                                pod,
-                                tracker: Arc::new(PodTracker::new(*addr, 0)),
-                                listed: true,
-                            },
-                        );
+                        entry.pods.insert(*addr, TrackedPod::new(pod, *addr, true));
                     }
                 }
             }
@@ -820,7 +905,7 @@ impl PodStates {
                     .apply(Event::InformerOmitted { in_flight }, gates, windows, now);
             outcomes.push((*addr, outcome));
         }
-        self.journal.extend(journal);
+        self.effects.journal.extend(journal);
         for (addr, outcome) in outcomes {
             self.record(key, addr, outcome, Source::Informer, now);
         }
@@ -843,10 +928,10 @@ impl PodStates {
                 if let Some(tracked) = entry.pods.remove(&addr) {
                     let from = tracked.pod.state();
                     forget(
-                        &mut self.journal,
+                        &mut self.effects,
                         &key,
                         addr,
-                        &tracked,
+                        tracked,
                         from,
                         Reason::Stale,
                         Source::Housekeeping,
@@ -876,7 +961,7 @@ impl PodStates {
         match outcome {
             Outcome::Unchanged => {}
             Outcome::Transition { from, to, reason } => {
-                self.journal.push(Journal::Transition {
+                self.effects.journal.push(Journal::Transition {
                     revision: key.clone(),
                     pod: addr,
                     from: Some(from),
@@ -898,7 +983,7 @@ impl PodStates {
             }
             Outcome::Remove { from, reason } => {
                 if let Some(tracked) = entry.pods.remove(&addr) {
-                    forget(&mut self.journal, key, addr, &tracked, from, reason, source);
+                    forget(&mut self.effects, key, addr, tracked, from, reason, source);
                 }
                 self.dirty.insert(key.clone());
             }
@@ -924,7 +1009,7 @@ impl PodStates {
         if pods != entry.probe_set || protocol_changed {
             entry.probe_set = pods.clone();
             entry.probe_protocol = protocol;
-            self.probe_updates.push(ProbeUpdate {
+            self.effects.probe_updates.push(ProbeUpdate {
                 revision: key.clone(),
                 protocol,
                 pods,
@@ -932,7 +1017,7 @@ impl PodStates {
         }
     }
 
-    /// Publishes `key`'s route if it differs from the last one published, and sets the
+    /// Publishes `key`'s route if it differs from the last one published, and decides the
     /// capacity of every tracker of the revision: its share in the route, 0 outside it.
     fn publish(&mut self, key: &RevisionKey) {
         let Some(entry) = self.revisions.get_mut(key) else {
@@ -941,97 +1026,15 @@ impl PodStates {
         let Some(spec) = entry.spec.clone() else {
             return;
         };
-        let container_concurrency = spec.container_concurrency;
-        let routable: Vec<SocketAddr> = entry
-            .pods
-            .iter()
-            .filter(|(_, tracked)| tracked.pod.is_routable())
-            .map(|(addr, _)| *addr)
-            .collect();
         let activators = entry.activators.as_ref().unwrap_or(&self.activators);
-        // The targets of the route, with this activator's capacity on each.
-        let (targets, capacity, pods): (Vec<(SocketAddr, u32)>, Capacity, usize) = match spec
-            .cluster_ip
-        {
-            Some(service) => {
-                let capacity = revision_capacity(
-                    container_concurrency,
-                    Targets::ClusterIp {
-                        ready_pods: routable.len(),
-                        activators: activators.all.len(),
-                    },
-                );
-                let slots = match capacity {
-                    Capacity::Unlimited => UNLIMITED,
-                    Capacity::Limited(slots) => slots,
-                };
-                let targets = if slots > 0 {
-                    vec![(service, slots)]
-                } else {
-                    Vec::new()
-                };
-                (targets, capacity, routable.len())
-            }
-            None => {
-                let assignments = match activators.me {
-                    Some(me) => {
-                        subsetting::assign(&routable, &activators.all, me, container_concurrency)
-                    }
-                    None => routable
-                        .iter()
-                        .map(|&pod| subsetting::Assignment {
-                            pod,
-                            share: container_concurrency,
-                        })
-                        .collect(),
-                };
-                let capacity =
-                    revision_capacity(container_concurrency, Targets::Pods(&assignments));
-                let targets: Vec<(SocketAddr, u32)> = assignments
-                    .iter()
-                    .map(|assignment| {
-                        let slots = match container_concurrency {
-                            0 => UNLIMITED,
-                            _ => assignment.share,
-                        };
-                        (assignment.pod, slots)
-                    })
-                    .collect();
-                let pods = targets.len();
-                (targets, capacity, pods)
-            }
-        };
-        // Cluster-IP mode's target is a tracker of its own, kept while the Service stays put.
-        let virtual_tracker = match spec.cluster_ip {
-            Some(service) => Some(match entry.virtual_tracker.take() {
-                Some(tracker) if tracker.addr == service => tracker,
-                replaced => {
-                    if let Some(old) = replaced {
-                        old.slots.set_capacity(0);
-                    }
-                    Arc::new(PodTracker::new(service, 0))
-                }
-            }),
-            None => {
-                if let Some(old) = entry.virtual_tracker.take() {
-                    old.slots.set_capacity(0);
-                }
-                None
-            }
-        };
-        entry.virtual_tracker = virtual_tracker.clone();
-        let trackers: Vec<Arc<PodTracker>> = match &virtual_tracker {
-            Some(tracker) if !targets.is_empty() => vec![tracker.clone()],
-            Some(_) => Vec::new(),
-            None => targets
-                .iter()
-                .map(|(addr, _)| entry.pods[addr].tracker.clone())
-                .collect(),
-        };
+        let plan = plan_route(entry, &spec, activators);
+        let capacities = &mut self.effects.capacities;
+        keep_virtual_tracker(entry, spec.cluster_ip, capacities);
+        let trackers = route_trackers(entry, &plan.targets);
         // The same addresses with other trackers (a pod replaced at its address) is a change.
         let published: Vec<(u64, u32)> = trackers
             .iter()
-            .zip(&targets)
+            .zip(&plan.targets)
             .map(|(tracker, (_, slots))| (tracker.id, *slots))
             .collect();
         if entry
@@ -1041,32 +1044,11 @@ impl PodStates {
         {
             return;
         }
-        // Trackers outside the route keep counting their in-flight requests but take no new
-        // ones through a stale replica: their capacity drops to zero at once.
-        // Looked up per pod: a sorted copy keeps that logarithmic (a scan made it quadratic in
-        // the revision's pods).
-        let mut sorted_targets = targets.clone();
-        sorted_targets.sort_unstable_by_key(|(addr, _)| *addr);
-        let share_of = |addr: &SocketAddr| {
-            sorted_targets
-                .binary_search_by_key(addr, |(target, _)| *target)
-                .map_or(0, |index| sorted_targets[index].1)
-        };
-        for (addr, tracked) in &entry.pods {
-            let slots = if virtual_tracker.is_some() {
-                0
-            } else {
-                share_of(addr)
-            };
-            tracked.tracker.slots.set_capacity(slots);
-        }
-        if let Some(tracker) = &virtual_tracker {
-            tracker.slots.set_capacity(share_of(&tracker.addr));
-        }
+        decide_capacities(entry, &plan.targets, capacities);
         let route = RevisionRoute {
             key: key.clone(),
             labels: spec.labels.clone(),
-            container_concurrency,
+            container_concurrency: spec.container_concurrency,
             protocol: spec.protocol,
             timeouts: spec.timeouts,
             lb_policy: spec.lb_policy,
@@ -1074,17 +1056,165 @@ impl PodStates {
             gate: entry.gate.clone(),
             queue_depth: spec.queue_depth,
         };
-        self.journal.push(Journal::Route {
+        self.effects.journal.push(Journal::Route {
             revision: key.clone(),
-            pods,
-            capacity,
+            pods: plan.pods,
+            capacity: plan.capacity,
         });
         entry.published = Some((spec, published));
         self.version += 1;
-        self.updates.push(RoutingUpdate::Upsert {
+        self.effects.updates.push(RoutingUpdate::Upsert {
             version: self.version,
             route: Arc::new(route),
         });
+    }
+}
+
+// === Publishing a route, step by step ===
+
+/// A route's targets before its trackers are chosen.
+struct RoutePlan {
+    /// Each target's address and this activator's slots on it, in address order. Cluster-IP
+    /// mode: the Service alone, or nothing while no pod is ready (or the share is 0).
+    targets: Vec<(SocketAddr, u32)>,
+    /// The revision's capacity over them.
+    capacity: Capacity,
+    /// How many pods this activator routes to (cluster-IP mode: the routable pods behind the
+    /// Service).
+    pods: usize,
+}
+
+/// Step 1: the routable pods, this activator's share of them (`subsetting::assign`; alone,
+/// every pod with its whole containerConcurrency) and the slots on each, through the one
+/// capacity rule (`revision_capacity`). Cluster-IP mode: one target, the Service, with
+/// `max(1, CC × routable pods / activators)` slots.
+fn plan_route(revision: &Revision, spec: &RevisionSpec, activators: &Activators) -> RoutePlan {
+    let container_concurrency = spec.container_concurrency;
+    let routable: Vec<SocketAddr> = revision
+        .pods
+        .iter()
+        .filter(|(_, tracked)| tracked.pod.is_routable())
+        .map(|(addr, _)| *addr)
+        .collect();
+    match spec.cluster_ip {
+        Some(service) => {
+            let capacity = revision_capacity(
+                container_concurrency,
+                Targets::ClusterIp {
+                    ready_pods: routable.len(),
+                    activators: activators.all.len(),
+                },
+            );
+            let slots = match capacity {
+                Capacity::Unlimited => UNLIMITED,
+                Capacity::Limited(slots) => slots,
+            };
+            let targets = if slots > 0 {
+                vec![(service, slots)]
+            } else {
+                Vec::new()
+            };
+            RoutePlan {
+                targets,
+                capacity,
+                pods: routable.len(),
+            }
+        }
+        None => {
+            let assignments = match activators.me {
+                Some(me) => {
+                    subsetting::assign(&routable, &activators.all, me, container_concurrency)
+                }
+                None => routable
+                    .iter()
+                    .map(|&pod| subsetting::Assignment {
+                        pod,
+                        share: container_concurrency,
+                    })
+                    .collect(),
+            };
+            let capacity = revision_capacity(container_concurrency, Targets::Pods(&assignments));
+            let targets: Vec<(SocketAddr, u32)> = assignments
+                .iter()
+                .map(|assignment| {
+                    let slots = match container_concurrency {
+                        0 => UNLIMITED,
+                        _ => assignment.share,
+                    };
+                    (assignment.pod, slots)
+                })
+                .collect();
+            RoutePlan {
+                pods: targets.len(),
+                targets,
+                capacity,
+            }
+        }
+    }
+}
+
+/// Step 2, cluster-IP mode's target: the Service's tracker is kept while the Service stays at
+/// the same address, so its in-flight count carries over. One it replaces, or one left from
+/// cluster-IP mode, takes nothing new (capacity 0).
+fn keep_virtual_tracker(
+    revision: &mut Revision,
+    service: Option<SocketAddr>,
+    capacities: &mut Vec<CapacityChange>,
+) {
+    revision.virtual_tracker = match (revision.virtual_tracker.take(), service) {
+        (Some(kept), Some(service)) if kept.tracker.addr == service => Some(kept),
+        (replaced, service) => {
+            if let Some(mut old) = replaced {
+                decide(capacities, &old.tracker, &mut old.capacity, 0);
+            }
+            service.map(|service| VirtualTracker {
+                tracker: Arc::new(PodTracker::new(service, 0)),
+                capacity: 0,
+            })
+        }
+    };
+}
+
+/// Step 3: the trackers the route carries, one per target: the Service's in cluster-IP mode,
+/// else each pod's.
+fn route_trackers(revision: &Revision, targets: &[(SocketAddr, u32)]) -> Vec<Arc<PodTracker>> {
+    match &revision.virtual_tracker {
+        Some(service) if !targets.is_empty() => vec![service.tracker.clone()],
+        Some(_) => Vec::new(),
+        // Every target is a routable pod of this revision, so the lookup finds it.
+        None => targets
+            .iter()
+            .map(|(addr, _)| revision.pods[addr].tracker.clone())
+            .collect(),
+    }
+}
+
+/// Step 4 (once the route is known to have changed): every tracker's capacity, its share in
+/// the route and 0 outside it. Trackers outside keep counting their in-flight requests but
+/// take no new ones through a stale replica.
+fn decide_capacities(
+    revision: &mut Revision,
+    targets: &[(SocketAddr, u32)],
+    capacities: &mut Vec<CapacityChange>,
+) {
+    // Looked up per pod: a sorted copy keeps that logarithmic (a scan made it quadratic in
+    // the revision's pods).
+    let mut sorted_targets = targets.to_vec();
+    sorted_targets.sort_unstable_by_key(|(addr, _)| *addr);
+    let share_of = |addr: &SocketAddr| {
+        sorted_targets
+            .binary_search_by_key(addr, |(target, _)| *target)
+            .map_or(0, |index| sorted_targets[index].1)
+    };
+    // In cluster-IP mode the pods only count; requests go to the Service.
+    let cluster_ip = revision.virtual_tracker.is_some();
+    for (addr, tracked) in revision.pods.iter_mut() {
+        let slots = if cluster_ip { 0 } else { share_of(addr) };
+        decide(capacities, &tracked.tracker, &mut tracked.capacity, slots);
+    }
+    if let Some(service) = &mut revision.virtual_tracker {
+        let slots = share_of(&service.tracker.addr);
+        decide(capacities, &service.tracker, &mut service.capacity, slots);
     }
 }
 
@@ -1123,6 +1253,24 @@ fn derive_probes(revision: &Revision, gates: Gates) -> (Protocol, Vec<ProbePod>)
     (protocol, pods)
 }
 
+/// Decides `slots` for `tracker`, whose capacity was last decided as `decided`: a change for
+/// the shell when it differs. Only a change is sent, so re-deriving a revision of 50 000 pods
+/// sets the capacity of the pods whose share moved, not of every pod.
+fn decide(
+    changes: &mut Vec<CapacityChange>,
+    tracker: &Arc<PodTracker>,
+    decided: &mut u32,
+    slots: u32,
+) {
+    if *decided != slots {
+        *decided = slots;
+        changes.push(CapacityChange {
+            tracker: tracker.clone(),
+            slots,
+        });
+    }
+}
+
 /// `key`'s entry in `revisions`, created (undeclared) when it is new.
 fn entry_of<'a>(
     revisions: &'a mut BTreeMap<RevisionKey, Revision>,
@@ -1135,19 +1283,25 @@ fn entry_of<'a>(
         .or_insert_with(|| Revision::new(key.clone(), shards, process_queue))
 }
 
-/// A tracker taken out of the table: it takes no new requests from any shard, even before the
-/// shards apply the update that drops it, and its removal is journaled.
+/// A tracker taken out of the table: its capacity goes to 0, so it takes no new requests from
+/// any shard even before the shards apply the update that drops it, and its removal is
+/// journaled.
 fn forget(
-    journal: &mut Vec<Journal>,
+    effects: &mut Effects,
     key: &RevisionKey,
     addr: SocketAddr,
-    tracked: &TrackedPod,
+    mut tracked: TrackedPod,
     from: PodState,
     reason: Reason,
     source: Source,
 ) {
-    tracked.tracker.slots.set_capacity(0);
-    journal.push(Journal::Transition {
+    decide(
+        &mut effects.capacities,
+        &tracked.tracker,
+        &mut tracked.capacity,
+        0,
+    );
+    effects.journal.push(Journal::Transition {
         revision: key.clone(),
         pod: addr,
         from: Some(from),
@@ -1227,13 +1381,69 @@ mod tests {
         }
     }
 
-    fn states() -> PodStates {
-        PodStates::new(
+    fn fresh_state() -> Shelled {
+        Shelled::new(ControlState::new(
             2,
             Gates::HYBRID,
             Limits::default(),
             Arc::new(ProcessQueue::new(u32::MAX)),
-        )
+        ))
+    }
+
+    /// The state as the shell drives it: after each op (or expiry) the capacities are set on
+    /// the trackers, before a test looks at any route, and the other effects are kept until the
+    /// test takes them.
+    struct Shelled {
+        state: ControlState,
+        kept: Effects,
+    }
+
+    impl Shelled {
+        fn new(state: ControlState) -> Shelled {
+            Shelled {
+                state,
+                kept: Effects::default(),
+            }
+        }
+
+        fn apply(&mut self, op: Op, now: Timestamp) -> Result<(), OpError> {
+            let result = self.state.apply(op, now);
+            self.carry_out();
+            result
+        }
+
+        fn expire_quarantines(&mut self, now: Timestamp) {
+            self.state.expire_quarantines(now);
+            self.carry_out();
+        }
+
+        fn carry_out(&mut self) {
+            let effects = self.state.take_effects();
+            crate::shell::set_capacities(effects.capacities);
+            self.kept.updates.extend(effects.updates);
+            self.kept.probe_updates.extend(effects.probe_updates);
+            self.kept.journal.extend(effects.journal);
+        }
+
+        fn take_updates(&mut self) -> Vec<RoutingUpdate> {
+            std::mem::take(&mut self.kept.updates)
+        }
+
+        fn take_journal(&mut self) -> Vec<Journal> {
+            std::mem::take(&mut self.kept.journal)
+        }
+
+        fn take_probe_updates(&mut self) -> Vec<ProbeUpdate> {
+            std::mem::take(&mut self.kept.probe_updates)
+        }
+    }
+
+    impl std::ops::Deref for Shelled {
+        type Target = ControlState;
+
+        fn deref(&self) -> &ControlState {
+            &self.state
+        }
     }
 
     /// The route of the last update, which must be an upsert.
@@ -1258,10 +1468,309 @@ mod tests {
         })
     }
 
+    /// The core decides capacities; only the shell writes them. Applying an op leaves every
+    /// tracker as it was, and the effects say what to set: each routed pod's share, and 0 for
+    /// a pod that left, in the same take as the update that drops it.
+    #[test]
+    fn capacities_are_effects_the_state_never_writes_itself() {
+        let mut state = fresh_state().state;
+        let pods = ["10.0.0.1:8012", "10.0.0.2:8012"];
+        state
+            .apply(declare(&[("a", 2, &pods)], Gates::HYBRID), at(0))
+            .unwrap();
+        let effects = state.take_effects();
+        let route = last_upsert(&effects.updates).clone();
+        assert!(
+            route.pods.iter().all(|pod| pod.slots.capacity() == 0),
+            "the state set no capacity itself"
+        );
+        let decided: Vec<(SocketAddr, u32)> = effects
+            .capacities
+            .iter()
+            .map(|change| (change.tracker.addr, change.slots))
+            .collect();
+        assert_eq!(decided, vec![(addr(pods[0]), 2), (addr(pods[1]), 2)]);
+        for change in &effects.capacities {
+            assert!(route
+                .pods
+                .iter()
+                .any(|pod| Arc::ptr_eq(pod, &change.tracker)));
+            change.tracker.slots.set_capacity(change.slots);
+        }
+        // The same view again: nothing to set, nothing to publish.
+        state
+            .apply(declare(&[("a", 2, &pods)], Gates::HYBRID), at(1))
+            .unwrap();
+        let effects = state.take_effects();
+        assert!(effects.capacities.is_empty() && effects.updates.is_empty());
+        // The second pod leaves: its capacity goes to 0 with the update that drops it, and
+        // only the shell's carrying it out makes it so.
+        let leaving = route.pods[1].clone();
+        state
+            .apply(declare(&[("a", 2, &pods[..1])], Gates::HYBRID), at(2))
+            .unwrap();
+        let effects = state.take_effects();
+        assert_eq!(last_route_of(&effects.updates), vec![addr(pods[0])]);
+        assert_eq!(leaving.slots.capacity(), 2, "untouched until carried out");
+        assert!(effects
+            .capacities
+            .iter()
+            .any(|change| Arc::ptr_eq(&change.tracker, &leaving) && change.slots == 0));
+        assert_eq!(
+            effects.capacities.len(),
+            1,
+            "the pod that stays keeps its share"
+        );
+    }
+
+    fn last_route_of(updates: &[RoutingUpdate]) -> Vec<SocketAddr> {
+        last_upsert(updates)
+            .pods
+            .iter()
+            .map(|pod| pod.addr)
+            .collect()
+    }
+
+    /// A restart after a panic re-sends every decision, in case the panicking op's effects
+    /// were lost with it.
+    #[test]
+    fn republishing_everything_sends_every_capacity_and_the_queue_limit_again() {
+        let mut state = fresh_state().state;
+        let pods = ["10.0.0.1:8012", "10.0.0.2:8012"];
+        state
+            .apply(
+                Op::Batch(vec![
+                    declare(&[("a", 2, &pods)], Gates::HYBRID),
+                    Op::SetMaxQueuedRequests(7),
+                ]),
+                at(0),
+            )
+            .unwrap();
+        state.take_effects();
+        state.republish_everything();
+        let effects = state.take_effects();
+        let decided: Vec<(SocketAddr, u32)> = effects
+            .capacities
+            .iter()
+            .map(|change| (change.tracker.addr, change.slots))
+            .collect();
+        assert_eq!(decided, vec![(addr(pods[0]), 2), (addr(pods[1]), 2)]);
+        assert_eq!(effects.max_queued_requests, Some(7));
+        assert_eq!(
+            last_route_of(&effects.updates),
+            vec![addr(pods[0]), addr(pods[1])]
+        );
+    }
+
+    /// The capacities an op decided, as (pod, slots) in order.
+    fn decided(effects: &Effects) -> Vec<(SocketAddr, u32)> {
+        effects
+            .capacities
+            .iter()
+            .map(|change| (change.tracker.addr, change.slots))
+            .collect()
+    }
+
+    /// A pod that becomes ready gets its share as an effect of the op that made it ready, and
+    /// loses it as one when it stops being ready; nothing while it stays out of the route.
+    #[test]
+    fn a_pod_becoming_ready_or_not_is_a_capacity_effect() {
+        let mut state = fresh_state().state;
+        let pod = "10.0.0.7:8012";
+        state
+            .apply(declare(&[("a", 3, &[])], Gates::HYBRID), at(0))
+            .unwrap();
+        state.take_effects();
+        state
+            .apply(qp("a", "10.0.0.7", QueueProxyEvent::Startup), at(1))
+            .unwrap();
+        assert_eq!(decided(&state.take_effects()), [], "not ready: no capacity");
+        state
+            .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2))
+            .unwrap();
+        assert_eq!(decided(&state.take_effects()), [(addr(pod), 3)]);
+        state
+            .apply(qp("a", "10.0.0.7", QueueProxyEvent::NotReady), at(3))
+            .unwrap();
+        assert_eq!(decided(&state.take_effects()), [(addr(pod), 0)]);
+    }
+
+    /// Quarantine on simulated time: a failed check takes the pod's capacity at once; the
+    /// quarantine's end (probation) gives none back; only a passing probe does.
+    #[test]
+    fn quarantine_and_recovery_are_capacity_effects_on_simulated_time() {
+        let mut state = fresh_state().state;
+        let pod = "10.0.0.1:8012";
+        state
+            .apply(declare(&[("a", 2, &[pod])], Gates::HYBRID), at(0))
+            .unwrap();
+        assert_eq!(decided(&state.take_effects()), [(addr(pod), 2)]);
+        state
+            .apply(health("a", pod, Event::HealthCheckFailed), at(10))
+            .unwrap();
+        assert_eq!(decided(&state.take_effects()), [(addr(pod), 0)]);
+        let end = state.next_deadline().expect("quarantined");
+        state.expire_quarantines(end);
+        let effects = state.take_effects();
+        assert!(
+            effects.capacities.is_empty(),
+            "recovering is not routable: {:?}",
+            decided(&effects)
+        );
+        state
+            .apply(health("a", pod, Event::HealthCheckPassed), at(20))
+            .unwrap();
+        assert_eq!(decided(&state.take_effects()), [(addr(pod), 2)]);
+    }
+
+    /// A new containerConcurrency, or a second activator sharing the pods, moves every
+    /// routed pod's share: one effect per pod whose share moved.
+    #[test]
+    fn container_concurrency_and_activator_changes_move_each_share() {
+        let mut state = fresh_state().state;
+        let pods = ["10.0.0.1:8012", "10.0.0.2:8012"];
+        state
+            .apply(declare(&[("a", 2, &pods)], Gates::HYBRID), at(0))
+            .unwrap();
+        state.take_effects();
+        state
+            .apply(declare(&[("a", 10, &pods)], Gates::HYBRID), at(1))
+            .unwrap();
+        assert_eq!(
+            decided(&state.take_effects()),
+            [(addr(pods[0]), 10), (addr(pods[1]), 10)]
+        );
+        // A second activator: with as many pods as activators each owns one pod whole, so one
+        // pod leaves this activator's route (0) and the other keeps its 10: one effect.
+        let me: IpAddr = "10.1.0.1".parse().unwrap();
+        let other: IpAddr = "10.1.0.2".parse().unwrap();
+        state
+            .apply(
+                Op::SetActivators(Activators {
+                    all: vec![me, other],
+                    me: Some(me),
+                }),
+                at(2),
+            )
+            .unwrap();
+        let shares = decided(&state.take_effects());
+        assert!(
+            matches!(shares.as_slice(), [(pod, 0)] if pods.iter().any(|p| addr(p) == *pod)),
+            "{shares:?}"
+        );
+    }
+
+    /// A revision removed takes every tracker's capacity, its pods' and cluster-IP mode's
+    /// Service's, in the take that removes its route.
+    #[test]
+    fn removing_a_revision_zeroes_every_tracker_it_had() {
+        let mut state = fresh_state().state;
+        let pods = ["10.0.0.1:8012", "10.0.0.2:8012"];
+        state
+            .apply(declare(&[("a", 2, &pods)], Gates::HYBRID), at(0))
+            .unwrap();
+        let service: SocketAddr = "10.96.0.9:80".parse().unwrap();
+        state
+            .apply(
+                Op::UpsertRevision(RevisionSpec {
+                    cluster_ip: Some(service),
+                    ..spec("b", 2)
+                }),
+                at(0),
+            )
+            .unwrap();
+        state
+            .apply(
+                Op::SetEndpoints {
+                    revision: key("b"),
+                    ready: vec![addr("10.0.1.1:8012")],
+                    scope: OmissionScope::ListedPods,
+                },
+                at(0),
+            )
+            .unwrap();
+        let effects = state.take_effects();
+        assert!(
+            decided(&effects).contains(&(service, 2)),
+            "{:?}",
+            decided(&effects)
+        );
+        for (name, zeroed) in [
+            ("a", vec![addr(pods[0]), addr(pods[1])]),
+            ("b", vec![service]),
+        ] {
+            state
+                .apply(
+                    Op::RemoveRevision {
+                        revision: key(name),
+                    },
+                    at(1),
+                )
+                .unwrap();
+            let effects = state.take_effects();
+            assert!(matches!(
+                effects.updates.as_slice(),
+                [RoutingUpdate::Remove { .. }]
+            ));
+            let expected: Vec<(SocketAddr, u32)> =
+                zeroed.into_iter().map(|addr| (addr, 0)).collect();
+            assert_eq!(decided(&effects), expected, "{name}");
+        }
+    }
+
+    /// With a memory limit, a queue cap asked above what it holds is lowered to it, and the
+    /// journal names both figures for the shell's warning; at or below it, it is kept as is.
+    #[test]
+    fn a_queue_cap_above_the_memory_ceiling_is_lowered_to_it_naming_both() {
+        let queue = Arc::new(ProcessQueue::new(100));
+        let limits = Limits {
+            queue_ceiling: Some(5_000),
+            ..Limits::default()
+        };
+        let mut state = ControlState::new(2, Gates::HYBRID, limits, queue);
+        state
+            .apply(Op::SetMaxQueuedRequests(u32::MAX), at(0))
+            .unwrap();
+        let effects = state.take_effects();
+        assert_eq!(effects.max_queued_requests, Some(5_000));
+        assert_eq!(
+            effects.journal,
+            [Journal::QueueCapLowered {
+                asked: u32::MAX,
+                ceiling: 5_000
+            }]
+        );
+        for (asked, limit) in [(5_000, None), (1, Some(1)), (5_001, Some(5_000))] {
+            state.apply(Op::SetMaxQueuedRequests(asked), at(1)).unwrap();
+            let effects = state.take_effects();
+            assert_eq!(effects.max_queued_requests, limit, "{asked}");
+            assert_eq!(
+                effects.journal.is_empty(),
+                asked <= 5_000,
+                "{asked}: {:?}",
+                effects.journal
+            );
+        }
+    }
+
+    /// `activator.max-queued-requests` has one writer: the op decides, the shell sets it.
+    #[test]
+    fn the_queue_limit_is_an_effect_of_its_op_when_it_changes() {
+        let queue = Arc::new(ProcessQueue::new(100));
+        let mut state = ControlState::new(2, Gates::HYBRID, Limits::default(), queue.clone());
+        state.apply(Op::SetMaxQueuedRequests(100), at(0)).unwrap();
+        assert_eq!(state.take_effects().max_queued_requests, None, "unchanged");
+        state.apply(Op::SetMaxQueuedRequests(5), at(1)).unwrap();
+        assert_eq!(state.take_effects().max_queued_requests, Some(5));
+        assert_eq!(queue.limit(), 100, "the state does not set it itself");
+        state.apply(Op::SetMaxQueuedRequests(5), at(2)).unwrap();
+        assert_eq!(state.take_effects().max_queued_requests, None);
+    }
+
     #[test]
     fn listed_pods_route_at_once_with_their_whole_concurrency() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(
                 declare(
                     &[("a", 2, &["10.0.0.1:8012", "10.0.0.2:8012"])],
@@ -1270,13 +1779,13 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         assert_eq!(
             last_route(&updates, "a").unwrap(),
             vec![(addr("10.0.0.1:8012"), 2), (addr("10.0.0.2:8012"), 2)]
         );
         // The same view again publishes nothing.
-        states
+        state
             .apply(
                 declare(
                     &[("a", 2, &["10.0.0.1:8012", "10.0.0.2:8012"])],
@@ -1285,82 +1794,82 @@ mod tests {
                 at(1),
             )
             .unwrap();
-        assert!(states.take_updates().is_empty());
+        assert!(state.take_updates().is_empty());
     }
 
     #[test]
     fn a_queue_proxy_ready_makes_a_bare_ip_routable_on_the_serving_port() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
-        states
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap(), vec![]);
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Startup), at(1))
             .unwrap();
-        assert!(states.take_updates().is_empty(), "startup is not ready");
-        states
+        assert!(state.take_updates().is_empty(), "startup is not ready");
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2))
             .unwrap();
         assert_eq!(
-            last_route(&states.take_updates(), "a").unwrap(),
+            last_route(&state.take_updates(), "a").unwrap(),
             vec![(addr("10.0.0.7:8012"), 1)]
         );
         // A file reload that does not list it leaves it alone: the file never listed it.
-        states
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(100))
             .unwrap();
         assert_eq!(
-            states.pod_state(&key("a"), addr("10.0.0.7:8012")),
+            state.pod_state(&key("a"), addr("10.0.0.7:8012")),
             Some(PodState::Ready)
         );
     }
 
     #[test]
     fn pods_announced_before_their_revision_is_declared_route_once_it_is() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(qp("late", "10.0.0.9", QueueProxyEvent::Ready), at(0))
             .unwrap();
         assert!(
-            states.take_updates().is_empty(),
+            state.take_updates().is_empty(),
             "nothing to route without a spec"
         );
-        states
+        state
             .apply(declare(&[("late", 3, &[])], Gates::HYBRID), at(1))
             .unwrap();
         assert_eq!(
-            last_route(&states.take_updates(), "late").unwrap(),
+            last_route(&state.take_updates(), "late").unwrap(),
             vec![(addr("10.0.0.9:8012"), 3)]
         );
     }
 
     #[test]
     fn not_ready_leaves_routing_but_keeps_the_tracker_and_its_in_flight_count() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
-        states
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(0))
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         let route = last_upsert(&updates);
         let tracker = route.pods[0].clone();
         assert!(tracker.slots.try_acquire(), "a request in flight");
-        states
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::NotReady), at(1))
             .unwrap();
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap(), vec![]);
         assert_eq!(
             tracker.slots.capacity(),
             0,
             "no shard may start another request there"
         );
-        states
+        state
             .apply(qp("a", "10.0.0.7", QueueProxyEvent::Ready), at(2))
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         let route = last_upsert(&updates);
         assert!(
             Arc::ptr_eq(&route.pods[0], &tracker),
@@ -1371,63 +1880,60 @@ mod tests {
 
     #[test]
     fn quarantine_takes_a_pod_out_until_it_ends_then_probation_then_ready() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        states.take_updates();
-        states
+        state.take_updates();
+        state
             .apply(health("a", pod, Event::HealthCheckFailed), at(10))
             .unwrap();
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap(), vec![]);
         assert_eq!(
-            states.next_deadline(),
+            state.next_deadline(),
             Some(at(11)),
             "first quarantine lasts 1 s"
         );
-        states.expire_quarantines(at(10));
+        state.expire_quarantines(at(10));
         assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
+            state.pod_state(&key("a"), addr(pod)),
             Some(PodState::Quarantined)
         );
-        states.expire_quarantines(at(11));
+        state.expire_quarantines(at(11));
         assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
+            state.pod_state(&key("a"), addr(pod)),
             Some(PodState::Recovering)
         );
         assert!(
-            last_route(&states.take_updates(), "a").is_none_or(|route| route.is_empty()),
+            last_route(&state.take_updates(), "a").is_none_or(|route| route.is_empty()),
             "probation does not route"
         );
         // The prober is told at once, with the pod on probation.
-        let probes = states.take_probe_updates();
+        let probes = state.take_probe_updates();
         let last = probes.last().expect("a probe set after the expiry");
         assert_eq!(last.pods.len(), 1);
         assert!(last.pods[0].recovering);
-        states
+        state
             .apply(health("a", pod, Event::HealthCheckPassed), at(12))
             .unwrap();
+        assert_eq!(state.pod_state(&key("a"), addr(pod)), Some(PodState::Ready));
         assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
-            Some(PodState::Ready)
-        );
-        assert_eq!(
-            last_route(&states.take_updates(), "a").unwrap().len(),
+            last_route(&state.take_updates(), "a").unwrap().len(),
             1,
             "a passing probe routes it again"
         );
-        assert_eq!(states.next_deadline(), None);
+        assert_eq!(state.next_deadline(), None);
     }
 
     #[test]
     fn a_probe_set_carries_its_revisions_protocol_and_is_sent_again_when_it_changes() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        let sent = states.take_probe_updates();
+        let sent = state.take_probe_updates();
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].protocol, Protocol::Http1);
         // The revision is h2c now, same pods: the prober must probe them over h2c.
@@ -1435,67 +1941,62 @@ mod tests {
             protocol: Protocol::H2c,
             ..spec("a", 1)
         };
-        states
-            .apply(Op::UpsertRevision(h2c.clone()), at(1))
-            .unwrap();
-        let sent = states.take_probe_updates();
+        state.apply(Op::UpsertRevision(h2c.clone()), at(1)).unwrap();
+        let sent = state.take_probe_updates();
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].protocol, Protocol::H2c);
         let pods: Vec<SocketAddr> = sent[0].pods.iter().map(|pod| pod.addr).collect();
         assert_eq!(pods, [addr(pod)]);
         // Unchanged: nothing sent.
-        states.apply(Op::UpsertRevision(h2c), at(2)).unwrap();
-        assert!(states.take_probe_updates().is_empty());
+        state.apply(Op::UpsertRevision(h2c), at(2)).unwrap();
+        assert!(state.take_probe_updates().is_empty());
         // Gone: an empty set.
-        states
+        state
             .apply(Op::RemoveRevision { revision: key("a") }, at(3))
             .unwrap();
-        let sent = states.take_probe_updates();
+        let sent = state.take_probe_updates();
         assert_eq!(sent.len(), 1);
         assert!(sent[0].pods.is_empty());
     }
 
     #[test]
     fn turning_quarantine_off_releases_quarantined_pods_and_stops_probing() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        states
+        state
             .apply(health("a", pod, Event::HealthCheckFailed), at(1))
             .unwrap();
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap(), vec![]);
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap(), vec![]);
         // Same file, quarantine off: nothing would ever end the quarantine, so the informer's
         // listing releases the pod (pod_state's table) and the timer is dropped.
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::QUEUE_PROXY_ONLY), at(3))
             .unwrap();
-        assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
-            Some(PodState::Ready)
-        );
-        assert_eq!(last_route(&states.take_updates(), "a").unwrap().len(), 1);
-        assert!(states.recount_probe_sets().is_empty());
-        let last = states
+        assert_eq!(state.pod_state(&key("a"), addr(pod)), Some(PodState::Ready));
+        assert_eq!(last_route(&state.take_updates(), "a").unwrap().len(), 1);
+        assert!(state.recount_probe_sets().is_empty());
+        let last = state
             .take_probe_updates()
             .pop()
             .expect("the prober is told");
         assert!(last.pods.is_empty());
-        assert_eq!(states.next_deadline(), None);
+        assert_eq!(state.next_deadline(), None);
     }
 
     #[test]
     fn ip_reuse_removes_the_tracker_at_once_and_removal_is_idempotent() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(
                 declare(&[("a", 4, &[pod, "10.0.0.2:8012"])], Gates::HYBRID),
                 at(0),
             )
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         let route = last_upsert(&updates);
         let reused = route.pods[0].clone();
         let remove = Op::RemovePod {
@@ -1504,15 +2005,15 @@ mod tests {
             reason: Reason::IpReused,
             source: Source::Proxy,
         };
-        states.apply(remove.clone(), at(1)).unwrap();
+        state.apply(remove.clone(), at(1)).unwrap();
         assert_eq!(reused.slots.capacity(), 0);
         assert_eq!(
-            last_route(&states.take_updates(), "a").unwrap(),
+            last_route(&state.take_updates(), "a").unwrap(),
             vec![(addr("10.0.0.2:8012"), 4)]
         );
-        states.apply(remove, at(2)).unwrap();
-        assert!(states.take_updates().is_empty());
-        let removals = states
+        state.apply(remove, at(2)).unwrap();
+        assert!(state.take_updates().is_empty());
+        let removals = state
             .take_journal()
             .into_iter()
             .filter(|entry| matches!(entry, Journal::Transition { to: None, .. }))
@@ -1525,8 +2026,8 @@ mod tests {
     /// thread heard of the retirement. The pod must stay out whatever is published meanwhile.
     #[test]
     fn a_pod_retired_by_a_shard_stays_out_when_its_revision_is_republished() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(
                 declare(
                     &[("a", 1, &["10.0.0.1:8012", "10.0.0.2:8012"])],
@@ -1535,17 +2036,17 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let route = last_upsert(&states.take_updates()).clone();
+        let route = last_upsert(&state.take_updates()).clone();
         let retired = route.pods[0].clone();
         assert!(
             retired.slots.retire(),
             "the first shard to see it retires it"
         );
         // Before the evidence reaches the worker, another change republishes the revision.
-        states
+        state
             .apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(1))
             .unwrap();
-        let republished = last_upsert(&states.take_updates()).clone();
+        let republished = last_upsert(&state.take_updates()).clone();
         assert!(republished
             .pods
             .iter()
@@ -1558,7 +2059,7 @@ mod tests {
 
     #[test]
     fn the_tracker_limit_refuses_new_pods_and_says_so() {
-        let mut states = PodStates::new(
+        let mut state = Shelled::new(ControlState::new(
             1,
             Gates::HYBRID,
             Limits {
@@ -1566,68 +2067,68 @@ mod tests {
                 ..Limits::default()
             },
             Arc::new(ProcessQueue::new(u32::MAX)),
-        );
-        states
+        ));
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
         for ip in ["10.0.0.1", "10.0.0.2"] {
-            states
+            state
                 .apply(qp("a", ip, QueueProxyEvent::Ready), at(0))
                 .unwrap();
         }
-        let error = states.apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(0));
+        let error = state.apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(0));
         assert_eq!(error, Err(OpError::TrackerLimit(key("a"), 2)));
-        assert!(states.take_journal().iter().any(
+        assert!(state.take_journal().iter().any(
             |entry| matches!(entry, Journal::TrackerLimit { revision } if revision.name() == "a")
         ));
         // A known pod's events still apply at the limit.
-        states
+        state
             .apply(qp("a", "10.0.0.1", QueueProxyEvent::NotReady), at(1))
             .unwrap();
     }
 
     #[test]
     fn revisions_nobody_declared_are_bounded() {
-        let mut states = states();
+        let mut state = fresh_state();
         for i in 0..MAX_UNDECLARED_REVISIONS {
-            states
+            state
                 .apply(
                     qp(&format!("ghost-{i}"), "10.0.0.1", QueueProxyEvent::Ready),
                     at(0),
                 )
                 .unwrap();
         }
-        let refused = states.apply(qp("one-more", "10.0.0.1", QueueProxyEvent::Ready), at(0));
+        let refused = state.apply(qp("one-more", "10.0.0.1", QueueProxyEvent::Ready), at(0));
         assert!(
             matches!(refused, Err(OpError::TooManyUndeclared(..))),
             "{refused:?}"
         );
         // A declared revision is not affected by the bound.
-        states
+        state
             .apply(declare(&[("real", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
-        states
+        state
             .apply(qp("real", "10.0.0.2", QueueProxyEvent::Ready), at(0))
             .unwrap();
     }
 
     #[test]
     fn idle_not_ready_trackers_are_collected_after_ten_minutes() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(declare(&[("a", 1, &[])], Gates::HYBRID), at(0))
             .unwrap();
-        states
+        state
             .apply(qp("a", "10.0.0.1", QueueProxyEvent::NotReady), at(0))
             .unwrap();
-        states
+        state
             .apply(qp("a", "10.0.0.2", QueueProxyEvent::Ready), at(0))
             .unwrap();
-        states.apply(Op::CleanupStale, at(600)).unwrap();
-        assert!(states.pod_state(&key("a"), addr("10.0.0.1:8012")).is_some());
-        states.apply(Op::CleanupStale, at(601)).unwrap();
-        assert_eq!(states.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
-        assert!(states.pod_state(&key("a"), addr("10.0.0.2:8012")).is_some());
+        state.apply(Op::CleanupStale, at(600)).unwrap();
+        assert!(state.pod_state(&key("a"), addr("10.0.0.1:8012")).is_some());
+        state.apply(Op::CleanupStale, at(601)).unwrap();
+        assert_eq!(state.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
+        assert!(state.pod_state(&key("a"), addr("10.0.0.2:8012")).is_some());
     }
 
     #[test]
@@ -1639,8 +2140,8 @@ mod tests {
             .collect();
         let mut per_pod: BTreeMap<SocketAddr, u32> = BTreeMap::new();
         for me in &everyone {
-            let mut states = states();
-            states
+            let mut state = fresh_state();
+            state
                 .apply(
                     Op::SetActivators(Activators {
                         me: Some(*me),
@@ -1649,10 +2150,10 @@ mod tests {
                     at(0),
                 )
                 .unwrap();
-            states
+            state
                 .apply(declare(&[("a", 10, &pods)], Gates::HYBRID), at(0))
                 .unwrap();
-            let route = last_route(&states.take_updates(), "a").unwrap();
+            let route = last_route(&state.take_updates(), "a").unwrap();
             assert!(!route.is_empty(), "every activator gets a pod");
             for (pod, capacity) in route {
                 *per_pod.entry(pod).or_default() += capacity;
@@ -1664,8 +2165,8 @@ mod tests {
 
     #[test]
     fn a_removed_revision_leaves_routing_with_its_trackers() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(
                 declare(
                     &[("a", 1, &["10.0.0.1:8012"]), ("b", 1, &[])],
@@ -1674,7 +2175,7 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let tracker = states
+        let tracker = state
             .take_updates()
             .iter()
             .find_map(|update| match update {
@@ -1685,28 +2186,28 @@ mod tests {
             })
             .unwrap();
         assert!(tracker.slots.try_acquire(), "a request in flight");
-        states
+        state
             .apply(Op::RemoveRevision { revision: key("a") }, at(1))
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         assert!(
             matches!(&updates[..], [RoutingUpdate::Remove { key, .. }] if key.as_str() == "ns/a")
         );
-        assert_eq!(states.revision_count(), 1);
-        assert_eq!(states.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
+        assert_eq!(state.revision_count(), 1);
+        assert_eq!(state.pod_state(&key("a"), addr("10.0.0.1:8012")), None);
         assert_eq!(tracker.slots.capacity(), 0, "no new request goes there");
         assert!(tracker.slots.release(), "the one in flight finishes");
         // Again: nothing left to remove.
-        states
+        state
             .apply(Op::RemoveRevision { revision: key("a") }, at(2))
             .unwrap();
-        assert!(states.take_updates().is_empty());
+        assert!(state.take_updates().is_empty());
     }
 
     #[test]
     fn a_batch_publishes_each_revision_it_touched_once() {
-        let mut states = states();
-        states
+        let mut state = fresh_state();
+        state
             .apply(
                 declare(
                     &[("a", 1, &["10.0.0.1:8012", "10.0.0.2:8012"]), ("b", 0, &[])],
@@ -1715,7 +2216,7 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let upserts: Vec<String> = states
+        let upserts: Vec<String> = state
             .take_updates()
             .iter()
             .filter_map(|update| match update {
@@ -1725,22 +2226,22 @@ mod tests {
             .collect();
         assert_eq!(upserts, ["ns/a", "ns/b"]);
         // Declaring the same spec again changes nothing.
-        states
+        state
             .apply(Op::UpsertRevision(spec("a", 1)), at(1))
             .unwrap();
-        assert!(states.take_updates().is_empty());
+        assert!(state.take_updates().is_empty());
     }
 
     #[test]
     fn evidence_applies_only_to_the_tracker_it_is_about() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        let old = last_upsert(&states.take_updates()).pods[0].clone();
+        let old = last_upsert(&state.take_updates()).pods[0].clone();
         // The pod goes and a new one comes at the same address: another tracker.
-        states
+        state
             .apply(
                 Op::RemovePod {
                     revision: key("a"),
@@ -1751,13 +2252,13 @@ mod tests {
                 at(1),
             )
             .unwrap();
-        states
+        state
             .apply(
                 declare(&[("a", 1, &[pod, "10.0.0.2:8012"])], Gates::HYBRID),
                 at(2),
             )
             .unwrap();
-        let new = last_upsert(&states.take_updates()).pods[0].clone();
+        let new = last_upsert(&state.take_updates()).pods[0].clone();
         assert!(!Arc::ptr_eq(&old, &new));
         let evidence = |tracker: &Arc<PodTracker>, kind: EvidenceKind| Op::Evidence {
             revision: key("a"),
@@ -1773,26 +2274,23 @@ mod tests {
                 revision: "other".into(),
             },
         ] {
-            states.apply(evidence(&old, kind), at(3)).unwrap();
-            assert_eq!(
-                states.pod_state(&key("a"), addr(pod)),
-                Some(PodState::Ready)
-            );
+            state.apply(evidence(&old, kind), at(3)).unwrap();
+            assert_eq!(state.pod_state(&key("a"), addr(pod)), Some(PodState::Ready));
         }
         // About the new one it counts: a transport failure quarantines, a reuse removes.
-        states
+        state
             .apply(evidence(&new, EvidenceKind::TransportFailure), at(4))
             .unwrap();
         assert_eq!(
-            states.pod_state(&key("a"), addr(pod)),
+            state.pod_state(&key("a"), addr(pod)),
             Some(PodState::Quarantined)
         );
         let reused = EvidenceKind::IpReused {
             namespace: "ns".into(),
             revision: "other".into(),
         };
-        states.apply(evidence(&new, reused), at(5)).unwrap();
-        assert_eq!(states.pod_state(&key("a"), addr(pod)), None);
+        state.apply(evidence(&new, reused), at(5)).unwrap();
+        assert_eq!(state.pod_state(&key("a"), addr(pod)), None);
         assert_eq!(new.slots.capacity(), 0);
     }
 
@@ -1801,12 +2299,12 @@ mod tests {
     #[test]
     fn cluster_ip_mode_routes_to_the_service_with_the_shared_capacity() {
         let service = addr("10.96.0.5:80");
-        let mut states = states();
+        let mut state = fresh_state();
         let everyone: Vec<IpAddr> = ["10.1.0.1", "10.1.0.2"]
             .iter()
             .map(|ip| ip.parse().unwrap())
             .collect();
-        states
+        state
             .apply(
                 Op::SetActivators(Activators {
                     me: Some(everyone[0]),
@@ -1822,9 +2320,9 @@ mod tests {
             ready: pods.iter().map(|pod| addr(pod)).collect(),
             scope: OmissionScope::ListedPods,
         };
-        states.apply(Op::UpsertRevision(cluster_ip), at(0)).unwrap();
+        state.apply(Op::UpsertRevision(cluster_ip), at(0)).unwrap();
         assert_eq!(
-            last_route(&states.take_updates(), "a").unwrap(),
+            last_route(&state.take_updates(), "a").unwrap(),
             vec![],
             "no ready pod: closed"
         );
@@ -1835,8 +2333,8 @@ mod tests {
             "10.0.0.4:8012",
             "10.0.0.5:8012",
         ];
-        states.apply(endpoints(&five), at(1)).unwrap();
-        let updates = states.take_updates();
+        state.apply(endpoints(&five), at(1)).unwrap();
+        let updates = state.take_updates();
         assert_eq!(
             last_route(&updates, "a").unwrap(),
             vec![(service, 7)],
@@ -1844,10 +2342,10 @@ mod tests {
         );
         let virtual_tracker = last_upsert(&updates).pods[0].clone();
         assert!(
-            states.recount_probe_sets().is_empty(),
+            state.recount_probe_sets().is_empty(),
             "pods behind a Service are not probed"
         );
-        assert!(states.take_journal().iter().any(|entry| matches!(
+        assert!(state.take_journal().iter().any(|entry| matches!(
             entry,
             Journal::Route {
                 pods: 5,
@@ -1855,8 +2353,8 @@ mod tests {
                 ..
             }
         )));
-        states.apply(endpoints(&five[..1]), at(2)).unwrap();
-        let updates = states.take_updates();
+        state.apply(endpoints(&five[..1]), at(2)).unwrap();
+        let updates = state.take_updates();
         assert_eq!(
             last_route(&updates, "a").unwrap(),
             vec![(service, 1)],
@@ -1867,25 +2365,25 @@ mod tests {
             "the same target, so its in-flight count carries over"
         );
         // Back to pod mode: the Service takes nothing new, the pod gets its share.
-        states
+        state
             .apply(Op::UpsertRevision(spec("a", 3)), at(3))
             .unwrap();
         assert_eq!(virtual_tracker.slots.capacity(), 0);
-        let route = last_route(&states.take_updates(), "a").unwrap();
+        let route = last_route(&state.take_updates(), "a").unwrap();
         assert_eq!(route.len(), 1);
         assert_ne!(route[0].0, service);
     }
 
     #[test]
     fn a_pod_replaced_at_its_address_within_one_op_is_published_with_its_new_tracker() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pod = "10.0.0.1:8012";
-        states
+        state
             .apply(declare(&[("a", 2, &[pod])], Gates::HYBRID), at(0))
             .unwrap();
-        let old = last_upsert(&states.take_updates()).pods[0].clone();
+        let old = last_upsert(&state.take_updates()).pods[0].clone();
         // Gone and back in one batch: same address, same share, another tracker.
-        states
+        state
             .apply(
                 Op::Batch(vec![
                     Op::RemovePod {
@@ -1903,7 +2401,7 @@ mod tests {
                 at(1),
             )
             .unwrap();
-        let route = last_upsert(&states.take_updates()).clone();
+        let route = last_upsert(&state.take_updates()).clone();
         assert!(
             !Arc::ptr_eq(&route.pods[0], &old),
             "the new pod's tracker is routed"
@@ -1914,10 +2412,10 @@ mod tests {
 
     #[test]
     fn cluster_ip_mode_gets_a_fresh_target_when_the_service_moves_or_is_retired() {
-        let mut states = states();
+        let mut state = fresh_state();
         let mut service = spec("a", 0);
         service.cluster_ip = Some(addr("10.96.0.5:80"));
-        states
+        state
             .apply(
                 Op::Batch(vec![
                     Op::UpsertRevision(service.clone()),
@@ -1930,7 +2428,7 @@ mod tests {
                 at(0),
             )
             .unwrap();
-        let first = last_upsert(&states.take_updates()).pods[0].clone();
+        let first = last_upsert(&state.take_updates()).pods[0].clone();
         assert_eq!(first.slots.capacity(), UNLIMITED, "CC 0 with a ready pod");
         // A shard saw the Service answer as another revision and retired it.
         assert!(first.slots.retire());
@@ -1943,8 +2441,8 @@ mod tests {
                 revision: "other".into(),
             },
         };
-        states.apply(reused, at(1)).unwrap();
-        let second = last_upsert(&states.take_updates()).pods[0].clone();
+        state.apply(reused, at(1)).unwrap();
+        let second = last_upsert(&state.take_updates()).pods[0].clone();
         assert!(!Arc::ptr_eq(&first, &second));
         assert!(
             second.slots.try_acquire(),
@@ -1952,29 +2450,29 @@ mod tests {
         );
         // The Service moves: the old target takes nothing new.
         service.cluster_ip = Some(addr("10.96.0.6:80"));
-        states.apply(Op::UpsertRevision(service), at(2)).unwrap();
-        let third = last_upsert(&states.take_updates()).pods[0].clone();
+        state.apply(Op::UpsertRevision(service), at(2)).unwrap();
+        let third = last_upsert(&state.take_updates()).pods[0].clone();
         assert_eq!(third.addr, addr("10.96.0.6:80"));
         assert_eq!(second.slots.capacity(), 0);
     }
 
     #[test]
     fn a_revision_with_activators_of_its_own_ignores_the_default_set() {
-        let mut states = states();
+        let mut state = fresh_state();
         let pods = ["10.0.0.1:8012", "10.0.0.2:8012"];
-        states
+        state
             .apply(
                 declare(&[("a", 4, &pods), ("b", 4, &pods)], Gates::HYBRID),
                 at(0),
             )
             .unwrap();
-        states.take_updates();
+        state.take_updates();
         let me: IpAddr = "10.1.0.1".parse().unwrap();
         let crowd = Activators {
             me: Some(me),
             all: vec![me, "10.1.0.2".parse().unwrap(), "10.1.0.3".parse().unwrap()],
         };
-        states
+        state
             .apply(
                 Op::SetRevisionActivators {
                     revision: key("a"),
@@ -1983,7 +2481,7 @@ mod tests {
                 at(1),
             )
             .unwrap();
-        let updates = states.take_updates();
+        let updates = state.take_updates();
         let shared: u32 = last_route(&updates, "a")
             .unwrap()
             .iter()
@@ -1995,8 +2493,8 @@ mod tests {
             "b keeps the default (alone)"
         );
         // The default set changing does not touch a.
-        states.apply(Op::SetActivators(crowd), at(2)).unwrap();
-        let updates = states.take_updates();
+        state.apply(Op::SetActivators(crowd), at(2)).unwrap();
+        let updates = state.take_updates();
         assert!(last_route(&updates, "a").is_none());
         assert!(last_route(&updates, "b").is_some());
     }
@@ -2066,15 +2564,15 @@ mod tests {
         /// recount (never leaks), so the shell may fold instead of recounting.
         #[test]
         fn routes_gauges_and_journal_stay_consistent(ops in prop::collection::vec(any_op(), 1..60)) {
-            let mut states = states();
+            let mut state = fresh_state();
             let mut now = 0;
             let metrics = crate::shell::PodMetrics::new(&prometheus::Registry::new());
             let mut routes: BTreeMap<String, Vec<(SocketAddr, u32)>> = BTreeMap::new();
             for (op, step) in ops {
                 now += step;
-                let _ = states.apply(op, at(now));
-                states.expire_quarantines(at(now));
-                for update in states.take_updates() {
+                let _ = state.apply(op, at(now));
+                state.expire_quarantines(at(now));
+                for update in state.take_updates() {
                     match update {
                         RoutingUpdate::Upsert { route, .. } => {
                             routes.insert(route.labels.revision.clone(), route.pods.iter().map(|pod| (pod.addr, pod.slots.capacity())).collect());
@@ -2084,16 +2582,16 @@ mod tests {
                         }
                     }
                 }
-                for entry in states.take_journal() {
+                for entry in state.take_journal() {
                     metrics.observe(&entry);
                 }
-                let counts = states.state_counts();
-                for state in PodState::ALL {
-                    let recount = counts.get(state.label()).copied().unwrap_or(0) as i64;
-                    prop_assert_eq!(metrics.trackers(state), recount, "{}", state.label());
+                let counts = state.state_counts();
+                for pod_state in PodState::ALL {
+                    let recount = counts.get(pod_state.label()).copied().unwrap_or(0) as i64;
+                    prop_assert_eq!(metrics.trackers(pod_state), recount, "{}", pod_state.label());
                 }
                 prop_assert_eq!(metrics.quarantined(), counts.get("quarantined").copied().unwrap_or(0) as i64);
-                for (key, revision) in &states.revisions {
+                for (key, revision) in &state.revisions {
                     let Some(spec) = &revision.spec else { continue };
                     let expected: Vec<SocketAddr> = revision.pods.iter().filter(|(_, pod)| pod.pod.is_routable()).map(|(addr, _)| *addr).collect();
                     let published: Vec<SocketAddr> = routes.get(&spec.labels.revision).map(|route| route.iter().map(|(addr, _)| *addr).collect()).unwrap_or_default();
@@ -2111,21 +2609,21 @@ mod tests {
         /// recount of every revision: deriving only what an op touched loses nothing.
         #[test]
         fn probe_sets_sent_incrementally_equal_a_recount(ops in prop::collection::vec(any_op(), 1..60)) {
-            let mut states = states();
+            let mut state = fresh_state();
             let mut now = 0;
             let mut sent: BTreeMap<RevisionKey, (Protocol, Vec<ProbePod>)> = BTreeMap::new();
             for (op, step) in ops {
                 now += step;
-                let _ = states.apply(op, at(now));
-                states.expire_quarantines(at(now));
-                for update in states.take_probe_updates() {
+                let _ = state.apply(op, at(now));
+                state.expire_quarantines(at(now));
+                for update in state.take_probe_updates() {
                     if update.pods.is_empty() {
                         sent.remove(&update.revision);
                     } else {
                         sent.insert(update.revision, (update.protocol, update.pods));
                     }
                 }
-                prop_assert_eq!(&sent, &states.recount_probe_sets());
+                prop_assert_eq!(&sent, &state.recount_probe_sets());
             }
         }
     }

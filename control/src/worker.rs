@@ -6,9 +6,9 @@
 //! once applied, a test barrier) awaits the op's reply.
 //!
 //! A panicking op is caught, logged and counted; its caller gets [`WorkerError::Lost`]. The worker
-//! then stops and the supervisor restarts it after a backoff ([`Backoff`]: none for the first
-//! panic, then 100 ms doubling to 5 s while panics come less than a minute apart, reset after a
-//! quiet minute), and the restarted worker first re-publishes everything, so an op that stopped
+//! then stops and the supervisor restarts it after a backoff ([`RestartBackoff`]: none for the
+//! first panic, then 100 ms doubling to 5 s while panics come less than a minute apart, reset
+//! after a quiet minute), and the restarted worker first re-publishes everything, so an op that stopped
 //! half-way cannot leave the shards out of step. Health: unhealthy for a minute after a panic,
 //! or while the channel is more than half full.
 //!
@@ -221,12 +221,12 @@ impl Shared {
 
 /// Restart delays after panics.
 #[derive(Clone, Debug, Default)]
-pub struct Backoff {
+pub struct RestartBackoff {
     next: Option<Duration>,
     last_panic: Option<Duration>,
 }
 
-impl Backoff {
+impl RestartBackoff {
     /// A panic happened at `now` (time since any fixed epoch): how long to wait before restarting.
     pub fn after_panic(&mut self, now: Duration) -> Duration {
         let delay = match self.last_panic {
@@ -276,7 +276,7 @@ async fn supervise<M: Machine>(
     mut rx: mpsc::Receiver<Request>,
     shared: Arc<Shared>,
 ) {
-    let mut backoff = Backoff::default();
+    let mut backoff = RestartBackoff::default();
     loop {
         match serve(&mut machine, &mut rx, &shared).await {
             Exit::Closed => return,
@@ -403,7 +403,7 @@ mod tests {
 
     #[test]
     fn backoff_restarts_at_once_then_doubles_to_five_seconds_and_resets_after_a_quiet_minute() {
-        let mut backoff = Backoff::default();
+        let mut backoff = RestartBackoff::default();
         let mut now = Duration::from_secs(100);
         let mut delays = Vec::new();
         for _ in 0..9 {

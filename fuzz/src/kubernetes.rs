@@ -1,6 +1,6 @@
 //! Kubernetes objects as the API server sends them, through the source's pure readers
 //! (`sources::kubernetes::objects`), its model of the cluster (`model`) and the state worker's
-//! core (`state::PodStates`), as the watcher drives them.
+//! core (`state::ControlState`), as the watcher drives them.
 //!
 //! Input: the first byte picks the mesh mode (`0` auto, `1` enabled, `2` disabled, modulo 3);
 //! then one watch event per line, as a watch stream carries them:
@@ -27,7 +27,7 @@ use kactivator_control::pod_state::{Gates, Timestamp};
 use kactivator_control::sources::kubernetes::backends::{Outcome, ProbeJob};
 use kactivator_control::sources::kubernetes::model::{EndpointsSeen, MeshMode, Model, ObjectId};
 use kactivator_control::sources::kubernetes::objects::{self, Addresses, ServiceType};
-use kactivator_control::state::{Limits, Op, PodStates};
+use kactivator_control::state::{ControlState, Limits, Op};
 use kactivator_shards::routing::{DEFAULT_QUEUE_DEPTH, MAX_TIMEOUT_SECONDS};
 use kactivator_shards::throttle::gate::ProcessQueue;
 use kube::core::DynamicObject;
@@ -45,7 +45,7 @@ struct Told {
     endpoints: BTreeMap<ObjectId, EndpointsSeen>,
 }
 
-/// One watched object, read as the watcher reads it (`watch.rs`'s `read_*`).
+/// One watched object, read as the informer loop reads it (`informers.rs`'s `read_*`).
 enum Item {
     Revision(Value),
     Endpoints(ObjectId, Option<EndpointsSeen>),
@@ -72,7 +72,7 @@ pub fn kubernetes(data: &[u8]) {
         max_queued_requests: 100_000,
     };
     let mut model = Model::new(mesh, Some(POD_IP), Gates::default(), tunables);
-    let mut states = PodStates::new(
+    let mut state = ControlState::new(
         2,
         Gates::default(),
         Limits::default(),
@@ -121,15 +121,11 @@ pub fn kubernetes(data: &[u8]) {
         check_ops(&ops, &told);
         for op in ops {
             // Refusals (a tracker limit) are the state worker's to report, not a fault here.
-            let _ = states.apply(op, now);
+            let _ = state.apply(op, now);
         }
         now = now + Duration::from_millis(100);
-        states.expire_quarantines(now);
-        let _ = (
-            states.take_updates(),
-            states.take_journal(),
-            states.take_probe_updates(),
-        );
+        state.expire_quarantines(now);
+        let _ = state.take_effects();
     }
 
     // The model holds what it was last told, and relisting exactly that changes nothing.
@@ -155,11 +151,11 @@ fn read(object: &Value) -> Option<Item> {
             let endpoints: Endpoints = serde_json::from_value(object.clone()).ok()?;
             let id = object_id(&endpoints.metadata);
             if name == ACTIVATOR_SERVICE {
-                let addresses = objects::activator_endpoints_addresses(&endpoints);
+                let addresses = objects::activator_endpoints_addresses(&endpoints).addresses;
                 check_addresses(&addresses);
                 return Some(Item::Activators(id, addresses));
             }
-            let addresses = objects::endpoints_addresses(&endpoints);
+            let addresses = objects::endpoints_addresses(&endpoints).addresses;
             check_addresses(&addresses);
             let seen = objects::owner(&endpoints.metadata).map(|(revision, kind)| EndpointsSeen {
                 revision,
@@ -172,11 +168,11 @@ fn read(object: &Value) -> Option<Item> {
             let slice: DynamicObject = serde_json::from_value(object.clone()).ok()?;
             let id = object_id(&slice.metadata);
             if name == ACTIVATOR_SERVICE {
-                let addresses = objects::activator_slice_addresses(&slice.data);
+                let addresses = objects::activator_slice_addresses(&slice.data).addresses;
                 check_addresses(&addresses);
                 return Some(Item::Activators(id, addresses));
             }
-            let addresses = objects::slice_addresses(&slice.data);
+            let addresses = objects::slice_addresses(&slice.data).addresses;
             check_addresses(&addresses);
             let seen = objects::owner(&slice.metadata).map(|(revision, kind)| EndpointsSeen {
                 revision,

@@ -35,7 +35,7 @@ pub const PING_INTERVAL: Duration = Duration::from_millis(3_333);
 /// Reconnection delays: 100 ms × 1.3 per attempt, up to 50 % jitter on top, 20 steps, then
 /// again from the start (upstream's `wait.Backoff{100ms, 1.3, 0.5, 20}` looped forever).
 #[derive(Clone, Debug, Default)]
-pub struct Backoff {
+pub struct ReconnectBackoff {
     step: u32,
 }
 
@@ -48,7 +48,7 @@ pub const BACKOFF_JITTER: f64 = 0.5;
 /// Attempts before the delays start again from the first.
 pub const BACKOFF_STEPS: u32 = 20;
 
-impl Backoff {
+impl ReconnectBackoff {
     /// The delay before the next attempt; `jitter` is a random number in [0, 1).
     pub fn next(&mut self, jitter: f64) -> Duration {
         let base = BACKOFF_INITIAL.as_secs_f64() * BACKOFF_FACTOR.powi(self.step as i32);
@@ -237,7 +237,7 @@ pub async fn run(
     metrics: LinkMetrics,
     waiting: impl Fn(&str, &str) -> bool,
 ) {
-    let mut backoff = Backoff::default();
+    let mut backoff = ReconnectBackoff::default();
     let mut pending = Pending::default();
     loop {
         // Nagle off: a poke is one small frame, and with it on, a frame written while the
@@ -391,12 +391,12 @@ mod tests {
 
     #[test]
     fn the_backoff_grows_by_thirty_percent_with_at_most_half_again_of_jitter_and_starts_over() {
-        let mut backoff = Backoff::default();
+        let mut backoff = ReconnectBackoff::default();
         let plain: Vec<u128> = (0..4).map(|_| backoff.next(0.0).as_millis()).collect();
         assert_eq!(plain, [100, 130, 169, 219]);
-        let mut backoff = Backoff::default();
+        let mut backoff = ReconnectBackoff::default();
         assert_eq!(backoff.next(0.999).as_millis(), 149);
-        let mut backoff = Backoff::default();
+        let mut backoff = ReconnectBackoff::default();
         let mut last = Duration::ZERO;
         for _ in 0..BACKOFF_STEPS {
             last = backoff.next(0.0);

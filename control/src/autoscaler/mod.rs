@@ -47,16 +47,16 @@ pub struct ReporterConfig {
 /// Every shard's counter blocks of each revision, found as the shards create them, and what
 /// each block's load was when its revision's current entry was made.
 #[derive(Default)]
-struct Blocks {
+struct CountersByRevision {
     by_revision: BTreeMap<RevisionKey, Vec<Arc<RevisionCounters>>>,
     /// Per entry: each block's load as counted into the entry's first baseline.
     counted: BTreeMap<RevisionKey, Vec<(Arc<RevisionCounters>, Totals)>>,
 }
 
-impl Blocks {
+impl CountersByRevision {
     /// Adds every block the shards have that is not known yet.
     /// Reads the revision's load on every shard but `except` at `at_us`, keeping each
-    /// block's part for [`Blocks::correction`].
+    /// block's part for [`CountersByRevision::correction`].
     fn baseline_except(
         &mut self,
         revision: &RevisionKey,
@@ -213,7 +213,7 @@ async fn report(
     reported_concurrency: ReportedConcurrency,
 ) {
     let mut stats = Stats::default();
-    let mut blocks = Blocks::default();
+    let mut counters = CountersByRevision::default();
     let mut ticks = tokio::time::interval(REPORT_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -223,8 +223,8 @@ async fn report(
                 let before_poke = snapshot_totals(poke.before);
                 if stats.has_entry(&poke.revision) {
                     // Another shard poked first; this shard's load joins the entry's sum.
-                    blocks.add(&poke.revision, &poke.counters);
-                    if let Some(less) = blocks.correction(&poke.revision, &poke.counters, before_poke) {
+                    counters.add(&poke.revision, &poke.counters);
+                    if let Some(less) = counters.correction(&poke.revision, &poke.counters, before_poke) {
                         stats.lower_baseline(&poke.revision, less);
                     }
                     continue;
@@ -232,19 +232,19 @@ async fn report(
                 // The window starts just before the poking request: the other shards' load
                 // then, and the poking shard's as it reported it.
                 let mut before =
-                    blocks.baseline_except(&poke.revision, &poke.counters, poke.at_us);
+                    counters.baseline_except(&poke.revision, &poke.counters, poke.at_us);
                 before += before_poke;
-                blocks.add(&poke.revision, &poke.counters);
+                counters.add(&poke.revision, &poke.counters);
                 if let Some(report) = stats.poke(&poke.revision, before, poke.at_us) {
                     send(&to_link, &pod_name, vec![report], link::POKE);
                 }
             }
             _ = ticks.tick() => {
-                blocks.refresh(&shards);
+                counters.refresh(&shards);
                 let now_us = micros_since_start(Instant::now());
-                let tick = stats.tick(now_us, |revision| blocks.totals(revision, now_us));
+                let tick = stats.tick(now_us, |revision| counters.totals(revision, now_us));
                 for revision in &tick.deleted {
-                    blocks.forget(revision);
+                    counters.forget(revision);
                 }
                 record_gauges(
                     &mut reported_concurrency

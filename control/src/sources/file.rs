@@ -94,8 +94,8 @@ pub fn view(
     (Op::Batch(ops), declared)
 }
 
-/// The file source between reloads.
-pub struct FileWatch {
+/// The file source between reloads: polls the file (it is not watched by inotify).
+pub struct FilePoller {
     pub path: PathBuf,
     /// The configuration running: revisions, gates and activators as last applied; the
     /// sections that need a restart as they were at start-up.
@@ -108,7 +108,7 @@ pub struct FileWatch {
 }
 
 /// How long a changed file must keep the same content before it is applied (see
-/// [`FileWatch::run`]). Short against the poll interval, long against a write.
+/// [`FilePoller::run`]). Short against the poll interval, long against a write.
 pub const SETTLE: Duration = Duration::from_millis(50);
 
 /// A file modified this recently is read at every poll even when its `stat` looks the same.
@@ -152,7 +152,7 @@ async fn read(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
         .map_err(std::io::Error::other)?
 }
 
-impl FileWatch {
+impl FilePoller {
     /// Polls the file every `control.watch_interval_ms` and applies each changed, valid view.
     /// A poll is one `stat`; the file is read (off the control thread) only when the stat
     /// changed, or when it was modified in the last [`RECENT`] (a filesystem's timestamps may be

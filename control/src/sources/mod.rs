@@ -1,13 +1,16 @@
 //! Everything that feeds the state worker, each a task on the control thread, each turning
 //! what it sees into [`crate::state::Op`]s (none touches the state directly):
 //!
-//! * [`file`] — the configuration file, watched for changes (revisions, pods, gates,
+//! * [`file`] — the configuration file, polled for changes (revisions, pods, gates,
 //!   activators), sent as one batch per reload;
 //! * [`registrations`] — queue-proxy registrations (applied, answered, relayed to peers) and
 //!   the request path's evidence, as the shards hand them over;
 //! * [`prober`] — the active health check, which asks [`probe_schedule`] when to probe each
 //!   pod and [`probe`] to make one probe;
-//! * [`sweep`] — the stale-tracker sweep.
+//! * [`sweep`] — the stale-tracker sweep;
+//! * [`kubernetes`] — the cluster (Revisions, their endpoints and Services, `config-features`,
+//!   `activator-service`), when kactivator watches one; started by `ControlPlane::run`, not
+//!   by [`spawn_all`].
 
 pub mod file;
 pub mod kubernetes;
@@ -23,7 +26,7 @@ use std::time::Duration;
 
 use kactivator_shards::runtime::control_link::{PodEvidence, RegistrationRequest};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::metrics;
@@ -87,12 +90,25 @@ impl ControlMetrics {
     }
 }
 
+/// Where the registration relay reads its peers: the latest list only, over a
+/// `tokio::sync::watch` channel (a value a reader borrows when it needs it, not a Kubernetes
+/// watch). The Kubernetes source writes it from `activator-service`'s endpoints; standalone it
+/// holds `cluster.peers` for good.
+pub type PeersReceiver = tokio::sync::watch::Receiver<Vec<SocketAddr>>;
+/// The writing end of [`PeersReceiver`]'s channel.
+pub type PeersSender = tokio::sync::watch::Sender<Vec<SocketAddr>>;
+
+/// A peers channel holding `peers` until it is written.
+pub fn peers_channel(peers: Vec<SocketAddr>) -> (PeersSender, PeersReceiver) {
+    tokio::sync::watch::channel(peers)
+}
+
 /// What the registrations task serves: the shards' registrations and evidence, and the peers
 /// it relays registrations to.
 pub struct RegistrationInputs {
     pub registrations: flume::Receiver<RegistrationRequest>,
     pub evidence: flume::Receiver<PodEvidence>,
-    pub peers: watch::Receiver<Vec<SocketAddr>>,
+    pub peers: PeersReceiver,
 }
 
 /// Starts every source on the current (control) runtime.
@@ -100,7 +116,7 @@ pub fn spawn_all(
     config: &Config,
     worker: &WorkerHandle,
     metrics: &Arc<ControlMetrics>,
-    file: Option<file::FileWatch>,
+    file_poller: Option<file::FilePoller>,
     probe_updates: mpsc::UnboundedReceiver<ProbeUpdate>,
     registrations: RegistrationInputs,
 ) {
@@ -124,7 +140,7 @@ pub fn spawn_all(
         worker.clone(),
         Duration::from_secs(config.control.stale_sweep_seconds),
     ));
-    if let Some(file) = file {
-        tokio::spawn(file.run(worker.clone(), metrics.clone()));
+    if let Some(file_poller) = file_poller {
+        tokio::spawn(file_poller.run(worker.clone(), metrics.clone()));
     }
 }

@@ -2,6 +2,6 @@
 
 pub mod backends;
 pub mod backoff;
+pub mod informers;
 pub mod model;
 pub mod objects;
-pub mod watch;

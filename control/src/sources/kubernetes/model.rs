@@ -418,9 +418,10 @@ impl Model {
     // === config-features ===
 
     /// `config-features` says `data` (empty when deleted): the gates, hot, through the same
-    /// rules as the file's `[features]`. Returns the op (when they changed) and the warnings.
-    /// The tunables change too (see [`Model::tunables`]); revisions whose spec they change are
-    /// upserted again.
+    /// rules as the file's `[features]`. Returns the ops (for what changed) and the warnings.
+    /// The tunables change too (see [`Model::tunables`]): revisions whose spec they change are
+    /// upserted again, and a new `activator.max-queued-requests` is an
+    /// [`Op::SetMaxQueuedRequests`].
     pub fn features(&mut self, data: &BTreeMap<String, String>) -> (Vec<Op>, Vec<String>) {
         let (gates, mut warnings) = features::resolve(data, self.gates);
         let (tunables, tunable_warnings) =
@@ -430,6 +431,9 @@ impl Model {
         if gates != self.gates {
             self.gates = gates;
             ops.push(Op::SetGates(gates));
+        }
+        if tunables.max_queued_requests != self.tunables.max_queued_requests {
+            ops.push(Op::SetMaxQueuedRequests(tunables.max_queued_requests));
         }
         let respec = tunables.queue_depth != self.tunables.queue_depth
             || tunables.lb_policy != self.tunables.lb_policy;
@@ -933,6 +937,21 @@ mod tests {
         assert_eq!(policies["chose"], (7, LbPolicy::LeastConnections));
         // Same data again: nothing to do.
         assert!(model.features(&data).0.is_empty());
+    }
+
+    #[test]
+    fn the_queue_cap_from_config_features_is_an_op_for_the_state_worker() {
+        let mut model = model();
+        let data = |value: &str| -> BTreeMap<String, String> {
+            [(features::MAX_QUEUED_REQUESTS.to_string(), value.to_string())].into()
+        };
+        let (ops, warnings) = model.features(&data("20"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(ops, [Op::SetMaxQueuedRequests(20)]);
+        assert!(model.features(&data("20")).0.is_empty(), "unchanged: no op");
+        // The key removed: back to the default.
+        let (ops, _) = model.features(&BTreeMap::new());
+        assert_eq!(ops, [Op::SetMaxQueuedRequests(1000)]);
     }
 
     #[test]

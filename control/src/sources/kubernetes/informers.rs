@@ -1,6 +1,7 @@
-//! The Kubernetes source's I/O: five watches on the control thread, their events through the
-//! [`Model`] into state-worker ops (the same ops the file source sends), and the backend probes
-//! the model asks for.
+//! The Kubernetes source's I/O: five informers (kube-runtime watchers, each a list then a
+//! Kubernetes watch) on the control thread, their events through the [`Model`] into
+//! state-worker ops (the same ops the file source sends), and the backend probes the model asks
+//! for.
 //!
 //! * **Revisions** (`serving.knative.dev/v1`, every namespace);
 //! * **endpoints** of every revision's Services, private (the pods) and public (the
@@ -10,7 +11,7 @@
 //! * the **`config-features`** ConfigMap in `SYSTEM_NAMESPACE` (gates and tunables);
 //! * the endpoints of **`activator-service`** in `SYSTEM_NAMESPACE`: the other activators,
 //!   to which queue-proxy registrations are relayed (not state-worker ops: the registrations
-//!   task reads them from a watch channel).
+//!   task reads them from a [`PeersReceiver`](crate::sources::PeersReceiver)).
 //!
 //! Start-up: every watch's first list is buffered, and once all five have listed, everything is
 //! applied as one batch (features, revisions, Services, endpoints, in that order) and readiness
@@ -28,14 +29,13 @@ use futures_util::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
 use kactivator_api::RevisionKey;
 use kactivator_shards::runtime::readiness::Readiness;
-use kactivator_shards::throttle::gate::ProcessQueue;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 
 use super::backends::{Outcome, ProbeJob};
 use super::backoff::WatchBackoff;
@@ -47,6 +47,7 @@ use crate::metrics;
 use crate::pod_state::Gates;
 use crate::sources::probe::{self, ProbeResult};
 use crate::sources::prober::PROBE_CONCURRENCY;
+use crate::sources::PeersSender;
 use crate::state::Op;
 use crate::worker::WorkerHandle;
 
@@ -386,7 +387,7 @@ fn read_features(object: ConfigMap) -> Item {
 }
 
 /// The streams of the five watches, merged.
-fn watches(source: &KubeSource) -> BoxStream<'static, Incoming> {
+fn watch_streams(source: &KubeSource) -> BoxStream<'static, Incoming> {
     let client = &source.client;
     let revisions = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("serving.knative.dev", "v1", "Revision"),
@@ -564,8 +565,9 @@ struct InformerState {
     last_error: Option<String>,
 }
 
-/// What the event loop owns.
-struct Watcher {
+/// What the informers' event loop owns: the model, each informer's bookkeeping, and where its
+/// ops and peers go.
+struct InformerLoop {
     model: Model,
     informers: BTreeMap<Informer, InformerState>,
     /// Until every watch has listed: the ops, by informer, for the start-up batch.
@@ -575,10 +577,10 @@ struct Watcher {
     /// Told once the start-up batch is published.
     readiness: Arc<Readiness>,
     /// Where the registration relay reads its peers.
-    peers: watch::Sender<Vec<SocketAddr>>,
+    peers: PeersSender,
 }
 
-impl Watcher {
+impl InformerLoop {
     /// One event: the model's ops, applied now or kept for the start-up batch.
     async fn on_change(&mut self, informer: Informer, change: Result<Change, String>) {
         let arrived = Instant::now();
@@ -864,12 +866,11 @@ impl KubeSource {
         worker: WorkerHandle,
         readiness: Arc<Readiness>,
         registry: Registry,
-        process_queue: Arc<ProcessQueue>,
-        peers: watch::Sender<Vec<SocketAddr>>,
+        peers: PeersSender,
     ) {
-        let mut events = watches(&self);
+        let mut events = watch_streams(&self);
         let model = Model::new(self.mesh, self.pod_ip, self.gates, self.tunables);
-        let mut watcher = Watcher {
+        let mut informer_loop = InformerLoop {
             model,
             informers: BTreeMap::new(),
             startup: Some(BTreeMap::new()),
@@ -880,7 +881,7 @@ impl KubeSource {
         };
         let limit = Arc::new(Semaphore::new(PROBE_CONCURRENCY));
         let (probed_tx, mut probed) = mpsc::unbounded_channel::<(ProbeJob, Outcome)>();
-        let mut tunables = *watcher.model.tunables();
+        let mut tunables = *informer_loop.model.tunables();
         let mut probe_tick = tokio::time::interval(tunables.probe_interval);
         probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut progress = tokio::time::interval(PROGRESS_EVERY);
@@ -892,25 +893,25 @@ impl KubeSource {
             let mut tick = false;
             tokio::select! {
                 Some((informer, change)) = events.next() => {
-                    watcher.on_change(informer, change).await;
+                    informer_loop.on_change(informer, change).await;
                 }
                 Some((job, outcome)) = probed.recv() => {
-                    let ops = watcher.model.probed(&job, outcome);
+                    let ops = informer_loop.model.probed(&job, outcome);
                     if !ops.is_empty() {
-                        watcher.emit(Informer::Endpoints, ops).await;
+                        informer_loop.emit(Informer::Endpoints, ops).await;
                     }
                 }
                 _ = probe_tick.tick() => tick = true,
-                _ = progress.tick(), if !watcher.synced() => {
-                    watcher.progress();
+                _ = progress.tick(), if !informer_loop.synced() => {
+                    informer_loop.progress();
                     continue;
                 }
                 _ = gauges.tick() => {
-                    watcher.gauges();
+                    informer_loop.gauges();
                     let (revisions, slices) =
-                        (watcher.model.revision_count(), watcher.model.endpoints_count());
+                        (informer_loop.model.revision_count(), informer_loop.model.endpoints_count());
                     if matches!(self.endpoints, EndpointsApi::Slices(_))
-                        && watcher.synced()
+                        && informer_loop.synced()
                         && missing_slices.due(Instant::now(), revisions, slices)
                     {
                         let (client, looked) = (self.client.clone(), looked_tx.clone());
@@ -922,7 +923,7 @@ impl KubeSource {
                 }
                 Some(found) = looked.recv() => {
                     let (revisions, slices) =
-                        (watcher.model.revision_count(), watcher.model.endpoints_count());
+                        (informer_loop.model.revision_count(), informer_loop.model.endpoints_count());
                     let api = self.endpoints.describe();
                     if let Some(warning) = missing_slices.looked(found, revisions, slices, &api) {
                         tracing::warn!("{warning}");
@@ -931,27 +932,24 @@ impl KubeSource {
                 }
             }
             // config-features may have changed what others read.
-            let now = *watcher.model.tunables();
+            let now = *informer_loop.model.tunables();
             if now != tunables {
                 if now.probe_interval != tunables.probe_interval {
                     probe_tick = tokio::time::interval(now.probe_interval);
                     probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 }
-                if now.max_queued_requests != tunables.max_queued_requests {
-                    process_queue.set_limit(now.max_queued_requests);
-                }
                 tracing::info!(tunables = ?now, "{FEATURES_CONFIG_MAP}: tunables changed");
                 tunables = now;
             }
-            for job in watcher.model.probes_due(tick) {
+            for job in informer_loop.model.probes_due(tick) {
                 let Ok(permit) = limit.clone().try_acquire_owned() else {
                     // Over the concurrency bound: left for the next tick.
-                    watcher.model.probed(&job, Outcome::Skipped);
+                    informer_loop.model.probed(&job, Outcome::Skipped);
                     continue;
                 };
                 let done = probed_tx.clone();
                 let timeout = tunables.probe_timeout;
-                let counter = watcher.metrics.probes.clone();
+                let counter = informer_loop.metrics.probes.clone();
                 tokio::spawn(async move {
                     let result = probe::probe(job.addr, &job.revision, job.protocol, timeout).await;
                     drop(permit);
