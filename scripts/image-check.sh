@@ -8,16 +8,20 @@
 #      /proc and /sys mounted, as a container runtime would; the activator's entrypoint answers
 #      `--version` with this commit and serves the demo's /healthz; the queue-proxy's entrypoint,
 #      started as Knative starts it (no arguments) without its environment, exits 2 naming what
-#      is missing.
-# Needs root (chroot, namespaces); installs skopeo from Debian when missing.
+#      is missing;
+#   4. the Containerfile, built with buildah from the root filesystem image.sh leaves, gives both
+#      images the same files (names, modes, owners, contents) and the same user and entrypoint.
+# Needs root (chroot, namespaces); installs skopeo and buildah from Debian when missing.
 # Usage: scripts/image-check.sh   (builds the archive itself; reuses target/release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 [ "$(id -u)" -eq 0 ] || { echo "image-check.sh needs root (chroot and namespaces)" >&2; exit 1; }
-if ! command -v skopeo >/dev/null; then
-  echo "== installing skopeo"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq skopeo
+missing=()
+for tool in skopeo buildah; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if ((${#missing[@]})); then
+  echo "== installing ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 for tool in unshare chroot curl python3 ip; do
   command -v "$tool" >/dev/null || { echo "image-check.sh needs $tool" >&2; exit 1; }
@@ -109,6 +113,34 @@ mapfile -t entrypoint <"$work/kactivator-queue-proxy/entrypoint"
 [ "${entrypoint[*]}" = "/kactivator queue-proxy" ] || fail "kactivator-queue-proxy's entrypoint is ${entrypoint[*]}"
 cmp -s "$work/kactivator/rootfs/kactivator" "$work/kactivator-queue-proxy/rootfs/kactivator" ||
   fail "the two images hold different binaries"
+
+echo "== the Containerfile (buildah, from target/image/rootfs)"
+buildah() { command buildah --root "$work/buildah/root" --runroot "$work/buildah/run" --storage-driver vfs "$@"; }
+# An image copied to a directory (`dir:`): its user and entrypoint, then every file of its layers
+# as mode, owner, names, size, path and content checksum.
+contents() { # <dir>
+  python3 - "$1" <<'EOF'
+import hashlib, json, sys, tarfile
+image = sys.argv[1]
+manifest = json.load(open(f"{image}/manifest.json"))
+config = json.load(open(f"{image}/" + manifest["config"]["digest"].split(":")[1]))["config"]
+print("user", config.get("User"), "entrypoint", config.get("Entrypoint"), "cmd", config.get("Cmd"))
+for layer in manifest["layers"]:
+    with tarfile.open(f"{image}/" + layer["digest"].split(":")[1]) as tar:
+        for member in tar:
+            digest = hashlib.sha256(tar.extractfile(member).read()).hexdigest() if member.isfile() else ""
+            print(member.type, oct(member.mode & 0o7777), member.uid, member.gid, member.uname, member.gname, member.size, member.name.rstrip("/"), digest)
+EOF
+}
+for name in kactivator kactivator-queue-proxy; do
+  buildah build --quiet --isolation chroot --timestamp 0 --target "$name" -f Containerfile -t "$name" target/image/rootfs >/dev/null
+  buildah push --quiet "$name" "dir:$work/$name/containerfile"
+  diff <(contents "$work/$name/image") <(contents "$work/$name/containerfile") >&2 ||
+    fail "the Containerfile's $name differs from the archive's (< archive, > Containerfile)"
+done
+echo "   same files, user and entrypoints as the archive"
+
+echo "== the queue-proxy role, started as Knative starts it, without its environment"
 status=0
 message=$(in_image kactivator-queue-proxy 'image "$@" 2>&1' "${entrypoint[@]}") || status=$?
 [ "$status" -eq 2 ] || fail "queue-proxy without its environment exited $status, not 2: $message"
