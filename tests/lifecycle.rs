@@ -76,10 +76,7 @@ fn version_names_the_package_version_and_the_commit_built_from() {
         );
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        format!(
-            "kactivator {} (commit {head})\n",
-            env!("CARGO_PKG_VERSION")
-        )
+        format!("kactivator {} (commit {head})\n", env!("CARGO_PKG_VERSION"))
     );
 }
 
