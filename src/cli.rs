@@ -105,6 +105,22 @@ pub enum LogFormat {
 pub enum Command {
     /// Start a few demo backends and a kactivator in front of them, and print what to try.
     Demo(DemoArgs),
+    /// Run as Knative's queue-proxy sidecar, configured by the environment Knative's revision
+    /// reconciler sets (SERVING_NAMESPACE, SERVING_REVISION, USER_PORT, ...; README: As
+    /// Knative's queue-proxy). Missing or bad keys: exit 2, naming each.
+    QueueProxy(QueueProxyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct QueueProxyArgs {
+    /// Address of the drain hook `/wait-for-drain` (upstream's admin port, 8022). Knative's
+    /// pod spec names port 8022; change it only outside Knative (tests, a local run).
+    #[arg(
+        long,
+        env = "KACTIVATOR_QUEUE_PROXY_ADMIN",
+        default_value = "0.0.0.0:8022"
+    )]
+    pub drain_admin: SocketAddr,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@
 
 mod cli;
 mod demo;
+mod queue_proxy;
 mod start;
 
 use clap::Parser;
@@ -15,6 +16,7 @@ fn main() -> std::process::ExitCode {
     log_panics();
     let result = match cli.command {
         Some(cli::Command::Demo(ref demo_args)) => demo::run(&cli, demo_args),
+        Some(cli::Command::QueueProxy(ref args)) => queue_proxy::run(&cli, args),
         None => start::run(&cli, None),
     };
     match result {

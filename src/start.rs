@@ -10,7 +10,7 @@ use kactivator_control::config::{AutoscalerSettings, Config, ConfigError};
 use kactivator_control::features::{self, Tunables};
 use kactivator_control::publisher::Publisher;
 use kactivator_control::sources::kubernetes::watch::{self, KubeSource};
-use kactivator_control::{ControlInputs, ControlPlane};
+use kactivator_control::{ControlInputs, ControlPlane, DrainPhase};
 use kactivator_shards::hub::{self, ShardSpec};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
 use kactivator_shards::request::identity::detect_cluster_domain;
@@ -18,7 +18,7 @@ use kactivator_shards::runtime::control_link::ControlLink;
 use kactivator_shards::runtime::reactor::{self, DriverKind};
 use kactivator_shards::runtime::readiness::Readiness;
 use kactivator_shards::runtime::topology::{self, CpuBudget};
-use kactivator_shards::shard::ShardSettings;
+use kactivator_shards::shard::{Role, ShardSettings};
 use kactivator_shards::throttle::gate::ProcessQueue;
 use kactivator_shards::upstream::pool::PoolConfig;
 
@@ -29,6 +29,8 @@ use crate::cli::{Cli, LogFormat, Logging, SourceChoice};
 pub enum StartError {
     #[error("{0}")]
     Config(#[from] ConfigError),
+    #[error("{0}")]
+    QueueProxyEnv(#[from] kactivator_control::queue_proxy::env::EnvError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -45,7 +47,7 @@ pub enum StartError {
 impl StartError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            StartError::Config(_) => 2,
+            StartError::Config(_) | StartError::QueueProxyEnv(_) => 2,
             _ => 1,
         }
     }
@@ -307,6 +309,52 @@ pub fn run_with(
     preset: Option<Config>,
     on_ready: impl FnOnce(),
 ) -> Result<(), StartError> {
+    run_as(cli, preset, RoleSetup::activator(cli), on_ready)
+}
+
+/// Runs on the control thread's runtime before it serves: a role's own servers, given the drain.
+pub type SpawnExtra = Box<
+    dyn FnOnce(
+        &tokio::runtime::Runtime,
+        tokio::sync::watch::Receiver<DrainPhase>,
+    ) -> Result<(), StartError>,
+>;
+
+/// What differs between kactivator's roles at start-up.
+pub struct RoleSetup {
+    /// What the shards do with a request.
+    pub role: Role,
+    /// Bind `listen.http2` too: the activator's second data port.
+    pub second_data_port: bool,
+    /// Shards when `--shards` is not given; `None`: the CPUs the process may use.
+    pub default_shards: Option<usize>,
+    /// Inside a Knative installation, report to its autoscaler.
+    pub finds_autoscaler: bool,
+    /// Metric label `pod_name`.
+    pub pod_name: String,
+    pub spawn_extra: Option<SpawnExtra>,
+}
+
+impl RoleSetup {
+    fn activator(cli: &Cli) -> RoleSetup {
+        RoleSetup {
+            role: Role::Activator,
+            second_data_port: true,
+            default_shards: None,
+            finds_autoscaler: true,
+            pod_name: cli.pod_name.clone(),
+            spawn_extra: None,
+        }
+    }
+}
+
+/// Runs kactivator in the role `setup` describes.
+pub fn run_as(
+    cli: &Cli,
+    preset: Option<Config>,
+    setup: RoleSetup,
+    on_ready: impl FnOnce(),
+) -> Result<(), StartError> {
     let preset_given = preset.is_some();
     let kubernetes = watches_kubernetes(cli.source, preset_given || cli.config.is_some());
     if cli.source == SourceChoice::File && cli.config.is_none() && !preset_given {
@@ -327,7 +375,7 @@ pub fn run_with(
         Err(error) => tracing::warn!("cannot raise the open-file limit: {error}"),
     }
     let budget = CpuBudget::detect();
-    let placement = budget.place(cli.shards);
+    let placement = budget.place(cli.shards.or(setup.default_shards));
     tracing::info!(
         shards = placement.shards,
         cpus = ?budget.cpus,
@@ -342,7 +390,13 @@ pub fn run_with(
     let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..placement.shards)
         .map(|_| Vec::with_capacity(2))
         .collect();
-    for addr in [config.listen.http, config.listen.http2] {
+    let second_data_port = setup.second_data_port;
+    let data_ports = if second_data_port {
+        vec![config.listen.http, config.listen.http2]
+    } else {
+        vec![config.listen.http]
+    };
+    for addr in data_ports {
         let bound = reactor::bind_listeners(addr, placement.shards)
             .map_err(|source| StartError::Bind { addr, source })?;
         for (shard, listener) in listeners.iter_mut().zip(bound) {
@@ -361,11 +415,13 @@ pub fn run_with(
             std::env::var("CLUSTER_DOMAIN").ok().as_deref(),
         )
     });
-    config.autoscaler.url = autoscaler_url(
-        config.autoscaler.url.take(),
-        std::env::var("SYSTEM_NAMESPACE").ok().as_deref(),
-        &cluster_domain,
-    );
+    if setup.finds_autoscaler {
+        config.autoscaler.url = autoscaler_url(
+            config.autoscaler.url.take(),
+            std::env::var("SYSTEM_NAMESPACE").ok().as_deref(),
+            &cluster_domain,
+        );
+    }
     // What readiness waits for (the autoscaler link when there is one), written by the control
     // thread and read by /readyz and by kubelet probes on the data port.
     let readiness = Arc::new(Readiness::new(config.autoscaler.url.is_some(), kubernetes));
@@ -383,6 +439,7 @@ pub fn run_with(
         max_pending_heads: config.proxy.max_pending_heads_per_shard,
         h2: config.proxy.h2(),
         head_timeout: Duration::from_secs(config.proxy.head_timeout_seconds),
+        role: setup.role,
     });
     let stats: AllShardStats = (0..placement.shards)
         .map(|index| CachePadded::new(ShardStats::new(index)))
@@ -419,7 +476,7 @@ pub fn run_with(
         },
         publisher,
         stats: stats.clone(),
-        pod_name: cli.pod_name.clone(),
+        pod_name: setup.pod_name,
         pod_ip,
         from_shards,
         process_queue,
@@ -466,7 +523,7 @@ pub fn run_with(
     let driver = drivers.first().map_or("none", |kind| kind.as_str());
     tracing::info!(
         http = %config.listen.http,
-        http2 = %config.listen.http2,
+        http2 = %if second_data_port { config.listen.http2.to_string() } else { "none".into() },
         admin = %config.listen.admin,
         shards = placement.shards,
         driver,
@@ -475,10 +532,21 @@ pub fn run_with(
     );
     on_ready();
 
-    runtime.block_on(control.run(admin_listener))?;
-    for thread in threads {
-        let _ = thread.join();
+    if let Some(spawn_extra) = setup.spawn_extra {
+        spawn_extra(&runtime, control.drain_phase())?;
     }
+    runtime.block_on(control.run(admin_listener))?;
+    // The control thread's tasks keep running while the shards finish their requests: answers
+    // that wait for the drain (the queue-proxy's `/wait-for-drain`) are written now.
+    runtime.block_on(async move {
+        let joined = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        });
+        let _ = joined.await;
+        tokio::task::yield_now().await;
+    });
     tracing::info!("drained; bye");
     Ok(())
 }

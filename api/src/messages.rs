@@ -22,6 +22,10 @@ pub const DRAINING: &str = "received SIGTERM from kubelet\n";
 /// stat link is down: upstream's `statSink.Status()` error.
 pub const AUTOSCALER_NOT_CONNECTED: &str = "connection has not yet been established";
 
+/// 503 from a queue-proxy to a health check or network probe once it drains (upstream
+/// `drain.go`).
+pub const SHUTTING_DOWN: &str = "shutting down\n";
+
 /// 400 to `K-Network-Probe: probe` without a hash.
 pub const PROBE_WITHOUT_HASH: &str =
     "a probe request must contain a non-empty \"K-Network-Hash\" header\n";

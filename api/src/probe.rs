@@ -17,3 +17,7 @@ pub const HEALTH_PATH: &str = "/healthz";
 pub const HEALTH_USER_AGENT: &str = "Knative-Activator-Probe";
 /// Value of `K-Network-Probe` on that health check, and the body a healthy queue-proxy answers.
 pub const QUEUE: &str = "queue";
+
+/// User agent of the autoscaler's probe (upstream `header.go`); a queue-proxy answers it as a
+/// health check, as it does the kubelet's and the activator's.
+pub const AUTOSCALING_PROBE_USER_AGENT: &str = "Knative-Autoscaling-Probe";

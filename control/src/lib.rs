@@ -17,6 +17,7 @@ pub mod http_client;
 pub mod metrics;
 pub mod pod_state;
 pub mod publisher;
+pub mod queue_proxy;
 pub mod shell;
 pub mod sources;
 pub mod state;
@@ -64,6 +65,18 @@ pub struct ControlPlane {
     pod_ip: Option<std::net::IpAddr>,
     process_queue: Arc<ProcessQueue>,
     kubernetes: Option<KubeSource>,
+    /// Where the drain is; read by whoever waits for it (the queue-proxy's `/wait-for-drain`).
+    drain: tokio::sync::watch::Sender<DrainPhase>,
+}
+
+/// Where the process is in its drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainPhase {
+    Serving,
+    /// SIGTERM came: readiness fails, requests are still served for the grace period.
+    Draining,
+    /// The grace period is over: the listeners close and in-flight requests finish.
+    Drained,
 }
 
 /// What the control plane is started with.
@@ -147,6 +160,7 @@ impl ControlPlane {
             from_shards,
             publisher,
             admin,
+            drain: tokio::sync::watch::channel(DrainPhase::Serving).0,
             metrics,
             declared: BTreeSet::new(),
             pod_ip,
@@ -170,10 +184,16 @@ impl ControlPlane {
         Ok(self.declared.len())
     }
 
+    /// Follows the drain: [`DrainPhase::Draining`] at the signal, [`DrainPhase::Drained`] when
+    /// the grace period ends.
+    pub fn drain_phase(&self) -> tokio::sync::watch::Receiver<DrainPhase> {
+        self.drain.subscribe()
+    }
+
     /// Serves the admin port, runs the state worker and the sources, and waits for
-    /// SIGTERM/SIGINT (or `POST /quitquitquit`); then drains: readiness fails at once, requests keep being served for the
-    /// grace period, then the shards stop accepting. Returns when the shards have been told to
-    /// stop; the caller joins them.
+    /// SIGTERM/SIGINT (or `POST /quitquitquit`); then drains: readiness fails at once,
+    /// requests keep being served for the grace period, then the shards stop accepting.
+    /// Returns when the shards have been told to stop; the caller joins them.
     pub async fn run(self, admin_listener: std::net::TcpListener) -> std::io::Result<()> {
         admin_listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(admin_listener)?;
@@ -250,6 +270,7 @@ impl ControlPlane {
         );
         self.admin.draining.store(true, Ordering::Release);
         self.admin.ready.store(false, Ordering::Release);
+        self.drain.send_replace(DrainPhase::Draining);
         self.publisher.broadcast(ShardCommand::BeginDrain);
         tokio::select! {
             _ = tokio::time::sleep(grace) => {}
@@ -258,6 +279,7 @@ impl ControlPlane {
             _ = quit.notified() => tracing::warn!("second /quitquitquit: skipping the rest of the grace period"),
         }
         tracing::info!("closing listeners; finishing in-flight requests");
+        self.drain.send_replace(DrainPhase::Drained);
         self.publisher.broadcast(ShardCommand::StopAccepting);
         Ok(())
     }

@@ -69,6 +69,31 @@ pub struct ShardSettings {
     /// head within this of its first byte (upstream's `ReadHeaderTimeout`). Default:
     /// [`DEFAULT_HEAD_TIMEOUT`] (60 s).
     pub head_timeout: Duration,
+    /// Which of kactivator's roles the shard plays. Default: [`Role::Activator`].
+    pub role: Role,
+}
+
+/// Which of kactivator's two roles a shard plays on the one request path.
+#[derive(Clone, Debug, Default)]
+pub enum Role {
+    /// Knative's activator: a request names its revision (the Knative headers or the
+    /// cluster-local Host), and goes to one of that revision's pods.
+    #[default]
+    Activator,
+    /// Knative's queue-proxy sidecar (`kactivator queue-proxy`): every request is for the one
+    /// revision the pod belongs to and goes to the one pod, the user container; health checks
+    /// are answered from the user container's readiness.
+    QueueProxy(QueueProxyRole),
+}
+
+/// What the queue-proxy role needs on the request path.
+#[derive(Clone, Debug)]
+pub struct QueueProxyRole {
+    pub namespace: String,
+    pub revision: String,
+    /// The user container passed its readiness probe (written by the control thread's
+    /// prober, read by health checks).
+    pub user_ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Default of `proxy.head_timeout_seconds`: 60 s, the `ReadHeaderTimeout` of upstream's server
@@ -95,6 +120,7 @@ impl Default for ShardSettings {
             max_pending_heads: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
             h2: H2Settings::default(),
             head_timeout: DEFAULT_HEAD_TIMEOUT,
+            role: Role::Activator,
         }
     }
 }

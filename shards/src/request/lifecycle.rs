@@ -12,6 +12,7 @@
 //! (`reference/knative-activator.md` §1).
 
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 
 use kactivator_api::{headers, messages, registration};
 use monoio::time::Instant;
@@ -31,7 +32,7 @@ use super::retry::may_retry;
 use super::tally::Tally;
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
-use crate::shard::Shard;
+use crate::shard::{Role, Shard};
 use crate::upstream::error::UpstreamError;
 
 /// What the request path needs to know of a request from its head.
@@ -120,7 +121,14 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     let draining = || shard.draining.is_set();
     // A probe's body is never read: closing keeps the stream in sync without reading it.
     let local_keep_alive = shape.request.keep_alive && shape.request.bodiless && !draining();
-    let probe = probes::answer(&front.headers(), shard.health());
+    let probe = match &shard.settings.role {
+        Role::Activator => probes::answer(&front.headers(), shard.health()),
+        Role::QueueProxy(role) => probes::queue_proxy_answer(
+            &front.headers(),
+            || role.user_ready.load(Ordering::Acquire),
+            draining(),
+        ),
+    };
     if let Some(answer) = probe {
         shard.stats().local_responses.increment();
         return front
@@ -128,20 +136,28 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
             .await;
     }
     faults::inject(&front.headers());
-    if shape.registration {
+    // A queue-proxy passes the registration path on to its app, as any other path.
+    if shape.registration && matches!(shard.settings.role, Role::Activator) {
         // Boxed: registrations are rare next to proxied requests, and inline their state would
         // widen every connection's future.
         return Box::pin(register(shard, front, shape)).await;
     }
-    let found = {
-        let fields = front.headers();
-        match identity::revision_of(&fields, &shard.settings.cluster_domain) {
-            Some(id) => shard
-                .replica
-                .find(id.namespace, id.name)
-                .ok_or_else(|| messages::revision_not_found(id.name)),
-            None => Err(messages::revision_not_found("")),
+    let found = match &shard.settings.role {
+        Role::Activator => {
+            let fields = front.headers();
+            match identity::revision_of(&fields, &shard.settings.cluster_domain) {
+                Some(id) => shard
+                    .replica
+                    .find(id.namespace, id.name)
+                    .ok_or_else(|| messages::revision_not_found(id.name)),
+                None => Err(messages::revision_not_found("")),
+            }
         }
+        // The pod's own revision, whatever the request names.
+        Role::QueueProxy(role) => shard
+            .replica
+            .find(&role.namespace, &role.revision)
+            .ok_or_else(|| messages::revision_not_found(&role.revision)),
     };
     let revision = match found {
         Ok(revision) => revision,

@@ -78,6 +78,69 @@ pub fn answer<H: RequestHeaders + ?Sized>(request: &H, health: Health) -> Option
     ))
 }
 
+/// The queue-proxy role's answer to a probe, as upstream's queue-proxy (`drain.go` then
+/// `health/handler.go`, `reference/queue-proxy.md` §3.1-3.2), or `None` for a request to pass on.
+///
+/// A health check (user agent `kube-probe/*`, `Knative-Activator-Probe` or
+/// `Knative-Autoscaling-Probe`, on any path) is 503 `shutting down` once draining; otherwise it
+/// must carry `K-Network-Probe: queue` (else 400) and is 200 `queue` when the user container is
+/// ready, 503 with an empty body when not. `K-Network-Probe: probe` is the ingress hash echo
+/// (503 while draining). `user_ready` is read only for a health check.
+pub fn queue_proxy_answer<H: RequestHeaders + ?Sized>(
+    request: &H,
+    user_ready: impl FnOnce() -> bool,
+    draining: bool,
+) -> Option<LocalAnswer> {
+    let health_check = request.get(headers::USER_AGENT).is_some_and(|ua| {
+        ua.starts_with(probe::KUBE_PROBE_USER_AGENT_PREFIX.as_bytes())
+            || ua.starts_with(probe::HEALTH_USER_AGENT.as_bytes())
+            || ua.starts_with(probe::AUTOSCALING_PROBE_USER_AGENT.as_bytes())
+    });
+    let network_probe = request.get(headers::NETWORK_PROBE);
+    if health_check {
+        if draining {
+            return Some(error(503, messages::SHUTTING_DOWN.into()));
+        }
+        let value = network_probe.unwrap_or_default();
+        if value != probe::QUEUE.as_bytes() {
+            return Some(error(
+                400,
+                format!("unexpected probe header value: {}\n", go_quote(value)).into_bytes(),
+            ));
+        }
+        return Some(if user_ready() {
+            LocalAnswer {
+                status: 200,
+                body: probe::QUEUE.into(),
+                extra_header: None,
+                error_style: false,
+            }
+        } else {
+            LocalAnswer {
+                status: 503,
+                body: Vec::new(),
+                extra_header: None,
+                error_style: false,
+            }
+        });
+    }
+    if network_probe? != probe::NETWORK_PROBE_INGRESS.as_bytes() {
+        return None;
+    }
+    if draining {
+        return Some(error(503, messages::SHUTTING_DOWN.into()));
+    }
+    Some(match request.get(headers::NETWORK_HASH) {
+        Some(hash) if !hash.is_empty() => LocalAnswer {
+            status: 200,
+            body: Vec::new(),
+            extra_header: Some((headers::NETWORK_HASH, hash.to_vec())),
+            error_style: false,
+        },
+        _ => error(400, messages::PROBE_WITHOUT_HASH.into()),
+    })
+}
+
 /// `User-Agent: kube-probe/*` or a non-empty `K-Kubelet-Probe` header.
 pub fn is_kubelet_probe<H: RequestHeaders + ?Sized>(request: &H) -> bool {
     request
@@ -232,5 +295,77 @@ mod tests {
             ),
             None
         );
+    }
+
+    /// The queue-proxy role's answers, one row per case: (header lines, user container ready,
+    /// draining) → (status, body), or pass on.
+    #[test]
+    fn the_queue_proxy_answers_health_checks_from_the_user_containers_readiness() {
+        let kubelet = "User-Agent: kube-probe/1.30\r\nK-Network-Probe: queue";
+        let activator = "User-Agent: Knative-Activator-Probe\r\nK-Network-Probe: queue";
+        let autoscaler = "User-Agent: Knative-Autoscaling-Probe\r\nK-Network-Probe: queue";
+        type Row<'a> = (&'a str, bool, bool, Option<(u16, &'a str)>);
+        let rows: &[Row] = &[
+            (kubelet, true, false, Some((200, "queue"))),
+            (kubelet, false, false, Some((503, ""))),
+            (kubelet, true, true, Some((503, "shutting down\n"))),
+            (activator, true, false, Some((200, "queue"))),
+            (autoscaler, false, false, Some((503, ""))),
+            (
+                "User-Agent: kube-probe/1.30",
+                true,
+                false,
+                Some((400, "unexpected probe header value: \"\"\n")),
+            ),
+            (
+                "User-Agent: kube-probe/1.30\r\nK-Network-Probe: activator",
+                true,
+                false,
+                Some((400, "unexpected probe header value: \"activator\"\n")),
+            ),
+            (
+                "K-Network-Probe: probe\r\nK-Network-Hash: h1",
+                false,
+                false,
+                Some((200, "")),
+            ),
+            (
+                "K-Network-Probe: probe\r\nK-Network-Hash: h1",
+                true,
+                true,
+                Some((503, "shutting down\n")),
+            ),
+            (
+                "K-Network-Probe: probe",
+                true,
+                false,
+                Some((
+                    400,
+                    "a probe request must contain a non-empty \"K-Network-Hash\" header\n",
+                )),
+            ),
+            // Not probes: the app gets them, draining or not.
+            ("K-Network-Probe: activator", true, false, None),
+            ("User-Agent: curl/8", false, true, None),
+            ("K-Kubelet-Probe: yes", false, false, None),
+        ];
+        for (lines, ready, draining, expected) in rows {
+            let raw = format!("GET /x HTTP/1.1\r\n{lines}\r\n\r\n");
+            let fields: Vec<(&str, &str)> = raw
+                .split("\r\n")
+                .skip(1)
+                .filter_map(|line| line.split_once(':'))
+                .map(|(name, value)| (name, value.trim()))
+                .collect();
+            let answer = queue_proxy_answer(fields.as_slice(), || *ready, *draining);
+            let got = answer.as_ref().map(|answer| {
+                (
+                    answer.status,
+                    String::from_utf8_lossy(&answer.body).into_owned(),
+                )
+            });
+            let expected = expected.map(|(status, body)| (status, body.to_string()));
+            assert_eq!(got, expected, "{lines:?} ready={ready} draining={draining}");
+        }
     }
 }

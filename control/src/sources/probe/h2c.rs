@@ -69,6 +69,27 @@ pub(super) async fn exchange(
     addr: SocketAddr,
     keep_alive: bool,
 ) -> Result<(Answer, Option<Connection>), Failure> {
+    let headers = [(NETWORK_PROBE, QUEUE), (USER_AGENT, HEALTH_USER_AGENT)];
+    check(
+        connection,
+        addr,
+        &headers,
+        grpc_health::check_request(),
+        keep_alive,
+    )
+    .await
+}
+
+/// One `Health/Check` call on `connection` with `request` (one framed `HealthCheckRequest`)
+/// and `headers` beside gRPC's own; the connection back when it may carry another. Shared by
+/// the activator's probe above and the queue-proxy's readiness probe.
+pub(super) async fn check(
+    connection: Connection,
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    request: Vec<u8>,
+    keep_alive: bool,
+) -> Result<(Answer, Option<Connection>), Failure> {
     let failure = |stage: &str, error: h2::Error| {
         Failure::new(
             format!("{stage}: {}", describe(&error)),
@@ -82,21 +103,24 @@ pub(super) async fn exchange(
         .ready()
         .await
         .map_err(|error| failure("connection", error))?;
-    let request = http::Request::builder()
+    let mut head = http::Request::builder()
         .method(http::Method::POST)
         .uri(format!("http://{addr}{CHECK_PATH}"))
         .header(CONTENT_TYPE, grpc_health::CONTENT_TYPE)
-        .header(grpc_health::TE, grpc_health::TRAILERS)
-        .header(NETWORK_PROBE, QUEUE)
-        .header(USER_AGENT, HEALTH_USER_AGENT)
+        .header(grpc_health::TE, grpc_health::TRAILERS);
+    for (name, value) in headers {
+        head = head.header(*name, *value);
+    }
+    let head = head
         .body(())
         .map_err(|error| Failure::new(format!("request: {error}"), false))?;
     let (response, mut request_body) = sender
-        .send_request(request, false)
+        .send_request(head, false)
         .map_err(|error| failure("request", error))?;
-    // Five bytes: within any window, so h2 sends them at once.
+    // A few bytes (a service name is bounded by its decoder): within the initial window of
+    // 65,535 bytes every peer grants, so h2 sends them at once.
     request_body
-        .send_data(Bytes::from(grpc_health::check_request()), true)
+        .send_data(Bytes::from(request), true)
         .map_err(|error| failure("request", error))?;
     let (head, mut body) = response
         .await

@@ -36,7 +36,7 @@ impl Connection {
 
 /// One request and its response on `connection`; the connection back when it may carry another.
 pub(super) async fn exchange(
-    mut connection: Connection,
+    connection: Connection,
     addr: SocketAddr,
     keep_alive: bool,
 ) -> Result<(Answer, Option<Connection>), Failure> {
@@ -48,10 +48,22 @@ pub(super) async fn exchange(
     let request = format!(
         "GET {HEALTH_PATH} HTTP/1.1\r\nHost: {addr}\r\n{NETWORK_PROBE}: {QUEUE}\r\n{USER_AGENT}: {HEALTH_USER_AGENT}\r\n{close}\r\n"
     );
+    round_trip(connection, request.as_bytes(), keep_alive).await
+}
+
+/// Writes `request` (a whole `GET` request head, blank line included) on `connection` and
+/// reads the response: its status, the revision headers and at most [`BODY_LIMIT`] bytes of
+/// its body. The connection back when `keep_alive`, the response allows it and nothing is left
+/// unread. Shared by the activator's probe above and the queue-proxy's readiness probe.
+pub(super) async fn round_trip(
+    mut connection: Connection,
+    request: &[u8],
+    keep_alive: bool,
+) -> Result<(Answer, Option<Connection>), Failure> {
     let Connection { stream, buffer } = &mut connection;
     buffer.clear();
     stream
-        .write_all(request.as_bytes())
+        .write_all(request)
         .await
         .map_err(|error| Failure::new(format!("request: {error}"), false))?;
     let mut head = ResponseHead::default();

@@ -180,15 +180,69 @@ pub async fn probe_on(
 
 /// Why an exchange failed, and whether the pod had answered anything (then the failure is the
 /// pod's, even on a kept connection).
-struct Failure {
+#[derive(Debug)]
+pub struct Failure {
     reason: String,
     answered: bool,
+    /// The connection was refused: nothing listens on the port.
+    refused: bool,
 }
 
 impl Failure {
     fn new(reason: String, answered: bool) -> Failure {
-        Failure { reason, answered }
+        Failure {
+            reason,
+            answered,
+            refused: false,
+        }
     }
+
+    /// Why, for logs: `connect: Connection refused (os error 111)`, `response: …`.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// Whether the connection was refused (nothing listens on the port), as opposed to a
+    /// connection that was made and then failed.
+    pub fn refused(&self) -> bool {
+        self.refused
+    }
+}
+
+// === Building blocks shared with the queue-proxy's readiness probe ===
+// (`crate::queue_proxy::readiness`): the same connection handling and codecs, other requests.
+
+/// A new TCP connection to `addr`, Nagle off; a refused connection says so
+/// ([`Failure::refused`]). No timeout: the caller bounds the whole exchange.
+pub async fn connect(addr: SocketAddr) -> Result<TcpStream, Failure> {
+    dial(addr).await
+}
+
+/// One HTTP/1.1 exchange on a new connection to `addr`, closed afterwards: `request` is the
+/// whole `GET` request head (blank line included), the [`Answer`] holds the status and at most
+/// [`BODY_LIMIT`] bytes of the body (the rest is not read). No timeout: the caller bounds it.
+pub async fn http1_get(addr: SocketAddr, request: &[u8]) -> Result<Answer, Failure> {
+    let stream = dial(addr).await?;
+    let (answer, _) = http1::round_trip(http1::Connection::new(stream), request, false).await?;
+    Ok(answer)
+}
+
+/// One gRPC `Health/Check` call asking about `service` over h2c with prior knowledge, on a new
+/// connection to `addr`, closed afterwards, with `headers` beside gRPC's own. The [`Answer`]
+/// holds the HTTP status, the gRPC status ([`Answer::grpc`], `None` for a plain HTTP answer)
+/// and the body. No timeout: the caller bounds it.
+pub async fn grpc_health_check(
+    addr: SocketAddr,
+    service: &str,
+    headers: &[(&str, &str)],
+) -> Result<Answer, Failure> {
+    let stream = dial(addr).await?;
+    let connection = h2c::Connection::handshake(stream).await?;
+    let request = grpc_health::frame(&grpc_health::HealthCheckRequest {
+        service: service.to_owned(),
+    });
+    let (answer, _) = h2c::check(connection, addr, headers, request, false).await?;
+    Ok(answer)
 }
 
 async fn attempt(
@@ -234,9 +288,10 @@ async fn exchange(
 
 /// A new TCP connection to the pod, Nagle off (a probe is one small write).
 async fn dial(addr: SocketAddr) -> Result<TcpStream, Failure> {
-    let stream = TcpStream::connect(addr)
-        .await
-        .map_err(|error| Failure::new(format!("connect: {error}"), false))?;
+    let stream = TcpStream::connect(addr).await.map_err(|error| Failure {
+        refused: error.kind() == std::io::ErrorKind::ConnectionRefused,
+        ..Failure::new(format!("connect: {error}"), false)
+    })?;
     let _ = stream.set_nodelay(true);
     Ok(stream)
 }

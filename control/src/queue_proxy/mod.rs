@@ -1,0 +1,11 @@
+//! The queue-proxy role (`kactivator queue-proxy`): what differs from the activator role when
+//! the same request path runs as Knative's queue-proxy sidecar, in front of one user container.
+//!
+//! * [`env`]: the environment Knative's reconciler sets, read with upstream's rules.
+//! * [`readiness`]: the user container's readiness (`SERVING_READINESS_PROBE`), kept current
+//!   off the request path.
+//! * [`admin`]: the admin port's `/wait-for-drain`.
+
+pub mod admin;
+pub mod env;
+pub mod readiness;

@@ -1,0 +1,131 @@
+//! `kactivator queue-proxy`: the same request path as the activator, run as Knative's
+//! queue-proxy sidecar in front of one user container, configured by the environment Knative's
+//! reconciler sets (`kactivator_control::queue_proxy::env`).
+//!
+//! What the role changes (`kactivator_shards::shard::Role::QueueProxy`): every request is for
+//! the pod's own revision and goes to `127.0.0.1:USER_PORT`; health checks are answered from the
+//! user container's readiness; one data port (`QUEUE_SERVING_PORT`, HTTP/1.1 and h2c), the
+//! drain hook on the admin port (`--drain-admin`, 8022), kactivator's own metrics and health on
+//! [`METRICS_PORT`]; one shard unless `--shards` says otherwise (a sidecar gets a fraction of a
+//! core); upstream's breaker: at most containerConcurrency requests at the app, 10 × that
+//! waiting, more get 503 `pending request queue full`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kactivator_control::config::{Config, RevisionConfig};
+use kactivator_control::features;
+use kactivator_control::queue_proxy::{admin, env};
+use kactivator_shards::shard::{QueueProxyRole, Role};
+
+use crate::cli::{Cli, QueueProxyArgs};
+use crate::start::{self, RoleSetup, StartError};
+
+/// Upstream's user-metrics port (`http-usermetric`); here kactivator's `/metrics`, `/healthz`
+/// and `/readyz`.
+pub const METRICS_PORT: u16 = 9091;
+/// Upstream's quiet period: how long a draining queue-proxy keeps serving (`main.go`).
+pub const QUIET_PERIOD: Duration = Duration::from_secs(30);
+/// Upstream's breaker queue: ten waiting requests per unit of containerConcurrency.
+pub const QUEUE_PER_CONCURRENCY: u32 = 10;
+
+pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
+    let env = env::parse(|key| std::env::var(key).ok())?;
+    if !env.not_acted_on.is_empty() {
+        tracing::info!(
+            keys = ?env.not_acted_on,
+            "set by Knative but not acted on here (README: As Knative's queue-proxy)"
+        );
+    }
+    let config = config_of(&env, cli.drain_grace_seconds);
+    let user_ready = Arc::new(AtomicBool::new(false));
+    let role = Role::QueueProxy(QueueProxyRole {
+        namespace: env.namespace.clone(),
+        revision: env.revision.clone(),
+        user_ready: user_ready.clone(),
+    });
+    let admin_addr = args.drain_admin;
+    let probe = env.readiness_probe.clone();
+    let user_port = env.user_port;
+    let setup = RoleSetup {
+        role,
+        second_data_port: false,
+        default_shards: Some(1),
+        finds_autoscaler: false,
+        pod_name: env.pod.clone(),
+        spawn_extra: Some(Box::new(move |runtime, drain| {
+            let listener = std::net::TcpListener::bind(admin_addr)
+                .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+                .map_err(|source| StartError::Bind {
+                    addr: admin_addr,
+                    source,
+                })?;
+            let _entered = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            runtime.spawn(admin::serve(listener, drain));
+            runtime.spawn(readiness::watch(probe, user_port, user_ready));
+            Ok(())
+        })),
+    };
+    start::run_as(cli, Some(config), setup, || {})
+}
+
+/// The activator configuration that makes the request path a queue-proxy: one revision whose
+/// one pod is the user container.
+fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
+    let mut config = Config::default();
+    let any = Ipv4Addr::UNSPECIFIED.into();
+    config.listen.http = SocketAddr::new(any, env.serving_port);
+    config.listen.admin = SocketAddr::new(any, METRICS_PORT);
+    config.proxy.drain_grace_seconds = drain_grace.unwrap_or(QUIET_PERIOD.as_secs());
+    // The pod is the user container: it is not taken out of routing on a failed connection
+    // (the activator's quarantine probes a queue-proxy, which an app does not answer); a request
+    // that cannot reach it tries again within its deadline.
+    config
+        .features
+        .insert(features::POD_QUARANTINE.into(), "disabled".into());
+    let concurrency = env.container_concurrency;
+    config.revisions.push(RevisionConfig {
+        service: env.service.clone(),
+        configuration: env.configuration.clone(),
+        container_concurrency: concurrency,
+        timeout_seconds: env.timeout_seconds,
+        response_start_timeout_seconds: env.response_start_timeout_seconds,
+        idle_timeout_seconds: env.idle_timeout_seconds,
+        queue_depth: if concurrency == 0 {
+            kactivator_shards::routing::DEFAULT_QUEUE_DEPTH
+        } else {
+            concurrency.saturating_mul(QUEUE_PER_CONCURRENCY)
+        },
+        pods: vec![SocketAddr::new(Ipv4Addr::LOCALHOST.into(), env.user_port)],
+        ..RevisionConfig::new(&env.namespace, &env.revision)
+    });
+    config
+}
+
+/// The user container's readiness, until the prober of `SERVING_READINESS_PROBE` is wired:
+/// a TCP connection to the user port (the probe Knative defaults a container to).
+mod readiness {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    pub async fn watch(_probe: String, user_port: u16, ready: Arc<AtomicBool>) {
+        loop {
+            let up = tokio::time::timeout(
+                Duration::from_millis(100),
+                tokio::net::TcpStream::connect(("127.0.0.1", user_port)),
+            )
+            .await
+            .is_ok_and(|connected| connected.is_ok());
+            let was = ready.swap(up, Ordering::AcqRel);
+            if up != was {
+                tracing::info!(ready = up, "user container readiness");
+            }
+            let pause = if up { 1000 } else { 50 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    }
+}

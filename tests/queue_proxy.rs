@@ -1,0 +1,342 @@
+//! `kactivator queue-proxy`, started as Knative starts its queue-proxy: no arguments but the
+//! test's own port overrides, configured by the reconciler's environment, in front of a real
+//! user-container process (the test backend), probed as the kubelet and the activator probe.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kactivator_testkit::backend::{self, BackendConfig};
+use kactivator_testkit::ports::free_port;
+use support::{admin_get, eventually, exchange, scratch_dir};
+
+/// A running queue-proxy, killed on drop.
+struct QueueProxy {
+    child: Child,
+    serving: SocketAddr,
+    drain_admin: SocketAddr,
+    metrics: SocketAddr,
+    dir: std::path::PathBuf,
+}
+
+/// What Knative 1.18's reconciler sets (`queue.go`), for a user container on `user_port`.
+fn knative_env(user_port: u16, serving_port: u16, concurrency: u32) -> HashMap<String, String> {
+    [
+        ("SERVING_NAMESPACE", "default".to_string()),
+        ("SERVING_SERVICE", "hello".into()),
+        ("SERVING_CONFIGURATION", "hello".into()),
+        ("SERVING_REVISION", "hello-00001".into()),
+        ("SERVING_POD", "hello-00001-deployment-7d9f".into()),
+        ("SERVING_POD_IP", "127.0.0.1".into()),
+        ("QUEUE_SERVING_PORT", serving_port.to_string()),
+        ("QUEUE_SERVING_TLS_PORT", free_port().to_string()),
+        ("USER_PORT", user_port.to_string()),
+        ("CONTAINER_CONCURRENCY", concurrency.to_string()),
+        ("REVISION_TIMEOUT_SECONDS", "300".into()),
+        ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "0".into()),
+        ("REVISION_IDLE_TIMEOUT_SECONDS", "0".into()),
+        (
+            "SERVING_READINESS_PROBE",
+            format!(
+                r#"{{"tcpSocket":{{"port":{user_port},"host":"127.0.0.1"}},"successThreshold":1}}"#
+            ),
+        ),
+        ("SERVING_LOGGING_CONFIG", "{}".into()),
+        ("SERVING_LOGGING_LEVEL", String::new()),
+        ("SERVING_REQUEST_METRICS_BACKEND", "prometheus".into()),
+        ("ENABLE_HTTP2_AUTO_DETECTION", "false".into()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value))
+    .collect()
+}
+
+impl QueueProxy {
+    fn start(env: HashMap<String, String>) -> QueueProxy {
+        let serving: SocketAddr = format!("127.0.0.1:{}", env["QUEUE_SERVING_PORT"])
+            .parse()
+            .unwrap();
+        let drain_admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let dir = scratch_dir();
+        let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+            .arg("queue-proxy")
+            .args(["--drain-admin", &drain_admin.to_string()])
+            .args(["--admin", &metrics.to_string()])
+            .args(["--drain-grace-seconds", "1"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env(
+                "KACTIVATOR_DRIVER",
+                std::env::var("KACTIVATOR_DRIVER").unwrap_or_else(|_| "auto".into()),
+            )
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn kactivator queue-proxy");
+        let mut proxy = QueueProxy {
+            child,
+            serving,
+            drain_admin,
+            metrics,
+            dir,
+        };
+        let up = eventually(Duration::from_secs(15), || {
+            admin_get(proxy.metrics, "/readyz").is_some_and(|(status, _)| status == 200)
+        });
+        if !up {
+            let _ = proxy.child.kill();
+            panic!("queue-proxy never came up: {}", proxy.stderr());
+        }
+        proxy
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
+    fn health_check(&self, user_agent: &str) -> support::Response {
+        exchange(
+            self.serving,
+            format!(
+                "GET / HTTP/1.1\r\nHost: hello.default\r\nUser-Agent: {user_agent}\r\nK-Network-Probe: queue\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+    }
+
+    fn get(&self, path: &str) -> support::Response {
+        exchange(
+            self.serving,
+            format!("GET {path} HTTP/1.1\r\nHost: hello.default.example.com\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        admin_get(self.metrics, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for QueueProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- queue-proxy stderr ---\n{}", self.stderr());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn a_missing_or_bad_environment_exits_2_naming_every_key() {
+    let mut env = knative_env(free_port(), free_port(), 1);
+    env.remove("SERVING_REVISION");
+    env.remove("USER_PORT");
+    env.insert("CONTAINER_CONCURRENCY".into(), "ten".into());
+    let output = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+        .arg("queue-proxy")
+        .env_clear()
+        .envs(env)
+        .output()
+        .expect("run kactivator queue-proxy");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("missing SERVING_REVISION, USER_PORT")
+            && stderr.contains("CONTAINER_CONCURRENCY: \"ten\" is not an integer"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("queue-proxy environment").count(),
+        1,
+        "said once: {stderr}"
+    );
+}
+
+#[test]
+fn requests_reach_the_user_container_and_health_checks_follow_its_readiness() {
+    let user_port = free_port();
+    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
+
+    // No user container yet: the kubelet's and the activator's health checks fail with 503.
+    for agent in ["kube-probe/1.30", "Knative-Activator-Probe"] {
+        let answer = proxy.health_check(agent);
+        assert_eq!(
+            (answer.status, answer.body.as_slice()),
+            (503, &b""[..]),
+            "{agent}"
+        );
+    }
+    let user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    assert!(
+        eventually(Duration::from_secs(5), || proxy
+            .health_check("kube-probe/1.30")
+            .status
+            == 200),
+        "the health check never passed once the user container listened"
+    );
+    let answer = proxy.health_check("Knative-Activator-Probe");
+    assert_eq!((answer.status, answer.text()), (200, "queue".to_string()));
+
+    // Every request goes to the user container, whatever its Host names.
+    let answer = proxy.get("/");
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.text(), "hello from user-container\n");
+    assert_eq!(user.stats().requests, 1);
+
+    // The ingress's network probe is answered here, with the hash echoed.
+    let answer = exchange(
+        proxy.serving,
+        b"GET / HTTP/1.1\r\nHost: x\r\nK-Network-Probe: probe\r\nK-Network-Hash: h-42\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(
+        (answer.status, answer.header("K-Network-Hash")),
+        (200, Some("h-42"))
+    );
+    assert_eq!(user.stats().requests, 1, "probes never reach the app");
+}
+
+#[test]
+fn the_breaker_holds_containerconcurrency_at_the_app_and_ten_times_that_waiting() {
+    let user_port = free_port();
+    let user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 1));
+    let serving = proxy.serving;
+    let send = move |path: &'static str| {
+        std::thread::spawn(move || {
+            let mut stream = TcpStream::connect(serving).unwrap();
+            stream
+                .write_all(
+                    format!("GET {path} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
+                )
+                .unwrap();
+            let mut raw = Vec::new();
+            stream.read_to_end(&mut raw).unwrap();
+            support::parse_response(&raw).expect("a response")
+        })
+    };
+    // One request holds the one slot; ten wait behind it: the breaker's 11 × CC.
+    let holder = send("/delay/1500");
+    assert!(eventually(Duration::from_secs(5), || user
+        .stats()
+        .in_flight
+        == 1));
+    let waiting: Vec<_> = (0..10).map(|_| send("/delay/1")).collect();
+    assert!(
+        eventually(Duration::from_secs(5), || proxy
+            .metric("kactivator_revision_queued")
+            >= 10.0),
+        "ten requests never waited: {}",
+        proxy.metric("kactivator_revision_queued")
+    );
+    assert_eq!(user.stats().in_flight, 1, "containerConcurrency 1 held");
+    let refused = proxy.get("/");
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.text(), "pending request queue full\n");
+    assert_eq!(holder.join().unwrap().status, 200);
+    for request in waiting {
+        assert_eq!(request.join().unwrap().status, 200);
+    }
+    assert_eq!(user.stats().requests, 11);
+}
+
+#[test]
+fn sigterm_fails_health_checks_serves_on_and_wait_for_drain_returns_when_drained() {
+    let user_port = free_port();
+    let _user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let mut proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
+    assert!(eventually(Duration::from_secs(5), || proxy
+        .health_check("kube-probe/1.30")
+        .status
+        == 200));
+
+    // The user container's preStop and the queue-proxy's SIGTERM come together.
+    let drain_admin = proxy.drain_admin;
+    let started = Instant::now();
+    let pre_stop = std::thread::spawn(move || {
+        let answer = exchange(
+            drain_admin,
+            b"GET /wait-for-drain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        (answer.status, started.elapsed())
+    });
+    send_signal(proxy.child.id(), "TERM");
+    assert!(eventually(Duration::from_secs(2), || {
+        let answer = proxy.health_check("kube-probe/1.30");
+        answer.status == 503 && answer.text() == "shutting down\n"
+    }));
+    assert_eq!(proxy.get("/").status, 200, "still serving while draining");
+    let (status, waited) = pre_stop.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        waited >= Duration::from_millis(900),
+        "returned after {waited:?}, before the 1 s grace period ended"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(status) = proxy.child.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(Instant::now() < deadline, "did not exit after the drain");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(0));
+}
+
+#[test]
+fn wait_for_drain_without_a_sigterm_returns_after_a_second() {
+    let proxy = QueueProxy::start(knative_env(free_port(), free_port(), 0));
+    let started = Instant::now();
+    let answer = exchange(
+        proxy.drain_admin,
+        b"GET /wait-for-drain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(answer.status, 200);
+    let waited = started.elapsed();
+    assert!(
+        (Duration::from_millis(900)..Duration::from_secs(5)).contains(&waited),
+        "{waited:?}"
+    );
+    // A liveness restart of the user container does not fail the pod's health checks.
+    assert_eq!(proxy.health_check("kube-probe/1.30").status, 503);
+    assert!(!proxy
+        .health_check("kube-probe/1.30")
+        .text()
+        .contains("shutting down"));
+}
+
+fn send_signal(pid: u32, signal: &str) {
+    Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill");
+}
