@@ -1,34 +1,51 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it: formatting, lints, then every test once per I/O
-# driver (io_uring and epoll), then a loom model check of the admission gate, then a replay of
-# every fuzz target's seeds.
+# driver (io_uring and epoll), then the container images (scripts/image-check.sh), then a loom
+# model check of the admission gate, then a replay of every fuzz target's seeds, and a locked
+# build of every crate outside the workspace.
 #
-# Works on a fresh machine with a Rust toolchain: it installs the few system tools the
-# end-to-end tests drive (curl, iproute2 for the pod addresses of the Kubernetes tests, and
-# Python's grpcio, the second gRPC implementation of tests/grpc.rs) when they are missing, and
-# provides a real kube-apiserver with etcd and kubectl through
-# scripts/kube-apiserver.sh (built once, about 5 minutes; cached in target/kube afterwards).
+# What it needs and cannot install itself:
+#   * root: the Kubernetes and pod tests create network namespaces and veth pairs, and the image
+#     check runs the image in a chroot (run `sudo -E bash scripts/test.sh` as another user);
+#   * Debian or Ubuntu (apt-get), and a Rust toolchain (rustup; rust-version in Cargo.toml);
+#   * network access the first time: crates, apt packages, Python wheels, and the Kubernetes
+#     sources scripts/kube-apiserver.sh builds (cached in target/kube afterwards).
+# What it installs when missing: a C compiler (gcc, for ring), curl, iproute2, python3-venv, and
+# Python's grpcio packages in a virtual environment, target/venv, never in the system's Python.
+# `cargo test` run by hand finds that environment by itself (testkit's grpcio::python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ "$(id -u)" -ne 0 ]; then
+  echo "scripts/test.sh must run as root: the Kubernetes and pod tests create network" >&2
+  echo "namespaces and veth pairs, and the image check uses chroot. Nothing was run." >&2
+  echo "Run: sudo -E bash scripts/test.sh" >&2
+  exit 1
+fi
+command -v cargo >/dev/null 2>&1 || { echo "scripts/test.sh needs a Rust toolchain (https://rustup.rs)" >&2; exit 1; }
+command -v apt-get >/dev/null 2>&1 || { echo "scripts/test.sh installs its tools with apt-get (Debian, Ubuntu)" >&2; exit 1; }
+
 need_packages=()
+command -v cc >/dev/null 2>&1 || need_packages+=(gcc libc6-dev)
 command -v curl >/dev/null 2>&1 || need_packages+=(curl)
 command -v ip >/dev/null 2>&1 || need_packages+=(iproute2)
+command -v python3 >/dev/null 2>&1 || need_packages+=(python3)
+# Debian's python3 leaves ensurepip, which `python3 -m venv` needs, to python3-venv.
+python3 -c 'import ensurepip' >/dev/null 2>&1 || need_packages+=(python3-venv)
 if ((${#need_packages[@]})); then
   echo "== installing ${need_packages[*]}"
-  if [ "$(id -u)" -eq 0 ]; then
-    apt-get update -qq && apt-get install -y -qq "${need_packages[@]}"
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq "${need_packages[@]}"
-  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_packages[@]}"
 fi
 
 # grpcio's wheels carry their C core; grpcio-tools generates the test stubs at run time;
 # grpcio-health-checking is the standard health service of the HTTP/2-only test pods.
-if ! python3 -c 'import grpc, grpc_tools, grpc_health' >/dev/null 2>&1; then
-  echo "== installing grpcio, grpcio-tools and grpcio-health-checking (Python) for tests/grpc.rs"
-  python3 -m pip install --quiet --disable-pip-version-check 'grpcio==1.85.3' 'grpcio-tools==1.85.1' 'grpcio-health-checking==1.85.1'
+venv=target/venv
+if ! "$venv/bin/python3" -c 'import grpc, grpc_tools, grpc_health' >/dev/null 2>&1; then
+  echo "== installing grpcio, grpcio-tools and grpcio-health-checking (Python) in $venv for tests/grpc.rs"
+  python3 -m venv "$venv"
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check 'grpcio==1.85.3' 'grpcio-tools==1.85.1' 'grpcio-health-checking==1.85.1'
 fi
+export KACTIVATOR_PYTHON=$PWD/$venv/bin/python3
 
 echo "== kube-apiserver, etcd and kubectl for the Kubernetes tests"
 bash scripts/kube-apiserver.sh
@@ -52,9 +69,19 @@ echo "== loom model check of the admission gate (LOOM_MAX_PREEMPTIONS=5)"
 LOOM_MAX_PREEMPTIONS=5 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p kactivator-shards --release --lib --locked loom
 
+# The release build here is the benches' and the image's: reused when current.
+echo "== container images: reproducible archive, skopeo, the binary alone in the image's root"
+bash scripts/image-check.sh
+
 echo "== replaying the HTTP/1 codec's fuzz seeds"
 cargo test --manifest-path shards/h1/fuzz/Cargo.toml --locked
 echo "== replaying the fuzz seeds of registrations, the config file, Kubernetes objects and HTTP/2"
 cargo test --manifest-path fuzz/Cargo.toml --locked
+
+# The scenario benchmarks are a crate of their own with their own lock file: building them
+# `--locked` keeps that file current (a stale one would make benchmark builds resolve whatever
+# is newest that day). `cargo check` is enough to hold the lock and costs no release build.
+echo "== locked check of the scenario benchmarks"
+cargo check --manifest-path benches/scenarios/Cargo.toml --target-dir target --locked --all-targets
 
 echo "== all green"

@@ -6,9 +6,18 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kactivator_shards::runtime::reactor::DriverChoice;
 
+/// What `--version` prints after the name: the crate's version and the git commit it was built
+/// from (build.rs; `unknown` outside a git checkout).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("KACTIVATOR_GIT_COMMIT"),
+    ")"
+);
+
 /// A thread-per-core Knative activator.
 #[derive(Debug, Parser)]
-#[command(name = "kactivator", version, about)]
+#[command(name = "kactivator", version = VERSION, about)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,

@@ -18,7 +18,7 @@ use kactivator_testkit::backend::BackendConfig;
 use kactivator_testkit::grpc::pb::echo_client::EchoClient;
 use kactivator_testkit::grpc::pb::{EchoReply, EchoRequest, StreamRequest};
 use kactivator_testkit::grpc::{connect, h2c_request, spawn_grpc, GrpcHandle, GrpcStats};
-use kactivator_testkit::grpcio::{GrpcioPod, Health};
+use kactivator_testkit::grpcio::{self, GrpcioPod, Health};
 use support::{eventually, revision, Activator};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -470,8 +470,8 @@ async fn a_drain_lets_open_streams_finish() {
 }
 
 /// Python's grpcio (C core, another HTTP/2 implementation) through the activator: unary,
-/// streaming both ways and a 16 MiB message. Needs `python3 -m pip install grpcio grpcio-tools`
-/// (`.ci/run` installs them).
+/// streaming both ways and a 16 MiB message. Needs grpcio and grpcio-tools in the interpreter
+/// `grpcio::python` picks (`scripts/test.sh` installs them in target/venv).
 #[test]
 fn grpcio_calls_through_the_activator() {
     let pod = pod("pod-a");
@@ -483,17 +483,19 @@ fn grpcio_calls_through_the_activator() {
         (activator.http2, vec!["bidi", "5"]),
         (activator.http2, vec!["big", "16"]),
     ] {
-        let output = Command::new("python3")
+        let output = Command::new(grpcio::python())
             .arg(script)
             .args(["--target", &port.to_string(), "--authority", AUTHORITY])
             .args(&call)
             .output()
-            .expect("run python3");
+            .expect("run the Python interpreter");
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             output.status.success(),
-            "grpcio {call:?} failed (python3 -m pip install grpcio grpcio-tools?)\n{stdout}\n{stderr}"
+            "grpcio {call:?} failed ({}: {}?)\n{stdout}\n{stderr}",
+            grpcio::python().display(),
+            grpcio::INSTALL_HINT
         );
         assert!(stdout.contains("\"ok\": true"), "{stdout}");
     }

@@ -1,5 +1,5 @@
 //! Start-up and shutdown of the real binary: driver fallback under a seccomp profile that
-//! refuses io_uring, configuration errors, and the SIGTERM drain.
+//! refuses io_uring, configuration errors, the SIGTERM drain, and `--version`.
 
 mod support;
 
@@ -52,6 +52,31 @@ fn forcing_io_uring_where_it_is_refused_fails_with_a_clear_error() {
     assert!(
         error.contains("io_uring was forced but the kernel refused it"),
         "{error}"
+    );
+}
+
+/// `--version` says which commit a running binary (an image, a cluster's pod) was built from:
+/// the checkout's HEAD, or `unknown` when the source is not a git checkout.
+#[test]
+fn version_names_the_package_version_and_the_commit_built_from() {
+    let output = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let head = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|output| output.status.success())
+        .map_or_else(
+            || "unknown".to_owned(),
+            |output| String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+        );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("kactivator {} (commit {head})\n", env!("CARGO_PKG_VERSION"))
     );
 }
 

@@ -8,7 +8,7 @@ target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 [[ $target_dir == /* ]] || target_dir="$PWD/$target_dir"
 
 log "building kactivator-scenarios (release, $target_dir)"
-cargo build --release --quiet --manifest-path benches/scenarios/Cargo.toml --target-dir "$target_dir" ||
+cargo build --release --quiet --locked --manifest-path benches/scenarios/Cargo.toml --target-dir "$target_dir" ||
   die "kactivator-scenarios did not build"
 scenarios_bin="$target_dir/release/kactivator-scenarios"
 if [[ -n ${KACTIVATOR_BIN:-} ]]; then
@@ -17,7 +17,7 @@ if [[ -n ${KACTIVATOR_BIN:-} ]]; then
   log "using KACTIVATOR_BIN=$kactivator_bin (not building)"
 else
   log "building kactivator (release, $target_dir)"
-  cargo build --release --quiet -p kactivator --bin kactivator --target-dir "$target_dir" ||
+  cargo build --release --quiet --locked -p kactivator --bin kactivator --target-dir "$target_dir" ||
     die "kactivator did not build"
   kactivator_bin="$target_dir/release/kactivator"
 fi

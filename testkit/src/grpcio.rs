@@ -9,8 +9,9 @@
 //! pod served is read from its output, one line per call ([`GrpcioPod::calls`],
 //! [`GrpcioPod::health_checks`]).
 //!
-//! Needs `python3 -m pip install grpcio grpcio-tools grpcio-health-checking`
-//! (`scripts/test.sh` installs them).
+//! Needs grpcio, grpcio-tools and grpcio-health-checking in the interpreter [`python`] picks:
+//! `scripts/test.sh` installs them in a virtual environment, `target/venv`, that `cargo test`
+//! then finds by itself.
 
 use std::io::{self, BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -59,11 +60,35 @@ pub struct GrpcioPod {
     readers: Vec<JoinHandle<()>>,
 }
 
+/// Where `scripts/test.sh` keeps the Python packages of the gRPC tests, relative to the workspace.
+const VENV_PYTHON: &str = "target/venv/bin/python3";
+
+/// The Python interpreter of the gRPC tests: `$KACTIVATOR_PYTHON` if set, else the virtual
+/// environment `scripts/test.sh` creates (`target/venv`) when it exists, else `python3` from the
+/// PATH (with the packages installed some other way).
+pub fn python() -> std::path::PathBuf {
+    if let Some(python) = std::env::var_os("KACTIVATOR_PYTHON") {
+        return python.into();
+    }
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(|workspace| workspace.join(VENV_PYTHON));
+    match venv {
+        Some(venv) if venv.exists() => venv,
+        _ => "python3".into(),
+    }
+}
+
+/// What to say when the interpreter lacks the packages.
+pub const INSTALL_HINT: &str = "run `bash scripts/test.sh` once (it creates target/venv), or \
+     `python3 -m venv target/venv && target/venv/bin/pip install grpcio grpcio-tools \
+     grpcio-health-checking`, or point KACTIVATOR_PYTHON at an interpreter that has them";
+
 impl GrpcioPod {
     /// Starts a pod named `name` (the `backend` of its replies) on `listen` (port 0: a free
     /// one) and waits until it accepts connections.
     pub fn spawn(listen: SocketAddr, name: &str, health: Health) -> io::Result<GrpcioPod> {
-        let mut command = Command::new("python3");
+        let mut command = Command::new(python());
         command
             .arg(SCRIPT)
             .args(["--listen", &listen.to_string(), "--name", name]);
@@ -120,8 +145,8 @@ impl GrpcioPod {
                 pod.stop();
                 let errors = errors.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 Err(io::Error::other(format!(
-                    "the grpcio pod did not start on {listen} (python3 -m pip install \
-                     grpcio grpcio-tools grpcio-health-checking?): {errors}"
+                    "the grpcio pod did not start on {listen} ({}: {INSTALL_HINT}?): {errors}",
+                    python().display()
                 )))
             }
         }

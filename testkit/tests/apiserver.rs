@@ -375,3 +375,86 @@ subsets:
         stderr(&loopback)
     );
 }
+
+/// The `images:` entry of deploy/kustomization.yaml (`newName`, `newTag`): what a user sets once.
+fn kustomization_image() -> String {
+    let kustomization = fs::read_to_string(workspace().join("deploy/kustomization.yaml")).unwrap();
+    let field = |key: &str| {
+        kustomization
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(key))
+            .unwrap_or_else(|| panic!("deploy/kustomization.yaml sets no {key}"))
+            .trim()
+            .to_owned()
+    };
+    format!("{}:{}", field("newName:"), field("newTag:"))
+}
+
+/// `kubectl apply -k deploy/` runs the image the kustomization's `images:` entry names, and no
+/// placeholder is left in what it renders.
+#[test]
+fn the_kustomization_points_the_activator_at_its_images_entry() {
+    let server = start();
+    let rendered =
+        stdout(&server.kubectl(["kustomize", workspace().join("deploy").to_str().unwrap()]));
+    let images: Vec<&str> = rendered
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("image: "))
+        .collect();
+    assert_eq!(images, [kustomization_image()], "{rendered}");
+}
+
+/// deploy/queue-proxy's patch, applied as its header says to a `config-deployment` as Knative
+/// ships it, points the sidecar at the queue-proxy image with our resources and keeps every
+/// other key.
+#[test]
+fn the_queue_proxy_patch_sets_the_sidecar_and_keeps_knatives_keys() {
+    let server = start();
+    server.install_knative_crds();
+    server.apply_yaml(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: config-deployment
+  namespace: knative-serving
+data:
+  queue-sidecar-image: gcr.io/knative-releases/knative.dev/serving/cmd/queue@sha256:0000000000000000000000000000000000000000000000000000000000000000
+  progress-deadline: "600s"
+  _example: |
+    # queue-sidecar-cpu-request: "25m"
+"#,
+    );
+    let patch = workspace().join("deploy/queue-proxy/config-deployment-patch.yaml");
+    server.kubectl([
+        "-n",
+        "knative-serving",
+        "patch",
+        "configmap",
+        "config-deployment",
+        "--type",
+        "merge",
+        "--patch-file",
+        patch.to_str().unwrap(),
+    ]);
+    let data = json(&server.kubectl([
+        "-n",
+        "knative-serving",
+        "get",
+        "configmap",
+        "config-deployment",
+        "-o",
+        "json",
+    ]))["data"]
+        .clone();
+    let image = data["queue-sidecar-image"].as_str().unwrap();
+    // The queue-proxy image is the activator's name with `-queue-proxy`, at the same tag.
+    let activator = kustomization_image();
+    let (name, tag) = activator.rsplit_once(':').unwrap();
+    assert_eq!(image, format!("{name}-queue-proxy:{tag}"));
+    assert_eq!(data["queue-sidecar-cpu-request"], "25m");
+    assert_eq!(data["queue-sidecar-memory-request"], "32Mi");
+    assert_eq!(data["queue-sidecar-memory-limit"], "128Mi");
+    assert_eq!(data["progress-deadline"], "600s");
+    assert!(data["_example"].as_str().unwrap().contains("queue-sidecar"));
+}
