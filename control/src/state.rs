@@ -46,6 +46,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use kactivator_api::RevisionKey;
+use kactivator_shards::routing::priority::PriorityPolicy;
 use kactivator_shards::routing::{
     LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate, Timeouts,
 };
@@ -80,6 +81,9 @@ pub struct RevisionSpec {
     pub lb_policy: LbPolicy,
     /// Most requests that may wait for the revision.
     pub queue_depth: u32,
+    /// Priority bands and fairness among the revision's waiters; `None` (the default):
+    /// arrival order. Checked by the source (`PriorityPolicy::check`).
+    pub priority: Option<PriorityPolicy>,
     /// Port a bare `pod_ip` from a queue-proxy maps to.
     pub serving_port: u16,
     /// Cluster-IP mode: the revision's private Service (`ip:port`). Requests go there, to one
@@ -1073,6 +1077,7 @@ impl PodStates {
             pods: trackers,
             gate: entry.gate.clone(),
             queue_depth: spec.queue_depth,
+            priority: spec.priority.clone(),
         };
         self.journal.push(Journal::Route {
             revision: key.clone(),
@@ -1190,6 +1195,7 @@ mod tests {
             timeouts: Timeouts::default(),
             lb_policy: LbPolicy::default_for(cc),
             queue_depth: 100,
+            priority: None,
             serving_port: DEFAULT_SERVING_PORT,
             cluster_ip: None,
         }
