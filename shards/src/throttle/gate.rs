@@ -1409,6 +1409,7 @@ mod loom_tests {
     use super::*;
     use loom::sync::Mutex;
     use loom::thread;
+    use std::collections::VecDeque;
 
     const LIMITS: QueueLimits = QueueLimits { revision_depth: 8 };
 
