@@ -17,6 +17,9 @@ use kactivator_shards::http2::{
     DEFAULT_MAX_HEADER_LIST as DEFAULT_H2_MAX_HEADER_LIST,
     DEFAULT_STREAM_WINDOW as DEFAULT_H2_STREAM_WINDOW,
 };
+use kactivator_shards::routing::priority::{
+    default_band_of, PriorityPolicy, DEFAULT_BANDS, DEFAULT_PRIORITY_HEADER, DEFAULT_TENANT_HEADER,
+};
 use kactivator_shards::routing::{
     LbPolicy, Protocol, Timeouts, DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT, MAX_TIMEOUT_SECONDS,
 };
@@ -503,6 +506,63 @@ pub struct RevisionConfig {
     /// Default empty.
     #[serde(default)]
     pub pods: Vec<SocketAddr>,
+    /// `[revisions.priority]`: priority bands and per-tenant fairness among the revision's
+    /// waiting requests (README, "Priority and fairness"). Default: none (arrival order).
+    #[serde(default)]
+    pub priority: Option<PriorityConfig>,
+}
+
+/// `[revisions.priority]`: how a revision's waiting requests are ordered.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PriorityConfig {
+    /// The policy is on. Default true (the table's presence turns it on; `false` keeps the
+    /// revision in arrival order, its other keys still checked).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Number of priority bands, 1 to 16 (`MAX_BANDS`). Default: [`DEFAULT_BANDS`] (3).
+    #[serde(default = "default_bands")]
+    pub bands: u8,
+    /// Band of a request without a valid priority header. Default: the middle band,
+    /// [`default_band_of`]`(bands)` (1 of 3).
+    #[serde(default)]
+    pub default_band: Option<u8>,
+    /// Header carrying a request's band (an integer, higher served first). Default:
+    /// [`DEFAULT_PRIORITY_HEADER`] (`K-Priority`).
+    #[serde(default = "default_priority_header")]
+    pub priority_header: String,
+    /// Header carrying a request's fairness key (its tenant). Default:
+    /// [`DEFAULT_TENANT_HEADER`] (`K-Tenant`).
+    #[serde(default = "default_tenant_header")]
+    pub tenant_header: String,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_bands() -> u8 {
+    DEFAULT_BANDS
+}
+
+fn default_priority_header() -> String {
+    DEFAULT_PRIORITY_HEADER.to_string()
+}
+
+fn default_tenant_header() -> String {
+    DEFAULT_TENANT_HEADER.to_string()
+}
+
+impl PriorityConfig {
+    /// The policy the table describes, whether or not it is enabled.
+    pub fn policy(&self) -> PriorityPolicy {
+        PriorityPolicy {
+            bands: self.bands,
+            default_band: self.default_band.unwrap_or(default_band_of(self.bands)),
+            priority_header: self.priority_header.clone(),
+            tenant_header: self.tenant_header.clone(),
+        }
+    }
 }
 
 fn default_timeout_seconds() -> u64 {
@@ -565,7 +625,16 @@ impl RevisionConfig {
             serving_port: None,
             cluster_ip: None,
             pods: Vec::new(),
+            priority: None,
         }
+    }
+
+    /// The revision's priority policy when its `[revisions.priority]` is there and enabled.
+    pub fn priority_policy(&self) -> Option<PriorityPolicy> {
+        self.priority
+            .as_ref()
+            .filter(|priority| priority.enabled)
+            .map(PriorityConfig::policy)
     }
 
     pub fn protocol(&self) -> Protocol {
@@ -985,6 +1054,14 @@ impl Config {
                 1,
                 MAX_QUEUED,
             )?;
+            if let Some(priority) = &revision.priority {
+                if let Err(error) = priority.policy().check() {
+                    return Err(ConfigError::invalid(
+                        spans.revision_priority_value(index, error.field),
+                        format!("revision {key}: priority.{} {}", error.field, error.reason),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -1035,6 +1112,18 @@ impl Spans<'_> {
     fn revision_value(&self, index: usize, key: &str) -> Option<(usize, usize)> {
         let revisions = self.root.get("revisions")?.get_ref().as_array()?;
         self.value_in(revisions.get(index)?.get_ref().as_table()?, key)
+    }
+
+    /// Line and column of `key`'s value in the `index`th revision's `priority` table (or of
+    /// the table, when the key is a default).
+    fn revision_priority_value(&self, index: usize, key: &str) -> Option<(usize, usize)> {
+        let revisions = self.root.get("revisions")?.get_ref().as_array()?;
+        let revision = revisions.get(index)?.get_ref().as_table()?;
+        let priority = revision.get("priority")?;
+        match priority.get_ref().as_table() {
+            Some(table) if table.contains_key(key) => self.value_in(table, key),
+            _ => Some(line_and_column(self.text, priority.span().start)),
+        }
     }
 
     fn value_in(&self, table: &DeTable<'_>, key: &str) -> Option<(usize, usize)> {
@@ -1092,6 +1181,60 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
         assert_eq!(revision.timeouts().idle, Some(Duration::from_secs(5)));
         assert_eq!(revision.timeouts().response_start, None);
         assert_eq!(config.proxy.drain_grace_seconds, 45);
+    }
+
+    #[test]
+    fn a_revisions_priority_table_turns_the_policy_on_and_bad_values_name_their_key() {
+        let revision = "[[revisions]]\nnamespace = \"a\"\nname = \"b\"\n";
+        let parse = |priority: &str| Config::parse(&format!("{revision}{priority}"));
+        let off = parse("").unwrap();
+        assert_eq!(off.revisions[0].priority_policy(), None, "off by default");
+        let on = parse("[revisions.priority]\n").unwrap();
+        assert_eq!(
+            on.revisions[0].priority_policy(),
+            Some(PriorityPolicy::default()),
+            "the table alone: the defaults"
+        );
+        let set = parse(
+            "[revisions.priority]\nbands = 5\npriority_header = \"X-Prio\"\ntenant_header = \"X-Org\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            set.revisions[0].priority_policy(),
+            Some(PriorityPolicy {
+                bands: 5,
+                default_band: 2,
+                priority_header: "X-Prio".into(),
+                tenant_header: "X-Org".into(),
+            })
+        );
+        let disabled = parse("[revisions.priority]\nenabled = false\nbands = 2\n").unwrap();
+        assert_eq!(disabled.revisions[0].priority_policy(), None);
+        // (the table's body, the line the error points at, words the message must have)
+        let refused: &[(&str, usize, &str)] = &[
+            ("bands = 0\n", 5, "priority.bands"),
+            ("bands = 17\n", 5, "priority.bands"),
+            ("bands = 300\n", 5, "300"),
+            ("bands = 2\ndefault_band = 2\n", 6, "priority.default_band"),
+            ("default_band = 2\nbands = 2\n", 5, "priority.default_band"),
+            (
+                "priority_header = \"K Priority\"\n",
+                5,
+                "priority.priority_header",
+            ),
+            ("tenant_header = \"\"\n", 5, "priority.tenant_header"),
+            ("enabled = false\nbands = 0\n", 6, "priority.bands"),
+            ("band = 2\n", 5, "band"),
+        ];
+        for &(body, line, words) in refused {
+            let error = parse(&format!("[revisions.priority]\n{body}")).unwrap_err();
+            assert!(error.message.contains(words), "{body:?}: {error}");
+            assert_eq!(
+                error.position.map(|(at, _)| at),
+                Some(line),
+                "{body:?}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -306,7 +306,7 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
         }
     }
-    let counters: [ShardMetric; 15] = [
+    let counters: [ShardMetric; 17] = [
         (
             "kactivator_shard_connections_accepted_total",
             "Client connections accepted.",
@@ -366,6 +366,16 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             "kactivator_shard_upstream_connect_errors_total",
             "Dials to pods that failed.",
             |s| s.upstream_connect_errors.get(),
+        ),
+        (
+            "kactivator_shard_shed_total",
+            "Waiting requests answered 503 because a request of a higher priority band took their place in a full queue.",
+            |s| s.shed.get(),
+        ),
+        (
+            "kactivator_shard_priority_header_invalid_total",
+            "Requests whose priority header was not a band of their revision's policy (served in its default band).",
+            |s| s.priority_invalid.get(),
         ),
         (
             "kactivator_shard_dial_retries_total",

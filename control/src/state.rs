@@ -50,6 +50,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use kactivator_api::RevisionKey;
+use kactivator_shards::routing::priority::PriorityPolicy;
 use kactivator_shards::routing::{
     LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate, Timeouts,
 };
@@ -84,6 +85,9 @@ pub struct RevisionSpec {
     pub lb_policy: LbPolicy,
     /// Most requests that may wait for the revision.
     pub queue_depth: u32,
+    /// Priority bands and fairness among the revision's waiters; `None` (the default):
+    /// arrival order. Checked by the source (`PriorityPolicy::check`).
+    pub priority: Option<PriorityPolicy>,
     /// Port a bare `pod_ip` from a queue-proxy maps to.
     pub serving_port: u16,
     /// Cluster-IP mode: the revision's private Service (`ip:port`). Requests go there, to one
@@ -1055,6 +1059,7 @@ impl ControlState {
             pods: trackers,
             gate: entry.gate.clone(),
             queue_depth: spec.queue_depth,
+            priority: spec.priority.clone(),
         };
         self.effects.journal.push(Journal::Route {
             revision: key.clone(),
@@ -1344,6 +1349,7 @@ mod tests {
             timeouts: Timeouts::default(),
             lb_policy: LbPolicy::default_for(cc),
             queue_depth: 100,
+            priority: None,
             serving_port: DEFAULT_SERVING_PORT,
             cluster_ip: None,
         }

@@ -108,6 +108,7 @@ async fn run(selector: u8, seed: u8, stream: Vec<u8>) {
             protocol: Protocol::H2c,
             timeouts: Timeouts::default(),
             lb_policy: LbPolicy::FirstAvailable,
+            priority: None,
             pods: if selector & 3 == 3 {
                 Vec::new()
             } else {

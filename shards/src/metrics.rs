@@ -328,6 +328,12 @@ pub struct ShardStats {
     pub queue_time_warning: Counter,
     pub queue_time_error: Counter,
     pub queue_time_critical: Counter,
+    /// Waiting requests answered 503 because a request of a higher band took their place in a
+    /// full queue (a revision's priority policy).
+    pub shed: Counter,
+    /// Requests whose priority header was not a band of their revision's policy (they went to
+    /// its default band).
+    pub priority_invalid: Counter,
     /// Every revision this shard has recorded metrics for. Locked only when a revision is first
     /// seen on this shard and at scrape time, never per request.
     revisions: Mutex<Vec<Arc<RevisionCounters>>>,
@@ -358,6 +364,8 @@ impl ShardStats {
             queue_time_warning: Counter::default(),
             queue_time_error: Counter::default(),
             queue_time_critical: Counter::default(),
+            shed: Counter::default(),
+            priority_invalid: Counter::default(),
             revisions: Mutex::new(Vec::new()),
         }
     }

@@ -53,6 +53,7 @@ pub fn revision_spec(revision: &RevisionConfig) -> Option<RevisionSpec> {
         timeouts: revision.timeouts(),
         lb_policy: revision.lb_policy(),
         queue_depth: revision.queue_depth,
+        priority: revision.priority_policy(),
         serving_port: revision.serving_port(),
         cluster_ip: revision.cluster_ip,
     })

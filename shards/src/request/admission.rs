@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use monoio::time::Instant;
 
-use crate::routing::replica::{LocalPod, LocalRevision};
+use crate::routing::replica::{LocalPod, LocalRevision, Ungranted};
 use crate::runtime::control_link::EvidenceKind;
 use crate::shard::Shard;
-use crate::throttle::gate::{Admission, WaiterId};
+use crate::throttle::gate::{Admission, Class, WaiterId};
 use crate::upstream::error::UpstreamError;
 
 use super::deadlines::QueueTimeLevels;
@@ -38,18 +38,21 @@ pub(crate) trait ClientWatch {
 }
 
 /// A slot on a pod for `revision`: at once when one is free and nobody waits, else after a wait
-/// in the queue bounded by `deadline`.
+/// in the queue bounded by `deadline`. `class`: the request's band and flow under the
+/// revision's priority policy (`LocalRevision::classify`).
 ///
 /// A queued request is kept small: its deadline is an alarm in the shard's timer, and the
-/// client is only watched for readability. Errors: the queue is full, the deadline passed, the
+/// client is only watched for readability. Errors: the queue is full (or a request of a higher
+/// band took this one's place in it: shed, answered as a full queue), the deadline passed, the
 /// revision left routing, or the client left (its place is given up at once).
 pub(crate) async fn acquire<W: ClientWatch>(
     shard: &Shard,
     revision: &LocalRevision,
+    class: Class,
     deadline: Instant,
     client: &mut W,
 ) -> Result<Rc<LocalPod>, RequestError> {
-    let (admission, outbox) = revision.admit();
+    let (admission, outbox) = revision.admit(class);
     shard.deliver(revision, outbox);
     match admission {
         Admission::Proceed(pod) => Ok(pod),
@@ -62,6 +65,10 @@ pub(crate) async fn acquire<W: ClientWatch>(
             match waited {
                 Waited::Granted(pod) => Ok(pod),
                 Waited::Removed => Err(RequestError::RevisionGone),
+                Waited::Shed => {
+                    shard.stats().shed.increment();
+                    Err(RequestError::QueueFull)
+                }
                 Waited::TimedOut => Err(RequestError::TimedOut),
                 Waited::ClientGone => {
                     shard.stats().client_aborts.increment();
@@ -161,6 +168,8 @@ enum Waited {
     Granted(Rc<LocalPod>),
     /// The revision was removed while the request waited.
     Removed,
+    /// A request of a higher band took its place.
+    Shed,
     TimedOut,
     /// The client closed its connection: its place in the queue is already given up.
     ClientGone,
@@ -175,7 +184,7 @@ async fn wait_for_slot<W: ClientWatch>(
     deadline: Instant,
 ) -> Waited {
     enum Woke {
-        Queue(Option<Rc<LocalPod>>),
+        Queue(Result<Rc<LocalPod>, Ungranted>),
         Deadline,
         Readable,
     }
@@ -204,8 +213,9 @@ async fn wait_for_slot<W: ClientWatch>(
             .await
         };
         match woke {
-            Woke::Queue(Some(pod)) => return Waited::Granted(pod),
-            Woke::Queue(None) => return Waited::Removed,
+            Woke::Queue(Ok(pod)) => return Waited::Granted(pod),
+            Woke::Queue(Err(Ungranted::Removed)) => return Waited::Removed,
+            Woke::Queue(Err(Ungranted::Shed)) => return Waited::Shed,
             Woke::Deadline => return Waited::TimedOut,
             // Readable: taking it completes at once (bytes, FIN or error are there), so the
             // queue and the alarm can wait for it. Dropping the queued wait (on return) gives
@@ -220,7 +230,8 @@ async fn wait_for_slot<W: ClientWatch>(
 }
 
 /// A queued request waiting for its slot. Dropped before the slot arrives (timeout, client
-/// gone), it frees its place in the queue, or the slot granted meanwhile.
+/// gone), it frees its place in the queue, or the slot granted meanwhile. Once shed it holds
+/// nothing: its place went to the request that shed it.
 struct Queued<'a> {
     revision: &'a LocalRevision,
     shard: &'a Shard,
@@ -229,7 +240,7 @@ struct Queued<'a> {
 }
 
 impl Future for Queued<'_> {
-    type Output = Option<Rc<LocalPod>>;
+    type Output = Result<Rc<LocalPod>, Ungranted>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,

@@ -32,6 +32,7 @@ use super::tally::Tally;
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
 use crate::shard::{Role, Shard};
+use crate::throttle::gate::Class;
 use crate::upstream::error::UpstreamError;
 
 /// What the request path needs to know of a request from its head.
@@ -168,9 +169,11 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
                 .await;
         }
     };
+    // Read before `prepare`, which lets go of the fields; the default class without a policy.
+    let class = revision.classify(&front.headers(), &shard.stats().priority_invalid);
     front.prepare();
     let tally = Tally::arrive(shard, &revision, arrival);
-    let ended = proxy(shard, front, &revision, arrival).await;
+    let ended = proxy(shard, front, &revision, class, arrival).await;
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
     let (status, next) = match conclude(shape.request, ended) {
@@ -209,6 +212,7 @@ async fn proxy<F: Front>(
     shard: &Rc<Shard>,
     front: &mut F,
     revision: &Rc<LocalRevision>,
+    class: Class,
     arrival: Instant,
 ) -> Ended {
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
@@ -218,7 +222,14 @@ async fn proxy<F: Front>(
     let mut unreached: Option<UpstreamError> = None;
     loop {
         attempt += 1;
-        let admitted = acquire(shard, revision, deadlines.first_byte, &mut front.watch()).await;
+        let admitted = acquire(
+            shard,
+            revision,
+            class,
+            deadlines.first_byte,
+            &mut front.watch(),
+        )
+        .await;
         let pod = match admitted {
             Ok(pod) => pod,
             Err(error) => {

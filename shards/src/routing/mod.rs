@@ -5,6 +5,7 @@
 //! request never waits on the control thread. Pod trackers are `Arc`s that the control thread
 //! reuses by address across versions: the in-flight count of a pod survives every update.
 
+pub mod priority;
 pub mod replica;
 
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use kactivator_api::RevisionKey;
 
+use self::priority::PriorityPolicy;
 use crate::throttle::gate::RevisionGate;
 pub use crate::throttle::lb::LbPolicy;
 use crate::throttle::slots::PodSlots;
@@ -140,6 +142,9 @@ pub struct RevisionRoute {
     pub gate: Arc<RevisionGate>,
     /// Most requests that may wait for this revision (★ upstream's queue is unbounded).
     pub queue_depth: u32,
+    /// Priority bands and fairness among its waiters (issue 27); `None` (the default): arrival
+    /// order.
+    pub priority: Option<PriorityPolicy>,
 }
 
 /// One change to the routing table.

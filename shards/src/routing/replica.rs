@@ -13,9 +13,12 @@ use std::task::{Context, Poll, Waker};
 use kactivator_api::RevisionKey;
 use rustc_hash::{FxHashMap, FxHasher};
 
-use crate::metrics::{RevisionCounters, ShardStats};
+use crate::metrics::{Counter, RevisionCounters, ShardStats};
+use crate::request::headers::RequestHeaders;
 use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
-use crate::throttle::gate::{Admission, Effect, LocalQueue, QueueLimits, RevisionGate, WaiterId};
+use crate::throttle::gate::{
+    Admission, Class, Effect, LocalQueue, QueueLimits, RevisionGate, WaiterId,
+};
 use crate::throttle::lb::{Balancer, Slots};
 
 /// One pod as seen by one shard. Protocol-neutral: what a front needs of a pod's address in its
@@ -89,11 +92,23 @@ impl Outbox {
     }
 }
 
-/// A queued request's mailbox: the slot it was granted, and who to wake.
+/// A queued request's mailbox: the slot it was granted (or that it lost its place), and who to
+/// wake.
 #[derive(Debug, Default)]
 struct WaiterSlot {
     granted: Option<Rc<LocalPod>>,
+    /// A request of a higher band took its place (`throttle::gate::Effect::Shed`).
+    shed: bool,
     waker: Option<Waker>,
+}
+
+/// Why a queued request left the queue without a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ungranted {
+    /// The revision left routing.
+    Removed,
+    /// A request of a higher band took its place in a full queue.
+    Shed,
 }
 
 /// One revision as seen by one shard. Survives route updates: waiters, the load balancer's
@@ -123,16 +138,34 @@ impl LocalRevision {
         self.route.borrow().timeouts
     }
 
-    /// Admits an arriving request: a slot now, a place in the queue, or a refusal.
-    pub fn admit(&self) -> (Admission<Rc<LocalPod>>, Outbox) {
+    /// A request's band and flow under the revision's priority policy; the default class
+    /// (ignored by the queue) without one. `invalid` counts a priority header that is not a band.
+    #[inline]
+    pub fn classify<H: RequestHeaders + ?Sized>(&self, headers: &H, invalid: &Counter) -> Class {
+        let route = self.route.borrow();
+        let Some(policy) = &route.priority else {
+            return Class::default();
+        };
+        let classified = policy.classify(headers);
+        if classified.invalid {
+            invalid.increment();
+        }
+        classified.class
+    }
+
+    /// Admits an arriving request of `class`: a slot now, a place in the queue, or a refusal.
+    pub fn admit(&self, class: Class) -> (Admission<Rc<LocalPod>>, Outbox) {
         let limits = QueueLimits {
             revision_depth: self.route.borrow().queue_depth,
         };
         let mut effects = Vec::new();
-        let admission =
-            self.queue
-                .borrow_mut()
-                .admit(&self.gate, limits, || self.try_acquire(), &mut effects);
+        let admission = self.queue.borrow_mut().admit_as(
+            &self.gate,
+            limits,
+            class,
+            || self.try_acquire(),
+            &mut effects,
+        );
         if let Admission::Queued(id) = admission {
             // Before the effects: the dispatch inside `admit` may have served this very waiter.
             self.waiters.borrow_mut().insert(id, WaiterSlot::default());
@@ -142,18 +175,26 @@ impl LocalRevision {
         (admission, outbox)
     }
 
-    /// Polls a queued request: its slot once granted, `None` if the revision went away.
-    pub fn poll_grant(&self, id: WaiterId, cx: &mut Context<'_>) -> Poll<Option<Rc<LocalPod>>> {
+    /// Polls a queued request: its slot once granted, or why it has none.
+    pub fn poll_grant(
+        &self,
+        id: WaiterId,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Rc<LocalPod>, Ungranted>> {
         let mut waiters = self.waiters.borrow_mut();
         let Some(slot) = waiters.get_mut(&id) else {
-            return Poll::Ready(None);
+            return Poll::Ready(Err(Ungranted::Removed));
         };
         if let Some(pod) = slot.granted.take() {
             waiters.remove(&id);
-            return Poll::Ready(Some(pod));
+            return Poll::Ready(Ok(pod));
+        }
+        if slot.shed {
+            waiters.remove(&id);
+            return Poll::Ready(Err(Ungranted::Shed));
         }
         if self.removed.get() {
-            return Poll::Ready(None);
+            return Poll::Ready(Err(Ungranted::Removed));
         }
         slot.waker = Some(cx.waker().clone());
         Poll::Pending
@@ -270,6 +311,15 @@ impl LocalRevision {
                     }
                 }
                 Effect::Grant { shard: to, pod } => outbox.grants.push((to, pod)),
+                Effect::Shed { waiter } => {
+                    // It already left the queue; its mailbox says why, and it is woken to answer.
+                    if let Some(slot) = self.waiters.borrow_mut().get_mut(&waiter) {
+                        slot.shed = true;
+                        if let Some(waker) = slot.waker.take() {
+                            waker.wake();
+                        }
+                    }
+                }
             }
         }
         outbox
@@ -293,6 +343,12 @@ impl LocalRevision {
             })
             .collect();
         self.balancer.borrow_mut().set_policy(route.lb_policy);
+        let priority = route.priority.as_ref();
+        self.queue.borrow_mut().set_policy(
+            &self.gate,
+            priority.map(|policy| policy.bands),
+            priority.map_or(0, |policy| policy.default_band),
+        );
         *self.route.borrow_mut() = route;
         self.removed.set(false);
     }

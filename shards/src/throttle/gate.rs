@@ -6,7 +6,10 @@
 //!
 //! Shared state per revision ([`RevisionGate`]): a ticket dispenser giving every queued
 //! request its place in arrival order, the number of waiters on all shards, and for each shard
-//! the ticket of its oldest waiter. Each shard keeps its own FIFO of waiters ([`LocalQueue`]).
+//! the key of the waiter it would serve next: its band's rank, then its ticket
+//! (`discipline::head_key`; without a priority policy every waiter is in one band, so the key
+//! orders by ticket alone). Each shard keeps its own waiters ([`LocalQueue`]) in its revision's
+//! discipline (`discipline::Waiters`: FIFO, or bands and flows).
 //! Shared by the gates of every revision: the process-wide count of waiters ([`ProcessQueue`]).
 //!
 //! The rules, and the invariant each one keeps:
@@ -25,8 +28,10 @@
 //!   `SeqCst`: the total order of `SeqCst` accesses says nothing about it, so without the fences
 //!   the C11 model (and loom, which checks this under `--cfg loom`) allows both sides to miss
 //!   each other.
-//! * **Oldest first, within a bounded error.** A dispatch serves the shard whose oldest waiter
-//!   has the lowest ticket. Two dispatchers racing may both pick the same shard; the surplus
+//! * **Highest band first, then oldest, within a bounded error.** A dispatch serves the shard
+//!   whose next waiter has the lowest key: a waiter of a higher band on any shard goes before
+//!   every waiter of a lower band, and within a band the lowest ticket goes first (across
+//!   flows, round robin holds per shard: each shard publishes the flow whose turn it is). Two dispatchers racing may both pick the same shard; the surplus
 //!   grant finds the next waiter there, or none and is released and re-dispatched. So a waiter
 //!   can be overtaken only by waiters served through grants that were in flight at that moment.
 //! * **No slot is stranded.** A slot travels inside a grant; whoever receives a grant either
@@ -41,11 +46,17 @@
 //!   shares (a place taken there even briefly could refuse another revision's request). Every
 //!   pop and every cancel gives both places back. The fast path (nobody waiting, a slot free)
 //!   touches neither count and runs no fence.
+//! * **Shedding keeps the bounds.** Under a priority policy, an arrival refused by either bound
+//!   takes the place of the newest waiter of the lowest lower band *on its own shard*, which is
+//!   answered 503: the places pass from one to the other and no count moves. A lower-band
+//!   waiter on another shard is not shed (that would need a message and a second reservation).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
+
+pub use super::discipline::{Class, WaiterId};
+use super::discipline::{Waiter, Waiters};
 
 use self::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
@@ -61,9 +72,6 @@ mod sync {
 
 /// No waiter on a shard.
 const NONE: u64 = u64::MAX;
-
-/// Identifies a queued request within its shard.
-pub type WaiterId = u64;
 
 /// The process-wide cap on waiting requests, one object shared by the gates of every revision.
 #[derive(Debug)]
@@ -126,7 +134,7 @@ impl ProcessQueue {
 pub struct RevisionGate {
     next_ticket: AtomicU64,
     waiting: AtomicU32,
-    /// Per shard: the ticket of its oldest waiter, or `NONE`.
+    /// Per shard: the key (`discipline::head_key`) of the waiter it would serve next, or `NONE`.
     heads: Box<[CachePadded<AtomicU64>]>,
     process: Arc<ProcessQueue>,
 }
@@ -198,7 +206,7 @@ impl RevisionGate {
         self.process.release();
     }
 
-    /// The shard holding the oldest waiter.
+    /// The shard holding the waiter to serve next: the highest band's oldest.
     fn oldest_shard(&self) -> Option<usize> {
         let mut best: Option<(u64, usize)> = None;
         for (shard, head) in self.heads.iter().enumerate() {
@@ -236,19 +244,16 @@ pub enum Effect<P> {
     Wake { waiter: WaiterId, pod: P },
     /// Send this held slot to another shard (its oldest waiter is older than ours).
     Grant { shard: usize, pod: P },
-}
-
-#[derive(Debug)]
-struct Waiter {
-    ticket: u64,
-    id: WaiterId,
+    /// This local waiter lost its place to a request of a higher band: answer it 503, as for a
+    /// full queue. Its places in the revision and the process went to that request.
+    Shed { waiter: WaiterId },
 }
 
 /// One shard's waiters for one revision.
 #[derive(Debug)]
 pub struct LocalQueue {
     shard: usize,
-    waiters: VecDeque<Waiter>,
+    waiters: Waiters,
     next_id: WaiterId,
 }
 
@@ -256,7 +261,7 @@ impl LocalQueue {
     pub fn new(shard: usize) -> LocalQueue {
         LocalQueue {
             shard,
-            waiters: VecDeque::new(),
+            waiters: Waiters::default(),
             next_id: 0,
         }
     }
@@ -269,12 +274,34 @@ impl LocalQueue {
         self.waiters.is_empty()
     }
 
+    /// The revision's priority policy: `Some(bands)`, or `None` for arrival order. Waiters
+    /// already queued keep their places (`Waiters::set_policy`); the head is published again.
+    pub fn set_policy(&mut self, gate: &RevisionGate, bands: Option<u8>, default_band: u8) {
+        self.waiters.set_policy(bands, default_band);
+        self.publish_head(gate);
+    }
+
     /// A request arrives on this shard. `try_acquire` picks a pod and takes a slot on it (the
     /// load balancer over the shard's routable pods).
+    #[inline]
     pub fn admit<P>(
         &mut self,
         gate: &RevisionGate,
         limits: QueueLimits,
+        try_acquire: impl FnMut() -> Option<P>,
+        effects: &mut Vec<Effect<P>>,
+    ) -> Admission<P> {
+        self.admit_as(gate, limits, Class::default(), try_acquire, effects)
+    }
+
+    /// [`LocalQueue::admit`] for a request of `class` (which only a priority policy reads).
+    /// When the queue is full, a request of a higher band than some waiter here takes the place
+    /// of the newest waiter of the lowest such band, which is shed ([`Effect::Shed`]).
+    pub fn admit_as<P>(
+        &mut self,
+        gate: &RevisionGate,
+        limits: QueueLimits,
+        class: Class,
         mut try_acquire: impl FnMut() -> Option<P>,
         effects: &mut Vec<Effect<P>>,
     ) -> Admission<P> {
@@ -285,12 +312,17 @@ impl LocalQueue {
             }
         }
         if !gate.reserve(limits) {
-            return Admission::Rejected;
+            // Full. The shed waiter's places, in the revision and in the process, pass to this
+            // request without being given back, so neither count moves, not even for an instant.
+            let Some(shed) = self.waiters.shed_below(class.band) else {
+                return Admission::Rejected;
+            };
+            effects.push(Effect::Shed { waiter: shed.id });
         }
         let ticket = gate.next_ticket.fetch_add(1, Ordering::SeqCst);
         let id = self.next_id;
         self.next_id += 1;
-        self.waiters.push_back(Waiter { ticket, id });
+        self.waiters.push(class, Waiter { ticket, id });
         self.publish_head(gate);
         // Counted as waiting and published before this dispatch (which opens with the fence)
         // looks for a slot: see "No lost wake-up".
@@ -356,10 +388,9 @@ impl LocalQueue {
 
     /// A waiter gave up (client gone, timeout): its place is freed at once.
     pub fn cancel(&mut self, gate: &RevisionGate, waiter: WaiterId) -> bool {
-        let Some(at) = self.waiters.iter().position(|queued| queued.id == waiter) else {
+        if !self.waiters.remove(waiter) {
             return false;
-        };
-        self.waiters.remove(at);
+        }
         gate.unreserve();
         self.publish_head(gate);
         true
@@ -371,7 +402,7 @@ impl LocalQueue {
     /// Returns how many left.
     pub fn cancel_all(&mut self, gate: &RevisionGate) -> usize {
         let left = self.waiters.len();
-        for _ in self.waiters.drain(..) {
+        for _ in self.waiters.drain() {
             gate.unreserve();
         }
         self.publish_head(gate);
@@ -379,14 +410,14 @@ impl LocalQueue {
     }
 
     fn pop_oldest(&mut self, gate: &RevisionGate) -> Option<WaiterId> {
-        let waiter = self.waiters.pop_front()?;
+        let waiter = self.waiters.pop()?;
         gate.unreserve();
         self.publish_head(gate);
         Some(waiter.id)
     }
 
     fn publish_head(&self, gate: &RevisionGate) {
-        let head = self.waiters.front().map_or(NONE, |waiter| waiter.ticket);
+        let head = self.waiters.head_key().unwrap_or(NONE);
         gate.heads[self.shard].store(head, Ordering::SeqCst);
     }
 }
@@ -585,6 +616,186 @@ mod tests {
         assert_eq!(gate.oldest_shard(), None);
     }
 
+    /// A queue under a priority policy of three bands.
+    fn banded(shard: usize, gate: &RevisionGate) -> LocalQueue {
+        let mut queue = LocalQueue::new(shard);
+        queue.set_policy(gate, Some(3), 1);
+        queue
+    }
+
+    fn band(band: u8) -> Class {
+        Class { band, flow: 0 }
+    }
+
+    #[test]
+    fn a_freed_slot_goes_to_the_highest_band_waiting_on_any_shard() {
+        let gate = RevisionGate::new(2);
+        let pods = [PodSlots::new(1)];
+        let (mut low, mut high) = (banded(0, &gate), banded(1, &gate));
+        let mut effects = Vec::new();
+        let admit = |queue: &mut LocalQueue, class, effects: &mut Vec<_>| {
+            queue.admit_as(&gate, LIMITS, class, acquire_from(&pods), effects)
+        };
+        assert_eq!(
+            admit(&mut low, band(0), &mut effects),
+            Admission::Proceed(0)
+        );
+        assert_eq!(admit(&mut low, band(0), &mut effects), Admission::Queued(0));
+        assert_eq!(admit(&mut low, band(0), &mut effects), Admission::Queued(1));
+        // Later, on the other shard, a request of the top band.
+        assert_eq!(
+            admit(&mut high, band(2), &mut effects),
+            Admission::Queued(0)
+        );
+        assert!(effects.is_empty());
+        // The slot frees on the low shard: it goes to the other shard's high waiter.
+        assert!(pods[0].release());
+        low.dispatch(&gate, acquire_from(&pods), &mut effects);
+        assert_eq!(effects, vec![Effect::Grant { shard: 1, pod: 0 }]);
+        effects.clear();
+        assert_eq!(
+            high.receive_grant(&gate, 0, acquire_from(&pods), &mut effects),
+            None
+        );
+        assert_eq!(effects, vec![Effect::Wake { waiter: 0, pod: 0 }]);
+        effects.clear();
+        // Then the low waiters, oldest first.
+        assert!(pods[0].release());
+        high.dispatch(&gate, acquire_from(&pods), &mut effects);
+        assert_eq!(effects, vec![Effect::Grant { shard: 0, pod: 0 }]);
+        effects.clear();
+        assert_eq!(
+            low.receive_grant(&gate, 0, acquire_from(&pods), &mut effects),
+            None
+        );
+        assert_eq!(effects, vec![Effect::Wake { waiter: 0, pod: 0 }]);
+    }
+
+    #[test]
+    fn a_full_queue_sheds_its_lowest_band_for_a_higher_arrival() {
+        // (what, depth, process cap, bands of the waiters, the arrival's band, what becomes of
+        // it, the waiter shed)
+        type Row = (
+            &'static str,
+            u32,
+            u32,
+            &'static [u8],
+            u8,
+            Admission<usize>,
+            Option<WaiterId>,
+        );
+        let table: &[Row] = &[
+            ("room: queued", 3, 9, &[0, 0], 2, Admission::Queued(2), None),
+            (
+                "revision full: the newest of band 0",
+                3,
+                9,
+                &[1, 0, 0],
+                2,
+                Admission::Queued(3),
+                Some(2),
+            ),
+            (
+                "process full: the same",
+                9,
+                3,
+                &[1, 0, 0],
+                2,
+                Admission::Queued(3),
+                Some(2),
+            ),
+            (
+                "band 1 sheds band 0",
+                3,
+                9,
+                &[0, 2, 0],
+                1,
+                Admission::Queued(3),
+                Some(2),
+            ),
+            (
+                "nothing lower: refused",
+                2,
+                9,
+                &[1, 2],
+                1,
+                Admission::Rejected,
+                None,
+            ),
+            (
+                "the lowest band is refused",
+                2,
+                9,
+                &[0, 0],
+                0,
+                Admission::Rejected,
+                None,
+            ),
+        ];
+        for &(what, depth, cap, waiting, arriving, ref admitted, shed) in table {
+            let process = Arc::new(ProcessQueue::new(cap));
+            let gate = RevisionGate::with_process_queue(1, process.clone());
+            let pods = [PodSlots::new(0)];
+            let mut queue = banded(0, &gate);
+            let limits = QueueLimits {
+                revision_depth: depth,
+            };
+            for &waiter in waiting {
+                let admission = queue.admit_as(
+                    &gate,
+                    limits,
+                    band(waiter),
+                    acquire_from(&pods),
+                    &mut Vec::new(),
+                );
+                assert!(matches!(admission, Admission::Queued(_)), "{what}");
+            }
+            let mut effects = Vec::new();
+            let admission = queue.admit_as(
+                &gate,
+                limits,
+                band(arriving),
+                acquire_from(&pods),
+                &mut effects,
+            );
+            assert_eq!(&admission, admitted, "{what}");
+            let expected: Vec<_> = shed
+                .map(|waiter| Effect::Shed { waiter })
+                .into_iter()
+                .collect();
+            assert_eq!(effects, expected, "{what}");
+            assert_eq!(
+                queue.len(),
+                waiting.len() + usize::from(shed.is_none() && admission != Admission::Rejected),
+                "{what}"
+            );
+            assert_eq!(
+                gate.waiting() as usize,
+                queue.len(),
+                "{what}: the places passed on"
+            );
+            assert_eq!(process.queued() as usize, queue.len(), "{what}");
+            assert!(
+                !queue.cancel(&gate, shed.unwrap_or(WaiterId::MAX)),
+                "{what}: the shed left"
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_policy_nothing_is_shed() {
+        let gate = RevisionGate::new(1);
+        let pods = [PodSlots::new(0)];
+        let mut queue = LocalQueue::new(0);
+        let limits = QueueLimits { revision_depth: 1 };
+        let mut effects = Vec::new();
+        let mut admit =
+            |class| queue.admit_as(&gate, limits, class, acquire_from(&pods), &mut effects);
+        assert_eq!(admit(band(0)), Admission::Queued(0));
+        assert_eq!(admit(band(2)), Admission::Rejected);
+        assert!(effects.is_empty());
+    }
+
     #[test]
     fn a_grant_for_a_shard_whose_waiter_left_comes_back() {
         let gate = RevisionGate::new(2);
@@ -607,6 +818,8 @@ mod tests {
         /// shard: the release lands between the attempt and the enqueue, and its releaser saw
         /// nobody waiting (the window "No lost wake-up" is about).
         ArriveRacing(usize, usize),
+        /// An arrival of a band (flow 0).
+        ArriveAs(usize, u8),
         Finish(usize),
         Deliver(usize),
         Cancel(usize),
@@ -619,6 +832,7 @@ mod tests {
         fn on(&self, shards: usize) -> Step {
             match *self {
                 Step::Arrive(shard) => Step::Arrive(shard % shards),
+                Step::ArriveAs(shard, band) => Step::ArriveAs(shard % shards, band),
                 Step::ArriveRacing(shard, pick) => Step::ArriveRacing(shard % shards, pick),
                 ref other => other.clone(),
             }
@@ -647,8 +861,13 @@ mod tests {
         running: Vec<(usize, usize)>,
         /// Grants travelling between shards: (to shard, pod).
         in_transit: Vec<(usize, usize)>,
-        /// Queued requests per shard, by waiter id, with their arrival order.
-        queued: BTreeMap<(usize, WaiterId), u64>,
+        /// Queued requests per shard, by waiter id, with their band (0 without a policy) and
+        /// arrival order.
+        queued: BTreeMap<(usize, WaiterId), (u8, u64)>,
+        /// The priority policy's bands, or `None`.
+        bands: Option<u8>,
+        /// Waiters that lost their place to a higher band.
+        shed: u64,
         served: HashSet<(usize, WaiterId)>,
     }
 
@@ -659,14 +878,27 @@ mod tests {
                 match effect {
                     Effect::Wake { waiter, pod } => overtakes += self.serve(shard, waiter, pod),
                     Effect::Grant { shard: to, pod } => self.in_transit.push((to, pod)),
+                    Effect::Shed { waiter } => {
+                        assert!(
+                            self.queued.remove(&(shard, waiter)).is_some(),
+                            "shed a request that was not waiting"
+                        );
+                        self.shed += 1;
+                    }
                 }
             }
             overtakes
         }
 
-        /// Serves a waiter; returns how many older waiters of this revision it overtook.
+        /// The band a request of `band` waits in.
+        fn band_of(&self, band: u8) -> u8 {
+            self.bands.map_or(0, |bands| band.min(bands - 1))
+        }
+
+        /// Serves a waiter; returns how many waiters of this revision it overtook: of a higher
+        /// band, or of its band and older.
         fn serve(&mut self, shard: usize, waiter: WaiterId, pod: usize) -> u64 {
-            let arrival = self
+            let (band, arrival) = self
                 .queued
                 .remove(&(shard, waiter))
                 .expect("a woken waiter was queued and not yet served");
@@ -674,7 +906,7 @@ mod tests {
             self.running.push((shard, pod));
             self.queued
                 .values()
-                .filter(|&&older| older < arrival)
+                .filter(|&&(other, older)| other > band || (other == band && older < arrival))
                 .count() as u64
         }
 
@@ -788,6 +1020,8 @@ mod tests {
                     running: Vec::new(),
                     in_transit: Vec::new(),
                     queued: BTreeMap::new(),
+                    bands: None,
+                    shed: 0,
                     served: HashSet::new(),
                 })
                 .collect();
@@ -798,6 +1032,17 @@ mod tests {
                 overtakes: 0,
                 rejected: 0,
             }
+        }
+
+        /// Puts every revision under a priority policy of `bands` bands.
+        fn with_bands(mut self, bands: u8) -> Simulation {
+            for rev in &mut self.revisions {
+                rev.bands = Some(bands);
+                for queue in &mut rev.queues {
+                    queue.set_policy(&rev.gate, Some(bands), 0);
+                }
+            }
+            self
         }
 
         fn step(&mut self, revision: usize, step: &Step) {
@@ -816,7 +1061,19 @@ mod tests {
                         || pods.iter().position(PodSlots::try_acquire),
                         &mut effects,
                     );
-                    self.record_arrival(revision, shard, before, admission, effects);
+                    self.record_arrival(revision, shard, 0, before, admission, effects);
+                }
+                Step::ArriveAs(shard, band) => {
+                    let shard = shard % shards;
+                    let pods = &rev.pods;
+                    let admission = rev.queues[shard].admit_as(
+                        &rev.gate,
+                        rev.limits,
+                        Class { band, flow: 0 },
+                        || pods.iter().position(PodSlots::try_acquire),
+                        &mut effects,
+                    );
+                    self.record_arrival(revision, shard, band, before, admission, effects);
                 }
                 Step::ArriveRacing(shard, pick) => {
                     let shard = shard % shards;
@@ -840,7 +1097,7 @@ mod tests {
                         },
                         &mut effects,
                     );
-                    self.record_arrival(revision, shard, before, admission, effects);
+                    self.record_arrival(revision, shard, 0, before, admission, effects);
                 }
                 Step::Grow(shard, pod) => {
                     let shard = shard % shards;
@@ -874,11 +1131,13 @@ mod tests {
         }
 
         /// Books an arrival's outcome and applies the effects of its admission. A request may
-        /// queue only below both bounds, and be refused only at one of them.
+        /// queue only below both bounds (or in the place of a lower band's waiter it shed), and
+        /// be refused only at one of them.
         fn record_arrival(
             &mut self,
             revision: usize,
             shard: usize,
+            band: u8,
             (waiting, queued): (u32, u32),
             admission: Admission<usize>,
             effects: Vec<Effect<usize>>,
@@ -891,11 +1150,37 @@ mod tests {
                     rev.running.push((shard, pod));
                 }
                 Admission::Queued(id) => {
-                    assert!(
-                        waiting < depth && queued < cap,
-                        "queued at {waiting}/{depth} in the revision, {queued}/{cap} in the process"
-                    );
-                    rev.queued.insert((shard, id), self.arrivals);
+                    let band = rev.band_of(band);
+                    let shed: Vec<WaiterId> = effects
+                        .iter()
+                        .filter_map(|effect| match effect {
+                            Effect::Shed { waiter } => Some(*waiter),
+                            _ => None,
+                        })
+                        .collect();
+                    match shed[..] {
+                        [] => assert!(
+                            waiting < depth && queued < cap,
+                            "queued at {waiting}/{depth} in the revision, {queued}/{cap} in the process"
+                        ),
+                        [waiter] => {
+                            assert!(
+                                waiting >= depth || queued >= cap,
+                                "shed at {waiting}/{depth} in the revision, {queued}/{cap} in the process"
+                            );
+                            let (lower, _) = rev.queued[&(shard, waiter)];
+                            assert!(lower < band, "shed a waiter of band {lower} for {band}");
+                            let lowest = rev
+                                .queued
+                                .iter()
+                                .filter(|((on, _), _)| *on == shard)
+                                .map(|(_, &(other, _))| other)
+                                .min();
+                            assert_eq!(lowest, Some(lower), "not the shard's lowest band");
+                        }
+                        _ => panic!("one arrival shed {shed:?}"),
+                    }
+                    rev.queued.insert((shard, id), (band, self.arrivals));
                 }
                 Admission::Rejected => {
                     assert!(
@@ -1009,6 +1294,58 @@ mod tests {
             simulation.assert_all_served();
         }
 
+        /// The same under a priority policy of three bands, arrivals of every band (and past the
+        /// last), and queues small enough to shed: still safe and work conserving, and every
+        /// shed was of a lower band.
+        #[test]
+        fn banded_handoff_is_safe_and_work_conserving(
+            shards in 1..5usize,
+            capacities in prop::collection::vec(0..3u32, 1..4),
+            depth in 1..6u32,
+            steps in prop::collection::vec(prop_oneof![
+                3 => step(4),
+                4 => (0..4usize, 0..4u8).prop_map(|(shard, band)| Step::ArriveAs(shard, band)),
+            ], 1..300),
+        ) {
+            prop_assume!(capacities.iter().any(|&capacity| capacity > 0));
+            let limits = QueueLimits { revision_depth: depth };
+            let mut simulation =
+                Simulation::with_revisions(shards, &[(&capacities, limits)], ProcessQueue::UNLIMITED)
+                    .with_bands(3);
+            for step in &steps {
+                simulation.step(0, &step.on(shards));
+            }
+            simulation.drain();
+            simulation.assert_all_served();
+        }
+
+        /// Under a priority policy, with grants delivered at once: a freed slot always goes to
+        /// the highest band waiting on any shard, and within a band to the oldest.
+        #[test]
+        fn prompt_delivery_serves_higher_bands_first(
+            shards in 1..5usize,
+            steps in prop::collection::vec(prop_oneof![
+                3 => (0..4usize, 0..3u8).prop_map(|(shard, band)| Step::ArriveAs(shard, band)),
+                1 => (0..4usize, 0..64usize).prop_map(|(shard, pick)| Step::ArriveRacing(shard, pick)),
+                3 => (0..64usize).prop_map(Step::Finish),
+                1 => (0..4usize, 0..2usize).prop_map(|(shard, pod)| Step::Grow(shard, pod)),
+            ], 1..300),
+        ) {
+            let mut simulation = Simulation::new(shards, &[1, 2]).with_bands(3);
+            for step in &steps {
+                simulation.step(0, &step.on(shards));
+                let rev = &mut simulation.revisions[0];
+                while let Some((shard, pod)) = rev.in_transit.pop() {
+                    simulation.overtakes += rev.deliver(shard, pod);
+                }
+                simulation.check();
+                simulation.revisions[0].check_work_conserving();
+            }
+            simulation.drain();
+            prop_assert_eq!(simulation.overtakes, 0, "served past a higher band or an older waiter");
+            simulation.assert_all_served();
+        }
+
         /// Two revisions share one process queue, on up to four shards, in any interleaving:
         /// the total waiting never exceeds the cap nor any revision its depth, a request is
         /// refused only at one of them (checked at every arrival), and the counts return to zero
@@ -1072,6 +1409,7 @@ mod loom_tests {
     use super::*;
     use loom::sync::Mutex;
     use loom::thread;
+    use std::collections::VecDeque;
 
     const LIMITS: QueueLimits = QueueLimits { revision_depth: 8 };
 
@@ -1137,8 +1475,10 @@ mod loom_tests {
         /// Requests on this shard holding the slot.
         running: u32,
         queued: Vec<WaiterId>,
+        /// In the order they were woken.
         woken: Vec<WaiterId>,
         cancelled: Vec<WaiterId>,
+        shed: Vec<WaiterId>,
     }
 
     impl Shard {
@@ -1150,14 +1490,27 @@ mod loom_tests {
                 queued: Vec::new(),
                 woken: Vec::new(),
                 cancelled: Vec::new(),
+                shed: Vec::new(),
             }
         }
 
+        /// A shard whose queue is under a priority policy of three bands.
+        fn banded(index: usize, world: &World) -> Shard {
+            let mut shard = Shard::new(index);
+            shard.queue.set_policy(&world.gate, Some(3), 0);
+            shard
+        }
+
         fn arrive(&mut self, world: &World) -> Admission<()> {
+            self.arrive_as(world, LIMITS, 0)
+        }
+
+        fn arrive_as(&mut self, world: &World, limits: QueueLimits, band: u8) -> Admission<()> {
             let mut effects = Vec::new();
-            let admission = self.queue.admit(
+            let admission = self.queue.admit_as(
                 &world.gate,
-                LIMITS,
+                limits,
+                Class { band, flow: 0 },
                 || world.pod.try_acquire(),
                 &mut effects,
             );
@@ -1230,11 +1583,17 @@ mod loom_tests {
                             !self.cancelled.contains(&waiter),
                             "woke a cancelled request"
                         );
+                        assert!(!self.shed.contains(&waiter), "woke a shed request");
                         self.woken.push(waiter);
                         self.running += 1;
                     }
                     Effect::Grant { shard, pod: () } => {
                         world.mailboxes[shard].lock().unwrap().push_back(());
+                    }
+                    Effect::Shed { waiter } => {
+                        assert!(self.queued.contains(&waiter), "shed a request never queued");
+                        assert!(!self.woken.contains(&waiter), "shed a woken request");
+                        self.shed.push(waiter);
                     }
                 }
             }
@@ -1283,7 +1642,8 @@ mod loom_tests {
         for shard in shards.iter() {
             for id in &shard.queued {
                 let fates = shard.woken.iter().filter(|&woken| woken == id).count()
-                    + shard.cancelled.iter().filter(|&gone| gone == id).count();
+                    + shard.cancelled.iter().filter(|&gone| gone == id).count()
+                    + shard.shed.iter().filter(|&shed| shed == id).count();
                 assert_eq!(fates, 1, "request {id} on shard {}", shard.index);
             }
         }
@@ -1397,6 +1757,97 @@ mod loom_tests {
                     shard.receive_grants(world);
                     shard.cancel(world, 0);
                 },
+            );
+        });
+    }
+
+    /// The band hand-off: two low waiters on shard 1, and the slot held on shard 1. Shard 0
+    /// queues a request of the top band while shard 1's request ends and dispatches. The high
+    /// request is served first, or second when the dispatch that raced its arrival read the
+    /// heads before its own was published (the bounded error of "Highest band first"), never
+    /// after both.
+    #[test]
+    fn loom_a_high_band_arrival_racing_a_release_is_served_within_one_turn() {
+        loom::model(|| {
+            let world = World::new();
+            let mut shards = [Shard::banded(0, &world), Shard::banded(1, &world)];
+            // The slot moves to shard 1's request (shard 0's held it in `World::new`).
+            shards[1].running = 1;
+            for _ in 0..2 {
+                assert!(matches!(shards[1].arrive(&world), Admission::Queued(_)));
+            }
+            let [first, second] = shards;
+            let shared = world.clone();
+            let high = thread::spawn(move || {
+                let mut shard = first;
+                let admission = shard.arrive_as(&shared, LIMITS, 2);
+                assert_eq!(
+                    admission,
+                    Admission::Queued(0),
+                    "no barging past the low waiters"
+                );
+                shard.receive_grants(&shared);
+                shard
+            });
+            let shared = world.clone();
+            let low = thread::spawn(move || {
+                let mut shard = second;
+                shard.finish(&shared);
+                shard.receive_grants(&shared);
+                shard
+            });
+            let mut shards = [high.join().unwrap(), low.join().unwrap()];
+            // Serve everything one at a time, noting who got the slot in which order.
+            let mut order = Vec::new();
+            loop {
+                settle(&world, &mut shards);
+                check_quiet(&world, &shards);
+                for (index, shard) in shards.iter().enumerate() {
+                    for &id in &shard.woken {
+                        if !order.contains(&(index, id)) {
+                            order.push((index, id));
+                        }
+                    }
+                }
+                match shards.iter_mut().find(|shard| shard.running > 0) {
+                    Some(shard) => shard.finish(&world),
+                    None => break,
+                }
+            }
+            let high_at = order.iter().position(|&served| served == (0, 0));
+            assert!(
+                matches!(high_at, Some(0 | 1)),
+                "the high request was served at {high_at:?} of {order:?}"
+            );
+            assert_eq!(world.gate.waiting(), 0);
+            assert_eq!(world.gate.oldest_shard(), None);
+        });
+    }
+
+    /// Shedding racing a hand-off: shard 0's queue is full of low waiters (depth 2); a request
+    /// of the top band arrives there and sheds the newest, while shard 1's request ends and
+    /// sends the slot to shard 0's head. The counts never pass the depth, the shed request is
+    /// never woken, and every request ends exactly once.
+    #[test]
+    fn loom_a_shed_racing_a_grant_in_flight() {
+        loom::model(|| {
+            let world = World::new();
+            let limits = QueueLimits { revision_depth: 2 };
+            let mut shards = [Shard::banded(0, &world), Shard::banded(1, &world)];
+            shards[1].running = 1;
+            for _ in 0..2 {
+                let admission = shards[0].arrive_as(&world, limits, 0);
+                assert!(matches!(admission, Admission::Queued(_)));
+            }
+            race(
+                world,
+                shards,
+                move |shard, world| {
+                    assert_eq!(shard.arrive_as(world, limits, 2), Admission::Queued(2));
+                    assert_eq!(shard.shed, [1], "the newest low waiter");
+                    assert!(world.gate.waiting() <= 2);
+                },
+                |shard, world| shard.finish(world),
             );
         });
     }

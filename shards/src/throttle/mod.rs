@@ -3,6 +3,8 @@
 //! * [`slots`] — a pod's in-flight count against this activator's share of its
 //!   containerConcurrency, and the retirement latch;
 //! * [`gate`] — a revision's admission across shards: the fair queue and the slot hand-off;
+//! * [`discipline`] — the order of one shard's waiters: FIFO, or priority bands and fairness
+//!   across flows;
 //! * [`lb`] — the load-balancing policies, each a pick and an acquire in one step;
 //! * [`capacity`] — the one rule for a revision's capacity here (pod and cluster-IP mode),
 //!   called by the control thread's publish path;
@@ -12,6 +14,7 @@
 //! thread.
 
 pub mod capacity;
+pub mod discipline;
 pub mod gate;
 pub mod lb;
 pub mod slots;

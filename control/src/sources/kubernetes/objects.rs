@@ -16,6 +16,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kactivator_api::RevisionKey;
+use kactivator_shards::routing::priority::{default_band_of, PriorityPolicy};
 use kactivator_shards::routing::{
     LbPolicy, Protocol, RevisionLabels, Timeouts, DEFAULT_QUEUE_DEPTH, MAX_TIMEOUT_SECONDS,
 };
@@ -33,6 +34,11 @@ pub const CONFIGURATION_LABEL: &str = "serving.knative.dev/configuration";
 /// Annotation on a Revision choosing its load-balancing policy (ours; the fork's
 /// `spec.loadBalancingPolicy` field is honoured too and wins).
 pub const LB_POLICY_ANNOTATION: &str = "kactivator.knative.dev/load-balancing-policy";
+/// Revision annotation turning on priority bands and per-tenant fairness among its waiting
+/// requests (README, "Priority and fairness"): `on` (or empty) for the defaults, `off`, or
+/// `key=value` pairs separated by commas, keys `bands`, `default_band`, `priority_header`,
+/// `tenant_header` (as in the file's `[revisions.priority]`). Absent: off.
+pub const PRIORITY_ANNOTATION: &str = "kactivator.knative.dev/priority";
 /// EndpointSlice label naming the Service it belongs to.
 pub const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
 
@@ -157,12 +163,64 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
         timeouts,
         lb_policy,
         queue_depth: DEFAULT_QUEUE_DEPTH,
+        priority: match object["metadata"]["annotations"][PRIORITY_ANNOTATION].as_str() {
+            None => None,
+            Some(value) => priority_policy(value)
+                .map_err(|error| format!("annotation {PRIORITY_ANNOTATION}: {error}"))?,
+        },
         serving_port: match protocol {
             Protocol::Http1 => DEFAULT_SERVING_PORT,
             Protocol::H2c => DEFAULT_H2C_SERVING_PORT,
         },
         cluster_ip: None,
     })
+}
+
+/// The [`PRIORITY_ANNOTATION`]'s value as a policy (`None`: off).
+pub fn priority_policy(value: &str) -> Result<Option<PriorityPolicy>, String> {
+    let value = value.trim();
+    match value {
+        "" | "on" => return Ok(Some(PriorityPolicy::default())),
+        "off" => return Ok(None),
+        _ => {}
+    }
+    let mut policy = PriorityPolicy::default();
+    let mut default_band = None;
+    for pair in value
+        .split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+    {
+        let Some((key, setting)) = pair.split_once('=') else {
+            return Err(format!("{} is not key=value", quoted(&Value::from(pair))));
+        };
+        let (key, setting) = (key.trim(), setting.trim());
+        let number = || {
+            setting.parse::<u8>().map_err(|_| {
+                format!(
+                    "{key} is not a small count: {}",
+                    quoted(&Value::from(setting))
+                )
+            })
+        };
+        match key {
+            "bands" => policy.bands = number()?,
+            "default_band" => default_band = Some(number()?),
+            "priority_header" => policy.priority_header = setting.to_string(),
+            "tenant_header" => policy.tenant_header = setting.to_string(),
+            _ => {
+                return Err(format!(
+                    "unknown key {} (bands, default_band, priority_header, tenant_header)",
+                    quoted(&Value::from(key))
+                ))
+            }
+        }
+    }
+    policy.default_band = default_band.unwrap_or(default_band_of(policy.bands));
+    policy
+        .check()
+        .map_err(|error| format!("{} {}", error.field, error.reason))?;
+    Ok(Some(policy))
 }
 
 /// Whether a passing probe may promote a pod Kubernetes does not list as ready yet
@@ -457,6 +515,54 @@ mod tests {
             LbPolicy::RoundRobin,
             "CC 4: upstream's default"
         );
+    }
+
+    #[test]
+    fn the_priority_annotation_sets_the_policy_and_a_bad_one_refuses_the_revision() {
+        let with = |value: Option<&str>| {
+            let mut object = revision(json!({}));
+            if let Some(value) = value {
+                object["metadata"]["annotations"] = json!({PRIORITY_ANNOTATION: value});
+            }
+            revision_spec(&object).map(|spec| spec.priority)
+        };
+        assert_eq!(with(None), Ok(None), "off without the annotation");
+        assert_eq!(with(Some("off")), Ok(None));
+        assert_eq!(with(Some("on")), Ok(Some(PriorityPolicy::default())));
+        assert_eq!(with(Some("")), Ok(Some(PriorityPolicy::default())));
+        assert_eq!(
+            with(Some("bands=5, tenant_header=X-Org")),
+            Ok(Some(PriorityPolicy {
+                bands: 5,
+                default_band: 2,
+                tenant_header: "X-Org".into(),
+                ..PriorityPolicy::default()
+            }))
+        );
+        assert_eq!(
+            with(Some("bands=2,default_band=0,priority_header=X-P")),
+            Ok(Some(PriorityPolicy {
+                bands: 2,
+                default_band: 0,
+                priority_header: "X-P".into(),
+                ..PriorityPolicy::default()
+            }))
+        );
+        // (value, words the refusal must have)
+        for (value, words) in [
+            ("bands=0", "bands is 0"),
+            ("bands=17", "bands is 17"),
+            ("bands=300", "bands is not a small count"),
+            ("bands=3,default_band=3", "default_band is 3"),
+            ("priority_header=a b", "priority_header"),
+            ("tenant=X", "unknown key"),
+            ("bands", "not key=value"),
+            ("yes", "not key=value"),
+        ] {
+            let refused = with(Some(value)).unwrap_err();
+            assert!(refused.contains(PRIORITY_ANNOTATION), "{value}: {refused}");
+            assert!(refused.contains(words), "{value}: {refused}");
+        }
     }
 
     #[test]

@@ -1,0 +1,237 @@
+//! Priority bands, fairness across tenants and shedding, through the real binary (issue 27):
+//! one pod with containerConcurrency 1 whose only slot is held, requests queued behind it with
+//! `K-Priority` and `K-Tenant`, and the order in which the pod then serves them. The pod takes
+//! 100 ms per request, one at a time, so the order the answers come back in is the order it
+//! served them.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use kactivator_testkit::backend::{self, BackendConfig};
+use support::{exchange, revision, Activator};
+
+/// A policy of three bands, default band 1.
+const POLICY: &str = "container_concurrency = 1\n[revisions.priority]\nbands = 3";
+
+/// How long the pod takes per request.
+const SERVICE_MS: u64 = 100;
+
+/// A GET for `default/<name>` that the pod answers after [`SERVICE_MS`], with extra headers.
+fn request(name: &str, headers: &str) -> String {
+    format!(
+        "GET /delay/{SERVICE_MS} HTTP/1.1\r\nHost: example.com\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: {name}\r\n{headers}\r\n"
+    )
+}
+
+/// Requests sent on their own connections, answered in some order.
+struct Waiters {
+    threads: Vec<std::thread::JoinHandle<(String, u16, String, Instant)>>,
+}
+
+impl Waiters {
+    fn new() -> Waiters {
+        Waiters {
+            threads: Vec::new(),
+        }
+    }
+
+    /// Sends one request labelled `label` (for the assertions only) and waits until the
+    /// activator counts `queued` waiters for the revision.
+    fn send(&mut self, activator: &Activator, name: &str, label: &str, headers: &str, queued: f64) {
+        let (http, raw, owned) = (activator.http, request(name, headers), label.to_string());
+        self.threads.push(std::thread::spawn(move || {
+            let response = exchange(http, raw.as_bytes());
+            (owned, response.status, response.text(), Instant::now())
+        }));
+        let waiting = || {
+            activator.metric_sum(
+                "kactivator_revision_queued",
+                &[&format!("revision_name=\"{name}\"")],
+            )
+        };
+        assert!(
+            support::eventually(Duration::from_secs(10), || waiting() == queued),
+            "{label}: {} waiting, not {queued}",
+            waiting()
+        );
+    }
+
+    /// Every answer, in the order they came back: (label, status, body).
+    fn answers(self) -> Vec<(String, u16, String)> {
+        let mut answers: Vec<_> = self
+            .threads
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .collect();
+        answers.sort_by_key(|(_, _, _, at)| *at);
+        answers
+            .into_iter()
+            .map(|(label, status, body, _)| (label, status, body))
+            .collect()
+    }
+}
+
+/// Opens an upgraded connection through the activator: it holds the pod's slot until dropped.
+fn hold_slot(activator: &Activator, name: &str) -> std::net::TcpStream {
+    let (stream, head) = support::open_upgrade(activator, name);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    stream
+}
+
+#[test]
+fn a_high_band_arrival_is_served_before_the_low_waiters_on_any_shard() {
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    let activator = Activator::start(&revision("default", "bands", &[pod.addr()], POLICY));
+    let holder = hold_slot(&activator, "bands");
+    let mut waiters = Waiters::new();
+    // Each on its own connection: they spread over both shards.
+    for low in 0..4 {
+        let label = format!("low-{low}");
+        waiters.send(
+            &activator,
+            "bands",
+            &label,
+            "K-Priority: 0\r\n",
+            f64::from(low + 1),
+        );
+    }
+    waiters.send(&activator, "bands", "default", "", 5.0);
+    for high in 0..2 {
+        let label = format!("high-{high}");
+        waiters.send(
+            &activator,
+            "bands",
+            &label,
+            "K-Priority: 2\r\n",
+            f64::from(high + 6),
+        );
+    }
+    drop(holder);
+    let answers = waiters.answers();
+    assert!(
+        answers.iter().all(|(_, status, _)| *status == 200),
+        "{answers:?}"
+    );
+    let order: Vec<&str> = answers.iter().map(|(label, ..)| label.as_str()).collect();
+    assert_eq!(
+        order,
+        ["high-0", "high-1", "default", "low-0", "low-1", "low-2", "low-3"],
+        "highest band first, then arrival order within a band"
+    );
+    assert_eq!(pod.stats().max_in_flight, 1);
+}
+
+#[test]
+fn a_tenants_first_request_waits_one_turn_behind_a_tenant_that_queued_many() {
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    // One shard: round robin across tenants holds within a shard (README, "Priority and
+    // fairness").
+    let activator = Activator::start_with(
+        &revision("default", "fair", &[pod.addr()], POLICY),
+        "",
+        &["--shards", "1"],
+        &[],
+    );
+    let holder = hold_slot(&activator, "fair");
+    let mut waiters = Waiters::new();
+    for a in 0..5 {
+        let label = format!("a-{a}");
+        waiters.send(
+            &activator,
+            "fair",
+            &label,
+            "K-Tenant: a\r\n",
+            f64::from(a + 1),
+        );
+    }
+    waiters.send(&activator, "fair", "b-0", "K-Tenant: b\r\n", 6.0);
+    waiters.send(&activator, "fair", "b-1", "K-Tenant: b\r\n", 7.0);
+    drop(holder);
+    let answers = waiters.answers();
+    assert!(
+        answers.iter().all(|(_, status, _)| *status == 200),
+        "{answers:?}"
+    );
+    let order: Vec<&str> = answers.iter().map(|(label, ..)| label.as_str()).collect();
+    assert_eq!(
+        order,
+        ["a-0", "b-0", "a-1", "b-1", "a-2", "a-3", "a-4"],
+        "turns alternate between the tenants, each in its own arrival order"
+    );
+}
+
+#[test]
+fn a_full_queue_sheds_its_newest_low_waiter_for_a_high_arrival() {
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    // One shard: shedding takes a lower band's place on the arrival's own shard.
+    let activator = Activator::start_with(
+        &revision(
+            "default",
+            "shed",
+            &[pod.addr()],
+            &format!("queue_depth = 2\n{POLICY}"),
+        ),
+        "",
+        &["--shards", "1"],
+        &[],
+    );
+    let holder = hold_slot(&activator, "shed");
+    let mut waiters = Waiters::new();
+    waiters.send(&activator, "shed", "low-0", "K-Priority: 0\r\n", 1.0);
+    waiters.send(&activator, "shed", "low-1", "K-Priority: 0\r\n", 2.0);
+    // Full: a request of the same band is refused itself.
+    let refused = exchange(
+        activator.http,
+        request("shed", "K-Priority: 0\r\n").as_bytes(),
+    );
+    assert_eq!(
+        (refused.status, refused.text().as_str()),
+        (503, "pending request queue full\n")
+    );
+    // A high one takes the newest low waiter's place; that one is answered at once.
+    waiters.send(&activator, "shed", "high", "K-Priority: 2\r\n", 2.0);
+    assert!(
+        support::eventually(Duration::from_secs(10), || {
+            activator.metric_sum("kactivator_shard_shed_total", &[]) == 1.0
+        }),
+        "{}",
+        activator.metrics()
+    );
+    drop(holder);
+    let answers = waiters.answers();
+    let got: Vec<(&str, u16)> = answers
+        .iter()
+        .map(|(label, status, _)| (label.as_str(), *status))
+        .collect();
+    assert_eq!(got, [("low-1", 503), ("high", 200), ("low-0", 200)]);
+    assert_eq!(answers[0].2, "pending request queue full\n");
+}
+
+#[test]
+fn without_a_policy_the_headers_change_nothing() {
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    let activator = Activator::start(&revision(
+        "default",
+        "plain",
+        &[pod.addr()],
+        "container_concurrency = 1",
+    ));
+    let holder = hold_slot(&activator, "plain");
+    let mut waiters = Waiters::new();
+    waiters.send(&activator, "plain", "first", "K-Priority: 0\r\n", 1.0);
+    waiters.send(&activator, "plain", "second", "K-Priority: 2\r\n", 2.0);
+    waiters.send(&activator, "plain", "third", "K-Priority: x\r\n", 3.0);
+    drop(holder);
+    let order: Vec<String> = waiters
+        .answers()
+        .into_iter()
+        .map(|(label, ..)| label)
+        .collect();
+    assert_eq!(order, ["first", "second", "third"], "arrival order");
+    assert_eq!(
+        activator.metric_sum("kactivator_shard_priority_header_invalid_total", &[]),
+        0.0,
+        "nothing is classified without a policy"
+    );
+}
