@@ -167,7 +167,11 @@ impl Front for H1Front<'_> {
     ) -> Attempt {
         let addr = pod.tracker.addr;
         let conn = &mut *self.conn;
-        let host_len = rewrite::insert_host(&mut conn.request_out, self.host_at, addr);
+        let host_len = rewrite::insert_host(
+            &mut conn.request_out,
+            self.host_at,
+            pod.authority().as_bytes(),
+        );
         // Nothing of it reached the pod: the head goes back as it was before this pod's Host.
         let unsend = |conn: &mut ClientConn| {
             rewrite::remove_host(&mut conn.request_out, self.host_at, host_len)

@@ -3,7 +3,6 @@
 //! a caller's buffer, so the steady state allocates nothing.
 
 use std::io::Write;
-use std::net::SocketAddr;
 
 use kactivator_api::headers;
 use kactivator_h1::{BodyKind, RequestHead, ResponseHead, Version};
@@ -138,12 +137,22 @@ fn push_without_h2c(out: &mut Vec<u8>, offered: &[u8]) {
     }
 }
 
-/// Inserts the pod's `Host: <ip:port>\r\n` line at the offset [`write_request_head`]
-/// returned; returns its length, for [`remove_host`].
-pub fn insert_host(out: &mut Vec<u8>, host_at: usize, pod: SocketAddr) -> usize {
-    let mut line = [0u8; HOST_LINE_MAX];
-    let len = host_line(pod, &mut line);
-    out.splice(host_at..host_at, line[..len].iter().copied());
+/// Inserts the pod's `Host: <authority>\r\n` line at the offset [`write_request_head`]
+/// returned; returns its length, for [`remove_host`]. `authority` is the pod's address as text
+/// (`routing::replica::LocalPod::authority`), written once per pod, not per request.
+#[inline]
+pub fn insert_host(out: &mut Vec<u8>, host_at: usize, authority: &[u8]) -> usize {
+    const PREFIX: &[u8] = b"Host: ";
+    let len = PREFIX.len() + authority.len() + 2;
+    let tail = out.len() - host_at;
+    // Room at the end, the part after `host_at` moved up once, the line written into the gap:
+    // one move of the head's tail, no per-byte insertion.
+    out.resize(out.len() + len, 0);
+    out.copy_within(host_at..host_at + tail, host_at + len);
+    let line = &mut out[host_at..host_at + len];
+    line[..PREFIX.len()].copy_from_slice(PREFIX);
+    line[PREFIX.len()..len - 2].copy_from_slice(authority);
+    line[len - 2..].copy_from_slice(b"\r\n");
     len
 }
 
@@ -151,57 +160,6 @@ pub fn insert_host(out: &mut Vec<u8>, host_at: usize, pod: SocketAddr) -> usize 
 /// request to go to another pod.
 pub fn remove_host(out: &mut Vec<u8>, host_at: usize, len: usize) {
     out.drain(host_at..host_at + len);
-}
-
-/// Room for `Host: [<IPv6 with zone>]:65535\r\n`.
-const HOST_LINE_MAX: usize = 80;
-
-/// Writes `Host: <ip:port>\r\n` for a pod into `line`; returns its length. IPv4, what pods have,
-/// without going through `core::fmt`: this runs for every request.
-fn host_line(pod: SocketAddr, line: &mut [u8; HOST_LINE_MAX]) -> usize {
-    let mut at = 0;
-    let mut put = |bytes: &[u8]| {
-        line[at..at + bytes.len()].copy_from_slice(bytes);
-        at += bytes.len();
-    };
-    put(b"Host: ");
-    match pod {
-        SocketAddr::V4(v4) => {
-            for (index, octet) in v4.ip().octets().into_iter().enumerate() {
-                if index > 0 {
-                    put(b".");
-                }
-                put_decimal(&mut put, u32::from(octet));
-            }
-            put(b":");
-            put_decimal(&mut put, u32::from(v4.port()));
-        }
-        SocketAddr::V6(_) => {
-            let mut text = [0u8; HOST_LINE_MAX - 8];
-            let mut cursor = std::io::Cursor::new(&mut text[..]);
-            let _ = write!(cursor, "{pod}");
-            let len = cursor.position() as usize;
-            put(&text[..len]);
-        }
-    }
-    put(b"\r\n");
-    at
-}
-
-/// Appends `value` in decimal.
-fn put_decimal(put: &mut impl FnMut(&[u8]), value: u32) {
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    let mut rest = value;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    put(&digits[at..]);
 }
 
 /// Appends a status code as three ASCII digits without going through `core::fmt`.
@@ -458,7 +416,7 @@ mod tests {
         ));
         let mut out = Vec::new();
         let host_at = write_request_head(&head, raw.as_bytes(), b"192.168.1.9", &mut out);
-        insert_host(&mut out, host_at, "10.0.0.5:8012".parse().unwrap());
+        insert_host(&mut out, host_at, b"10.0.0.5:8012");
         String::from_utf8(out).unwrap()
     }
 

@@ -46,8 +46,13 @@ pub(crate) struct H2Headers<'a> {
 }
 
 impl RequestHeaders for H2Headers<'_> {
+    #[inline]
     fn get(&self, name: &str) -> Option<&[u8]> {
-        self.parts.headers.get(name).map(HeaderValue::as_bytes)
+        let value = match known_name(name) {
+            Some(known) => self.parts.headers.get(known),
+            None => self.parts.headers.get(name),
+        };
+        value.map(HeaderValue::as_bytes)
     }
 
     /// `:authority`, else a `Host` header (RFC 9113 §8.3.1 allows either).
@@ -57,6 +62,57 @@ impl RequestHeaders for H2Headers<'_> {
             None => self.get(headers::HOST),
         }
     }
+}
+
+/// Header names the request path reads, made once (at compile time): a lookup by `&str` parses
+/// and lower-cases the name on every call, and this path makes about ten per request.
+mod names {
+    use http::header::HeaderName;
+
+    pub const REVISION: HeaderName = HeaderName::from_static("knative-serving-revision");
+    pub const NAMESPACE: HeaderName = HeaderName::from_static("knative-serving-namespace");
+    pub const ORIGINAL_HOST: HeaderName = HeaderName::from_static("k-original-host");
+    pub const PROXY_REQUEST: HeaderName = HeaderName::from_static("k-proxy-request");
+    pub const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+    pub const RUN_ID: HeaderName = HeaderName::from_static("x-run-id");
+    pub const NETWORK_PROBE: HeaderName = HeaderName::from_static("k-network-probe");
+    pub const NETWORK_HASH: HeaderName = HeaderName::from_static("k-network-hash");
+    pub const KUBELET_PROBE: HeaderName = HeaderName::from_static("k-kubelet-probe");
+    pub const SERVING_REVISION_NAME: HeaderName =
+        HeaderName::from_static("x-knative-revision-name");
+    pub const SERVING_REVISION_NAMESPACE: HeaderName =
+        HeaderName::from_static("x-knative-revision-namespace");
+    pub const RELAYED: HeaderName = HeaderName::from_static("k-activator-relayed");
+}
+
+/// The ready-made name of a field the request path reads (`kactivator_api::headers`), if it
+/// is one of them.
+#[inline]
+fn known_name(name: &str) -> Option<&'static HeaderName> {
+    static USER_AGENT: HeaderName = http::header::USER_AGENT;
+    static HOST: HeaderName = http::header::HOST;
+    static REVISION: HeaderName = names::REVISION;
+    static NAMESPACE: HeaderName = names::NAMESPACE;
+    static REQUEST_ID: HeaderName = names::REQUEST_ID;
+    static RUN_ID: HeaderName = names::RUN_ID;
+    static NETWORK_PROBE: HeaderName = names::NETWORK_PROBE;
+    static NETWORK_HASH: HeaderName = names::NETWORK_HASH;
+    static KUBELET_PROBE: HeaderName = names::KUBELET_PROBE;
+    static RELAYED: HeaderName = names::RELAYED;
+    Some(match name {
+        headers::USER_AGENT => &USER_AGENT,
+        headers::HOST => &HOST,
+        headers::REVISION => &REVISION,
+        headers::NAMESPACE => &NAMESPACE,
+        headers::REQUEST_ID => &REQUEST_ID,
+        headers::RUN_ID => &RUN_ID,
+        headers::NETWORK_PROBE => &NETWORK_PROBE,
+        headers::NETWORK_HASH => &NETWORK_HASH,
+        headers::KUBELET_PROBE => &KUBELET_PROBE,
+        headers::RELAYED => &RELAYED,
+        _ => return None,
+    })
 }
 
 /// Serves one stream to its end, a panic included: a panic ends this stream only, with a 500
@@ -209,13 +265,16 @@ impl Front for H2Front<'_> {
             Ok(checked_out) => checked_out,
             Err(error) => return Attempt::Unreached(error),
         };
-        address_to(&mut self.outbound, streams.authority);
+        // The request goes to `h2` by value (no copy of its header map per request); the rare
+        // attempt that the pod did not take rebuilds it from the client's request below.
+        let mut outbound = std::mem::replace(&mut self.outbound, Request::new(()));
+        address_to(&mut outbound, streams.authority);
         let exchanged = exchange(
             shard,
             revision,
             addr,
             streams.sender,
-            &self.outbound,
+            outbound,
             &mut self.body,
             self.respond,
             deadlines,
@@ -229,6 +288,7 @@ impl Front for H2Front<'_> {
                 fresh: !reused,
             },
             Exchanged::NotTaken { error, replayable } => {
+                self.outbound = outbound_request(&self.parts, &self.peer_ip);
                 if !matches!(error, UpstreamError::IpReused { .. }) {
                     // The connection went away under us: the next stream gets a new one.
                     shard.h2c.forget(addr);
@@ -327,21 +387,27 @@ fn outbound_request(parts: &http::request::Parts, client_ip: &[u8]) -> Request<(
         .original_host
         .and_then(|host| HeaderValue::from_bytes(host).ok())
     {
-        out.insert(HeaderName::from_static("k-original-host"), value);
+        out.insert(names::ORIGINAL_HOST, value);
     }
     if let Some(value) = added
         .request_id
         .and_then(|id| HeaderValue::from_bytes(id).ok())
     {
-        out.insert(HeaderName::from_static("x-request-id"), value);
+        out.insert(names::REQUEST_ID, value);
     }
     out.insert(
-        HeaderName::from_static("k-proxy-request"),
+        names::PROXY_REQUEST,
         HeaderValue::from_static(policy::PROXY_REQUEST.1),
     );
-    forwarded.extend_from_slice(client_ip);
-    if let Ok(value) = HeaderValue::from_bytes(&forwarded) {
-        out.insert(HeaderName::from_static("x-forwarded-for"), value);
+    let forwarded = if forwarded.is_empty() {
+        // The usual case, without a copy in between.
+        HeaderValue::from_bytes(client_ip)
+    } else {
+        forwarded.extend_from_slice(client_ip);
+        HeaderValue::from_bytes(&forwarded)
+    };
+    if let Ok(value) = forwarded {
+        out.insert(names::FORWARDED_FOR, value);
     }
     request
 }
@@ -407,7 +473,7 @@ async fn exchange(
     revision: &LocalRevision,
     addr: SocketAddr,
     sender: h2::client::SendRequest<Bytes>,
-    outbound: &Request<()>,
+    outbound: Request<()>,
     body: &mut RecvStream,
     respond: &mut SendResponse<Bytes>,
     deadlines: &Deadlines,
@@ -429,7 +495,7 @@ async fn exchange(
         }
     };
     let end_of_request = body.is_end_stream();
-    let (response, mut to_pod) = match sender.send_request(clone_head(outbound), end_of_request) {
+    let (response, mut to_pod) = match sender.send_request(outbound, end_of_request) {
         Ok(pair) => pair,
         Err(error) => {
             return Exchanged::NotTaken {
@@ -499,11 +565,11 @@ async fn exchange(
     if let Some((namespace, name)) = identity::other_revision(
         parts
             .headers
-            .get(headers::SERVING_REVISION_NAME)
+            .get(names::SERVING_REVISION_NAME)
             .map(HeaderValue::as_bytes),
         parts
             .headers
-            .get(headers::SERVING_REVISION_NAMESPACE)
+            .get(names::SERVING_REVISION_NAMESPACE)
             .map(HeaderValue::as_bytes),
         revision.key().namespace(),
         revision.key().name(),
@@ -593,15 +659,6 @@ fn relayed(status: u16) -> Exchanged {
         client_gone: false,
         tail_written: true,
     })
-}
-
-/// A copy of a request's head (the body goes separately).
-fn clone_head(request: &Request<()>) -> Request<()> {
-    let mut copy = Request::new(());
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.headers_mut() = request.headers().clone();
-    copy
 }
 
 /// Drops connection-specific fields a pod may have sent (HTTP/2 forbids them). A look at each

@@ -32,14 +32,25 @@ pub struct LocalPod {
     /// evidence, sets to zero while the pod is quarantined). It bridges the moment before that
     /// decision arrives, and stands in for it when quarantine is off.
     held_off: Cell<bool>,
+    /// The pod's address as text (`ip:port`, `[ipv6]:port`), written once when the shard first
+    /// sees the pod rather than for every request sent there: HTTP/1's `Host` and HTTP/2's
+    /// `:authority` are both this text.
+    authority: Box<str>,
 }
 
 impl LocalPod {
     pub fn new(tracker: Arc<PodTracker>) -> LocalPod {
         LocalPod {
+            authority: tracker.addr.to_string().into_boxed_str(),
             tracker,
             held_off: Cell::new(false),
         }
+    }
+
+    /// The pod's address as an authority: `ip:port`.
+    #[inline]
+    pub fn authority(&self) -> &str {
+        &self.authority
     }
 
     /// Starts a hold; false if one is already running.
