@@ -322,6 +322,7 @@ mod tests {
             queue_depth: 10,
             serving_port: DEFAULT_SERVING_PORT,
             cluster_ip: None,
+            priority: None,
         };
         Op::Batch(vec![
             Op::UpsertRevision(spec),
