@@ -3,29 +3,36 @@
 //!
 //! Folders are the layers, from the wire inwards:
 //!
-//! * [`http1`] — the HTTP/1.1 front: one task per client connection, the exchange with a pod,
-//!   upgrades, the queue-proxy registration endpoint. The only place that knows HTTP/1 framing
+//! * [`hub`] — a shard's thread, its accept loop and stop barrier: the only module that knows
+//!   both fronts.
+//! * [`http1`] — the HTTP/1.1 front: the connection loop, its leaves of the request path
+//!   (`front`), the exchange with a pod, upgrades. The only place that knows HTTP/1 framing
 //!   (beside the sans-IO codec in `kactivator-h1`).
-//! * [`http2`] — the HTTP/2 front (h2c): one task per client connection and one per stream, the
-//!   per-shard h2c connections to pods. Framing is the `h2` crate's.
-//! * [`request`] — the protocol-neutral request path every front goes through: which revision,
-//!   local answers, admission and the wait for a pod slot, deadlines, how an exchange ends.
-//! * [`upstream`] — connections to pods: the per-shard pool and the errors of talking to a pod.
+//! * [`http2`] — the HTTP/2 front (h2c): one task per client connection and one per stream.
+//!   Framing is the `h2` crate's.
+//! * [`request`] — the request path every front goes through, written once (`lifecycle`):
+//!   local answers, which revision, admission and the wait for a pod slot, deadlines, how an
+//!   exchange ends, the header policy.
+//! * [`shard`] — the protocol-neutral shard context and settings, the role among them.
+//! * [`upstream`] — connections to pods: the per-shard pool, the h2c connections, the errors.
+//! * [`runtime`] — the reactor, timers, signals, idle connections, readiness, channels.
 //! * [`routing`] — the snapshot types the control thread publishes and each shard's replica.
-//! * [`throttle`] — pure admission logic shared across shards: slots, the gate, LB policies,
-//!   capacity, subsetting.
-//! * [`runtime`] — the reactor threads, the shard and its timers, signals and channels.
-//! * [`metrics`] — single-writer counters read by the scrape.
+//! * [`throttle`] — pure admission logic shared across shards: slots, the gate, the queue's
+//!   discipline, LB policies, capacity, subsetting.
+//! * [`metrics`], [`fields`], [`preface`] — single-writer counters; the view of a request's
+//!   fields; the HTTP/2 preface check.
 //!
 //! Pure modules (no I/O, no clock of their own) are `request::{identity, probes, deadlines,
-//! outcome}`, `throttle`, `routing` (types), `http1::{rewrite, reframe}`, `runtime::topology`'s
-//! parsers and `upstream::error`; the rest is the shell around them.
+//! outcome, policy, answer}`, `throttle`, `routing` (types, `priority`), `fields`, `preface`,
+//! `http1::{rewrite, reframe}`, `runtime::topology`'s parsers and `upstream::error`; the rest
+//! is the shell around them.
 
 // Unsafe code is allowed in three places only, each saying why at its `allow`: the
 // non-blocking socket calls of the HTTP/1 front (`http1::io`) and of the pool (`upstream::pool`),
 // and the recycled exchange blocks (`runtime::blocks`).
 #![deny(unsafe_code)]
 
+pub mod fields;
 pub mod http1;
 pub mod http2;
 pub mod hub;

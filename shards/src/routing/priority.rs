@@ -7,7 +7,7 @@ use std::hash::Hasher;
 
 use rustc_hash::FxHasher;
 
-use crate::request::headers::RequestHeaders;
+use crate::fields::RequestHeaders;
 pub use crate::throttle::discipline::{Class, MAX_BANDS};
 
 /// Default name of the header carrying a request's band: an integer in `0..bands`, higher

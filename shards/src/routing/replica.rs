@@ -13,8 +13,8 @@ use std::task::{Context, Poll, Waker};
 use kactivator_api::RevisionKey;
 use rustc_hash::{FxHashMap, FxHasher};
 
+use crate::fields::RequestHeaders;
 use crate::metrics::{Counter, RevisionCounters, ShardStats};
-use crate::request::headers::RequestHeaders;
 use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
 use crate::throttle::gate::{
     Admission, Class, Effect, LocalQueue, QueueLimits, RevisionGate, WaiterId,
