@@ -372,3 +372,27 @@ fn a_user_container_that_refuses_connections_fails_health_checks_at_once() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_request_past_the_revision_timeout_gets_upstreams_504() {
+    let user_port = free_port();
+    let _user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let mut env = knative_env(user_port, free_port(), 0);
+    env.insert("REVISION_TIMEOUT_SECONDS".into(), "1".into());
+    let proxy = QueueProxy::start(env);
+    let started = Instant::now();
+    let answer = proxy.get("/delay/5000");
+    assert_eq!(
+        (answer.status, answer.text()),
+        (504, "request timeout".to_string())
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -12,6 +12,9 @@ pub const QUEUE_FULL: &str = "pending request queue full\n";
 /// 504 when a request timer fires before anything was written (upstream: no newline).
 pub const TIMEOUT: &str = "activator request timeout";
 
+/// The same 504 from a queue-proxy (upstream `pkg/http/handler/timeout.go`, no newline).
+pub const QUEUE_PROXY_TIMEOUT: &str = "request timeout";
+
 /// 503 for a request that was waiting when its revision left routing. Ours.
 pub const REVISION_GONE: &str = "revision is no longer served\n";
 

@@ -185,7 +185,13 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
                 fault = error.fault().label(),
                 "answered by the activator: {error}"
             );
-            let body = error.body();
+            let body = match (&shard.settings.role, &error) {
+                // Each role times out in its upstream's words.
+                (Role::QueueProxy(_), RequestError::TimedOut) => {
+                    std::borrow::Cow::Borrowed(messages::QUEUE_PROXY_TIMEOUT.as_bytes())
+                }
+                _ => error.body(),
+            };
             let next = front
                 .answer(
                     shard,
