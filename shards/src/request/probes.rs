@@ -51,15 +51,7 @@ pub fn answer<H: RequestHeaders + ?Sized>(request: &H, health: Health) -> Option
     }
     let value = request.get(headers::NETWORK_PROBE)?;
     if value == probe::NETWORK_PROBE_INGRESS.as_bytes() {
-        return Some(match request.get(headers::NETWORK_HASH) {
-            Some(hash) if !hash.is_empty() => LocalAnswer {
-                status: 200,
-                body: Vec::new(),
-                extra_header: Some((headers::NETWORK_HASH, hash.to_vec())),
-                error_style: false,
-            },
-            _ => error(400, messages::PROBE_WITHOUT_HASH.into()),
-        });
+        return Some(ingress_probe(request));
     }
     if value.is_empty() {
         return None;
@@ -130,7 +122,13 @@ pub fn queue_proxy_answer<H: RequestHeaders + ?Sized>(
     if draining {
         return Some(error(503, messages::SHUTTING_DOWN.into()));
     }
-    Some(match request.get(headers::NETWORK_HASH) {
+    Some(ingress_probe(request))
+}
+
+/// The answer to an ingress's `K-Network-Probe: probe`, the same in both roles: its
+/// `K-Network-Hash` echoed, or 400 without one.
+fn ingress_probe<H: RequestHeaders + ?Sized>(request: &H) -> LocalAnswer {
+    match request.get(headers::NETWORK_HASH) {
         Some(hash) if !hash.is_empty() => LocalAnswer {
             status: 200,
             body: Vec::new(),
@@ -138,7 +136,7 @@ pub fn queue_proxy_answer<H: RequestHeaders + ?Sized>(
             error_style: false,
         },
         _ => error(400, messages::PROBE_WITHOUT_HASH.into()),
-    })
+    }
 }
 
 /// `User-Agent: kube-probe/*` or a non-empty `K-Kubelet-Probe` header.
