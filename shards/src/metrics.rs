@@ -206,6 +206,43 @@ impl CodeSlot {
     }
 }
 
+/// The bucket of [`LATENCY_BUCKETS_MS`] a time in microseconds falls in; the last is +Inf.
+#[inline]
+fn bucket_of(latency_us: u64) -> usize {
+    let latency_ms = latency_us / 1000;
+    LATENCY_BUCKETS_MS
+        .iter()
+        .position(|&bound| latency_ms <= bound)
+        .unwrap_or(LATENCY_BUCKETS_MS.len())
+}
+
+/// A histogram of times on [`LATENCY_BUCKETS_MS`], written by one shard.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    pub count: Counter,
+    /// Sum of the times in microseconds.
+    pub sum_us: Counter,
+    /// Non-cumulative bucket counts; the last one is +Inf.
+    pub buckets: [Counter; LATENCY_BUCKETS_MS.len() + 1],
+}
+
+impl Histogram {
+    pub fn record(&self, us: u64) {
+        self.count.increment();
+        self.sum_us.add(us);
+        self.buckets[bucket_of(us)].increment();
+    }
+}
+
+/// ★ How long a revision's requests waited in the activator for a slot (issue 27).
+#[derive(Debug, Default)]
+pub struct WaitHistograms {
+    /// Every wait in the queue, whatever it found.
+    pub slot: Histogram,
+    /// The waits that began with no routable pod: cold starts.
+    pub cold_start: Histogram,
+}
+
 /// Per-revision request metrics written by one shard.
 #[derive(Debug)]
 pub struct RevisionCounters {
@@ -221,6 +258,9 @@ pub struct RevisionCounters {
     pub load: Load,
     /// Requests of this revision waiting in this shard's queue for a pod slot.
     pub queued: Gauge,
+    /// Allocated by the shard's first wait for the revision, as `slots` are: most revisions
+    /// never queue on most shards.
+    waits: OnceLock<Box<WaitHistograms>>,
     /// The autoscaler reporter has an entry for this revision (or reports nothing at all):
     /// while it is false, this shard's next arrival tells the control thread at once (the
     /// cold-start poke). Set by the shard that pokes, and by the control thread when it creates
@@ -237,6 +277,7 @@ impl RevisionCounters {
             overflow: Counter::default(),
             load: Load::default(),
             queued: Gauge::default(),
+            waits: OnceLock::new(),
             reported: AtomicBool::new(!reporting),
         }
     }
@@ -262,12 +303,22 @@ impl RevisionCounters {
         };
         slot.count.increment();
         slot.latency_sum_us.add(latency_us);
-        let latency_ms = latency_us / 1000;
-        let bucket = LATENCY_BUCKETS_MS
-            .iter()
-            .position(|&bound| latency_ms <= bound)
-            .unwrap_or(LATENCY_BUCKETS_MS.len());
-        slot.buckets[bucket].increment();
+        slot.buckets[bucket_of(latency_us)].increment();
+    }
+
+    /// Records one wait in the queue; `cold_start`: it began with no routable pod. Only the
+    /// owning shard calls this.
+    pub fn record_wait(&self, waited_us: u64, cold_start: bool) {
+        let waits = self.waits.get_or_init(Default::default);
+        waits.slot.record(waited_us);
+        if cold_start {
+            waits.cold_start.record(waited_us);
+        }
+    }
+
+    /// The wait histograms, once the shard saw a wait for the revision.
+    pub fn waits(&self) -> Option<&WaitHistograms> {
+        self.waits.get().map(|waits| &**waits)
     }
 
     /// The codes seen so far with their counts; empty before the first finished request.

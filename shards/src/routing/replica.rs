@@ -149,6 +149,16 @@ impl LocalRevision {
         self.route.borrow().timeouts
     }
 
+    /// Whether the revision has a pod that takes requests (a share above zero, not retired):
+    /// a request that queues without one is waiting for a cold start, not for a busy pod. Read
+    /// only when a request queues.
+    pub fn has_routable_pod(&self) -> bool {
+        self.pods.borrow().iter().any(|pod| {
+            let slots = &pod.tracker.slots;
+            slots.capacity() > 0 && !slots.is_retired()
+        })
+    }
+
     /// A request's band and flow under the revision's priority policy; the default class
     /// (ignored by the queue) without one. `invalid` counts a priority header that is not a band.
     #[inline]
