@@ -13,9 +13,7 @@ use support::{curl, exchange, revision, Activator, Response};
 
 /// A GET for `default/<name>` over HTTP/1.1.
 fn get(name: &str) -> String {
-    format!(
-        "GET / HTTP/1.1\r\nHost: {name}.default.svc.cluster.local\r\nConnection: close\r\n\r\n"
-    )
+    format!("GET / HTTP/1.1\r\nHost: {name}.default.svc.cluster.local\r\nConnection: close\r\n\r\n")
 }
 
 /// The milliseconds in `Server-Timing: activator;dur=<ms>`, if the response has that field.
@@ -146,7 +144,10 @@ fn a_request_that_waited_for_a_revision_with_no_pod_is_marked_a_cold_start_over_
     let (ok, head) = h2.join().unwrap();
     let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
     assert!(ok && head.starts_with("http/2 200"), "{head}");
-    assert!(head.contains("\r\nx-activator-cold-start: true\r\n"), "{head}");
+    assert!(
+        head.contains("\r\nx-activator-cold-start: true\r\n"),
+        "{head}"
+    );
     let timing = head
         .lines()
         .find_map(|line| line.strip_prefix("server-timing: "))

@@ -6,7 +6,9 @@ use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 
 use kactivator_api::RevisionKey;
-use kactivator_shards::metrics::{AllShardStats, Histogram, ShardStats, LATENCY_BUCKETS_MS};
+use kactivator_shards::metrics::{
+    AllShardStats, Histogram, ShardStats, LATENCY_BUCKETS_MS, PRIORITY_BANDS,
+};
 use kactivator_shards::routing::RevisionLabels;
 use prometheus::{Encoder, TextEncoder};
 
@@ -16,6 +18,14 @@ struct CodeTotals {
     count: u64,
     latency_sum_us: u64,
     buckets: [u64; LATENCY_BUCKETS_MS.len() + 1],
+}
+
+/// A revision's priority counters summed over shards.
+#[derive(Default)]
+struct PriorityTotals {
+    bands: [(u64, u64, u64); PRIORITY_BANDS],
+    tenants: BTreeMap<String, u64>,
+    other_tenants: u64,
 }
 
 /// A histogram's sums over shards.
@@ -43,6 +53,9 @@ struct RevisionTotals {
     /// Waits for a slot, and those that were cold starts (★ issue 27).
     slot_waits: HistogramTotals,
     cold_start_waits: HistogramTotals,
+    /// Under a priority policy (★ issue 27): per band, (requests, queued, shed); per tenant
+    /// with a series, requests; the rest's requests. `None` while no shard classified any.
+    priority: Option<PriorityTotals>,
     /// Requests in flight in the activator now (queued included).
     in_flight: u64,
     queued: u64,
@@ -114,6 +127,7 @@ pub fn render(
         );
     }
     render_queued(&mut out, &revisions, pod_name);
+    render_priority(&mut out, &revisions, pod_name);
     render_shards(&mut out, stats);
     let mut buffer = Vec::new();
     if TextEncoder::new()
@@ -141,6 +155,18 @@ fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), Revision
             if let Some(waits) = block.waits() {
                 totals.slot_waits.add(&waits.slot);
                 totals.cold_start_waits.add(&waits.cold_start);
+            }
+            if let Some(priority) = block.priority() {
+                let sums = totals.priority.get_or_insert_default();
+                for (sum, band) in sums.bands.iter_mut().zip(&priority.bands) {
+                    sum.0 += band.requests.get();
+                    sum.1 += band.queued.get();
+                    sum.2 += band.shed.get();
+                }
+                for (tenant, requests) in priority.tenants() {
+                    *sums.tenants.entry(tenant.to_string()).or_default() += requests;
+                }
+                sums.other_tenants += priority.other_tenants.get();
             }
             for slot in block.code_slots() {
                 let code = slot.code();
@@ -332,6 +358,75 @@ const WAIT_NAMES_OPENTELEMETRY: WaitNames = WaitNames {
     cold_start: "kn_revision_cold_start_wait_duration_seconds",
     seconds: true,
 };
+
+/// ★ Per band and per tenant, for revisions with a priority policy (issue 27). Bands show once
+/// they saw a request; tenants are the first `metrics::TENANT_SERIES` each shard saw.
+fn render_priority(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+    pod_name: &str,
+) {
+    let with_policy: Vec<(String, &PriorityTotals)> = revisions
+        .values()
+        .filter_map(|totals| {
+            let priority = totals.priority.as_ref()?;
+            Some((base_labels(&totals.labels, pod_name), priority))
+        })
+        .collect();
+    if with_policy.is_empty() {
+        return;
+    }
+    type BandOf = fn(&(u64, u64, u64)) -> u64;
+    let per_band: [(&str, &str, &str, BandOf); 3] = [
+        (
+            "kactivator_priority_requests_total",
+            "counter",
+            "Requests per priority band.",
+            |band| band.0,
+        ),
+        (
+            "kactivator_priority_queued",
+            "gauge",
+            "Requests per priority band waiting for a pod slot.",
+            |band| band.1,
+        ),
+        (
+            "kactivator_priority_shed_total",
+            "counter",
+            "Waiters per priority band that lost their place to a higher band (answered 503).",
+            |band| band.2,
+        ),
+    ];
+    for (name, kind, help, value) in per_band {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, priority) in &with_policy {
+            for (band, sums) in priority.bands.iter().enumerate() {
+                if sums.0 == 0 {
+                    continue;
+                }
+                let _ = writeln!(out, "{name}{{{labels},band=\"{band}\"}} {}", value(sums));
+            }
+        }
+    }
+    out.push_str("# HELP kactivator_priority_tenant_requests_total Requests per fairness key (tenant; empty: no key), for the first keys each shard saw.\n# TYPE kactivator_priority_tenant_requests_total counter\n");
+    for (labels, priority) in &with_policy {
+        for (tenant, requests) in &priority.tenants {
+            let _ = writeln!(
+                out,
+                "kactivator_priority_tenant_requests_total{{{labels},tenant=\"{}\"}} {requests}",
+                escape(tenant)
+            );
+        }
+    }
+    out.push_str("# HELP kactivator_priority_other_tenants_requests_total Requests of fairness keys without a series of their own.\n# TYPE kactivator_priority_other_tenants_requests_total counter\n");
+    for (labels, priority) in &with_policy {
+        let _ = writeln!(
+            out,
+            "kactivator_priority_other_tenants_requests_total{{{labels}}} {}",
+            priority.other_tenants
+        );
+    }
+}
 
 /// Which of a revision's histograms a metric shows.
 type HistogramOf = fn(&RevisionTotals) -> &HistogramTotals;
@@ -773,6 +868,84 @@ mod tests {
             opencensus.contains("activator_request_wait_latencies_count{")
                 && !opencensus.contains("kn_revision_request_wait"),
             "{opencensus}"
+        );
+    }
+
+    #[test]
+    fn priority_counters_show_per_band_and_for_the_first_tenants_each_shard_saw() {
+        use kactivator_shards::metrics::TENANT_SERIES;
+        let stats: AllShardStats = Arc::from(vec![
+            CachePadded::new(ShardStats::new(0)),
+            CachePadded::new(ShardStats::new(1)),
+        ]);
+        let labels = RevisionLabels {
+            namespace: "ns".into(),
+            revision: "rev-1".into(),
+            service: "svc".into(),
+            configuration: "cfg".into(),
+        };
+        let zero = stats[0].register_revision(labels.clone(), false);
+        let one = stats[1].register_revision(labels, false);
+        for (shard, band, flow, name) in [
+            (&zero, 2, 7, "acme\"corp"),
+            (&zero, 2, 7, "acme\"corp"),
+            (&one, 0, 7, "acme\"corp"),
+            (&one, 1, 0, ""),
+        ] {
+            let counters = shard.priority_counters();
+            counters.bands[band].requests.increment();
+            counters.count_tenant(flow, || Some(name.as_bytes()));
+        }
+        zero.priority_counters().bands[0].shed.increment();
+        one.priority_counters().bands[2].queued.increment();
+        // More keys than series on shard 0: the rest are folded.
+        for flow in 100..100 + TENANT_SERIES as u64 {
+            zero.priority_counters()
+                .count_tenant(flow, || Some(b"another"));
+        }
+        // Another revision without a policy: no priority series at all.
+        stats[0]
+            .register_revision(
+                RevisionLabels {
+                    revision: "plain".into(),
+                    ..Default::default()
+                },
+                false,
+            )
+            .record(200, 1);
+        let text = render(
+            &stats,
+            "a-0",
+            &prometheus::Registry::new(),
+            RenderOptions::default(),
+        );
+        let base = "configuration_name=\"cfg\",container_name=\"activator\",namespace_name=\"ns\",pod_name=\"a-0\",revision_name=\"rev-1\",service_name=\"svc\"";
+        for line in [
+            format!("kactivator_priority_requests_total{{{base},band=\"2\"}} 2\n"),
+            format!("kactivator_priority_requests_total{{{base},band=\"0\"}} 1\n"),
+            format!("kactivator_priority_queued{{{base},band=\"2\"}} 1\n"),
+            format!("kactivator_priority_shed_total{{{base},band=\"0\"}} 1\n"),
+            format!(
+                "kactivator_priority_tenant_requests_total{{{base},tenant=\"acme\\\"corp\"}} 3\n"
+            ),
+            format!("kactivator_priority_tenant_requests_total{{{base},tenant=\"\"}} 1\n"),
+            format!("kactivator_priority_other_tenants_requests_total{{{base}}} 1\n"),
+        ] {
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        assert_eq!(
+            text.matches("kactivator_priority_tenant_requests_total{")
+                .count(),
+            3,
+            "acme, no key, another: {text}"
+        );
+        assert!(
+            !text.contains("band=\"3\""),
+            "bands without requests: {text}"
+        );
+        assert!(
+            !text.contains("revision_name=\"plain\",service_name=\"\",band"),
+            "{text}"
         );
     }
 

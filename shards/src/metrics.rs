@@ -243,6 +243,88 @@ pub struct WaitHistograms {
     pub cold_start: Histogram,
 }
 
+/// Bands a revision's priority counters have room for: every band a policy may have
+/// (`throttle::discipline::MAX_BANDS`, checked where the policy classifies).
+pub const PRIORITY_BANDS: usize = 16;
+/// Fairness keys (tenants) of one revision with series of their own, per shard: the first this
+/// many a shard sees; requests of the rest are counted together
+/// (`kactivator_priority_other_tenants_requests_total`), so a client that makes up a new key per
+/// request cannot grow the scrape.
+pub const TENANT_SERIES: usize = 16;
+/// Longest tenant name kept for a label, in bytes; longer ones are cut.
+pub const TENANT_NAME_MAX: usize = 64;
+
+/// ★ One priority band of one revision, in one shard (issue 27).
+#[derive(Debug, Default)]
+pub struct BandCounters {
+    /// Requests classified in the band.
+    pub requests: Counter,
+    /// Requests of the band waiting now.
+    pub queued: Gauge,
+    /// Waiters of the band that lost their place to a higher band.
+    pub shed: Counter,
+}
+
+/// A tenant with series of its own: its flow, its name, its requests.
+#[derive(Debug, Default)]
+pub struct TenantSlot {
+    flow: AtomicU64,
+    /// Written once by the owning shard, before `taken` is set.
+    name: OnceLock<Box<str>>,
+    taken: AtomicBool,
+    pub requests: Counter,
+}
+
+/// ★ A revision's requests per priority band and per tenant, in one shard: allocated by the
+/// first request a priority policy classifies.
+#[derive(Debug, Default)]
+pub struct PriorityCounters {
+    pub bands: [BandCounters; PRIORITY_BANDS],
+    tenants: [TenantSlot; TENANT_SERIES],
+    /// Requests of tenants past the first [`TENANT_SERIES`].
+    pub other_tenants: Counter,
+}
+
+impl PriorityCounters {
+    /// Counts a request of flow `flow` (the tenant key's hash; 0 without a key) whose key is
+    /// `name()` (read only when the tenant takes a series). Only the owning shard calls this.
+    pub fn count_tenant<'n>(&self, flow: u64, name: impl FnOnce() -> Option<&'n [u8]>) {
+        for slot in &self.tenants {
+            if !slot.taken.load(Ordering::Relaxed) {
+                let name = name().unwrap_or_default();
+                let name = &name[..name.len().min(TENANT_NAME_MAX)];
+                let _ = slot
+                    .name
+                    .set(String::from_utf8_lossy(name).into_owned().into_boxed_str());
+                slot.flow.store(flow, Ordering::Relaxed);
+                // After the name and flow: a scrape that sees the slot taken sees both.
+                slot.taken.store(true, Ordering::Release);
+                slot.requests.increment();
+                return;
+            }
+            if slot.flow.load(Ordering::Relaxed) == flow {
+                slot.requests.increment();
+                return;
+            }
+        }
+        self.other_tenants.increment();
+    }
+
+    /// The tenants with series of their own: (name, requests); the empty name is requests
+    /// without a key.
+    pub fn tenants(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.tenants
+            .iter()
+            .take_while(|slot| slot.taken.load(Ordering::Acquire))
+            .map(|slot| {
+                (
+                    slot.name.get().map_or("", |name| &**name),
+                    slot.requests.get(),
+                )
+            })
+    }
+}
+
 /// Per-revision request metrics written by one shard.
 #[derive(Debug)]
 pub struct RevisionCounters {
@@ -261,6 +343,8 @@ pub struct RevisionCounters {
     /// Allocated by the shard's first wait for the revision, as `slots` are: most revisions
     /// never queue on most shards.
     waits: OnceLock<Box<WaitHistograms>>,
+    /// Allocated by the first request a priority policy classifies.
+    priority: OnceLock<Box<PriorityCounters>>,
     /// The autoscaler reporter has an entry for this revision (or reports nothing at all):
     /// while it is false, this shard's next arrival tells the control thread at once (the
     /// cold-start poke). Set by the shard that pokes, and by the control thread when it creates
@@ -278,6 +362,7 @@ impl RevisionCounters {
             load: Load::default(),
             queued: Gauge::default(),
             waits: OnceLock::new(),
+            priority: OnceLock::new(),
             reported: AtomicBool::new(!reporting),
         }
     }
@@ -314,6 +399,16 @@ impl RevisionCounters {
         if cold_start {
             waits.cold_start.record(waited_us);
         }
+    }
+
+    /// The priority counters, allocated on first use. Only the owning shard calls this.
+    pub fn priority_counters(&self) -> &PriorityCounters {
+        self.priority.get_or_init(Default::default)
+    }
+
+    /// The priority counters, once a policy classified a request of the revision here.
+    pub fn priority(&self) -> Option<&PriorityCounters> {
+        self.priority.get().map(|counters| &**counters)
     }
 
     /// The wait histograms, once the shard saw a wait for the revision.

@@ -67,7 +67,19 @@ pub(crate) async fn acquire<W: ClientWatch>(
             client.parked();
             let queued_at = Instant::now();
             let cold_start = !revision.has_routable_pod();
+            // Per band only under a policy, which classified the request (and made the block).
+            let band = revision
+                .counters
+                .priority()
+                .filter(|_| revision.has_priority_policy())
+                .map(|counters| &counters.bands[usize::from(class.band)]);
+            if let Some(band) = band {
+                band.queued.increment();
+            }
             let waited = wait_for_slot(client, revision, shard, id, deadline).await;
+            if let Some(band) = band {
+                band.queued.decrement();
+            }
             let wait = queued_at.elapsed();
             record_queue_time(shard, wait);
             let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
@@ -78,6 +90,9 @@ pub(crate) async fn acquire<W: ClientWatch>(
                 Waited::Removed => Err(RequestError::RevisionGone),
                 Waited::Shed => {
                     shard.stats().shed.increment();
+                    if let Some(band) = band {
+                        band.shed.increment();
+                    }
                     Err(RequestError::QueueFull)
                 }
                 Waited::TimedOut => Err(RequestError::TimedOut),
