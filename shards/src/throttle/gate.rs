@@ -427,7 +427,7 @@ mod tests {
     use super::*;
     use crate::throttle::slots::PodSlots;
     use proptest::prelude::*;
-    use std::collections::{BTreeMap, HashSet};
+    use std::collections::{BTreeMap, HashMap, HashSet};
 
     const LIMITS: QueueLimits = QueueLimits {
         revision_depth: 1000,
@@ -820,6 +820,8 @@ mod tests {
         ArriveRacing(usize, usize),
         /// An arrival of a band (flow 0).
         ArriveAs(usize, u8),
+        /// An arrival of a band and a flow.
+        ArriveFlow(usize, u8, u64),
         Finish(usize),
         Deliver(usize),
         Cancel(usize),
@@ -833,6 +835,7 @@ mod tests {
             match *self {
                 Step::Arrive(shard) => Step::Arrive(shard % shards),
                 Step::ArriveAs(shard, band) => Step::ArriveAs(shard % shards, band),
+                Step::ArriveFlow(shard, band, flow) => Step::ArriveFlow(shard % shards, band, flow),
                 Step::ArriveRacing(shard, pick) => Step::ArriveRacing(shard % shards, pick),
                 ref other => other.clone(),
             }
@@ -869,6 +872,17 @@ mod tests {
         /// Waiters that lost their place to a higher band.
         shed: u64,
         served: HashSet<(usize, WaiterId)>,
+        /// The flow of each queued request that arrived with one (`Step::ArriveFlow`).
+        flow_of: HashMap<(usize, WaiterId), u64>,
+        /// Requests starting to wait and being served, in order, by (band, flow).
+        log: Vec<Fairness>,
+    }
+
+    /// An entry of [`Revision::log`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Fairness {
+        Waits { band: u8, flow: u64 },
+        Served { band: u8, flow: u64 },
     }
 
     impl Revision {
@@ -883,6 +897,7 @@ mod tests {
                             self.queued.remove(&(shard, waiter)).is_some(),
                             "shed a request that was not waiting"
                         );
+                        self.flow_of.remove(&(shard, waiter));
                         self.shed += 1;
                     }
                 }
@@ -903,6 +918,8 @@ mod tests {
                 .remove(&(shard, waiter))
                 .expect("a woken waiter was queued and not yet served");
             assert!(self.served.insert((shard, waiter)), "served twice");
+            let flow = self.flow_of.remove(&(shard, waiter)).unwrap_or(0);
+            self.log.push(Fairness::Served { band, flow });
             self.running.push((shard, pod));
             self.queued
                 .values()
@@ -1023,6 +1040,8 @@ mod tests {
                     bands: None,
                     shed: 0,
                     served: HashSet::new(),
+                    flow_of: HashMap::new(),
+                    log: Vec::new(),
                 })
                 .collect();
             Simulation {
@@ -1075,6 +1094,24 @@ mod tests {
                     );
                     self.record_arrival(revision, shard, band, before, admission, effects);
                 }
+                Step::ArriveFlow(shard, band, flow) => {
+                    let shard = shard % shards;
+                    let pods = &rev.pods;
+                    let admission = rev.queues[shard].admit_as(
+                        &rev.gate,
+                        rev.limits,
+                        Class { band, flow },
+                        || pods.iter().position(PodSlots::try_acquire),
+                        &mut effects,
+                    );
+                    if let Admission::Queued(id) = admission {
+                        // Before the effects, which may serve this very waiter.
+                        rev.flow_of.insert((shard, id), flow);
+                        let band = rev.band_of(band);
+                        rev.log.push(Fairness::Waits { band, flow });
+                    }
+                    self.record_arrival(revision, shard, band, before, admission, effects);
+                }
                 Step::ArriveRacing(shard, pick) => {
                     let shard = shard % shards;
                     let gate = &rev.gate;
@@ -1116,6 +1153,7 @@ mod tests {
                     let &(shard, waiter) = rev.queued.keys().nth(pick % rev.queued.len()).unwrap();
                     assert!(rev.queues[shard].cancel(&rev.gate, waiter));
                     rev.queued.remove(&(shard, waiter));
+                    rev.flow_of.remove(&(shard, waiter));
                 }
                 _ => {}
             }
@@ -1245,6 +1283,139 @@ mod tests {
         }
     }
 
+    /// Checks start-time fair queuing's bounds in a log of a run where grants were delivered at
+    /// once and no waiter left except by being served. Within each band:
+    ///
+    /// * Two flows that both have waiters over a stretch of the run are served counts that
+    ///   differ by at most two there: one turn's request each (the turn under way when the
+    ///   stretch began may already have served one of them and not yet the other).
+    /// * A flow that starts waiting for the first time is, for as long as it keeps waiting,
+    ///   never served fewer than any other flow less one: another flow may take its turn's
+    ///   request first, never a second one.
+    fn check_fairness(log: &[Fairness]) {
+        type Flow = (u8, u64);
+        let mut waiting: HashMap<Flow, usize> = HashMap::new();
+        let mut served: HashMap<Flow, u64> = HashMap::new();
+        let mut seen: HashSet<Flow> = HashSet::new();
+        // Per pair of flows waiting together: their served counts when the stretch began.
+        let mut together: HashMap<(Flow, Flow), (u64, u64)> = HashMap::new();
+        // Per newcomer still waiting: every flow's served count when it arrived.
+        let mut newcomers: HashMap<Flow, HashMap<Flow, u64>> = HashMap::new();
+        for (at, &event) in log.iter().enumerate() {
+            match event {
+                Fairness::Waits { band, flow } => {
+                    let flow = (band, flow);
+                    let count = waiting.entry(flow).or_default();
+                    *count += 1;
+                    if *count == 1 {
+                        for (&other, &others) in &waiting {
+                            if other != flow && other.0 == band && others > 0 {
+                                let counts = (served_of(&served, flow), served_of(&served, other));
+                                together.insert((flow, other), counts);
+                                together.insert((other, flow), (counts.1, counts.0));
+                            }
+                        }
+                    }
+                    if seen.insert(flow) {
+                        newcomers.insert(flow, served.clone());
+                    }
+                }
+                Fairness::Served { band, flow } => {
+                    let flow = (band, flow);
+                    *served.entry(flow).or_default() += 1;
+                    for (&(one, other), &(from_one, from_other)) in &together {
+                        if one == flow {
+                            let ahead = (served[&one] - from_one) as i64
+                                - (served_of(&served, other) - from_other) as i64;
+                            assert!(
+                                ahead <= 2,
+                                "event {at}: flow {one:?} served {ahead} more than {other:?} while both waited"
+                            );
+                        }
+                    }
+                    for (&newcomer, since) in &newcomers {
+                        if newcomer != flow && newcomer.0 == band {
+                            let own = served_of(&served, newcomer)
+                                - since.get(&newcomer).copied().unwrap_or(0);
+                            let theirs = served[&flow] - since.get(&flow).copied().unwrap_or(0);
+                            assert!(
+                                theirs <= own + 1,
+                                "event {at}: flow {flow:?} served {theirs} since newcomer {newcomer:?} arrived, which was served {own}"
+                            );
+                        }
+                    }
+                    let count = waiting.get_mut(&flow).expect("served a flow not waiting");
+                    *count -= 1;
+                    if *count == 0 {
+                        together.retain(|&(one, other), _| one != flow && other != flow);
+                        newcomers.remove(&flow);
+                    }
+                }
+            }
+        }
+    }
+
+    fn served_of(served: &HashMap<(u8, u64), u64>, flow: (u8, u64)) -> u64 {
+        served.get(&flow).copied().unwrap_or(0)
+    }
+
+    /// Serves one request at a time, grants delivered at once, until `done` holds; returns the
+    /// log from there.
+    fn serve_until(simulation: &mut Simulation, mut done: impl FnMut(&[Fairness]) -> bool) {
+        while !done(&simulation.revisions[0].log) {
+            assert!(!simulation.revisions[0].running.is_empty(), "nothing left to serve");
+            simulation.step(0, &Step::Finish(0));
+            let rev = &mut simulation.revisions[0];
+            while let Some((shard, pod)) = rev.in_transit.pop() {
+                simulation.overtakes += rev.deliver(shard, pod);
+            }
+        }
+    }
+
+    /// Issue 27's "a tenant that queues 5 000 requests does not delay another tenant's first
+    /// request by more than one service turn", across shards: backlogs spread over every shard,
+    /// then a newcomer on one; one pod with one slot.
+    #[test]
+    fn a_backlog_on_every_shard_delays_a_newcomers_first_request_by_one_turn() {
+        // (what, shards, backlogged flows and their requests, the newcomer's shard, most
+        // requests served between its arrival and its own: one per other flow waiting)
+        type Row = (&'static str, usize, &'static [(u64, usize)], usize, usize);
+        let table: &[Row] = &[
+            ("A's 500 over two shards, B on shard 1", 2, &[(1, 500)], 1, 1),
+            ("A's 500 over two shards, B on shard 0", 2, &[(1, 500)], 0, 1),
+            ("A's and C's 200 over three shards, B on shard 2", 3, &[(1, 200), (3, 200)], 2, 2),
+            ("one shard", 1, &[(1, 500)], 0, 1),
+        ];
+        for &(what, shards, backlog, newcomer_shard, most) in table {
+            let mut simulation = Simulation::new(shards, &[1]).with_bands(1);
+            // Flow 0's request takes the slot; everything after it waits.
+            simulation.step(0, &Step::ArriveFlow(0, 0, 0));
+            let mut arrival = 0;
+            for round in 0..backlog.iter().map(|&(_, count)| count).max().unwrap_or(0) {
+                for &(flow, count) in backlog {
+                    if round < count {
+                        simulation.step(0, &Step::ArriveFlow(arrival % shards, 0, flow));
+                        arrival += 1;
+                    }
+                }
+            }
+            let newcomer = 2;
+            simulation.step(0, &Step::ArriveFlow(newcomer_shard, 0, newcomer));
+            let arrived = simulation.revisions[0].log.len();
+            serve_until(&mut simulation, |log| {
+                log.contains(&Fairness::Served { band: 0, flow: newcomer })
+            });
+            let ahead = simulation.revisions[0].log[arrived..].len() - 1;
+            assert!(
+                ahead <= most,
+                "{what}: the newcomer waited behind {ahead} requests (at most {most})"
+            );
+            simulation.drain();
+            simulation.assert_all_served();
+            check_fairness(&simulation.revisions[0].log);
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -1344,6 +1515,32 @@ mod tests {
             simulation.drain();
             prop_assert_eq!(simulation.overtakes, 0, "served past a higher band or an older waiter");
             simulation.assert_all_served();
+        }
+
+        /// Under a priority policy, with grants delivered at once, flows of two bands arriving
+        /// on any shard: across shards, within each band, a flow is never served more than one
+        /// turn ahead of another flow that waits (`check_fairness`).
+        #[test]
+        fn prompt_delivery_shares_each_band_fairly_across_shards(
+            shards in 1..5usize,
+            steps in prop::collection::vec(prop_oneof![
+                4 => (0..4usize, 0..2u8, 0..4u64)
+                    .prop_map(|(shard, band, flow)| Step::ArriveFlow(shard, band, flow)),
+                3 => (0..64usize).prop_map(Step::Finish),
+                1 => (0..4usize, 0..2usize).prop_map(|(shard, pod)| Step::Grow(shard, pod)),
+            ], 1..400),
+        ) {
+            let mut simulation = Simulation::new(shards, &[1, 1]).with_bands(2);
+            for step in &steps {
+                simulation.step(0, &step.on(shards));
+                let rev = &mut simulation.revisions[0];
+                while let Some((shard, pod)) = rev.in_transit.pop() {
+                    simulation.overtakes += rev.deliver(shard, pod);
+                }
+            }
+            simulation.drain();
+            simulation.assert_all_served();
+            check_fairness(&simulation.revisions[0].log);
         }
 
         /// Two revisions share one process queue, on up to four shards, in any interleaving:
