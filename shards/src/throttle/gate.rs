@@ -5,11 +5,13 @@
 //! them in any order a simulation picks.
 //!
 //! Shared state per revision ([`RevisionGate`]): a ticket dispenser giving every queued
-//! request its place in arrival order, the number of waiters on all shards, and for each shard
-//! the key of the waiter it would serve next: its band's rank, then its ticket
-//! (`discipline::head_key`; without a priority policy every waiter is in one band, so the key
-//! orders by ticket alone). Each shard keeps its own waiters ([`LocalQueue`]) in its revision's
-//! discipline (`discipline::Waiters`: FIFO, or bands and flows).
+//! request its place in arrival order, the number of waiters on all shards, for each shard the
+//! key of the waiter it would serve next (`discipline::head_key`: its band's rank, then its
+//! ticket without a priority policy, where every waiter is in one band so the key orders by
+//! ticket alone, or its start tag with one), and, used only under a policy, the fair clock that
+//! hands out start tags (`discipline::FairClock`, behind a lock). Each shard keeps its own
+//! waiters ([`LocalQueue`]) in its revision's discipline (`discipline::Waiters`: FIFO, or bands
+//! and flows ordered by tag).
 //! Shared by the gates of every revision: the process-wide count of waiters ([`ProcessQueue`]).
 //!
 //! The rules, and the invariant each one keeps:
@@ -28,12 +30,17 @@
 //!   `SeqCst`: the total order of `SeqCst` accesses says nothing about it, so without the fences
 //!   the C11 model (and loom, which checks this under `--cfg loom`) allows both sides to miss
 //!   each other.
-//! * **Highest band first, then oldest, within a bounded error.** A dispatch serves the shard
-//!   whose next waiter has the lowest key: a waiter of a higher band on any shard goes before
-//!   every waiter of a lower band, and within a band the lowest ticket goes first (across
-//!   flows, round robin holds per shard: each shard publishes the flow whose turn it is). Two dispatchers racing may both pick the same shard; the surplus
-//!   grant finds the next waiter there, or none and is released and re-dispatched. So a waiter
-//!   can be overtaken only by waiters served through grants that were in flight at that moment.
+//! * **Highest band first, then oldest (or fairest), within a bounded error.** A dispatch
+//!   serves the shard whose next waiter has the lowest key: a waiter of a higher band on any
+//!   shard goes before every waiter of a lower band. Within a band, without a policy, the lowest
+//!   ticket goes first: arrival order across shards. With one, the lowest start tag goes first:
+//!   tags come from one clock for every shard, so start-time fair queuing holds across the
+//!   process (every flow waiting on any shard takes its turn `t` before any takes `t + 1`, and a
+//!   flow's first request waits behind at most one request of each other flow; equal tags on
+//!   two shards go to the lower shard). Two dispatchers racing may both pick the same shard;
+//!   the surplus grant finds the next waiter there, or none and is released and re-dispatched.
+//!   So a waiter can be overtaken only by waiters served through grants that were in flight at
+//!   that moment.
 //! * **No slot is stranded.** A slot travels inside a grant; whoever receives a grant either
 //!   hands it to a waiter or releases it and dispatches again.
 //! * **Bounded.** A per-revision depth ([`QueueLimits`]) and a process-wide cap on waiters shared
@@ -46,6 +53,11 @@
 //!   shares (a place taken there even briefly could refuse another revision's request). Every
 //!   pop and every cancel gives both places back. The fast path (nobody waiting, a slot free)
 //!   touches neither count and runs no fence.
+//! * **The fair clock is off the FIFO path.** Without a policy no call locks it. With one, a
+//!   shard locks it to tag a waiter (taking the ticket under the same lock, so that a flow's
+//!   tags and tickets rise together: FCFS within a flow across shards), to report one served
+//!   (raising the band's virtual time) or gone, and to switch policy. It orders waiters only:
+//!   the counts, heads and fences above decide who may take a slot, whatever the tags say.
 //! * **Shedding keeps the bounds.** Under a priority policy, an arrival refused by either bound
 //!   takes the place of the newest waiter of the lowest lower band *on its own shard*, which is
 //!   answered 503: the places pass from one to the other and no count moves. A lower-band
@@ -56,18 +68,22 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 
 pub use super::discipline::{Class, WaiterId};
-use super::discipline::{Waiter, Waiters};
+use super::discipline::{FairClock, Waiters};
 
-use self::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use self::sync::{fence, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 
-/// The gate's atomics: loom's when model-checking (`RUSTFLAGS="--cfg loom"`, see `loom_tests`),
-/// std's otherwise. loom is only a dev-dependency, so its atomics are used only in test builds;
-/// a `--cfg loom` build of the library proper keeps std's.
+/// The gate's atomics and lock: loom's when model-checking (`RUSTFLAGS="--cfg loom"`, see
+/// `loom_tests`), std's otherwise. loom is only a dev-dependency, so its types are used only in
+/// test builds; a `--cfg loom` build of the library proper keeps std's.
 mod sync {
     #[cfg(all(loom, test))]
     pub(super) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    #[cfg(all(loom, test))]
+    pub(super) use loom::sync::{Mutex, MutexGuard};
     #[cfg(not(all(loom, test)))]
     pub(super) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    #[cfg(not(all(loom, test)))]
+    pub(super) use std::sync::{Mutex, MutexGuard};
 }
 
 /// No waiter on a shard.
@@ -137,6 +153,10 @@ pub struct RevisionGate {
     /// Per shard: the key (`discipline::head_key`) of the waiter it would serve next, or `NONE`.
     heads: Box<[CachePadded<AtomicU64>]>,
     process: Arc<ProcessQueue>,
+    /// Start-time fair queuing tags for the priority policy's waiters, shared by every shard so
+    /// that fairness holds across them. Locked only under a policy, and only to tag a waiter,
+    /// untag one (served, cancelled, shed) or switch policy: never on the FIFO path.
+    fair: Mutex<FairClock>,
 }
 
 impl RevisionGate {
@@ -157,7 +177,17 @@ impl RevisionGate {
                 .map(|_| CachePadded::new(AtomicU64::new(NONE)))
                 .collect(),
             process,
+            fair: Mutex::new(FairClock::default()),
         }
+    }
+
+    /// The revision's fair clock, locked. Held for a few map operations at most, by one shard
+    /// at a time; no other lock is taken while it is held. A poisoned lock (a panic while held)
+    /// still gives the clock: at worst some tags are off, which orders waiters, never admits.
+    fn fair_clock(&self) -> MutexGuard<'_, FairClock> {
+        self.fair
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The process-wide queue this revision's waiters count against.
@@ -277,7 +307,8 @@ impl LocalQueue {
     /// The revision's priority policy: `Some(bands)`, or `None` for arrival order. Waiters
     /// already queued keep their places (`Waiters::set_policy`); the head is published again.
     pub fn set_policy(&mut self, gate: &RevisionGate, bands: Option<u8>, default_band: u8) {
-        self.waiters.set_policy(bands, default_band);
+        self.waiters
+            .set_policy(bands, default_band, || gate.fair_clock());
         self.publish_head(gate);
     }
 
@@ -314,15 +345,19 @@ impl LocalQueue {
         if !gate.reserve(limits) {
             // Full. The shed waiter's places, in the revision and in the process, pass to this
             // request without being given back, so neither count moves, not even for an instant.
-            let Some(shed) = self.waiters.shed_below(class.band) else {
+            let Some(shed) = self.waiters.shed_below(class.band, || gate.fair_clock()) else {
                 return Admission::Rejected;
             };
             effects.push(Effect::Shed { waiter: shed.id });
         }
-        let ticket = gate.next_ticket.fetch_add(1, Ordering::SeqCst);
         let id = self.next_id;
         self.next_id += 1;
-        self.waiters.push(class, Waiter { ticket, id });
+        self.waiters.push(
+            class,
+            id,
+            || gate.next_ticket.fetch_add(1, Ordering::SeqCst),
+            || gate.fair_clock(),
+        );
         self.publish_head(gate);
         // Counted as waiting and published before this dispatch (which opens with the fence)
         // looks for a slot: see "No lost wake-up".
@@ -388,7 +423,7 @@ impl LocalQueue {
 
     /// A waiter gave up (client gone, timeout): its place is freed at once.
     pub fn cancel(&mut self, gate: &RevisionGate, waiter: WaiterId) -> bool {
-        if !self.waiters.remove(waiter) {
+        if !self.waiters.remove(waiter, || gate.fair_clock()) {
             return false;
         }
         gate.unreserve();
@@ -402,7 +437,7 @@ impl LocalQueue {
     /// Returns how many left.
     pub fn cancel_all(&mut self, gate: &RevisionGate) -> usize {
         let left = self.waiters.len();
-        for _ in self.waiters.drain() {
+        for _ in self.waiters.drain(|| gate.fair_clock()) {
             gate.unreserve();
         }
         self.publish_head(gate);
@@ -410,7 +445,7 @@ impl LocalQueue {
     }
 
     fn pop_oldest(&mut self, gate: &RevisionGate) -> Option<WaiterId> {
-        let waiter = self.waiters.pop()?;
+        let waiter = self.waiters.pop(|| gate.fair_clock())?;
         gate.unreserve();
         self.publish_head(gate);
         Some(waiter.id)
@@ -1363,7 +1398,10 @@ mod tests {
     /// log from there.
     fn serve_until(simulation: &mut Simulation, mut done: impl FnMut(&[Fairness]) -> bool) {
         while !done(&simulation.revisions[0].log) {
-            assert!(!simulation.revisions[0].running.is_empty(), "nothing left to serve");
+            assert!(
+                !simulation.revisions[0].running.is_empty(),
+                "nothing left to serve"
+            );
             simulation.step(0, &Step::Finish(0));
             let rev = &mut simulation.revisions[0];
             while let Some((shard, pod)) = rev.in_transit.pop() {
@@ -1381,9 +1419,27 @@ mod tests {
         // requests served between its arrival and its own: one per other flow waiting)
         type Row = (&'static str, usize, &'static [(u64, usize)], usize, usize);
         let table: &[Row] = &[
-            ("A's 500 over two shards, B on shard 1", 2, &[(1, 500)], 1, 1),
-            ("A's 500 over two shards, B on shard 0", 2, &[(1, 500)], 0, 1),
-            ("A's and C's 200 over three shards, B on shard 2", 3, &[(1, 200), (3, 200)], 2, 2),
+            (
+                "A's 500 over two shards, B on shard 1",
+                2,
+                &[(1, 500)],
+                1,
+                1,
+            ),
+            (
+                "A's 500 over two shards, B on shard 0",
+                2,
+                &[(1, 500)],
+                0,
+                1,
+            ),
+            (
+                "A's and C's 200 over three shards, B on shard 2",
+                3,
+                &[(1, 200), (3, 200)],
+                2,
+                2,
+            ),
             ("one shard", 1, &[(1, 500)], 0, 1),
         ];
         for &(what, shards, backlog, newcomer_shard, most) in table {
@@ -1403,7 +1459,10 @@ mod tests {
             simulation.step(0, &Step::ArriveFlow(newcomer_shard, 0, newcomer));
             let arrived = simulation.revisions[0].log.len();
             serve_until(&mut simulation, |log| {
-                log.contains(&Fairness::Served { band: 0, flow: newcomer })
+                log.contains(&Fairness::Served {
+                    band: 0,
+                    flow: newcomer,
+                })
             });
             let ahead = simulation.revisions[0].log[arrived..].len() - 1;
             assert!(
