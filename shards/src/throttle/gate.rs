@@ -1762,11 +1762,25 @@ mod loom_tests {
         }
 
         fn arrive_as(&mut self, world: &World, limits: QueueLimits, band: u8) -> Admission<()> {
+            self.arrive_class(world, limits, Class { band, flow: 0 })
+        }
+
+        /// An arrival of `flow` in band 0.
+        fn arrive_flow(&mut self, world: &World, flow: u64) -> Admission<()> {
+            self.arrive_class(world, LIMITS, Class { band: 0, flow })
+        }
+
+        fn arrive_class(
+            &mut self,
+            world: &World,
+            limits: QueueLimits,
+            class: Class,
+        ) -> Admission<()> {
             let mut effects = Vec::new();
             let admission = self.queue.admit_as(
                 &world.gate,
                 limits,
-                Class { band, flow: 0 },
+                class,
                 || world.pod.try_acquire(),
                 &mut effects,
             );
@@ -1907,6 +1921,34 @@ mod loom_tests {
         assert_eq!(world.gate.process_queue().queued(), 0);
         assert_eq!(world.gate.oldest_shard(), None);
         assert_eq!(world.pod.in_flight(), 0);
+    }
+
+    /// From the end of the threads: serves everything one at a time as `run_to_completion`
+    /// does, and returns who got the slot in which order, as (shard, waiter).
+    fn serve_in_turn(world: &World, shards: &mut [Shard]) -> Vec<(usize, WaiterId)> {
+        let mut order = Vec::new();
+        loop {
+            settle(world, shards);
+            check_quiet(world, shards);
+            for (index, shard) in shards.iter().enumerate() {
+                for &id in &shard.woken {
+                    if !order.contains(&(index, id)) {
+                        order.push((index, id));
+                    }
+                }
+            }
+            match shards.iter_mut().find(|shard| shard.running > 0) {
+                Some(shard) => shard.finish(world),
+                None => break,
+            }
+        }
+        for shard in shards.iter() {
+            for id in &shard.queued {
+                let woken = shard.woken.iter().filter(|&woken| woken == id).count();
+                assert_eq!(woken, 1, "request {id} on shard {}", shard.index);
+            }
+        }
+        order
     }
 
     /// Runs `zero` and `one` as shards 0 and 1 from the given state, then to completion.
@@ -2053,23 +2095,7 @@ mod loom_tests {
                 shard
             });
             let mut shards = [high.join().unwrap(), low.join().unwrap()];
-            // Serve everything one at a time, noting who got the slot in which order.
-            let mut order = Vec::new();
-            loop {
-                settle(&world, &mut shards);
-                check_quiet(&world, &shards);
-                for (index, shard) in shards.iter().enumerate() {
-                    for &id in &shard.woken {
-                        if !order.contains(&(index, id)) {
-                            order.push((index, id));
-                        }
-                    }
-                }
-                match shards.iter_mut().find(|shard| shard.running > 0) {
-                    Some(shard) => shard.finish(&world),
-                    None => break,
-                }
-            }
+            let order = serve_in_turn(&world, &mut shards);
             let high_at = order.iter().position(|&served| served == (0, 0));
             assert!(
                 matches!(high_at, Some(0 | 1)),
@@ -2105,6 +2131,49 @@ mod loom_tests {
                 },
                 |shard, world| shard.finish(world),
             );
+        });
+    }
+
+    /// Cross-shard fairness under the lock: one band, two flows. Flow 1 already waits on shard 1
+    /// (turn 0). Shard 0 queues flow 2's first request and then its running request ends, while
+    /// shard 1 queues flow 1's second (turn 1). Every request is woken once, the slot is never
+    /// held twice nor left free with a waiter, and flow 1's second request is never served
+    /// before flow 2's first (the turn order holds across shards even with the release racing
+    /// the tagging).
+    #[test]
+    fn loom_two_flows_on_two_shards_take_turns() {
+        loom::model(|| {
+            let world = World::new();
+            let mut shards = [Shard::banded(0, &world), Shard::banded(1, &world)];
+            shards[0].running = 1;
+            assert_eq!(shards[1].arrive_flow(&world, 1), Admission::Queued(0));
+            let [first, second] = shards;
+            let shared = world.clone();
+            let zero = thread::spawn(move || {
+                let mut shard = first;
+                assert_eq!(shard.arrive_flow(&shared, 2), Admission::Queued(0));
+                shard.finish(&shared);
+                shard.receive_grants(&shared);
+                shard
+            });
+            let shared = world.clone();
+            let one = thread::spawn(move || {
+                let mut shard = second;
+                assert_eq!(shard.arrive_flow(&shared, 1), Admission::Queued(1));
+                shard.receive_grants(&shared);
+                shard
+            });
+            let mut shards = [zero.join().unwrap(), one.join().unwrap()];
+            let order = serve_in_turn(&world, &mut shards);
+            let served = |request| order.iter().position(|&served| served == request);
+            let newcomer = served((0, 0)).expect("flow 2's request was served");
+            let second_turn = served((1, 1)).expect("flow 1's second request was served");
+            assert!(
+                newcomer < second_turn,
+                "flow 1's second request went before flow 2's first: {order:?}"
+            );
+            assert_eq!(world.gate.waiting(), 0);
+            assert_eq!(world.gate.oldest_shard(), None);
         });
     }
 
