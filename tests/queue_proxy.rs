@@ -396,3 +396,87 @@ fn a_request_past_the_revision_timeout_gets_upstreams_504() {
         started.elapsed()
     );
 }
+
+/// The headers the user container received for `raw`, sent through `proxy`, in order.
+fn headers_at_the_app(proxy: &QueueProxy, raw: &str) -> Vec<(String, String)> {
+    let answer = exchange(proxy.serving, raw.as_bytes());
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let described: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+    described["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| {
+            (
+                pair[0].as_str().unwrap().to_string(),
+                pair[1].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_app_sees_the_request_as_upstreams_queue_proxy_hands_it_over() {
+    let user_port = free_port();
+    let _user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
+    let field = |fields: &[(String, String)], name: &str| -> Option<String> {
+        fields
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+
+    // From the activator: it put the pod address in Host and the client's in K-Original-Host.
+    let from_activator = headers_at_the_app(
+        &proxy,
+        "GET /headers HTTP/1.1\r\nHost: 127.0.0.1:8012\r\nK-Original-Host: hello.example.com\r\n\
+         Knative-Serving-Namespace: default\r\nKnative-Serving-Revision: hello-00001\r\n\
+         K-Proxy-Request: activator\r\nX-Forwarded-For: 203.0.113.7, 10.0.0.9\r\n\
+         X-Forwarded-Proto: https\r\nConnection: close\r\n\r\n",
+    );
+    let expected: &[(&str, Option<&str>)] = &[
+        ("host", Some("hello.example.com")),
+        ("k-original-host", None),
+        ("knative-serving-namespace", None),
+        ("knative-serving-revision", None),
+        ("k-proxy-request", Some("activator")),
+        ("x-forwarded-for", Some("203.0.113.7, 10.0.0.9, 127.0.0.1")),
+        ("x-forwarded-proto", Some("https")),
+        (
+            "forwarded",
+            Some("for=203.0.113.7;proto=https, for=10.0.0.9"),
+        ),
+        ("connection", None),
+    ];
+    for (name, value) in expected {
+        assert_eq!(
+            field(&from_activator, name).as_deref(),
+            *value,
+            "{name} in {from_activator:?}"
+        );
+    }
+
+    // Straight from an ingress: the client's Host, nothing of the activator's added.
+    let direct = headers_at_the_app(
+        &proxy,
+        "GET /headers HTTP/1.1\r\nHost: hello.example.com\r\nConnection: close\r\n\r\n",
+    );
+    for (name, value) in [
+        ("host", Some("hello.example.com")),
+        ("k-proxy-request", None),
+        ("k-original-host", None),
+        ("forwarded", None),
+        ("x-forwarded-for", Some("127.0.0.1")),
+    ] {
+        assert_eq!(
+            field(&direct, name).as_deref(),
+            value,
+            "{name} in {direct:?}"
+        );
+    }
+}

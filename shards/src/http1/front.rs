@@ -23,7 +23,7 @@ use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
 use crate::request::lifecycle::{Attempt, Front, Shape, SmallBody};
 use crate::request::outcome::{Ended, Next};
-use crate::request::policy::{self, WaitNote};
+use crate::request::policy::{self, Edits, WaitNote};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
@@ -59,8 +59,9 @@ pub(super) struct H1Front<'c> {
     shape: Shape,
     /// The head is still in the read buffer (the local answers read it).
     head_in_buffer: bool,
-    /// Where the pod's `Host` line goes in the rewritten head.
-    host_at: usize,
+    /// Where the pod's `Host` line goes in the rewritten head; `None` when the head has its
+    /// own (the queue-proxy's edits).
+    host_at: Option<usize>,
 }
 
 impl<'c> H1Front<'c> {
@@ -80,7 +81,7 @@ impl<'c> H1Front<'c> {
             conn,
             meta,
             head_in_buffer: true,
-            host_at: 0,
+            host_at: None,
         }
     }
 
@@ -129,7 +130,7 @@ impl Front for H1Front<'_> {
         read_small_body(shard, self.conn, self.meta.body, limit).await
     }
 
-    fn prepare(&mut self) {
+    fn prepare(&mut self, edits: Edits) {
         let conn = &mut *self.conn;
         let buf = conn.inbuf.data();
         let fields = H1Headers {
@@ -141,8 +142,13 @@ impl Front for H1Front<'_> {
             conn.request_id.push_str(&String::from_utf8_lossy(id));
         }
         conn.request_out.clear();
-        self.host_at =
-            rewrite::write_request_head(&conn.head, buf, &conn.peer_ip, &mut conn.request_out);
+        self.host_at = rewrite::write_request_head(
+            &conn.head,
+            buf,
+            &conn.peer_ip,
+            edits,
+            &mut conn.request_out,
+        );
         self.consume_head();
     }
 
@@ -172,14 +178,18 @@ impl Front for H1Front<'_> {
             note: note.copied(),
             ..self.meta
         };
-        let host_len = rewrite::insert_host(
-            &mut conn.request_out,
-            self.host_at,
-            pod.authority().as_bytes(),
-        );
+        // The activator's edits leave the Host line to the pod's address; the queue-proxy's
+        // wrote the client's.
+        let host_line = self.host_at.map(|host_at| {
+            let len =
+                rewrite::insert_host(&mut conn.request_out, host_at, pod.authority().as_bytes());
+            (host_at, len)
+        });
         // Nothing of it reached the pod: the head goes back as it was before this pod's Host.
         let unsend = |conn: &mut ClientConn| {
-            rewrite::remove_host(&mut conn.request_out, self.host_at, host_len)
+            if let Some((host_at, len)) = host_line {
+                rewrite::remove_host(&mut conn.request_out, host_at, len)
+            }
         };
         let upstream = match shard.pool.checkout(addr, shard.stats()).await {
             Ok(upstream) => upstream,

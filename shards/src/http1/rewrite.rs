@@ -8,26 +8,47 @@ use kactivator_api::headers;
 use kactivator_h1::{BodyKind, RequestHead, ResponseHead, Version};
 
 use crate::request::answer::Answer;
-use crate::request::policy::{self, RequestField, WaitNote};
+use crate::request::policy::{self, Edits, QueueProxySeen, RequestField, WaitNote};
 
 /// The two headers every proxied request gets, written in one piece (see [`PROXY_HEADERS`]'s
 /// test): `K-Proxy-Request: activator` and the start of `X-Forwarded-For`.
 const PROXY_HEADERS: &[u8] = b"K-Proxy-Request: activator\r\nX-Forwarded-For: ";
 
-/// Writes the head the pod receives. Returns nothing; `out` is appended to.
+/// Writes the head the pod receives under `edits` (`request::policy`). `out` is appended to.
 ///
 /// * request line as received, always as HTTP/1.1;
 /// * hop-by-hop headers and those named in `Connection` removed;
-/// * the revision headers, `K-Network-Hash` and inbound `K-Proxy-Request` removed;
-/// * `Host` = the pod address, the original Host kept in `K-Original-Host` (unless present);
-/// * `K-Proxy-Request: activator`; `X-Forwarded-For` with the client appended;
-/// * `X-Run-Id`, when present, replaces `X-Request-Id`;
-/// * framing re-declared: `Content-Length` kept, chunked declared, upgrade re-declared.
-///
-/// The pod is not known yet when the head is rewritten (the request may wait for one), so the
-/// `Host` line is left out and its offset returned; [`insert_host`] adds it once a pod is picked.
+/// * framing re-declared: `Content-Length` kept, chunked declared, upgrade re-declared;
+/// * the activator's edits: the revision headers, `K-Network-Hash` and inbound
+///   `K-Proxy-Request` removed; the original Host kept in `K-Original-Host` (unless present);
+///   `K-Proxy-Request: activator`; `X-Forwarded-For` with the client appended; `X-Run-Id`,
+///   when present, replaces `X-Request-Id`. The pod is not known yet when the head is
+///   rewritten (the request may wait for one), so the `Host` line is left out and its offset
+///   returned; [`insert_host`] adds the pod's once one is picked.
+/// * the queue-proxy's: the revision headers removed; `Host` the client's, or
+///   `K-Original-Host`'s (which goes); `X-Forwarded-For` with the client appended; the
+///   `Forwarded` shim. The head is whole: `None` is returned.
 #[inline]
 pub fn write_request_head(
+    head: &RequestHead,
+    buf: &[u8],
+    client_ip: &[u8],
+    edits: Edits,
+    out: &mut Vec<u8>,
+) -> Option<usize> {
+    match edits {
+        Edits::Activator => Some(write_head::<false>(head, buf, client_ip, out)),
+        Edits::QueueProxy => {
+            write_head::<true>(head, buf, client_ip, out);
+            None
+        }
+    }
+}
+
+/// [`write_request_head`] under the activator's edits, or (`QUEUE_PROXY`) the queue-proxy's:
+/// one body, two copies, so that neither pays a branch per field for the other.
+#[inline]
+fn write_head<const QUEUE_PROXY: bool>(
     head: &RequestHead,
     buf: &[u8],
     client_ip: &[u8],
@@ -40,19 +61,31 @@ pub fn write_request_head(
     let host_at = out.len();
 
     let connection_named = connection_tokens(head, buf);
-    let run_id = head
-        .header(buf, headers::RUN_ID)
-        .filter(|value| !value.is_empty());
+    let run_id = if QUEUE_PROXY {
+        None
+    } else {
+        head.header(buf, headers::RUN_ID)
+            .filter(|value| !value.is_empty())
+    };
     let mut forwarded_for = false;
     let mut has_original_host = false;
     let mut wants_trailers = false;
+    let mut seen = QueueProxySeen::default();
     for (name, value) in head.headers(buf) {
-        match policy::request_field(name) {
+        let field = if QUEUE_PROXY {
+            policy::queue_proxy_field(name)
+        } else {
+            policy::request_field(name)
+        };
+        match field {
             RequestField::Keep => {}
             RequestField::Drop => continue,
             RequestField::ForwardedFor => {
                 // Re-emitted below as one header with the client appended.
                 forwarded_for = true;
+                if QUEUE_PROXY {
+                    seen.note(field, value);
+                }
                 continue;
             }
             RequestField::Te => {
@@ -61,7 +94,15 @@ pub fn write_request_head(
             }
             RequestField::RequestId if run_id.is_some() => continue,
             RequestField::RequestId => {}
+            RequestField::OriginalHost if QUEUE_PROXY => {
+                // The request's Host, written below.
+                seen.note(field, value);
+                continue;
+            }
             RequestField::OriginalHost => has_original_host = true,
+            RequestField::Forwarded
+            | RequestField::ForwardedProto
+            | RequestField::ForwardedHost => seen.note(field, value),
         }
         // HTTP/1's own: fields the client's `Connection` names are hop-by-hop too, and so is
         // the field of an h2c upgrade offer that is ignored (see `RequestHead::upgrade`).
@@ -75,20 +116,27 @@ pub fn write_request_head(
         }
         put_header(out, name, value);
     }
-    if !has_original_host {
-        // The codec's authority: an absolute-form target's, else Host.
-        if let Some(host) = head
-            .authority
-            .map(|authority| authority.of(buf))
-            .filter(|host| !host.is_empty())
-        {
-            put_header(out, headers::ORIGINAL_HOST.as_bytes(), host);
+    // The codec's authority: an absolute-form target's, else Host.
+    let authority = head
+        .authority
+        .map(|authority| authority.of(buf))
+        .filter(|host| !host.is_empty());
+    if QUEUE_PROXY {
+        if let Some(shim) = seen.forwarded_shim() {
+            put_header(out, b"Forwarded", &shim);
         }
+        out.extend_from_slice(b"X-Forwarded-For: ");
+    } else {
+        if !has_original_host {
+            if let Some(host) = authority {
+                put_header(out, headers::ORIGINAL_HOST.as_bytes(), host);
+            }
+        }
+        if let Some(run_id) = run_id {
+            put_header(out, headers::REQUEST_ID.as_bytes(), run_id);
+        }
+        out.extend_from_slice(PROXY_HEADERS);
     }
-    if let Some(run_id) = run_id {
-        put_header(out, headers::REQUEST_ID.as_bytes(), run_id);
-    }
-    out.extend_from_slice(PROXY_HEADERS);
     if forwarded_for {
         // As Go's ReverseProxy: every earlier value, joined with ", ", then the client.
         let earlier = head
@@ -117,6 +165,13 @@ pub fn write_request_head(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
+    if QUEUE_PROXY {
+        // The client's Host, or the activator's record of it: the app sees the request as the
+        // client addressed it. (HTTP/1.1 requires a Host; an HTTP/1.0 request may have none.)
+        if let Some(host) = seen.host(authority) {
+            insert_host(out, host_at, host);
+        }
+    }
     host_at
 }
 
@@ -423,9 +478,75 @@ mod tests {
             Ok(Parsed::Complete)
         ));
         let mut out = Vec::new();
-        let host_at = write_request_head(&head, raw.as_bytes(), b"192.168.1.9", &mut out);
+        let host_at = write_request_head(
+            &head,
+            raw.as_bytes(),
+            b"192.168.1.9",
+            Edits::Activator,
+            &mut out,
+        )
+        .expect("the activator's edits leave the Host line to the pod");
         insert_host(&mut out, host_at, b"10.0.0.5:8012");
         String::from_utf8(out).unwrap()
+    }
+
+    /// The head a queue-proxy sends its user container, from the client `127.0.0.1`.
+    fn to_user_container(raw: &str) -> String {
+        let mut head = RequestHead::default();
+        assert!(matches!(
+            parse_request(raw.as_bytes(), &mut head),
+            Ok(Parsed::Complete)
+        ));
+        let mut out = Vec::new();
+        let host_at = write_request_head(
+            &head,
+            raw.as_bytes(),
+            b"127.0.0.1",
+            Edits::QueueProxy,
+            &mut out,
+        );
+        assert_eq!(host_at, None, "the head is whole");
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_queue_proxy_rewrites_as_upstreams_does() {
+        // (what it shows, the client's head, the user container's)
+        let table: &[(&str, &str, &str)] = &[
+            (
+                "from the activator: Host from K-Original-Host, K-Proxy-Request kept, revision \
+                 headers pruned, X-Forwarded-For appended, the Forwarded shim",
+                "GET /x HTTP/1.1\r\nHost: 10.1.2.3:8012\r\nK-Original-Host: hello.example.com\r\n\
+                 Knative-Serving-Revision: hello-1\r\nKnative-Serving-Namespace: default\r\n\
+                 K-Proxy-Request: activator\r\nX-Forwarded-For: 1.2.3.4, 10.0.0.9\r\n\
+                 X-Forwarded-Proto: https\r\nX-Request-Id: r-1\r\nX-Run-Id: run-1\r\n\r\n",
+                "GET /x HTTP/1.1\r\nHost: hello.example.com\r\nK-Proxy-Request: activator\r\n\
+                 X-Forwarded-Proto: https\r\nX-Request-Id: r-1\r\nX-Run-Id: run-1\r\n\
+                 Forwarded: for=1.2.3.4;proto=https, for=10.0.0.9\r\n\
+                 X-Forwarded-For: 1.2.3.4, 10.0.0.9, 127.0.0.1\r\n\r\n",
+            ),
+            (
+                "straight from an ingress: the client's Host, nothing added but X-Forwarded-For",
+                "POST /y HTTP/1.1\r\nHost: hello.example.com\r\nContent-Length: 2\r\n\
+                 Connection: keep-alive, X-Secret\r\nX-Secret: s\r\n\r\nok",
+                "POST /y HTTP/1.1\r\nHost: hello.example.com\r\nContent-Length: 2\r\n\
+                 X-Forwarded-For: 127.0.0.1\r\n\r\n",
+            ),
+            (
+                "a Forwarded field of the client's: kept, no shim",
+                "GET / HTTP/1.1\r\nHost: h\r\nForwarded: for=9.9.9.9\r\nX-Forwarded-For: 9.9.9.9\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: h\r\nForwarded: for=9.9.9.9\r\n\
+                 X-Forwarded-For: 9.9.9.9, 127.0.0.1\r\n\r\n",
+            ),
+            (
+                "an empty K-Original-Host leaves the client's Host",
+                "GET / HTTP/1.1\r\nHost: h\r\nK-Original-Host: \r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 127.0.0.1\r\n\r\n",
+            ),
+        ];
+        for (what, client, expected) in table {
+            assert_eq!(to_user_container(client), *expected, "{what}");
+        }
     }
 
     #[test]

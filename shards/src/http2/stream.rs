@@ -32,7 +32,7 @@ use crate::request::headers::RequestHeaders;
 use crate::request::identity;
 use crate::request::lifecycle::{self, Attempt, Front, Shape, SmallBody};
 use crate::request::outcome::{Ended, Next, RequestShape};
-use crate::request::policy::{self, RequestField, WaitNote};
+use crate::request::policy::{self, Edits, QueueProxySeen, RequestField, WaitNote};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::contain;
 use crate::runtime::race::{race, Either};
@@ -156,6 +156,11 @@ struct H2Front<'r> {
     shape: Shape,
     /// The request, rewritten for a pod once prepared (its `:authority` set on each attempt).
     outbound: Request<()>,
+    /// The request's `:authority` for every attempt under the queue-proxy's edits (the
+    /// client's, or `K-Original-Host`'s); `None`: the pod's address (the activator's).
+    authority: Option<http::uri::Authority>,
+    /// The edits the request goes out under (`request::policy::Edits`).
+    edits: Edits,
     grpc: bool,
     request_id: String,
 }
@@ -185,6 +190,8 @@ impl<'r> H2Front<'r> {
             peer_ip,
             shape,
             outbound: Request::new(()),
+            authority: None,
+            edits: Edits::Activator,
             grpc: false,
             request_id: String::new(),
         }
@@ -232,14 +239,17 @@ impl Front for H2Front<'_> {
         }
     }
 
-    fn prepare(&mut self) {
+    fn prepare(&mut self, edits: Edits) {
+        self.edits = edits;
         let fields = H2Headers { parts: &self.parts };
         self.request_id = policy::run_id(&fields)
             .or_else(|| fields.get(headers::REQUEST_ID))
             .map(|id| String::from_utf8_lossy(id).into_owned())
             .unwrap_or_default();
         self.grpc = is_grpc(&self.parts.headers);
-        self.outbound = outbound_request(&self.parts, &self.peer_ip);
+        let (outbound, authority) = outbound_request(&self.parts, &self.peer_ip, edits);
+        self.outbound = outbound;
+        self.authority = authority;
     }
 
     fn request_id(&self) -> &str {
@@ -269,7 +279,10 @@ impl Front for H2Front<'_> {
         // The request goes to `h2` by value (no copy of its header map per request); the rare
         // attempt that the pod did not take rebuilds it from the client's request below.
         let mut outbound = std::mem::replace(&mut self.outbound, Request::new(()));
-        address_to(&mut outbound, streams.authority);
+        address_to(
+            &mut outbound,
+            self.authority.clone().unwrap_or(streams.authority),
+        );
         let exchanged = exchange(
             shard,
             revision,
@@ -290,7 +303,7 @@ impl Front for H2Front<'_> {
                 fresh: !reused,
             },
             Exchanged::NotTaken { error, replayable } => {
-                self.outbound = outbound_request(&self.parts, &self.peer_ip);
+                self.outbound = outbound_request(&self.parts, &self.peer_ip, self.edits).0;
                 if !matches!(error, UpstreamError::IpReused { .. }) {
                     // The connection went away under us: the next stream gets a new one.
                     shard.h2c.forget(addr);
@@ -357,18 +370,35 @@ fn send_answer(respond: &mut SendResponse<Bytes>, answer: &Answer<'_>, head_only
 }
 
 /// The request the pod is sent, but for its `:authority` (the pod, known once one is picked):
-/// the request path's header policy (`request::policy`) applied to a header map.
-fn outbound_request(parts: &http::request::Parts, client_ip: &[u8]) -> Request<()> {
+/// the request path's header policy (`request::policy`) under `edits` applied to a header map.
+/// Under the queue-proxy's edits, also the `:authority` every attempt keeps: the client's, or
+/// `K-Original-Host`'s.
+fn outbound_request(
+    parts: &http::request::Parts,
+    client_ip: &[u8],
+    edits: Edits,
+) -> (Request<()>, Option<http::uri::Authority>) {
     let mut request = Request::new(());
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = parts.uri.clone();
     let out = request.headers_mut();
     let client = H2Headers { parts };
-    let run_id = policy::run_id(&client);
+    let queue_proxy = edits == Edits::QueueProxy;
+    let run_id = if queue_proxy {
+        None
+    } else {
+        policy::run_id(&client)
+    };
     let mut forwarded: Vec<u8> = Vec::new();
     let mut has_original_host = false;
+    let mut seen = QueueProxySeen::default();
     for (name, value) in &parts.headers {
-        match policy::request_field(name.as_str().as_bytes()) {
+        let field = if queue_proxy {
+            policy::queue_proxy_field(name.as_str().as_bytes())
+        } else {
+            policy::request_field(name.as_str().as_bytes())
+        };
+        match field {
             RequestField::Keep => {}
             RequestField::Drop => continue,
             RequestField::Te => {
@@ -377,33 +407,56 @@ fn outbound_request(parts: &http::request::Parts, client_ip: &[u8]) -> Request<(
                 }
             }
             RequestField::ForwardedFor => {
+                if queue_proxy {
+                    seen.note(field, value.as_bytes());
+                }
                 forwarded.extend_from_slice(value.as_bytes());
                 forwarded.extend_from_slice(b", ");
                 continue;
             }
             RequestField::RequestId if run_id.is_some() => continue,
             RequestField::RequestId => {}
+            RequestField::OriginalHost if queue_proxy => {
+                seen.note(field, value.as_bytes());
+                continue;
+            }
             RequestField::OriginalHost => has_original_host = true,
+            RequestField::Forwarded
+            | RequestField::ForwardedProto
+            | RequestField::ForwardedHost => seen.note(field, value.as_bytes()),
         }
         out.append(name.clone(), value.clone());
     }
-    let added = policy::Added::of(&client, has_original_host);
-    if let Some(value) = added
-        .original_host
-        .and_then(|host| HeaderValue::from_bytes(host).ok())
-    {
-        out.insert(names::ORIGINAL_HOST, value);
+    let mut authority = None;
+    if queue_proxy {
+        if let Some(value) = seen
+            .forwarded_shim()
+            .and_then(|shim| HeaderValue::from_bytes(&shim).ok())
+        {
+            out.insert(http::header::FORWARDED, value);
+        }
+        authority = seen
+            .host(client.authority())
+            .and_then(|host| http::uri::Authority::try_from(host).ok());
+    } else {
+        let added = policy::Added::of(&client, has_original_host);
+        if let Some(value) = added
+            .original_host
+            .and_then(|host| HeaderValue::from_bytes(host).ok())
+        {
+            out.insert(names::ORIGINAL_HOST, value);
+        }
+        if let Some(value) = added
+            .request_id
+            .and_then(|id| HeaderValue::from_bytes(id).ok())
+        {
+            out.insert(names::REQUEST_ID, value);
+        }
+        out.insert(
+            names::PROXY_REQUEST,
+            HeaderValue::from_static(policy::PROXY_REQUEST.1),
+        );
     }
-    if let Some(value) = added
-        .request_id
-        .and_then(|id| HeaderValue::from_bytes(id).ok())
-    {
-        out.insert(names::REQUEST_ID, value);
-    }
-    out.insert(
-        names::PROXY_REQUEST,
-        HeaderValue::from_static(policy::PROXY_REQUEST.1),
-    );
     let forwarded = if forwarded.is_empty() {
         // The usual case, without a copy in between.
         HeaderValue::from_bytes(client_ip)
@@ -414,7 +467,7 @@ fn outbound_request(parts: &http::request::Parts, client_ip: &[u8]) -> Request<(
     if let Ok(value) = forwarded {
         out.insert(names::FORWARDED_FOR, value);
     }
-    request
+    (request, authority)
 }
 
 /// Points the request at a pod (`:authority` = the pod's address, as HTTP/1's `Host`).
@@ -858,6 +911,55 @@ mod tests {
     }
 
     #[test]
+    fn the_user_container_gets_the_queue_proxys_rewrite() {
+        let request = Request::builder()
+            .method("POST")
+            .uri("http://10.1.2.3:8012/echo.Echo/Unary")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("k-original-host", "hello.example.com")
+            .header("knative-serving-revision", "hello-00001")
+            .header("knative-serving-namespace", "default")
+            .header("k-proxy-request", "activator")
+            .header("x-forwarded-for", "1.2.3.4, 10.0.0.9")
+            .header("x-forwarded-proto", "https")
+            .header("x-run-id", "run-7")
+            .body(())
+            .unwrap();
+        let (out, authority) = outbound_request(&parts(request), b"127.0.0.1", Edits::QueueProxy);
+        assert_eq!(authority.unwrap().as_str(), "hello.example.com");
+        let names: Vec<&str> = out.headers().keys().map(|name| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "te",
+                "k-proxy-request",
+                "x-forwarded-proto",
+                "x-run-id",
+                "forwarded",
+                "x-forwarded-for"
+            ]
+        );
+        assert_eq!(out.headers()["k-proxy-request"], "activator");
+        assert_eq!(
+            out.headers()["forwarded"],
+            "for=1.2.3.4;proto=https, for=10.0.0.9"
+        );
+        assert_eq!(
+            out.headers()["x-forwarded-for"],
+            "1.2.3.4, 10.0.0.9, 127.0.0.1"
+        );
+        // Without K-Original-Host the client's authority stays.
+        let plain = Request::builder()
+            .uri("http://hello.example.com/")
+            .body(())
+            .unwrap();
+        let (_, authority) = outbound_request(&parts(plain), b"127.0.0.1", Edits::QueueProxy);
+        assert_eq!(authority.unwrap().as_str(), "hello.example.com");
+    }
+
+    #[test]
     fn the_pod_gets_the_same_rewrite_as_over_http1() {
         let request = Request::builder()
             .method("POST")
@@ -873,7 +975,7 @@ mod tests {
             .header("connection", "close")
             .body(())
             .unwrap();
-        let out = outbound_request(&parts(request), b"10.1.2.3");
+        let (out, _) = outbound_request(&parts(request), b"10.1.2.3", Edits::Activator);
         let get = |name: &str| {
             out.headers()
                 .get_all(name)
@@ -904,7 +1006,7 @@ mod tests {
             .header("k-original-host", "first.example")
             .body(())
             .unwrap();
-        let out = outbound_request(&parts(request), b"10.1.2.3");
+        let (out, _) = outbound_request(&parts(request), b"10.1.2.3", Edits::Activator);
         assert!(out.headers().get("te").is_none());
         assert_eq!(out.headers()["k-original-host"], "first.example");
         assert_eq!(out.headers()["x-forwarded-for"], "10.1.2.3");

@@ -26,7 +26,7 @@ use super::identity;
 use super::outcome::{
     conclude, keeps_connection_after_answer, Concluded, Ended, Next, RequestShape,
 };
-use super::policy::WaitNote;
+use super::policy::{Edits, WaitNote};
 use super::probes;
 use super::retry::may_retry;
 use super::tally::Tally;
@@ -92,9 +92,9 @@ pub(crate) trait Front {
     /// Reads the whole body, at most `limit` bytes.
     async fn read_small_body(&mut self, shard: &Shard, limit: usize) -> Result<Vec<u8>, SmallBody>;
     /// The request is going to a pod: rewrite it for one (the header policy,
-    /// `request::policy`; the pod's address comes with each attempt) and let go of what only
-    /// the local answers read.
-    fn prepare(&mut self);
+    /// `request::policy`, under the role's `edits`; the pod's address comes with each attempt)
+    /// and let go of what only the local answers read.
+    fn prepare(&mut self, edits: Edits);
     /// The request's id for log lines (`X-Run-Id`, else `X-Request-Id`), once prepared.
     fn request_id(&self) -> &str;
     fn watch(&mut self) -> Self::Watch<'_>;
@@ -174,7 +174,10 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     };
     // Read before `prepare`, which lets go of the fields; the default class without a policy.
     let class = revision.classify(&front.headers(), &shard.stats().priority_invalid);
-    front.prepare();
+    front.prepare(match shard.settings.role {
+        Role::Activator => Edits::Activator,
+        Role::QueueProxy(_) => Edits::QueueProxy,
+    });
     let tally = Tally::arrive(shard, &revision, arrival);
     let mut note = None;
     let ended = proxy(shard, front, &revision, class, arrival, &mut note).await;

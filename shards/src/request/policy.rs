@@ -15,6 +15,20 @@ use kactivator_api::headers;
 
 use super::headers::RequestHeaders;
 
+/// Whose edits a request gets on its way out: the activator's, to a pod (above), or the
+/// queue-proxy's, to its user container (upstream's `mainHandler` in
+/// `pkg/queue/sharedmain/handlers.go`, release-1.18): the client's `Host` kept, or replaced by
+/// `K-Original-Host` when the activator set one (`RewriteHostOut`), which then goes; the revision
+/// headers pruned; `K-Proxy-Request` passed on (the autoscaler stats count it as proxied);
+/// `X-Forwarded-For` with the client appended (Go's `ReverseProxy`); a `Forwarded` field made
+/// from the `X-Forwarded-*` ones when the request has none (`ForwardedShimHandler`); hop-by-hop
+/// fields dropped. Nothing else is added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Edits {
+    Activator,
+    QueueProxy,
+}
+
 /// What becomes of one field of the client's request on its way to the pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestField {
@@ -30,8 +44,14 @@ pub enum RequestField {
     Te,
     /// `X-Request-Id`: dropped when the request has an `X-Run-Id` to replace it.
     RequestId,
-    /// `K-Original-Host`: kept, and the activator adds none.
+    /// `K-Original-Host`: kept, and the activator adds none. (The queue-proxy's edits: the
+    /// request's `Host`, and dropped as a field.)
     OriginalHost,
+    /// The queue-proxy's edits only: kept, and read for the `Forwarded` shim. `Forwarded`
+    /// itself (no shim then), `X-Forwarded-Proto`, `X-Forwarded-Host`.
+    Forwarded,
+    ForwardedProto,
+    ForwardedHost,
 }
 
 /// What becomes of the field `name` (any case) of a request on its way to the pod.
@@ -59,6 +79,131 @@ pub fn request_field(name: &[u8]) -> RequestField {
         24 if is(headers::REVISION) => RequestField::Drop,
         25 if is(headers::NAMESPACE) => RequestField::Drop,
         _ => RequestField::Keep,
+    }
+}
+
+/// What becomes of the field `name` (any case) of a request on its way to the user container,
+/// under the queue-proxy's edits ([`Edits::QueueProxy`]). `Host` and `K-Original-Host` are
+/// dropped as fields: the writer writes the request's `Host` itself.
+#[inline]
+pub fn queue_proxy_field(name: &[u8]) -> RequestField {
+    let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+    match name.len() {
+        2 if is("te") => RequestField::Te,
+        4 if is(headers::HOST) => RequestField::Drop,
+        7 if is("trailer") || is("upgrade") => RequestField::Drop,
+        9 if is("forwarded") => RequestField::Forwarded,
+        10 if is("connection") || is("keep-alive") => RequestField::Drop,
+        15 if is(headers::FORWARDED_FOR) => RequestField::ForwardedFor,
+        15 if is(headers::ORIGINAL_HOST) => RequestField::OriginalHost,
+        16 if is("proxy-connection") => RequestField::Drop,
+        16 if is("x-forwarded-host") => RequestField::ForwardedHost,
+        17 if is("transfer-encoding") => RequestField::Drop,
+        17 if is("x-forwarded-proto") => RequestField::ForwardedProto,
+        18 if is("proxy-authenticate") => RequestField::Drop,
+        19 if is("proxy-authorization") => RequestField::Drop,
+        24 if is(headers::REVISION) => RequestField::Drop,
+        25 if is(headers::NAMESPACE) => RequestField::Drop,
+        _ => RequestField::Keep,
+    }
+}
+
+/// What [`queue_proxy_field`] finds while a writer goes through the fields, for what the
+/// queue-proxy's edits add.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueProxySeen<'a> {
+    /// The first `K-Original-Host`: the request's `Host`.
+    pub original_host: Option<&'a [u8]>,
+    /// The request has a `Forwarded` field: no shim.
+    pub forwarded: bool,
+    /// The first value of each `X-Forwarded-*` field, as Go's `Header.Get` reads them.
+    pub forwarded_for: Option<&'a [u8]>,
+    pub forwarded_proto: Option<&'a [u8]>,
+    pub forwarded_host: Option<&'a [u8]>,
+}
+
+impl<'a> QueueProxySeen<'a> {
+    /// Notes field `field` with `value`.
+    #[inline]
+    pub fn note(&mut self, field: RequestField, value: &'a [u8]) {
+        let first = |slot: &mut Option<&'a [u8]>| {
+            slot.get_or_insert(value);
+        };
+        match field {
+            RequestField::OriginalHost => first(&mut self.original_host),
+            RequestField::Forwarded => self.forwarded = true,
+            RequestField::ForwardedFor => first(&mut self.forwarded_for),
+            RequestField::ForwardedProto => first(&mut self.forwarded_proto),
+            RequestField::ForwardedHost => first(&mut self.forwarded_host),
+            _ => {}
+        }
+    }
+
+    /// The request's `Host` for the user container: `K-Original-Host` when the activator set a
+    /// non-empty one, else the client's own.
+    pub fn host<'h>(&self, client: Option<&'h [u8]>) -> Option<&'h [u8]>
+    where
+        'a: 'h,
+    {
+        self.original_host
+            .filter(|host| !host.is_empty())
+            .or(client)
+    }
+
+    /// The `Forwarded` field upstream's shim adds (`generateForwarded` in
+    /// `pkg/queue/forwarded_shim.go`): none when the request has one or has no `X-Forwarded-*`;
+    /// else `for=` each `X-Forwarded-For` node (an IPv6 one as `"[addr]"`), the first with
+    /// `host=` and `proto=`.
+    pub fn forwarded_shim(&self) -> Option<Vec<u8>> {
+        let non_empty = |value: Option<&'a [u8]>| value.filter(|value| !value.is_empty());
+        let (xff, xfp, xfh) = (
+            non_empty(self.forwarded_for),
+            non_empty(self.forwarded_proto),
+            non_empty(self.forwarded_host),
+        );
+        if self.forwarded || (xff.is_none() && xfp.is_none() && xfh.is_none()) {
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut nodes = xff.map(|xff| xff.split(|&byte| byte == b','));
+        let first = nodes
+            .as_mut()
+            .and_then(|nodes| nodes.next())
+            .map(<[u8]>::trim_ascii);
+        let write_node = |out: &mut Vec<u8>, node: &[u8]| {
+            out.extend_from_slice(b"for=");
+            if node.contains(&b':') {
+                out.extend_from_slice(b"\"[");
+                out.extend_from_slice(node);
+                out.extend_from_slice(b"]\"");
+            } else {
+                out.extend_from_slice(node);
+            }
+        };
+        if let Some(node) = first {
+            write_node(&mut out, node);
+        }
+        // Upstream separates `host=` and `proto=` from a node only when the node is not empty.
+        let node_written = first.is_some_and(|node| !node.is_empty());
+        if let Some(host) = xfh {
+            if node_written {
+                out.push(b';');
+            }
+            out.extend_from_slice(b"host=");
+            out.extend_from_slice(host);
+        }
+        if let Some(proto) = xfp {
+            if node_written || xfh.is_some() {
+                out.push(b';');
+            }
+            out.extend_from_slice(b"proto=");
+            out.extend_from_slice(proto);
+        }
+        for node in nodes.into_iter().flatten() {
+            out.extend_from_slice(b", ");
+            write_node(&mut out, node.trim_ascii());
+        }
+        Some(out)
     }
 }
 
@@ -229,6 +374,99 @@ mod tests {
             }
         );
         assert!(keeps_te(b"Trailers") && !keeps_te(b"gzip"));
+    }
+
+    #[test]
+    fn the_queue_proxy_keeps_what_the_activator_consumes_and_prunes_the_revision_headers() {
+        let rows: &[(&str, RequestField)] = &[
+            ("Host", RequestField::Drop),
+            ("K-Original-Host", RequestField::OriginalHost),
+            ("K-Proxy-Request", RequestField::Keep),
+            ("K-Network-Hash", RequestField::Keep),
+            ("X-Run-Id", RequestField::Keep),
+            ("X-Request-Id", RequestField::Keep),
+            ("Knative-Serving-Revision", RequestField::Drop),
+            ("knative-serving-namespace", RequestField::Drop),
+            ("X-Forwarded-For", RequestField::ForwardedFor),
+            ("x-forwarded-proto", RequestField::ForwardedProto),
+            ("X-Forwarded-Host", RequestField::ForwardedHost),
+            ("Forwarded", RequestField::Forwarded),
+            ("Connection", RequestField::Drop),
+            ("Transfer-Encoding", RequestField::Drop),
+            ("TE", RequestField::Te),
+            ("Content-Type", RequestField::Keep),
+        ];
+        for (name, expected) in rows {
+            assert_eq!(queue_proxy_field(name.as_bytes()), *expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_forwarded_shim_is_upstreams() {
+        // (X-Forwarded-For, -Proto, -Host, has Forwarded, the shim) — the cases of upstream's
+        // forwarded_shim_test.go (release-1.18), and ours at the edges.
+        type Row = (
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+            bool,
+            Option<&'static str>,
+        );
+        let table: &[Row] = &[
+            (None, None, None, false, None),
+            (Some("1.2.3.4"), None, None, true, None),
+            (Some("1.2.3.4"), None, None, false, Some("for=1.2.3.4")),
+            (
+                Some("1.2.3.4, 5.6.7.8"),
+                None,
+                None,
+                false,
+                Some("for=1.2.3.4, for=5.6.7.8"),
+            ),
+            (
+                Some("1.2.3.4,5.6.7.8"),
+                Some("https"),
+                Some("example.com"),
+                false,
+                Some("for=1.2.3.4;host=example.com;proto=https, for=5.6.7.8"),
+            ),
+            (
+                Some("2001:db8::1, 1.2.3.4"),
+                None,
+                None,
+                false,
+                Some("for=\"[2001:db8::1]\", for=1.2.3.4"),
+            ),
+            (None, Some("http"), None, false, Some("proto=http")),
+            (None, None, Some("h"), false, Some("host=h")),
+            (
+                None,
+                Some("http"),
+                Some("h"),
+                false,
+                Some("host=h;proto=http"),
+            ),
+        ];
+        for &(xff, xfp, xfh, forwarded, expected) in table {
+            let seen = QueueProxySeen {
+                forwarded,
+                forwarded_for: xff.map(str::as_bytes),
+                forwarded_proto: xfp.map(str::as_bytes),
+                forwarded_host: xfh.map(str::as_bytes),
+                ..QueueProxySeen::default()
+            };
+            let shim = seen.forwarded_shim().map(|v| String::from_utf8(v).unwrap());
+            assert_eq!(shim.as_deref(), expected, "{xff:?} {xfp:?} {xfh:?}");
+        }
+        let seen = QueueProxySeen {
+            original_host: Some(b"app.example.com"),
+            ..QueueProxySeen::default()
+        };
+        assert_eq!(
+            seen.host(Some(b"10.0.0.1:8012")),
+            Some(&b"app.example.com"[..])
+        );
+        assert_eq!(QueueProxySeen::default().host(Some(b"c")), Some(&b"c"[..]));
     }
 
     #[test]
