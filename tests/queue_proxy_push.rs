@@ -31,6 +31,37 @@ struct QueueProxy {
     dir: std::path::PathBuf,
 }
 
+/// What Knative 1.18's reconciler sets for a user container on `user_port` served on
+/// `serving_port`, plus `ACTIVATOR_SERVICE_URL`.
+fn knative_env(
+    user_port: u16,
+    serving_port: u16,
+    activator_url: &str,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("SERVING_NAMESPACE", "default".to_string()),
+        ("SERVING_SERVICE", "hello".into()),
+        ("SERVING_CONFIGURATION", "hello".into()),
+        ("SERVING_REVISION", REVISION.into()),
+        ("SERVING_POD", "hello-00001-deployment-7d9f".into()),
+        ("SERVING_POD_IP", "127.0.0.1".into()),
+        ("QUEUE_SERVING_PORT", serving_port.to_string()),
+        ("QUEUE_SERVING_TLS_PORT", free_port().to_string()),
+        ("USER_PORT", user_port.to_string()),
+        ("CONTAINER_CONCURRENCY", "0".into()),
+        ("REVISION_TIMEOUT_SECONDS", "300".into()),
+        (
+            "SERVING_READINESS_PROBE",
+            format!(
+                r#"{{"tcpSocket":{{"port":{user_port},"host":"127.0.0.1"}},"successThreshold":1}}"#
+            ),
+        ),
+        ("SERVING_LOGGING_CONFIG", "{}".into()),
+        ("SERVING_LOGGING_LEVEL", String::new()),
+        ("ACTIVATOR_SERVICE_URL", activator_url.into()),
+    ]
+}
+
 impl QueueProxy {
     /// Starts it as Knative 1.18's reconciler would, for a user container on `user_port`,
     /// serving on `serving_port`, pushing to `activator`.
@@ -39,28 +70,7 @@ impl QueueProxy {
         let drain_admin = format!("127.0.0.1:{}", free_port());
         let dir = scratch_dir();
         let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
-        let env = [
-            ("SERVING_NAMESPACE", "default".to_string()),
-            ("SERVING_SERVICE", "hello".into()),
-            ("SERVING_CONFIGURATION", "hello".into()),
-            ("SERVING_REVISION", REVISION.into()),
-            ("SERVING_POD", "hello-00001-deployment-7d9f".into()),
-            ("SERVING_POD_IP", "127.0.0.1".into()),
-            ("QUEUE_SERVING_PORT", serving_port.to_string()),
-            ("QUEUE_SERVING_TLS_PORT", free_port().to_string()),
-            ("USER_PORT", user_port.to_string()),
-            ("CONTAINER_CONCURRENCY", "0".into()),
-            ("REVISION_TIMEOUT_SECONDS", "300".into()),
-            (
-                "SERVING_READINESS_PROBE",
-                format!(
-                    r#"{{"tcpSocket":{{"port":{user_port},"host":"127.0.0.1"}},"successThreshold":1}}"#
-                ),
-            ),
-            ("SERVING_LOGGING_CONFIG", "{}".into()),
-            ("SERVING_LOGGING_LEVEL", String::new()),
-            ("ACTIVATOR_SERVICE_URL", format!("http://{activator}")),
-        ];
+        let env = knative_env(user_port, serving_port, &format!("http://{activator}"));
         let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
             .arg("queue-proxy")
             .args(["--drain-admin", &drain_admin])
@@ -247,4 +257,85 @@ fn a_queued_request_flows_on_the_queue_proxys_ready_push_and_draining_reaches_th
     );
     drop(activator);
     let _ = waiting.join();
+}
+
+#[test]
+fn a_user_container_that_stops_is_pushed_not_ready_and_ready_again_when_it_returns() {
+    let user_port = free_port();
+    let serving_port = free_port();
+    let activator = Activator::start(&format!(
+        "{ACTIVATOR}{}",
+        support::revision(
+            "default",
+            REVISION,
+            &[],
+            &format!("serving_port = {serving_port}")
+        )
+    ));
+    let user_addr = SocketAddr::from(([127, 0, 0, 1], user_port));
+    let user = backend::spawn_on(user_addr, BackendConfig::named("user-container"))
+        .expect("user container");
+    let proxy = QueueProxy::start(user_port, serving_port, activator.http);
+    assert!(
+        eventually(Duration::from_secs(10), || routable_pods(&activator) == 1.0),
+        "ready never made the pod routable: {}",
+        proxy.stderr()
+    );
+    assert_eq!(
+        exchange(activator.http, get(REVISION, "/").as_bytes()).status,
+        200
+    );
+
+    // The app stops: the queue-proxy's next attempt is refused and it pushes `not-ready`.
+    user.shutdown();
+    assert!(
+        eventually(Duration::from_secs(5), || registrations(
+            &activator,
+            "not-ready"
+        ) == 1.0),
+        "not-ready never reached the activator: {}",
+        proxy.stderr()
+    );
+    assert_eq!(routable_pods(&activator), 0.0);
+    let http = activator.http;
+    let waiting = std::thread::spawn(move || exchange(http, get(REVISION, "/").as_bytes()));
+    assert!(
+        eventually(Duration::from_secs(5), || queued(&activator) == 1.0),
+        "a request waits while the pod is not ready"
+    );
+
+    // It comes back on the same port: `ready` again, and the waiting request flows.
+    let back_at = Instant::now();
+    let user = backend::spawn_on(user_addr, BackendConfig::named("user-container"))
+        .expect("user container again");
+    let answer = waiting.join().unwrap();
+    assert_eq!(answer.status, 200);
+    assert!(
+        back_at.elapsed() < Duration::from_secs(1),
+        "forwarded {:?} after the app came back",
+        back_at.elapsed()
+    );
+    assert_eq!(user.stats().requests, 1);
+    assert_eq!(registrations(&activator, "ready"), 2.0);
+    assert_eq!(registrations(&activator, "not-ready"), 1.0);
+}
+
+#[test]
+fn an_unusable_activator_url_exits_2_naming_it() {
+    let output = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+        .arg("queue-proxy")
+        .env_clear()
+        .envs(knative_env(
+            free_port(),
+            free_port(),
+            "https://activator-service",
+        ))
+        .output()
+        .expect("run kactivator queue-proxy");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("ACTIVATOR_SERVICE_URL: \"https://activator-service\": https is not built"),
+        "{stderr}"
+    );
 }
