@@ -17,6 +17,7 @@ use std::time::Duration;
 use kactivator_control::config::{Config, RevisionConfig};
 use kactivator_control::features;
 use kactivator_control::queue_proxy::env::{self, EnvError};
+use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
 use kactivator_control::queue_proxy::{admin, readiness};
 use kactivator_shards::shard::{QueueProxyRole, Role};
 
@@ -49,7 +50,9 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         missing: Vec::new(),
         invalid: vec![("SERVING_READINESS_PROBE", error.to_string())],
     })?;
+    let pusher = pusher_of(&env)?;
     let (user, prober) = readiness::prober(probes);
+    let edges = user.edges();
     let role = Role::QueueProxy(QueueProxyRole {
         namespace: env.namespace.clone(),
         revision: env.revision.clone(),
@@ -71,12 +74,37 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
                 })?;
             let _entered = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            runtime.spawn(admin::serve(listener, drain));
+            runtime.spawn(admin::serve(listener, drain.clone()));
             runtime.spawn(prober.run());
+            if let Some(pusher) = pusher {
+                runtime.spawn(pusher.run(edges, drain));
+            }
             Ok(())
         })),
     };
     start::run_as(cli, Some(config), setup, || {})
+}
+
+/// The fork's push side, when `ACTIVATOR_SERVICE_URL` asks for it; refused (exit 2) when the
+/// activator would refuse this pod's registrations.
+fn pusher_of(env: &env::QueueProxyEnv) -> Result<Option<Pusher>, EnvError> {
+    let (Some(url), Some(pod_ip)) = (env.activator_service_url.clone(), env.pod_ip) else {
+        // Without a pod IP the environment check has already refused a set URL.
+        return Ok(None);
+    };
+    let pod = PodIdentity {
+        pod_name: env.pod.clone(),
+        pod_ip,
+        namespace: env.namespace.clone(),
+        revision: env.revision.clone(),
+    };
+    Pusher::new(url, pod).map(Some).map_err(|error| EnvError {
+        missing: Vec::new(),
+        invalid: vec![(
+            "ACTIVATOR_SERVICE_URL",
+            format!("the activator would refuse this pod's registrations (SERVING_POD, SERVING_POD_IP, SERVING_NAMESPACE, SERVING_REVISION): {error}"),
+        )],
+    })
 }
 
 /// The activator configuration that makes the request path a queue-proxy: one revision whose

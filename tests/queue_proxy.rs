@@ -49,6 +49,9 @@ fn knative_env(user_port: u16, serving_port: u16, concurrency: u32) -> HashMap<S
         ("SERVING_LOGGING_LEVEL", String::new()),
         ("SERVING_REQUEST_METRICS_BACKEND", "prometheus".into()),
         ("ENABLE_HTTP2_AUTO_DETECTION", "false".into()),
+        // Not Knative's but the fork's: empty turns its push off. Absent, the queue-proxy
+        // would push to the in-cluster activator's name (tests/queue_proxy_push.rs has it on).
+        ("ACTIVATOR_SERVICE_URL", String::new()),
     ]
     .into_iter()
     .map(|(key, value)| (key.to_string(), value))

@@ -1,5 +1,6 @@
-//! The control thread's HTTP/1.1 client (hyper), for the one request it makes itself over
-//! hyper: the relay of a registration to a peer activator. (Probes do not use it: they speak
+//! The control thread's HTTP/1.1 client (hyper), for the requests it makes itself over hyper:
+//! the relay of a registration to a peer activator, and the queue-proxy's push of its own
+//! (`queue_proxy::push`). (Probes do not use it: they speak
 //! the revision's protocol through `sources::probe`, HTTP/1 over `kactivator-h1` or h2c over
 //! `h2`.) One request per connection, everything under one timeout, the answer's body read up
 //! to a limit.
@@ -23,8 +24,9 @@ const HEAD_LIMIT: usize = 8 * 1024;
 pub struct Call<'a> {
     pub method: Method,
     pub path: &'a str,
-    /// Headers besides `Host` (the peer's address) and `Connection: close`, which are always
-    /// sent.
+    /// The `Host` header; `None`: the peer's address.
+    pub authority: Option<&'a str>,
+    /// Headers besides `Host` and `Connection: close`, which are always sent.
     pub headers: &'a [(&'static str, &'a str)],
     pub body: Bytes,
 }
@@ -93,8 +95,12 @@ async fn exchange(addr: SocketAddr, call: Call<'_>, body_limit: usize) -> Result
 }
 
 fn request(addr: SocketAddr, call: Call<'_>) -> Result<Request<Full<Bytes>>, String> {
-    let host = HeaderValue::try_from(addr.to_string())
-        .expect("a socket address is printable ASCII without control characters");
+    let host = match call.authority {
+        Some(authority) => HeaderValue::try_from(authority)
+            .map_err(|error| format!("host {authority:?}: {error}"))?,
+        None => HeaderValue::try_from(addr.to_string())
+            .expect("a socket address is printable ASCII without control characters"),
+    };
     let mut builder = Request::builder()
         .method(call.method)
         .uri(call.path)

@@ -95,10 +95,92 @@ pub struct QueueProxyEnv {
     /// `ENABLE_MULTI_CONTAINER_PROBES`: the probe is a list (the user container's, then each
     /// sidecar's). Default false.
     pub multi_container_probes: bool,
-    /// `ACTIVATOR_SERVICE_URL` (the fork's push side), when set and non-empty.
-    pub activator_service_url: Option<String>,
+    /// `ACTIVATOR_SERVICE_URL`: where the fork's push side sends this pod's events
+    /// (`queue_proxy::push`); absent = [`FORK_DEFAULT_ACTIVATOR_URL`], as the fork; `None`
+    /// (empty) = no push.
+    pub activator_service_url: Option<ActivatorUrl>,
     /// Keys of [`NOT_ACTED_ON`] that are present with a value.
     pub not_acted_on: Vec<&'static str>,
+}
+
+/// `ACTIVATOR_SERVICE_URL`, checked: `http://host[:port][/path]`, where the push side sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActivatorUrl {
+    /// A DNS name, or an IP address without brackets.
+    pub host: String,
+    /// [`DEFAULT_ACTIVATOR_PORT`] when the URL names none.
+    pub port: u16,
+    /// The `Host` header: the URL's authority as written (`host[:port]`).
+    pub authority: String,
+    /// What to `POST` to: the URL's path without a trailing `/`, then
+    /// `kactivator_api::registration::PATH`.
+    pub path: String,
+}
+
+/// The port of an `http` URL that names none.
+pub const DEFAULT_ACTIVATOR_PORT: u16 = 80;
+
+/// The fork's default for `ACTIVATOR_SERVICE_URL` when the key is absent (its
+/// `sharedmain/main.go`): the activator's in-cluster Service, port 80 (the activator's 8012).
+/// Applied here too: Knative's reconciler sets no such key, so this is what a stock cluster gets
+/// (README: As Knative's queue-proxy). An empty value turns the push off.
+pub const FORK_DEFAULT_ACTIVATOR_URL: &str =
+    "http://activator-service.knative-serving.svc.cluster.local:80";
+
+impl ActivatorUrl {
+    /// Parses an `http` URL; the error says what is wrong with it. The fork appends the
+    /// registration path to the text as given, so a trailing `/` made its path `//api/…`,
+    /// which its activator did not recognise; here the `/` is dropped.
+    pub fn parse(text: &str) -> Result<ActivatorUrl, String> {
+        let uri: http::Uri = text
+            .parse()
+            .map_err(|error| format!("{text:?} is not a URL: {error}"))?;
+        match uri.scheme_str() {
+            Some(scheme) if scheme.eq_ignore_ascii_case("http") => {}
+            Some(scheme) if scheme.eq_ignore_ascii_case("https") => {
+                return Err(format!(
+                    "{text:?}: https is not built (the push speaks plain HTTP)"
+                ))
+            }
+            _ => return Err(format!("{text:?} is not an http:// URL")),
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("{text:?} names no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!("{text:?}: a user name in the URL is not supported"));
+        }
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        if host.is_empty() {
+            return Err(format!("{text:?} names no host"));
+        }
+        // The text after the host, read here: `http` reads a port that overflows u16 as none.
+        let after_host = match authority.as_str().rsplit_once(']') {
+            Some((_, rest)) => rest,
+            None => authority.as_str(),
+        };
+        let port = match after_host.rsplit_once(':') {
+            None | Some((_, "")) => DEFAULT_ACTIVATOR_PORT,
+            Some((_, digits)) => match digits.parse::<u16>() {
+                Ok(0) => return Err(format!("{text:?}: port 0")),
+                Ok(port) => port,
+                Err(_) => return Err(format!("{text:?}: {digits:?} is not a port")),
+            },
+        };
+        if uri.query().is_some() {
+            return Err(format!("{text:?}: a query in the URL is not supported"));
+        }
+        let base = uri.path().trim_end_matches('/');
+        Ok(ActivatorUrl {
+            host: host.to_string(),
+            port,
+            authority: authority.as_str().to_string(),
+            path: format!("{base}{}", kactivator_api::registration::PATH),
+        })
+    }
 }
 
 /// What is wrong with the environment: every missing key and every bad value.
@@ -143,6 +225,7 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
         }
     }
     let pod_ip = reader.string("SERVING_POD_IP");
+    let pod_ip_text_empty = pod_ip.trim().is_empty();
     let pod_ip = match pod_ip.trim() {
         // Present but empty is accepted upstream (it is only a log field there).
         "" => None,
@@ -172,8 +255,7 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
         multi_container_probes: lookup("ENABLE_MULTI_CONTAINER_PROBES")
             .and_then(|value| go_bool(&value))
             .unwrap_or(false),
-        activator_service_url: Some(reader.string("ACTIVATOR_SERVICE_URL"))
-            .filter(|url| !url.trim().is_empty()),
+        activator_service_url: reader.activator_url(),
         not_acted_on: NOT_ACTED_ON
             .into_iter()
             .filter(|key| lookup(key).is_some_and(|value| !value.is_empty()))
@@ -191,6 +273,29 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
         if let Some(value) = lookup(key) {
             if go_bool(&value).is_none() {
                 reader.invalid(key, format!("{value:?} is not a boolean"));
+            }
+        }
+    }
+    if env.activator_service_url.is_some() {
+        // Every push names the pod; the activator refuses one without these.
+        // (Absent is reported as missing, and unparsable as invalid, above.)
+        if lookup("SERVING_POD_IP").is_some() && pod_ip_text_empty {
+            reader.invalid(
+                "SERVING_POD_IP",
+                "empty, but ACTIVATOR_SERVICE_URL is set and every push names the pod's address"
+                    .into(),
+            );
+        }
+        for (key, value) in [
+            ("SERVING_POD", &env.pod),
+            ("SERVING_NAMESPACE", &env.namespace),
+            ("SERVING_REVISION", &env.revision),
+        ] {
+            if lookup(key).is_some() && value.is_empty() {
+                reader.invalid(
+                    key,
+                    "empty, but ACTIVATOR_SERVICE_URL is set and every push names it".into(),
+                );
             }
         }
     }
@@ -231,6 +336,22 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
             self.invalid(key, format!("{value:?} is not an integer"));
         }
         parsed
+    }
+
+    /// `ACTIVATOR_SERVICE_URL`; absent = the fork's default; empty or blank = no push.
+    fn activator_url(&mut self) -> Option<ActivatorUrl> {
+        let text = (self.lookup)("ACTIVATOR_SERVICE_URL")
+            .unwrap_or_else(|| FORK_DEFAULT_ACTIVATOR_URL.to_string());
+        if text.trim().is_empty() {
+            return None;
+        }
+        match ActivatorUrl::parse(&text) {
+            Ok(url) => Some(url),
+            Err(problem) => {
+                self.invalid("ACTIVATOR_SERVICE_URL", problem);
+                None
+            }
+        }
     }
 
     fn port(&mut self, key: &'static str) -> u16 {
@@ -379,7 +500,11 @@ mod tests {
         assert_eq!(env.container_concurrency, 10);
         assert_eq!(env.timeout_seconds, 300);
         assert!(env.readiness_probe.contains("tcpSocket"));
-        assert_eq!(env.activator_service_url, None);
+        assert_eq!(
+            env.activator_service_url.map(|url| url.authority),
+            Some(FORK_DEFAULT_ACTIVATOR_URL[7..].to_string()),
+            "Knative sets none: the fork's default"
+        );
         assert_eq!(
             env.not_acted_on,
             vec![
@@ -461,6 +586,112 @@ mod tests {
         assert!(error
             .to_string()
             .contains("USER_PORT: \"70000\" is not a port"));
+    }
+
+    #[test]
+    fn the_push_goes_to_the_forks_default_unless_turned_off_with_an_empty_url() {
+        let mut env = knative();
+        env.remove("ACTIVATOR_SERVICE_URL");
+        let default = parse_map(&env).unwrap().activator_service_url;
+        assert_eq!(
+            default,
+            Some(ActivatorUrl::parse(FORK_DEFAULT_ACTIVATOR_URL).unwrap()),
+            "absent: the fork's default"
+        );
+        for off in ["", "  "] {
+            env.insert("ACTIVATOR_SERVICE_URL", off.into());
+            assert_eq!(
+                parse_map(&env).unwrap().activator_service_url,
+                None,
+                "{off:?}"
+            );
+        }
+        let table = [
+            (
+                FORK_DEFAULT_ACTIVATOR_URL,
+                "activator-service.knative-serving.svc.cluster.local",
+                80,
+                "activator-service.knative-serving.svc.cluster.local:80",
+                "/api/v1/pod-registration",
+            ),
+            (
+                "http://activator-service.knative-serving",
+                "activator-service.knative-serving",
+                80,
+                "activator-service.knative-serving",
+                "/api/v1/pod-registration",
+            ),
+            (
+                "HTTP://10.0.0.9:8012/",
+                "10.0.0.9",
+                8012,
+                "10.0.0.9:8012",
+                "/api/v1/pod-registration",
+            ),
+            (
+                "http://[fd00::9]:8012/prefix//",
+                "fd00::9",
+                8012,
+                "[fd00::9]:8012",
+                "/prefix/api/v1/pod-registration",
+            ),
+        ];
+        for (text, host, port, authority, path) in table {
+            env.insert("ACTIVATOR_SERVICE_URL", text.into());
+            let url = parse_map(&env)
+                .unwrap_or_else(|error| panic!("{text}: {error}"))
+                .activator_service_url
+                .unwrap();
+            assert_eq!(
+                url,
+                ActivatorUrl {
+                    host: host.into(),
+                    port,
+                    authority: authority.into(),
+                    path: path.into(),
+                },
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_activator_url_is_named() {
+        for (text, problem) in [
+            ("activator-service:80", "not an http:// URL"),
+            ("https://activator-service", "https is not built"),
+            ("ftp://activator-service", "not an http:// URL"),
+            ("http://", "not a URL"),
+            ("http://user@activator-service", "user name"),
+            ("http://activator-service:0", "port 0"),
+            ("http://activator-service:70000", "not a port"),
+            ("http://activator-service/?a=b", "query"),
+            ("http://activator service", "not a URL"),
+            (" http://activator-service", "not a URL"),
+        ] {
+            let mut env = knative();
+            env.insert("ACTIVATOR_SERVICE_URL", text.into());
+            let error = parse_map(&env).expect_err(text);
+            assert_eq!(error.invalid.len(), 1, "{text}: {error}");
+            let (key, said) = &error.invalid[0];
+            assert_eq!(*key, "ACTIVATOR_SERVICE_URL", "{text}");
+            assert!(said.contains(problem), "{text}: {said}");
+        }
+    }
+
+    #[test]
+    fn with_the_push_on_every_name_a_registration_carries_must_be_set() {
+        let mut env = knative();
+        env.insert("ACTIVATOR_SERVICE_URL", "http://10.0.0.9".into());
+        env.insert("SERVING_POD_IP", String::new());
+        env.insert("SERVING_POD", String::new());
+        env.insert("SERVING_REVISION", String::new());
+        let error = parse_map(&env).unwrap_err();
+        let keys: Vec<&str> = error.invalid.iter().map(|(key, _)| *key).collect();
+        assert_eq!(keys, ["SERVING_POD_IP", "SERVING_POD", "SERVING_REVISION"]);
+        // Without the push they are only log fields, as upstream.
+        env.insert("ACTIVATOR_SERVICE_URL", String::new());
+        assert!(parse_map(&env).is_ok());
     }
 
     #[test]

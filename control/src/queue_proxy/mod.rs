@@ -5,7 +5,9 @@
 //! * [`readiness`]: the user container's readiness (`SERVING_READINESS_PROBE`), kept current
 //!   off the request path.
 //! * [`admin`]: the admin port's `/wait-for-drain`.
+//! * [`push`]: the Cerebrium fork's push of this pod's events to the activator.
 
 pub mod admin;
 pub mod env;
+pub mod push;
 pub mod readiness;

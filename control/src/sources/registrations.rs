@@ -184,6 +184,7 @@ async fn relay(peer: SocketAddr, body: Bytes) -> Result<u16, String> {
     let call = Call {
         method: Method::POST,
         path: registration::PATH,
+        authority: None,
         headers: &[
             (headers::USER_AGENT, registration::USER_AGENT),
             (headers::RELAYED, "1"),
