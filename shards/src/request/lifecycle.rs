@@ -28,7 +28,7 @@ use super::outcome::{
 };
 use super::probes;
 use super::retry::may_retry;
-use super::tally::Tally;
+use super::tally::{self, Tally};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
 use crate::shard::{Role, Shard};
@@ -171,8 +171,9 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     };
     // Read before `prepare`, which lets go of the fields; the default class without a policy.
     let class = revision.classify(&front.headers(), &shard.stats().priority_invalid);
+    let proxied = tally::proxied(&shard.settings.role, &front.headers());
     front.prepare();
-    let tally = Tally::arrive(shard, &revision, arrival);
+    let tally = Tally::arrive(shard, &revision, arrival, proxied);
     let ended = proxy(shard, front, &revision, class, arrival).await;
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
