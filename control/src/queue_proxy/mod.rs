@@ -5,7 +5,11 @@
 //! * [`readiness`]: the user container's readiness (`SERVING_READINESS_PROBE`), kept current
 //!   off the request path.
 //! * [`admin`]: the admin port's `/wait-for-drain`.
+//! * [`stats`]: the autoscaler's `Stat` of the pod's load, window by window (sans-IO), and
+//!   [`stat_server`]: the ticker that makes it and the `:9090/metrics` that serves it.
 
 pub mod admin;
 pub mod env;
 pub mod readiness;
+pub mod stat_server;
+pub mod stats;

@@ -103,6 +103,9 @@ mod tests {
         assert!(proxied(&queue_proxy, marked));
         assert!(!proxied(&queue_proxy, other), "upstream compares the value");
         assert!(!proxied(&queue_proxy, none));
-        assert!(!proxied(&Role::Activator, marked), "the activator reads nothing");
+        assert!(
+            !proxied(&Role::Activator, marked),
+            "the activator reads nothing"
+        );
     }
 }
