@@ -37,3 +37,12 @@ pub const RELAYED: &str = "K-Activator-Relayed";
 
 pub const USER_AGENT: &str = "User-Agent";
 pub const HOST: &str = "Host";
+
+/// ★ On a response whose request waited in the activator for a slot: `activator;dur=<ms>`
+/// (W3C Server Timing), the time waited.
+pub const SERVER_TIMING: &str = "Server-Timing";
+/// The Server Timing metric name the activator's wait goes under.
+pub const SERVER_TIMING_METRIC: &str = "activator";
+/// ★ On a response whose request waited for a revision with no routable pod (a cold start):
+/// `true`. Our name; KEDA's HTTP add-on marks the same with `X-KEDA-HTTP-Cold-Start`.
+pub const COLD_START: &str = "X-Activator-Cold-Start";

@@ -6,7 +6,9 @@ use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 
 use kactivator_api::RevisionKey;
-use kactivator_shards::metrics::{AllShardStats, ShardStats, LATENCY_BUCKETS_MS};
+use kactivator_shards::metrics::{
+    AllShardStats, Histogram, ShardStats, LATENCY_BUCKETS_MS, PRIORITY_BANDS,
+};
 use kactivator_shards::routing::RevisionLabels;
 
 use crate::config::MetricsComponent;
@@ -20,10 +22,42 @@ struct CodeTotals {
     buckets: [u64; LATENCY_BUCKETS_MS.len() + 1],
 }
 
+/// A revision's priority counters summed over shards.
+#[derive(Default)]
+struct PriorityTotals {
+    bands: [(u64, u64, u64); PRIORITY_BANDS],
+    tenants: BTreeMap<String, u64>,
+    other_tenants: u64,
+}
+
+/// A histogram's sums over shards.
+#[derive(Default)]
+struct HistogramTotals {
+    count: u64,
+    sum_us: u64,
+    buckets: [u64; LATENCY_BUCKETS_MS.len() + 1],
+}
+
+impl HistogramTotals {
+    fn add(&mut self, histogram: &Histogram) {
+        self.count += histogram.count.get();
+        self.sum_us += histogram.sum_us.get();
+        for (sum, bucket) in self.buckets.iter_mut().zip(&histogram.buckets) {
+            *sum += bucket.get();
+        }
+    }
+}
+
 #[derive(Default)]
 struct RevisionTotals {
     labels: RevisionLabels,
     codes: BTreeMap<u16, CodeTotals>,
+    /// Waits for a slot, and those that were cold starts (★ issue 27).
+    slot_waits: HistogramTotals,
+    cold_start_waits: HistogramTotals,
+    /// Under a priority policy (★ issue 27): per band, (requests, queued, shed); per tenant
+    /// with a series, requests; the rest's requests. `None` while no shard classified any.
+    priority: Option<PriorityTotals>,
     /// Requests in flight in the activator now (queued included).
     in_flight: u64,
     queued: u64,
@@ -82,9 +116,21 @@ pub fn render(
         MetricsComponent::Activator => {
             if options.names.opencensus() {
                 render_requests(&mut out, &revisions, pod_name, &concurrency);
+                render_waits(
+                    &mut out,
+                    &revisions,
+                    &|totals| base_labels(&totals.labels, pod_name),
+                    WAIT_NAMES_OPENCENSUS,
+                );
             }
             if options.names.opentelemetry() {
                 render_requests_otel(&mut out, &revisions, &concurrency);
+                render_waits(
+                    &mut out,
+                    &revisions,
+                    &|totals| otel_revision_labels(&totals.labels),
+                    WAIT_NAMES_OPENTELEMETRY,
+                );
             }
         }
         MetricsComponent::QueueProxy { queue_depth } => {
@@ -97,6 +143,7 @@ pub fn render(
         }
     }
     render_queued(&mut out, &revisions, pod_name);
+    render_priority(&mut out, &revisions, pod_name);
     render_shards(&mut out, stats);
     let mut buffer = Vec::new();
     if TextEncoder::new()
@@ -121,6 +168,22 @@ fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), Revision
             totals.labels = block.labels.clone();
             totals.in_flight += block.load.in_flight();
             totals.queued += block.queued.get();
+            if let Some(waits) = block.waits() {
+                totals.slot_waits.add(&waits.slot);
+                totals.cold_start_waits.add(&waits.cold_start);
+            }
+            if let Some(priority) = block.priority() {
+                let sums = totals.priority.get_or_insert_default();
+                for (sum, band) in sums.bands.iter_mut().zip(&priority.bands) {
+                    sum.0 += band.requests.get();
+                    sum.1 += band.queued.get();
+                    sum.2 += band.shed.get();
+                }
+                for (tenant, requests) in priority.tenants() {
+                    *sums.tenants.entry(tenant.to_string()).or_default() += requests;
+                }
+                sums.other_tenants += priority.other_tenants.get();
+            }
             for slot in block.code_slots() {
                 let code = slot.code();
                 if code == 0 {
@@ -356,6 +419,166 @@ fn render_server_duration(
             );
         }
     }
+}
+
+/// The wait histograms' names in one metric name set, and their unit.
+struct WaitNames {
+    slot: &'static str,
+    cold_start: &'static str,
+    /// Seconds (OpenTelemetry's convention) rather than milliseconds (1.18's).
+    seconds: bool,
+}
+
+/// ★ Ours (upstream has no wait metric), in the style of 1.18's names.
+const WAIT_NAMES_OPENCENSUS: WaitNames = WaitNames {
+    slot: "activator_request_wait_latencies",
+    cold_start: "activator_cold_start_wait_latencies",
+    seconds: false,
+};
+/// ★ Ours, in the style of 1.19+'s OpenTelemetry names as its Prometheus exporter writes them.
+const WAIT_NAMES_OPENTELEMETRY: WaitNames = WaitNames {
+    slot: "kn_revision_request_wait_duration_seconds",
+    cold_start: "kn_revision_cold_start_wait_duration_seconds",
+    seconds: true,
+};
+
+/// ★ Per band and per tenant, for revisions with a priority policy (issue 27). Bands show once
+/// they saw a request; tenants are the first `metrics::TENANT_SERIES` each shard saw.
+fn render_priority(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+    pod_name: &str,
+) {
+    let with_policy: Vec<(String, &PriorityTotals)> = revisions
+        .values()
+        .filter_map(|totals| {
+            let priority = totals.priority.as_ref()?;
+            Some((base_labels(&totals.labels, pod_name), priority))
+        })
+        .collect();
+    if with_policy.is_empty() {
+        return;
+    }
+    type BandOf = fn(&(u64, u64, u64)) -> u64;
+    let per_band: [(&str, &str, &str, BandOf); 3] = [
+        (
+            "kactivator_priority_requests_total",
+            "counter",
+            "Requests per priority band.",
+            |band| band.0,
+        ),
+        (
+            "kactivator_priority_queued",
+            "gauge",
+            "Requests per priority band waiting for a pod slot.",
+            |band| band.1,
+        ),
+        (
+            "kactivator_priority_shed_total",
+            "counter",
+            "Waiters per priority band that lost their place to a higher band (answered 503).",
+            |band| band.2,
+        ),
+    ];
+    for (name, kind, help, value) in per_band {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, priority) in &with_policy {
+            for (band, sums) in priority.bands.iter().enumerate() {
+                if sums.0 == 0 {
+                    continue;
+                }
+                let _ = writeln!(out, "{name}{{{labels},band=\"{band}\"}} {}", value(sums));
+            }
+        }
+    }
+    out.push_str("# HELP kactivator_priority_tenant_requests_total Requests per fairness key (tenant; empty: no key), for the first keys each shard saw.\n# TYPE kactivator_priority_tenant_requests_total counter\n");
+    for (labels, priority) in &with_policy {
+        for (tenant, requests) in &priority.tenants {
+            let _ = writeln!(
+                out,
+                "kactivator_priority_tenant_requests_total{{{labels},tenant=\"{}\"}} {requests}",
+                escape(tenant)
+            );
+        }
+    }
+    out.push_str("# HELP kactivator_priority_other_tenants_requests_total Requests of fairness keys without a series of their own.\n# TYPE kactivator_priority_other_tenants_requests_total counter\n");
+    for (labels, priority) in &with_policy {
+        let _ = writeln!(
+            out,
+            "kactivator_priority_other_tenants_requests_total{{{labels}}} {}",
+            priority.other_tenants
+        );
+    }
+}
+
+/// Which of a revision's histograms a metric shows.
+type HistogramOf = fn(&RevisionTotals) -> &HistogramTotals;
+
+/// ★ How long requests waited in the activator for a slot, and for a cold start (a wait that
+/// began with no routable pod), per revision. Only revisions that saw a wait have a series.
+fn render_waits(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+    labels: &dyn Fn(&RevisionTotals) -> String,
+    names: WaitNames,
+) {
+    let unit = if names.seconds {
+        "seconds"
+    } else {
+        "milliseconds"
+    };
+    let metrics: [(&str, &str, HistogramOf); 2] = [
+        (names.slot, "Time requests waited in the activator for a pod slot", |t| {
+            &t.slot_waits
+        }),
+        (
+            names.cold_start,
+            "Time requests waited in the activator for a revision with no routable pod (cold starts)",
+            |t| &t.cold_start_waits,
+        ),
+    ];
+    for (name, help, histogram_of) in metrics {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}, in {unit}.\n# TYPE {name} histogram"
+        );
+        for totals in revisions.values() {
+            let histogram = histogram_of(totals);
+            if histogram.count == 0 {
+                continue;
+            }
+            write_histogram(out, name, &labels(totals), histogram, names.seconds);
+        }
+    }
+}
+
+/// One series of a histogram on [`LATENCY_BUCKETS_MS`]: cumulative buckets, sum and count, in
+/// seconds or milliseconds.
+fn write_histogram(
+    out: &mut String,
+    name: &str,
+    labels: &str,
+    histogram: &HistogramTotals,
+    seconds: bool,
+) {
+    let scale = if seconds { 1000.0 } else { 1.0 };
+    let mut cumulative = 0;
+    for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&histogram.buckets) {
+        cumulative += count;
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}",
+            *bound as f64 / scale
+        );
+    }
+    cumulative += histogram.buckets[LATENCY_BUCKETS_MS.len()];
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(
+        out,
+        "{name}_sum{{{labels}}} {}",
+        histogram.sum_us as f64 / 1000.0 / scale
+    );
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", histogram.count);
 }
 
 /// A per-shard metric: name, help text, and how to read it.
@@ -750,6 +973,154 @@ mod tests {
         let otel = render_with(MetricNames::Opentelemetry, true);
         assert!(
             !otel.contains("revision_request_count") && otel.contains("kn_serving_queue_depth{")
+        );
+    }
+
+    #[test]
+    fn waits_and_cold_starts_are_histograms_in_both_name_sets_summed_over_shards() {
+        use crate::config::MetricNames;
+        let stats: AllShardStats = Arc::from(vec![
+            CachePadded::new(ShardStats::new(0)),
+            CachePadded::new(ShardStats::new(1)),
+        ]);
+        let labels = |revision: &str| RevisionLabels {
+            namespace: "ns".into(),
+            revision: revision.into(),
+            service: "svc".into(),
+            configuration: "cfg".into(),
+        };
+        // rev-1: a 3 ms wait for a busy pod on shard 0, a 1.5 s cold start on shard 1.
+        stats[0]
+            .register_revision(labels("rev-1"), false)
+            .record_wait(3_000, false);
+        stats[1]
+            .register_revision(labels("rev-1"), false)
+            .record_wait(1_500_000, true);
+        // rev-2 never waited: no series of its own.
+        stats[0]
+            .register_revision(labels("rev-2"), false)
+            .record(200, 1_000);
+        let text = render(
+            &stats,
+            "activator-0",
+            &prometheus::Registry::new(),
+            RenderOptions {
+                names: MetricNames::Both,
+                reported_concurrency: None,
+                ..RenderOptions::default()
+            },
+        );
+        let base = "configuration_name=\"cfg\",container_name=\"activator\",namespace_name=\"ns\",pod_name=\"activator-0\",revision_name=\"rev-1\",service_name=\"svc\"";
+        let otel = "k8s_namespace_name=\"ns\",kn_revision_name=\"rev-1\"";
+        for line in [
+            format!("activator_request_wait_latencies_bucket{{{base},le=\"5\"}} 1\n"),
+            format!("activator_request_wait_latencies_bucket{{{base},le=\"2000\"}} 2\n"),
+            format!("activator_request_wait_latencies_sum{{{base}}} 1503\n"),
+            format!("activator_request_wait_latencies_count{{{base}}} 2\n"),
+            format!("activator_cold_start_wait_latencies_bucket{{{base},le=\"1000\"}} 0\n"),
+            format!("activator_cold_start_wait_latencies_bucket{{{base},le=\"+Inf\"}} 1\n"),
+            format!("activator_cold_start_wait_latencies_count{{{base}}} 1\n"),
+            format!("kn_revision_request_wait_duration_seconds_bucket{{{otel},le=\"0.005\"}} 1\n"),
+            format!("kn_revision_request_wait_duration_seconds_sum{{{otel}}} 1.503\n"),
+            format!("kn_revision_cold_start_wait_duration_seconds_bucket{{{otel},le=\"2\"}} 1\n"),
+            format!("kn_revision_cold_start_wait_duration_seconds_count{{{otel}}} 1\n"),
+            "# TYPE kn_revision_cold_start_wait_duration_seconds histogram\n".to_string(),
+        ] {
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        assert!(!text.contains("rev-2\",le="), "rev-2 never waited:\n{text}");
+        let opencensus = render(
+            &stats,
+            "activator-0",
+            &prometheus::Registry::new(),
+            RenderOptions {
+                names: MetricNames::Opencensus,
+                reported_concurrency: None,
+                ..RenderOptions::default()
+            },
+        );
+        assert!(
+            opencensus.contains("activator_request_wait_latencies_count{")
+                && !opencensus.contains("kn_revision_request_wait"),
+            "{opencensus}"
+        );
+    }
+
+    #[test]
+    fn priority_counters_show_per_band_and_for_the_first_tenants_each_shard_saw() {
+        use kactivator_shards::metrics::TENANT_SERIES;
+        let stats: AllShardStats = Arc::from(vec![
+            CachePadded::new(ShardStats::new(0)),
+            CachePadded::new(ShardStats::new(1)),
+        ]);
+        let labels = RevisionLabels {
+            namespace: "ns".into(),
+            revision: "rev-1".into(),
+            service: "svc".into(),
+            configuration: "cfg".into(),
+        };
+        let zero = stats[0].register_revision(labels.clone(), false);
+        let one = stats[1].register_revision(labels, false);
+        for (shard, band, flow, name) in [
+            (&zero, 2, 7, "acme\"corp"),
+            (&zero, 2, 7, "acme\"corp"),
+            (&one, 0, 7, "acme\"corp"),
+            (&one, 1, 0, ""),
+        ] {
+            let counters = shard.priority_counters();
+            counters.bands[band].requests.increment();
+            counters.count_tenant(flow, || Some(name.as_bytes()));
+        }
+        zero.priority_counters().bands[0].shed.increment();
+        one.priority_counters().bands[2].queued.increment();
+        // More keys than series on shard 0: the rest are folded.
+        for flow in 100..100 + TENANT_SERIES as u64 {
+            zero.priority_counters()
+                .count_tenant(flow, || Some(b"another"));
+        }
+        // Another revision without a policy: no priority series at all.
+        stats[0]
+            .register_revision(
+                RevisionLabels {
+                    revision: "plain".into(),
+                    ..Default::default()
+                },
+                false,
+            )
+            .record(200, 1);
+        let text = render(
+            &stats,
+            "a-0",
+            &prometheus::Registry::new(),
+            RenderOptions::default(),
+        );
+        let base = "configuration_name=\"cfg\",container_name=\"activator\",namespace_name=\"ns\",pod_name=\"a-0\",revision_name=\"rev-1\",service_name=\"svc\"";
+        for line in [
+            format!("kactivator_priority_requests_total{{{base},band=\"2\"}} 2\n"),
+            format!("kactivator_priority_requests_total{{{base},band=\"0\"}} 1\n"),
+            format!("kactivator_priority_queued{{{base},band=\"2\"}} 1\n"),
+            format!("kactivator_priority_shed_total{{{base},band=\"0\"}} 1\n"),
+            format!(
+                "kactivator_priority_tenant_requests_total{{{base},tenant=\"acme\\\"corp\"}} 3\n"
+            ),
+            format!("kactivator_priority_tenant_requests_total{{{base},tenant=\"\"}} 1\n"),
+            format!("kactivator_priority_other_tenants_requests_total{{{base}}} 1\n"),
+        ] {
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        assert_eq!(
+            text.matches("kactivator_priority_tenant_requests_total{")
+                .count(),
+            3,
+            "acme, no key, another: {text}"
+        );
+        assert!(
+            !text.contains("band=\"3\""),
+            "bands without requests: {text}"
+        );
+        assert!(
+            !text.contains("revision_name=\"plain\",service_name=\"\",band"),
+            "{text}"
         );
     }
 

@@ -206,6 +206,125 @@ impl CodeSlot {
     }
 }
 
+/// The bucket of [`LATENCY_BUCKETS_MS`] a time in microseconds falls in; the last is +Inf.
+#[inline]
+fn bucket_of(latency_us: u64) -> usize {
+    let latency_ms = latency_us / 1000;
+    LATENCY_BUCKETS_MS
+        .iter()
+        .position(|&bound| latency_ms <= bound)
+        .unwrap_or(LATENCY_BUCKETS_MS.len())
+}
+
+/// A histogram of times on [`LATENCY_BUCKETS_MS`], written by one shard.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    pub count: Counter,
+    /// Sum of the times in microseconds.
+    pub sum_us: Counter,
+    /// Non-cumulative bucket counts; the last one is +Inf.
+    pub buckets: [Counter; LATENCY_BUCKETS_MS.len() + 1],
+}
+
+impl Histogram {
+    pub fn record(&self, us: u64) {
+        self.count.increment();
+        self.sum_us.add(us);
+        self.buckets[bucket_of(us)].increment();
+    }
+}
+
+/// ★ How long a revision's requests waited in the activator for a slot (issue 27).
+#[derive(Debug, Default)]
+pub struct WaitHistograms {
+    /// Every wait in the queue, whatever it found.
+    pub slot: Histogram,
+    /// The waits that began with no routable pod: cold starts.
+    pub cold_start: Histogram,
+}
+
+/// Bands a revision's priority counters have room for: every band a policy may have
+/// (`throttle::discipline::MAX_BANDS`, checked where the policy classifies).
+pub const PRIORITY_BANDS: usize = 16;
+/// Fairness keys (tenants) of one revision with series of their own, per shard: the first this
+/// many a shard sees; requests of the rest are counted together
+/// (`kactivator_priority_other_tenants_requests_total`), so a client that makes up a new key per
+/// request cannot grow the scrape.
+pub const TENANT_SERIES: usize = 16;
+/// Longest tenant name kept for a label, in bytes; longer ones are cut.
+pub const TENANT_NAME_MAX: usize = 64;
+
+/// ★ One priority band of one revision, in one shard (issue 27).
+#[derive(Debug, Default)]
+pub struct BandCounters {
+    /// Requests classified in the band.
+    pub requests: Counter,
+    /// Requests of the band waiting now.
+    pub queued: Gauge,
+    /// Waiters of the band that lost their place to a higher band.
+    pub shed: Counter,
+}
+
+/// A tenant with series of its own: its flow, its name, its requests.
+#[derive(Debug, Default)]
+pub struct TenantSlot {
+    flow: AtomicU64,
+    /// Written once by the owning shard, before `taken` is set.
+    name: OnceLock<Box<str>>,
+    taken: AtomicBool,
+    pub requests: Counter,
+}
+
+/// ★ A revision's requests per priority band and per tenant, in one shard: allocated by the
+/// first request a priority policy classifies.
+#[derive(Debug, Default)]
+pub struct PriorityCounters {
+    pub bands: [BandCounters; PRIORITY_BANDS],
+    tenants: [TenantSlot; TENANT_SERIES],
+    /// Requests of tenants past the first [`TENANT_SERIES`].
+    pub other_tenants: Counter,
+}
+
+impl PriorityCounters {
+    /// Counts a request of flow `flow` (the tenant key's hash; 0 without a key) whose key is
+    /// `name()` (read only when the tenant takes a series). Only the owning shard calls this.
+    pub fn count_tenant<'n>(&self, flow: u64, name: impl FnOnce() -> Option<&'n [u8]>) {
+        for slot in &self.tenants {
+            if !slot.taken.load(Ordering::Relaxed) {
+                let name = name().unwrap_or_default();
+                let name = &name[..name.len().min(TENANT_NAME_MAX)];
+                let _ = slot
+                    .name
+                    .set(String::from_utf8_lossy(name).into_owned().into_boxed_str());
+                slot.flow.store(flow, Ordering::Relaxed);
+                // After the name and flow: a scrape that sees the slot taken sees both.
+                slot.taken.store(true, Ordering::Release);
+                slot.requests.increment();
+                return;
+            }
+            if slot.flow.load(Ordering::Relaxed) == flow {
+                slot.requests.increment();
+                return;
+            }
+        }
+        self.other_tenants.increment();
+    }
+
+    /// The tenants with series of their own: (name, requests); the empty name is requests
+    /// without a key.
+    pub fn tenants(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.tenants
+            .iter()
+            .take_while(|slot| slot.taken.load(Ordering::Acquire))
+            .map(|slot| {
+                (
+                    slot.name.get().map_or("", |name| &**name),
+                    slot.requests.get(),
+                )
+            })
+    }
+}
+
 /// Per-revision request metrics written by one shard.
 #[derive(Debug)]
 pub struct RevisionCounters {
@@ -225,6 +344,11 @@ pub struct RevisionCounters {
     pub proxied: Load,
     /// Requests of this revision waiting in this shard's queue for a pod slot.
     pub queued: Gauge,
+    /// Allocated by the shard's first wait for the revision, as `slots` are: most revisions
+    /// never queue on most shards.
+    waits: OnceLock<Box<WaitHistograms>>,
+    /// Allocated by the first request a priority policy classifies.
+    priority: OnceLock<Box<PriorityCounters>>,
     /// The autoscaler reporter has an entry for this revision (or reports nothing at all):
     /// while it is false, this shard's next arrival tells the control thread at once (the
     /// cold-start poke). Set by the shard that pokes, and by the control thread when it creates
@@ -242,6 +366,8 @@ impl RevisionCounters {
             load: Load::default(),
             proxied: Load::default(),
             queued: Gauge::default(),
+            waits: OnceLock::new(),
+            priority: OnceLock::new(),
             reported: AtomicBool::new(!reporting),
         }
     }
@@ -267,12 +393,32 @@ impl RevisionCounters {
         };
         slot.count.increment();
         slot.latency_sum_us.add(latency_us);
-        let latency_ms = latency_us / 1000;
-        let bucket = LATENCY_BUCKETS_MS
-            .iter()
-            .position(|&bound| latency_ms <= bound)
-            .unwrap_or(LATENCY_BUCKETS_MS.len());
-        slot.buckets[bucket].increment();
+        slot.buckets[bucket_of(latency_us)].increment();
+    }
+
+    /// Records one wait in the queue; `cold_start`: it began with no routable pod. Only the
+    /// owning shard calls this.
+    pub fn record_wait(&self, waited_us: u64, cold_start: bool) {
+        let waits = self.waits.get_or_init(Default::default);
+        waits.slot.record(waited_us);
+        if cold_start {
+            waits.cold_start.record(waited_us);
+        }
+    }
+
+    /// The priority counters, allocated on first use. Only the owning shard calls this.
+    pub fn priority_counters(&self) -> &PriorityCounters {
+        self.priority.get_or_init(Default::default)
+    }
+
+    /// The priority counters, once a policy classified a request of the revision here.
+    pub fn priority(&self) -> Option<&PriorityCounters> {
+        self.priority.get().map(|counters| &**counters)
+    }
+
+    /// The wait histograms, once the shard saw a wait for the revision.
+    pub fn waits(&self) -> Option<&WaitHistograms> {
+        self.waits.get().map(|waits| &**waits)
     }
 
     /// The codes seen so far with their counts; empty before the first finished request.

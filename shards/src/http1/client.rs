@@ -14,6 +14,7 @@ use super::io::write_all;
 use super::rewrite::{self, ClientSide};
 use crate::request::answer::Answer;
 use crate::request::outcome::{Next, RequestShape};
+use crate::request::policy::WaitNote;
 use crate::runtime::buffer::InBuf;
 
 /// The downstream side of a connection and its reusable scratch buffers.
@@ -97,6 +98,8 @@ pub(super) struct RequestMeta {
     pub(super) body: BodyKind,
     pub(super) keep_alive: bool,
     pub(super) upgrade: bool,
+    /// What the activator tells the client of the request's wait, set for each attempt.
+    pub(super) note: Option<WaitNote>,
 }
 
 impl RequestMeta {
@@ -107,6 +110,7 @@ impl RequestMeta {
             body: head.body,
             keep_alive: head.keep_alive(),
             upgrade: head.upgrade.is_some(),
+            note: None,
         }
     }
 

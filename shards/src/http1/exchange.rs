@@ -419,6 +419,7 @@ async fn receive_response(
                         meta.version,
                         ClientFraming::AsIs,
                         true,
+                        None,
                         out,
                     );
                     // A 1xx cut off mid-write leaves the client with a partial head.
@@ -489,6 +490,7 @@ async fn receive_response(
             meta.version,
             ClientFraming::AsIs,
             true,
+            meta.note.as_ref(),
             out,
         );
         upstream_inbuf.consume(head.len);
@@ -515,6 +517,7 @@ async fn receive_response(
         meta.version,
         framing,
         client_keep_alive,
+        meta.note.as_ref(),
         out,
     );
     upstream_inbuf.consume(head.len);

@@ -23,7 +23,7 @@ use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
 use crate::request::lifecycle::{Attempt, Front, Shape, SmallBody};
 use crate::request::outcome::{Ended, Next};
-use crate::request::policy;
+use crate::request::policy::{self, WaitNote};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
@@ -164,9 +164,14 @@ impl Front for H1Front<'_> {
         pod: &Rc<LocalPod>,
         deadlines: &Deadlines,
         held: &mut Option<Held<'_>>,
+        note: Option<&WaitNote>,
     ) -> Attempt {
         let addr = pod.tracker.addr;
         let conn = &mut *self.conn;
+        let meta = RequestMeta {
+            note: note.copied(),
+            ..self.meta
+        };
         let host_len = rewrite::insert_host(
             &mut conn.request_out,
             self.host_at,
@@ -192,7 +197,7 @@ impl Front for H1Front<'_> {
                 shard,
                 conn,
                 upstream,
-                self.meta,
+                meta,
                 *deadlines,
                 revision.key(),
                 held,

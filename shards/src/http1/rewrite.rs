@@ -8,7 +8,7 @@ use kactivator_api::headers;
 use kactivator_h1::{BodyKind, RequestHead, ResponseHead, Version};
 
 use crate::request::answer::Answer;
-use crate::request::policy::{self, RequestField};
+use crate::request::policy::{self, RequestField, WaitNote};
 
 /// The two headers every proxied request gets, written in one piece (see [`PROXY_HEADERS`]'s
 /// test): `K-Proxy-Request: activator` and the start of `X-Forwarded-For`.
@@ -193,13 +193,15 @@ pub fn client_framing(upstream: BodyKind, client_version: Version) -> ClientFram
 }
 
 /// Writes the response head the client receives: status line in the client's version,
-/// hop-by-hop headers dropped, framing and connection management re-declared.
+/// hop-by-hop headers dropped, framing and connection management re-declared, and the
+/// activator's note of the request's wait (`note`) added.
 pub fn write_response_head(
     head: &ResponseHead,
     buf: &[u8],
     client_version: Version,
     framing: ClientFraming,
     keep_alive: bool,
+    note: Option<&WaitNote>,
     out: &mut Vec<u8>,
 ) {
     out.extend_from_slice(match client_version {
@@ -238,6 +240,9 @@ pub fn write_response_head(
             continue;
         }
         put_header(out, name, value);
+    }
+    if let Some(note) = note {
+        note.response_fields(|name, value| put_header(out, name.as_bytes(), value));
     }
     if framing == ClientFraming::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
@@ -284,6 +289,9 @@ pub fn write_local_response(response: &Answer<'_>, client: ClientSide, out: &mut
     }
     if let Some((name, value)) = response.extra_header {
         put_header(out, name.as_bytes(), value);
+    }
+    if let Some(note) = response.wait {
+        note.response_fields(|name, value| put_header(out, name.as_bytes(), value));
     }
     out.extend_from_slice(b"Date: ");
     out.extend_from_slice(&crate::http1::date::now());
@@ -539,6 +547,7 @@ mod tests {
             Version::Http10,
             framing,
             false,
+            None,
             &mut out,
         );
         assert_eq!(
@@ -555,6 +564,7 @@ mod tests {
             body: b"nope\n",
             extra_header: None,
             error_style: true,
+            wait: None,
         };
         let client = ClientSide {
             version: Version::Http11,
@@ -585,6 +595,7 @@ mod tests {
             body: b"{\"status\":\"accepted\"}\n",
             extra_header: Some(("Content-Type", b"application/json")),
             error_style: false,
+            wait: None,
         };
         let client = ClientSide {
             version: Version::Http11,

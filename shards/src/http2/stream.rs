@@ -32,7 +32,7 @@ use crate::request::headers::RequestHeaders;
 use crate::request::identity;
 use crate::request::lifecycle::{self, Attempt, Front, Shape, SmallBody};
 use crate::request::outcome::{Ended, Next, RequestShape};
-use crate::request::policy::{self, RequestField};
+use crate::request::policy::{self, RequestField, WaitNote};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::contain;
 use crate::runtime::race::{race, Either};
@@ -259,6 +259,7 @@ impl Front for H2Front<'_> {
         pod: &Rc<LocalPod>,
         deadlines: &Deadlines,
         held: &mut Option<Held<'_>>,
+        note: Option<&WaitNote>,
     ) -> Attempt {
         let addr = pod.tracker.addr;
         let (streams, reused) = match shard.h2c.checkout(addr, shard.stats()).await {
@@ -280,6 +281,7 @@ impl Front for H2Front<'_> {
             deadlines,
             held,
             self.grpc,
+            note,
         )
         .await;
         match exchanged {
@@ -336,6 +338,9 @@ fn send_answer(respond: &mut SendResponse<Bytes>, answer: &Answer<'_>, head_only
         ) {
             fields.insert(name, value);
         }
+    }
+    if let Some(note) = answer.wait {
+        add_note(fields, note);
     }
     let end = answer.body.is_empty() || head_only;
     match respond.send_response(response, end) {
@@ -479,6 +484,7 @@ async fn exchange(
     deadlines: &Deadlines,
     held: &mut Option<Held<'_>>,
     grpc: bool,
+    note: Option<&WaitNote>,
 ) -> Exchanged {
     let refused = |error: &h2::Error| UpstreamError::StreamRefused {
         addr,
@@ -586,6 +592,9 @@ async fn exchange(
     let status = parts.status.as_u16();
     let mut head = Response::from_parts(parts, ());
     strip_hop_by_hop(head.headers_mut());
+    if let Some(note) = note {
+        add_note(head.headers_mut(), note);
+    }
     let pod_done = from_pod.is_end_stream();
     let mut to_client = match respond.send_response(head, pod_done) {
         Ok(to_client) => to_client,
@@ -672,6 +681,18 @@ fn strip_hop_by_hop(fields: &mut HeaderMap) {
     for name in doomed {
         fields.remove(name);
     }
+}
+
+/// Adds the activator's note of the request's wait to a response's fields.
+fn add_note(fields: &mut HeaderMap, note: &WaitNote) {
+    note.response_fields(|name, value| {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            fields.append(name, value);
+        }
+    });
 }
 
 /// Why the response could not be relayed to its end.

@@ -21,6 +21,7 @@ use crate::upstream::error::UpstreamError;
 
 use super::deadlines::QueueTimeLevels;
 use super::error::RequestError;
+use super::policy::WaitNote;
 
 /// The client side of a request while it waits for a slot.
 pub(crate) trait ClientWatch {
@@ -45,12 +46,17 @@ pub(crate) trait ClientWatch {
 /// client is only watched for readability. Errors: the queue is full (or a request of a higher
 /// band took this one's place in it: shed, answered as a full queue), the deadline passed, the
 /// revision left routing, or the client left (its place is given up at once).
+///
+/// A wait, however it ends, is added to `note` (`Some` once the request has queued: what the response tells the client) and to the
+/// revision's wait histograms; it is a cold start when the revision had no routable pod as the
+/// request queued.
 pub(crate) async fn acquire<W: ClientWatch>(
     shard: &Shard,
     revision: &LocalRevision,
     class: Class,
     deadline: Instant,
     client: &mut W,
+    note: &mut Option<WaitNote>,
 ) -> Result<Rc<LocalPod>, RequestError> {
     let (admission, outbox) = revision.admit(class);
     shard.deliver(revision, outbox);
@@ -60,13 +66,33 @@ pub(crate) async fn acquire<W: ClientWatch>(
         Admission::Queued(id) => {
             client.parked();
             let queued_at = Instant::now();
+            let cold_start = !revision.has_routable_pod();
+            // Per band only under a policy, which classified the request (and made the block).
+            let band = revision
+                .counters
+                .priority()
+                .filter(|_| revision.has_priority_policy())
+                .map(|counters| &counters.bands[usize::from(class.band)]);
+            if let Some(band) = band {
+                band.queued.increment();
+            }
             let waited = wait_for_slot(client, revision, shard, id, deadline).await;
-            record_queue_time(shard, queued_at.elapsed());
+            if let Some(band) = band {
+                band.queued.decrement();
+            }
+            let wait = queued_at.elapsed();
+            record_queue_time(shard, wait);
+            let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+            revision.counters.record_wait(wait_us, cold_start);
+            note.get_or_insert_default().add(wait_us, cold_start);
             match waited {
                 Waited::Granted(pod) => Ok(pod),
                 Waited::Removed => Err(RequestError::RevisionGone),
                 Waited::Shed => {
                     shard.stats().shed.increment();
+                    if let Some(band) = band {
+                        band.shed.increment();
+                    }
                     Err(RequestError::QueueFull)
                 }
                 Waited::TimedOut => Err(RequestError::TimedOut),

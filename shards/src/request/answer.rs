@@ -5,6 +5,7 @@
 use kactivator_api::messages;
 
 use super::error::RequestError;
+use super::policy::WaitNote;
 
 /// A response of the activator's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +16,9 @@ pub struct Answer<'a> {
     pub extra_header: Option<(&'a str, &'a [u8])>,
     /// An error in Go's `http.Error` style: plain text with `X-Content-Type-Options: nosniff`.
     pub error_style: bool,
+    /// The request waited in the queue first: the answer says so as a pod's response would
+    /// (`policy::WaitNote`).
+    pub wait: Option<&'a WaitNote>,
 }
 
 impl<'a> Answer<'a> {
@@ -25,6 +29,7 @@ impl<'a> Answer<'a> {
             body,
             extra_header: None,
             error_style: true,
+            wait: None,
         }
     }
 
@@ -35,6 +40,7 @@ impl<'a> Answer<'a> {
             body,
             extra_header: None,
             error_style: error.go_error_style(),
+            wait: None,
         }
     }
 
@@ -45,6 +51,7 @@ impl<'a> Answer<'a> {
             body: messages::CONNECT_REFUSED.as_bytes(),
             extra_header: Some(("Allow", messages::CONNECT_REFUSED_ALLOW.as_bytes())),
             error_style: true,
+            wait: None,
         }
     }
 

@@ -26,6 +26,7 @@ use super::identity;
 use super::outcome::{
     conclude, keeps_connection_after_answer, Concluded, Ended, Next, RequestShape,
 };
+use super::policy::WaitNote;
 use super::probes;
 use super::retry::may_retry;
 use super::tally::{self, Tally};
@@ -99,6 +100,7 @@ pub(crate) trait Front {
     fn watch(&mut self) -> Self::Watch<'_>;
     /// One attempt on `pod`, whose slot `held` is: its connection and the exchange. The slot
     /// may be given back before the end (the response is complete while its tail is relayed).
+    /// `note`: the fields the pod's response gets from the activator (`WaitNote`), if any.
     async fn attempt(
         &mut self,
         shard: &Rc<Shard>,
@@ -106,6 +108,7 @@ pub(crate) trait Front {
         pod: &Rc<LocalPod>,
         deadlines: &Deadlines,
         held: &mut Option<Held<'_>>,
+        note: Option<&WaitNote>,
     ) -> Attempt;
 }
 
@@ -174,7 +177,10 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     let proxied = tally::proxied(&shard.settings.role, &front.headers());
     front.prepare();
     let tally = Tally::arrive(shard, &revision, arrival, proxied);
-    let ended = proxy(shard, front, &revision, class, arrival).await;
+    let mut note = None;
+    let ended = proxy(shard, front, &revision, class, arrival, &mut note).await;
+    // What the activator tells the client of its waits; the queue-proxy role tells nothing.
+    let note = note.filter(|_| matches!(shard.settings.role, Role::Activator));
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
     let (status, next) = match conclude(shape.request, ended) {
@@ -193,12 +199,12 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
                 }
                 _ => error.body(),
             };
+            let answer = Answer {
+                wait: note.as_ref(),
+                ..Answer::of_error(&error, &body)
+            };
             let next = front
-                .answer(
-                    shard,
-                    &Answer::of_error(&error, &body),
-                    keep_alive && !draining(),
-                )
+                .answer(shard, &answer, keep_alive && !draining())
                 .await;
             (error.status(), next)
         }
@@ -215,13 +221,18 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
 /// and when a pod took none of it (it answered as another revision — it is retired at once on
 /// every shard and reported — or refused the stream) and the request can be sent again.
 /// Otherwise a failure is a 502 naming the problem.
+///
+/// Its waits in the queue are added to `note` (`Some` once the request queued); the pod's
+/// response carries them in the activator role (`policy::WaitNote`).
 async fn proxy<F: Front>(
     shard: &Rc<Shard>,
     front: &mut F,
     revision: &Rc<LocalRevision>,
     class: Class,
     arrival: Instant,
+    note: &mut Option<WaitNote>,
 ) -> Ended {
+    let tells = matches!(shard.settings.role, Role::Activator);
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
     let mut attempt = 0;
     // The last pod that could not be reached: if no other pod serves the request before its
@@ -235,6 +246,7 @@ async fn proxy<F: Front>(
             class,
             deadlines.first_byte,
             &mut front.watch(),
+            note,
         )
         .await;
         let pod = match admitted {
@@ -247,8 +259,9 @@ async fn proxy<F: Front>(
             }
         };
         let mut held = Some(Held::new(&pod, revision, shard));
+        let told = note.as_ref().filter(|_| tells);
         let outcome = front
-            .attempt(shard, revision, &pod, &deadlines, &mut held)
+            .attempt(shard, revision, &pod, &deadlines, &mut held, told)
             .await;
         let addr = pod.tracker.addr;
         match outcome {
@@ -336,6 +349,7 @@ async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> N
                         registration::ACCEPTED_CONTENT_TYPE.as_bytes(),
                     )),
                     error_style: !reply.json,
+                    wait: None,
                 };
                 return front.answer(shard, &answer, keep_alive).await;
             }

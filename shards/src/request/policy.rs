@@ -119,6 +119,48 @@ pub fn run_id<H: RequestHeaders + ?Sized>(request: &H) -> Option<&[u8]> {
         .filter(|value| !value.is_empty())
 }
 
+/// ★ What the activator says on a response about its own part in it (issue 27): a request that
+/// waited for a slot gets `Server-Timing: activator;dur=<ms>`, and one that waited for a
+/// revision with no routable pod (a cold start) also `X-Activator-Cold-Start: true`. Requests
+/// that took a slot at once get neither, and neither does the queue-proxy role.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitNote {
+    /// Time spent waiting for a slot, summed over the request's admissions, in microseconds.
+    pub waited_us: u64,
+    /// Some wait found the revision without a routable pod.
+    pub cold_start: bool,
+}
+
+impl WaitNote {
+    /// Adds one wait in the queue.
+    pub fn add(&mut self, waited_us: u64, cold_start: bool) {
+        self.waited_us = self.waited_us.saturating_add(waited_us);
+        self.cold_start |= cold_start;
+    }
+
+    /// The fields a response gets, each handed to `put` as (name, value): the writer's own
+    /// encoding does the rest. The wait is in milliseconds with three decimals (microseconds):
+    /// a wait for a busy pod is often well under a millisecond.
+    pub fn response_fields(&self, mut put: impl FnMut(&'static str, &[u8])) {
+        use std::io::Write;
+        let mut value = [0u8; 48];
+        let mut cursor = std::io::Cursor::new(&mut value[..]);
+        // At most 14 + 20 + 1 + 3 bytes: it always fits.
+        let _ = write!(
+            cursor,
+            "{};dur={}.{:03}",
+            headers::SERVER_TIMING_METRIC,
+            self.waited_us / 1000,
+            self.waited_us % 1000
+        );
+        let len = cursor.position() as usize;
+        put(headers::SERVER_TIMING, &value[..len]);
+        if self.cold_start {
+            put(headers::COLD_START, b"true");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +229,47 @@ mod tests {
             }
         );
         assert!(keeps_te(b"Trailers") && !keeps_te(b"gzip"));
+    }
+
+    #[test]
+    fn a_wait_is_told_in_milliseconds_and_a_cold_start_by_its_own_field() {
+        // (waits as (µs, cold), the fields a response gets)
+        type Row = (
+            &'static [(u64, bool)],
+            &'static [(&'static str, &'static str)],
+        );
+        let table: &[Row] = &[
+            (&[(412, false)], &[("Server-Timing", "activator;dur=0.412")]),
+            (
+                &[(1_500_000, true)],
+                &[
+                    ("Server-Timing", "activator;dur=1500.000"),
+                    ("X-Activator-Cold-Start", "true"),
+                ],
+            ),
+            (
+                &[(2_000, true), (30, false)],
+                &[
+                    ("Server-Timing", "activator;dur=2.030"),
+                    ("X-Activator-Cold-Start", "true"),
+                ],
+            ),
+            (
+                &[(u64::MAX, false), (5, false)],
+                &[("Server-Timing", "activator;dur=18446744073709551.615")],
+            ),
+        ];
+        for (waits, expected) in table {
+            let mut note = WaitNote::default();
+            for &(us, cold) in *waits {
+                note.add(us, cold);
+            }
+            let mut fields = Vec::new();
+            note.response_fields(|name, value| {
+                fields.push((name, String::from_utf8(value.to_vec()).unwrap()))
+            });
+            let expected: Vec<_> = expected.iter().map(|&(n, v)| (n, v.to_string())).collect();
+            assert_eq!(fields, expected, "{waits:?}");
+        }
     }
 }

@@ -31,6 +31,7 @@ impl LocalAnswer {
                 .as_ref()
                 .map(|(name, value)| (*name, value.as_slice())),
             error_style: self.error_style,
+            wait: None,
         }
     }
 }

@@ -10,6 +10,9 @@ use rustc_hash::FxHasher;
 use crate::fields::RequestHeaders;
 pub use crate::throttle::discipline::{Class, MAX_BANDS};
 
+// Every band has its counters (`metrics::PriorityCounters`).
+const _: () = assert!(MAX_BANDS as usize <= crate::metrics::PRIORITY_BANDS);
+
 /// Default name of the header carrying a request's band: an integer in `0..bands`, higher
 /// served first.
 pub const DEFAULT_PRIORITY_HEADER: &str = "K-Priority";

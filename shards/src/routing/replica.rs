@@ -149,6 +149,21 @@ impl LocalRevision {
         self.route.borrow().timeouts
     }
 
+    /// Whether the revision has a pod that takes requests (a share above zero, not retired):
+    /// a request that queues without one is waiting for a cold start, not for a busy pod. Read
+    /// only when a request queues.
+    pub fn has_routable_pod(&self) -> bool {
+        self.pods.borrow().iter().any(|pod| {
+            let slots = &pod.tracker.slots;
+            slots.capacity() > 0 && !slots.is_retired()
+        })
+    }
+
+    /// Whether the revision has a priority policy now.
+    pub fn has_priority_policy(&self) -> bool {
+        self.route.borrow().priority.is_some()
+    }
+
     /// A request's band and flow under the revision's priority policy; the default class
     /// (ignored by the queue) without one. `invalid` counts a priority header that is not a band.
     #[inline]
@@ -161,7 +176,13 @@ impl LocalRevision {
         if classified.invalid {
             invalid.increment();
         }
-        classified.class
+        let class = classified.class;
+        let counters = self.counters.priority_counters();
+        // A band past the policy's last waits in the last (`Waiters::push`); counted there too.
+        let band = class.band.min(policy.bands.saturating_sub(1));
+        counters.bands[usize::from(band)].requests.increment();
+        counters.count_tenant(class.flow, || headers.get(&policy.tenant_header));
+        class
     }
 
     /// Admits an arriving request of `class`: a slot now, a place in the queue, or a refusal.

@@ -1,26 +1,36 @@
 //! The order in which one shard's waiters for one revision are served: today's FIFO, or, with a
-//! revision's priority policy on (issue 27), priority bands and fairness across flows.
+//! revision's priority policy on (issue 27), priority bands and fairness across flows that holds
+//! across shards.
 //!
-//! Pure: no clock, no atomics. [`LocalQueue`](super::gate::LocalQueue) keeps one of these and
-//! publishes the rank of the waiter it would serve next ([`Waiters::head_key`]) in the
-//! revision's gate, so that a slot freed on any shard goes to the highest waiting band first.
+//! Pure: no clock, no atomics. [`LocalQueue`](super::gate::LocalQueue) keeps one [`Waiters`] and
+//! publishes the key of the waiter it would serve next ([`Waiters::head_key`]) in the revision's
+//! gate, so that a slot freed on any shard goes to the waiter with the lowest key on any shard.
+//! The gate also holds the revision's one [`FairClock`], shared by every shard, which a policy's
+//! waiters are tagged by.
 //!
 //! With a policy, a waiter is keyed by (band, flow):
 //!
 //! * **Strict priority across bands.** A waiter of a higher band is served before any of a lower
 //!   one, whenever it arrived.
-//! * **Round robin across flows within a band.** Deficit round robin by request count with a
-//!   quantum of one request, which is plain round robin: the flow whose turn it is gives its
-//!   oldest waiter and goes to the back of the turn if it has more; a flow that starts waiting
-//!   joins at the back. So a flow with 5 000 waiters delays another flow's first request by at
-//!   most one turn of the flows ahead of it.
-//! * **FCFS within a flow.**
+//! * **Fairness across flows within a band: start-time fair queuing** (SFQ, Goyal et al. 1996)
+//!   with every request costing one. Per band the clock keeps a virtual time `V`, and per flow
+//!   the finish tag of its latest request. An arriving request's start tag is
+//!   `max(V, finish[flow])`, and the flow's finish becomes that tag plus one; serving a request
+//!   raises `V` to its tag. Waiters are served lowest tag first (then oldest), and the gate
+//!   compares tags across shards, so the fairness holds across the process, not per shard:
+//!   tag `t` is a flow's `t`-th turn, and every flow waiting takes its turn `t` before any
+//!   takes `t + 1`. A flow arriving with nothing waiting gets tag `V`, the turn being served,
+//!   so a flow with 5 000 waiters, on any shards, delays another flow's first request by at
+//!   most one request of each flow ahead of it. A flow served in this turn that comes back gets
+//!   the next turn, so a client sending one request at a time takes no more than its share.
+//! * **FCFS within a flow**: a flow's tags increase with its arrivals.
 //! * **Shedding.** When the queue is full, an arrival may take the place of the newest waiter of
 //!   the lowest band below its own ([`Waiters::shed_below`]).
 //!
-//! Off (no policy) is a `VecDeque` in arrival order, as before.
+//! Off (no policy) is a `VecDeque` in arrival order, as before, and never touches the clock.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::DerefMut;
 
 use rustc_hash::FxHashMap;
 
@@ -30,10 +40,17 @@ pub type WaiterId = u64;
 /// Most bands a policy may have; bands are numbered `0..bands`, higher served first.
 pub const MAX_BANDS: u8 = 16;
 
-/// Bits of a head key below the band's rank: room for the ticket. 2^56 tickets last 228 years
-/// at ten million queued requests a second.
-const TICKET_BITS: u32 = 56;
-const TICKET_MASK: u64 = (1 << TICKET_BITS) - 1;
+/// Bits of a head key below the band's rank: room for the ticket (no policy) or the start tag
+/// (a policy). 2^56 tickets last 228 years at ten million queued requests a second. A tag is
+/// below the number of tags handed out (each is at most the largest finish so far, which grows
+/// by at most one per arrival, and `V` only ever takes a tag's or a finish's value), which is
+/// below the number of tickets: tags fit wherever tickets do.
+const ORDER_BITS: u32 = 56;
+const ORDER_MASK: u64 = (1 << ORDER_BITS) - 1;
+
+/// Flows a band's clock remembers past those with a request waiting, before it closes the turn
+/// early (see [`FairClock`]).
+pub const REMEMBERED_FLOWS: usize = 1024;
 
 /// What orders a waiting request under a priority policy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -53,14 +70,126 @@ pub struct Waiter {
 
 /// The key a shard publishes for the waiter it would serve next: lower is served first. The
 /// band's rank is in the top bits, so every waiter of a higher band sorts before any of a lower
-/// one, and the ticket (arrival order) decides within a band. Without a policy every waiter is
-/// in band 0.
-pub fn head_key(band: u8, ticket: u64) -> u64 {
+/// one; below it, `order` decides within a band: the ticket (arrival order) without a policy,
+/// the start tag with one. Without a policy every waiter is in band 0.
+pub fn head_key(band: u8, order: u64) -> u64 {
     let rank = u64::from(MAX_BANDS - 1 - band.min(MAX_BANDS - 1));
-    rank << TICKET_BITS | (ticket & TICKET_MASK)
+    rank << ORDER_BITS | (order & ORDER_MASK)
+}
+
+/// A revision's start-time fair queuing clock: tags for arriving requests under a priority
+/// policy, shared by every shard (the gate holds it behind a lock; no policy, no lock).
+///
+/// Bounded: a flow whose finish is at or below `V` tags exactly as an absent one, so such
+/// entries are swept once the map has doubled since the last sweep (amortised O(1) per
+/// arrival). What stays are flows whose latest tag is at least `V`: those with a request
+/// waiting (at most the band's waiters, so the revision's depth) and those served in the turn
+/// under way. A band whose every tagged request was served or left is idle and forgets every
+/// flow (SFQ's rule for an idle server: `V` moves to the largest finish). Should a turn gather
+/// more than [`REMEMBERED_FLOWS`] flows past those waiting (each a new fairness key served
+/// once, while another flow's next turn keeps the band busy), the sweep closes the turn early
+/// by raising `V` past the oldest entries: those flows may then take one more request in the
+/// turn, the price of the bound. So a band's map holds at most twice
+/// `max(REMEMBERED_FLOWS, waiters)` entries, plus 64.
+#[derive(Debug, Default)]
+pub struct FairClock {
+    /// Indexed by band number; grown on first use.
+    bands: Vec<BandClock>,
+}
+
+#[derive(Debug, Default)]
+struct BandClock {
+    /// `V`: the largest start tag served.
+    virtual_time: u64,
+    /// Per flow: its latest request's tag plus one. Absent is the same as `virtual_time`.
+    finish: FxHashMap<u64, u64>,
+    /// Requests tagged and not yet served or gone.
+    outstanding: usize,
+    /// The size of `finish` that triggers the next sweep.
+    sweep_at: usize,
+}
+
+/// Smallest size of a band's flow map that is swept.
+const FIRST_SWEEP: usize = 64;
+
+impl FairClock {
+    /// The start tag of a request of `class` arriving now (`class.band` as queued, already
+    /// within the policy's bands).
+    pub fn arrive(&mut self, class: Class) -> u64 {
+        let band = usize::from(class.band.min(MAX_BANDS - 1));
+        if self.bands.len() <= band {
+            self.bands.resize_with(band + 1, BandClock::default);
+        }
+        let clock = &mut self.bands[band];
+        let finish = clock.finish.entry(class.flow).or_insert(clock.virtual_time);
+        let tag = (*finish).max(clock.virtual_time);
+        *finish = tag + 1;
+        clock.outstanding += 1;
+        if clock.finish.len() > clock.sweep_at {
+            clock.sweep();
+        }
+        tag
+    }
+
+    /// A request of `band` with start tag `tag` was served.
+    pub fn served(&mut self, band: u8, tag: u64) {
+        if let Some(clock) = self.bands.get_mut(usize::from(band)) {
+            clock.virtual_time = clock.virtual_time.max(tag);
+            clock.left();
+        }
+    }
+
+    /// A request of `band` left without being served (cancelled, shed, or re-queued under a
+    /// new policy).
+    pub fn gone(&mut self, band: u8) {
+        if let Some(clock) = self.bands.get_mut(usize::from(band)) {
+            clock.left();
+        }
+    }
+
+    /// Flows the clock of `band` remembers.
+    #[cfg(test)]
+    fn remembered(&self, band: u8) -> usize {
+        self.bands
+            .get(usize::from(band))
+            .map_or(0, |clock| clock.finish.len())
+    }
+}
+
+impl BandClock {
+    fn left(&mut self) {
+        debug_assert!(self.outstanding > 0, "a request left that was never tagged");
+        self.outstanding = self.outstanding.saturating_sub(1);
+        if self.outstanding == 0 {
+            // Idle: every flow starts afresh at the largest finish.
+            let largest = self.finish.values().copied().max().unwrap_or(0);
+            self.virtual_time = self.virtual_time.max(largest);
+            self.finish.clear();
+            self.sweep_at = FIRST_SWEEP;
+        }
+    }
+
+    fn sweep(&mut self) {
+        let now = self.virtual_time;
+        self.finish.retain(|_, finish| *finish > now);
+        let most = REMEMBERED_FLOWS.max(self.outstanding);
+        if self.finish.len() > most {
+            // Close the turn early: `V` rises to the finish that leaves at most `most` flows.
+            let mut finishes: Vec<u64> = self.finish.values().copied().collect();
+            let excess = finishes.len() - most;
+            let (_, &mut threshold, _) = finishes.select_nth_unstable(excess - 1);
+            self.virtual_time = self.virtual_time.max(threshold);
+            let now = self.virtual_time;
+            self.finish.retain(|_, finish| *finish > now);
+        }
+        self.sweep_at = (2 * self.finish.len()).max(FIRST_SWEEP);
+    }
 }
 
 /// One shard's waiters for one revision, in the revision's discipline.
+///
+/// Calls that may tag or untag a waiter under a policy take `clock`, which gives the revision's
+/// [`FairClock`] (the gate locks it); without a policy it is never called.
 #[derive(Debug)]
 pub enum Waiters {
     /// No policy: arrival order.
@@ -79,7 +208,7 @@ impl Waiters {
     pub fn len(&self) -> usize {
         match self {
             Waiters::Fifo(fifo) => fifo.len(),
-            Waiters::Banded(banded) => banded.len,
+            Waiters::Banded(banded) => banded.location.len(),
         }
     }
 
@@ -96,9 +225,14 @@ impl Waiters {
     }
 
     /// Switches discipline: `bands` of `None` is FIFO. Waiters already queued stay, in the new
-    /// discipline: into a policy they all go to `default` band's shared flow in arrival order,
-    /// out of one they line up by ticket.
-    pub fn set_policy(&mut self, bands: Option<u8>, default: u8) {
+    /// discipline: into a policy they all go to `default` band's shared flow, tagged in arrival
+    /// order; out of one they line up by ticket.
+    pub fn set_policy<C: DerefMut<Target = FairClock>>(
+        &mut self,
+        bands: Option<u8>,
+        default: u8,
+        clock: impl FnOnce() -> C,
+    ) {
         let wanted = bands.map(|bands| bands.clamp(1, MAX_BANDS));
         match (&*self, wanted) {
             (Waiters::Fifo(_), None) => return,
@@ -107,7 +241,8 @@ impl Waiters {
             }
             _ => {}
         }
-        let mut all = self.drain();
+        let mut clock = clock();
+        let mut all = self.drain(|| &mut *clock);
         all.sort_by_key(|waiter| waiter.ticket);
         *self = match wanted {
             None => Waiters::Fifo(all.into()),
@@ -118,29 +253,54 @@ impl Waiters {
                     flow: 0,
                 };
                 for waiter in all {
-                    banded.push(class, waiter);
+                    banded.push(class, waiter, &mut clock);
                 }
                 Waiters::Banded(Box::new(banded))
             }
         };
     }
 
-    /// A request starts waiting. `class` is ignored without a policy; a band past the policy's
-    /// last is its last.
+    /// A request starts waiting with id `id`, and the ticket `ticket` hands out. `class` is
+    /// ignored without a policy; a band past the policy's last is its last. Under a policy the
+    /// ticket is taken while the clock is held, so that tags and tickets are handed out in the
+    /// same order.
     #[inline]
-    pub fn push(&mut self, class: Class, waiter: Waiter) {
+    pub fn push<C: DerefMut<Target = FairClock>>(
+        &mut self,
+        class: Class,
+        id: WaiterId,
+        ticket: impl FnOnce() -> u64,
+        clock: impl FnOnce() -> C,
+    ) {
         match self {
-            Waiters::Fifo(fifo) => fifo.push_back(waiter),
-            Waiters::Banded(banded) => banded.push(class, waiter),
+            Waiters::Fifo(fifo) => fifo.push_back(Waiter {
+                ticket: ticket(),
+                id,
+            }),
+            Waiters::Banded(banded) => {
+                let mut clock = clock();
+                let waiter = Waiter {
+                    ticket: ticket(),
+                    id,
+                };
+                banded.push(class, waiter, &mut clock);
+            }
         }
     }
 
     /// The waiter to serve next, removed.
     #[inline]
-    pub fn pop(&mut self) -> Option<Waiter> {
+    pub fn pop<C: DerefMut<Target = FairClock>>(
+        &mut self,
+        clock: impl FnOnce() -> C,
+    ) -> Option<Waiter> {
         match self {
             Waiters::Fifo(fifo) => fifo.pop_front(),
-            Waiters::Banded(banded) => banded.pop(),
+            Waiters::Banded(banded) => {
+                let (band, tag, waiter) = banded.pop()?;
+                clock().served(band, tag);
+                Some(waiter)
+            }
         }
     }
 
@@ -149,12 +309,16 @@ impl Waiters {
     pub fn head_key(&self) -> Option<u64> {
         match self {
             Waiters::Fifo(fifo) => fifo.front().map(|waiter| head_key(0, waiter.ticket)),
-            Waiters::Banded(banded) => banded.head().map(|(band, w)| head_key(band, w.ticket)),
+            Waiters::Banded(banded) => banded.head().map(|(band, tag)| head_key(band, tag)),
         }
     }
 
     /// Removes waiter `id`; false if it is not here.
-    pub fn remove(&mut self, id: WaiterId) -> bool {
+    pub fn remove<C: DerefMut<Target = FairClock>>(
+        &mut self,
+        id: WaiterId,
+        clock: impl FnOnce() -> C,
+    ) -> bool {
         match self {
             Waiters::Fifo(fifo) => {
                 let Some(at) = fifo.iter().position(|queued| queued.id == id) else {
@@ -163,32 +327,51 @@ impl Waiters {
                 fifo.remove(at);
                 true
             }
-            Waiters::Banded(banded) => banded.remove(id),
+            Waiters::Banded(banded) => match banded.remove(id) {
+                Some(band) => {
+                    clock().gone(band);
+                    true
+                }
+                None => false,
+            },
         }
     }
 
     /// Removes and returns the newest waiter of the lowest band below `band`, if any: the one
     /// an arrival of `band` takes the place of when the queue is full. Never anything without
     /// a policy.
-    pub fn shed_below(&mut self, band: u8) -> Option<Waiter> {
+    pub fn shed_below<C: DerefMut<Target = FairClock>>(
+        &mut self,
+        band: u8,
+        clock: impl FnOnce() -> C,
+    ) -> Option<Waiter> {
         match self {
             Waiters::Fifo(_) => None,
-            Waiters::Banded(banded) => banded.shed_below(band),
+            Waiters::Banded(banded) => {
+                let (lowest, newest) = banded.shed_below(band)?;
+                clock().gone(lowest);
+                Some(newest)
+            }
         }
     }
 
     /// Every waiter, removed, in no particular order.
-    pub fn drain(&mut self) -> Vec<Waiter> {
+    pub fn drain<C: DerefMut<Target = FairClock>>(
+        &mut self,
+        clock: impl FnOnce() -> C,
+    ) -> Vec<Waiter> {
         match self {
             Waiters::Fifo(fifo) => fifo.drain(..).collect(),
             Waiters::Banded(banded) => {
-                let bands = banded.bands.len() as u8;
-                let all = banded
-                    .bands
-                    .iter_mut()
-                    .flat_map(|band| band.flows.drain().flat_map(|(_, flow)| flow))
-                    .collect();
-                **banded = Banded::new(bands);
+                let mut clock = clock();
+                let mut all = Vec::with_capacity(banded.location.len());
+                for (band, waiters) in banded.bands.iter_mut().enumerate() {
+                    for (_, waiter) in std::mem::take(waiters) {
+                        clock.gone(band as u8);
+                        all.push(waiter);
+                    }
+                }
+                banded.location.clear();
                 all
             }
         }
@@ -198,110 +381,71 @@ impl Waiters {
 /// Waiters under a priority policy.
 #[derive(Debug)]
 pub struct Banded {
-    /// Indexed by band number.
-    bands: Vec<Band>,
-    /// Where each waiter is: (band, flow).
-    location: FxHashMap<WaiterId, Class>,
-    len: usize,
-}
-
-/// One band's waiters: a FIFO per flow, and the flows' turns.
-#[derive(Debug, Default)]
-struct Band {
-    flows: FxHashMap<u64, VecDeque<Waiter>>,
-    /// Flows with waiters, the one whose turn it is first. Each flow is here exactly once while
-    /// it has waiters.
-    turns: VecDeque<u64>,
+    /// Indexed by band number: the band's waiters by (start tag, ticket), served first to last.
+    bands: Vec<BTreeMap<(u64, u64), Waiter>>,
+    /// Where each waiter is: (band, start tag, ticket).
+    location: FxHashMap<WaiterId, (u8, u64, u64)>,
 }
 
 impl Banded {
     fn new(bands: u8) -> Banded {
         Banded {
-            bands: (0..bands.max(1)).map(|_| Band::default()).collect(),
+            bands: (0..bands.max(1)).map(|_| BTreeMap::new()).collect(),
             location: FxHashMap::default(),
-            len: 0,
         }
     }
 
-    fn push(&mut self, class: Class, waiter: Waiter) {
+    fn push(&mut self, class: Class, waiter: Waiter, clock: &mut FairClock) {
         let band = class.band.min(self.bands.len() as u8 - 1);
-        let at = &mut self.bands[usize::from(band)];
-        let flow = at.flows.entry(class.flow).or_default();
-        if flow.is_empty() {
-            at.turns.push_back(class.flow);
-        }
-        flow.push_back(waiter);
-        self.location.insert(
-            waiter.id,
-            Class {
-                band,
-                flow: class.flow,
-            },
-        );
-        self.len += 1;
+        let tag = clock.arrive(Class {
+            band,
+            flow: class.flow,
+        });
+        self.bands[usize::from(band)].insert((tag, waiter.ticket), waiter);
+        self.location.insert(waiter.id, (band, tag, waiter.ticket));
     }
 
     /// The highest band with waiters.
     fn top(&self) -> Option<usize> {
-        self.bands.iter().rposition(|band| !band.turns.is_empty())
+        self.bands.iter().rposition(|band| !band.is_empty())
     }
 
-    fn head(&self) -> Option<(u8, &Waiter)> {
+    /// The band and start tag of the waiter to serve next.
+    fn head(&self) -> Option<(u8, u64)> {
         let band = self.top()?;
-        let flow = self.bands[band].turns.front()?;
-        let waiter = self.bands[band].flows.get(flow)?.front()?;
-        Some((band as u8, waiter))
+        let (&(tag, _), _) = self.bands[band].first_key_value()?;
+        Some((band as u8, tag))
     }
 
-    fn pop(&mut self) -> Option<Waiter> {
-        let top = self.top()?;
-        let band = &mut self.bands[top];
-        let flow_key = band.turns.pop_front()?;
-        let flow = band.flows.get_mut(&flow_key)?;
-        let waiter = flow.pop_front()?;
-        if flow.is_empty() {
-            band.flows.remove(&flow_key);
-        } else {
-            band.turns.push_back(flow_key);
-        }
+    /// The waiter to serve next, removed, with its band and start tag.
+    fn pop(&mut self) -> Option<(u8, u64, Waiter)> {
+        let band = self.top()?;
+        let ((tag, _), waiter) = self.bands[band].pop_first()?;
         self.location.remove(&waiter.id);
-        self.len -= 1;
-        Some(waiter)
+        Some((band as u8, tag, waiter))
     }
 
-    fn remove(&mut self, id: WaiterId) -> bool {
-        let Some(class) = self.location.remove(&id) else {
-            return false;
-        };
-        let band = &mut self.bands[usize::from(class.band)];
-        if let Some(flow) = band.flows.get_mut(&class.flow) {
-            if let Some(at) = flow.iter().position(|queued| queued.id == id) {
-                flow.remove(at);
-            }
-            if flow.is_empty() {
-                band.flows.remove(&class.flow);
-                band.turns.retain(|&turn| turn != class.flow);
-            }
-        }
-        self.len -= 1;
-        true
+    /// Removes waiter `id`; its band, or `None` if it is not here.
+    fn remove(&mut self, id: WaiterId) -> Option<u8> {
+        let (band, tag, ticket) = self.location.remove(&id)?;
+        self.bands[usize::from(band)].remove(&(tag, ticket));
+        Some(band)
     }
 
-    fn shed_below(&mut self, band: u8) -> Option<Waiter> {
+    fn shed_below(&mut self, band: u8) -> Option<(u8, Waiter)> {
         // A band past the last waits in the last: it sheds only what is below that.
         let band = band.min(self.bands.len() as u8 - 1);
         let lowest = self
             .bands
             .iter()
             .take(usize::from(band))
-            .position(|band| !band.turns.is_empty())?;
+            .position(|band| !band.is_empty())?;
+        // Shedding runs only with the queue full; a scan of one band is fine there.
         let newest = *self.bands[lowest]
-            .flows
             .values()
-            .filter_map(|flow| flow.back())
             .max_by_key(|waiter| waiter.ticket)?;
-        self.remove(newest.id);
-        Some(newest)
+        let band = self.remove(newest.id)?;
+        Some((band, newest))
     }
 }
 
@@ -312,32 +456,72 @@ mod tests {
     /// Arrivals as (band, flow), in ticket order.
     type Arrivals = &'static [(u8, u64)];
 
-    /// A queue under `bands` bands (or FIFO), with waiters pushed as (band, flow) in ticket
-    /// order; ids equal tickets.
-    fn queue(bands: Option<u8>, arrivals: &[(u8, u64)]) -> Waiters {
-        let mut waiters = Waiters::default();
-        waiters.set_policy(bands, 0);
-        for (ticket, &(band, flow)) in arrivals.iter().enumerate() {
-            let ticket = ticket as u64;
-            waiters.push(Class { band, flow }, Waiter { ticket, id: ticket });
-        }
-        waiters
+    /// One shard's waiters with the revision's clock, as the gate holds them.
+    struct Queue {
+        waiters: Waiters,
+        clock: FairClock,
+        next: u64,
     }
 
-    /// Pops everything: the ids in service order, checking the published head each time.
-    fn service_order(waiters: &mut Waiters) -> Vec<u64> {
-        let mut order = Vec::new();
-        loop {
-            let key = waiters.head_key();
-            let Some(waiter) = waiters.pop() else {
-                assert_eq!(key, None);
-                break;
-            };
-            assert_eq!(key.map(|key| key & TICKET_MASK), Some(waiter.ticket));
-            order.push(waiter.id);
+    impl Queue {
+        /// Queues a request as (band, flow); its id is its ticket.
+        fn push(&mut self, band: u8, flow: u64) {
+            let id = self.next;
+            self.next += 1;
+            self.waiters
+                .push(Class { band, flow }, id, || id, || &mut self.clock);
         }
-        assert!(waiters.is_empty());
-        order
+
+        fn pop(&mut self) -> Option<Waiter> {
+            self.waiters.pop(|| &mut self.clock)
+        }
+
+        fn remove(&mut self, id: WaiterId) -> bool {
+            self.waiters.remove(id, || &mut self.clock)
+        }
+
+        fn shed_below(&mut self, band: u8) -> Option<Waiter> {
+            self.waiters.shed_below(band, || &mut self.clock)
+        }
+
+        fn set_policy(&mut self, bands: Option<u8>, default: u8) {
+            self.waiters.set_policy(bands, default, || &mut self.clock);
+        }
+
+        /// Pops everything: the ids in service order, checking the published head each time:
+        /// it names a waiter exactly when there is one, and never goes down.
+        fn service_order(&mut self) -> Vec<u64> {
+            let mut order = Vec::new();
+            let mut last = 0;
+            loop {
+                let key = self.waiters.head_key();
+                let Some(waiter) = self.pop() else {
+                    assert_eq!(key, None);
+                    break;
+                };
+                let key = key.expect("a head published for the waiter served");
+                assert!(key >= last, "the head key went down");
+                last = key;
+                order.push(waiter.id);
+            }
+            assert!(self.waiters.is_empty());
+            order
+        }
+    }
+
+    /// A queue under `bands` bands (or FIFO), with waiters pushed as (band, flow) in ticket
+    /// order; ids equal tickets.
+    fn queue(bands: Option<u8>, arrivals: &[(u8, u64)]) -> Queue {
+        let mut queue = Queue {
+            waiters: Waiters::default(),
+            clock: FairClock::default(),
+            next: 0,
+        };
+        queue.set_policy(bands, 0);
+        for &(band, flow) in arrivals {
+            queue.push(band, flow);
+        }
+        queue
     }
 
     #[test]
@@ -369,7 +553,7 @@ mod tests {
                 &[1, 0],
             ),
             (
-                "round robin across flows, FCFS within each",
+                "one turn each across flows, FCFS within each",
                 Some(1),
                 &[(0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (0, 3)],
                 &[0, 3, 5, 1, 4, 2],
@@ -388,20 +572,32 @@ mod tests {
             ),
         ];
         for &(what, bands, arrivals, expected) in table {
-            let mut waiters = queue(bands, arrivals);
-            assert_eq!(waiters.len(), arrivals.len(), "{what}");
-            assert_eq!(service_order(&mut waiters), expected, "{what}");
+            let mut queue = queue(bands, arrivals);
+            assert_eq!(queue.waiters.len(), arrivals.len(), "{what}");
+            assert_eq!(queue.service_order(), expected, "{what}");
         }
     }
 
     #[test]
-    fn a_newcomer_flow_joins_at_the_back_of_the_turn() {
-        // Flows 1 and 2 are both waiting; flow 1 has been served once (so 2 is next); flow 3
-        // arrives and waits behind 2 and 1, not before them.
-        let mut waiters = queue(Some(1), &[(0, 1), (0, 1), (0, 2), (0, 2)]);
-        assert_eq!(waiters.pop().map(|w| w.id), Some(0));
-        waiters.push(Class { band: 0, flow: 3 }, Waiter { ticket: 4, id: 4 });
-        assert_eq!(service_order(&mut waiters), [2, 1, 4, 3]);
+    fn a_newcomer_flow_joins_the_turn_under_way() {
+        // Flows 1 and 2 each wait with two requests (turns 0 and 1); flow 1's first has been
+        // served. Flow 3 arrives: it takes turn 0, which is still being served (flow 2's first
+        // request waits in it), so it goes before flow 1's second request. Round robin per shard
+        // put it behind that one; either way it waits at most one request of each flow.
+        let mut queue = queue(Some(1), &[(0, 1), (0, 1), (0, 2), (0, 2)]);
+        assert_eq!(queue.pop().map(|w| w.id), Some(0));
+        queue.push(0, 3);
+        assert_eq!(queue.service_order(), [2, 4, 1, 3]);
+    }
+
+    #[test]
+    fn a_flow_served_this_turn_comes_back_in_the_next() {
+        // Flow 1 has one request at a time (served, then another); flow 2 keeps two waiting.
+        // Flow 1's second request is in turn 1, after flow 2's turn 0, not before it.
+        let mut queue = queue(Some(1), &[(0, 1), (0, 2), (0, 2)]);
+        assert_eq!(queue.pop().map(|w| w.id), Some(0));
+        queue.push(0, 1);
+        assert_eq!(queue.service_order(), [1, 2, 3]);
     }
 
     #[test]
@@ -426,10 +622,10 @@ mod tests {
             ),
         ];
         for &(what, bands, arrivals, removed, expected) in table {
-            let mut waiters = queue(bands, arrivals);
-            assert!(waiters.remove(removed), "{what}");
-            assert!(!waiters.remove(removed), "{what}: already gone");
-            assert_eq!(service_order(&mut waiters), expected, "{what}");
+            let mut queue = queue(bands, arrivals);
+            assert!(queue.remove(removed), "{what}");
+            assert!(!queue.remove(removed), "{what}: already gone");
+            assert_eq!(queue.service_order(), expected, "{what}");
         }
     }
 
@@ -488,9 +684,9 @@ mod tests {
             ),
         ];
         for &(what, bands, arrivals, band, shed, expected) in table {
-            let mut waiters = queue(bands, arrivals);
-            assert_eq!(waiters.shed_below(band).map(|w| w.id), shed, "{what}");
-            assert_eq!(service_order(&mut waiters), expected, "{what}");
+            let mut queue = queue(bands, arrivals);
+            assert_eq!(queue.shed_below(band).map(|w| w.id), shed, "{what}");
+            assert_eq!(queue.service_order(), expected, "{what}");
         }
     }
 
@@ -502,23 +698,178 @@ mod tests {
         assert_eq!(head_key(200, 7), head_key(MAX_BANDS - 1, 7), "bounded");
         // Off, every waiter is band 0: the key orders by ticket alone.
         let off = queue(None, &[(7, 0), (3, 0)]);
-        assert_eq!(off.head_key(), Some(head_key(0, 0)));
+        assert_eq!(off.waiters.head_key(), Some(head_key(0, 0)));
     }
 
     #[test]
     fn switching_policy_keeps_every_waiter_in_arrival_order() {
-        let mut waiters = queue(None, &[(0, 0), (0, 0), (0, 0)]);
-        waiters.set_policy(Some(3), 1);
-        assert_eq!(waiters.bands(), 3);
+        let mut queue = queue(None, &[(0, 0), (0, 0), (0, 0)]);
+        queue.set_policy(Some(3), 1);
+        assert_eq!(queue.waiters.bands(), 3);
         assert_eq!(
-            waiters.head_key(),
+            queue.waiters.head_key(),
             Some(head_key(1, 0)),
-            "in the default band"
+            "in the default band, tagged in arrival order from turn 0"
         );
-        waiters.push(Class { band: 2, flow: 0 }, Waiter { ticket: 3, id: 3 });
-        waiters.set_policy(Some(3), 1);
-        assert_eq!(waiters.len(), 4, "the same policy changes nothing");
-        waiters.set_policy(None, 0);
-        assert_eq!(service_order(&mut waiters), [0, 1, 2, 3]);
+        queue.push(2, 0);
+        queue.set_policy(Some(3), 1);
+        assert_eq!(queue.waiters.len(), 4, "the same policy changes nothing");
+        queue.set_policy(None, 0);
+        assert_eq!(queue.service_order(), [0, 1, 2, 3]);
+        assert_eq!(
+            queue.clock.remembered(1) + queue.clock.remembered(2),
+            0,
+            "leaving the policy untagged every waiter: the bands are idle"
+        );
+    }
+
+    /// What the clock hands out: (what, steps, the tag of each arrival in order).
+    #[test]
+    fn the_fair_clock_tags_each_turn() {
+        #[derive(Clone, Copy)]
+        enum Op {
+            /// A request of (band, flow) arrives.
+            Arrive(u8, u64),
+            /// The request of the n-th arrival is served.
+            Served(usize),
+            /// The request of the n-th arrival leaves unserved.
+            Gone(usize),
+        }
+        use Op::*;
+        let table: &[(&str, &[Op], &[u64])] = &[
+            (
+                "a flow's requests take consecutive turns",
+                &[Arrive(0, 1), Arrive(0, 1), Arrive(0, 1)],
+                &[0, 1, 2],
+            ),
+            (
+                "a newcomer takes the turn being served",
+                &[
+                    Arrive(0, 1),
+                    Arrive(0, 1),
+                    Arrive(0, 1),
+                    Served(0),
+                    Served(1),
+                    Arrive(0, 2),
+                ],
+                &[0, 1, 2, 1],
+            ),
+            (
+                "a flow served in this turn comes back in the next",
+                &[
+                    Arrive(0, 1),
+                    Arrive(0, 2),
+                    Arrive(0, 2),
+                    Served(0),
+                    Arrive(0, 1),
+                ],
+                &[0, 0, 1, 1],
+            ),
+            (
+                "bands keep their own turns",
+                &[
+                    Arrive(1, 1),
+                    Arrive(1, 1),
+                    Served(0),
+                    Served(1),
+                    Arrive(1, 2),
+                    Arrive(0, 2),
+                ],
+                &[0, 1, 2, 0],
+            ),
+            (
+                "an idle band starts every flow afresh",
+                &[
+                    Arrive(0, 1),
+                    Arrive(0, 1),
+                    Arrive(0, 2),
+                    Served(0),
+                    Gone(1),
+                    Served(2),
+                    Arrive(0, 1),
+                    Arrive(0, 2),
+                ],
+                &[0, 1, 0, 2, 2],
+            ),
+        ];
+        for &(what, ops, expected) in table {
+            let mut clock = FairClock::default();
+            let mut arrivals: Vec<(u8, u64)> = Vec::new();
+            for &op in ops {
+                match op {
+                    Arrive(band, flow) => {
+                        let tag = clock.arrive(Class { band, flow });
+                        arrivals.push((band, tag));
+                    }
+                    Served(n) => clock.served(arrivals[n].0, arrivals[n].1),
+                    Gone(n) => clock.gone(arrivals[n].0),
+                }
+            }
+            let tags: Vec<u64> = arrivals.iter().map(|&(_, tag)| tag).collect();
+            assert_eq!(tags, expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_fair_clock_forgets_flows_it_no_longer_needs() {
+        let mut clock = FairClock::default();
+        let shared = Class { band: 0, flow: 0 };
+        // Flow 0 was served in turn 0 and waits in turn 1, so the band never idles; meanwhile
+        // 100 000 new flows arrive one at a time and are served in turn 0, each remembered as
+        // served in it (finish 1 > V = 0) until the turn is closed early.
+        let first = clock.arrive(shared);
+        let second = clock.arrive(shared);
+        clock.served(0, first);
+        let mut most = 0;
+        for flow in 1..100_000 {
+            let tag = clock.arrive(Class { band: 0, flow });
+            clock.served(0, tag);
+            most = most.max(clock.remembered(0));
+        }
+        assert!(
+            most <= 2 * REMEMBERED_FLOWS + FIRST_SWEEP,
+            "{most} flows remembered"
+        );
+        assert!(most > REMEMBERED_FLOWS, "the early close was not reached");
+        // Flow 0's second request is served: the band is idle and forgets every flow.
+        clock.served(0, second);
+        assert_eq!(clock.remembered(0), 0);
+    }
+
+    proptest::proptest! {
+        /// Sweeping is exact below `REMEMBERED_FLOWS`: the clock hands out the tags a clock
+        /// that remembers every flow would, whatever arrives, is served or leaves.
+        #[test]
+        fn sweeping_the_fair_clock_changes_no_tag(
+            ops in proptest::collection::vec((0..3u8, 0..300u64, 0..4u8), 1..2000),
+        ) {
+            let mut clock = FairClock::default();
+            // The reference: every flow's finish kept, the same formulas.
+            let mut virtual_time = 0u64;
+            let mut finish: std::collections::HashMap<u64, u64> = Default::default();
+            let mut waiting: Vec<u64> = Vec::new();
+            for (kind, flow, pick) in ops {
+                if kind == 0 || waiting.is_empty() {
+                    let tag = clock.arrive(Class { band: 0, flow });
+                    let reference = finish.get(&flow).copied().unwrap_or(0).max(virtual_time);
+                    finish.insert(flow, reference + 1);
+                    proptest::prop_assert_eq!(tag, reference);
+                    waiting.push(tag);
+                } else {
+                    let at = usize::from(pick) % waiting.len();
+                    let tag = waiting.swap_remove(at);
+                    if kind == 1 {
+                        clock.served(0, tag);
+                        virtual_time = virtual_time.max(tag);
+                    } else {
+                        clock.gone(0);
+                    }
+                    if waiting.is_empty() {
+                        virtual_time = finish.values().copied().max().unwrap_or(0).max(virtual_time);
+                        finish.clear();
+                    }
+                }
+            }
+        }
     }
 }

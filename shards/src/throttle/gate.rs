@@ -5,11 +5,13 @@
 //! them in any order a simulation picks.
 //!
 //! Shared state per revision ([`RevisionGate`]): a ticket dispenser giving every queued
-//! request its place in arrival order, the number of waiters on all shards, and for each shard
-//! the key of the waiter it would serve next: its band's rank, then its ticket
-//! (`discipline::head_key`; without a priority policy every waiter is in one band, so the key
-//! orders by ticket alone). Each shard keeps its own waiters ([`LocalQueue`]) in its revision's
-//! discipline (`discipline::Waiters`: FIFO, or bands and flows).
+//! request its place in arrival order, the number of waiters on all shards, for each shard the
+//! key of the waiter it would serve next (`discipline::head_key`: its band's rank, then its
+//! ticket without a priority policy, where every waiter is in one band so the key orders by
+//! ticket alone, or its start tag with one), and, used only under a policy, the fair clock that
+//! hands out start tags (`discipline::FairClock`, behind a lock). Each shard keeps its own
+//! waiters ([`LocalQueue`]) in its revision's discipline (`discipline::Waiters`: FIFO, or bands
+//! and flows ordered by tag).
 //! Shared by the gates of every revision: the process-wide count of waiters ([`ProcessQueue`]).
 //!
 //! The rules, and the invariant each one keeps:
@@ -28,12 +30,17 @@
 //!   `SeqCst`: the total order of `SeqCst` accesses says nothing about it, so without the fences
 //!   the C11 model (and loom, which checks this under `--cfg loom`) allows both sides to miss
 //!   each other.
-//! * **Highest band first, then oldest, within a bounded error.** A dispatch serves the shard
-//!   whose next waiter has the lowest key: a waiter of a higher band on any shard goes before
-//!   every waiter of a lower band, and within a band the lowest ticket goes first (across
-//!   flows, round robin holds per shard: each shard publishes the flow whose turn it is). Two dispatchers racing may both pick the same shard; the surplus
-//!   grant finds the next waiter there, or none and is released and re-dispatched. So a waiter
-//!   can be overtaken only by waiters served through grants that were in flight at that moment.
+//! * **Highest band first, then oldest (or fairest), within a bounded error.** A dispatch
+//!   serves the shard whose next waiter has the lowest key: a waiter of a higher band on any
+//!   shard goes before every waiter of a lower band. Within a band, without a policy, the lowest
+//!   ticket goes first: arrival order across shards. With one, the lowest start tag goes first:
+//!   tags come from one clock for every shard, so start-time fair queuing holds across the
+//!   process (every flow waiting on any shard takes its turn `t` before any takes `t + 1`, and a
+//!   flow's first request waits behind at most one request of each other flow; equal tags on
+//!   two shards go to the lower shard). Two dispatchers racing may both pick the same shard;
+//!   the surplus grant finds the next waiter there, or none and is released and re-dispatched.
+//!   So a waiter can be overtaken only by waiters served through grants that were in flight at
+//!   that moment.
 //! * **No slot is stranded.** A slot travels inside a grant; whoever receives a grant either
 //!   hands it to a waiter or releases it and dispatches again.
 //! * **Bounded.** A per-revision depth ([`QueueLimits`]) and a process-wide cap on waiters shared
@@ -46,6 +53,11 @@
 //!   shares (a place taken there even briefly could refuse another revision's request). Every
 //!   pop and every cancel gives both places back. The fast path (nobody waiting, a slot free)
 //!   touches neither count and runs no fence.
+//! * **The fair clock is off the FIFO path.** Without a policy no call locks it. With one, a
+//!   shard locks it to tag a waiter (taking the ticket under the same lock, so that a flow's
+//!   tags and tickets rise together: FCFS within a flow across shards), to report one served
+//!   (raising the band's virtual time) or gone, and to switch policy. It orders waiters only:
+//!   the counts, heads and fences above decide who may take a slot, whatever the tags say.
 //! * **Shedding keeps the bounds.** Under a priority policy, an arrival refused by either bound
 //!   takes the place of the newest waiter of the lowest lower band *on its own shard*, which is
 //!   answered 503: the places pass from one to the other and no count moves. A lower-band
@@ -56,18 +68,22 @@ use std::sync::Arc;
 use crossbeam_utils::CachePadded;
 
 pub use super::discipline::{Class, WaiterId};
-use super::discipline::{Waiter, Waiters};
+use super::discipline::{FairClock, Waiters};
 
-use self::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use self::sync::{fence, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 
-/// The gate's atomics: loom's when model-checking (`RUSTFLAGS="--cfg loom"`, see `loom_tests`),
-/// std's otherwise. loom is only a dev-dependency, so its atomics are used only in test builds;
-/// a `--cfg loom` build of the library proper keeps std's.
+/// The gate's atomics and lock: loom's when model-checking (`RUSTFLAGS="--cfg loom"`, see
+/// `loom_tests`), std's otherwise. loom is only a dev-dependency, so its types are used only in
+/// test builds; a `--cfg loom` build of the library proper keeps std's.
 mod sync {
     #[cfg(all(loom, test))]
     pub(super) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    #[cfg(all(loom, test))]
+    pub(super) use loom::sync::{Mutex, MutexGuard};
     #[cfg(not(all(loom, test)))]
     pub(super) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    #[cfg(not(all(loom, test)))]
+    pub(super) use std::sync::{Mutex, MutexGuard};
 }
 
 /// No waiter on a shard.
@@ -137,6 +153,10 @@ pub struct RevisionGate {
     /// Per shard: the key (`discipline::head_key`) of the waiter it would serve next, or `NONE`.
     heads: Box<[CachePadded<AtomicU64>]>,
     process: Arc<ProcessQueue>,
+    /// Start-time fair queuing tags for the priority policy's waiters, shared by every shard so
+    /// that fairness holds across them. Locked only under a policy, and only to tag a waiter,
+    /// untag one (served, cancelled, shed) or switch policy: never on the FIFO path.
+    fair: Mutex<FairClock>,
 }
 
 impl RevisionGate {
@@ -157,7 +177,17 @@ impl RevisionGate {
                 .map(|_| CachePadded::new(AtomicU64::new(NONE)))
                 .collect(),
             process,
+            fair: Mutex::new(FairClock::default()),
         }
+    }
+
+    /// The revision's fair clock, locked. Held for a few map operations at most, by one shard
+    /// at a time; no other lock is taken while it is held. A poisoned lock (a panic while held)
+    /// still gives the clock: at worst some tags are off, which orders waiters, never admits.
+    fn fair_clock(&self) -> MutexGuard<'_, FairClock> {
+        self.fair
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The process-wide queue this revision's waiters count against.
@@ -277,7 +307,8 @@ impl LocalQueue {
     /// The revision's priority policy: `Some(bands)`, or `None` for arrival order. Waiters
     /// already queued keep their places (`Waiters::set_policy`); the head is published again.
     pub fn set_policy(&mut self, gate: &RevisionGate, bands: Option<u8>, default_band: u8) {
-        self.waiters.set_policy(bands, default_band);
+        self.waiters
+            .set_policy(bands, default_band, || gate.fair_clock());
         self.publish_head(gate);
     }
 
@@ -314,15 +345,19 @@ impl LocalQueue {
         if !gate.reserve(limits) {
             // Full. The shed waiter's places, in the revision and in the process, pass to this
             // request without being given back, so neither count moves, not even for an instant.
-            let Some(shed) = self.waiters.shed_below(class.band) else {
+            let Some(shed) = self.waiters.shed_below(class.band, || gate.fair_clock()) else {
                 return Admission::Rejected;
             };
             effects.push(Effect::Shed { waiter: shed.id });
         }
-        let ticket = gate.next_ticket.fetch_add(1, Ordering::SeqCst);
         let id = self.next_id;
         self.next_id += 1;
-        self.waiters.push(class, Waiter { ticket, id });
+        self.waiters.push(
+            class,
+            id,
+            || gate.next_ticket.fetch_add(1, Ordering::SeqCst),
+            || gate.fair_clock(),
+        );
         self.publish_head(gate);
         // Counted as waiting and published before this dispatch (which opens with the fence)
         // looks for a slot: see "No lost wake-up".
@@ -388,7 +423,7 @@ impl LocalQueue {
 
     /// A waiter gave up (client gone, timeout): its place is freed at once.
     pub fn cancel(&mut self, gate: &RevisionGate, waiter: WaiterId) -> bool {
-        if !self.waiters.remove(waiter) {
+        if !self.waiters.remove(waiter, || gate.fair_clock()) {
             return false;
         }
         gate.unreserve();
@@ -402,7 +437,7 @@ impl LocalQueue {
     /// Returns how many left.
     pub fn cancel_all(&mut self, gate: &RevisionGate) -> usize {
         let left = self.waiters.len();
-        for _ in self.waiters.drain() {
+        for _ in self.waiters.drain(|| gate.fair_clock()) {
             gate.unreserve();
         }
         self.publish_head(gate);
@@ -410,7 +445,7 @@ impl LocalQueue {
     }
 
     fn pop_oldest(&mut self, gate: &RevisionGate) -> Option<WaiterId> {
-        let waiter = self.waiters.pop()?;
+        let waiter = self.waiters.pop(|| gate.fair_clock())?;
         gate.unreserve();
         self.publish_head(gate);
         Some(waiter.id)
@@ -427,7 +462,7 @@ mod tests {
     use super::*;
     use crate::throttle::slots::PodSlots;
     use proptest::prelude::*;
-    use std::collections::{BTreeMap, HashSet};
+    use std::collections::{BTreeMap, HashMap, HashSet};
 
     const LIMITS: QueueLimits = QueueLimits {
         revision_depth: 1000,
@@ -820,6 +855,8 @@ mod tests {
         ArriveRacing(usize, usize),
         /// An arrival of a band (flow 0).
         ArriveAs(usize, u8),
+        /// An arrival of a band and a flow.
+        ArriveFlow(usize, u8, u64),
         Finish(usize),
         Deliver(usize),
         Cancel(usize),
@@ -833,6 +870,7 @@ mod tests {
             match *self {
                 Step::Arrive(shard) => Step::Arrive(shard % shards),
                 Step::ArriveAs(shard, band) => Step::ArriveAs(shard % shards, band),
+                Step::ArriveFlow(shard, band, flow) => Step::ArriveFlow(shard % shards, band, flow),
                 Step::ArriveRacing(shard, pick) => Step::ArriveRacing(shard % shards, pick),
                 ref other => other.clone(),
             }
@@ -869,6 +907,17 @@ mod tests {
         /// Waiters that lost their place to a higher band.
         shed: u64,
         served: HashSet<(usize, WaiterId)>,
+        /// The flow of each queued request that arrived with one (`Step::ArriveFlow`).
+        flow_of: HashMap<(usize, WaiterId), u64>,
+        /// Requests starting to wait and being served, in order, by (band, flow).
+        log: Vec<Fairness>,
+    }
+
+    /// An entry of [`Revision::log`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Fairness {
+        Waits { band: u8, flow: u64 },
+        Served { band: u8, flow: u64 },
     }
 
     impl Revision {
@@ -883,6 +932,7 @@ mod tests {
                             self.queued.remove(&(shard, waiter)).is_some(),
                             "shed a request that was not waiting"
                         );
+                        self.flow_of.remove(&(shard, waiter));
                         self.shed += 1;
                     }
                 }
@@ -903,6 +953,8 @@ mod tests {
                 .remove(&(shard, waiter))
                 .expect("a woken waiter was queued and not yet served");
             assert!(self.served.insert((shard, waiter)), "served twice");
+            let flow = self.flow_of.remove(&(shard, waiter)).unwrap_or(0);
+            self.log.push(Fairness::Served { band, flow });
             self.running.push((shard, pod));
             self.queued
                 .values()
@@ -1023,6 +1075,8 @@ mod tests {
                     bands: None,
                     shed: 0,
                     served: HashSet::new(),
+                    flow_of: HashMap::new(),
+                    log: Vec::new(),
                 })
                 .collect();
             Simulation {
@@ -1075,6 +1129,24 @@ mod tests {
                     );
                     self.record_arrival(revision, shard, band, before, admission, effects);
                 }
+                Step::ArriveFlow(shard, band, flow) => {
+                    let shard = shard % shards;
+                    let pods = &rev.pods;
+                    let admission = rev.queues[shard].admit_as(
+                        &rev.gate,
+                        rev.limits,
+                        Class { band, flow },
+                        || pods.iter().position(PodSlots::try_acquire),
+                        &mut effects,
+                    );
+                    if let Admission::Queued(id) = admission {
+                        // Before the effects, which may serve this very waiter.
+                        rev.flow_of.insert((shard, id), flow);
+                        let band = rev.band_of(band);
+                        rev.log.push(Fairness::Waits { band, flow });
+                    }
+                    self.record_arrival(revision, shard, band, before, admission, effects);
+                }
                 Step::ArriveRacing(shard, pick) => {
                     let shard = shard % shards;
                     let gate = &rev.gate;
@@ -1116,6 +1188,7 @@ mod tests {
                     let &(shard, waiter) = rev.queued.keys().nth(pick % rev.queued.len()).unwrap();
                     assert!(rev.queues[shard].cancel(&rev.gate, waiter));
                     rev.queued.remove(&(shard, waiter));
+                    rev.flow_of.remove(&(shard, waiter));
                 }
                 _ => {}
             }
@@ -1245,6 +1318,163 @@ mod tests {
         }
     }
 
+    /// Checks start-time fair queuing's bounds in a log of a run where grants were delivered at
+    /// once and no waiter left except by being served. Within each band:
+    ///
+    /// * Two flows that both have waiters over a stretch of the run are served counts that
+    ///   differ by at most two there: one turn's request each (the turn under way when the
+    ///   stretch began may already have served one of them and not yet the other).
+    /// * A flow that starts waiting for the first time is, for as long as it keeps waiting,
+    ///   never served fewer than any other flow less one: another flow may take its turn's
+    ///   request first, never a second one.
+    fn check_fairness(log: &[Fairness]) {
+        type Flow = (u8, u64);
+        let mut waiting: HashMap<Flow, usize> = HashMap::new();
+        let mut served: HashMap<Flow, u64> = HashMap::new();
+        let mut seen: HashSet<Flow> = HashSet::new();
+        // Per pair of flows waiting together: their served counts when the stretch began.
+        let mut together: HashMap<(Flow, Flow), (u64, u64)> = HashMap::new();
+        // Per newcomer still waiting: every flow's served count when it arrived.
+        let mut newcomers: HashMap<Flow, HashMap<Flow, u64>> = HashMap::new();
+        for (at, &event) in log.iter().enumerate() {
+            match event {
+                Fairness::Waits { band, flow } => {
+                    let flow = (band, flow);
+                    let count = waiting.entry(flow).or_default();
+                    *count += 1;
+                    if *count == 1 {
+                        for (&other, &others) in &waiting {
+                            if other != flow && other.0 == band && others > 0 {
+                                let counts = (served_of(&served, flow), served_of(&served, other));
+                                together.insert((flow, other), counts);
+                                together.insert((other, flow), (counts.1, counts.0));
+                            }
+                        }
+                    }
+                    if seen.insert(flow) {
+                        newcomers.insert(flow, served.clone());
+                    }
+                }
+                Fairness::Served { band, flow } => {
+                    let flow = (band, flow);
+                    *served.entry(flow).or_default() += 1;
+                    for (&(one, other), &(from_one, from_other)) in &together {
+                        if one == flow {
+                            let ahead = (served[&one] - from_one) as i64
+                                - (served_of(&served, other) - from_other) as i64;
+                            assert!(
+                                ahead <= 2,
+                                "event {at}: flow {one:?} served {ahead} more than {other:?} while both waited"
+                            );
+                        }
+                    }
+                    for (&newcomer, since) in &newcomers {
+                        if newcomer != flow && newcomer.0 == band {
+                            let own = served_of(&served, newcomer)
+                                - since.get(&newcomer).copied().unwrap_or(0);
+                            let theirs = served[&flow] - since.get(&flow).copied().unwrap_or(0);
+                            assert!(
+                                theirs <= own + 1,
+                                "event {at}: flow {flow:?} served {theirs} since newcomer {newcomer:?} arrived, which was served {own}"
+                            );
+                        }
+                    }
+                    let count = waiting.get_mut(&flow).expect("served a flow not waiting");
+                    *count -= 1;
+                    if *count == 0 {
+                        together.retain(|&(one, other), _| one != flow && other != flow);
+                        newcomers.remove(&flow);
+                    }
+                }
+            }
+        }
+    }
+
+    fn served_of(served: &HashMap<(u8, u64), u64>, flow: (u8, u64)) -> u64 {
+        served.get(&flow).copied().unwrap_or(0)
+    }
+
+    /// Serves one request at a time, grants delivered at once, until `done` holds; returns the
+    /// log from there.
+    fn serve_until(simulation: &mut Simulation, mut done: impl FnMut(&[Fairness]) -> bool) {
+        while !done(&simulation.revisions[0].log) {
+            assert!(
+                !simulation.revisions[0].running.is_empty(),
+                "nothing left to serve"
+            );
+            simulation.step(0, &Step::Finish(0));
+            let rev = &mut simulation.revisions[0];
+            while let Some((shard, pod)) = rev.in_transit.pop() {
+                simulation.overtakes += rev.deliver(shard, pod);
+            }
+        }
+    }
+
+    /// Issue 27's "a tenant that queues 5 000 requests does not delay another tenant's first
+    /// request by more than one service turn", across shards: backlogs spread over every shard,
+    /// then a newcomer on one; one pod with one slot.
+    #[test]
+    fn a_backlog_on_every_shard_delays_a_newcomers_first_request_by_one_turn() {
+        // (what, shards, backlogged flows and their requests, the newcomer's shard, most
+        // requests served between its arrival and its own: one per other flow waiting)
+        type Row = (&'static str, usize, &'static [(u64, usize)], usize, usize);
+        let table: &[Row] = &[
+            (
+                "A's 500 over two shards, B on shard 1",
+                2,
+                &[(1, 500)],
+                1,
+                1,
+            ),
+            (
+                "A's 500 over two shards, B on shard 0",
+                2,
+                &[(1, 500)],
+                0,
+                1,
+            ),
+            (
+                "A's and C's 200 over three shards, B on shard 2",
+                3,
+                &[(1, 200), (3, 200)],
+                2,
+                2,
+            ),
+            ("one shard", 1, &[(1, 500)], 0, 1),
+        ];
+        for &(what, shards, backlog, newcomer_shard, most) in table {
+            let mut simulation = Simulation::new(shards, &[1]).with_bands(1);
+            // Flow 0's request takes the slot; everything after it waits.
+            simulation.step(0, &Step::ArriveFlow(0, 0, 0));
+            let mut arrival = 0;
+            for round in 0..backlog.iter().map(|&(_, count)| count).max().unwrap_or(0) {
+                for &(flow, count) in backlog {
+                    if round < count {
+                        simulation.step(0, &Step::ArriveFlow(arrival % shards, 0, flow));
+                        arrival += 1;
+                    }
+                }
+            }
+            let newcomer = 2;
+            simulation.step(0, &Step::ArriveFlow(newcomer_shard, 0, newcomer));
+            let arrived = simulation.revisions[0].log.len();
+            serve_until(&mut simulation, |log| {
+                log.contains(&Fairness::Served {
+                    band: 0,
+                    flow: newcomer,
+                })
+            });
+            let ahead = simulation.revisions[0].log[arrived..].len() - 1;
+            assert!(
+                ahead <= most,
+                "{what}: the newcomer waited behind {ahead} requests (at most {most})"
+            );
+            simulation.drain();
+            simulation.assert_all_served();
+            check_fairness(&simulation.revisions[0].log);
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -1344,6 +1574,32 @@ mod tests {
             simulation.drain();
             prop_assert_eq!(simulation.overtakes, 0, "served past a higher band or an older waiter");
             simulation.assert_all_served();
+        }
+
+        /// Under a priority policy, with grants delivered at once, flows of two bands arriving
+        /// on any shard: across shards, within each band, a flow is never served more than one
+        /// turn ahead of another flow that waits (`check_fairness`).
+        #[test]
+        fn prompt_delivery_shares_each_band_fairly_across_shards(
+            shards in 1..5usize,
+            steps in prop::collection::vec(prop_oneof![
+                4 => (0..4usize, 0..2u8, 0..4u64)
+                    .prop_map(|(shard, band, flow)| Step::ArriveFlow(shard, band, flow)),
+                3 => (0..64usize).prop_map(Step::Finish),
+                1 => (0..4usize, 0..2usize).prop_map(|(shard, pod)| Step::Grow(shard, pod)),
+            ], 1..400),
+        ) {
+            let mut simulation = Simulation::new(shards, &[1, 1]).with_bands(2);
+            for step in &steps {
+                simulation.step(0, &step.on(shards));
+                let rev = &mut simulation.revisions[0];
+                while let Some((shard, pod)) = rev.in_transit.pop() {
+                    simulation.overtakes += rev.deliver(shard, pod);
+                }
+            }
+            simulation.drain();
+            simulation.assert_all_served();
+            check_fairness(&simulation.revisions[0].log);
         }
 
         /// Two revisions share one process queue, on up to four shards, in any interleaving:
@@ -1506,11 +1762,25 @@ mod loom_tests {
         }
 
         fn arrive_as(&mut self, world: &World, limits: QueueLimits, band: u8) -> Admission<()> {
+            self.arrive_class(world, limits, Class { band, flow: 0 })
+        }
+
+        /// An arrival of `flow` in band 0.
+        fn arrive_flow(&mut self, world: &World, flow: u64) -> Admission<()> {
+            self.arrive_class(world, LIMITS, Class { band: 0, flow })
+        }
+
+        fn arrive_class(
+            &mut self,
+            world: &World,
+            limits: QueueLimits,
+            class: Class,
+        ) -> Admission<()> {
             let mut effects = Vec::new();
             let admission = self.queue.admit_as(
                 &world.gate,
                 limits,
-                Class { band, flow: 0 },
+                class,
                 || world.pod.try_acquire(),
                 &mut effects,
             );
@@ -1651,6 +1921,34 @@ mod loom_tests {
         assert_eq!(world.gate.process_queue().queued(), 0);
         assert_eq!(world.gate.oldest_shard(), None);
         assert_eq!(world.pod.in_flight(), 0);
+    }
+
+    /// From the end of the threads: serves everything one at a time as `run_to_completion`
+    /// does, and returns who got the slot in which order, as (shard, waiter).
+    fn serve_in_turn(world: &World, shards: &mut [Shard]) -> Vec<(usize, WaiterId)> {
+        let mut order = Vec::new();
+        loop {
+            settle(world, shards);
+            check_quiet(world, shards);
+            for (index, shard) in shards.iter().enumerate() {
+                for &id in &shard.woken {
+                    if !order.contains(&(index, id)) {
+                        order.push((index, id));
+                    }
+                }
+            }
+            match shards.iter_mut().find(|shard| shard.running > 0) {
+                Some(shard) => shard.finish(world),
+                None => break,
+            }
+        }
+        for shard in shards.iter() {
+            for id in &shard.queued {
+                let woken = shard.woken.iter().filter(|&woken| woken == id).count();
+                assert_eq!(woken, 1, "request {id} on shard {}", shard.index);
+            }
+        }
+        order
     }
 
     /// Runs `zero` and `one` as shards 0 and 1 from the given state, then to completion.
@@ -1797,23 +2095,7 @@ mod loom_tests {
                 shard
             });
             let mut shards = [high.join().unwrap(), low.join().unwrap()];
-            // Serve everything one at a time, noting who got the slot in which order.
-            let mut order = Vec::new();
-            loop {
-                settle(&world, &mut shards);
-                check_quiet(&world, &shards);
-                for (index, shard) in shards.iter().enumerate() {
-                    for &id in &shard.woken {
-                        if !order.contains(&(index, id)) {
-                            order.push((index, id));
-                        }
-                    }
-                }
-                match shards.iter_mut().find(|shard| shard.running > 0) {
-                    Some(shard) => shard.finish(&world),
-                    None => break,
-                }
-            }
+            let order = serve_in_turn(&world, &mut shards);
             let high_at = order.iter().position(|&served| served == (0, 0));
             assert!(
                 matches!(high_at, Some(0 | 1)),
@@ -1849,6 +2131,49 @@ mod loom_tests {
                 },
                 |shard, world| shard.finish(world),
             );
+        });
+    }
+
+    /// Cross-shard fairness under the lock: one band, two flows. Flow 1 already waits on shard 1
+    /// (turn 0). Shard 0 queues flow 2's first request and then its running request ends, while
+    /// shard 1 queues flow 1's second (turn 1). Every request is woken once, the slot is never
+    /// held twice nor left free with a waiter, and flow 1's second request is never served
+    /// before flow 2's first (the turn order holds across shards even with the release racing
+    /// the tagging).
+    #[test]
+    fn loom_two_flows_on_two_shards_take_turns() {
+        loom::model(|| {
+            let world = World::new();
+            let mut shards = [Shard::banded(0, &world), Shard::banded(1, &world)];
+            shards[0].running = 1;
+            assert_eq!(shards[1].arrive_flow(&world, 1), Admission::Queued(0));
+            let [first, second] = shards;
+            let shared = world.clone();
+            let zero = thread::spawn(move || {
+                let mut shard = first;
+                assert_eq!(shard.arrive_flow(&shared, 2), Admission::Queued(0));
+                shard.finish(&shared);
+                shard.receive_grants(&shared);
+                shard
+            });
+            let shared = world.clone();
+            let one = thread::spawn(move || {
+                let mut shard = second;
+                assert_eq!(shard.arrive_flow(&shared, 1), Admission::Queued(1));
+                shard.receive_grants(&shared);
+                shard
+            });
+            let mut shards = [zero.join().unwrap(), one.join().unwrap()];
+            let order = serve_in_turn(&world, &mut shards);
+            let served = |request| order.iter().position(|&served| served == request);
+            let newcomer = served((0, 0)).expect("flow 2's request was served");
+            let second_turn = served((1, 1)).expect("flow 1's second request was served");
+            assert!(
+                newcomer < second_turn,
+                "flow 1's second request went before flow 2's first: {order:?}"
+            );
+            assert_eq!(world.gate.waiting(), 0);
+            assert_eq!(world.gate.oldest_shard(), None);
         });
     }
 
