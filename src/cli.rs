@@ -121,6 +121,15 @@ pub struct QueueProxyArgs {
         default_value = "0.0.0.0:8022"
     )]
     pub drain_admin: SocketAddr,
+
+    /// Address of the autoscaler metrics `/metrics` (upstream's `http-autometric` port, 9090),
+    /// which Knative's autoscaler scrapes. Change it only outside Knative.
+    #[arg(
+        long,
+        env = "KACTIVATOR_QUEUE_PROXY_AUTOSCALER_METRICS",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub autoscaler_metrics: SocketAddr,
 }
 
 #[derive(Debug, Args)]

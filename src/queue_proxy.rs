@@ -5,8 +5,9 @@
 //! What the role changes (`kactivator_shards::shard::Role::QueueProxy`): every request is for
 //! the pod's own revision and goes to `127.0.0.1:USER_PORT`; health checks are answered from the
 //! user container's readiness; one data port (`QUEUE_SERVING_PORT`, HTTP/1.1 and h2c), the
-//! drain hook on the admin port (`--drain-admin`, 8022), kactivator's own metrics and health on
-//! [`METRICS_PORT`]; one shard unless `--shards` says otherwise (a sidecar gets a fraction of a
+//! drain hook on the admin port (`--drain-admin`, 8022), the autoscaler's protobuf stat on
+//! `--autoscaler-metrics` (9090), upstream's request metrics with kactivator's own, and health,
+//! on [`METRICS_PORT`]; one shard unless `--shards` says otherwise (a sidecar gets a fraction of a
 //! core); upstream's breaker: at most containerConcurrency requests at the app, 10 × that
 //! waiting, more get 503 `pending request queue full`.
 
@@ -14,18 +15,18 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kactivator_control::config::{Config, RevisionConfig};
+use kactivator_control::config::{Config, MetricsComponent, RevisionConfig};
 use kactivator_control::features;
 use kactivator_control::queue_proxy::env::{self, EnvError};
 use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
-use kactivator_control::queue_proxy::{admin, readiness};
+use kactivator_control::queue_proxy::{admin, readiness, stat_server};
 use kactivator_shards::shard::{QueueProxyRole, Role};
 
 use crate::cli::{Cli, QueueProxyArgs};
 use crate::start::{self, RoleSetup, StartError};
 
-/// Upstream's user-metrics port (`http-usermetric`); here kactivator's `/metrics`, `/healthz`
-/// and `/readyz`.
+/// Upstream's user-metrics port (`http-usermetric`); here `/metrics` (upstream's queue-proxy
+/// names and kactivator's own), `/healthz` and `/readyz`.
 pub const METRICS_PORT: u16 = 9091;
 /// Upstream's quiet period: how long a draining queue-proxy keeps serving (`main.go`).
 pub const QUIET_PERIOD: Duration = Duration::from_secs(30);
@@ -59,22 +60,25 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         user: Arc::new(user),
     });
     let admin_addr = args.drain_admin;
+    let stats_addr = args.autoscaler_metrics;
+    let pod_name = env.pod.clone();
     let setup = RoleSetup {
         role,
         second_data_port: false,
         default_shards: Some(1),
         finds_autoscaler: false,
         pod_name: env.pod.clone(),
-        spawn_extra: Some(Box::new(move |runtime, drain| {
-            let listener = std::net::TcpListener::bind(admin_addr)
-                .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
-                .map_err(|source| StartError::Bind {
-                    addr: admin_addr,
-                    source,
-                })?;
+        spawn_extra: Some(Box::new(move |runtime, drain, shards| {
+            let listener = bind(admin_addr)?;
+            let stats_listener = bind(stats_addr)?;
             let _entered = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(listener)?;
             runtime.spawn(admin::serve(listener, drain.clone()));
+            stat_server::spawn(
+                tokio::net::TcpListener::from_std(stats_listener)?,
+                shards,
+                pod_name,
+            );
             runtime.spawn(prober.run());
             if let Some(pusher) = pusher {
                 runtime.spawn(pusher.run(edges, drain));
@@ -107,6 +111,12 @@ fn pusher_of(env: &env::QueueProxyEnv) -> Result<Option<Pusher>, EnvError> {
     })
 }
 
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {
+    std::net::TcpListener::bind(addr)
+        .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
 /// The activator configuration that makes the request path a queue-proxy: one revision whose
 /// one pod is the user container.
 fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
@@ -115,6 +125,9 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
     config.listen.http = SocketAddr::new(any, env.serving_port);
     config.listen.admin = SocketAddr::new(any, METRICS_PORT);
     config.proxy.drain_grace_seconds = drain_grace.unwrap_or(QUIET_PERIOD.as_secs());
+    config.metrics.component = MetricsComponent::QueueProxy {
+        queue_depth: env.container_concurrency > 0,
+    };
     // The pod is the user container: it is not taken out of routing on a failed connection
     // (the activator's quarantine probes a queue-proxy, which an app does not answer); a request
     // that cannot reach it tries again within its deadline.

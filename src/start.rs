@@ -318,11 +318,13 @@ pub fn run_with(
     run_as(cli, preset, RoleSetup::activator(cli), on_ready)
 }
 
-/// Runs on the control thread's runtime before it serves: a role's own servers, given the drain.
+/// Runs on the control thread's runtime before it serves: a role's own servers, given the drain
+/// and the shards' counters.
 pub type SpawnExtra = Box<
     dyn FnOnce(
         &tokio::runtime::Runtime,
         tokio::sync::watch::Receiver<DrainPhase>,
+        AllShardStats,
     ) -> Result<(), StartError>,
 >;
 
@@ -540,7 +542,7 @@ pub fn run_as(
     on_ready();
 
     if let Some(spawn_extra) = setup.spawn_extra {
-        spawn_extra(&runtime, control.drain_phase())?;
+        spawn_extra(&runtime, control.drain_phase(), stats.clone())?;
     }
     runtime.block_on(control.run(admin_listener))?;
     // The control thread's tasks keep running while the shards finish their requests: answers

@@ -71,6 +71,10 @@ impl QueueProxy {
             .arg("queue-proxy")
             .args(["--drain-admin", &drain_admin.to_string()])
             .args(["--admin", &metrics.to_string()])
+            .args([
+                "--autoscaler-metrics",
+                &format!("127.0.0.1:{}", free_port()),
+            ])
             .args(["--drain-grace-seconds", "1"])
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())

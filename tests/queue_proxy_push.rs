@@ -75,6 +75,10 @@ impl QueueProxy {
             .arg("queue-proxy")
             .args(["--drain-admin", &drain_admin])
             .args(["--admin", &metrics.to_string()])
+            .args([
+                "--autoscaler-metrics",
+                &format!("127.0.0.1:{}", free_port()),
+            ])
             // Long enough that the draining push is seen while the queue-proxy still serves.
             .args(["--drain-grace-seconds", "10"])
             .env_clear()

@@ -56,6 +56,21 @@ pub fn decode(frame: &[u8]) -> Result<WireStatMessages, DecodeError> {
     WireStatMessages::decode(frame)
 }
 
+/// A queue-proxy's stat as the bytes of its `:9090/metrics` body (served as
+/// [`PROTOBUF_CONTENT_TYPE`]).
+pub fn encode_stat(stat: &Stat) -> Vec<u8> {
+    stat.encode_to_vec()
+}
+
+/// A `:9090/metrics` body as a stat (what the autoscaler's scraper does with it).
+pub fn decode_stat(body: &[u8]) -> Result<Stat, DecodeError> {
+    Stat::decode(body)
+}
+
+/// The Content-Type of a protobuf stat, exactly as the autoscaler's scraper requires it
+/// (knative.dev/networking `header.ProtobufMIMEType`).
+pub const PROTOBUF_CONTENT_TYPE: &str = "application/protobuf";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +111,36 @@ mod tests {
             default_url("knative-serving", "cluster.local"),
             "ws://autoscaler.knative-serving.svc.cluster.local:8080"
         );
+    }
+
+    #[test]
+    fn a_queue_proxy_stat_has_every_field_on_the_wire() {
+        let stat = Stat {
+            pod_name: "p".into(),
+            average_concurrent_requests: 1.5,
+            average_proxied_concurrent_requests: 0.5,
+            request_count: 3.0,
+            proxied_request_count: 1.0,
+            process_uptime: 7.0,
+            timestamp: 0,
+        };
+        let expected = [
+            &[0x0a, 1][..],
+            b"p",
+            &[0x11],
+            &1.5f64.to_le_bytes(),
+            &[0x19],
+            &0.5f64.to_le_bytes(),
+            &[0x21],
+            &3.0f64.to_le_bytes(),
+            &[0x29],
+            &1.0f64.to_le_bytes(),
+            &[0x31],
+            &7.0f64.to_le_bytes(),
+        ]
+        .concat();
+        assert_eq!(encode_stat(&stat), expected);
+        assert_eq!(decode_stat(&expected).unwrap(), stat);
     }
 
     #[test]

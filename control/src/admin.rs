@@ -29,6 +29,8 @@ pub struct AdminState {
     pub readiness: Arc<Readiness>,
     /// Which metric names `/metrics` exports.
     pub metric_names: crate::config::MetricNames,
+    /// Whose request metrics they are (the role).
+    pub metrics_component: crate::config::MetricsComponent,
     /// The reporter's per-second concurrency of each revision, when a reporter runs.
     pub reported_concurrency: Option<crate::metrics::ReportedConcurrency>,
     /// `POST /quitquitquit` asks for what SIGTERM does: the drain, then the exit.
@@ -76,6 +78,7 @@ async fn handle(
                     &render_state.registry,
                     crate::metrics::RenderOptions {
                         names: render_state.metric_names,
+                        component: render_state.metrics_component,
                         reported_concurrency: render_state.reported_concurrency.as_ref(),
                     },
                 )
@@ -222,6 +225,7 @@ mod tests {
             worker: None,
             readiness: Arc::new(Readiness::new(false, false)),
             metric_names: crate::config::MetricNames::default(),
+            metrics_component: crate::config::MetricsComponent::default(),
             reported_concurrency: None,
             quit: tokio::sync::Notify::new(),
         });

@@ -147,12 +147,26 @@ impl MetricNames {
     }
 }
 
+/// Whose request metrics `/metrics` exports: upstream names them after the component.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MetricsComponent {
+    /// The activator's: `activator_request_*` (1.18), `kn_revision_request_*` (1.19+).
+    #[default]
+    Activator,
+    /// The queue-proxy's: `revision_request_*` (1.18), `kn_serving_*` (1.19+).
+    /// `queue_depth`: containerConcurrency ≥ 1, so upstream has a breaker and exports its depth.
+    QueueProxy { queue_depth: bool },
+}
+
 /// What `/metrics` exports.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSettings {
     /// `opencensus`, `opentelemetry` or `both`. Default: `both`.
     pub names: MetricNames,
+    /// Set by the role the binary runs as, never by the file. Default: the activator.
+    #[serde(skip)]
+    pub component: MetricsComponent,
 }
 
 // === [autoscaler] ===

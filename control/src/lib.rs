@@ -161,6 +161,7 @@ impl ControlPlane {
             reported_concurrency: config.autoscaler.url.as_ref().map(|_| Arc::default()),
             readiness,
             metric_names: config.metrics.names,
+            metrics_component: config.metrics.component,
             quit: tokio::sync::Notify::new(),
         });
         ControlPlane {

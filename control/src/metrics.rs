@@ -10,6 +10,8 @@ use kactivator_shards::metrics::{
     AllShardStats, Histogram, ShardStats, LATENCY_BUCKETS_MS, PRIORITY_BANDS,
 };
 use kactivator_shards::routing::RevisionLabels;
+
+use crate::config::MetricsComponent;
 use prometheus::{Encoder, TextEncoder};
 
 /// Per-code sums over shards.
@@ -69,6 +71,8 @@ pub type ReportedConcurrency = Arc<Mutex<BTreeMap<RevisionKey, f64>>>;
 #[derive(Clone, Copy, Default)]
 pub struct RenderOptions<'a> {
     pub names: crate::config::MetricNames,
+    /// Whose request metrics: the activator's or a queue-proxy's names.
+    pub component: crate::config::MetricsComponent,
     /// `Some` when a reporter runs: the concurrency gauges show its per-second averages, as
     /// upstream's do. `None`: they show the requests in flight at the scrape.
     pub reported_concurrency: Option<&'a ReportedConcurrency>,
@@ -108,23 +112,35 @@ pub fn render(
             None => totals.in_flight as f64,
         }
     };
-    if options.names.opencensus() {
-        render_requests(&mut out, &revisions, pod_name, &concurrency);
-        render_waits(
-            &mut out,
-            &revisions,
-            &|totals| base_labels(&totals.labels, pod_name),
-            WAIT_NAMES_OPENCENSUS,
-        );
-    }
-    if options.names.opentelemetry() {
-        render_requests_otel(&mut out, &revisions, &concurrency);
-        render_waits(
-            &mut out,
-            &revisions,
-            &|totals| otel_revision_labels(&totals.labels),
-            WAIT_NAMES_OPENTELEMETRY,
-        );
+    match options.component {
+        MetricsComponent::Activator => {
+            if options.names.opencensus() {
+                render_requests(&mut out, &revisions, pod_name, &concurrency);
+                render_waits(
+                    &mut out,
+                    &revisions,
+                    &|totals| base_labels(&totals.labels, pod_name),
+                    WAIT_NAMES_OPENCENSUS,
+                );
+            }
+            if options.names.opentelemetry() {
+                render_requests_otel(&mut out, &revisions, &concurrency);
+                render_waits(
+                    &mut out,
+                    &revisions,
+                    &|totals| otel_revision_labels(&totals.labels),
+                    WAIT_NAMES_OPENTELEMETRY,
+                );
+            }
+        }
+        MetricsComponent::QueueProxy { queue_depth } => {
+            if options.names.opencensus() {
+                render_queue_proxy(&mut out, &revisions, pod_name, queue_depth);
+            }
+            if options.names.opentelemetry() {
+                render_queue_proxy_otel(&mut out, &revisions, queue_depth);
+            }
+        }
     }
     render_queued(&mut out, &revisions, pod_name);
     render_priority(&mut out, &revisions, pod_name);
@@ -242,31 +258,108 @@ fn render_requests(
     for totals in revisions.values() {
         for (code, code_totals) in &totals.codes {
             let labels = code_labels(&totals.labels, pod_name, *code);
-            let mut cumulative = 0;
-            for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&code_totals.buckets) {
-                cumulative += count;
-                let _ = writeln!(
-                    out,
-                    "activator_request_latencies_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
-                );
-            }
-            cumulative += code_totals.buckets[LATENCY_BUCKETS_MS.len()];
+            histogram_ms(out, "activator_request_latencies", &labels, code_totals);
+        }
+    }
+}
+
+/// One histogram of latencies in milliseconds, upstream's buckets.
+fn histogram_ms(out: &mut String, name: &str, labels: &str, totals: &CodeTotals) {
+    let mut cumulative = 0;
+    for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&totals.buckets) {
+        cumulative += count;
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+    }
+    cumulative += totals.buckets[LATENCY_BUCKETS_MS.len()];
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(
+        out,
+        "{name}_sum{{{labels}}} {}",
+        totals.latency_sum_us as f64 / 1000.0
+    );
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", totals.count);
+}
+
+/// One histogram of latencies in seconds, on the same buckets as [`histogram_ms`].
+fn histogram_seconds(out: &mut String, name: &str, labels: &str, totals: &CodeTotals) {
+    let mut cumulative = 0;
+    for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&totals.buckets) {
+        cumulative += count;
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}",
+            *bound as f64 / 1000.0
+        );
+    }
+    cumulative += totals.buckets[LATENCY_BUCKETS_MS.len()];
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(
+        out,
+        "{name}_sum{{{labels}}} {}",
+        totals.latency_sum_us as f64 / 1_000_000.0
+    );
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", totals.count);
+}
+
+/// Knative 1.18's queue-proxy request metrics (`pkg/queue/request_metric.go`, component
+/// `revision`): the requests the queue-proxy received, by response code, and the requests in
+/// it (waiting or at the app) when it has a breaker.
+fn render_queue_proxy(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+    pod_name: &str,
+    queue_depth: bool,
+) {
+    out.push_str("# HELP revision_request_count The number of requests that are routed to queue-proxy\n# TYPE revision_request_count counter\n");
+    for totals in revisions.values() {
+        for (code, code_totals) in &totals.codes {
             let _ = writeln!(
                 out,
-                "activator_request_latencies_bucket{{{labels},le=\"+Inf\"}} {cumulative}"
-            );
-            let _ = writeln!(
-                out,
-                "activator_request_latencies_sum{{{labels}}} {}",
-                code_totals.latency_sum_us as f64 / 1000.0
-            );
-            let _ = writeln!(
-                out,
-                "activator_request_latencies_count{{{labels}}} {}",
+                "revision_request_count{{{}}} {}",
+                queue_proxy_code_labels(&totals.labels, pod_name, *code),
                 code_totals.count
             );
         }
     }
+    out.push_str("# HELP revision_request_latencies The response time in millisecond\n# TYPE revision_request_latencies histogram\n");
+    for totals in revisions.values() {
+        for (code, code_totals) in &totals.codes {
+            let labels = queue_proxy_code_labels(&totals.labels, pod_name, *code);
+            histogram_ms(out, "revision_request_latencies", &labels, code_totals);
+        }
+    }
+    if queue_depth {
+        out.push_str("# HELP revision_queue_depth The number of items queued at this queue proxy.\n# TYPE revision_queue_depth gauge\n");
+        for totals in revisions.values() {
+            let _ = writeln!(
+                out,
+                "revision_queue_depth{{{}}} {}",
+                queue_proxy_labels(&totals.labels, pod_name),
+                totals.in_flight
+            );
+        }
+    }
+}
+
+/// Knative 1.19+'s queue-proxy metrics as its Prometheus exporter names them: the server
+/// duration of the `queue` handler and, with a breaker, the queue depth.
+fn render_queue_proxy_otel(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+    queue_depth: bool,
+) {
+    if queue_depth {
+        out.push_str("# HELP kn_serving_queue_depth Number of current requests in the queue\n# TYPE kn_serving_queue_depth gauge\n");
+        for totals in revisions.values() {
+            let _ = writeln!(
+                out,
+                "kn_serving_queue_depth{{{}}} {}",
+                otel_labels(&totals.labels),
+                totals.in_flight
+            );
+        }
+    }
+    render_server_duration(out, revisions);
 }
 
 /// Knative 1.19+'s OpenTelemetry request metrics, named as its Prometheus exporter names them:
@@ -303,6 +396,14 @@ fn render_requests_otel(
             totals.in_flight.saturating_sub(totals.queued)
         );
     }
+    render_server_duration(out, revisions);
+}
+
+/// The OpenTelemetry HTTP server duration (`otelhttp`), per revision and response code.
+fn render_server_duration(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+) {
     out.push_str("# HELP http_server_request_duration_seconds Duration of HTTP server requests.\n# TYPE http_server_request_duration_seconds histogram\n");
     for totals in revisions.values() {
         for (code, code_totals) in &totals.codes {
@@ -310,29 +411,11 @@ fn render_requests_otel(
                 "{},http_response_status_code=\"{code}\"",
                 otel_labels(&totals.labels)
             );
-            let mut cumulative = 0;
-            for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&code_totals.buckets) {
-                cumulative += count;
-                let _ = writeln!(
-                    out,
-                    "http_server_request_duration_seconds_bucket{{{labels},le=\"{}\"}} {cumulative}",
-                    *bound as f64 / 1000.0
-                );
-            }
-            cumulative += code_totals.buckets[LATENCY_BUCKETS_MS.len()];
-            let _ = writeln!(
+            histogram_seconds(
                 out,
-                "http_server_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {cumulative}"
-            );
-            let _ = writeln!(
-                out,
-                "http_server_request_duration_seconds_sum{{{labels}}} {}",
-                code_totals.latency_sum_us as f64 / 1_000_000.0
-            );
-            let _ = writeln!(
-                out,
-                "http_server_request_duration_seconds_count{{{labels}}} {}",
-                code_totals.count
+                "http_server_request_duration_seconds",
+                &labels,
+                code_totals,
             );
         }
     }
@@ -660,6 +743,32 @@ fn base_labels(labels: &RevisionLabels, pod_name: &str) -> String {
     )
 }
 
+/// The constant labels of a queue-proxy's 1.18 metrics (`PodRevisionContext`, container
+/// `queue-proxy`; an empty service is `unknown`, as upstream's `valueOrUnknown`).
+fn queue_proxy_labels(labels: &RevisionLabels, pod_name: &str) -> String {
+    let service = if labels.service.is_empty() {
+        "unknown"
+    } else {
+        &labels.service
+    };
+    format!(
+        "configuration_name=\"{}\",container_name=\"queue-proxy\",namespace_name=\"{}\",pod_name=\"{}\",revision_name=\"{}\",service_name=\"{}\"",
+        escape(&labels.configuration),
+        escape(&labels.namespace),
+        escape(pod_name),
+        escape(&labels.revision),
+        escape(service)
+    )
+}
+
+fn queue_proxy_code_labels(labels: &RevisionLabels, pod_name: &str, code: u16) -> String {
+    format!(
+        "{},response_code=\"{code}\",response_code_class=\"{}xx\"",
+        queue_proxy_labels(labels, pod_name),
+        code / 100
+    )
+}
+
 /// The attributes upstream's OpenTelemetry request metrics carry, in Prometheus form.
 fn otel_labels(labels: &RevisionLabels) -> String {
     format!(
@@ -760,6 +869,7 @@ mod tests {
                 RenderOptions {
                     names,
                     reported_concurrency: reported,
+                    ..RenderOptions::default()
                 },
             )
         };
@@ -804,6 +914,69 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_proxy_exports_upstreams_queue_proxy_names_and_not_the_activators() {
+        use crate::config::MetricNames;
+        let stats: AllShardStats = Arc::from(vec![CachePadded::new(ShardStats::new(0))]);
+        let labels = RevisionLabels {
+            namespace: "ns".into(),
+            revision: "rev-1".into(),
+            service: String::new(),
+            configuration: "cfg".into(),
+        };
+        let block = stats[0].register_revision(labels, false);
+        block.record(200, 3_000);
+        block.record(503, 70_000);
+        block.load.arrive(0);
+        block.load.arrive(0);
+        let render_with = |names, queue_depth| {
+            render(
+                &stats,
+                "pod-1",
+                &prometheus::Registry::new(),
+                RenderOptions {
+                    names,
+                    component: MetricsComponent::QueueProxy { queue_depth },
+                    reported_concurrency: None,
+                },
+            )
+        };
+        let text = render_with(MetricNames::Both, true);
+        let base = "configuration_name=\"cfg\",container_name=\"queue-proxy\",namespace_name=\"ns\",pod_name=\"pod-1\",revision_name=\"rev-1\",service_name=\"unknown\"";
+        let attributes = "k8s_namespace_name=\"ns\",kn_configuration_name=\"cfg\",kn_revision_name=\"rev-1\",kn_service_name=\"\"";
+        for line in [
+            format!("revision_request_count{{{base},response_code=\"200\",response_code_class=\"2xx\"}} 1\n"),
+            format!("revision_request_count{{{base},response_code=\"503\",response_code_class=\"5xx\"}} 1\n"),
+            format!("revision_request_latencies_bucket{{{base},response_code=\"503\",response_code_class=\"5xx\",le=\"60\"}} 0\n"),
+            format!("revision_request_latencies_bucket{{{base},response_code=\"503\",response_code_class=\"5xx\",le=\"80\"}} 1\n"),
+            format!("revision_request_latencies_sum{{{base},response_code=\"503\",response_code_class=\"5xx\"}} 70\n"),
+            format!("revision_queue_depth{{{base}}} 2\n"),
+            format!("kn_serving_queue_depth{{{attributes}}} 2\n"),
+            format!("http_server_request_duration_seconds_count{{{attributes},http_response_status_code=\"200\"}} 1\n"),
+        ] {
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        assert!(!text.contains("activator_request"), "{text}");
+        assert!(!text.contains("kn_revision_request"), "{text}");
+        assert!(
+            text.contains("kactivator_shard_requests_total"),
+            "ours stay"
+        );
+        let unlimited = render_with(MetricNames::Both, false);
+        assert!(
+            !unlimited.contains("queue_depth"),
+            "no breaker, no depth (upstream records it only with one)"
+        );
+        let opencensus = render_with(MetricNames::Opencensus, true);
+        assert!(
+            opencensus.contains("revision_request_count{") && !opencensus.contains("kn_serving")
+        );
+        let otel = render_with(MetricNames::Opentelemetry, true);
+        assert!(
+            !otel.contains("revision_request_count") && otel.contains("kn_serving_queue_depth{")
+        );
+    }
+
+    #[test]
     fn waits_and_cold_starts_are_histograms_in_both_name_sets_summed_over_shards() {
         use crate::config::MetricNames;
         let stats: AllShardStats = Arc::from(vec![
@@ -834,6 +1007,7 @@ mod tests {
             RenderOptions {
                 names: MetricNames::Both,
                 reported_concurrency: None,
+                ..RenderOptions::default()
             },
         );
         let base = "configuration_name=\"cfg\",container_name=\"activator\",namespace_name=\"ns\",pod_name=\"activator-0\",revision_name=\"rev-1\",service_name=\"svc\"";
@@ -862,6 +1036,7 @@ mod tests {
             RenderOptions {
                 names: MetricNames::Opencensus,
                 reported_concurrency: None,
+                ..RenderOptions::default()
             },
         );
         assert!(

@@ -338,6 +338,10 @@ pub struct RevisionCounters {
     /// Requests of this revision in this shard (queued or proxied), their arrivals and the
     /// time integral, for the autoscaler and the concurrency gauge.
     pub load: Load,
+    /// The part of [`RevisionCounters::load`] that came through an activator (`K-Proxy-Request:
+    /// activator`), counted only by the queue-proxy role: what Knative's autoscaler subtracts,
+    /// since the activator reports those requests itself.
+    pub proxied: Load,
     /// Requests of this revision waiting in this shard's queue for a pod slot.
     pub queued: Gauge,
     /// Allocated by the shard's first wait for the revision, as `slots` are: most revisions
@@ -360,6 +364,7 @@ impl RevisionCounters {
             slots: OnceLock::new(),
             overflow: Counter::default(),
             load: Load::default(),
+            proxied: Load::default(),
             queued: Gauge::default(),
             waits: OnceLock::new(),
             priority: OnceLock::new(),

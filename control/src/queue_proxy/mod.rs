@@ -6,8 +6,12 @@
 //!   off the request path.
 //! * [`admin`]: the admin port's `/wait-for-drain`.
 //! * [`push`]: the Cerebrium fork's push of this pod's events to the activator.
+//! * [`stats`]: the autoscaler's `Stat` of the pod's load, window by window (sans-IO), and
+//!   [`stat_server`]: the ticker that makes it and the `:9090/metrics` that serves it.
 
 pub mod admin;
 pub mod env;
 pub mod push;
 pub mod readiness;
+pub mod stat_server;
+pub mod stats;

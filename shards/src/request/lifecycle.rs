@@ -29,7 +29,7 @@ use super::outcome::{
 use super::policy::{Edits, WaitNote};
 use super::probes;
 use super::retry::may_retry;
-use super::tally::Tally;
+use super::tally::{self, Tally};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
 use crate::shard::{Role, Shard};
@@ -174,11 +174,12 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     };
     // Read before `prepare`, which lets go of the fields; the default class without a policy.
     let class = revision.classify(&front.headers(), &shard.stats().priority_invalid);
+    let proxied = tally::proxied(&shard.settings.role, &front.headers());
     front.prepare(match shard.settings.role {
         Role::Activator => Edits::Activator,
         Role::QueueProxy(_) => Edits::QueueProxy,
     });
-    let tally = Tally::arrive(shard, &revision, arrival);
+    let tally = Tally::arrive(shard, &revision, arrival, proxied);
     let mut note = None;
     let ended = proxy(shard, front, &revision, class, arrival, &mut note).await;
     // What the activator tells the client of its waits; the queue-proxy role tells nothing.

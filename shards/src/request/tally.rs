@@ -1,27 +1,51 @@
 //! A request's entry in its revision's counters, from arrival to end, the same for every front:
 //! the load the autoscaler reporter reads (and the poke that wakes a revision at zero) and the
-//! status and latency the scrape shows.
+//! status and latency the scrape shows. In the queue-proxy role a request an activator sent
+//! (`K-Proxy-Request: activator`) is also counted in the revision's proxied load, which the
+//! queue-proxy's autoscaler stat reports apart.
 
 use std::sync::Arc;
 
+use kactivator_api::headers;
 use monoio::time::Instant;
 
+use crate::fields::RequestHeaders;
 use crate::metrics::{micros_since_start, RevisionCounters};
 use crate::routing::replica::LocalRevision;
-use crate::shard::Shard;
+use crate::shard::{Role, Shard};
 
 /// A request counted as arrived; [`Tally::end`] counts it out.
 pub(crate) struct Tally {
     counters: Arc<RevisionCounters>,
     arrived_us: u64,
+    /// Counted in the revision's proxied load too.
+    proxied: bool,
+}
+
+/// Whether `role` counts a request with these headers as proxied by an activator: only a
+/// queue-proxy does (upstream's `ProxyHandler`, `K-Proxy-Request` equal to `activator`); the
+/// activator role reads nothing.
+#[inline]
+pub(crate) fn proxied<H: RequestHeaders + ?Sized>(role: &Role, fields: &H) -> bool {
+    match role {
+        Role::Activator => false,
+        Role::QueueProxy(_) => {
+            fields.get(headers::PROXY_REQUEST) == Some(headers::PROXY_REQUEST_VALUE.as_bytes())
+        }
+    }
 }
 
 impl Tally {
-    /// Counts a request for `revision` that arrived at `arrival`. The revision's first request
-    /// since the reporter last had it pokes the autoscaler now rather than at the next tick: a
-    /// revision at zero waits for that to scale up.
+    /// Counts a request for `revision` that arrived at `arrival`; `proxied` from [`proxied`].
+    /// The revision's first request since the reporter last had it pokes the autoscaler now
+    /// rather than at the next tick: a revision at zero waits for that to scale up.
     #[inline]
-    pub(crate) fn arrive(shard: &Shard, revision: &LocalRevision, arrival: Instant) -> Tally {
+    pub(crate) fn arrive(
+        shard: &Shard,
+        revision: &LocalRevision,
+        arrival: Instant,
+        proxied: bool,
+    ) -> Tally {
         let counters = revision.counters.clone();
         let arrived_us = micros_since_start(arrival.into_std());
         if let Some(before) = counters.arrive(arrived_us) {
@@ -29,9 +53,13 @@ impl Tally {
                 .control
                 .poke(revision.key(), &counters, before, arrived_us);
         }
+        if proxied {
+            counters.proxied.arrive(arrived_us);
+        }
         Tally {
             counters,
             arrived_us,
+            proxied,
         }
     }
 
@@ -39,7 +67,45 @@ impl Tally {
     #[inline]
     pub(crate) fn end(self, arrival: Instant, status: u16) {
         let latency_us = arrival.elapsed().as_micros() as u64;
-        self.counters.load.depart(self.arrived_us + latency_us);
+        let departed_us = self.arrived_us + latency_us;
+        self.counters.load.depart(departed_us);
+        if self.proxied {
+            self.counters.proxied.depart(departed_us);
+        }
         self.counters.record(status, latency_us);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Ready;
+
+    impl crate::shard::UserContainer for Ready {
+        fn is_ready(&self) -> bool {
+            true
+        }
+        fn refused(&self) {}
+    }
+
+    #[test]
+    fn only_a_queue_proxy_counts_requests_an_activator_marked() {
+        let queue_proxy = Role::QueueProxy(crate::shard::QueueProxyRole {
+            namespace: "ns".into(),
+            revision: "rev".into(),
+            user: Arc::new(Ready),
+        });
+        let marked: &[(&str, &str)] = &[("k-proxy-request", "activator")];
+        let other: &[(&str, &str)] = &[("K-Proxy-Request", "ingress")];
+        let none: &[(&str, &str)] = &[("Host", "a")];
+        assert!(proxied(&queue_proxy, marked));
+        assert!(!proxied(&queue_proxy, other), "upstream compares the value");
+        assert!(!proxied(&queue_proxy, none));
+        assert!(
+            !proxied(&Role::Activator, marked),
+            "the activator reads nothing"
+        );
     }
 }
