@@ -11,6 +11,7 @@
 #   bash benches/scenarios/run.sh pod-scale                 # 1 000 and 5 000 revisions × 10 pods: idle CPU, RSS, reg → fwd; ~8 min
 #   bash benches/scenarios/run.sh pod-scale --revisions 100 --idle 5 --settle 5 --repetitions 20   # a quick check
 #   bash benches/scenarios/run.sh chaos [--duration-seconds 120] [--warm-up-seconds 60]   # soak: kills, QP flips, config rewrites; 10 min
+#   bash benches/scenarios/run.sh priority                  # issue 27: B's wait behind A's 500, high vs 500 low, throughput on ÷ off; ~4 min
 #   bash benches/scenarios/run.sh all                       # every implemented scenario
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/scenarios/run.sh ...   # that binary, no build
 #
@@ -24,14 +25,14 @@ set -euo pipefail
 {
 
 usage() {
-  sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 (($#)) || { usage >&2; exit 2; }
 scenario=$1
 shift
 case $scenario in
-  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | pod-scale | chaos | all) ;;
+  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | pod-scale | chaos | priority | all) ;;
   -h | --help) usage; exit 0 ;;
   *) echo "run.sh: unknown scenario '$scenario'" >&2; usage >&2; exit 2 ;;
 esac
@@ -181,6 +182,7 @@ if [[ $scenario == all ]]; then
   run_one cold-poke || overall=1
   run_one kube-scale || overall=1
   run_one pod-scale || overall=1
+  run_one priority || overall=1
 else
   run_one "$scenario" "$@" || overall=$?
 fi

@@ -9,7 +9,7 @@
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
@@ -120,6 +120,19 @@ struct Counters {
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
     busy_ns: AtomicU64,
+    /// Every counted request the pod has answered, when it keeps a journal
+    /// ([`ExactBackend::spawn_journaled`]); `None` for the pods of throughput rows, which must
+    /// not take a lock per request.
+    journal: Option<Mutex<Vec<Handled>>>,
+}
+
+/// One request the pod handled: when it read the head (its start), how long its handler took,
+/// and the `id` query parameter of its target (`/delay/20?id=b3` → `b3`; empty without one).
+#[derive(Clone, Debug)]
+pub struct Handled {
+    pub at: Instant,
+    pub took: Duration,
+    pub id: String,
 }
 
 impl Counters {
@@ -152,9 +165,45 @@ pub struct ExactBackend {
 
 impl ExactBackend {
     fn spawn() -> io::Result<ExactBackend> {
+        ExactBackend::start(Counters::default())
+    }
+
+    /// A pod that also records the requests it handles ([`ExactBackend::journal`]), for
+    /// scenarios that check who was served before whom.
+    pub fn spawn_journaled() -> io::Result<ExactBackend> {
+        ExactBackend::start(Counters {
+            journal: Some(Mutex::new(Vec::new())),
+            ..Counters::default()
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn stats(&self) -> PodStats {
+        self.counters.snapshot()
+    }
+
+    /// The requests handled so far, in the order the pod started them (empty for a pod without
+    /// a journal). An entry is written when the handler is done, so a request still in its
+    /// handler is not there yet.
+    pub fn journal(&self) -> Vec<Handled> {
+        let mut entries = self
+            .counters
+            .journal
+            .as_ref()
+            .map_or(Vec::new(), |journal| {
+                journal.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            });
+        entries.sort_by_key(|entry| entry.at);
+        entries
+    }
+
+    fn start(counters: Counters) -> io::Result<ExactBackend> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(counters);
         let stop = Arc::new(AtomicBool::new(false));
         let (accept_counters, accept_stop) = (Arc::clone(&counters), Arc::clone(&stop));
         std::thread::Builder::new()
@@ -210,14 +259,20 @@ fn serve(mut stream: TcpStream, counters: &Counters) {
             }
         };
         let arrived = Instant::now();
-        // Requests carry no body here. Only `GET /delay/<ms>` is a request of the revision;
-        // anything else (a health probe) is answered at once and not counted, as a queue-proxy
-        // answers its probes without the user container.
-        let delay_ms: Option<u64> = std::str::from_utf8(&buf[..head_end])
+        // Requests carry no body here. Only `GET /delay/<ms>` (with an optional `?id=<id>`) is a
+        // request of the revision; anything else (a health probe) is answered at once and not
+        // counted, as a queue-proxy answers its probes without the user container.
+        let target = std::str::from_utf8(&buf[..head_end])
             .ok()
             .and_then(|head| head.split(' ').nth(1))
-            .and_then(|path| path.strip_prefix("/delay/"))
-            .and_then(|ms| ms.parse().ok());
+            .unwrap_or("");
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let delay_ms: Option<u64> = path.strip_prefix("/delay/").and_then(|ms| ms.parse().ok());
+        let id = query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("id="))
+            .unwrap_or("")
+            .to_string();
         buf.drain(..head_end);
         let Some(delay_ms) = delay_ms else {
             if stream
@@ -241,8 +296,17 @@ fn serve(mut stream: TcpStream, counters: &Counters) {
             }
             std::thread::sleep(deadline - now);
         }
-        let busy = u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let took = arrived.elapsed();
+        let busy = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         counters.busy_ns.fetch_add(busy, Ordering::SeqCst);
+        if let Some(journal) = counters.journal.as_ref() {
+            let mut journal = journal.lock().unwrap_or_else(|e| e.into_inner());
+            journal.push(Handled {
+                at: arrived,
+                took,
+                id,
+            });
+        }
         counters.in_flight.fetch_sub(1, Ordering::SeqCst);
         if stream
             .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")

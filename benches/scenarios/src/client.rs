@@ -11,9 +11,14 @@ const MAX_HEAD: usize = 16 * 1024;
 
 /// `GET path` naming revision `default/<revision>` through the routing headers.
 pub fn get_request(path: &str, revision: &str) -> Vec<u8> {
+    get_request_with(path, revision, "")
+}
+
+/// [`get_request`] with extra header lines, each ending in `\r\n` (e.g. `"K-Tenant: a\r\n"`).
+pub fn get_request_with(path: &str, revision: &str, headers: &str) -> Vec<u8> {
     format!(
         "GET {path} HTTP/1.1\r\nHost: scenario\r\nKnative-Serving-Namespace: default\r\n\
-         Knative-Serving-Revision: {revision}\r\n\r\n"
+         Knative-Serving-Revision: {revision}\r\n{headers}\r\n"
     )
     .into_bytes()
 }
@@ -46,11 +51,17 @@ impl Conn {
 
     /// Sends `request` and reads the whole response.
     pub fn roundtrip(&mut self, request: &[u8]) -> io::Result<Response> {
-        self.stream.write_all(request)?;
+        self.send(request)?;
         self.read_response()
     }
 
-    fn read_response(&mut self) -> io::Result<Response> {
+    /// Writes `request` without waiting for its response ([`Conn::read_response`] reads it).
+    pub fn send(&mut self, request: &[u8]) -> io::Result<()> {
+        self.stream.write_all(request)
+    }
+
+    /// Reads one whole response.
+    pub fn read_response(&mut self) -> io::Result<Response> {
         let head_end = loop {
             if let Some(end) = find(&self.buf, b"\r\n\r\n") {
                 break end + 4;

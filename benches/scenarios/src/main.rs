@@ -14,6 +14,7 @@ mod cold_poke;
 mod first_forward;
 mod kube_scale;
 mod pod_scale;
+mod priority;
 mod queued_memory;
 mod scarcity;
 
@@ -84,6 +85,48 @@ enum Scenario {
         /// delay) or `testkit` (kactivator-testkit's `/delay`, tokio's 1 ms timer: ~6.2 ms).
         #[arg(long, default_value = "exact")]
         backend: backends::Kind,
+    },
+    /// Priority and fairness (issue 27): tenant B's wait behind tenant A's backlog, high-band
+    /// requests against a low-band backlog (the order at the pod), and the CC=1 scarcity
+    /// layout's throughput with the policy on ÷ off.
+    Priority {
+        /// Handler time of the fairness and priority pods, in milliseconds.
+        #[arg(long, default_value_t = 20)]
+        service_ms: u64,
+        /// Requests waiting: tenant A's, the low band's.
+        #[arg(long, default_value_t = 500)]
+        backlog: usize,
+        /// Requests arriving behind them: tenant B's (one at a time), the high band's (at once).
+        #[arg(long, default_value_t = 10)]
+        arrivals: usize,
+        /// Milliseconds a first request holds the pod while the backlog connects.
+        #[arg(long, default_value_t = 2000)]
+        hold_ms: u64,
+        /// The policy's `bands`.
+        #[arg(long, default_value_t = 3)]
+        bands: u32,
+        /// Throughput rows: pods (each containerConcurrency 1).
+        #[arg(long, default_value_t = 8)]
+        pods: usize,
+        /// Throughput rows: clients, one keep-alive connection each.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Throughput rows: handler time, in milliseconds.
+        #[arg(long, default_value_t = 5)]
+        delay_ms: u64,
+        /// Throughput rows: `K-Tenant` keys the clients spread over.
+        #[arg(long, default_value_t = 8)]
+        tenants: usize,
+        /// Throughput rows: seconds measured per row and round.
+        #[arg(long, default_value_t = 10)]
+        duration: u64,
+        /// Throughput rows: seconds of load before each measured window.
+        #[arg(long, default_value_t = 1)]
+        warmup: u64,
+        /// Throughput rounds (policy off and on in each, alternating which goes first); 0 skips
+        /// the throughput figure.
+        #[arg(long, default_value_t = 4)]
+        rounds: usize,
     },
     /// A revision without pods, COUNT requests queued on their own connections: kactivator's
     /// VmRSS before and with all of them queued.
@@ -219,6 +262,42 @@ fn main() -> ExitCode {
                 backend,
                 drivers: cli.drivers,
                 shards: cli.shards,
+            },
+        ),
+        Scenario::Priority {
+            service_ms,
+            backlog,
+            arrivals,
+            hold_ms,
+            bands,
+            pods,
+            clients,
+            delay_ms,
+            tenants,
+            duration,
+            warmup,
+            rounds,
+        } => priority::run(
+            &cli.kactivator,
+            &priority::Options {
+                service_ms,
+                backlog,
+                arrivals: arrivals.max(1),
+                hold_ms,
+                bands: bands.max(1),
+                tenants: tenants.max(1),
+                throughput: scarcity::Options {
+                    pods: pods.max(1),
+                    container_concurrency: 1,
+                    clients: clients.max(1),
+                    delay_ms,
+                    warmup: Duration::from_secs(warmup),
+                    duration: Duration::from_secs(duration.max(1)),
+                    rounds,
+                    backend: backends::Kind::Exact,
+                    drivers: cli.drivers,
+                    shards: cli.shards,
+                },
             },
         ),
         Scenario::QueuedMemory {

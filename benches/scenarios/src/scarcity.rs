@@ -21,7 +21,7 @@ const REVISION: &str = "scarce";
 /// kactivator's prober (quarantine gate) sends `GET /healthz` to every routable pod each second.
 /// A queue-proxy answers those itself, outside containerConcurrency, but the test backends would
 /// count them as requests in flight: an over-commit that is not one. So the gate is off here.
-const FEATURES: &str = "\"activator.pod-quarantine\" = \"disabled\"";
+pub const FEATURES: &str = "\"activator.pod-quarantine\" = \"disabled\"";
 /// Longest wait for every pod to report nothing in flight between rows.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Client socket timeouts: a request waits in kactivator's queue for about
@@ -63,14 +63,17 @@ impl Row {
 
 /// What one row measured in one round.
 #[derive(Debug)]
-struct Measured {
-    rps: f64,
-    p50_us: u64,
-    p99_us: u64,
-    requests: u64,
-    errors: u64,
-    first_error: Option<String>,
-    pods: Vec<PodStats>,
+pub struct Measured {
+    /// Responses completed in the window, per second.
+    pub rps: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    /// Responses completed in the window.
+    pub requests: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    /// The pods' counters after the row (warm-up included).
+    pub pods: Vec<PodStats>,
 }
 
 /// What one client thread saw.
@@ -97,6 +100,7 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
         .map_err(|e| format!("starting {} backends: {e}", options.pods))?;
     let path = pods.path(options.delay_ms);
     let request: Arc<[u8]> = get_request(&path, REVISION).into();
+    let requests = [Arc::clone(&request)];
 
     let mut activators = Vec::new();
     for driver in &options.drivers {
@@ -119,18 +123,7 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
             env: &[],
         })
         .map_err(|e| format!("kactivator --driver {driver}: {e}"))?;
-        // One request through it, so a misconfiguration fails here and not as a table of errors.
-        let mut conn = Conn::connect(activator.http, CLIENT_TIMEOUT)
-            .map_err(|e| format!("connecting to kactivator {driver}: {e}"))?;
-        let response = conn
-            .roundtrip(&request)
-            .map_err(|e| format!("first request through kactivator {driver}: {e}"))?;
-        if response.status != 200 {
-            return Err(format!(
-                "first request through kactivator {driver} answered {} {}",
-                response.status, response.body_start
-            ));
-        }
+        first_request(&activator, &request, driver)?;
         eprintln!(
             "[scarcity] kactivator --driver {driver} pid {} on {}",
             activator.pid(),
@@ -158,7 +151,7 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
                     vec![activator.http; options.clients]
                 }
             };
-            let measured = measure(&pods, &targets, &request, options)?;
+            let measured = measure(&pods, &targets, &requests, options)?;
             eprintln!(
                 "[scarcity] round {round} {}: {:.0} rps, p50 {}, p99 {}, max in flight per pod {:?}, {} errors",
                 row.label(),
@@ -181,14 +174,36 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
     Ok(report(options, &rows, &results, &path, &notes))
 }
 
-/// One row for one round: clients loop on `targets` (client i on `targets[i]`) through a
-/// warm-up and the measured window.
-fn measure(
+/// One request through kactivator, so that a misconfiguration fails at once and not as a table
+/// of errors.
+pub fn first_request(activator: &Activator, request: &[u8], label: &str) -> Result<(), String> {
+    let mut conn = Conn::connect(activator.http, CLIENT_TIMEOUT)
+        .map_err(|e| format!("connecting to kactivator {label}: {e}"))?;
+    let response = conn
+        .roundtrip(request)
+        .map_err(|e| format!("first request through kactivator {label}: {e}"))?;
+    if response.status != 200 {
+        return Err(format!(
+            "first request through kactivator {label} answered {} {}",
+            response.status, response.body_start
+        ));
+    }
+    Ok(())
+}
+
+/// One row for one round: clients loop on `targets` (client i on `targets[i]`, sending
+/// `requests[i % requests.len()]`) through a warm-up and the measured window.
+/// `options.warmup` and `options.duration` set the window. Also the throughput rows of the
+/// `priority` scenario.
+pub fn measure(
     pods: &Pods,
     targets: &[SocketAddr],
-    request: &Arc<[u8]>,
+    requests: &[Arc<[u8]>],
     options: &Options,
 ) -> Result<Measured, String> {
+    if requests.is_empty() {
+        return Err("measure: no request to send".into());
+    }
     quiesce(pods)?;
     // The high-water marks cover the warm-up too: an over-commit is one whenever it happens.
     pods.reset();
@@ -199,7 +214,7 @@ fn measure(
         .iter()
         .enumerate()
         .map(|(index, &addr)| {
-            let request = Arc::clone(request);
+            let request = Arc::clone(&requests[index % requests.len()]);
             std::thread::Builder::new()
                 .name(format!("client-{index}"))
                 .stack_size(256 * 1024)
