@@ -158,9 +158,15 @@ impl FilePoller {
     /// A poll is one `stat`; the file is read (off the control thread) only when the stat
     /// changed, or when it was modified in the last [`RECENT`] (a filesystem's timestamps may be
     /// too coarse to show two writes in a row).
+    ///
+    /// The first poll reads the file whatever its stat: it may have changed between start-up's
+    /// load and this task's first look (a file rewritten the moment the activator was ready was
+    /// otherwise taken as the one running, and its change never applied). What parses to the
+    /// configuration running is not applied again.
     pub async fn run(mut self, worker: WorkerHandle, metrics: Arc<ControlMetrics>) {
-        let mut last_text = read(&self.path).await.ok();
-        let mut last_stat = stat(&self.path);
+        let mut last_text: Option<Vec<u8>> = None;
+        let mut last_stat = None;
+        let mut first = true;
         let interval = Duration::from_millis(self.current.control.watch_interval_ms);
         loop {
             tokio::time::sleep(interval).await;
@@ -207,6 +213,9 @@ impl FilePoller {
                 })
                 .and_then(Config::parse);
             match parsed {
+                Ok(config)
+                    if std::mem::take(&mut first)
+                        && self.running_sections(config.clone()) == self.current => {}
                 Ok(config) => self.reload(config, &worker, &metrics).await,
                 Err(mut error) => {
                     error.source = Some(self.path.display().to_string());
@@ -215,6 +224,18 @@ impl FilePoller {
                 }
             }
         }
+    }
+
+    /// `config` with the sections that need a restart as they run (start-up may have set them
+    /// from flags or lowered them to fit the memory budget): what a reload of it would leave
+    /// in [`FilePoller::current`].
+    fn running_sections(&self, mut config: Config) -> Config {
+        config.listen = self.current.listen.clone();
+        config.proxy = self.current.proxy.clone();
+        config.health = self.current.health.clone();
+        config.control = self.current.control.clone();
+        config.cluster.peers = self.current.cluster.peers.clone();
+        config
     }
 
     async fn reload(&mut self, config: Config, worker: &WorkerHandle, metrics: &ControlMetrics) {
