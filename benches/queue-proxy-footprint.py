@@ -71,6 +71,13 @@ work = tempfile.mkdtemp(prefix="kactivator-qp-footprint-")
 processes = []
 
 
+def die_with_parent():
+    """In the child before exec: killed when this script dies, however it dies (a timeout's
+    SIGKILL skips the `finally` below)."""
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as status:
         line = next(line for line in status if line.startswith("VmRSS"))
@@ -106,7 +113,7 @@ try:
         [binary, "queue-proxy", "--admin", f"127.0.0.1:{admin_port}",
          "--autoscaler-metrics", f"127.0.0.1:{stats_port}",
          "--drain-admin", f"127.0.0.1:{drain_port}"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent,
         stderr=open(os.path.join(work, "queue-proxy.log"), "w"),
     )
     processes.append(qp)
@@ -135,7 +142,7 @@ http {{
   }}
 }}
 """)
-        master = subprocess.Popen([nginx, "-c", conf, "-p", work],
+        master = subprocess.Popen([nginx, "-c", conf, "-p", work], preexec_fn=die_with_parent,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         processes.append(master)
     deadline = time.time() + 15
