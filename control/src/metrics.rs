@@ -14,14 +14,6 @@ use kactivator_shards::routing::RevisionLabels;
 use crate::config::MetricsComponent;
 use prometheus::{Encoder, TextEncoder};
 
-/// Per-code sums over shards.
-#[derive(Default)]
-struct CodeTotals {
-    count: u64,
-    latency_sum_us: u64,
-    buckets: [u64; LATENCY_BUCKETS_MS.len() + 1],
-}
-
 /// A revision's priority counters summed over shards.
 #[derive(Default)]
 struct PriorityTotals {
@@ -30,7 +22,7 @@ struct PriorityTotals {
     other_tenants: u64,
 }
 
-/// A histogram's sums over shards.
+/// A histogram's sums over shards: a revision's latencies of one response code, or its waits.
 #[derive(Default)]
 struct HistogramTotals {
     count: u64,
@@ -51,7 +43,7 @@ impl HistogramTotals {
 #[derive(Default)]
 struct RevisionTotals {
     labels: RevisionLabels,
-    codes: BTreeMap<u16, CodeTotals>,
+    codes: BTreeMap<u16, HistogramTotals>,
     /// Waits for a slot, and those that were cold starts (★ issue 27).
     slot_waits: HistogramTotals,
     cold_start_waits: HistogramTotals,
@@ -191,7 +183,7 @@ fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), Revision
                 }
                 let code_totals = totals.codes.entry(code).or_default();
                 code_totals.count += slot.count.get();
-                code_totals.latency_sum_us += slot.latency_sum_us.get();
+                code_totals.sum_us += slot.latency_sum_us.get();
                 for (sum, bucket) in code_totals.buckets.iter_mut().zip(&slot.buckets) {
                     *sum += bucket.get();
                 }
@@ -258,47 +250,9 @@ fn render_requests(
     for totals in revisions.values() {
         for (code, code_totals) in &totals.codes {
             let labels = code_labels(&totals.labels, pod_name, *code);
-            histogram_ms(out, "activator_request_latencies", &labels, code_totals);
+            write_histogram(out, "activator_request_latencies", &labels, code_totals, false);
         }
     }
-}
-
-/// One histogram of latencies in milliseconds, upstream's buckets.
-fn histogram_ms(out: &mut String, name: &str, labels: &str, totals: &CodeTotals) {
-    let mut cumulative = 0;
-    for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&totals.buckets) {
-        cumulative += count;
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
-    }
-    cumulative += totals.buckets[LATENCY_BUCKETS_MS.len()];
-    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-    let _ = writeln!(
-        out,
-        "{name}_sum{{{labels}}} {}",
-        totals.latency_sum_us as f64 / 1000.0
-    );
-    let _ = writeln!(out, "{name}_count{{{labels}}} {}", totals.count);
-}
-
-/// One histogram of latencies in seconds, on the same buckets as [`histogram_ms`].
-fn histogram_seconds(out: &mut String, name: &str, labels: &str, totals: &CodeTotals) {
-    let mut cumulative = 0;
-    for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&totals.buckets) {
-        cumulative += count;
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}",
-            *bound as f64 / 1000.0
-        );
-    }
-    cumulative += totals.buckets[LATENCY_BUCKETS_MS.len()];
-    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-    let _ = writeln!(
-        out,
-        "{name}_sum{{{labels}}} {}",
-        totals.latency_sum_us as f64 / 1_000_000.0
-    );
-    let _ = writeln!(out, "{name}_count{{{labels}}} {}", totals.count);
 }
 
 /// Knative 1.18's queue-proxy request metrics (`pkg/queue/request_metric.go`, component
@@ -325,7 +279,7 @@ fn render_queue_proxy(
     for totals in revisions.values() {
         for (code, code_totals) in &totals.codes {
             let labels = queue_proxy_code_labels(&totals.labels, pod_name, *code);
-            histogram_ms(out, "revision_request_latencies", &labels, code_totals);
+            write_histogram(out, "revision_request_latencies", &labels, code_totals, false);
         }
     }
     if queue_depth {
@@ -411,11 +365,12 @@ fn render_server_duration(
                 "{},http_response_status_code=\"{code}\"",
                 otel_labels(&totals.labels)
             );
-            histogram_seconds(
+            write_histogram(
                 out,
                 "http_server_request_duration_seconds",
                 &labels,
                 code_totals,
+                true,
             );
         }
     }
@@ -552,8 +507,8 @@ fn render_waits(
     }
 }
 
-/// One series of a histogram on [`LATENCY_BUCKETS_MS`]: cumulative buckets, sum and count, in
-/// seconds or milliseconds.
+/// One series of a histogram on [`LATENCY_BUCKETS_MS`] (upstream's buckets): cumulative
+/// buckets, sum and count, in seconds or milliseconds. Every histogram `/metrics` shows.
 fn write_histogram(
     out: &mut String,
     name: &str,
@@ -573,10 +528,11 @@ fn write_histogram(
     }
     cumulative += histogram.buckets[LATENCY_BUCKETS_MS.len()];
     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+    let sum_scale = if seconds { 1_000_000.0 } else { 1000.0 };
     let _ = writeln!(
         out,
         "{name}_sum{{{labels}}} {}",
-        histogram.sum_us as f64 / 1000.0 / scale
+        histogram.sum_us as f64 / sum_scale
     );
     let _ = writeln!(out, "{name}_count{{{labels}}} {}", histogram.count);
 }
