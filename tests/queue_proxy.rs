@@ -7,146 +7,17 @@ mod support;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::backend::{self, BackendConfig};
 use kactivator_testkit::ports::free_port;
-use support::{admin_get, eventually, exchange, scratch_dir};
+use support::queue_proxy::{knative_env, QueueProxy};
+use support::{eventually, exchange};
 
-/// A running queue-proxy, killed on drop.
-struct QueueProxy {
-    child: Child,
-    serving: SocketAddr,
-    drain_admin: SocketAddr,
-    metrics: SocketAddr,
-    dir: std::path::PathBuf,
-}
-
-/// What Knative 1.18's reconciler sets (`queue.go`), for a user container on `user_port`.
-fn knative_env(user_port: u16, serving_port: u16, concurrency: u32) -> HashMap<String, String> {
-    [
-        ("SERVING_NAMESPACE", "default".to_string()),
-        ("SERVING_SERVICE", "hello".into()),
-        ("SERVING_CONFIGURATION", "hello".into()),
-        ("SERVING_REVISION", "hello-00001".into()),
-        ("SERVING_POD", "hello-00001-deployment-7d9f".into()),
-        ("SERVING_POD_IP", "127.0.0.1".into()),
-        ("QUEUE_SERVING_PORT", serving_port.to_string()),
-        ("QUEUE_SERVING_TLS_PORT", free_port().to_string()),
-        ("USER_PORT", user_port.to_string()),
-        ("CONTAINER_CONCURRENCY", concurrency.to_string()),
-        ("REVISION_TIMEOUT_SECONDS", "300".into()),
-        ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "0".into()),
-        ("REVISION_IDLE_TIMEOUT_SECONDS", "0".into()),
-        (
-            "SERVING_READINESS_PROBE",
-            format!(
-                r#"{{"tcpSocket":{{"port":{user_port},"host":"127.0.0.1"}},"successThreshold":1}}"#
-            ),
-        ),
-        ("SERVING_LOGGING_CONFIG", "{}".into()),
-        ("SERVING_LOGGING_LEVEL", String::new()),
-        ("SERVING_REQUEST_METRICS_BACKEND", "prometheus".into()),
-        ("ENABLE_HTTP2_AUTO_DETECTION", "false".into()),
-        // Not Knative's but the fork's: empty turns its push off. Absent, the queue-proxy
-        // would push to the in-cluster activator's name (tests/queue_proxy_push.rs has it on).
-        ("ACTIVATOR_SERVICE_URL", String::new()),
-    ]
-    .into_iter()
-    .map(|(key, value)| (key.to_string(), value))
-    .collect()
-}
-
-impl QueueProxy {
-    fn start(env: HashMap<String, String>) -> QueueProxy {
-        let serving: SocketAddr = format!("127.0.0.1:{}", env["QUEUE_SERVING_PORT"])
-            .parse()
-            .unwrap();
-        let drain_admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let dir = scratch_dir();
-        let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
-            .arg("queue-proxy")
-            .args(["--drain-admin", &drain_admin.to_string()])
-            .args(["--admin", &metrics.to_string()])
-            .args([
-                "--autoscaler-metrics",
-                &format!("127.0.0.1:{}", free_port()),
-            ])
-            .args(["--drain-grace-seconds", "1"])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env(
-                "KACTIVATOR_DRIVER",
-                std::env::var("KACTIVATOR_DRIVER").unwrap_or_else(|_| "auto".into()),
-            )
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn kactivator queue-proxy");
-        let mut proxy = QueueProxy {
-            child,
-            serving,
-            drain_admin,
-            metrics,
-            dir,
-        };
-        let up = eventually(Duration::from_secs(15), || {
-            admin_get(proxy.metrics, "/readyz").is_some_and(|(status, _)| status == 200)
-        });
-        if !up {
-            let _ = proxy.child.kill();
-            panic!("queue-proxy never came up: {}", proxy.stderr());
-        }
-        proxy
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
-    }
-
-    fn health_check(&self, user_agent: &str) -> support::Response {
-        exchange(
-            self.serving,
-            format!(
-                "GET / HTTP/1.1\r\nHost: hello.default\r\nUser-Agent: {user_agent}\r\nK-Network-Probe: queue\r\nConnection: close\r\n\r\n"
-            )
-            .as_bytes(),
-        )
-    }
-
-    fn get(&self, path: &str) -> support::Response {
-        exchange(
-            self.serving,
-            format!("GET {path} HTTP/1.1\r\nHost: hello.default.example.com\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        admin_get(self.metrics, "/metrics")
-            .map(|(_, body)| body)
-            .unwrap_or_default()
-            .lines()
-            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-}
-
-impl Drop for QueueProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- queue-proxy stderr ---\n{}", self.stderr());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// The queue-proxy with a one-second quiet period, so that drains end within a test.
+fn start(env: HashMap<String, String>) -> QueueProxy {
+    QueueProxy::start_with(env, &["--drain-grace-seconds", "1"])
 }
 
 #[test]
@@ -178,7 +49,7 @@ fn a_missing_or_bad_environment_exits_2_naming_every_key() {
 #[test]
 fn requests_reach_the_user_container_and_health_checks_follow_its_readiness() {
     let user_port = free_port();
-    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
+    let proxy = start(knative_env(user_port, free_port(), 0));
 
     // No user container yet: the kubelet's and the activator's health checks fail with 503.
     for agent in ["kube-probe/1.30", "Knative-Activator-Probe"] {
@@ -230,7 +101,7 @@ fn the_breaker_holds_containerconcurrency_at_the_app_and_ten_times_that_waiting(
         BackendConfig::named("user-container"),
     )
     .expect("user container");
-    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 1));
+    let proxy = start(knative_env(user_port, free_port(), 1));
     let serving = proxy.serving;
     let send = move |path: &'static str| {
         std::thread::spawn(move || {
@@ -255,10 +126,10 @@ fn the_breaker_holds_containerconcurrency_at_the_app_and_ten_times_that_waiting(
     let waiting: Vec<_> = (0..10).map(|_| send("/delay/1")).collect();
     assert!(
         eventually(Duration::from_secs(5), || proxy
-            .metric("kactivator_revision_queued")
+            .metric("kactivator_revision_queued", &[])
             >= 10.0),
         "ten requests never waited: {}",
-        proxy.metric("kactivator_revision_queued")
+        proxy.metric("kactivator_revision_queued", &[])
     );
     assert_eq!(user.stats().in_flight, 1, "containerConcurrency 1 held");
     let refused = proxy.get("/");
@@ -279,7 +150,7 @@ fn sigterm_fails_health_checks_serves_on_and_wait_for_drain_returns_when_drained
         BackendConfig::named("user-container"),
     )
     .expect("user container");
-    let mut proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
+    let mut proxy = start(knative_env(user_port, free_port(), 0));
     assert!(eventually(Duration::from_secs(5), || proxy
         .health_check("kube-probe/1.30")
         .status
@@ -320,7 +191,7 @@ fn sigterm_fails_health_checks_serves_on_and_wait_for_drain_returns_when_drained
 
 #[test]
 fn wait_for_drain_without_a_sigterm_returns_after_a_second() {
-    let proxy = QueueProxy::start(knative_env(free_port(), free_port(), 0));
+    let proxy = start(knative_env(free_port(), free_port(), 0));
     let started = Instant::now();
     let answer = exchange(
         proxy.drain_admin,
@@ -362,7 +233,7 @@ fn a_user_container_that_refuses_connections_fails_health_checks_at_once() {
         "SERVING_READINESS_PROBE".into(),
         format!(r#"{{"tcpSocket":{{"port":{user_port}}},"periodSeconds":10,"timeoutSeconds":1,"failureThreshold":3}}"#),
     );
-    let proxy = QueueProxy::start(env);
+    let proxy = start(env);
     assert!(eventually(Duration::from_secs(5), || proxy
         .health_check("kube-probe/1.30")
         .status
@@ -390,7 +261,7 @@ fn a_request_past_the_revision_timeout_gets_upstreams_504() {
     .expect("user container");
     let mut env = knative_env(user_port, free_port(), 0);
     env.insert("REVISION_TIMEOUT_SECONDS".into(), "1".into());
-    let proxy = QueueProxy::start(env);
+    let proxy = start(env);
     let started = Instant::now();
     let answer = proxy.get("/delay/5000");
     assert_eq!(
@@ -430,7 +301,7 @@ fn the_app_sees_the_request_as_upstreams_queue_proxy_hands_it_over() {
         BackendConfig::named("user-container"),
     )
     .expect("user container");
-    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
+    let proxy = start(knative_env(user_port, free_port(), 0));
     let field = |fields: &[(String, String)], name: &str| -> Option<String> {
         fields
             .iter()

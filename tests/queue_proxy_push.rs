@@ -10,122 +10,38 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::backend::{self, BackendConfig};
 use kactivator_testkit::ports::free_port;
-use support::{admin_get, eventually, exchange, get, scratch_dir, Activator};
-
-const REVISION: &str = "hello-00001";
+use support::queue_proxy::{knative_env, QueueProxy, REVISION};
+use support::{eventually, exchange, get, Activator};
 
 /// Pod authority on, quarantine off (no health checks on the request path), and the
 /// activator's prober slowed to a minute, so nothing but a push can route the pod in time.
 const ACTIVATOR: &str = "[features]\n\"queueproxy.pod-authority\" = \"enabled\"\n\"activator.pod-quarantine\" = \"disabled\"\n\n[health]\nprobe_interval_ms = 60000\nsettled_probe_interval_ms = 60000\n\n";
 
-/// A running `kactivator queue-proxy`, killed on drop.
-struct QueueProxy {
-    child: Child,
-    metrics: SocketAddr,
-    dir: std::path::PathBuf,
-}
-
-/// What Knative 1.18's reconciler sets for a user container on `user_port` served on
-/// `serving_port`, plus `ACTIVATOR_SERVICE_URL`.
-fn knative_env(
+/// The queue-proxy as Knative 1.18's reconciler starts it, for a user container on
+/// `user_port`, serving on `serving_port`, pushing to `activator`.
+fn knative_env_pushing(
     user_port: u16,
     serving_port: u16,
     activator_url: &str,
-) -> Vec<(&'static str, String)> {
-    vec![
-        ("SERVING_NAMESPACE", "default".to_string()),
-        ("SERVING_SERVICE", "hello".into()),
-        ("SERVING_CONFIGURATION", "hello".into()),
-        ("SERVING_REVISION", REVISION.into()),
-        ("SERVING_POD", "hello-00001-deployment-7d9f".into()),
-        ("SERVING_POD_IP", "127.0.0.1".into()),
-        ("QUEUE_SERVING_PORT", serving_port.to_string()),
-        ("QUEUE_SERVING_TLS_PORT", free_port().to_string()),
-        ("USER_PORT", user_port.to_string()),
-        ("CONTAINER_CONCURRENCY", "0".into()),
-        ("REVISION_TIMEOUT_SECONDS", "300".into()),
-        (
-            "SERVING_READINESS_PROBE",
-            format!(
-                r#"{{"tcpSocket":{{"port":{user_port},"host":"127.0.0.1"}},"successThreshold":1}}"#
-            ),
-        ),
-        ("SERVING_LOGGING_CONFIG", "{}".into()),
-        ("SERVING_LOGGING_LEVEL", String::new()),
-        ("ACTIVATOR_SERVICE_URL", activator_url.into()),
-    ]
+) -> HashMap<String, String> {
+    let mut env = knative_env(user_port, serving_port, 0);
+    env.insert("ACTIVATOR_SERVICE_URL".into(), activator_url.into());
+    env
 }
 
-impl QueueProxy {
-    /// Starts it as Knative 1.18's reconciler would, for a user container on `user_port`,
-    /// serving on `serving_port`, pushing to `activator`.
-    fn start(user_port: u16, serving_port: u16, activator: SocketAddr) -> QueueProxy {
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let drain_admin = format!("127.0.0.1:{}", free_port());
-        let dir = scratch_dir();
-        let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
-        let env = knative_env(user_port, serving_port, &format!("http://{activator}"));
-        let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
-            .arg("queue-proxy")
-            .args(["--drain-admin", &drain_admin])
-            .args(["--admin", &metrics.to_string()])
-            .args([
-                "--autoscaler-metrics",
-                &format!("127.0.0.1:{}", free_port()),
-            ])
-            // Long enough that the draining push is seen while the queue-proxy still serves.
-            .args(["--drain-grace-seconds", "10"])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env(
-                "KACTIVATOR_DRIVER",
-                std::env::var("KACTIVATOR_DRIVER").unwrap_or_else(|_| "auto".into()),
-            )
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn kactivator queue-proxy");
-        let mut proxy = QueueProxy {
-            child,
-            metrics,
-            dir,
-        };
-        let up = eventually(Duration::from_secs(15), || {
-            admin_get(proxy.metrics, "/readyz").is_some_and(|(status, _)| status == 200)
-        });
-        if !up {
-            let _ = proxy.child.kill();
-            panic!("queue-proxy never came up: {}", proxy.stderr());
-        }
-        proxy
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
-    }
-
-    fn still_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for QueueProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- queue-proxy stderr ---\n{}", self.stderr());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+fn start_pushing(user_port: u16, serving_port: u16, activator: SocketAddr) -> QueueProxy {
+    QueueProxy::start_with(
+        knative_env_pushing(user_port, serving_port, &format!("http://{activator}")),
+        // Long enough that the draining push is seen while the queue-proxy still serves.
+        &["--drain-grace-seconds", "10"],
+    )
 }
 
 fn registrations(activator: &Activator, event: &str) -> f64 {
@@ -162,7 +78,7 @@ fn a_queued_request_flows_on_the_queue_proxys_ready_push_and_draining_reaches_th
             &format!("serving_port = {serving_port}")
         )
     ));
-    let mut proxy = QueueProxy::start(user_port, serving_port, activator.http);
+    let mut proxy = start_pushing(user_port, serving_port, activator.http);
 
     // The queue-proxy announces its pod at start: known to the activator, not routable.
     assert!(
@@ -279,7 +195,7 @@ fn a_user_container_that_stops_is_pushed_not_ready_and_ready_again_when_it_retur
     let user_addr = SocketAddr::from(([127, 0, 0, 1], user_port));
     let user = backend::spawn_on(user_addr, BackendConfig::named("user-container"))
         .expect("user container");
-    let proxy = QueueProxy::start(user_port, serving_port, activator.http);
+    let proxy = start_pushing(user_port, serving_port, activator.http);
     assert!(
         eventually(Duration::from_secs(10), || routable_pods(&activator) == 1.0),
         "ready never made the pod routable: {}",
@@ -329,7 +245,7 @@ fn an_unusable_activator_url_exits_2_naming_it() {
     let output = Command::new(env!("CARGO_BIN_EXE_kactivator"))
         .arg("queue-proxy")
         .env_clear()
-        .envs(knative_env(
+        .envs(knative_env_pushing(
             free_port(),
             free_port(),
             "https://activator-service",

@@ -6,10 +6,8 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,119 +15,8 @@ use std::time::Duration;
 use kactivator_api::autoscaler::{decode_stat, Stat};
 use kactivator_testkit::backend::{self, BackendConfig};
 use kactivator_testkit::ports::free_port;
-use support::{admin_get, eventually, scratch_dir};
-
-const POD: &str = "hello-00001-deployment-7d9f";
-
-/// A running queue-proxy, killed on drop.
-struct QueueProxy {
-    child: Child,
-    serving: SocketAddr,
-    autoscaler_metrics: SocketAddr,
-    metrics: SocketAddr,
-    dir: std::path::PathBuf,
-}
-
-/// What Knative 1.18's reconciler sets (`queue.go`), for a user container on `user_port`.
-fn knative_env(user_port: u16, concurrency: u32) -> HashMap<String, String> {
-    [
-        ("SERVING_NAMESPACE", "default".to_string()),
-        ("SERVING_SERVICE", "hello".into()),
-        ("SERVING_CONFIGURATION", "hello".into()),
-        ("SERVING_REVISION", "hello-00001".into()),
-        ("SERVING_POD", POD.into()),
-        ("SERVING_POD_IP", "127.0.0.1".into()),
-        ("QUEUE_SERVING_PORT", free_port().to_string()),
-        ("QUEUE_SERVING_TLS_PORT", free_port().to_string()),
-        ("USER_PORT", user_port.to_string()),
-        ("CONTAINER_CONCURRENCY", concurrency.to_string()),
-        ("REVISION_TIMEOUT_SECONDS", "300".into()),
-        ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "0".into()),
-        ("REVISION_IDLE_TIMEOUT_SECONDS", "0".into()),
-        (
-            "SERVING_READINESS_PROBE",
-            format!(r#"{{"tcpSocket":{{"port":{user_port},"host":"127.0.0.1"}}}}"#),
-        ),
-        ("SERVING_LOGGING_CONFIG", "{}".into()),
-        ("SERVING_LOGGING_LEVEL", String::new()),
-        ("SERVING_REQUEST_METRICS_BACKEND", "prometheus".into()),
-    ]
-    .into_iter()
-    .map(|(key, value)| (key.to_string(), value))
-    .collect()
-}
-
-impl QueueProxy {
-    fn start(env: HashMap<String, String>) -> QueueProxy {
-        let serving: SocketAddr = format!("127.0.0.1:{}", env["QUEUE_SERVING_PORT"])
-            .parse()
-            .unwrap();
-        let local = || -> SocketAddr { format!("127.0.0.1:{}", free_port()).parse().unwrap() };
-        let (drain_admin, autoscaler_metrics, metrics) = (local(), local(), local());
-        let dir = scratch_dir();
-        let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
-            .arg("queue-proxy")
-            .args(["--drain-admin", &drain_admin.to_string()])
-            .args(["--autoscaler-metrics", &autoscaler_metrics.to_string()])
-            .args(["--admin", &metrics.to_string()])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env(
-                "KACTIVATOR_DRIVER",
-                std::env::var("KACTIVATOR_DRIVER").unwrap_or_else(|_| "auto".into()),
-            )
-            .envs(env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn kactivator queue-proxy");
-        let mut proxy = QueueProxy {
-            child,
-            serving,
-            autoscaler_metrics,
-            metrics,
-            dir,
-        };
-        let up = eventually(Duration::from_secs(15), || {
-            admin_get(proxy.metrics, "/readyz").is_some_and(|(status, _)| status == 200)
-        });
-        if !up {
-            let _ = proxy.child.kill();
-            panic!("queue-proxy never came up: {}", proxy.stderr());
-        }
-        proxy
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
-    }
-
-    /// `/metrics` on the user-metrics port: the sum of `name`'s samples whose labels contain
-    /// every one of `labels`.
-    fn metric(&self, name: &str, labels: &[&str]) -> f64 {
-        admin_get(self.metrics, "/metrics")
-            .map(|(_, body)| body)
-            .unwrap_or_default()
-            .lines()
-            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
-            .filter(|line| labels.iter().all(|label| line.contains(label)))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-}
-
-impl Drop for QueueProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- queue-proxy stderr ---\n{}", self.stderr());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use support::queue_proxy::{knative_env, QueueProxy, POD};
+use support::{admin_get, eventually};
 
 /// A scrape as the autoscaler's (`http_scrape_client.go`): `GET /metrics` with `accept`, the
 /// status, the Content-Type and the body.
@@ -191,7 +78,7 @@ fn the_autoscaler_scrapes_each_windows_load_with_the_proxied_part_apart() {
         BackendConfig::named("user-container"),
     )
     .expect("user container");
-    let proxy = QueueProxy::start(knative_env(user_port, 10));
+    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 10));
 
     // Upstream's handler serves the protobuf whatever the Accept says, on /metrics only.
     for accept in [None, Some("text/plain"), Some("application/protobuf")] {
@@ -325,7 +212,7 @@ fn the_user_metrics_port_serves_upstreams_queue_proxy_names() {
         BackendConfig::named("user-container"),
     )
     .expect("user container");
-    let proxy = QueueProxy::start(knative_env(user_port, 0));
+    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
     for proxied in [false, true, false] {
         assert_eq!(request(proxy.serving, "/delay/30", proxied), 200);
     }

@@ -250,7 +250,13 @@ fn render_requests(
     for totals in revisions.values() {
         for (code, code_totals) in &totals.codes {
             let labels = code_labels(&totals.labels, pod_name, *code);
-            write_histogram(out, "activator_request_latencies", &labels, code_totals, false);
+            write_histogram(
+                out,
+                "activator_request_latencies",
+                &labels,
+                code_totals,
+                false,
+            );
         }
     }
 }
@@ -279,7 +285,13 @@ fn render_queue_proxy(
     for totals in revisions.values() {
         for (code, code_totals) in &totals.codes {
             let labels = queue_proxy_code_labels(&totals.labels, pod_name, *code);
-            write_histogram(out, "revision_request_latencies", &labels, code_totals, false);
+            write_histogram(
+                out,
+                "revision_request_latencies",
+                &labels,
+                code_totals,
+                false,
+            );
         }
     }
     if queue_depth {

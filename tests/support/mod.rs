@@ -625,3 +625,4 @@ pub fn raw_pod(
     });
     (addr, accepted)
 }
+pub mod queue_proxy;

@@ -1,0 +1,165 @@
+//! `kactivator queue-proxy`, started as Knative starts its queue-proxy: the reconciler's
+//! environment, no arguments but the test's own ports, killed on drop.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kactivator_testkit::ports::free_port;
+
+use super::{admin_get, eventually, exchange, scratch_dir, Response};
+
+/// The pod name the environment gives the queue-proxy.
+pub const POD: &str = "hello-00001-deployment-7d9f";
+/// Its revision, in namespace `default`.
+pub const REVISION: &str = "hello-00001";
+
+/// What Knative 1.18's reconciler sets (`queue.go`), for a user container on `user_port`,
+/// served on `serving_port`; the fork's push off (`ACTIVATOR_SERVICE_URL` empty: absent, the
+/// queue-proxy would push to the in-cluster activator's name).
+pub fn knative_env(user_port: u16, serving_port: u16, concurrency: u32) -> HashMap<String, String> {
+    [
+        ("SERVING_NAMESPACE", "default".to_string()),
+        ("SERVING_SERVICE", "hello".into()),
+        ("SERVING_CONFIGURATION", "hello".into()),
+        ("SERVING_REVISION", REVISION.into()),
+        ("SERVING_POD", POD.into()),
+        ("SERVING_POD_IP", "127.0.0.1".into()),
+        ("QUEUE_SERVING_PORT", serving_port.to_string()),
+        ("QUEUE_SERVING_TLS_PORT", free_port().to_string()),
+        ("USER_PORT", user_port.to_string()),
+        ("CONTAINER_CONCURRENCY", concurrency.to_string()),
+        ("REVISION_TIMEOUT_SECONDS", "300".into()),
+        ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "0".into()),
+        ("REVISION_IDLE_TIMEOUT_SECONDS", "0".into()),
+        (
+            "SERVING_READINESS_PROBE",
+            format!(
+                r#"{{"tcpSocket":{{"port":{user_port},"host":"127.0.0.1"}},"successThreshold":1}}"#
+            ),
+        ),
+        ("SERVING_LOGGING_CONFIG", "{}".into()),
+        ("SERVING_LOGGING_LEVEL", String::new()),
+        ("SERVING_REQUEST_METRICS_BACKEND", "prometheus".into()),
+        ("ENABLE_HTTP2_AUTO_DETECTION", "false".into()),
+        ("ACTIVATOR_SERVICE_URL", String::new()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value))
+    .collect()
+}
+
+/// A running queue-proxy, killed on drop.
+pub struct QueueProxy {
+    pub child: Child,
+    pub serving: SocketAddr,
+    pub drain_admin: SocketAddr,
+    pub autoscaler_metrics: SocketAddr,
+    pub metrics: SocketAddr,
+    pub dir: PathBuf,
+}
+
+impl QueueProxy {
+    /// Starts it with `env` and waits until its `/readyz` answers 200.
+    pub fn start(env: HashMap<String, String>) -> QueueProxy {
+        QueueProxy::start_with(env, &[])
+    }
+
+    /// [`QueueProxy::start`] with more flags (e.g. `--drain-grace-seconds`).
+    pub fn start_with(env: HashMap<String, String>, args: &[&str]) -> QueueProxy {
+        let serving: SocketAddr = format!("127.0.0.1:{}", env["QUEUE_SERVING_PORT"])
+            .parse()
+            .unwrap();
+        let local = || -> SocketAddr { format!("127.0.0.1:{}", free_port()).parse().unwrap() };
+        let (drain_admin, autoscaler_metrics, metrics) = (local(), local(), local());
+        let dir = scratch_dir();
+        let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+            .arg("queue-proxy")
+            .args(["--drain-admin", &drain_admin.to_string()])
+            .args(["--admin", &metrics.to_string()])
+            .args(["--autoscaler-metrics", &autoscaler_metrics.to_string()])
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env(
+                "KACTIVATOR_DRIVER",
+                std::env::var("KACTIVATOR_DRIVER").unwrap_or_else(|_| "auto".into()),
+            )
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn kactivator queue-proxy");
+        let mut proxy = QueueProxy {
+            child,
+            serving,
+            drain_admin,
+            autoscaler_metrics,
+            metrics,
+            dir,
+        };
+        let up = eventually(Duration::from_secs(15), || {
+            admin_get(proxy.metrics, "/readyz").is_some_and(|(status, _)| status == 200)
+        });
+        if !up {
+            let _ = proxy.child.kill();
+            panic!("queue-proxy never came up: {}", proxy.stderr());
+        }
+        proxy
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
+    pub fn still_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// A health check as `user_agent` (the kubelet's, the activator's) sends it.
+    pub fn health_check(&self, user_agent: &str) -> Response {
+        exchange(
+            self.serving,
+            format!(
+                "GET / HTTP/1.1\r\nHost: hello.default\r\nUser-Agent: {user_agent}\r\nK-Network-Probe: queue\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        exchange(
+            self.serving,
+            format!("GET {path} HTTP/1.1\r\nHost: hello.default.example.com\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+    }
+
+    /// `/metrics` on the user-metrics port: the sum of `name`'s samples whose labels contain
+    /// every one of `labels`.
+    pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        admin_get(self.metrics, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with(['{', ' ']))
+            .filter(|line| labels.iter().all(|label| line.contains(label)))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for QueueProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- queue-proxy stderr ---\n{}", self.stderr());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
