@@ -283,12 +283,7 @@ impl FilePoller {
                 self.declared = declared;
                 // Keep the sections that need a restart as they run, so the warning repeats
                 // only when they change again.
-                let running = std::mem::replace(&mut self.current, config);
-                self.current.listen = running.listen;
-                self.current.proxy = running.proxy;
-                self.current.health = running.health;
-                self.current.control = running.control;
-                self.current.cluster.peers = running.cluster.peers;
+                self.current = self.running_sections(config);
             }
             Err(error) => {
                 metrics.reloads.with_label_values(&["error"]).inc();
