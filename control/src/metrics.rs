@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use kactivator_api::RevisionKey;
 use kactivator_shards::metrics::{
-    AllShardStats, Histogram, ShardStats, LATENCY_BUCKETS_MS, PRIORITY_BANDS,
+    AllShardStats, Counter, Histogram, ShardStats, LATENCY_BUCKETS_MS, PRIORITY_BANDS,
 };
 use kactivator_shards::routing::RevisionLabels;
 
@@ -32,9 +32,15 @@ struct HistogramTotals {
 
 impl HistogramTotals {
     fn add(&mut self, histogram: &Histogram) {
-        self.count += histogram.count.get();
-        self.sum_us += histogram.sum_us.get();
-        for (sum, bucket) in self.buckets.iter_mut().zip(&histogram.buckets) {
+        self.add_counts(&histogram.count, &histogram.sum_us, &histogram.buckets);
+    }
+
+    /// Adds one shard's histogram, given as its parts (a response code's slot keeps them
+    /// beside its code).
+    fn add_counts(&mut self, count: &Counter, sum_us: &Counter, buckets: &[Counter]) {
+        self.count += count.get();
+        self.sum_us += sum_us.get();
+        for (sum, bucket) in self.buckets.iter_mut().zip(buckets) {
             *sum += bucket.get();
         }
     }
@@ -181,12 +187,11 @@ fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), Revision
                 if code == 0 {
                     continue;
                 }
-                let code_totals = totals.codes.entry(code).or_default();
-                code_totals.count += slot.count.get();
-                code_totals.sum_us += slot.latency_sum_us.get();
-                for (sum, bucket) in code_totals.buckets.iter_mut().zip(&slot.buckets) {
-                    *sum += bucket.get();
-                }
+                totals.codes.entry(code).or_default().add_counts(
+                    &slot.count,
+                    &slot.latency_sum_us,
+                    &slot.buckets,
+                );
             }
         }
     }
