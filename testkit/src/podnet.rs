@@ -37,6 +37,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Once};
 
 /// Every PodNet's /24 lies in 10.213.0.0/16, which neither Service ClusterIPs
@@ -50,6 +51,22 @@ pub const SERVICE_NETWORK_OCTETS: [u8; 2] = [10, 96];
 /// Host numbers of Service addresses start here (`.1` of network 0 is the `kubernetes`
 /// Service's).
 const FIRST_SERVICE_HOST: u8 = 10;
+
+/// Where this process looks for a free network next: just past the last one it claimed, so
+/// a network given back is not handed out again until the other 255 have been tried. A test that
+/// checks its network is gone after a drop therefore does not find a parallel test's new one
+/// under the same name. Processes start at different points (by pid) for the same reason.
+static NEXT_INDEX: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// The `step`-th index to try, wrapping through all 256 from this process's next one.
+fn next_index(step: usize) -> u8 {
+    let mut start = NEXT_INDEX.load(Ordering::Relaxed);
+    if start == usize::MAX {
+        start = std::process::id() as usize * 37;
+    }
+    // Truncation is the wrap: 256 networks.
+    (start.wrapping_add(step) % 256) as u8
+}
 
 /// Links and namespaces are named `ktpod<N>` (the namespace's end of the veth `ktpod<N>p`).
 const LINK_PREFIX: &str = "ktpod";
@@ -102,7 +119,8 @@ impl PodNet {
         reclaim_orphans_once();
         refuse_ranges_in_use();
         let owner = std::process::id().to_string();
-        for index in 0..=u8::MAX {
+        for step in 0..=usize::from(u8::MAX) {
+            let index = next_index(step);
             let name = format!("{LINK_PREFIX}{index}");
             let inner = format!("{name}p");
             let created = ip(&[
@@ -137,6 +155,7 @@ impl PodNet {
                 continue;
             }
             net.set_up(&owner);
+            NEXT_INDEX.store(usize::from(index) + 1, Ordering::Relaxed);
             return net;
         }
         panic!("all 256 pod networks ({LINK_PREFIX}0 to {LINK_PREFIX}255) are taken");
