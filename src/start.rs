@@ -496,20 +496,21 @@ pub fn run_as(
         .block_on(control.start())
         .map_err(|error| StartError::Shard(format!("loading the configuration: {error}")))?;
 
-    let (grant_senders, grant_receivers): (Vec<_>, Vec<_>) =
+    // Each shard's mailbox of grants and evictions from the others.
+    let (mailbox_senders, mailboxes): (Vec<_>, Vec<_>) =
         (0..placement.shards).map(|_| flume::unbounded()).unzip();
     let (started_tx, started_rx) = mpsc::channel();
     let mut threads = Vec::with_capacity(placement.shards);
-    let shard_inputs = listeners.into_iter().zip(receivers).zip(grant_receivers);
-    for (index, ((listener, commands), grants)) in shard_inputs.enumerate() {
+    let shard_inputs = listeners.into_iter().zip(receivers).zip(mailboxes);
+    for (index, ((listener, commands), mailbox)) in shard_inputs.enumerate() {
         let spec = ShardSpec {
             index,
             cpu: placement.pins.as_ref().map(|pins| pins[index]),
             driver: cli.driver,
             listeners: listener,
             commands,
-            grants,
-            peers: grant_senders.clone(),
+            mailbox,
+            peers: mailbox_senders.clone(),
             settings: settings.clone(),
             stats: stats.clone(),
             control: control_link.clone(),

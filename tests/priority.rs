@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::backend::{self, BackendConfig};
@@ -44,6 +45,30 @@ impl Waiters {
             let response = exchange(http, raw.as_bytes());
             (owned, response.status, response.text(), Instant::now())
         }));
+        self.until_queued(activator, name, label, queued);
+    }
+
+    /// [`Waiters::send`] on a connection already open (one of a chosen shard).
+    fn send_on(
+        &mut self,
+        activator: &Activator,
+        mut stream: std::net::TcpStream,
+        name: &str,
+        label: &str,
+        headers: &str,
+        queued: f64,
+    ) {
+        let (raw, owned) = (request(name, headers), label.to_string());
+        self.threads.push(std::thread::spawn(move || {
+            stream.write_all(raw.as_bytes()).unwrap();
+            let response = support::read_response(&mut stream, &mut Vec::new())
+                .expect("an answer on the connection");
+            (owned, response.status, response.text(), Instant::now())
+        }));
+        self.until_queued(activator, name, label, queued);
+    }
+
+    fn until_queued(&self, activator: &Activator, name: &str, label: &str, queued: f64) {
         let waiting = || {
             activator.metric_sum(
                 "kactivator_revision_queued",
@@ -214,7 +239,8 @@ fn across_shards_a_tenants_first_request_waits_at_most_one_turn_behind_a_backlog
 #[test]
 fn a_full_queue_sheds_its_newest_low_waiter_for_a_high_arrival() {
     let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
-    // One shard: shedding takes a lower band's place on the arrival's own shard.
+    // One shard: shedding takes a lower band's place on the arrival's own shard (the next test
+    // has it shed on another).
     let activator = Activator::start_with(
         &revision(
             "default",
@@ -263,6 +289,58 @@ fn a_full_queue_sheds_its_newest_low_waiter_for_a_high_arrival() {
         )
     };
     assert_eq!((shed("0"), shed("2")), (1.0, 0.0));
+}
+
+#[test]
+fn a_full_queue_sheds_a_low_waiter_on_another_shard_for_a_high_arrival() {
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    // Two shards: both low waiters on shard 0, the high arrival on shard 1, which has nothing
+    // of its own to shed.
+    let activator = Activator::start(&revision(
+        "default",
+        "across",
+        &[pod.addr()],
+        &format!("queue_depth = 2\n{POLICY}"),
+    ));
+    let holder = hold_slot(&activator, "across");
+    let low = [activator.connect_on_shard(0), activator.connect_on_shard(0)];
+    let high = activator.connect_on_shard(1);
+    let mut waiters = Waiters::new();
+    for (index, stream) in low.into_iter().enumerate() {
+        let label = format!("low-{index}");
+        let queued = (index + 1) as f64;
+        waiters.send_on(
+            &activator,
+            stream,
+            "across",
+            &label,
+            "K-Priority: 0\r\n",
+            queued,
+        );
+    }
+    // The queue is full; shard 0 sheds its newest low waiter for the high one.
+    waiters.send_on(&activator, high, "across", "high", "K-Priority: 2\r\n", 2.0);
+    assert!(
+        support::eventually(Duration::from_secs(10), || {
+            activator.metric_sum("kactivator_shard_shed_total", &["shard=\"0\""]) == 1.0
+        }),
+        "{}",
+        activator.metrics()
+    );
+    drop(holder);
+    let answers = waiters.answers();
+    let got: Vec<(&str, u16)> = answers
+        .iter()
+        .map(|(label, status, _)| (label.as_str(), *status))
+        .collect();
+    assert_eq!(got, [("low-1", 503), ("high", 200), ("low-0", 200)]);
+    assert_eq!(answers[0].2, "pending request queue full\n");
+    assert_eq!(
+        activator.metric_sum("kactivator_shard_shed_total", &[]),
+        1.0,
+        "one shed, on the low waiters' shard"
+    );
+    assert_eq!(pod.stats().max_in_flight, 1);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The hub: one shard's thread and its ports. Builds the shard's reactor on its own thread,
 //! accepts on each data port, gives every connection to its front (HTTP/1, which hands a
 //! connection that opens with the HTTP/2 preface back here for the HTTP/2 front), runs the
-//! shard's own tasks (routing commands, grants from other shards, the timer, sweeps), and stops
+//! shard's own tasks (routing commands, grants and evictions from other shards, the timer, sweeps), and stops
 //! with the other shards (the stop barrier). The only module that knows both fronts.
 
 use std::cell::Cell;
@@ -19,7 +19,7 @@ use monoio::net::TcpListener;
 use crate::http1::{self, Served};
 use crate::http2;
 use crate::metrics::AllShardStats;
-use crate::routing::{Grant, ShardCommand};
+use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm;
 use crate::runtime::contain;
 use crate::runtime::control_link::ControlLink;
@@ -85,7 +85,7 @@ async fn meet(count: &AtomicUsize, shards: usize, shard: &Shard, what: &str) {
 }
 
 /// Runs a shard until it has stopped accepting and its last connection closed: its own tasks
-/// (routing commands, grants, the back-of-queue relay, the timer, the sweep), an accept loop
+/// (routing commands, the mailbox of grants and evictions, the back-of-queue relay, the timer, the sweep), an accept loop
 /// per port, and the stop.
 ///
 /// `ports`: each data port's listener with a second descriptor of the same socket (`spare`),
@@ -94,7 +94,7 @@ async fn run(
     shard: Rc<Shard>,
     ports: Vec<(TcpListener, std::net::TcpListener)>,
     commands: flume::Receiver<ShardCommand>,
-    grants: flume::Receiver<Grant>,
+    handoffs: flume::Receiver<Handoff>,
 ) {
     // Apply whatever the control thread queued before we started, so the first request already
     // sees the initial routing table.
@@ -109,19 +109,10 @@ async fn run(
         // The control thread is gone: nothing will ever update routing again; stop cleanly.
         command_shard.apply(ShardCommand::StopAccepting);
     });
-    let grant_shard = shard.clone();
+    let handoff_shard = shard.clone();
     monoio::spawn(async move {
-        while let Ok(grant) = grants.recv_async().await {
-            match grant_shard.replica.get(grant.key.as_str()) {
-                Some(revision) => {
-                    let outbox = revision.receive_grant(grant.pod);
-                    grant_shard.deliver(&revision, outbox);
-                }
-                // The revision is gone here: nobody to serve, give the slot back.
-                None => {
-                    grant.pod.slots.release();
-                }
-            }
+        while let Ok(handoff) = handoffs.recv_async().await {
+            handoff_shard.receive(handoff);
         }
     });
     let relay_shard = shard.clone();
@@ -268,10 +259,11 @@ pub struct ShardSpec {
     /// One listener per data port (HTTP/1 and HTTP/2 alike on each), bound by the caller.
     pub listeners: Vec<std::net::TcpListener>,
     pub commands: flume::Receiver<ShardCommand>,
-    /// Slots granted to this shard by others.
-    pub grants: flume::Receiver<Grant>,
-    /// Every shard's grant mailbox, by index.
-    pub peers: Vec<flume::Sender<Grant>>,
+    /// This shard's mailbox: slots granted to it by others, evictions asked of it and answers
+    /// to its own (`routing::Handoff`).
+    pub mailbox: flume::Receiver<Handoff>,
+    /// Every shard's mailbox, by index.
+    pub peers: Vec<flume::Sender<Handoff>>,
     pub settings: Arc<ShardSettings>,
     pub stats: AllShardStats,
     /// Registrations and pod signals to the control thread.
@@ -340,7 +332,7 @@ fn run_on(
         index,
         listeners,
         commands,
-        grants,
+        mailbox,
         peers,
         settings,
         stats,
@@ -388,7 +380,7 @@ fn run_on(
         }
         let _ = started.send(Ok(kind));
         let shard = Rc::new(Shard::new(index, settings, stats, peers, control));
-        run(shard, ports, commands, grants).await;
+        run(shard, ports, commands, mailbox).await;
     });
 }
 

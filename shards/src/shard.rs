@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::routing::replica::{LocalRevision, Outbox, Replica};
-use crate::routing::{Grant, ShardCommand};
+use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm::Alarms;
 use crate::runtime::blocks::Blocks;
 use crate::runtime::control_link::ControlLink;
@@ -161,8 +161,8 @@ pub struct Shard {
     pub pending_heads: Cell<usize>,
     /// The accept loop waits for room (a connection or a pending head fewer).
     pub accept_paused: Cell<bool>,
-    /// Every shard's grant mailbox, this one's included, by shard index.
-    pub(crate) peers: Vec<flume::Sender<Grant>>,
+    /// Every shard's mailbox for grants and evictions, this one's included, by shard index.
+    pub(crate) peers: Vec<flume::Sender<Handoff>>,
     /// Registrations and pod signals to the control thread.
     pub control: ControlLink,
     /// Deadlines of waiting requests (queued for a slot, slow heads), one timer for all.
@@ -181,7 +181,7 @@ impl Shard {
         index: usize,
         settings: Arc<ShardSettings>,
         all_stats: AllShardStats,
-        peers: Vec<flume::Sender<Grant>>,
+        peers: Vec<flume::Sender<Handoff>>,
         control: ControlLink,
     ) -> Shard {
         let pool = Pool::new(settings.pool);
@@ -210,26 +210,103 @@ impl Shard {
 
     /// Carries out what `revision` left in `outbox`: each slot granted to another shard's
     /// waiter goes to that shard's mailbox; one that cannot be delivered (the shard is gone) is
-    /// released here, which may hand it on again. True when a request queued on this shard
-    /// was woken with a slot.
+    /// released here, which may hand it on again. Each eviction asked of another shard goes
+    /// the same way; one that cannot be delivered is answered "nothing shed" here. True when a
+    /// request queued on this shard was woken with a slot.
     pub fn deliver(&self, revision: &LocalRevision, mut outbox: Outbox) -> bool {
         let mut woke_local = outbox.woke_local;
-        while let Some((to, pod)) = outbox.grants.pop() {
-            let grant = Grant {
-                key: revision.key().clone(),
-                pod: pod.tracker.clone(),
-            };
-            let sent = self
-                .peers
-                .get(to)
-                .is_some_and(|peer| peer.send(grant).is_ok());
-            if !sent {
-                let again = revision.release(&pod);
-                woke_local |= again.woke_local;
-                outbox.grants.extend(again.grants);
+        loop {
+            if let Some((to, pod)) = outbox.grants.pop() {
+                let grant = Handoff::Grant {
+                    key: revision.key().clone(),
+                    pod: pod.tracker.clone(),
+                };
+                if !self.send(to, grant) {
+                    let again = revision.release(&pod);
+                    woke_local |= again.woke_local;
+                    outbox.merge(again);
+                }
+            } else if let Some((to, below, waiter)) = outbox.evictions.pop() {
+                let evict = Handoff::Evict {
+                    key: revision.key().clone(),
+                    gate: revision.gate().clone(),
+                    below,
+                    from: self.index,
+                    waiter,
+                };
+                if !self.send(to, evict) {
+                    let again = revision.receive_place(waiter, false);
+                    woke_local |= again.woke_local;
+                    outbox.merge(again);
+                }
+            } else {
+                return woke_local;
             }
         }
-        woke_local
+    }
+
+    fn send(&self, to: usize, handoff: Handoff) -> bool {
+        self.peers
+            .get(to)
+            .is_some_and(|peer| peer.send(handoff).is_ok())
+    }
+
+    /// Takes what another shard sent: a slot for a waiter here, an eviction asked of this
+    /// shard, or the answer to one this shard asked. Whatever finds its revision gone (or
+    /// replaced by a later one of the same name) is undone: the slot released, nothing shed,
+    /// the places carried given back.
+    pub fn receive(&self, handoff: Handoff) {
+        match handoff {
+            Handoff::Grant { key, pod } => match self.replica.get(key.as_str()) {
+                Some(revision) => {
+                    let outbox = revision.receive_grant(pod);
+                    self.deliver(&revision, outbox);
+                }
+                // The revision is gone here: nobody to serve, give the slot back.
+                None => {
+                    pod.slots.release();
+                }
+            },
+            Handoff::Evict {
+                key,
+                gate,
+                below,
+                from,
+                waiter,
+            } => {
+                let placed = self
+                    .replica
+                    .get(key.as_str())
+                    .filter(|revision| Arc::ptr_eq(revision.gate(), &gate))
+                    .is_some_and(|revision| revision.evict(below));
+                let answer = Handoff::Place {
+                    key,
+                    gate: gate.clone(),
+                    waiter,
+                    placed,
+                };
+                if !self.send(from, answer) && placed {
+                    gate.give_back_place();
+                }
+            }
+            Handoff::Place {
+                key,
+                gate,
+                waiter,
+                placed,
+            } => match self
+                .replica
+                .get(key.as_str())
+                .filter(|revision| Arc::ptr_eq(revision.gate(), &gate))
+            {
+                Some(revision) => {
+                    let outbox = revision.receive_place(waiter, placed);
+                    self.deliver(&revision, outbox);
+                }
+                None if placed => gate.give_back_place(),
+                None => {}
+            },
+        }
     }
 
     /// At `max_connections` open connections or `max_pending_heads` unfinished heads.

@@ -285,6 +285,35 @@ impl Activator {
         stream.set_nodelay(true).unwrap();
         stream
     }
+
+    /// A connection that shard `shard` accepted. The kernel picks the shard of each new
+    /// connection; this connects until one lands there, seen in the per-shard count of
+    /// accepted connections (so nothing else may connect meanwhile), and closes the others.
+    pub fn connect_on_shard(&self, shard: usize) -> TcpStream {
+        let accepted = |on: usize| {
+            self.metric_sum(
+                "kactivator_shard_connections_accepted_total",
+                &[&format!("shard=\"{on}\"")],
+            )
+        };
+        for _ in 0..64 {
+            let (here, total) = (
+                accepted(shard),
+                self.metric_sum("kactivator_shard_connections_accepted_total", &[]),
+            );
+            let stream = self.connect();
+            assert!(
+                eventually(Duration::from_secs(10), || {
+                    self.metric_sum("kactivator_shard_connections_accepted_total", &[]) > total
+                }),
+                "the connection was never accepted"
+            );
+            if accepted(shard) > here {
+                return stream;
+            }
+        }
+        panic!("64 connections in a row went to other shards than {shard}");
+    }
 }
 
 impl Drop for Activator {

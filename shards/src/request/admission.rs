@@ -63,7 +63,9 @@ pub(crate) async fn acquire<W: ClientWatch>(
     match admission {
         Admission::Proceed(pod) => Ok(pod),
         Admission::Rejected => Err(RequestError::QueueFull),
-        Admission::Queued(id) => {
+        // Displacing: another shard is asked to shed a lower band's waiter for this request;
+        // it waits for that answer as for its slot.
+        Admission::Queued(id) | Admission::Displacing(id) => {
             client.parked();
             let queued_at = Instant::now();
             let cold_start = !revision.has_routable_pod();
@@ -95,6 +97,7 @@ pub(crate) async fn acquire<W: ClientWatch>(
                     }
                     Err(RequestError::QueueFull)
                 }
+                Waited::Refused => Err(RequestError::QueueFull),
                 Waited::TimedOut => Err(RequestError::TimedOut),
                 Waited::ClientGone => {
                     shard.stats().client_aborts.increment();
@@ -196,6 +199,9 @@ enum Waited {
     Removed,
     /// A request of a higher band took its place.
     Shed,
+    /// It asked another shard to shed a lower band's waiter for it, nothing was left to shed,
+    /// and the queue was still full.
+    Refused,
     TimedOut,
     /// The client closed its connection: its place in the queue is already given up.
     ClientGone,
@@ -242,6 +248,7 @@ async fn wait_for_slot<W: ClientWatch>(
             Woke::Queue(Ok(pod)) => return Waited::Granted(pod),
             Woke::Queue(Err(Ungranted::Removed)) => return Waited::Removed,
             Woke::Queue(Err(Ungranted::Shed)) => return Waited::Shed,
+            Woke::Queue(Err(Ungranted::Refused)) => return Waited::Refused,
             Woke::Deadline => return Waited::TimedOut,
             // Readable: taking it completes at once (bytes, FIN or error are there), so the
             // queue and the alarm can wait for it. Dropping the queued wait (on return) gives
@@ -256,8 +263,8 @@ async fn wait_for_slot<W: ClientWatch>(
 }
 
 /// A queued request waiting for its slot. Dropped before the slot arrives (timeout, client
-/// gone), it frees its place in the queue, or the slot granted meanwhile. Once shed it holds
-/// nothing: its place went to the request that shed it.
+/// gone), it frees its place in the queue, or the slot granted meanwhile. Once shed or refused
+/// it holds nothing: its place went to the request that shed it, or it never had one.
 struct Queued<'a> {
     revision: &'a LocalRevision,
     shard: &'a Shard,

@@ -16,7 +16,7 @@ use std::time::Duration;
 use kactivator_api::RevisionKey;
 
 use self::priority::PriorityPolicy;
-use crate::throttle::gate::RevisionGate;
+use crate::throttle::gate::{RevisionGate, WaiterId};
 pub use crate::throttle::lb::LbPolicy;
 use crate::throttle::slots::PodSlots;
 
@@ -116,12 +116,34 @@ impl PodTracker {
     }
 }
 
-/// A slot on a pod, handed from the shard that found it free to the shard whose waiter is the
-/// oldest (see `throttle::gate`).
+/// What one shard sends another about a revision's admission (see `throttle::gate`), over the
+/// receiving shard's mailbox.
 #[derive(Debug)]
-pub struct Grant {
-    pub key: RevisionKey,
-    pub pod: Arc<PodTracker>,
+pub enum Handoff {
+    /// A slot on a pod, handed from the shard that found it free to the shard whose waiter is
+    /// next to serve.
+    Grant {
+        key: RevisionKey,
+        pod: Arc<PodTracker>,
+    },
+    /// Shed a waiter of a band below `below` for request `waiter` of shard `from`, whose queue
+    /// is full (`throttle::gate::Effect::Evict`). `gate` tells this revision from a later one
+    /// of the same name.
+    Evict {
+        key: RevisionKey,
+        gate: Arc<RevisionGate>,
+        below: u8,
+        from: usize,
+        waiter: WaiterId,
+    },
+    /// The answer to an [`Handoff::Evict`]: `placed` when a waiter was shed, whose places in
+    /// the revision's queue and the process's this carries to `waiter`.
+    Place {
+        key: RevisionKey,
+        gate: Arc<RevisionGate>,
+        waiter: WaiterId,
+        placed: bool,
+    },
 }
 
 pub use crate::metrics::RevisionLabels;

@@ -17,7 +17,7 @@ use crate::fields::RequestHeaders;
 use crate::metrics::{Counter, RevisionCounters, ShardStats};
 use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
 use crate::throttle::gate::{
-    Admission, Class, Effect, LocalQueue, QueueLimits, RevisionGate, WaiterId,
+    Admission, Class, Effect, LocalQueue, Placement, QueueLimits, RevisionGate, WaiterId,
 };
 use crate::throttle::lb::{Balancer, Slots};
 
@@ -84,9 +84,9 @@ impl Slots for Rc<LocalPod> {
 }
 
 /// What a revision leaves its shard to do after handing slots out: the slots granted to waiters
-/// on other shards, to be sent over their grant mailboxes (a grant that cannot be delivered is
-/// released, which may hand it on again: `runtime::shard::Shard::deliver`). Almost always
-/// empty, which costs no allocation.
+/// on other shards, to be sent over their mailboxes (a grant that cannot be delivered is
+/// released, which may hand it on again: `shard::Shard::deliver`), and the evictions asked of
+/// other shards for requests here. Almost always empty, which costs no allocation.
 #[must_use = "granted slots must be delivered or released"]
 #[derive(Debug, Default)]
 pub struct Outbox {
@@ -94,23 +94,38 @@ pub struct Outbox {
     pub woke_local: bool,
     /// Slots for other shards' oldest waiters: (shard index, pod).
     pub grants: Vec<(usize, Rc<LocalPod>)>,
+    /// Sheds asked of other shards for requests here (`throttle::gate::Effect::Evict`):
+    /// (shard index, the band to shed below, the displacing request).
+    pub evictions: Vec<(usize, u8, WaiterId)>,
 }
 
 impl Outbox {
-    fn merge(&mut self, other: Outbox) {
+    pub fn merge(&mut self, other: Outbox) {
         self.woke_local |= other.woke_local;
         self.grants.extend(other.grants);
+        self.evictions.extend(other.evictions);
     }
 }
 
-/// A queued request's mailbox: the slot it was granted (or that it lost its place), and who to
+/// A queued request's mailbox: the slot it was granted (or why it will get none), and who to
 /// wake.
 #[derive(Debug, Default)]
 struct WaiterSlot {
     granted: Option<Rc<LocalPod>>,
-    /// A request of a higher band took its place (`throttle::gate::Effect::Shed`).
-    shed: bool,
+    /// It left the queue without a slot: shed (`throttle::gate::Effect::Shed`) or refused
+    /// after displacing (`throttle::gate::Placement::Refused`).
+    ended: Option<Ungranted>,
     waker: Option<Waker>,
+}
+
+impl WaiterSlot {
+    /// Ends the wait without a slot and wakes the request to answer.
+    fn end(&mut self, why: Ungranted) {
+        self.ended = Some(why);
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
 }
 
 /// Why a queued request left the queue without a slot.
@@ -120,6 +135,9 @@ pub enum Ungranted {
     Removed,
     /// A request of a higher band took its place in a full queue.
     Shed,
+    /// The queue was full and the lower band's waiter another shard was asked to shed for it
+    /// was gone by then.
+    Refused,
 }
 
 /// One revision as seen by one shard. Survives route updates: waiters, the load balancer's
@@ -198,7 +216,7 @@ impl LocalRevision {
             || self.try_acquire(),
             &mut effects,
         );
-        if let Admission::Queued(id) = admission {
+        if let Admission::Queued(id) | Admission::Displacing(id) = admission {
             // Before the effects: the dispatch inside `admit` may have served this very waiter.
             self.waiters.borrow_mut().insert(id, WaiterSlot::default());
         }
@@ -221,9 +239,9 @@ impl LocalRevision {
             waiters.remove(&id);
             return Poll::Ready(Ok(pod));
         }
-        if slot.shed {
+        if let Some(why) = slot.ended {
             waiters.remove(&id);
-            return Poll::Ready(Err(Ungranted::Shed));
+            return Poll::Ready(Err(why));
         }
         if self.removed.get() {
             return Poll::Ready(Err(Ungranted::Removed));
@@ -305,6 +323,50 @@ impl LocalRevision {
         outbox
     }
 
+    /// The revision's gate, which tells this revision from a later one of the same name.
+    pub fn gate(&self) -> &Arc<RevisionGate> {
+        &self.gate
+    }
+
+    /// Another shard asks this one to shed a waiter of a band below `below` for its request
+    /// (`Handoff::Evict`). True when one was shed: its places go back with the answer.
+    pub fn evict(&self, below: u8) -> bool {
+        let mut effects = Vec::new();
+        let shed = self
+            .queue
+            .borrow_mut()
+            .evict(&self.gate, below, &mut effects);
+        // Only the shed waiter is woken: no slot moves.
+        let outbox = self.apply_effects(effects);
+        debug_assert!(outbox.grants.is_empty() && outbox.evictions.is_empty());
+        self.publish_queued();
+        shed
+    }
+
+    /// The answer to an eviction asked for request `waiter` arrives (`Handoff::Place`).
+    pub fn receive_place(&self, waiter: WaiterId, placed: bool) -> Outbox {
+        let limits = QueueLimits {
+            revision_depth: self.route.borrow().queue_depth,
+        };
+        let mut effects = Vec::new();
+        let placement = self.queue.borrow_mut().receive_place(
+            &self.gate,
+            limits,
+            waiter,
+            placed,
+            || self.try_acquire(),
+            &mut effects,
+        );
+        if placement == Placement::Refused {
+            if let Some(slot) = self.waiters.borrow_mut().get_mut(&waiter) {
+                slot.end(Ungranted::Refused);
+            }
+        }
+        let outbox = self.apply_effects(effects);
+        self.publish_queued();
+        outbox
+    }
+
     /// This shard's queue length, for the `kactivator_revision_queued` gauge.
     fn publish_queued(&self) {
         self.counters.queued.set(self.queue.borrow().len() as u64);
@@ -346,12 +408,14 @@ impl LocalRevision {
                 Effect::Shed { waiter } => {
                     // It already left the queue; its mailbox says why, and it is woken to answer.
                     if let Some(slot) = self.waiters.borrow_mut().get_mut(&waiter) {
-                        slot.shed = true;
-                        if let Some(waker) = slot.waker.take() {
-                            waker.wake();
-                        }
+                        slot.end(Ungranted::Shed);
                     }
                 }
+                Effect::Evict {
+                    shard: to,
+                    below,
+                    waiter,
+                } => outbox.evictions.push((to, below, waiter)),
             }
         }
         outbox

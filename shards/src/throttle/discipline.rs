@@ -355,6 +355,19 @@ impl Waiters {
         }
     }
 
+    /// The lowest band with a waiter here, under a policy: what [`Waiters::shed_below`] would
+    /// take from for an arrival of any higher band. `None` without a policy or without waiters.
+    pub fn lowest_band(&self) -> Option<u8> {
+        match self {
+            Waiters::Fifo(_) => None,
+            Waiters::Banded(banded) => banded
+                .bands
+                .iter()
+                .position(|band| !band.is_empty())
+                .map(|band| band as u8),
+        }
+    }
+
     /// Every waiter, removed, in no particular order.
     pub fn drain<C: DerefMut<Target = FairClock>>(
         &mut self,
@@ -627,6 +640,42 @@ mod tests {
             assert!(!queue.remove(removed), "{what}: already gone");
             assert_eq!(queue.service_order(), expected, "{what}");
         }
+    }
+
+    #[test]
+    fn the_lowest_band_waiting_is_what_another_shards_arrival_may_shed() {
+        // (what, bands, arrivals, the lowest band published)
+        type Row = (&'static str, Option<u8>, Arrivals, Option<u8>);
+        let table: &[Row] = &[
+            ("off: none", None, &[(0, 0)], None),
+            ("nobody waits: none", Some(3), &[], None),
+            (
+                "the lowest band with a waiter",
+                Some(3),
+                &[(2, 0), (1, 0), (2, 1)],
+                Some(1),
+            ),
+            (
+                "a band past the last waits in the last",
+                Some(3),
+                &[(9, 0)],
+                Some(2),
+            ),
+        ];
+        for &(what, bands, arrivals, lowest) in table {
+            assert_eq!(
+                queue(bands, arrivals).waiters.lowest_band(),
+                lowest,
+                "{what}"
+            );
+        }
+        let mut emptied = queue(Some(3), &[(0, 0), (2, 0)]);
+        assert_eq!(emptied.shed_below(2).map(|w| w.id), Some(0));
+        assert_eq!(
+            emptied.waiters.lowest_band(),
+            Some(2),
+            "once shed, the next band up"
+        );
     }
 
     #[test]

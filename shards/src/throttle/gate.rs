@@ -59,9 +59,19 @@
 //!   (raising the band's virtual time) or gone, and to switch policy. It orders waiters only:
 //!   the counts, heads and fences above decide who may take a slot, whatever the tags say.
 //! * **Shedding keeps the bounds.** Under a priority policy, an arrival refused by either bound
-//!   takes the place of the newest waiter of the lowest lower band *on its own shard*, which is
-//!   answered 503: the places pass from one to the other and no count moves. A lower-band
-//!   waiter on another shard is not shed (that would need a message and a second reservation).
+//!   takes the place of the newest waiter of the lowest lower band, which is answered 503: the
+//!   places pass from one to the other and no count moves. On the arrival's own shard that is
+//!   one step. Else each shard publishes the lowest band it has waiting, and the arrival asks
+//!   the shard with the lowest one below its own to shed for it ([`Effect::Evict`], a message
+//!   like a grant): the request waits as [`Admission::Displacing`] meanwhile, holding no place.
+//!   That shard sheds its newest waiter below the arrival's band, if it still has one, and sends
+//!   the places back with the answer ([`LocalQueue::evict`]); they travel as a slot does in a
+//!   grant, counted all the way, so no count moves and none is stranded: the arrival queues in
+//!   them, or, gone meanwhile, gives them back ([`LocalQueue::receive_place`]). An answer with
+//!   nothing shed (the waiter was served or left meanwhile) leaves the arrival one more try at
+//!   the bounds, then a refusal. While places travel the waiting count includes them with no
+//!   head published: a dispatcher finds no waiter and stops, and the arrival's own dispatch,
+//!   once it is queued, serves it ("No lost wake-up" holds as for any queueing request).
 
 use std::sync::Arc;
 
@@ -88,6 +98,19 @@ mod sync {
 
 /// No waiter on a shard.
 const NONE: u64 = u64::MAX;
+
+/// No waiter under a priority policy on a shard (the lowest band published).
+const NO_BAND: u32 = u32::MAX;
+
+/// What one shard publishes about its waiters, on a cache line of its own that only it writes.
+#[derive(Debug)]
+struct ShardHead {
+    /// The key (`discipline::head_key`) of the waiter it would serve next, or `NONE`.
+    key: AtomicU64,
+    /// Under a priority policy, the lowest band it has waiting (an arrival of a higher band on
+    /// another shard may ask it to shed one), or `NO_BAND`. Never written without a policy.
+    lowest_band: AtomicU32,
+}
 
 /// The process-wide cap on waiting requests, one object shared by the gates of every revision.
 #[derive(Debug)]
@@ -150,8 +173,8 @@ impl ProcessQueue {
 pub struct RevisionGate {
     next_ticket: AtomicU64,
     waiting: AtomicU32,
-    /// Per shard: the key (`discipline::head_key`) of the waiter it would serve next, or `NONE`.
-    heads: Box<[CachePadded<AtomicU64>]>,
+    /// Per shard: its next waiter's key and its lowest band.
+    heads: Box<[CachePadded<ShardHead>]>,
     process: Arc<ProcessQueue>,
     /// Start-time fair queuing tags for the priority policy's waiters, shared by every shard so
     /// that fairness holds across them. Locked only under a policy, and only to tag a waiter,
@@ -174,7 +197,12 @@ impl RevisionGate {
             next_ticket: AtomicU64::new(0),
             waiting: AtomicU32::new(0),
             heads: (0..shards.max(1))
-                .map(|_| CachePadded::new(AtomicU64::new(NONE)))
+                .map(|_| {
+                    CachePadded::new(ShardHead {
+                        key: AtomicU64::new(NONE),
+                        lowest_band: AtomicU32::new(NO_BAND),
+                    })
+                })
                 .collect(),
             process,
             fair: Mutex::new(FairClock::default()),
@@ -240,12 +268,35 @@ impl RevisionGate {
     fn oldest_shard(&self) -> Option<usize> {
         let mut best: Option<(u64, usize)> = None;
         for (shard, head) in self.heads.iter().enumerate() {
-            let ticket = head.load(Ordering::SeqCst);
+            let ticket = head.key.load(Ordering::SeqCst);
             if ticket != NONE && best.is_none_or(|(oldest, _)| ticket < oldest) {
                 best = Some((ticket, shard));
             }
         }
         best.map(|(_, shard)| shard)
+    }
+
+    /// The shard other than `except` whose lowest waiting band is the lowest, if it is below
+    /// `band`: where an arrival of `band` may have a waiter shed for it. Read without ordering
+    /// anything: it is advice, and the shard asked sheds only what it still has.
+    fn lowest_band_below(&self, band: u8, except: usize) -> Option<usize> {
+        let mut best: Option<(u32, usize)> = None;
+        for (shard, head) in self.heads.iter().enumerate() {
+            let lowest = head.lowest_band.load(Ordering::Relaxed);
+            if shard != except
+                && lowest < u32::from(band)
+                && best.is_none_or(|(found, _)| lowest < found)
+            {
+                best = Some((lowest, shard));
+            }
+        }
+        best.map(|(_, shard)| shard)
+    }
+
+    /// Gives back the places an answer to an eviction carried, when the arrival they were for
+    /// is gone and so is its revision on that shard (the shell's orphaned answer).
+    pub fn give_back_place(&self) {
+        self.unreserve();
     }
 }
 
@@ -265,6 +316,22 @@ pub enum Admission<P> {
     Queued(WaiterId),
     /// The revision's queue or the process's is full: answer 503.
     Rejected,
+    /// Both are full, and another shard has a waiter of a lower band: it is asked to shed one
+    /// for this request ([`Effect::Evict`]). The request waits as a queued one does: it is
+    /// woken with a slot once it has a place and its turn, or told it was refused
+    /// ([`Placement::Refused`]) when the other shard had nothing left to shed.
+    Displacing(WaiterId),
+}
+
+/// What became of a request that was [`Admission::Displacing`] when the answer came.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// It queues in the place it was given (or found one free at a second try).
+    Queued,
+    /// Nothing was shed and the queue is still full: answer it 503, as for a full queue.
+    Refused,
+    /// It had left meanwhile; a place it was given went back.
+    Gone,
 }
 
 /// Something the shard must do after a gate call.
@@ -277,6 +344,15 @@ pub enum Effect<P> {
     /// This local waiter lost its place to a request of a higher band: answer it 503, as for a
     /// full queue. Its places in the revision and the process went to that request.
     Shed { waiter: WaiterId },
+    /// Ask `shard` to shed a waiter of a band below `below` for this shard's request `waiter`
+    /// (which is [`Admission::Displacing`]); its answer goes to [`LocalQueue::receive_place`]
+    /// here. The shell carries both as it carries grants; an ask that cannot be delivered is
+    /// answered "nothing shed" at once.
+    Evict {
+        shard: usize,
+        below: u8,
+        waiter: WaiterId,
+    },
 }
 
 /// One shard's waiters for one revision.
@@ -284,6 +360,9 @@ pub enum Effect<P> {
 pub struct LocalQueue {
     shard: usize,
     waiters: Waiters,
+    /// Requests waiting for another shard's answer to an eviction ([`Admission::Displacing`]),
+    /// with their class. Empty without a policy.
+    displacing: Vec<(WaiterId, Class)>,
     next_id: WaiterId,
 }
 
@@ -292,6 +371,7 @@ impl LocalQueue {
         LocalQueue {
             shard,
             waiters: Waiters::default(),
+            displacing: Vec::new(),
             next_id: 0,
         }
     }
@@ -309,6 +389,12 @@ impl LocalQueue {
     pub fn set_policy(&mut self, gate: &RevisionGate, bands: Option<u8>, default_band: u8) {
         self.waiters
             .set_policy(bands, default_band, || gate.fair_clock());
+        if bands.is_none() {
+            // Arrival order publishes no band: nothing here may be shed for another shard.
+            gate.heads[self.shard]
+                .lowest_band
+                .store(NO_BAND, Ordering::Relaxed);
+        }
         self.publish_head(gate);
     }
 
@@ -345,13 +431,97 @@ impl LocalQueue {
         if !gate.reserve(limits) {
             // Full. The shed waiter's places, in the revision and in the process, pass to this
             // request without being given back, so neither count moves, not even for an instant.
-            let Some(shed) = self.waiters.shed_below(class.band, || gate.fair_clock()) else {
-                return Admission::Rejected;
-            };
-            effects.push(Effect::Shed { waiter: shed.id });
+            match self.waiters.shed_below(class.band, || gate.fair_clock()) {
+                Some(shed) => effects.push(Effect::Shed { waiter: shed.id }),
+                None => return self.displace(gate, class, effects),
+            }
         }
         let id = self.next_id;
         self.next_id += 1;
+        self.queue_in_place(gate, class, id, try_acquire, effects);
+        Admission::Queued(id)
+    }
+
+    /// Full, and nothing lower waits here: asks the shard with the lowest band waiting below
+    /// `class`'s, if any, to shed one for this request.
+    fn displace<P>(
+        &mut self,
+        gate: &RevisionGate,
+        class: Class,
+        effects: &mut Vec<Effect<P>>,
+    ) -> Admission<P> {
+        if !matches!(self.waiters, Waiters::Banded(_)) {
+            return Admission::Rejected;
+        }
+        // A band past the last waits in the last, and sheds only what is below that.
+        let band = class.band.min(self.waiters.bands() - 1);
+        let Some(shard) = gate.lowest_band_below(band, self.shard) else {
+            return Admission::Rejected;
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.displacing.push((id, class));
+        effects.push(Effect::Evict {
+            shard,
+            below: band,
+            waiter: id,
+        });
+        Admission::Displacing(id)
+    }
+
+    /// Another shard asks this one to shed a waiter of a band below `below` for its arrival.
+    /// True when one was shed ([`Effect::Shed`]): its places now belong to that arrival and
+    /// travel with the answer, to [`LocalQueue::receive_place`] on the asking shard.
+    pub fn evict<P>(
+        &mut self,
+        gate: &RevisionGate,
+        below: u8,
+        effects: &mut Vec<Effect<P>>,
+    ) -> bool {
+        let Some(shed) = self.waiters.shed_below(below, || gate.fair_clock()) else {
+            return false;
+        };
+        self.publish_head(gate);
+        effects.push(Effect::Shed { waiter: shed.id });
+        true
+    }
+
+    /// The answer to this shard's eviction for `waiter` arrives: `placed` when a waiter was
+    /// shed for it, whose places it carries. The request queues in them; with nothing shed it
+    /// tries the bounds once more (a place may have come free meanwhile). A request that left
+    /// meanwhile gives the places back.
+    pub fn receive_place<P>(
+        &mut self,
+        gate: &RevisionGate,
+        limits: QueueLimits,
+        waiter: WaiterId,
+        placed: bool,
+        try_acquire: impl FnMut() -> Option<P>,
+        effects: &mut Vec<Effect<P>>,
+    ) -> Placement {
+        let Some(at) = self.displacing.iter().position(|&(id, _)| id == waiter) else {
+            if placed {
+                gate.unreserve();
+            }
+            return Placement::Gone;
+        };
+        let (_, class) = self.displacing.swap_remove(at);
+        if !placed && !gate.reserve(limits) {
+            return Placement::Refused;
+        }
+        self.queue_in_place(gate, class, waiter, try_acquire, effects);
+        Placement::Queued
+    }
+
+    /// Queues request `id`, whose places are held, and dispatches.
+    fn queue_in_place<P>(
+        &mut self,
+        gate: &RevisionGate,
+        class: Class,
+        id: WaiterId,
+        try_acquire: impl FnMut() -> Option<P>,
+        effects: &mut Vec<Effect<P>>,
+    ) {
         self.waiters.push(
             class,
             id,
@@ -362,7 +532,6 @@ impl LocalQueue {
         // Counted as waiting and published before this dispatch (which opens with the fence)
         // looks for a slot: see "No lost wake-up".
         self.dispatch(gate, try_acquire, effects);
-        Admission::Queued(id)
     }
 
     /// Hands free slots to the oldest waiters, here or on other shards, until either runs out.
@@ -421,10 +590,15 @@ impl LocalQueue {
         None
     }
 
-    /// A waiter gave up (client gone, timeout): its place is freed at once.
+    /// A waiter gave up (client gone, timeout): its place is freed at once. One still
+    /// displacing holds no place yet; the one it may be given goes back when the answer comes.
     pub fn cancel(&mut self, gate: &RevisionGate, waiter: WaiterId) -> bool {
         if !self.waiters.remove(waiter, || gate.fair_clock()) {
-            return false;
+            let Some(at) = self.displacing.iter().position(|&(id, _)| id == waiter) else {
+                return false;
+            };
+            self.displacing.swap_remove(at);
+            return true;
         }
         gate.unreserve();
         self.publish_head(gate);
@@ -436,7 +610,8 @@ impl LocalQueue {
     /// Without this, waiters of a removed revision would hold process-wide places for good.
     /// Returns how many left.
     pub fn cancel_all(&mut self, gate: &RevisionGate) -> usize {
-        let left = self.waiters.len();
+        let left = self.waiters.len() + self.displacing.len();
+        self.displacing.clear();
         for _ in self.waiters.drain(|| gate.fair_clock()) {
             gate.unreserve();
         }
@@ -452,8 +627,13 @@ impl LocalQueue {
     }
 
     fn publish_head(&self, gate: &RevisionGate) {
+        let published = &gate.heads[self.shard];
         let head = self.waiters.head_key().unwrap_or(NONE);
-        gate.heads[self.shard].store(head, Ordering::SeqCst);
+        published.key.store(head, Ordering::SeqCst);
+        if let Waiters::Banded(_) = self.waiters {
+            let lowest = self.waiters.lowest_band().map_or(NO_BAND, u32::from);
+            published.lowest_band.store(lowest, Ordering::Relaxed);
+        }
     }
 }
 
@@ -832,6 +1012,148 @@ mod tests {
     }
 
     #[test]
+    fn a_full_queue_has_another_shard_shed_its_lowest_band_for_a_higher_arrival() {
+        // Two shards under three bands, a depth of 2 taken by shard 0's waiters (ids 0 and 1),
+        // a pod with no slot; a band-2 arrival on shard 1 asks shard 0 to shed. What happens on
+        // either shard between the ask and the answer decides the rest.
+        type Meanwhile = fn(&mut LocalQueue, &mut LocalQueue, &RevisionGate);
+        // (what, bands of shard 0's waiters, meanwhile, a waiter shed, the answer's fate, the
+        // waiting count after)
+        type Row = (
+            &'static str,
+            [u8; 2],
+            Meanwhile,
+            Option<WaiterId>,
+            Placement,
+            u32,
+        );
+        let nothing: Meanwhile = |_, _, _| {};
+        let table: &[Row] = &[
+            (
+                "the newest of the lowest band is shed; the arrival queues in its place",
+                [0, 0],
+                nothing,
+                Some(1),
+                Placement::Queued,
+                2,
+            ),
+            (
+                "the lowest band, not the newest waiter",
+                [0, 1],
+                nothing,
+                Some(0),
+                Placement::Queued,
+                2,
+            ),
+            (
+                "the low waiters left meanwhile: nothing to shed, but room at a second try",
+                [0, 0],
+                |zero, _, gate| {
+                    assert!(zero.cancel(gate, 0) && zero.cancel(gate, 1));
+                },
+                None,
+                Placement::Queued,
+                1,
+            ),
+            (
+                "the low waiter left and a high one took its place: refused",
+                [0, 2],
+                |zero, _, gate| {
+                    assert!(zero.cancel(gate, 0));
+                    let admitted =
+                        zero.admit_as(gate, LIMIT_2, band(2), || None::<usize>, &mut Vec::new());
+                    assert_eq!(admitted, Admission::Queued(2));
+                },
+                None,
+                Placement::Refused,
+                2,
+            ),
+            (
+                "the arrival left before the answer: the place it was given goes back",
+                [0, 0],
+                |_, one, gate| assert!(one.cancel(gate, 0), "a displacing request cancels"),
+                Some(1),
+                Placement::Gone,
+                1,
+            ),
+        ];
+        const LIMIT_2: QueueLimits = QueueLimits { revision_depth: 2 };
+        for &(what, bands, meanwhile, shed, fate, waiting) in table {
+            let gate = RevisionGate::new(2);
+            let (mut zero, mut one) = (banded(0, &gate), banded(1, &gate));
+            let mut effects: Vec<Effect<usize>> = Vec::new();
+            for band_of in bands {
+                let admitted = zero.admit_as(&gate, LIMIT_2, band(band_of), || None, &mut effects);
+                assert!(matches!(admitted, Admission::Queued(_)), "{what}");
+            }
+            let arrival = one.admit_as(&gate, LIMIT_2, band(2), || None, &mut effects);
+            assert_eq!(arrival, Admission::Displacing(0), "{what}");
+            assert_eq!(
+                effects,
+                [Effect::Evict {
+                    shard: 0,
+                    below: 2,
+                    waiter: 0
+                }],
+                "{what}"
+            );
+            effects.clear();
+            meanwhile(&mut zero, &mut one, &gate);
+            let placed = zero.evict(&gate, 2, &mut effects);
+            assert_eq!(placed, shed.is_some(), "{what}");
+            let shed_now: Vec<_> = effects
+                .drain(..)
+                .map(|effect| match effect {
+                    Effect::Shed { waiter } => waiter,
+                    other => panic!("{what}: {other:?}"),
+                })
+                .collect();
+            assert_eq!(shed_now, shed.into_iter().collect::<Vec<_>>(), "{what}");
+            let placement = one.receive_place(&gate, LIMIT_2, 0, placed, || None, &mut effects);
+            assert_eq!(placement, fate, "{what}");
+            assert!(effects.is_empty(), "{what}: no slot anywhere");
+            assert_eq!(gate.waiting(), waiting, "{what}");
+            assert_eq!(gate.process_queue().queued(), waiting, "{what}");
+            assert_eq!(
+                zero.len() + one.len(),
+                waiting as usize,
+                "{what}: the count is the queues'"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lower_band_on_another_shard_is_asked_only_under_a_policy_and_only_when_lower() {
+        let gate = RevisionGate::new(2);
+        let limits = QueueLimits { revision_depth: 1 };
+        let (mut zero, mut one) = (banded(0, &gate), banded(1, &gate));
+        let mut effects: Vec<Effect<usize>> = Vec::new();
+        assert_eq!(
+            zero.admit_as(&gate, limits, band(1), || None, &mut effects),
+            Admission::Queued(0)
+        );
+        assert_eq!(
+            one.admit_as(&gate, limits, band(1), || None, &mut effects),
+            Admission::Rejected,
+            "the same band"
+        );
+        assert_eq!(
+            one.admit_as(&gate, limits, band(0), || None, &mut effects),
+            Admission::Rejected,
+            "a lower band"
+        );
+        assert!(effects.is_empty());
+        // Arrival order publishes no band: the same queue, switched off, is asked nothing.
+        zero.set_policy(&gate, None, 0);
+        one.set_policy(&gate, None, 0);
+        assert_eq!(
+            one.admit_as(&gate, limits, band(2), || None, &mut effects),
+            Admission::Rejected
+        );
+        assert!(effects.is_empty());
+    }
+
+    #[test]
     fn a_grant_for_a_shard_whose_waiter_left_comes_back() {
         let gate = RevisionGate::new(2);
         let mut remote = LocalQueue::new(1);
@@ -859,6 +1181,11 @@ mod tests {
         ArriveFlow(usize, u8, u64),
         Finish(usize),
         Deliver(usize),
+        /// An eviction asked of another shard arrives there.
+        DeliverEviction(usize),
+        /// The answer to an eviction arrives back.
+        DeliverPlace(usize),
+        /// A queued or displacing request gives up.
         Cancel(usize),
         /// A new snapshot raises a pod's capacity; the shard applying it dispatches.
         Grow(usize, usize),
@@ -883,6 +1210,8 @@ mod tests {
             2 => (0..shards, 0..64usize).prop_map(|(shard, pick)| Step::ArriveRacing(shard, pick)),
             3 => (0..64usize).prop_map(Step::Finish),
             3 => (0..64usize).prop_map(Step::Deliver),
+            2 => (0..64usize).prop_map(Step::DeliverEviction),
+            2 => (0..64usize).prop_map(Step::DeliverPlace),
             1 => (0..64usize).prop_map(Step::Cancel),
             1 => (0..shards, 0..8usize).prop_map(|(shard, pod)| Step::Grow(shard, pod)),
         ]
@@ -899,6 +1228,15 @@ mod tests {
         running: Vec<(usize, usize)>,
         /// Grants travelling between shards: (to shard, pod).
         in_transit: Vec<(usize, usize)>,
+        /// Evictions travelling: (to shard, the band to shed below, from shard, its request).
+        evictions: Vec<(usize, u8, usize, WaiterId)>,
+        /// Answers travelling back: (to shard, its request, whether places come with it).
+        places: Vec<(usize, WaiterId, bool)>,
+        /// Requests waiting for the answer to their eviction, by (shard, id), with their band
+        /// and arrival order.
+        displacing: BTreeMap<(usize, WaiterId), (u8, u64)>,
+        /// Displacing requests refused when the answer came.
+        refused: u64,
         /// Queued requests per shard, by waiter id, with their band (0 without a policy) and
         /// arrival order.
         queued: BTreeMap<(usize, WaiterId), (u8, u64)>,
@@ -935,9 +1273,89 @@ mod tests {
                         self.flow_of.remove(&(shard, waiter));
                         self.shed += 1;
                     }
+                    Effect::Evict {
+                        shard: to,
+                        below,
+                        waiter,
+                    } => {
+                        assert_ne!(to, shard, "an eviction asked of its own shard");
+                        self.evictions.push((to, below, shard, waiter));
+                    }
                 }
             }
             overtakes
+        }
+
+        /// Places travelling with answers: counted as waiting, in no queue yet.
+        fn travelling(&self) -> usize {
+            self.places.iter().filter(|&&(_, _, placed)| placed).count()
+        }
+
+        /// An eviction arrives at its shard: a waiter below its band is shed, if one is left,
+        /// and the answer starts back.
+        fn deliver_eviction(&mut self, pick: usize) {
+            let (to, below, from, waiter) = self.evictions.swap_remove(pick % self.evictions.len());
+            let lowest = self
+                .queued
+                .iter()
+                .filter(|((on, _), _)| *on == to)
+                .map(|(_, &(band, _))| band)
+                .min();
+            let mut effects = Vec::new();
+            let placed = self.queues[to].evict(&self.gate, below, &mut effects);
+            assert_eq!(
+                placed,
+                lowest.is_some_and(|lowest| lowest < below),
+                "shed exactly when a lower band waits"
+            );
+            if let [Effect::Shed { waiter: shed }] = effects[..] {
+                assert_eq!(
+                    self.queued[&(to, shed)].0,
+                    lowest.unwrap(),
+                    "not the lowest band"
+                );
+            } else {
+                assert!(effects.is_empty() && !placed, "{effects:?}");
+            }
+            self.apply(to, effects);
+            self.places.push((from, waiter, placed));
+        }
+
+        /// An answer arrives back: its request queues in the place it carries, tries the bounds
+        /// once more, or is gone.
+        fn deliver_place(&mut self, pick: usize, process: &ProcessQueue) -> u64 {
+            let (to, waiter, placed) = self.places.swap_remove(pick % self.places.len());
+            let waiting = self.queued.len() + self.travelling();
+            let full = waiting >= self.limits.revision_depth as usize
+                || process.queued() >= process.limit();
+            let mut effects = Vec::new();
+            let pods = &self.pods;
+            let placement = self.queues[to].receive_place(
+                &self.gate,
+                self.limits,
+                waiter,
+                placed,
+                || pods.iter().position(PodSlots::try_acquire),
+                &mut effects,
+            );
+            let displacing = self.displacing.remove(&(to, waiter));
+            match placement {
+                Placement::Queued => {
+                    assert!(placed || !full, "queued past a bound without a place");
+                    let entry = displacing.expect("a displacing request queued");
+                    self.queued.insert((to, waiter), entry);
+                }
+                Placement::Refused => {
+                    assert!(
+                        !placed && full,
+                        "refused with a place, or below both bounds"
+                    );
+                    assert!(displacing.is_some());
+                    self.refused += 1;
+                }
+                Placement::Gone => assert!(displacing.is_none(), "a waiting request was gone"),
+            }
+            self.apply(to, effects)
         }
 
         /// The band a request of `band` waits in.
@@ -1022,15 +1440,15 @@ mod tests {
                 in_flight as usize, held,
                 "every slot is held by a request or a grant in transit"
             );
+            let waiting = self.queued.len() + self.travelling();
             assert_eq!(
                 self.gate.waiting() as usize,
-                self.queued.len(),
-                "the waiting count matches the queues"
+                waiting,
+                "the waiting count matches the queues and the places travelling"
             );
             assert!(
-                self.queued.len() <= self.limits.revision_depth as usize,
-                "{} waiting past the revision depth {}",
-                self.queued.len(),
+                waiting <= self.limits.revision_depth as usize,
+                "{waiting} waiting past the revision depth {}",
                 self.limits.revision_depth
             );
         }
@@ -1071,6 +1489,10 @@ mod tests {
                     queues: (0..shards).map(LocalQueue::new).collect(),
                     running: Vec::new(),
                     in_transit: Vec::new(),
+                    evictions: Vec::new(),
+                    places: Vec::new(),
+                    displacing: BTreeMap::new(),
+                    refused: 0,
                     queued: BTreeMap::new(),
                     bands: None,
                     shed: 0,
@@ -1184,10 +1606,21 @@ mod tests {
                     let (shard, pod) = rev.in_transit.swap_remove(pick % rev.in_transit.len());
                     self.overtakes += rev.deliver(shard, pod);
                 }
-                Step::Cancel(pick) if !rev.queued.is_empty() => {
-                    let &(shard, waiter) = rev.queued.keys().nth(pick % rev.queued.len()).unwrap();
+                Step::DeliverEviction(pick) if !rev.evictions.is_empty() => {
+                    rev.deliver_eviction(pick);
+                }
+                Step::DeliverPlace(pick) if !rev.places.is_empty() => {
+                    self.overtakes += rev.deliver_place(pick, &self.process);
+                }
+                Step::Cancel(pick) if !rev.queued.is_empty() || !rev.displacing.is_empty() => {
+                    let pick = pick % (rev.queued.len() + rev.displacing.len());
+                    let &(shard, waiter) = match pick.checked_sub(rev.queued.len()) {
+                        None => rev.queued.keys().nth(pick).unwrap(),
+                        Some(pick) => rev.displacing.keys().nth(pick).unwrap(),
+                    };
                     assert!(rev.queues[shard].cancel(&rev.gate, waiter));
                     rev.queued.remove(&(shard, waiter));
+                    rev.displacing.remove(&(shard, waiter));
                     rev.flow_of.remove(&(shard, waiter));
                 }
                 _ => {}
@@ -1255,12 +1688,57 @@ mod tests {
                     }
                     rev.queued.insert((shard, id), (band, self.arrivals));
                 }
+                Admission::Displacing(id) => {
+                    let band = rev.band_of(band);
+                    assert!(
+                        waiting >= depth || queued >= cap,
+                        "displacing at {waiting}/{depth} in the revision, {queued}/{cap} in the process"
+                    );
+                    let [Effect::Evict {
+                        shard: to,
+                        below,
+                        waiter,
+                    }] = effects[..]
+                    else {
+                        panic!("a displacing arrival's effects: {effects:?}");
+                    };
+                    assert_eq!((below, waiter), (band, id));
+                    let lowest_on = |on: usize| {
+                        rev.queued
+                            .iter()
+                            .filter(|((at, _), _)| *at == on)
+                            .map(|(_, &(other, _))| other)
+                            .min()
+                    };
+                    assert!(
+                        lowest_on(shard).is_none_or(|lowest| lowest >= band),
+                        "asked another shard while a lower band waits here"
+                    );
+                    let lowest = lowest_on(to).expect("asked a shard with nobody waiting");
+                    assert!(lowest < band, "asked a shard whose lowest band is {lowest}");
+                    let lowest_anywhere = (0..rev.queues.len()).filter_map(lowest_on).min();
+                    assert_eq!(
+                        Some(lowest),
+                        lowest_anywhere,
+                        "not the lowest band anywhere"
+                    );
+                    rev.displacing.insert((shard, id), (band, self.arrivals));
+                }
                 Admission::Rejected => {
                     assert!(
                         waiting >= depth || queued >= cap,
                         "refused at {waiting}/{depth} in the revision, {queued}/{cap} in the process"
                     );
                     assert!(effects.is_empty());
+                    if let (Some(bands), Some(lowest)) = (
+                        rev.bands,
+                        rev.queued.values().map(|&(lower, _)| lower).min(),
+                    ) {
+                        assert!(
+                            lowest >= band.min(bands - 1),
+                            "refused while band {lowest} waits, below the arrival's {band}"
+                        );
+                    }
                     self.rejected += 1;
                 }
             }
@@ -1272,11 +1750,15 @@ mod tests {
             for revision in &self.revisions {
                 revision.check();
             }
-            let waiting: usize = self.revisions.iter().map(|rev| rev.queued.len()).sum();
+            let waiting: usize = self
+                .revisions
+                .iter()
+                .map(|rev| rev.queued.len() + rev.travelling())
+                .sum();
             assert_eq!(
                 self.process.queued() as usize,
                 waiting,
-                "the process count matches every revision's queues"
+                "the process count matches every revision's queues and places travelling"
             );
             assert!(
                 self.process.queued() <= self.process.limit(),
@@ -1291,7 +1773,11 @@ mod tests {
             for revision in 0..self.revisions.len() {
                 loop {
                     let rev = &mut self.revisions[revision];
-                    if let Some((shard, pod)) = rev.in_transit.pop() {
+                    if !rev.evictions.is_empty() {
+                        rev.deliver_eviction(0);
+                    } else if !rev.places.is_empty() {
+                        self.overtakes += rev.deliver_place(0, &self.process);
+                    } else if let Some((shard, pod)) = rev.in_transit.pop() {
                         self.overtakes += rev.deliver(shard, pod);
                     } else if !rev.running.is_empty() {
                         self.overtakes += rev.finish(0);
@@ -1307,9 +1793,10 @@ mod tests {
         fn assert_all_served(&self) {
             for rev in &self.revisions {
                 assert!(
-                    rev.queued.is_empty(),
-                    "{} requests never served",
-                    rev.queued.len()
+                    rev.queued.is_empty() && rev.displacing.is_empty(),
+                    "{} requests never served, {} never answered",
+                    rev.queued.len(),
+                    rev.displacing.len()
                 );
                 assert_eq!(rev.gate.waiting(), 0);
                 assert_eq!(rev.gate.oldest_shard(), None);
@@ -1703,12 +2190,26 @@ mod loom_tests {
         }
     }
 
+    /// What one shard sends another: the shell's `routing::Handoff`.
+    enum Message {
+        Grant,
+        Evict {
+            below: u8,
+            from: usize,
+            waiter: WaiterId,
+        },
+        Place {
+            waiter: WaiterId,
+            placed: bool,
+        },
+    }
+
     /// What the shards share.
     struct World {
         gate: RevisionGate,
         pod: Pod,
-        /// Per shard: grants sent to it, not yet received.
-        mailboxes: [Mutex<VecDeque<()>>; 2],
+        /// Per shard: messages sent to it, not yet received.
+        mailboxes: [Mutex<VecDeque<Message>>; 2],
     }
 
     impl World {
@@ -1735,6 +2236,11 @@ mod loom_tests {
         woken: Vec<WaiterId>,
         cancelled: Vec<WaiterId>,
         shed: Vec<WaiterId>,
+        /// Displacing requests refused when the answer came, and arrivals refused at once.
+        refused: Vec<WaiterId>,
+        rejected: u32,
+        /// The limits this shard's arrivals were admitted under (an answer uses them again).
+        limits: QueueLimits,
     }
 
     impl Shard {
@@ -1747,6 +2253,9 @@ mod loom_tests {
                 woken: Vec::new(),
                 cancelled: Vec::new(),
                 shed: Vec::new(),
+                refused: Vec::new(),
+                rejected: 0,
+                limits: LIMITS,
             }
         }
 
@@ -1788,6 +2297,34 @@ mod loom_tests {
                 Admission::Proceed(()) => self.running += 1,
                 Admission::Queued(id) => self.queued.push(id),
                 Admission::Rejected => panic!("refused below both bounds"),
+                Admission::Displacing(_) => panic!("displacing below both bounds"),
+            }
+            self.apply(world, effects);
+            admission
+        }
+
+        /// An arrival of `band` at tight limits, which may displace a lower band's waiter on
+        /// the other shard, or be refused when none is left by the time it looks.
+        fn arrive_at_bound(
+            &mut self,
+            world: &World,
+            limits: QueueLimits,
+            band: u8,
+        ) -> Admission<()> {
+            self.limits = limits;
+            let mut effects = Vec::new();
+            let class = Class { band, flow: 0 };
+            let admission = self.queue.admit_as(
+                &world.gate,
+                limits,
+                class,
+                || world.pod.try_acquire(),
+                &mut effects,
+            );
+            match admission {
+                Admission::Proceed(()) => self.running += 1,
+                Admission::Queued(id) | Admission::Displacing(id) => self.queued.push(id),
+                Admission::Rejected => self.rejected += 1,
             }
             self.apply(world, effects);
             admission
@@ -1811,23 +2348,55 @@ mod loom_tests {
             }
         }
 
-        /// Receives every grant in this shard's mailbox; returns whether there was any.
+        /// Receives every message in this shard's mailbox; returns whether there was any.
         fn receive_grants(&mut self, world: &World) -> bool {
             let mut any = false;
             loop {
-                let grant = world.mailboxes[self.index].lock().unwrap().pop_front();
-                let Some(pod) = grant else { return any };
+                let message = world.mailboxes[self.index].lock().unwrap().pop_front();
+                let Some(message) = message else { return any };
                 any = true;
                 let mut effects = Vec::new();
-                let unused = self.queue.receive_grant(
-                    &world.gate,
-                    pod,
-                    || world.pod.try_acquire(),
-                    &mut effects,
-                );
-                self.apply(world, effects);
-                if unused.is_some() {
-                    self.give_back(world);
+                match message {
+                    Message::Grant => {
+                        let unused = self.queue.receive_grant(
+                            &world.gate,
+                            (),
+                            || world.pod.try_acquire(),
+                            &mut effects,
+                        );
+                        self.apply(world, effects);
+                        if unused.is_some() {
+                            self.give_back(world);
+                        }
+                    }
+                    Message::Evict {
+                        below,
+                        from,
+                        waiter,
+                    } => {
+                        let placed = self.queue.evict(&world.gate, below, &mut effects);
+                        self.apply(world, effects);
+                        let answer = Message::Place { waiter, placed };
+                        world.mailboxes[from].lock().unwrap().push_back(answer);
+                    }
+                    Message::Place { waiter, placed } => {
+                        let placement = self.queue.receive_place(
+                            &world.gate,
+                            self.limits,
+                            waiter,
+                            placed,
+                            || world.pod.try_acquire(),
+                            &mut effects,
+                        );
+                        match placement {
+                            Placement::Queued => {}
+                            Placement::Refused => self.refused.push(waiter),
+                            Placement::Gone => {
+                                assert!(self.cancelled.contains(&waiter), "gone but not cancelled")
+                            }
+                        }
+                        self.apply(world, effects);
+                    }
                 }
             }
         }
@@ -1858,7 +2427,23 @@ mod loom_tests {
                         self.running += 1;
                     }
                     Effect::Grant { shard, pod: () } => {
-                        world.mailboxes[shard].lock().unwrap().push_back(());
+                        world.mailboxes[shard]
+                            .lock()
+                            .unwrap()
+                            .push_back(Message::Grant);
+                    }
+                    Effect::Evict {
+                        shard,
+                        below,
+                        waiter,
+                    } => {
+                        assert!(self.queued.contains(&waiter), "an eviction for nobody");
+                        let ask = Message::Evict {
+                            below,
+                            from: self.index,
+                            waiter,
+                        };
+                        world.mailboxes[shard].lock().unwrap().push_back(ask);
                     }
                     Effect::Shed { waiter } => {
                         assert!(self.queued.contains(&waiter), "shed a request never queued");
@@ -1913,7 +2498,12 @@ mod loom_tests {
             for id in &shard.queued {
                 let fates = shard.woken.iter().filter(|&woken| woken == id).count()
                     + shard.cancelled.iter().filter(|&gone| gone == id).count()
-                    + shard.shed.iter().filter(|&shed| shed == id).count();
+                    + shard.shed.iter().filter(|&shed| shed == id).count()
+                    + shard
+                        .refused
+                        .iter()
+                        .filter(|&refused| refused == id)
+                        .count();
                 assert_eq!(fates, 1, "request {id} on shard {}", shard.index);
             }
         }
@@ -1951,13 +2541,14 @@ mod loom_tests {
         order
     }
 
-    /// Runs `zero` and `one` as shards 0 and 1 from the given state, then to completion.
+    /// Runs `zero` and `one` as shards 0 and 1 from the given state, then to completion;
+    /// returns the shards as they ended.
     fn race(
         world: Arc<World>,
         shards: [Shard; 2],
         zero: impl FnOnce(&mut Shard, &World) + Send + 'static,
         one: impl FnOnce(&mut Shard, &World) + Send + 'static,
-    ) {
+    ) -> [Shard; 2] {
         let [mut first, mut second] = shards;
         let shared = world.clone();
         let first = thread::spawn(move || {
@@ -1973,6 +2564,7 @@ mod loom_tests {
         });
         let mut shards = [first.join().unwrap(), second.join().unwrap()];
         run_to_completion(&world, &mut shards);
+        shards
     }
 
     /// Shards at the start of a run: the slot held by a request on shard 0.
@@ -2130,6 +2722,74 @@ mod loom_tests {
                     assert!(world.gate.waiting() <= 2);
                 },
                 |shard, world| shard.finish(world),
+            );
+        });
+    }
+
+    /// Cross-shard shedding against the release that would have served the waiter it sheds:
+    /// shard 0 has the only place (depth 1) taken by a band-0 waiter and its running request
+    /// ends, while a band-2 request arrives on shard 1 and asks shard 0 to shed. Whatever the
+    /// order: the low waiter is served or shed, never both; the high one is served, or refused
+    /// only if it found the place taken and nothing lower left to shed; the place is never held
+    /// twice (the counts end at zero, never past the depth at a quiet point) and the slot is
+    /// never left free with a waiter.
+    #[test]
+    fn loom_an_eviction_racing_the_release_that_serves_its_victim() {
+        loom::model(|| {
+            let world = World::new();
+            let limits = QueueLimits { revision_depth: 1 };
+            let mut shards = [Shard::banded(0, &world), Shard::banded(1, &world)];
+            shards[0].running = 1;
+            assert_eq!(
+                shards[0].arrive_at_bound(&world, limits, 0),
+                Admission::Queued(0)
+            );
+            let [zero, one] = race(
+                world,
+                shards,
+                |shard, world| shard.finish(world),
+                move |shard, world| {
+                    shard.arrive_at_bound(world, limits, 2);
+                    assert!(world.gate.waiting() <= 1, "past the depth");
+                },
+            );
+            // An answer with nothing shed means the low waiter was served first, which freed
+            // the place: the second try at the bounds takes it.
+            assert!(one.refused.is_empty(), "refused with the place free");
+            assert!(
+                zero.shed.len() + zero.woken.len() == 1,
+                "the low waiter is shed or served"
+            );
+            if one.rejected == 0 {
+                assert_eq!(one.woken, [0], "the high request is served");
+            }
+        });
+    }
+
+    /// A displacing request that leaves before the answer comes: the place shed for it goes
+    /// back, and nothing else moves.
+    #[test]
+    fn loom_a_displacing_request_leaving_before_the_answer() {
+        loom::model(|| {
+            let world = World::new();
+            let limits = QueueLimits { revision_depth: 1 };
+            let mut shards = [Shard::banded(0, &world), Shard::banded(1, &world)];
+            shards[0].running = 1;
+            assert_eq!(
+                shards[0].arrive_at_bound(&world, limits, 0),
+                Admission::Queued(0)
+            );
+            assert_eq!(
+                shards[1].arrive_at_bound(&world, limits, 2),
+                Admission::Displacing(0)
+            );
+            race(
+                world,
+                shards,
+                |shard, world| {
+                    shard.receive_grants(world);
+                },
+                |shard, world| shard.cancel(world, 0),
             );
         });
     }
