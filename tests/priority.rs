@@ -344,6 +344,59 @@ fn a_full_queue_sheds_a_low_waiter_on_another_shard_for_a_high_arrival() {
 }
 
 #[test]
+fn a_heavy_tenant_that_came_after_the_series_ran_out_gets_one_of_its_own() {
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    // One shard: it ranks the tenants it sees.
+    let activator = Activator::start_with(
+        &revision("default", "ranked", &[pod.addr()], POLICY),
+        "",
+        &["--shards", "1"],
+        &[],
+    );
+    let send = |tenant: &str| {
+        let raw = format!(
+            "GET / HTTP/1.1\r\nHost: example.com\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: ranked\r\nK-Tenant: {tenant}\r\n\r\n"
+        );
+        assert_eq!(exchange(activator.http, raw.as_bytes()).status, 200);
+    };
+    // Sixteen light tenants take every series (`metrics::TENANT_SERIES`), one request each.
+    for light in 0..16 {
+        send(&format!("light-{light:02}"));
+    }
+    // A late tenant is folded until it is surely more than twice as heavy as the lightest shown
+    // (one request) plus the floor of 8: its tenth request takes that one's series.
+    for _ in 0..20 {
+        send("heavy");
+    }
+    let tenant = |name: &str| {
+        activator.metric_sum(
+            "kactivator_priority_tenant_requests_total",
+            &["revision_name=\"ranked\"", &format!("tenant=\"{name}\"")],
+        )
+    };
+    assert_eq!(tenant("heavy"), 11.0, "{}", activator.metrics());
+    assert_eq!(
+        activator.metric_sum(
+            "kactivator_priority_other_tenants_requests_total",
+            &["revision_name=\"ranked\""]
+        ),
+        9.0
+    );
+    let shown = activator
+        .metrics()
+        .lines()
+        .filter(|line| {
+            line.starts_with("kactivator_priority_tenant_requests_total{")
+                && line.contains("revision_name=\"ranked\"")
+        })
+        .count();
+    assert_eq!(
+        shown, 16,
+        "still sixteen series: one light tenant gave its own up"
+    );
+}
+
+#[test]
 fn without_a_policy_the_headers_change_nothing() {
     let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
     let activator = Activator::start(&revision(

@@ -18,7 +18,9 @@ use prometheus::{Encoder, TextEncoder};
 #[derive(Default)]
 struct PriorityTotals {
     bands: [(u64, u64, u64); PRIORITY_BANDS],
-    tenants: BTreeMap<String, u64>,
+    /// Per (shard, tenant): each shard ranks its own tenants, so a series is one shard's (a sum
+    /// over shards would go down when one shard gives a tenant's series to another).
+    tenants: BTreeMap<(usize, Box<str>), u64>,
     other_tenants: u64,
 }
 
@@ -178,7 +180,7 @@ fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), Revision
                     sum.2 += band.shed.get();
                 }
                 for (tenant, requests) in priority.tenants() {
-                    *sums.tenants.entry(tenant.to_string()).or_default() += requests;
+                    *sums.tenants.entry((shard.index, tenant)).or_default() += requests;
                 }
                 sums.other_tenants += priority.other_tenants.get();
             }
@@ -415,7 +417,8 @@ const WAIT_NAMES_OPENTELEMETRY: WaitNames = WaitNames {
 };
 
 /// ★ Per band and per tenant, for revisions with a priority policy (issue 27). Bands show once
-/// they saw a request; tenants are the first `metrics::TENANT_SERIES` each shard saw.
+/// they saw a request; tenants are the heaviest `metrics::TENANT_SERIES` of each shard
+/// (`kactivator_shards::metrics::tenants`), with a `shard` label.
 fn render_priority(
     out: &mut String,
     revisions: &BTreeMap<(String, String), RevisionTotals>,
@@ -463,12 +466,12 @@ fn render_priority(
             }
         }
     }
-    out.push_str("# HELP kactivator_priority_tenant_requests_total Requests per fairness key (tenant; empty: no key), for the first keys each shard saw.\n# TYPE kactivator_priority_tenant_requests_total counter\n");
+    out.push_str("# HELP kactivator_priority_tenant_requests_total Requests per fairness key (tenant; empty: no key) on one shard, for the heaviest keys of each shard, counted since the key took its series.\n# TYPE kactivator_priority_tenant_requests_total counter\n");
     for (labels, priority) in &with_policy {
-        for (tenant, requests) in &priority.tenants {
+        for ((shard, tenant), requests) in &priority.tenants {
             let _ = writeln!(
                 out,
-                "kactivator_priority_tenant_requests_total{{{labels},tenant=\"{}\"}} {requests}",
+                "kactivator_priority_tenant_requests_total{{{labels},tenant=\"{}\",shard=\"{shard}\"}} {requests}",
                 escape(tenant)
             );
         }
@@ -1020,7 +1023,7 @@ mod tests {
     }
 
     #[test]
-    fn priority_counters_show_per_band_and_for_the_first_tenants_each_shard_saw() {
+    fn priority_counters_show_per_band_and_for_the_heaviest_tenants_of_each_shard() {
         use kactivator_shards::metrics::TENANT_SERIES;
         let stats: AllShardStats = Arc::from(vec![
             CachePadded::new(ShardStats::new(0)),
@@ -1074,9 +1077,16 @@ mod tests {
             format!("kactivator_priority_queued{{{base},band=\"2\"}} 1\n"),
             format!("kactivator_priority_shed_total{{{base},band=\"0\"}} 1\n"),
             format!(
-                "kactivator_priority_tenant_requests_total{{{base},tenant=\"acme\\\"corp\"}} 3\n"
+                "kactivator_priority_tenant_requests_total{{{base},tenant=\"acme\\\"corp\",shard=\"0\"}} 2\n"
             ),
-            format!("kactivator_priority_tenant_requests_total{{{base},tenant=\"\"}} 1\n"),
+            format!(
+                "kactivator_priority_tenant_requests_total{{{base},tenant=\"acme\\\"corp\",shard=\"1\"}} 1\n"
+            ),
+            format!("kactivator_priority_tenant_requests_total{{{base},tenant=\"\",shard=\"1\"}} 1\n"),
+            // Fifteen keys named alike, each with a slot of shard 0, show as one series.
+            format!(
+                "kactivator_priority_tenant_requests_total{{{base},tenant=\"another\",shard=\"0\"}} 15\n"
+            ),
             format!("kactivator_priority_other_tenants_requests_total{{{base}}} 1\n"),
         ] {
             assert!(text.contains(&line), "{line} in\n{text}");
@@ -1084,8 +1094,8 @@ mod tests {
         assert_eq!(
             text.matches("kactivator_priority_tenant_requests_total{")
                 .count(),
-            3,
-            "acme, no key, another: {text}"
+            4,
+            "acme on each shard, no key, another: {text}"
         );
         assert!(
             !text.contains("band=\"3\""),

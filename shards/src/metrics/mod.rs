@@ -11,6 +11,10 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
+pub mod tenants;
+
+use self::tenants::{Tally, TenantRanking};
+
 /// Labels Knative puts on per-revision metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RevisionLabels {
@@ -246,8 +250,8 @@ pub struct WaitHistograms {
 /// Bands a revision's priority counters have room for: every band a policy may have
 /// (`throttle::discipline::MAX_BANDS`, checked where the policy classifies).
 pub const PRIORITY_BANDS: usize = 16;
-/// Fairness keys (tenants) of one revision with series of their own, per shard: the first this
-/// many a shard sees; requests of the rest are counted together
+/// Fairness keys (tenants) of one revision with series of their own, per shard: the heaviest
+/// this many a shard sees ([`tenants`]); requests of the rest are counted together
 /// (`kactivator_priority_other_tenants_requests_total`), so a client that makes up a new key per
 /// request cannot grow the scrape.
 pub const TENANT_SERIES: usize = 16;
@@ -265,63 +269,86 @@ pub struct BandCounters {
     pub shed: Counter,
 }
 
-/// A tenant with series of its own: its flow, its name, its requests.
+/// A series of one tenant: its name and its requests since it took the series.
 #[derive(Debug, Default)]
-pub struct TenantSlot {
-    flow: AtomicU64,
-    /// Written once by the owning shard, before `taken` is set.
-    name: OnceLock<Box<str>>,
+struct TenantSlot {
+    /// Set once the slot first has a tenant.
     taken: AtomicBool,
-    pub requests: Counter,
+    /// Locked by the owning shard only when the slot changes tenant (name set, count zeroed)
+    /// and by a scrape to read both, so that no scrape pairs one tenant's name with another's
+    /// count.
+    name: Mutex<Box<str>>,
+    /// Written only by the owning shard.
+    requests: AtomicU64,
 }
 
 /// ★ A revision's requests per priority band and per tenant, in one shard: allocated by the
 /// first request a priority policy classifies.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PriorityCounters {
     pub bands: [BandCounters; PRIORITY_BANDS],
     tenants: [TenantSlot; TENANT_SERIES],
-    /// Requests of tenants past the first [`TENANT_SERIES`].
+    /// Which tenants have the series; locked only by the owning shard (never contended).
+    ranking: Mutex<TenantRanking>,
+    /// Requests of tenants without a series of their own.
     pub other_tenants: Counter,
+}
+
+impl Default for PriorityCounters {
+    fn default() -> PriorityCounters {
+        PriorityCounters {
+            bands: Default::default(),
+            tenants: Default::default(),
+            ranking: Mutex::new(TenantRanking::new(TENANT_SERIES)),
+            other_tenants: Counter::default(),
+        }
+    }
 }
 
 impl PriorityCounters {
     /// Counts a request of flow `flow` (the tenant key's hash; 0 without a key) whose key is
     /// `name()` (read only when the tenant takes a series). Only the owning shard calls this.
     pub fn count_tenant<'n>(&self, flow: u64, name: impl FnOnce() -> Option<&'n [u8]>) {
-        for slot in &self.tenants {
-            if !slot.taken.load(Ordering::Relaxed) {
+        let tally = self
+            .ranking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .count(flow);
+        match tally {
+            Tally::Series(slot) => {
+                let requests = &self.tenants[slot].requests;
+                requests.store(requests.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            }
+            Tally::Takes(slot) => {
+                let slot = &self.tenants[slot];
                 let name = name().unwrap_or_default();
                 let name = &name[..name.len().min(TENANT_NAME_MAX)];
-                let _ = slot
+                let mut held = slot
                     .name
-                    .set(String::from_utf8_lossy(name).into_owned().into_boxed_str());
-                slot.flow.store(flow, Ordering::Relaxed);
-                // After the name and flow: a scrape that sees the slot taken sees both.
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                *held = String::from_utf8_lossy(name).into_owned().into_boxed_str();
+                slot.requests.store(1, Ordering::Relaxed);
                 slot.taken.store(true, Ordering::Release);
-                slot.requests.increment();
-                return;
             }
-            if slot.flow.load(Ordering::Relaxed) == flow {
-                slot.requests.increment();
-                return;
-            }
+            Tally::Other => self.other_tenants.increment(),
         }
-        self.other_tenants.increment();
     }
 
-    /// The tenants with series of their own: (name, requests); the empty name is requests
-    /// without a key.
-    pub fn tenants(&self) -> impl Iterator<Item = (&str, u64)> {
+    /// The tenants with series of their own now: (name, requests since it took the series);
+    /// the empty name is requests without a key.
+    pub fn tenants(&self) -> Vec<(Box<str>, u64)> {
         self.tenants
             .iter()
             .take_while(|slot| slot.taken.load(Ordering::Acquire))
             .map(|slot| {
-                (
-                    slot.name.get().map_or("", |name| &**name),
-                    slot.requests.get(),
-                )
+                let name = slot
+                    .name
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                (name.clone(), slot.requests.load(Ordering::Relaxed))
             })
+            .collect()
     }
 }
 
