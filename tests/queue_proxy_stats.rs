@@ -275,3 +275,77 @@ fn the_user_metrics_port_serves_upstreams_queue_proxy_names() {
         "kactivator's own metrics stay"
     );
 }
+
+#[test]
+fn the_app_metrics_count_the_time_at_the_user_container_not_in_the_breaker() {
+    let user_port = free_port();
+    let _user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    // containerConcurrency 1: the second request waits in the breaker while the first is at
+    // the app.
+    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 1));
+    let serving = proxy.serving;
+    let first = std::thread::spawn(move || request(serving, "/delay/300", false));
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            proxy.metric("revision_queue_depth", &[]) == 1.0
+        }),
+        "the first request is at the app"
+    );
+    assert_eq!(request(proxy.serving, "/delay/30", false), 200);
+    assert_eq!(first.join().unwrap(), 200);
+    assert_eq!(request(proxy.serving, "/status/404", false), 404);
+
+    let labels = |code: &str, le: Option<&str>| -> Vec<String> {
+        let mut labels = vec![
+            "container_name=\"queue-proxy\"".to_string(),
+            format!("response_code=\"{code}\""),
+        ];
+        labels.extend(le.map(|le| format!("le=\"{le}\"")));
+        labels
+    };
+    let metric = |name: &str, labels: Vec<String>| {
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        proxy.metric(name, &labels)
+    };
+    // Both 200s reached the app, and so did the 404, which the app answered.
+    assert_eq!(
+        metric("revision_app_request_count", labels("200", None)),
+        2.0
+    );
+    assert_eq!(
+        metric("revision_app_request_count", labels("404", None)),
+        1.0
+    );
+    // The second request's 30 ms at the app is under 40 ms there; its time in the queue-proxy
+    // includes its wait behind the first one, so none of the requests is under 40 ms overall.
+    assert_eq!(
+        metric(
+            "revision_app_request_latencies_bucket",
+            labels("200", Some("40"))
+        ),
+        1.0,
+        "{}",
+        admin_get(proxy.metrics, "/metrics").unwrap().1
+    );
+    assert_eq!(
+        metric(
+            "revision_request_latencies_bucket",
+            labels("200", Some("40"))
+        ),
+        0.0
+    );
+    assert_eq!(
+        proxy.metric(
+            "kn_serving_invocation_duration_seconds_count",
+            &[
+                "kn_revision_name=\"hello-00001\"",
+                "http_response_status_code=\"200\""
+            ]
+        ),
+        2.0
+    );
+}

@@ -52,6 +52,8 @@ impl HistogramTotals {
 struct RevisionTotals {
     labels: RevisionLabels,
     codes: BTreeMap<u16, HistogramTotals>,
+    /// In the queue-proxy role: the requests that reached the user container, by code.
+    app_codes: BTreeMap<u16, HistogramTotals>,
     /// Waits for a slot, and those that were cold starts (★ issue 27).
     slot_waits: HistogramTotals,
     cold_start_waits: HistogramTotals,
@@ -184,16 +186,21 @@ fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), Revision
                 }
                 sums.other_tenants += priority.other_tenants.get();
             }
-            for slot in block.code_slots() {
-                let code = slot.code();
-                if code == 0 {
-                    continue;
+            for (table, sums) in [
+                (&block.requests, &mut totals.codes),
+                (&block.app, &mut totals.app_codes),
+            ] {
+                for slot in table.slots() {
+                    let code = slot.code();
+                    if code == 0 {
+                        continue;
+                    }
+                    sums.entry(code).or_default().add_counts(
+                        &slot.count,
+                        &slot.latency_sum_us,
+                        &slot.buckets,
+                    );
                 }
-                totals.codes.entry(code).or_default().add_counts(
-                    &slot.count,
-                    &slot.latency_sum_us,
-                    &slot.buckets,
-                );
             }
         }
     }
@@ -269,36 +276,51 @@ fn render_requests(
 }
 
 /// Knative 1.18's queue-proxy request metrics (`pkg/queue/request_metric.go`, component
-/// `revision`): the requests the queue-proxy received, by response code, and the requests in
-/// it (waiting or at the app) when it has a breaker.
+/// `revision`): the requests the queue-proxy received and those that reached the user container
+/// (`app_`), by response code, and the requests in it (waiting or at the app) when it has a
+/// breaker.
 fn render_queue_proxy(
     out: &mut String,
     revisions: &BTreeMap<(String, String), RevisionTotals>,
     pod_name: &str,
     queue_depth: bool,
 ) {
-    out.push_str("# HELP revision_request_count The number of requests that are routed to queue-proxy\n# TYPE revision_request_count counter\n");
-    for totals in revisions.values() {
-        for (code, code_totals) in &totals.codes {
-            let _ = writeln!(
-                out,
-                "revision_request_count{{{}}} {}",
-                queue_proxy_code_labels(&totals.labels, pod_name, *code),
-                code_totals.count
-            );
+    type Codes = fn(&RevisionTotals) -> &BTreeMap<u16, HistogramTotals>;
+    let sets: [(&str, &str, &str, Codes); 2] = [
+        (
+            "revision_request_count",
+            "revision_request_latencies",
+            "The number of requests that are routed to queue-proxy",
+            |totals| &totals.codes,
+        ),
+        (
+            "revision_app_request_count",
+            "revision_app_request_latencies",
+            "The number of requests that are routed to user-container",
+            |totals| &totals.app_codes,
+        ),
+    ];
+    for (count, latencies, help, codes) in sets {
+        let _ = writeln!(out, "# HELP {count} {help}\n# TYPE {count} counter");
+        for totals in revisions.values() {
+            for (code, code_totals) in codes(totals) {
+                let _ = writeln!(
+                    out,
+                    "{count}{{{}}} {}",
+                    queue_proxy_code_labels(&totals.labels, pod_name, *code),
+                    code_totals.count
+                );
+            }
         }
-    }
-    out.push_str("# HELP revision_request_latencies The response time in millisecond\n# TYPE revision_request_latencies histogram\n");
-    for totals in revisions.values() {
-        for (code, code_totals) in &totals.codes {
-            let labels = queue_proxy_code_labels(&totals.labels, pod_name, *code);
-            write_histogram(
-                out,
-                "revision_request_latencies",
-                &labels,
-                code_totals,
-                false,
-            );
+        let _ = writeln!(
+            out,
+            "# HELP {latencies} The response time in millisecond\n# TYPE {latencies} histogram"
+        );
+        for totals in revisions.values() {
+            for (code, code_totals) in codes(totals) {
+                let labels = queue_proxy_code_labels(&totals.labels, pod_name, *code);
+                write_histogram(out, latencies, &labels, code_totals, false);
+            }
         }
     }
     if queue_depth {
@@ -333,6 +355,22 @@ fn render_queue_proxy_otel(
         }
     }
     render_server_duration(out, revisions);
+    out.push_str("# HELP kn_serving_invocation_duration_seconds The duration of task execution\n# TYPE kn_serving_invocation_duration_seconds histogram\n");
+    for totals in revisions.values() {
+        for (code, code_totals) in &totals.app_codes {
+            let labels = format!(
+                "{},http_response_status_code=\"{code}\"",
+                otel_labels(&totals.labels)
+            );
+            write_histogram(
+                out,
+                "kn_serving_invocation_duration_seconds",
+                &labels,
+                code_totals,
+                true,
+            );
+        }
+    }
 }
 
 /// Knative 1.19+'s OpenTelemetry request metrics, named as its Prometheus exporter names them:
@@ -902,6 +940,8 @@ mod tests {
         let block = stats[0].register_revision(labels, false);
         block.record(200, 3_000);
         block.record(503, 70_000);
+        // Only the 200 reached the app (the 503 was the breaker's), in 2 of its 3 ms.
+        block.app.record(200, 2_000);
         block.load.arrive(0);
         block.load.arrive(0);
         let render_with = |names, queue_depth| {
@@ -928,11 +968,20 @@ mod tests {
             format!("revision_queue_depth{{{base}}} 2\n"),
             format!("kn_serving_queue_depth{{{attributes}}} 2\n"),
             format!("http_server_request_duration_seconds_count{{{attributes},http_response_status_code=\"200\"}} 1\n"),
+            format!("revision_app_request_count{{{base},response_code=\"200\",response_code_class=\"2xx\"}} 1\n"),
+            format!("revision_app_request_latencies_sum{{{base},response_code=\"200\",response_code_class=\"2xx\"}} 2\n"),
+            format!("kn_serving_invocation_duration_seconds_bucket{{{attributes},http_response_status_code=\"200\",le=\"0.005\"}} 1\n"),
+            format!("kn_serving_invocation_duration_seconds_count{{{attributes},http_response_status_code=\"200\"}} 1\n"),
         ] {
             assert!(text.contains(&line), "{line} in\n{text}");
         }
         assert!(!text.contains("activator_request"), "{text}");
         assert!(!text.contains("kn_revision_request"), "{text}");
+        assert_eq!(
+            text.matches("revision_app_request_count{").count(),
+            1,
+            "the breaker's 503 never reached the app: {text}"
+        );
         assert!(
             text.contains("kactivator_shard_requests_total"),
             "ours stay"

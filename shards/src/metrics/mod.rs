@@ -352,16 +352,63 @@ impl PriorityCounters {
     }
 }
 
+/// Requests by response code: a count and a latency histogram per code, written by one shard.
+#[derive(Debug, Default)]
+pub struct CodeTable {
+    /// Allocated by the first request recorded: they are ~2.9 KiB, and most of a large
+    /// cluster's revisions never see a request in a given shard (10 000 revisions × 2 shards
+    /// would hold 58 MiB of zeros).
+    slots: OnceLock<Box<[CodeSlot; CODE_SLOTS]>>,
+    /// Requests whose code found no free slot.
+    pub overflow: Counter,
+}
+
+impl CodeTable {
+    /// Records one request. Only the owning shard calls this.
+    #[inline]
+    pub fn record(&self, status: u16, latency_us: u64) {
+        let Some(slot) = self.slot_for(status) else {
+            self.overflow.increment();
+            return;
+        };
+        slot.count.increment();
+        slot.latency_sum_us.add(latency_us);
+        slot.buckets[bucket_of(latency_us)].increment();
+    }
+
+    /// The codes seen so far with their counts; empty before the first request.
+    pub fn slots(&self) -> &[CodeSlot] {
+        self.slots.get().map_or(&[], |slots| &slots[..])
+    }
+
+    fn slot_for(&self, status: u16) -> Option<&CodeSlot> {
+        // Only the owning shard initialises (and writes) them; a scrape only reads.
+        let slots = self.slots.get_or_init(Default::default);
+        for slot in slots.iter() {
+            match slot.code() {
+                code if code == status => return Some(slot),
+                0 => {
+                    // Publish the code before any count so a reader never sees counts under 0.
+                    slot.code.store(u32::from(status), Ordering::Release);
+                    return Some(slot);
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
 /// Per-revision request metrics written by one shard.
 #[derive(Debug)]
 pub struct RevisionCounters {
     pub labels: RevisionLabels,
-    /// Allocated by the shard's first finished request of the revision: they are ~2.9 KiB, and
-    /// most of a large cluster's revisions never see a request in a given shard (10 000
-    /// revisions × 2 shards would hold 58 MiB of zeros).
-    slots: OnceLock<Box<[CodeSlot; CODE_SLOTS]>>,
-    /// Requests whose code found no free slot.
-    pub overflow: Counter,
+    /// Requests by code, from arrival to the end of the response.
+    pub requests: CodeTable,
+    /// In the queue-proxy role, the requests that reached the user container, from the moment
+    /// they were let through the breaker (upstream's `app_request_*` and
+    /// `kn.serving.invocation.duration`). Empty in the activator role.
+    pub app: CodeTable,
     /// Requests of this revision in this shard (queued or proxied), their arrivals and the
     /// time integral, for the autoscaler and the concurrency gauge.
     pub load: Load,
@@ -388,8 +435,8 @@ impl RevisionCounters {
     pub fn new(labels: RevisionLabels, reporting: bool) -> RevisionCounters {
         RevisionCounters {
             labels,
-            slots: OnceLock::new(),
-            overflow: Counter::default(),
+            requests: CodeTable::default(),
+            app: CodeTable::default(),
             load: Load::default(),
             proxied: Load::default(),
             queued: Gauge::default(),
@@ -413,14 +460,9 @@ impl RevisionCounters {
     }
 
     /// Records one finished request. Only the owning shard calls this.
+    #[inline]
     pub fn record(&self, status: u16, latency_us: u64) {
-        let Some(slot) = self.slot_for(status) else {
-            self.overflow.increment();
-            return;
-        };
-        slot.count.increment();
-        slot.latency_sum_us.add(latency_us);
-        slot.buckets[bucket_of(latency_us)].increment();
+        self.requests.record(status, latency_us);
     }
 
     /// Records one wait in the queue; `cold_start`: it began with no routable pod. Only the
@@ -450,24 +492,7 @@ impl RevisionCounters {
 
     /// The codes seen so far with their counts; empty before the first finished request.
     pub fn code_slots(&self) -> &[CodeSlot] {
-        self.slots.get().map_or(&[], |slots| &slots[..])
-    }
-
-    fn slot_for(&self, status: u16) -> Option<&CodeSlot> {
-        // Only the owning shard initialises (and writes) them; a scrape only reads.
-        let slots = self.slots.get_or_init(Default::default);
-        for slot in slots.iter() {
-            match slot.code() {
-                code if code == status => return Some(slot),
-                0 => {
-                    // Publish the code before any count so a reader never sees counts under 0.
-                    slot.code.store(u32::from(status), Ordering::Release);
-                    return Some(slot);
-                }
-                _ => {}
-            }
-        }
-        None
+        self.requests.slots()
     }
 }
 
@@ -669,6 +694,6 @@ mod tests {
         counters.record(200, 1);
         counters.record(599, 1);
         assert_eq!(counters.code_slots()[0].count.get(), 2);
-        assert_eq!(counters.overflow.get(), 1);
+        assert_eq!(counters.requests.overflow.get(), 1);
     }
 }

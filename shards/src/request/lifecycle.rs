@@ -181,7 +181,17 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     });
     let tally = Tally::arrive(shard, &revision, arrival, proxied);
     let mut note = None;
-    let ended = proxy(shard, front, &revision, class, arrival, &mut note).await;
+    let mut reached_app = None;
+    let ended = proxy(
+        shard,
+        front,
+        &revision,
+        class,
+        arrival,
+        &mut note,
+        &mut reached_app,
+    )
+    .await;
     // What the activator tells the client of its waits; the queue-proxy role tells nothing.
     let note = note.filter(|_| matches!(shard.settings.role, Role::Activator));
     // An answer of the activator's own is written here, once the request's own state is gone:
@@ -212,7 +222,7 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
             (error.status(), next)
         }
     };
-    tally.end(arrival, status);
+    tally.end(arrival, status, reached_app);
     next
 }
 
@@ -226,7 +236,9 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
 /// Otherwise a failure is a 502 naming the problem.
 ///
 /// Its waits in the queue are added to `note` (`Some` once the request queued); the pod's
-/// response carries them in the activator role (`policy::WaitNote`).
+/// response carries them in the activator role (`policy::WaitNote`). In the queue-proxy role,
+/// `reached_app` is when the last attempt was let through to the user container (the
+/// app-side metrics' start, as upstream's app handler sits behind its breaker).
 async fn proxy<F: Front>(
     shard: &Rc<Shard>,
     front: &mut F,
@@ -234,6 +246,7 @@ async fn proxy<F: Front>(
     class: Class,
     arrival: Instant,
     note: &mut Option<WaitNote>,
+    reached_app: &mut Option<Instant>,
 ) -> Ended {
     let tells = matches!(shard.settings.role, Role::Activator);
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
@@ -261,6 +274,9 @@ async fn proxy<F: Front>(
                 };
             }
         };
+        if !tells {
+            *reached_app = Some(Instant::now());
+        }
         let mut held = Some(Held::new(&pod, revision, shard));
         let told = note.as_ref().filter(|_| tells);
         let outcome = front

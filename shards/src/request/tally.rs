@@ -63,9 +63,12 @@ impl Tally {
         }
     }
 
-    /// Counts the request out with the status it ended with.
+    /// Counts the request out with the status it ended with. `reached_app`: in the queue-proxy
+    /// role, when the request was let through to the user container (its last attempt's
+    /// admission), for the app-side metrics; `None` in the activator role and for a request
+    /// that never got that far.
     #[inline]
-    pub(crate) fn end(self, arrival: Instant, status: u16) {
+    pub(crate) fn end(self, arrival: Instant, status: u16, reached_app: Option<Instant>) {
         let latency_us = arrival.elapsed().as_micros() as u64;
         let departed_us = self.arrived_us + latency_us;
         self.counters.load.depart(departed_us);
@@ -73,6 +76,10 @@ impl Tally {
             self.counters.proxied.depart(departed_us);
         }
         self.counters.record(status, latency_us);
+        if let Some(admitted) = reached_app {
+            let app_us = admitted.elapsed().as_micros() as u64;
+            self.counters.app.record(status, app_us);
+        }
     }
 }
 
