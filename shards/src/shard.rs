@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::metrics::{AllShardStats, ShardStats};
-use crate::routing::replica::{LocalRevision, Outbox, Replica};
+use crate::routing::replica::{LocalRevision, Outbox, Outgoing, Replica};
 use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm::Alarms;
 use crate::runtime::blocks::Blocks;
@@ -215,34 +215,36 @@ impl Shard {
     /// request queued on this shard was woken with a slot.
     pub fn deliver(&self, revision: &LocalRevision, mut outbox: Outbox) -> bool {
         let mut woke_local = outbox.woke_local;
-        loop {
-            if let Some((to, pod)) = outbox.grants.pop() {
-                let grant = Handoff::Grant {
-                    key: revision.key().clone(),
-                    pod: pod.tracker.clone(),
-                };
-                if !self.send(to, grant) {
-                    let again = revision.release(&pod);
-                    woke_local |= again.woke_local;
-                    outbox.merge(again);
+        while let Some(outgoing) = outbox.outgoing.pop() {
+            let again = match outgoing {
+                Outgoing::Grant { to, pod } => {
+                    let grant = Handoff::Grant {
+                        key: revision.key().clone(),
+                        pod: pod.tracker.clone(),
+                    };
+                    if self.send(to, grant) {
+                        continue;
+                    }
+                    revision.release(&pod)
                 }
-            } else if let Some((to, below, waiter)) = outbox.evictions.pop() {
-                let evict = Handoff::Evict {
-                    key: revision.key().clone(),
-                    gate: revision.gate().clone(),
-                    below,
-                    from: self.index,
-                    waiter,
-                };
-                if !self.send(to, evict) {
-                    let again = revision.receive_place(waiter, false);
-                    woke_local |= again.woke_local;
-                    outbox.merge(again);
+                Outgoing::Evict { to, below, waiter } => {
+                    let evict = Handoff::Evict {
+                        key: revision.key().clone(),
+                        gate: revision.gate().clone(),
+                        below,
+                        from: self.index,
+                        waiter,
+                    };
+                    if self.send(to, evict) {
+                        continue;
+                    }
+                    revision.receive_place(waiter, false)
                 }
-            } else {
-                return woke_local;
-            }
+            };
+            woke_local |= again.woke_local;
+            outbox.merge(again);
         }
+        woke_local
     }
 
     fn send(&self, to: usize, handoff: Handoff) -> bool {

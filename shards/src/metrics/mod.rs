@@ -364,8 +364,10 @@ pub struct CodeTable {
 }
 
 impl CodeTable {
-    /// Records one request. Only the owning shard calls this.
-    #[inline]
+    /// Records one request. Only the owning shard calls this. Inlined always: the request
+    /// table's call is on every request's path, and the app table's is kept apart
+    /// (`RevisionCounters::record_app`).
+    #[inline(always)]
     pub fn record(&self, status: u16, latency_us: u64) {
         let Some(slot) = self.slot_for(status) else {
             self.overflow.increment();
@@ -463,6 +465,13 @@ impl RevisionCounters {
     #[inline]
     pub fn record(&self, status: u16, latency_us: u64) {
         self.requests.record(status, latency_us);
+    }
+
+    /// Records one request that reached the user container (the queue-proxy role). Kept out
+    /// of line so that the activator's path carries only the call.
+    #[inline(never)]
+    pub fn record_app(&self, status: u16, latency_us: u64) {
+        self.app.record(status, latency_us);
     }
 
     /// Records one wait in the queue; `cold_start`: it began with no routable pod. Only the

@@ -78,7 +78,7 @@ impl Tally {
         self.counters.record(status, latency_us);
         if let Some(admitted) = reached_app {
             let app_us = admitted.elapsed().as_micros() as u64;
-            self.counters.app.record(status, app_us);
+            self.counters.record_app(status, app_us);
         }
     }
 }

@@ -92,18 +92,28 @@ impl Slots for Rc<LocalPod> {
 pub struct Outbox {
     /// A request queued on this shard was woken with a slot.
     pub woke_local: bool,
-    /// Slots for other shards' oldest waiters: (shard index, pod).
-    pub grants: Vec<(usize, Rc<LocalPod>)>,
-    /// Sheds asked of other shards for requests here (`throttle::gate::Effect::Evict`):
-    /// (shard index, the band to shed below, the displacing request).
-    pub evictions: Vec<(usize, u8, WaiterId)>,
+    /// What goes to other shards. One list for both kinds keeps an empty outbox as cheap as
+    /// one empty `Vec`.
+    pub outgoing: Vec<Outgoing>,
+}
+
+/// One thing an [`Outbox`] sends to another shard.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// A slot for that shard's next waiter.
+    Grant { to: usize, pod: Rc<LocalPod> },
+    /// Shed a waiter below `below` for request `waiter` here (`throttle::gate::Effect::Evict`).
+    Evict {
+        to: usize,
+        below: u8,
+        waiter: WaiterId,
+    },
 }
 
 impl Outbox {
     pub fn merge(&mut self, other: Outbox) {
         self.woke_local |= other.woke_local;
-        self.grants.extend(other.grants);
-        self.evictions.extend(other.evictions);
+        self.outgoing.extend(other.outgoing);
     }
 }
 
@@ -338,7 +348,7 @@ impl LocalRevision {
             .evict(&self.gate, below, &mut effects);
         // Only the shed waiter is woken: no slot moves.
         let outbox = self.apply_effects(effects);
-        debug_assert!(outbox.grants.is_empty() && outbox.evictions.is_empty());
+        debug_assert!(outbox.outgoing.is_empty());
         self.publish_queued();
         shed
     }
@@ -404,7 +414,9 @@ impl LocalRevision {
                         }
                     }
                 }
-                Effect::Grant { shard: to, pod } => outbox.grants.push((to, pod)),
+                Effect::Grant { shard: to, pod } => {
+                    outbox.outgoing.push(Outgoing::Grant { to, pod })
+                }
                 Effect::Shed { waiter } => {
                     // It already left the queue; its mailbox says why, and it is woken to answer.
                     if let Some(slot) = self.waiters.borrow_mut().get_mut(&waiter) {
@@ -415,7 +427,7 @@ impl LocalRevision {
                     shard: to,
                     below,
                     waiter,
-                } => outbox.evictions.push((to, below, waiter)),
+                } => outbox.outgoing.push(Outgoing::Evict { to, below, waiter }),
             }
         }
         outbox

@@ -276,10 +276,10 @@ impl RevisionGate {
         best.map(|(_, shard)| shard)
     }
 
-    /// The shard other than `except` whose lowest waiting band is the lowest, if it is below
-    /// `band`: where an arrival of `band` may have a waiter shed for it. Read without ordering
-    /// anything: it is advice, and the shard asked sheds only what it still has.
-    fn lowest_band_below(&self, band: u8, except: usize) -> Option<usize> {
+    /// The lowest band waiting on a shard other than `except`, and that shard, if the band is
+    /// below `band`: where an arrival of `band` may have a waiter shed for it. Read without
+    /// ordering anything: it is advice, and the shard asked sheds only what it still has.
+    fn lowest_band_below(&self, band: u8, except: usize) -> Option<(u8, usize)> {
         let mut best: Option<(u32, usize)> = None;
         for (shard, head) in self.heads.iter().enumerate() {
             let lowest = head.lowest_band.load(Ordering::Relaxed);
@@ -290,7 +290,8 @@ impl RevisionGate {
                 best = Some((lowest, shard));
             }
         }
-        best.map(|(_, shard)| shard)
+        // Below `band`, so it fits.
+        best.map(|(lowest, shard)| (lowest as u8, shard))
     }
 
     /// Gives back the places an answer to an eviction carried, when the arrival they were for
@@ -429,12 +430,26 @@ impl LocalQueue {
             }
         }
         if !gate.reserve(limits) {
-            // Full. The shed waiter's places, in the revision and in the process, pass to this
-            // request without being given back, so neither count moves, not even for an instant.
-            match self.waiters.shed_below(class.band, || gate.fair_clock()) {
-                Some(shed) => effects.push(Effect::Shed { waiter: shed.id }),
-                None => return self.displace(gate, class, effects),
+            // Full. The newest waiter of the lowest band below this request's loses its place
+            // to it: here when no other shard publishes a lower band (no message needed), else
+            // on the shard with the lowest. A waiter shed here passes its places, in the
+            // revision and in the process, to this request without giving them back, so
+            // neither count moves, not even for an instant.
+            let Waiters::Banded(_) = self.waiters else {
+                return Admission::Rejected;
+            };
+            // A band past the last waits in the last, and sheds only what is below that.
+            let band = class.band.min(self.waiters.bands() - 1);
+            let here = self.waiters.lowest_band().filter(|&lowest| lowest < band);
+            if let Some((there, shard)) = gate.lowest_band_below(band, self.shard) {
+                if here.is_none_or(|here| there < here) {
+                    return self.displace(class, band, shard, effects);
+                }
             }
+            let Some(shed) = self.waiters.shed_below(band, || gate.fair_clock()) else {
+                return Admission::Rejected;
+            };
+            effects.push(Effect::Shed { waiter: shed.id });
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -442,22 +457,15 @@ impl LocalQueue {
         Admission::Queued(id)
     }
 
-    /// Full, and nothing lower waits here: asks the shard with the lowest band waiting below
-    /// `class`'s, if any, to shed one for this request.
+    /// Full, and `shard` has a lower band waiting than this one: asks it to shed a waiter below
+    /// `band` (the request's, within the policy's bands) for this request.
     fn displace<P>(
         &mut self,
-        gate: &RevisionGate,
         class: Class,
+        band: u8,
+        shard: usize,
         effects: &mut Vec<Effect<P>>,
     ) -> Admission<P> {
-        if !matches!(self.waiters, Waiters::Banded(_)) {
-            return Admission::Rejected;
-        }
-        // A band past the last waits in the last, and sheds only what is below that.
-        let band = class.band.min(self.waiters.bands() - 1);
-        let Some(shard) = gate.lowest_band_below(band, self.shard) else {
-            return Admission::Rejected;
-        };
         let id = self.next_id;
         self.next_id += 1;
         self.displacing.push((id, class));
@@ -1123,6 +1131,63 @@ mod tests {
     }
 
     #[test]
+    fn the_lowest_band_anywhere_is_shed_and_a_tie_stays_on_the_arrivals_shard() {
+        // Two shards under three bands, depth 2: one waiter on each, then a band-2 arrival on
+        // shard 0. (what, band waiting on shard 0, band waiting on shard 1, the arrival's fate)
+        type Row = (
+            &'static str,
+            u8,
+            u8,
+            Admission<usize>,
+            &'static [Effect<usize>],
+        );
+        let table: &[Row] = &[
+            (
+                "lower on the other shard: asked there",
+                1,
+                0,
+                Admission::Displacing(1),
+                &[Effect::Evict {
+                    shard: 1,
+                    below: 2,
+                    waiter: 1,
+                }],
+            ),
+            (
+                "lower here: shed here",
+                0,
+                1,
+                Admission::Queued(1),
+                &[Effect::Shed { waiter: 0 }],
+            ),
+            (
+                "the same band on both: shed here, no message",
+                0,
+                0,
+                Admission::Queued(1),
+                &[Effect::Shed { waiter: 0 }],
+            ),
+        ];
+        let limits = QueueLimits { revision_depth: 2 };
+        for &(what, here, there, ref fate, expected) in table {
+            let gate = RevisionGate::new(2);
+            let (mut zero, mut one) = (banded(0, &gate), banded(1, &gate));
+            let mut effects: Vec<Effect<usize>> = Vec::new();
+            assert_eq!(
+                zero.admit_as(&gate, limits, band(here), || None, &mut effects),
+                Admission::Queued(0)
+            );
+            assert_eq!(
+                one.admit_as(&gate, limits, band(there), || None, &mut effects),
+                Admission::Queued(0)
+            );
+            let arrival = zero.admit_as(&gate, limits, band(2), || None, &mut effects);
+            assert_eq!(&arrival, fate, "{what}");
+            assert_eq!(effects, expected, "{what}");
+        }
+    }
+
+    #[test]
     fn a_lower_band_on_another_shard_is_asked_only_under_a_policy_and_only_when_lower() {
         let gate = RevisionGate::new(2);
         let limits = QueueLimits { revision_depth: 1 };
@@ -1676,13 +1741,12 @@ mod tests {
                             );
                             let (lower, _) = rev.queued[&(shard, waiter)];
                             assert!(lower < band, "shed a waiter of band {lower} for {band}");
-                            let lowest = rev
-                                .queued
-                                .iter()
-                                .filter(|((on, _), _)| *on == shard)
-                                .map(|(_, &(other, _))| other)
-                                .min();
-                            assert_eq!(lowest, Some(lower), "not the shard's lowest band");
+                            let lowest = rev.queued.values().map(|&(other, _)| other).min();
+                            assert_eq!(
+                                lowest,
+                                Some(lower),
+                                "not the lowest band on any shard (ties go to the arrival's)"
+                            );
                         }
                         _ => panic!("one arrival shed {shed:?}"),
                     }
@@ -1710,11 +1774,11 @@ mod tests {
                             .map(|(_, &(other, _))| other)
                             .min()
                     };
-                    assert!(
-                        lowest_on(shard).is_none_or(|lowest| lowest >= band),
-                        "asked another shard while a lower band waits here"
-                    );
                     let lowest = lowest_on(to).expect("asked a shard with nobody waiting");
+                    assert!(
+                        lowest_on(shard).is_none_or(|here| here > lowest),
+                        "asked another shard while as low a band waits here"
+                    );
                     assert!(lowest < band, "asked a shard whose lowest band is {lowest}");
                     let lowest_anywhere = (0..rev.queues.len()).filter_map(lowest_on).min();
                     assert_eq!(
