@@ -383,6 +383,7 @@ impl CodeTable {
         self.slots.get().map_or(&[], |slots| &slots[..])
     }
 
+    #[inline(always)]
     fn slot_for(&self, status: u16) -> Option<&CodeSlot> {
         // Only the owning shard initialises (and writes) them; a scrape only reads.
         let slots = self.slots.get_or_init(Default::default);

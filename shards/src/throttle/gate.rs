@@ -60,11 +60,12 @@
 //!   the counts, heads and fences above decide who may take a slot, whatever the tags say.
 //! * **Shedding keeps the bounds.** Under a priority policy, an arrival refused by either bound
 //!   takes the place of the newest waiter of the lowest lower band, which is answered 503: the
-//!   places pass from one to the other and no count moves. On the arrival's own shard that is
-//!   one step. Else each shard publishes the lowest band it has waiting, and the arrival asks
-//!   the shard with the lowest one below its own to shed for it ([`Effect::Evict`], a message
-//!   like a grant): the request waits as [`Admission::Displacing`] meanwhile, holding no place.
-//!   That shard sheds its newest waiter below the arrival's band, if it still has one, and sends
+//!   places pass from one to the other and no count moves. Each shard publishes the lowest band
+//!   it has waiting. When the arrival's own shard has the lowest (or ties for it), that is one
+//!   step there. Else the arrival asks the shard with the lowest to shed for it
+//!   ([`Effect::Evict`], a message like a grant): the request waits as
+//!   [`Admission::Displacing`] meanwhile, holding no place. That shard sheds its newest waiter
+//!   of its lowest band below the arrival's, if it still has one, and sends
 //!   the places back with the answer ([`LocalQueue::evict`]); they travel as a slot does in a
 //!   grant, counted all the way, so no count moves and none is stranded: the arrival queues in
 //!   them, or, gone meanwhile, gives them back ([`LocalQueue::receive_place`]). An answer with
