@@ -357,18 +357,25 @@ async fn send_request(
     }
 }
 
-/// The revision a response says it comes from, when that is not `expected`.
+/// The revision a response says it comes from, when that is not `expected`. One pass over the
+/// response's fields finds both names (the first of each counts): this runs on every response,
+/// and a lookup per name cost a pass each.
 fn other_revision(
     head: &ResponseHead,
     buf: &[u8],
     expected: &RevisionKey,
 ) -> Option<(String, String)> {
-    identity::other_revision(
-        head.header(buf, headers::SERVING_REVISION_NAME),
-        head.header(buf, headers::SERVING_REVISION_NAMESPACE),
-        expected.namespace(),
-        expected.name(),
-    )
+    let (mut name, mut namespace) = (None, None);
+    for (field, value) in head.headers(buf) {
+        if name.is_none() && field.eq_ignore_ascii_case(headers::SERVING_REVISION_NAME.as_bytes()) {
+            name = Some(value);
+        } else if namespace.is_none()
+            && field.eq_ignore_ascii_case(headers::SERVING_REVISION_NAMESPACE.as_bytes())
+        {
+            namespace = Some(value);
+        }
+    }
+    identity::other_revision(name, namespace, expected.namespace(), expected.name())
 }
 
 /// Reads ahead on the client (a body, a pipelined request, or the FIN of a client that gave
