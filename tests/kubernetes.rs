@@ -933,3 +933,75 @@ fn an_h2c_revisions_http2_only_pod_is_probed_over_h2c_and_serves() {
         activator.metrics()
     );
 }
+
+/// A Revision's `kactivator.knative.dev/priority` annotation turns its priority policy on: a
+/// high-band request that arrives behind waiting low-band ones is served first, and the
+/// per-band counters show for that revision only.
+#[test]
+fn the_priority_annotation_orders_the_revisions_waiting_requests() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    cluster.revision("ranked", 1);
+    let annotated = cluster.api.kubectl([
+        "annotate",
+        "revision",
+        "ranked",
+        "-n",
+        "default",
+        "kactivator.knative.dev/priority=bands=3",
+    ]);
+    assert!(
+        annotated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&annotated.stderr)
+    );
+    let pod = cluster.pod("ranked");
+    cluster.endpoints("ranked", &[ip(&pod)], &[]);
+    let activator = cluster.activator();
+    let send = |label: &'static str, path: &'static str, priority: &'static str| {
+        let addr = activator.http;
+        std::thread::spawn(move || {
+            let raw = format!(
+                "GET {path} HTTP/1.1\r\nHost: example.com\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: ranked\r\n{priority}\r\n"
+            );
+            let status = exchange(addr, raw.as_bytes()).status;
+            (label, status, Instant::now())
+        })
+    };
+    let queued = |count: f64| {
+        eventually(Duration::from_secs(10), || {
+            activator.metric_sum("kactivator_revision_queued", &["revision_name=\"ranked\""])
+                == count
+        })
+    };
+    // The pod's one slot is held; two low requests wait, then a high one.
+    let holder = send("holder", "/delay/600", "");
+    assert!(
+        eventually(Duration::from_secs(10), || pod.stats().in_flight == 1),
+        "the holder is at the pod"
+    );
+    let mut waiting = vec![send("low-0", "/delay/50", "K-Priority: 0\r\n")];
+    assert!(queued(1.0));
+    waiting.push(send("low-1", "/delay/50", "K-Priority: 0\r\n"));
+    assert!(queued(2.0));
+    waiting.push(send("high", "/delay/50", "K-Priority: 2\r\n"));
+    assert!(queued(3.0), "{}", activator.metrics());
+    assert_eq!(holder.join().unwrap().1, 200);
+    let mut answers: Vec<_> = waiting
+        .into_iter()
+        .map(|thread| thread.join().unwrap())
+        .collect();
+    answers.sort_by_key(|&(_, _, at)| at);
+    let order: Vec<(&str, u16)> = answers
+        .iter()
+        .map(|&(label, status, _)| (label, status))
+        .collect();
+    assert_eq!(order, [("high", 200), ("low-0", 200), ("low-1", 200)]);
+    assert_eq!(
+        activator.metric_sum(
+            "kactivator_priority_requests_total",
+            &["revision_name=\"ranked\"", "band=\"2\""]
+        ),
+        1.0
+    );
+    assert_eq!(pod.stats().max_in_flight, 1);
+}
