@@ -739,10 +739,8 @@ fn a_registration_reaches_every_peer_activator_once() {
 fn a_pod_refusing_connections_is_quarantined_by_the_passive_signal() {
     // A port nobody listens on: the first request gets the classified 502, and the refusal it
     // met takes the pod out of routing without waiting for the prober.
-    let dead: SocketAddr = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap()
-    };
+    let refusing = kactivator_testkit::ports::RefusingAddress::new();
+    let dead: SocketAddr = refusing.addr();
     let activator = Activator::start(&format!(
         "[health]\nprobe_interval_ms = 60000\n\n{}",
         revision("refused", dead.port(), &[dead], "timeout_seconds = 1")

@@ -4,7 +4,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use kactivator_testkit::backend::{self, BackendConfig};
@@ -133,11 +133,9 @@ fn oversized_heads_get_431() {
 
 #[test]
 fn a_dead_pod_gets_502_naming_the_cause() {
-    // A port nobody listens on: connection refused.
-    let dead: SocketAddr = {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap()
-    };
+    // A port nobody listens on, held so that nobody can: connection refused.
+    let refusing = kactivator_testkit::ports::RefusingAddress::new();
+    let dead: SocketAddr = refusing.addr();
     let activator = Activator::start(&format!(
         "{}{}",
         support::NO_QUARANTINE,

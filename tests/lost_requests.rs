@@ -8,13 +8,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::backend::{self, BackendConfig};
+use kactivator_testkit::ports::RefusingAddress;
 use support::{exchange, get, revision, Activator, NO_QUARANTINE};
-
-/// An address on loopback that refuses connections (nothing listens there).
-fn refusing_address() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
-}
 
 /// `clients` threads each send `each` requests for `name`, one connection per request, and the
 /// statuses come back with the bodies of those that were not 200.
@@ -57,7 +52,8 @@ fn failures(results: &[(u16, String)]) -> Vec<&(u16, String)> {
 /// (nothing takes it out: each shard passes it over for a moment after each refusal).
 fn a_refused_dial_is_served_by_the_other_pod(features: &str) {
     let live = backend::spawn(BackendConfig::named("live")).unwrap();
-    let dead = refusing_address();
+    let refusing = RefusingAddress::new();
+    let dead = refusing.addr();
     let activator = Activator::start(&format!(
         "{features}{}",
         revision(
@@ -107,7 +103,8 @@ fn a_refused_dial_is_served_by_another_pod_with_quarantine_off() {
 fn a_request_with_a_body_goes_to_another_pod_when_the_dial_is_refused() {
     // Nothing of the body was read before the dial failed, so all of it reaches the live pod.
     let live = backend::spawn(BackendConfig::named("live")).unwrap();
-    let dead = refusing_address();
+    let refusing = RefusingAddress::new();
+    let dead = refusing.addr();
     let activator = Activator::start(&format!(
         "{NO_QUARANTINE}{}",
         revision("default", "body", &[dead, live.addr()], "")
@@ -127,7 +124,8 @@ fn a_request_with_a_body_goes_to_another_pod_when_the_dial_is_refused() {
 
 #[test]
 fn a_revision_whose_only_pod_refuses_answers_502_naming_the_cause_after_bounded_attempts() {
-    let dead = refusing_address();
+    let refusing = RefusingAddress::new();
+    let dead = refusing.addr();
     let activator = Activator::start(&format!(
         "{NO_QUARANTINE}{}",
         revision("default", "dead", &[dead], "")

@@ -58,6 +58,47 @@ fn ephemeral_low() -> Option<u16> {
         .ok()
 }
 
+/// A loopback address that refuses connections for as long as this value lives: a TCP socket
+/// bound to it that never listens. The port stays taken, so no other test can bind it and
+/// answer a connection meant to be refused (binding port 0 and dropping the listener leaves
+/// the port free for anyone, which made such a test see a 200 now and then).
+#[derive(Debug)]
+pub struct RefusingAddress {
+    _socket: socket2::Socket,
+    addr: std::net::SocketAddr,
+}
+
+impl RefusingAddress {
+    /// # Panics
+    ///
+    /// When loopback cannot be bound at all.
+    pub fn new() -> RefusingAddress {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("a TCP socket");
+        let any_port = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        socket.bind(&any_port.into()).expect("bind loopback");
+        let addr = socket
+            .local_addr()
+            .ok()
+            .and_then(|addr| addr.as_socket())
+            .expect("the bound address");
+        RefusingAddress {
+            _socket: socket,
+            addr,
+        }
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+}
+
+impl Default for RefusingAddress {
+    fn default() -> RefusingAddress {
+        RefusingAddress::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,5 +123,16 @@ mod tests {
         distinct.sort_unstable();
         distinct.dedup();
         assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
+    }
+
+    #[test]
+    fn a_refusing_address_refuses_and_keeps_its_port() {
+        let refusing = RefusingAddress::new();
+        let error = std::net::TcpStream::connect(refusing.addr()).expect_err("refused");
+        assert_eq!(error.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert!(
+            TcpListener::bind(refusing.addr()).is_err(),
+            "nobody else can take the port meanwhile"
+        );
     }
 }
