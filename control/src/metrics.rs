@@ -355,22 +355,13 @@ fn render_queue_proxy_otel(
         }
     }
     render_server_duration(out, revisions);
-    out.push_str("# HELP kn_serving_invocation_duration_seconds The duration of task execution\n# TYPE kn_serving_invocation_duration_seconds histogram\n");
-    for totals in revisions.values() {
-        for (code, code_totals) in &totals.app_codes {
-            let labels = format!(
-                "{},http_response_status_code=\"{code}\"",
-                otel_labels(&totals.labels)
-            );
-            write_histogram(
-                out,
-                "kn_serving_invocation_duration_seconds",
-                &labels,
-                code_totals,
-                true,
-            );
-        }
-    }
+    render_otel_code_histograms(
+        out,
+        revisions,
+        "kn_serving_invocation_duration_seconds",
+        "The duration of task execution",
+        |totals| &totals.app_codes,
+    );
 }
 
 /// Knative 1.19+'s OpenTelemetry request metrics, named as its Prometheus exporter names them:
@@ -415,20 +406,32 @@ fn render_server_duration(
     out: &mut String,
     revisions: &BTreeMap<(String, String), RevisionTotals>,
 ) {
-    out.push_str("# HELP http_server_request_duration_seconds Duration of HTTP server requests.\n# TYPE http_server_request_duration_seconds histogram\n");
+    render_otel_code_histograms(
+        out,
+        revisions,
+        "http_server_request_duration_seconds",
+        "Duration of HTTP server requests.",
+        |totals| &totals.codes,
+    );
+}
+
+/// An OpenTelemetry duration histogram (seconds) per revision and response code, from one of
+/// a revision's code tables.
+fn render_otel_code_histograms(
+    out: &mut String,
+    revisions: &BTreeMap<(String, String), RevisionTotals>,
+    name: &str,
+    help: &str,
+    codes: fn(&RevisionTotals) -> &BTreeMap<u16, HistogramTotals>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
     for totals in revisions.values() {
-        for (code, code_totals) in &totals.codes {
+        for (code, code_totals) in codes(totals) {
             let labels = format!(
                 "{},http_response_status_code=\"{code}\"",
                 otel_labels(&totals.labels)
             );
-            write_histogram(
-                out,
-                "http_server_request_duration_seconds",
-                &labels,
-                code_totals,
-                true,
-            );
+            write_histogram(out, name, &labels, code_totals, true);
         }
     }
 }
