@@ -17,8 +17,10 @@ use crate::runtime::control_link::ControlLink;
 use crate::runtime::idle::IdleConnections;
 use crate::runtime::readiness::{Health, Readiness};
 use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
+use crate::throttle::gate::RevisionGate;
 use crate::upstream::h2c::{H2Settings, H2cConnections};
 use crate::upstream::pool::{Pool, PoolConfig};
+use kactivator_api::RevisionKey;
 
 /// Once every listener is closed, how long a connection accepted before that has to send its
 /// first request (it is answered, not closed under it, see `http1::connection`).
@@ -247,6 +249,18 @@ impl Shard {
         woke_local
     }
 
+    /// The revision `key` as this shard has it, if it is the one `gate` belongs to (not a later
+    /// revision of the same name).
+    fn revision_of(
+        &self,
+        key: &RevisionKey,
+        gate: &Arc<RevisionGate>,
+    ) -> Option<Rc<LocalRevision>> {
+        self.replica
+            .get(key.as_str())
+            .filter(|revision| Arc::ptr_eq(revision.gate(), gate))
+    }
+
     fn send(&self, to: usize, handoff: Handoff) -> bool {
         self.peers
             .get(to)
@@ -277,9 +291,7 @@ impl Shard {
                 waiter,
             } => {
                 let placed = self
-                    .replica
-                    .get(key.as_str())
-                    .filter(|revision| Arc::ptr_eq(revision.gate(), &gate))
+                    .revision_of(&key, &gate)
                     .is_some_and(|revision| revision.evict(below));
                 let answer = Handoff::Place {
                     key,
@@ -296,11 +308,7 @@ impl Shard {
                 gate,
                 waiter,
                 placed,
-            } => match self
-                .replica
-                .get(key.as_str())
-                .filter(|revision| Arc::ptr_eq(revision.gate(), &gate))
-            {
+            } => match self.revision_of(&key, &gate) {
                 Some(revision) => {
                     let outbox = revision.receive_place(waiter, placed);
                     self.deliver(&revision, outbox);

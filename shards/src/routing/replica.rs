@@ -215,9 +215,7 @@ impl LocalRevision {
 
     /// Admits an arriving request of `class`: a slot now, a place in the queue, or a refusal.
     pub fn admit(&self, class: Class) -> (Admission<Rc<LocalPod>>, Outbox) {
-        let limits = QueueLimits {
-            revision_depth: self.route.borrow().queue_depth,
-        };
+        let limits = self.limits();
         let mut effects = Vec::new();
         let admission = self.queue.borrow_mut().admit_as(
             &self.gate,
@@ -355,9 +353,7 @@ impl LocalRevision {
 
     /// The answer to an eviction asked for request `waiter` arrives (`Handoff::Place`).
     pub fn receive_place(&self, waiter: WaiterId, placed: bool) -> Outbox {
-        let limits = QueueLimits {
-            revision_depth: self.route.borrow().queue_depth,
-        };
+        let limits = self.limits();
         let mut effects = Vec::new();
         let placement = self.queue.borrow_mut().receive_place(
             &self.gate,
@@ -380,6 +376,13 @@ impl LocalRevision {
     /// This shard's queue length, for the `kactivator_revision_queued` gauge.
     fn publish_queued(&self) {
         self.counters.queued.set(self.queue.borrow().len() as u64);
+    }
+
+    /// The revision's queue bounds as of its current route.
+    fn limits(&self) -> QueueLimits {
+        QueueLimits {
+            revision_depth: self.route.borrow().queue_depth,
+        }
     }
 
     fn try_acquire(&self) -> Option<Rc<LocalPod>> {

@@ -508,18 +508,23 @@ impl LocalQueue {
         try_acquire: impl FnMut() -> Option<P>,
         effects: &mut Vec<Effect<P>>,
     ) -> Placement {
-        let Some(at) = self.displacing.iter().position(|&(id, _)| id == waiter) else {
+        let Some(class) = self.take_displacing(waiter) else {
             if placed {
                 gate.unreserve();
             }
             return Placement::Gone;
         };
-        let (_, class) = self.displacing.swap_remove(at);
         if !placed && !gate.reserve(limits) {
             return Placement::Refused;
         }
         self.queue_in_place(gate, class, waiter, try_acquire, effects);
         Placement::Queued
+    }
+
+    /// Removes `waiter` from the requests displacing; its class, if it was one.
+    fn take_displacing(&mut self, waiter: WaiterId) -> Option<Class> {
+        let at = self.displacing.iter().position(|&(id, _)| id == waiter)?;
+        Some(self.displacing.swap_remove(at).1)
     }
 
     /// Queues request `id`, whose places are held, and dispatches.
@@ -603,11 +608,7 @@ impl LocalQueue {
     /// displacing holds no place yet; the one it may be given goes back when the answer comes.
     pub fn cancel(&mut self, gate: &RevisionGate, waiter: WaiterId) -> bool {
         if !self.waiters.remove(waiter, || gate.fair_clock()) {
-            let Some(at) = self.displacing.iter().position(|&(id, _)| id == waiter) else {
-                return false;
-            };
-            self.displacing.swap_remove(at);
-            return true;
+            return self.take_displacing(waiter).is_some();
         }
         gate.unreserve();
         self.publish_head(gate);
@@ -2791,6 +2792,18 @@ mod loom_tests {
         });
     }
 
+    /// Two shards under three bands, the slot held on shard 0 and the only place (`limits`
+    /// of depth 1) taken by a band-0 waiter there.
+    fn full_of_one_low_waiter(world: &World, limits: QueueLimits) -> [Shard; 2] {
+        let mut shards = [Shard::banded(0, world), Shard::banded(1, world)];
+        shards[0].running = 1;
+        assert_eq!(
+            shards[0].arrive_at_bound(world, limits, 0),
+            Admission::Queued(0)
+        );
+        shards
+    }
+
     /// Cross-shard shedding against the release that would have served the waiter it sheds:
     /// shard 0 has the only place (depth 1) taken by a band-0 waiter and its running request
     /// ends, while a band-2 request arrives on shard 1 and asks shard 0 to shed. Whatever the
@@ -2803,12 +2816,7 @@ mod loom_tests {
         loom::model(|| {
             let world = World::new();
             let limits = QueueLimits { revision_depth: 1 };
-            let mut shards = [Shard::banded(0, &world), Shard::banded(1, &world)];
-            shards[0].running = 1;
-            assert_eq!(
-                shards[0].arrive_at_bound(&world, limits, 0),
-                Admission::Queued(0)
-            );
+            let mut shards = full_of_one_low_waiter(&world, limits);
             let [zero, one] = race(
                 world,
                 shards,
@@ -2838,12 +2846,7 @@ mod loom_tests {
         loom::model(|| {
             let world = World::new();
             let limits = QueueLimits { revision_depth: 1 };
-            let mut shards = [Shard::banded(0, &world), Shard::banded(1, &world)];
-            shards[0].running = 1;
-            assert_eq!(
-                shards[0].arrive_at_bound(&world, limits, 0),
-                Admission::Queued(0)
-            );
+            let mut shards = full_of_one_low_waiter(&world, limits);
             assert_eq!(
                 shards[1].arrive_at_bound(&world, limits, 2),
                 Admission::Displacing(0)
