@@ -97,6 +97,17 @@ impl Waiters {
     }
 }
 
+/// An activator on one shard (where the order is exact) serving `default/<name>` on `pod`, the
+/// revision configured by `extra`.
+fn on_one_shard(pod: &backend::BackendHandle, name: &str, extra: &str) -> Activator {
+    Activator::start_with(
+        &revision("default", name, &[pod.addr()], extra),
+        "",
+        &["--shards", "1"],
+        &[],
+    )
+}
+
 /// Opens an upgraded connection through the activator: it holds the pod's slot until dropped.
 fn hold_slot(activator: &Activator, name: &str) -> std::net::TcpStream {
     let (stream, head) = support::open_upgrade(activator, name);
@@ -152,12 +163,7 @@ fn a_tenants_first_request_waits_one_turn_behind_a_tenant_that_queued_many() {
     let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
     // One shard: the exact order (across shards, equal turns may go either way: the test
     // below).
-    let activator = Activator::start_with(
-        &revision("default", "fair", &[pod.addr()], POLICY),
-        "",
-        &["--shards", "1"],
-        &[],
-    );
+    let activator = on_one_shard(&pod, "fair", POLICY);
     let holder = hold_slot(&activator, "fair");
     let mut waiters = Waiters::new();
     for a in 0..5 {
@@ -241,17 +247,7 @@ fn a_full_queue_sheds_its_newest_low_waiter_for_a_high_arrival() {
     let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
     // One shard: shedding takes a lower band's place on the arrival's own shard (the next test
     // has it shed on another).
-    let activator = Activator::start_with(
-        &revision(
-            "default",
-            "shed",
-            &[pod.addr()],
-            &format!("queue_depth = 2\n{POLICY}"),
-        ),
-        "",
-        &["--shards", "1"],
-        &[],
-    );
+    let activator = on_one_shard(&pod, "shed", &format!("queue_depth = 2\n{POLICY}"));
     let holder = hold_slot(&activator, "shed");
     let mut waiters = Waiters::new();
     waiters.send(&activator, "shed", "low-0", "K-Priority: 0\r\n", 1.0);
@@ -347,12 +343,7 @@ fn a_full_queue_sheds_a_low_waiter_on_another_shard_for_a_high_arrival() {
 fn a_heavy_tenant_that_came_after_the_series_ran_out_gets_one_of_its_own() {
     let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
     // One shard: it ranks the tenants it sees.
-    let activator = Activator::start_with(
-        &revision("default", "ranked", &[pod.addr()], POLICY),
-        "",
-        &["--shards", "1"],
-        &[],
-    );
+    let activator = on_one_shard(&pod, "ranked", POLICY);
     let send = |tenant: &str| {
         let raw = format!(
             "GET / HTTP/1.1\r\nHost: example.com\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: ranked\r\nK-Tenant: {tenant}\r\n\r\n"
