@@ -14,6 +14,7 @@ use std::task::Poll;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use futures_util::future::{FutureExt, OptionFuture};
 use monoio::net::TcpListener;
 
 use crate::http1::{self, Served};
@@ -389,27 +390,33 @@ fn run_on(
 /// connection back with what it read).
 fn serve(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::SocketAddr) {
     let open = OpenConnection::count(shard);
-    let connection = http1::serve_connection(shard.clone(), stream, peer);
     let front_shard = shard.clone();
-    let shard = shard.clone();
-    monoio::spawn(async move {
-        // Counted out when the task ends, or while unwinding from a panic.
-        let _open = open;
-        let served = contain::catching(async move {
-            if let Served::Http2 {
+    // Combinators rather than `async` blocks: a block that awaits a future it owns keeps it
+    // twice (as its capture and as the future it polls), and every open connection pays for
+    // that state, idle or not.
+    let connection = http1::serve_connection(shard.clone(), stream, peer).then(move |served| {
+        // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1 one's, and only the
+        // connections that turn out to be HTTP/2 pay for it.
+        OptionFuture::from(match served {
+            Served::Http2 {
                 stream,
                 read,
                 peer_ip,
-            } = connection.await
-            {
-                // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1 one's, and
-                // only the connections that turn out to be HTTP/2 pay for it.
-                Box::pin(http2::server::take_over(front_shard, stream, read, peer_ip)).await;
-            }
+            } => Some(Box::pin(http2::server::take_over(
+                front_shard,
+                stream,
+                read,
+                peer_ip,
+            ))),
+            Served::Closed => None,
         })
-        .await;
+    });
+    let shard = shard.clone();
+    monoio::spawn(contain::catching(connection).map(move |served| {
+        // Counted out when the task ends (or is dropped).
+        drop(open);
         if let Err(panic) = served {
             contain::record(shard.stats(), "a connection", &*panic);
         }
-    });
+    }));
 }

@@ -103,9 +103,14 @@ pub(crate) fn find_header<'b>(
     buf: &'b [u8],
     name: &str,
 ) -> Option<&'b [u8]> {
+    // The span's length first: most fields differ in length from the one sought, and that
+    // rejects them before any slicing.
     headers
         .iter()
-        .find(|header| header.name.of(buf).eq_ignore_ascii_case(name.as_bytes()))
+        .find(|header| {
+            header.name.len() == name.len()
+                && header.name.of(buf).eq_ignore_ascii_case(name.as_bytes())
+        })
         .map(|header| header.value.of(buf))
 }
 

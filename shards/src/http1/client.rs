@@ -28,6 +28,9 @@ pub(super) struct ClientConn {
     pub(super) response_out: Vec<u8>,
     /// The client's IP as text, for `X-Forwarded-For`; formatted once per connection.
     pub(super) peer_ip: Vec<u8>,
+    /// The socket's descriptor, for the shard's idle set (which shuts the read side down to
+    /// close an idle connection).
+    pub(super) fd: std::os::fd::RawFd,
     /// Interrupts the read-ahead on the client once a response is complete; one per connection,
     /// made by its first exchange (a connection that only waits in a queue never needs one).
     pub(super) canceller: Option<Canceller>,

@@ -6,11 +6,11 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use kactivator_h1::{parse_request, HeadError, Method, Parsed, RequestHead, ResponseHead, Version};
-use monoio::io::{AsyncWriteRent, Canceller, Splitable};
+use monoio::io::{AsyncWriteRent, Splitable};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 
@@ -62,6 +62,7 @@ pub(crate) fn serve_connection(
     let stats = shard.stats();
     stats.connections_accepted.increment();
     let _ = stream.set_nodelay(true);
+    let fd = stream.as_raw_fd();
     let (reader, writer) = stream.into_split();
     let mut conn = ClientConn {
         reader,
@@ -74,6 +75,7 @@ pub(crate) fn serve_connection(
         request_out: Vec::new(),
         response_out: Vec::new(),
         peer_ip: peer.ip().to_string().into_bytes(),
+        fd,
         canceller: None,
         head: RequestHead::default(),
         response_head: ResponseHead::default(),
@@ -266,21 +268,16 @@ async fn read_request_head(
                 }
             }
             // Idle between requests. Told to close (the longest idle at the connection cap, or
-            // the drain is over), the read is cancelled, not dropped: a request that arrived at
-            // that moment is served, and the connection closes after it.
+            // the drain is over), the socket's read side is shut down: the read ends, with a
+            // request that arrived at that moment (served, and the connection closes after it)
+            // or with end of file.
             None => {
-                let cancel = conn.canceller.get_or_insert_with(Canceller::new).handle();
-                let mut fill = pin!(conn.inbuf.fill_cancelable(&mut conn.reader, cancel));
-                match race(fill.as_mut(), shard.idle.wait()).await {
-                    Either::Left(read) => read,
-                    Either::Right(()) => {
-                        conn.close_after = true;
-                        if let Some(canceller) = conn.canceller.as_mut() {
-                            *canceller = std::mem::take(canceller).cancel();
-                        }
-                        fill.await
-                    }
+                let idle = shard.idle.enter(conn.fd);
+                let read = conn.inbuf.fill(&mut conn.reader).await;
+                if idle.told() {
+                    conn.close_after = true;
                 }
+                read
             }
         };
         match read {

@@ -358,21 +358,31 @@ async fn send_request(
 }
 
 /// The revision a response says it comes from, when that is not `expected`. One pass over the
-/// response's fields finds both names (the first of each counts): this runs on every response,
-/// and a lookup per name cost a pass each.
+/// response's fields finds both names (the first of each counts). This runs on every response,
+/// so a field is judged by its span's length before any byte of it is read: almost every field
+/// has neither name's length.
 fn other_revision(
     head: &ResponseHead,
     buf: &[u8],
     expected: &RevisionKey,
 ) -> Option<(String, String)> {
+    const NAME: &str = headers::SERVING_REVISION_NAME;
+    const NAMESPACE: &str = headers::SERVING_REVISION_NAMESPACE;
     let (mut name, mut namespace) = (None, None);
-    for (field, value) in head.headers(buf) {
-        if name.is_none() && field.eq_ignore_ascii_case(headers::SERVING_REVISION_NAME.as_bytes()) {
-            name = Some(value);
-        } else if namespace.is_none()
-            && field.eq_ignore_ascii_case(headers::SERVING_REVISION_NAMESPACE.as_bytes())
+    for field in &head.headers {
+        let length = field.name.len();
+        if length == NAME.len() && name.is_none() {
+            if field.name.of(buf).eq_ignore_ascii_case(NAME.as_bytes()) {
+                name = Some(field.value.of(buf));
+            }
+        } else if length == NAMESPACE.len()
+            && namespace.is_none()
+            && field
+                .name
+                .of(buf)
+                .eq_ignore_ascii_case(NAMESPACE.as_bytes())
         {
-            namespace = Some(value);
+            namespace = Some(field.value.of(buf));
         }
     }
     identity::other_revision(name, namespace, expected.namespace(), expected.name())

@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use kactivator_api::headers;
-use kactivator_h1::{BodyKind, RequestHead, ResponseHead, Version};
+use kactivator_h1::{BodyKind, HeaderSpan, RequestHead, ResponseHead, Version};
 
 use crate::request::answer::Answer;
 use crate::request::policy::{self, Edits, QueueProxySeen, RequestField, WaitNote};
@@ -269,17 +269,19 @@ pub fn write_response_head(
     out.extend_from_slice(b"\r\n");
     let connection_named = response_connection_tokens(head, buf);
     let switching = head.status == 101;
-    for (name, value) in head.headers(buf) {
+    let mut lines = Lines::new(buf);
+    for field in &head.headers {
+        let name = field.name.of(buf);
         if switching
             && (name.eq_ignore_ascii_case(b"upgrade") || name.eq_ignore_ascii_case(b"connection"))
         {
-            put_header(out, name, value);
+            lines.keep(out, field);
             continue;
         }
         if name.eq_ignore_ascii_case(b"trailer") {
             // Announced trailers only make sense when we send a chunked body.
             if framing == ClientFraming::Chunked {
-                put_header(out, name, value);
+                lines.keep(out, field);
             }
             continue;
         }
@@ -294,8 +296,9 @@ pub fn write_response_head(
         if framing != ClientFraming::AsIs && name.eq_ignore_ascii_case(b"content-length") {
             continue;
         }
-        put_header(out, name, value);
+        lines.keep(out, field);
     }
+    lines.flush(out);
     if let Some(note) = note {
         note.response_fields(|name, value| put_header(out, name.as_bytes(), value));
     }
@@ -381,6 +384,54 @@ pub fn reason_phrase(status: u16) -> &'static str {
         504 => "Gateway Timeout",
         505 => "HTTP Version Not Supported",
         _ => "",
+    }
+}
+
+/// Writes the fields a head keeps, as the lines they were in the parsed buffer: consecutive
+/// kept fields whose lines end in CRLF go out as one copy (a response's fields usually all do),
+/// where writing each field's name, separator, value and line end cost four copies per field.
+/// A field whose line does not end in CRLF right after its value (trailing whitespace, a bare
+/// LF) is written anew as `name: value` CRLF.
+struct Lines<'b> {
+    buf: &'b [u8],
+    /// Bytes of `buf` not yet copied out, from the first kept line to the end of the last.
+    run: Option<(usize, usize)>,
+}
+
+impl<'b> Lines<'b> {
+    fn new(buf: &'b [u8]) -> Lines<'b> {
+        Lines { buf, run: None }
+    }
+
+    fn keep(&mut self, out: &mut Vec<u8>, field: &HeaderSpan) {
+        let (start, value_start, end) = (
+            field.name.start as usize,
+            field.value.start as usize,
+            field.value.end as usize,
+        );
+        // The value lies after the name (an empty value may be given as an empty span anywhere)
+        // and CRLF follows it at once.
+        let whole_line = value_start >= field.name.end as usize
+            && end >= value_start
+            && self.buf.get(end..end + 2) == Some(b"\r\n");
+        if !whole_line {
+            self.flush(out);
+            put_header(out, field.name.of(self.buf), field.value.of(self.buf));
+            return;
+        }
+        match &mut self.run {
+            Some((_, run_end)) if *run_end == start => *run_end = end + 2,
+            _ => {
+                self.flush(out);
+                self.run = Some((start, end + 2));
+            }
+        }
+    }
+
+    fn flush(&mut self, out: &mut Vec<u8>) {
+        if let Some((start, end)) = self.run.take() {
+            out.extend_from_slice(self.buf.get(start..end).unwrap_or_default());
+        }
     }
 }
 
@@ -674,6 +725,35 @@ mod tests {
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "HTTP/1.0 200 OK\r\nX-App: 1\r\nConnection: close\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn response_fields_keep_their_order_and_every_line_ends_in_crlf() {
+        // Kept fields in runs broken by dropped ones, a bare LF line, trailing whitespace and
+        // an empty value: each comes out once, in order, as a CRLF line.
+        let raw = "HTTP/1.1 200 OK\r\nServer: s\r\nDate: d\r\nKeep-Alive: timeout=5\r\n\
+                   X-Bare: lf\nX-Trailing: ws  \r\nX-Empty:\r\nContent-Length: 2\r\n\
+                   Connection: keep-alive\r\nX-Last:last\r\n\r\nok";
+        let mut head = ResponseHead::default();
+        assert!(matches!(
+            parse_response(raw.as_bytes(), Method::Get, &mut head),
+            Ok(Parsed::Complete)
+        ));
+        let mut out = Vec::new();
+        write_response_head(
+            &head,
+            raw.as_bytes(),
+            Version::Http11,
+            ClientFraming::AsIs,
+            true,
+            None,
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nServer: s\r\nDate: d\r\nX-Bare: lf\r\nX-Trailing: ws\r\n\
+             X-Empty:\r\nContent-Length: 2\r\nX-Last:last\r\n\r\n"
         );
     }
 

@@ -20,9 +20,14 @@ use crate::metrics::ShardStats;
 ///
 /// Unwind safety is asserted: the state a panicking future leaves behind is dropped, never used
 /// again (the caller only learns that it panicked).
+///
+/// Not an `async fn`: one would hold `work` twice, as its argument and as the future it awaits,
+/// doubling the size of every request's and connection's state and copying it once more.
 #[inline]
-pub async fn catching<F: Future>(work: F) -> Result<F::Output, Box<dyn Any + Send>> {
-    AssertUnwindSafe(work).catch_unwind().await
+pub fn catching<F: Future>(
+    work: F,
+) -> impl Future<Output = Result<F::Output, Box<dyn Any + Send>>> {
+    AssertUnwindSafe(work).catch_unwind()
 }
 
 /// The message a panic carried (`panic!("...")`'s text), for a log line.
