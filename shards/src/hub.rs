@@ -24,6 +24,7 @@ use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm;
 use crate::runtime::contain;
 use crate::runtime::control_link::ControlLink;
+use crate::runtime::late;
 use crate::runtime::reactor::{self, DriverChoice, DriverKind, Reactor};
 use crate::runtime::readiness::Readiness;
 use crate::shard::{OpenConnection, Shard, ShardSettings};
@@ -120,6 +121,8 @@ async fn run(
     monoio::spawn(async move { relay_shard.back_of_queue.run_relay().await });
     let timer_shard = shard.clone();
     monoio::spawn(async move { alarm::run_timer(&timer_shard.alarms).await });
+    let late_shard = shard.clone();
+    monoio::spawn(async move { late::run_sweeper(&late_shard.late).await });
     let sweep_shard = shard.clone();
     monoio::spawn(async move {
         while !sweep_shard.stopping.is_set() {

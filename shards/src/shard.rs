@@ -15,6 +15,7 @@ use crate::runtime::alarm::Alarms;
 use crate::runtime::blocks::Blocks;
 use crate::runtime::control_link::ControlLink;
 use crate::runtime::idle::IdleConnections;
+use crate::runtime::late::Lateness;
 use crate::runtime::readiness::{Health, Readiness};
 use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
 use crate::throttle::gate::RevisionGate;
@@ -169,6 +170,8 @@ pub struct Shard {
     pub control: ControlLink,
     /// Deadlines of waiting requests (queued for a slot, slow heads), one timer for all.
     pub alarms: Alarms,
+    /// Exchanges under way, in start order: which have been for a while (see `runtime::late`).
+    pub late: Lateness,
     /// Spare blocks for exchanges with pods, which run outside the connections' futures.
     pub exchanges: Blocks,
     /// Where a task that handed its pod slot on lets the woken waiter go first.
@@ -205,6 +208,7 @@ impl Shard {
             peers,
             control,
             alarms: Alarms::default(),
+            late: Lateness::default(),
             exchanges: Blocks::new(SPARE_EXCHANGES),
             back_of_queue: BackOfQueue::default(),
         }

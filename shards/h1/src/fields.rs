@@ -1,7 +1,7 @@
 //! Interpretation of the header fields that decide framing and connection handling.
 
 use crate::head::ConnectionTokens;
-use crate::span::{HeaderSpan, Span};
+use crate::span::{name_eq, HeaderSpan, Span};
 
 /// What one pass over the header fields learned.
 #[derive(Debug, Default)]
@@ -56,7 +56,7 @@ pub(crate) fn summarize(buf: &[u8], headers: &[HeaderSpan]) -> FieldSummary {
         // Dispatch on length first: almost every field is none of these, and this rejects
         // them with one comparison.
         match name.len() {
-            10 if name.eq_ignore_ascii_case(b"connection") => {
+            10 if name_eq(name, b"connection") => {
                 for token in list_elements(value) {
                     if token.eq_ignore_ascii_case(b"close") {
                         summary.connection.close = true;
@@ -67,10 +67,10 @@ pub(crate) fn summarize(buf: &[u8], headers: &[HeaderSpan]) -> FieldSummary {
                     }
                 }
             }
-            14 if name.eq_ignore_ascii_case(b"content-length") => {
+            14 if name_eq(name, b"content-length") => {
                 summary.content_length = merge_content_length(summary.content_length, value);
             }
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+            17 if name_eq(name, b"transfer-encoding") => {
                 let encoding = &mut summary.transfer_encoding;
                 encoding.present = true;
                 for coding in list_elements(value) {
@@ -91,14 +91,14 @@ pub(crate) fn summarize(buf: &[u8], headers: &[HeaderSpan]) -> FieldSummary {
                 summary.host_count = summary.host_count.saturating_add(1);
                 summary.host.get_or_insert(header.value);
             }
-            7 if name.eq_ignore_ascii_case(b"upgrade") => {
+            7 if name_eq(name, b"upgrade") => {
                 summary.upgrade.get_or_insert(header.value);
             }
-            6 if name.eq_ignore_ascii_case(b"expect") => {
+            6 if name_eq(name, b"expect") => {
                 summary.expect_continue |= list_elements(value)
                     .any(|expectation| expectation.eq_ignore_ascii_case(b"100-continue"));
             }
-            2 if name.eq_ignore_ascii_case(b"te") => {
+            2 if name_eq(name, b"te") => {
                 summary.te_trailers |= list_elements(value)
                     .any(|coding| element_name(coding).eq_ignore_ascii_case(b"trailers"));
             }

@@ -80,7 +80,7 @@ pub use error::{BodyError, HeadError};
 pub use head::{BodyKind, ConnectionTokens, Method, Parsed, Version};
 pub use request::{parse_request, RequestHead};
 pub use response::{parse_response, ResponseHead};
-pub use span::{HeaderSpan, Span};
+pub use span::{name_eq, HeaderSpan, Span};
 
 /// A head larger than this is refused with [`HeadError::TooLarge`].
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;

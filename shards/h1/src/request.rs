@@ -8,7 +8,7 @@ use crate::head::{
     head_window, newer_minor_at, partial, translate_error, BodyKind, ConnectionTokens, Method,
     Parsed, Version,
 };
-use crate::span::{HeaderSpan, Span};
+use crate::span::{name_eq, HeaderSpan, Span};
 use crate::MAX_HEADERS;
 
 /// A parsed request head. Every span points into the buffer given to [`parse_request`].
@@ -108,8 +108,7 @@ pub(crate) fn find_header<'b>(
     headers
         .iter()
         .find(|header| {
-            header.name.len() == name.len()
-                && header.name.of(buf).eq_ignore_ascii_case(name.as_bytes())
+            header.name.len() == name.len() && name_eq(header.name.of(buf), name.as_bytes())
         })
         .map(|header| header.value.of(buf))
 }

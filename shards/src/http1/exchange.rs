@@ -10,12 +10,11 @@ use std::os::fd::RawFd;
 use std::pin::pin;
 use std::rc::Rc;
 use std::task::Poll;
-use std::time::Duration;
 
 use kactivator_api::{headers, RevisionKey};
 use kactivator_h1::{
-    encode_last_chunk, parse_response, BodyDecoder, BodyError, BodyKind, Parsed, ResponseHead,
-    Version,
+    encode_last_chunk, name_eq, parse_response, BodyDecoder, BodyError, BodyKind, Parsed,
+    ResponseHead, Version,
 };
 use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
@@ -32,14 +31,14 @@ use crate::request::error::RequestError;
 use crate::request::identity;
 use crate::request::outcome::Ended;
 use crate::runtime::buffer::InBuf;
+use crate::runtime::late::Ticket;
+use crate::runtime::race::{race, Either};
 use crate::shard::Shard;
 use crate::upstream::error::{TransportCause, UpstreamError};
 use crate::upstream::pool::UpstreamConn;
 
 /// While waiting for a response, read ahead at most this much of a pipelined next request.
 pub(super) const WATCH_LIMIT: usize = 64 * 1024;
-/// How long after the request is sent the client connection starts being watched.
-const READ_AHEAD_DELAY: Duration = Duration::from_millis(5);
 
 /// How far the request side got; the response side reads it to decide how to stop it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +113,9 @@ pub(super) async fn exchange(
     // The request side borrows the pod's write half only until everything is sent; it puts it
     // back here so the connection can return to the pool while the client is still read ahead.
     let upstream_writer = Cell::new(Some(upstream.writer));
+    // Late (`LATE_AFTER` in), the client is read ahead and the first-byte deadline armed; an
+    // exchange done sooner arms no timer at all.
+    let ticket = shard.late.enter(Instant::now());
     let (received, sent, tail_written, mut upstream) = {
         let send = send_request(
             request_out,
@@ -123,6 +125,7 @@ pub(super) async fn exchange(
             &upstream_writer,
             pod_fd,
             &phase,
+            &ticket,
             canceller.get_or_insert_with(Canceller::new).handle(),
         );
         let mut send = pin!(send);
@@ -136,6 +139,7 @@ pub(super) async fn exchange(
                 response_head,
                 meta,
                 deadlines,
+                &ticket,
                 addr,
                 expected,
                 shard,
@@ -300,6 +304,7 @@ async fn send_request(
     upstream_writer: &Cell<Option<OwnedWriteHalf<TcpStream>>>,
     pod_fd: RawFd,
     phase: &Cell<SendPhase>,
+    ticket: &Ticket<'_>,
     cancel: monoio::io::CancelHandle,
 ) -> Result<(), SendError> {
     let Some(mut upstream) = upstream_writer.take() else {
@@ -346,9 +351,10 @@ async fn send_request(
         return Ok(());
     }
     // Read ahead (a pipelined request, or the FIN of a client that gave up) until interrupted.
-    // Most responses arrive within microseconds; waiting a moment first saves a read and its
-    // cancellation per request, and a vanished client is still noticed within milliseconds.
-    monoio::time::sleep(READ_AHEAD_DELAY).await;
+    // Most responses arrive within microseconds; waiting until the exchange is late first saves
+    // a read and its cancellation per request, and a vanished client is still noticed within
+    // milliseconds.
+    ticket.late().await;
     phase.set(SendPhase::ReadingAhead);
     if read_ahead(reader, inbuf, cancel).await {
         Err(SendError::ClientGone)
@@ -372,7 +378,7 @@ fn other_revision(
     for field in &head.headers {
         let length = field.name.len();
         if length == NAME.len() && name.is_none() {
-            if field.name.of(buf).eq_ignore_ascii_case(NAME.as_bytes()) {
+            if name_eq(field.name.of(buf), NAME.as_bytes()) {
                 name = Some(field.value.of(buf));
             }
         } else if length == NAMESPACE.len()
@@ -419,11 +425,21 @@ async fn receive_response(
     head: &mut ResponseHead,
     meta: RequestMeta,
     deadlines: Deadlines,
+    ticket: &Ticket<'_>,
     addr: SocketAddr,
     expected: &RevisionKey,
     shard: &Shard,
     response_started: &Cell<bool>,
 ) -> Result<Received, ReceiveError> {
+    // The first-byte deadline, armed only once the exchange is late (or at once when it falls
+    // before that): most responses start before, and then no timer was ever set.
+    let first_byte = deadlines.first_byte;
+    let mut overdue = pin!(async {
+        if first_byte > ticket.due() {
+            ticket.late().await;
+        }
+        shard.alarms.at(first_byte).await
+    });
     // The head, relaying any 1xx on the way.
     loop {
         match parse_response(upstream_inbuf.data(), meta.method, head) {
@@ -469,10 +485,12 @@ async fn receive_response(
                 }))
             }
         }
-        let read =
-            monoio::time::timeout_at(deadlines.first_byte, upstream_inbuf.fill(upstream)).await;
+        let read = match race(upstream_inbuf.fill(upstream), overdue.as_mut()).await {
+            Either::Left(read) => Ok(read),
+            Either::Right(()) => Err(()),
+        };
         match read {
-            Err(_elapsed) => return Err(ReceiveError::Timeout),
+            Err(()) => return Err(ReceiveError::Timeout),
             Ok(Ok(0)) if upstream_inbuf.is_empty() => {
                 return Err(ReceiveError::Upstream(
                     UpstreamError::ClosedBeforeResponse { addr },
@@ -576,7 +594,11 @@ async fn receive_response(
             continue;
         }
         let deadline = deadlines.next_body_read(Instant::now());
-        match monoio::time::timeout_at(deadline, upstream_inbuf.fill(upstream)).await {
+        let read = match race(upstream_inbuf.fill(upstream), shard.alarms.at(deadline)).await {
+            Either::Left(read) => Ok(read),
+            Either::Right(()) => Err(()),
+        };
+        match read {
             Ok(Ok(0)) => {
                 if decoder.finish().is_err() {
                     return Err(ReceiveError::Truncated);

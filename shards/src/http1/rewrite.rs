@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use kactivator_api::headers;
-use kactivator_h1::{BodyKind, HeaderSpan, RequestHead, ResponseHead, Version};
+use kactivator_h1::{name_eq, BodyKind, HeaderSpan, RequestHead, ResponseHead, Version};
 
 use crate::request::answer::Answer;
 use crate::request::policy::{self, Edits, QueueProxySeen, RequestField, WaitNote};
@@ -272,13 +272,11 @@ pub fn write_response_head(
     let mut lines = Lines::new(buf);
     for field in &head.headers {
         let name = field.name.of(buf);
-        if switching
-            && (name.eq_ignore_ascii_case(b"upgrade") || name.eq_ignore_ascii_case(b"connection"))
-        {
+        if switching && (name_eq(name, b"upgrade") || name_eq(name, b"connection")) {
             lines.keep(out, field);
             continue;
         }
-        if name.eq_ignore_ascii_case(b"trailer") {
+        if name_eq(name, b"trailer") {
             // Announced trailers only make sense when we send a chunked body.
             if framing == ClientFraming::Chunked {
                 lines.keep(out, field);
@@ -293,7 +291,7 @@ pub fn write_response_head(
         {
             continue;
         }
-        if framing != ClientFraming::AsIs && name.eq_ignore_ascii_case(b"content-length") {
+        if framing != ClientFraming::AsIs && name_eq(name, b"content-length") {
             continue;
         }
         lines.keep(out, field);
@@ -448,7 +446,7 @@ type NamedTokens<'b> = [Option<&'b [u8]>; 8];
 fn connection_tokens<'b>(head: &RequestHead, buf: &'b [u8]) -> NamedTokens<'b> {
     collect_tokens(
         head.headers(buf)
-            .filter(|(name, _)| name.eq_ignore_ascii_case(b"connection"))
+            .filter(|(name, _)| name_eq(name, b"connection"))
             .map(|(_, v)| v),
     )
 }
@@ -456,7 +454,7 @@ fn connection_tokens<'b>(head: &RequestHead, buf: &'b [u8]) -> NamedTokens<'b> {
 fn response_connection_tokens<'b>(head: &ResponseHead, buf: &'b [u8]) -> NamedTokens<'b> {
     collect_tokens(
         head.headers(buf)
-            .filter(|(name, _)| name.eq_ignore_ascii_case(b"connection"))
+            .filter(|(name, _)| name_eq(name, b"connection"))
             .map(|(_, v)| v),
     )
 }

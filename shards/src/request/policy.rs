@@ -12,6 +12,7 @@
 //! writer.
 
 use kactivator_api::headers;
+use kactivator_h1::name_eq;
 
 use super::headers::RequestHeaders;
 
@@ -60,7 +61,7 @@ pub enum RequestField {
 /// matches no length here and costs one comparison.
 #[inline]
 pub fn request_field(name: &[u8]) -> RequestField {
-    let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+    let is = |known: &str| name_eq(name, known.as_bytes());
     match name.len() {
         2 if is("te") => RequestField::Te,
         4 if is(headers::HOST) => RequestField::Drop,
@@ -87,7 +88,7 @@ pub fn request_field(name: &[u8]) -> RequestField {
 /// dropped as fields: the writer writes the request's `Host` itself.
 #[inline]
 pub fn queue_proxy_field(name: &[u8]) -> RequestField {
-    let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+    let is = |known: &str| name_eq(name, known.as_bytes());
     match name.len() {
         2 if is("te") => RequestField::Te,
         4 if is(headers::HOST) => RequestField::Drop,
@@ -211,7 +212,7 @@ impl<'a> QueueProxySeen<'a> {
 /// ones, which describe the pod's connection, not the response.
 #[inline]
 pub fn drops_response_field(name: &[u8]) -> bool {
-    let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+    let is = |known: &str| name_eq(name, known.as_bytes());
     match name.len() {
         2 => is("te"),
         7 => is("trailer") || is("upgrade"),

@@ -7,6 +7,7 @@ pub mod buffer;
 pub mod contain;
 pub mod control_link;
 pub mod idle;
+pub mod late;
 pub mod limits;
 pub(crate) mod race;
 pub mod reactor;
