@@ -10,7 +10,7 @@ use monoio::io::{AsyncWriteRent, Canceller, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
 use monoio::BufResult;
 
-use super::io::write_all;
+use super::io::{send_now, write_all};
 use super::rewrite::{self, ClientSide};
 use crate::request::answer::Answer;
 use crate::request::outcome::{Next, RequestShape};
@@ -46,12 +46,26 @@ pub(super) struct ClientConn {
 /// written: a panic that ends a request may answer it with a 500 only while nothing was.
 pub(super) struct ClientWriter {
     half: OwnedWriteHalf<TcpStream>,
+    /// The socket's descriptor, for [`ClientWriter::send_now`].
+    fd: std::os::fd::RawFd,
     wrote: bool,
 }
 
 impl ClientWriter {
-    pub(super) fn new(half: OwnedWriteHalf<TcpStream>) -> ClientWriter {
-        ClientWriter { half, wrote: false }
+    pub(super) fn new(half: OwnedWriteHalf<TcpStream>, fd: std::os::fd::RawFd) -> ClientWriter {
+        ClientWriter {
+            half,
+            fd,
+            wrote: false,
+        }
+    }
+
+    /// Writes what the socket takes at once of `bytes` (a non-blocking send, see
+    /// [`send_now`]); returns how much.
+    pub(super) fn send_now(&mut self, bytes: &[u8]) -> usize {
+        let sent = send_now(self.fd, bytes);
+        self.wrote |= sent > 0;
+        sent
     }
 
     /// A new request begins: nothing of its answer is written yet.

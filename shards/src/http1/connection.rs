@@ -66,7 +66,7 @@ pub(crate) fn serve_connection(
     let (reader, writer) = stream.into_split();
     let mut conn = ClientConn {
         reader,
-        writer: ClientWriter::new(writer),
+        writer: ClientWriter::new(writer, fd),
         // Every open connection holds these, idle or queued for a pod, so they start small: a
         // request head usually fits in 2 KiB and the buffer grows to `READ_CHUNK` once a read
         // fills it; the output buffers are allocated on first use (a queued request has not

@@ -21,7 +21,7 @@ use monoio::net::TcpStream;
 use monoio::time::Instant;
 
 use super::client::{ClientConn, ClientWriter, RequestMeta};
-use super::io::{send_now, write_all, write_rest};
+use super::io::{send_now, write_out, write_rest};
 use super::reframe::{reframe, Reframed};
 use super::rewrite::{self, client_framing, ClientFraming};
 use super::upgrade::splice_upgraded;
@@ -196,7 +196,7 @@ pub(super) async fn exchange(
                 shard.back_of_queue.yield_now().await;
             }
             if !response_out.is_empty() {
-                tail_written = write_all(writer, response_out).await;
+                tail_written = write_out(writer, response_out).await;
             }
         }
         // A request side still reading ahead is interrupted without losing bytes; one still sending
@@ -457,7 +457,7 @@ async fn receive_response(
                     );
                     // A 1xx cut off mid-write leaves the client with a partial head.
                     response_started.set(true);
-                    write_all(client, out)
+                    write_out(client, out)
                         .await
                         .map_err(|_| ReceiveError::Truncated)?;
                     response_started.set(false);
@@ -530,7 +530,7 @@ async fn receive_response(
         );
         upstream_inbuf.consume(head.len);
         response_started.set(true);
-        write_all(client, out)
+        write_out(client, out)
             .await
             .map_err(|_| ReceiveError::Truncated)?;
         return Ok(Received {
@@ -584,7 +584,7 @@ async fn receive_response(
         }
         if !out.is_empty() {
             response_started.set(true);
-            write_all(client, out)
+            write_out(client, out)
                 .await
                 .map_err(|_| ReceiveError::Truncated)?;
             wrote_head = true;
@@ -607,7 +607,7 @@ async fn receive_response(
                 if framing == ClientFraming::Chunked {
                     encode_last_chunk(None, out);
                     response_started.set(true);
-                    write_all(client, out)
+                    write_out(client, out)
                         .await
                         .map_err(|_| ReceiveError::Truncated)?;
                 }
