@@ -448,12 +448,14 @@ EOF
 }
 
 # start_kactivator NAME DRIVER PORT ADMIN [WRAPPER...]: the wrapper (valgrind) goes before the
-# binary.
+# binary. No drain grace: it exists for endpoints to move off a terminating pod, and here it would
+# only hold the stop (`/quitquitquit` drains like SIGTERM) for its 45 s default.
 start_kactivator() {
   local name=$1 driver=$2 port=$3 admin=$4
   shift 4
   kactivator_conf "$work/$name.toml" "$port" "$admin"
-  start "$name" "$PROXY_CPU" "$@" "$kactivator_bin" --config "$work/$name.toml" --shards 1 --driver "$driver"
+  start "$name" "$PROXY_CPU" "$@" "$kactivator_bin" --config "$work/$name.toml" --shards 1 \
+    --driver "$driver" --drain-grace-seconds 0
 }
 
 # stop_kactivator PID ADMIN_PORT TIMEOUT_SECS [WAKE_PORT]: asks for a clean exit over the admin
