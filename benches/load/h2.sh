@@ -315,7 +315,9 @@ name = "bench"
 container_concurrency = 0
 pods = ["127.0.0.1:$BACKEND_PORT"]
 EOF
-  start "$name" "$PROXY_CPU" "$kactivator_bin" --config "$work/$name.toml" --shards 1 --driver "$driver"
+  # No drain grace (as in run.sh): /quitquitquit would otherwise hold the stop for 45 s.
+  start "$name" "$PROXY_CPU" "$kactivator_bin" --config "$work/$name.toml" --shards 1 \
+    --driver "$driver" --drain-grace-seconds 0
 }
 
 stop_kactivator() { # stop_kactivator PID ADMIN
