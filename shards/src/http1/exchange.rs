@@ -486,24 +486,23 @@ async fn receive_response(
             }
         }
         let read = match race(upstream_inbuf.fill(upstream), overdue.as_mut()).await {
-            Either::Left(read) => Ok(read),
-            Either::Right(()) => Err(()),
+            Either::Left(read) => read,
+            Either::Right(()) => return Err(ReceiveError::Timeout),
         };
         match read {
-            Err(()) => return Err(ReceiveError::Timeout),
-            Ok(Ok(0)) if upstream_inbuf.is_empty() => {
+            Ok(0) if upstream_inbuf.is_empty() => {
                 return Err(ReceiveError::Upstream(
                     UpstreamError::ClosedBeforeResponse { addr },
                 ))
             }
-            Ok(Ok(0)) => {
+            Ok(0) => {
                 return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
                     addr,
                     reason: "connection closed in the middle of the response head".into(),
                 }))
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => {
+            Ok(_) => {}
+            Err(error) => {
                 return Err(ReceiveError::Upstream(UpstreamError::Receive {
                     addr,
                     cause: TransportCause::of(&error),
@@ -595,11 +594,11 @@ async fn receive_response(
         }
         let deadline = deadlines.next_body_read(Instant::now());
         let read = match race(upstream_inbuf.fill(upstream), shard.alarms.at(deadline)).await {
-            Either::Left(read) => Ok(read),
-            Either::Right(()) => Err(()),
+            Either::Left(read) => read,
+            Either::Right(()) => return Err(ReceiveError::Truncated),
         };
         match read {
-            Ok(Ok(0)) => {
+            Ok(0) => {
                 if decoder.finish().is_err() {
                     return Err(ReceiveError::Truncated);
                 }
@@ -618,8 +617,8 @@ async fn receive_response(
                     upgraded: false,
                 });
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) | Err(_) => return Err(ReceiveError::Truncated),
+            Ok(_) => {}
+            Err(_) => return Err(ReceiveError::Truncated),
         }
     }
 }

@@ -186,25 +186,11 @@ pub async fn run_timer(alarms: &Alarms) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::Wake;
+    use std::sync::atomic::Ordering;
     use std::time::Duration;
 
     use super::*;
-
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    fn counter() -> (Arc<Count>, Waker) {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        (count.clone(), Waker::from(count))
-    }
+    use crate::runtime::wakes::counter;
 
     fn poll(alarm: &mut Alarm<'_>, waker: &Waker) -> Poll<()> {
         Pin::new(alarm).poll(&mut Context::from_waker(waker))

@@ -90,15 +90,16 @@ impl IdleConnections {
     /// Tells every idle connection to close, and every one that goes idle from now on.
     pub fn close_all(&self) {
         self.closing.set(true);
-        let slots = self.entries.borrow().len();
-        for slot in 0..slots {
-            let candidate = {
-                let entries = self.entries.borrow();
-                entries[slot].taken && !entries[slot].told
-            };
-            if candidate {
-                self.tell(slot);
-            }
+        let idle: Vec<usize> = self
+            .entries
+            .borrow()
+            .iter()
+            .enumerate()
+            .filter(|(_, entry)| entry.taken && !entry.told)
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in idle {
+            self.tell(slot);
         }
     }
 

@@ -106,13 +106,8 @@ impl Lateness {
     /// from the front on the way.
     pub fn next_due(&self) -> Option<Instant> {
         let mut inner = self.inner.borrow_mut();
-        while let Some(&(due, slot, generation)) = inner.queue.front() {
-            if inner.slots[slot].generation == generation {
-                return Some(due);
-            }
-            inner.queue.pop_front();
-        }
-        None
+        inner.drop_released_front();
+        inner.queue.front().map(|&(due, _, _)| due)
     }
 
     /// Parks the sweeper until a ticket is taken; false when one is queued already.
@@ -134,17 +129,24 @@ impl Lateness {
         inner.free.push(slot);
         // The places of released tickets at the front go now, so the queue of a shard whose
         // exchanges all finish early stays short without the sweeper waking for them.
-        while let Some(&(_, slot, generation)) = inner.queue.front() {
-            if inner.slots[slot].generation == generation {
-                break;
-            }
-            inner.queue.pop_front();
-        }
+        inner.drop_released_front();
     }
 
     #[cfg(test)]
     fn queued(&self) -> usize {
         self.inner.borrow().queue.len()
+    }
+}
+
+impl Inner {
+    /// Drops the places at the front of the queue whose tickets were given back.
+    fn drop_released_front(&mut self) {
+        while let Some(&(_, slot, generation)) = self.queue.front() {
+            if self.slots[slot].generation == generation {
+                break;
+            }
+            self.queue.pop_front();
+        }
     }
 }
 
@@ -211,24 +213,10 @@ pub async fn run_sweeper(set: &Lateness) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::Wake;
+    use std::sync::atomic::Ordering;
 
     use super::*;
-
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    fn counting() -> (Arc<Count>, Waker) {
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        (count.clone(), Waker::from(count))
-    }
+    use crate::runtime::wakes::counter;
 
     fn poll_late(ticket: &Ticket<'_>, waker: &Waker) -> Poll<()> {
         ticket.poll_late(&mut Context::from_waker(waker))
@@ -239,7 +227,7 @@ mod tests {
         let set = Lateness::default();
         let start = Instant::now();
         let ticket = set.enter(start);
-        let (woken, waker) = counting();
+        let (woken, waker) = counter();
         assert_eq!(poll_late(&ticket, &waker), Poll::Pending);
         assert_eq!(set.next_due(), Some(start + LATE_AFTER));
         assert_eq!(set.expire(start + LATE_AFTER - Duration::from_micros(1)), 0);
@@ -256,7 +244,7 @@ mod tests {
         let start = Instant::now();
         let first = set.enter(start);
         let second = set.enter(start + Duration::from_millis(2));
-        let (_, waker) = counting();
+        let (_, waker) = counter();
         assert_eq!(poll_late(&first, &waker), Poll::Pending);
         assert_eq!(poll_late(&second, &waker), Poll::Pending);
         assert_eq!(set.expire(start + LATE_AFTER), 1);
@@ -272,7 +260,7 @@ mod tests {
     fn a_ticket_given_back_early_is_never_woken_and_its_slot_is_not_confused_with_the_next() {
         let set = Lateness::default();
         let start = Instant::now();
-        let (woken, waker) = counting();
+        let (woken, waker) = counter();
         let early = set.enter(start);
         assert_eq!(poll_late(&early, &waker), Poll::Pending);
         let behind = set.enter(start + Duration::from_millis(1));

@@ -15,3 +15,5 @@ pub mod readiness;
 
 pub mod signal;
 pub mod topology;
+#[cfg(test)]
+pub(crate) mod wakes;
