@@ -10,7 +10,7 @@ use monoio::io::{AsyncWriteRent, Canceller, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
 use monoio::BufResult;
 
-use super::io::{send_now, write_all};
+use super::io::{send_now, write_out};
 use super::rewrite::{self, ClientSide};
 use crate::request::answer::Answer;
 use crate::request::outcome::{Next, RequestShape};
@@ -28,9 +28,6 @@ pub(super) struct ClientConn {
     pub(super) response_out: Vec<u8>,
     /// The client's IP as text, for `X-Forwarded-For`; formatted once per connection.
     pub(super) peer_ip: Vec<u8>,
-    /// The socket's descriptor, for the shard's idle set (which shuts the read side down to
-    /// close an idle connection).
-    pub(super) fd: std::os::fd::RawFd,
     /// Interrupts the read-ahead on the client once a response is complete; one per connection,
     /// made by its first exchange (a connection that only waits in a queue never needs one).
     pub(super) canceller: Option<Canceller>,
@@ -71,6 +68,12 @@ impl ClientWriter {
     /// A new request begins: nothing of its answer is written yet.
     pub(super) fn begin(&mut self) {
         self.wrote = false;
+    }
+
+    /// The socket's descriptor (the shard's idle set shuts its read side down to close an idle
+    /// connection).
+    pub(super) fn fd(&self) -> std::os::fd::RawFd {
+        self.fd
     }
 
     /// Whether any byte of the current answer was handed to the socket.
@@ -154,7 +157,7 @@ pub(super) async fn answer_locally(
 ) -> Next {
     conn.response_out.clear();
     rewrite::write_local_response(response, client, &mut conn.response_out);
-    match write_all(&mut conn.writer, &mut conn.response_out).await {
+    match write_out(&mut conn.writer, &mut conn.response_out).await {
         Ok(()) if client.keep_alive => Next::KeepAlive,
         _ => Next::Close,
     }

@@ -16,7 +16,7 @@ use monoio::time::Instant;
 
 use super::client::{ClientConn, ClientWriter};
 use super::front::H1Front;
-use super::io::write_all;
+use super::io::write_out;
 use super::rewrite::{self, ClientSide};
 use crate::preface::{self, Preface};
 use crate::request::answer::Answer;
@@ -75,7 +75,6 @@ pub(crate) fn serve_connection(
         request_out: Vec::new(),
         response_out: Vec::new(),
         peer_ip: peer.ip().to_string().into_bytes(),
-        fd,
         canceller: None,
         head: RequestHead::default(),
         response_head: ResponseHead::default(),
@@ -108,7 +107,7 @@ pub(crate) fn serve_connection(
                         },
                         &mut conn.response_out,
                     );
-                    let _ = write_all(&mut conn.writer, &mut conn.response_out).await;
+                    let _ = write_out(&mut conn.writer, &mut conn.response_out).await;
                     break;
                 }
             }
@@ -182,7 +181,7 @@ async fn answer_after_panic(conn: &mut ClientConn) {
         },
         &mut conn.response_out,
     );
-    let _ = write_all(&mut conn.writer, &mut conn.response_out).await;
+    let _ = write_out(&mut conn.writer, &mut conn.response_out).await;
 }
 
 /// Reads until a request head is complete. `served`: the connection has carried a request
@@ -272,7 +271,7 @@ async fn read_request_head(
             // request that arrived at that moment (served, and the connection closes after it)
             // or with end of file.
             None => {
-                let idle = shard.idle.enter(conn.fd);
+                let idle = shard.idle.enter(conn.writer.fd());
                 let read = conn.inbuf.fill(&mut conn.reader).await;
                 if idle.told() {
                     conn.close_after = true;
