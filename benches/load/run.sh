@@ -6,6 +6,7 @@
 #
 #   bash benches/load/run.sh [--quick] [--rounds N] [--duration SECS] [--layouts L1,L2,P1]
 #                            [--only-pingpong] [--no-load] [--no-callgrind] [--no-kactivator]
+#                            [--queue-proxy]
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/load/run.sh   # measure that binary, no build
 set -euo pipefail
 
@@ -26,6 +27,9 @@ usage: bash benches/load/run.sh [options]
   --no-load          skip the load layouts
   --no-callgrind     skip the callgrind instruction counts
   --no-kactivator    measure only the direct path and the peers
+  --queue-proxy      run the kactivator rows as `kactivator queue-proxy` (the sidecar role,
+                     started with the environment Knative gives its queue-proxy, container
+                     concurrency 0) instead of the activator; the peers are unchanged
 
 Environment: KACTIVATOR_BIN=PATH measures that kactivator binary instead of building
 target/release/kactivator. Results go to target/bench-results/load-<timestamp>.txt.
@@ -44,6 +48,7 @@ layouts=(L1 L2 P1)
 want_load=1
 want_callgrind=1
 want_kactivator=1
+role=activator
 while (($#)); do
   case "$1" in
     --quick) rounds=1 duration=3 callgrind_n1=1000 callgrind_n2=6000 ;;
@@ -57,6 +62,7 @@ while (($#)); do
     --no-load) want_load=0 ;;
     --no-callgrind) want_callgrind=0 ;;
     --no-kactivator) want_kactivator=0 ;;
+    --queue-proxy) role=queue-proxy ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -449,13 +455,26 @@ EOF
 
 # start_kactivator NAME DRIVER PORT ADMIN [WRAPPER...]: the wrapper (valgrind) goes before the
 # binary. No drain grace: it exists for endpoints to move off a terminating pod, and here it would
-# only hold the stop (`/quitquitquit` drains like SIGTERM) for its 45 s default.
+# only hold the stop (`/quitquitquit` drains like SIGTERM) for its 45 s default. With
+# --queue-proxy, the queue-proxy role with Knative's environment instead (its quiet period is the
+# drain grace, so it is 0 too); its autoscaler and drain ports are ADMIN+1 and ADMIN+2.
 start_kactivator() {
   local name=$1 driver=$2 port=$3 admin=$4
   shift 4
+  local common=(--shards 1 --driver "$driver" --drain-grace-seconds 0)
+  if [[ $role == queue-proxy ]]; then
+    start "$name" "$PROXY_CPU" env \
+      SERVING_NAMESPACE=default SERVING_SERVICE=bench SERVING_CONFIGURATION=bench \
+      SERVING_REVISION=bench SERVING_POD=bench-deployment-0 SERVING_POD_IP=127.0.0.1 \
+      QUEUE_SERVING_PORT="$port" QUEUE_SERVING_TLS_PORT="$((admin + 3))" USER_PORT="$BACKEND_PORT" \
+      CONTAINER_CONCURRENCY=0 REVISION_TIMEOUT_SECONDS=300 ACTIVATOR_SERVICE_URL= \
+      SERVING_READINESS_PROBE="{\"tcpSocket\":{\"port\":$BACKEND_PORT,\"host\":\"127.0.0.1\"},\"successThreshold\":1}" \
+      "$@" "$kactivator_bin" queue-proxy "${common[@]}" --admin "127.0.0.1:$admin" \
+      --autoscaler-metrics "127.0.0.1:$((admin + 1))" --drain-admin "127.0.0.1:$((admin + 2))"
+    return
+  fi
   kactivator_conf "$work/$name.toml" "$port" "$admin"
-  start "$name" "$PROXY_CPU" "$@" "$kactivator_bin" --config "$work/$name.toml" --shards 1 \
-    --driver "$driver" --drain-grace-seconds 0
+  start "$name" "$PROXY_CPU" "$@" "$kactivator_bin" --config "$work/$name.toml" "${common[@]}"
 }
 
 # stop_kactivator PID ADMIN_PORT TIMEOUT_SECS [WAKE_PORT]: asks for a clean exit over the admin
@@ -488,6 +507,10 @@ declare -A label=(
   [nginx]="nginx proxy"
   [haproxy]="haproxy"
 )
+if [[ $role == queue-proxy ]]; then
+  label[kact-uring]="kactivator queue-proxy io-uring"
+  label[kact-epoll]="kactivator queue-proxy epoll"
+fi
 declare -A port_of=(
   [direct]=$BACKEND_PORT
   [kact-uring]=$KACT_URING_PORT
@@ -978,7 +1001,7 @@ callgrind_note=no
   echo "kactivator load benchmark $stamp"
   echo "host: $(uname -r), $(nproc) CPUs; $(wrk --version 2>&1 | head -n 1); $(nginx -v 2>&1); $(haproxy -v | head -n 1)"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)')"
-  echo "options: rounds=$rounds duration=${duration}s layouts=$(want_load_note) callgrind=$callgrind_note kactivator=$kactivator_bin"
+  echo "options: rounds=$rounds duration=${duration}s layouts=$(want_load_note) callgrind=$callgrind_note kactivator=$kactivator_bin role=$role"
 } >>"$results"
 
 build
@@ -997,6 +1020,10 @@ fi
 {
   echo
   echo "# kactivator load benchmark, $stamp ($(nproc) CPUs, $(uname -r))"
+  if [[ $role == queue-proxy ]]; then
+    echo
+    echo "The kactivator rows are the queue-proxy role (\`kactivator queue-proxy\`, container concurrency 0)."
+  fi
   if ((want_load)); then
     report_load
     report_pingpong
