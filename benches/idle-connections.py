@@ -7,8 +7,9 @@ Usage: python3 benches/idle-connections.py <kactivator binary> [count]
 Starts a one-line Python backend and kactivator with one shard on 127.0.0.1:28112 (admin
 28113), opens `count` (default 5000) connections that each get one request answered and then
 sit idle, then `count` more that send nothing, then `count` HTTP/2 connections (h2c prior
-knowledge) that each had one stream answered (the activator's own probe, no pod) and sit idle,
-and prints kactivator's VmRSS after each stage and the growth per connection. Socket buffers are kernel memory and not in VmRSS.
+knowledge) that each had one stream answered (the activator's own probe, no pod) and sit idle
+for 7 s (past the 1 s after which one with no stream open gives back its frame buffers, and
+the 5 s sweep that returns freed pages to the system), and prints kactivator's VmRSS after each stage and the growth per connection. Socket buffers are kernel memory and not in VmRSS.
 """
 import http.server
 import resource
@@ -110,7 +111,11 @@ try:
     time.sleep(0.3)
     before_h2 = rss_kib()
     h2 = [h2_served() for _ in range(count)]
-    time.sleep(0.5)
+    # Past the time after which an HTTP/2 connection with no stream open gives back its frame
+    # buffers (RELEASE_IDLE_AFTER in shards/src/http2/server.rs, 1 s) and the shard's next
+    # sweep, which returns the freed pages to the system (SWEEP_INTERVAL in shards/src/hub.rs,
+    # 5 s).
+    time.sleep(7.0)
     after_h2 = rss_kib()
     print(f"idle keep-alive: {count} connections, VmRSS {base} -> {after_idle} KiB, "
           f"{(after_idle - base) * 1024 / count:.0f} B each")

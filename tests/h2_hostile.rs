@@ -828,3 +828,156 @@ fn a_client_that_disconnects_while_queued_gives_its_place_up() {
     assert_eq!(stats.max_in_flight, 1, "{stats:?}");
     assert_still_serves(&activator);
 }
+
+// === idle connections: memory given back, and closed at the end of a drain ===
+
+/// How long after its last stream an idle connection's memory is back with the system: the
+/// connection gives its buffers back after 1 s (`RELEASE_IDLE_AFTER`), and the shard's sweep
+/// (every 5 s) returns the freed pages.
+const IDLE_MEMORY_BACK: Duration = Duration::from_secs(7);
+
+/// Reads frames until the response of `stream` has ended; panics after 5 s.
+fn until_stream_end(reader: &mut FrameReader, stream: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Some(frame) = reader.next(deadline) {
+        if frame.stream == stream && frame.flags & END_STREAM != 0 {
+            return;
+        }
+    }
+    panic!("stream {stream} did not end");
+}
+
+/// An h2c connection that answered one stream and now sits idle.
+fn idle_h2c(activator: &Activator) -> FrameReader {
+    let mut reader = FrameReader::new(h2_connect(activator.http));
+    reader.ack_settings();
+    reader.stream.write_all(&get_headers(1)).unwrap();
+    until_stream_end(&mut reader, 1);
+    reader
+}
+
+/// An idle HTTP/2 connection gives its frame buffers (16 KiB out, 8 KiB in, 4 KiB of HPACK
+/// scratch) and its stream tables back once idle, and the shard returns the pages: 300 idle
+/// connections cost at most 18 KiB each after a few seconds (25 KiB each before the buffers
+/// were given back), and at least 6 KiB each came back. Each then still answers a PING and serves another stream on the same
+/// connection, and a real client's connection serves a 1 MiB call with new headers after its
+/// idle time.
+#[test]
+fn an_idle_h2c_connection_gives_its_buffers_back_and_serves_on() {
+    let pod = pod();
+    let activator = Activator::start_with(
+        &revision("default", "hello-00001", &[pod.addr()], ""),
+        "",
+        &["--shards", "1"],
+        &[],
+    );
+    // A real client: one call, then idle on the same connection (one runtime for its life: the
+    // connection's task lives on it).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut client = runtime
+        .block_on(grpc::connect(activator.http2, AUTHORITY))
+        .expect("connect");
+    let first = runtime
+        .block_on(client.unary(EchoRequest {
+            payload: bytes::Bytes::from_static(b"before"),
+            delay_ms: 0,
+            reply_bytes: 0,
+        }))
+        .expect("the first call");
+    assert_eq!(&first.get_ref().payload[..], b"before");
+    drop(idle_h2c(&activator));
+    thread::sleep(Duration::from_millis(300));
+    let baseline = activator.rss_kib();
+    let count = 300;
+    let mut idle: Vec<FrameReader> = (0..count).map(|_| idle_h2c(&activator)).collect();
+    let busy = activator.rss_kib();
+    thread::sleep(IDLE_MEMORY_BACK);
+    let settled = activator.rss_kib();
+    let per_connection = (settled.saturating_sub(baseline)) * 1024 / count;
+    eprintln!(
+        "{count} idle h2c connections: RSS {baseline} KiB, {busy} KiB when opened, {settled} KiB \
+         after {IDLE_MEMORY_BACK:?} ({per_connection} B each)"
+    );
+    // Measured: 25 KB each when opened; 14 KB (release build) and 15 KB (debug) once idle.
+    assert!(
+        per_connection <= 18 * 1024,
+        "an idle h2c connection still holds {per_connection} B ({baseline} -> {busy} -> {settled} KiB)"
+    );
+    let given_back = busy.saturating_sub(settled) * 1024 / count;
+    assert!(
+        given_back >= 6 * 1024,
+        "idle h2c connections gave back only {given_back} B each ({baseline} -> {busy} -> {settled} KiB)"
+    );
+    // Each answers a PING and serves a stream again, its buffers allocated anew.
+    for (n, reader) in idle.iter_mut().enumerate() {
+        reader
+            .stream
+            .write_all(&frame(PING, 0, 0, b"wake up!"))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let frame = reader
+                .next(deadline)
+                .unwrap_or_else(|| panic!("connection {n}: no PING answer"));
+            if frame.kind == PING {
+                assert_eq!(frame.flags & ACK, ACK);
+                assert_eq!(frame.payload, b"wake up!");
+                break;
+            }
+        }
+        reader.stream.write_all(&get_headers(3)).unwrap();
+        until_stream_end(reader, 3);
+    }
+    // The real client's connection, idle as long: a call with a header new to the HPACK table
+    // (Huffman-coded by the client) and a 1 MiB payload each way.
+    let payload = bytes::Bytes::from(vec![7u8; 1 << 20]);
+    let mut request = tonic::Request::new(EchoRequest {
+        payload: payload.clone(),
+        delay_ms: 0,
+        reply_bytes: 0,
+    });
+    request
+        .metadata_mut()
+        .insert("x-after-idle", "buffers-given-back".parse().unwrap());
+    let reply = runtime
+        .block_on(client.unary(request))
+        .expect("a call after the idle time");
+    assert_eq!(reply.get_ref().payload, payload);
+    assert_still_serves(&activator);
+}
+
+/// At the end of a drain, an HTTP/2 connection with no stream open is closed even if its
+/// client never answers the PING of the graceful GOAWAY (a client that does not read): the
+/// final GOAWAY (NO_ERROR) and the end of the connection, and the process exits. Before, it
+/// waited for that answer forever and the process never exited.
+#[test]
+fn the_end_of_a_drain_closes_an_idle_h2c_connection_whose_client_never_answers() {
+    let pod = pod();
+    let mut activator = Activator::start_with(
+        &revision("default", "hello-00001", &[pod.addr()], ""),
+        "",
+        &["--shards", "2", "--drain-grace-seconds", "1"],
+        &[],
+    );
+    let mut silent = idle_h2c(&activator);
+    let started = Instant::now();
+    activator.send_signal("TERM");
+    let status = activator.wait_exit(Duration::from_secs(15));
+    assert_eq!(
+        status,
+        Some(0),
+        "the process did not exit {:?} after SIGTERM with an idle h2c client connected: {}",
+        started.elapsed(),
+        activator.stderr()
+    );
+    let frames = silent.until_eof(Duration::from_secs(5));
+    let goaways: Vec<&Frame> = frames.iter().filter(|frame| frame.kind == GOAWAY).collect();
+    assert!(!goaways.is_empty(), "no GOAWAY: {frames:?}");
+    assert!(
+        goaways.iter().all(|goaway| goaway.code() == NO_ERROR),
+        "{goaways:?}"
+    );
+}

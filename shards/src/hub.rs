@@ -25,6 +25,7 @@ use crate::runtime::alarm;
 use crate::runtime::contain;
 use crate::runtime::control_link::ControlLink;
 use crate::runtime::late;
+use crate::runtime::memory;
 use crate::runtime::reactor::{self, DriverChoice, DriverKind, Reactor};
 use crate::runtime::readiness::Readiness;
 use crate::shard::{OpenConnection, Shard, ShardSettings};
@@ -129,6 +130,7 @@ async fn run(
             monoio::time::sleep(SWEEP_INTERVAL).await;
             sweep_shard.pool.sweep();
             sweep_shard.h2c.sweep();
+            memory::trim_if_released();
         }
     });
 

@@ -31,6 +31,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
             let n = self.read.len().min(buf.remaining());
             buf.put_slice(&self.read[..n]);
             self.read.advance(n);
+            if self.read.is_empty() {
+                // Read whole: its memory goes back now, not when the connection ends.
+                self.read = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)

@@ -9,6 +9,7 @@ pub mod control_link;
 pub mod idle;
 pub mod late;
 pub mod limits;
+pub mod memory;
 pub(crate) mod race;
 pub mod reactor;
 pub mod readiness;
