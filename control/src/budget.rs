@@ -15,9 +15,11 @@ use std::fmt;
 
 use crate::config::ProxySettings;
 
-/// What one open client connection costs when idle, whatever it speaks: an HTTP/2 connection,
-/// the costlier (measured 25 366 B; an HTTP/1 one 4 676 B; BENCHMARKS.md, "Memory per open
-/// connection"), rounded up.
+/// What one open client connection costs at worst between requests, whatever it speaks: an
+/// HTTP/2 connection whose streams come less than a second apart, the costlier (measured
+/// 25 366 B; 14 017 B once idle for a second, when it gives its buffers back; an HTTP/1 one
+/// 4 676 B; BENCHMARKS.md, "Memory per open connection"), rounded up. A client can keep a
+/// connection from going idle, so the budget counts the busy figure.
 pub const CONNECTION_BYTES: u64 = 26 * 1024;
 /// What one unfinished request head may hold: a head buffer up to the 64 KiB head limit, and
 /// its connection.
