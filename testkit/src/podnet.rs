@@ -458,10 +458,19 @@ fn route_exists(index: u8) -> bool {
 /// Panics, naming the route, when the machine routes part of 10.213.0.0/16 or 10.96.0.0/16
 /// other than through a PodNet.
 fn refuse_ranges_in_use() {
+    // The links are listed before and after the routes, and a route counts as a PodNet's if
+    // its link is in either list: another test's PodNet may be set up (link, then route) or
+    // torn down (route, then link) between two listings, and its route must not look foreign.
+    let links_before = ip_expect(&["-j", "link", "show"]);
     let routes = ip_expect(&["-j", "-4", "route", "show", "table", "all"]);
-    let links = ip_expect(&["-j", "link", "show"]);
+    let links_after = ip_expect(&["-j", "link", "show"]);
     let routes: Vec<serde_json::Value> = serde_json::from_slice(&routes.stdout).unwrap_or_default();
-    let links: Vec<serde_json::Value> = serde_json::from_slice(&links.stdout).unwrap_or_default();
+    let links: Vec<serde_json::Value> = [links_before, links_after]
+        .iter()
+        .flat_map(|listing| {
+            serde_json::from_slice::<Vec<serde_json::Value>>(&listing.stdout).unwrap_or_default()
+        })
+        .collect();
     let links: Vec<&str> = links
         .iter()
         .filter_map(|link| link["ifname"].as_str())
