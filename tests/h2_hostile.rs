@@ -981,3 +981,53 @@ fn the_end_of_a_drain_closes_an_idle_h2c_connection_whose_client_never_answers()
         "{goaways:?}"
     );
 }
+
+/// At the connection cap, an idle h2c connection (no stream open) is an idle connection like an
+/// HTTP/1 keep-alive one: when a new client fills the shard to its cap, the longest idle gives
+/// way at once, with GOAWAY (NO_ERROR) and the end of the connection, and the others stay open
+/// and serve.
+#[test]
+fn at_the_connection_cap_the_longest_idle_h2c_connection_gives_way_with_goaway() {
+    let pod = pod();
+    let activator = Activator::start_with(
+        &revision("default", "hello-00001", &[pod.addr()], ""),
+        "max_connections_per_shard = 4\n",
+        &["--shards", "1"],
+        &[],
+    );
+    // The h2c connection is the longest idle, then an HTTP/1 one, then another h2c one.
+    let mut oldest = idle_h2c(&activator);
+    thread::sleep(Duration::from_millis(50));
+    let request = get("hello-00001", "/");
+    let mut http1 = activator.connect();
+    http1
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buffered = Vec::new();
+    http1.write_all(request.as_bytes()).unwrap();
+    let first = support::read_response(&mut http1, &mut buffered).expect("a response");
+    assert_eq!(first.status, 200);
+    thread::sleep(Duration::from_millis(50));
+    let mut younger = idle_h2c(&activator);
+    thread::sleep(Duration::from_millis(50));
+    // A new client fills the cap: it is served at once, and the longest idle connection gives
+    // way to the next.
+    let started = Instant::now();
+    let response = exchange(activator.http, request.as_bytes());
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a new client waited {:?} behind idle connections",
+        started.elapsed()
+    );
+    let frames = oldest.until_eof(Duration::from_secs(5));
+    let goaway = goaway(&frames).unwrap_or_else(|| panic!("no GOAWAY: {frames:?}"));
+    assert_eq!(goaway.code(), NO_ERROR);
+    assert!(activator.metric_sum("kactivator_shard_idle_evictions_total", &[]) >= 1.0);
+    // The HTTP/1 connection and the younger h2c one still serve.
+    http1.write_all(request.as_bytes()).unwrap();
+    let again = support::read_response(&mut http1, &mut buffered).expect("the HTTP/1 connection");
+    assert_eq!(again.status, 200);
+    younger.stream.write_all(&get_headers(3)).unwrap();
+    until_stream_end(&mut younger, 3);
+}

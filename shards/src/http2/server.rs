@@ -3,6 +3,11 @@
 //! (frames in and out, flow control, pings). When the shard starts draining, the client gets
 //! GOAWAY at once: it opens new streams elsewhere while the ones open here finish.
 //!
+//! A connection with no stream open is idle, among the shard's idle connections
+//! (`runtime::idle`): at the connection cap the longest idle gives way, and when the drain is
+//! over every idle one closes. Either way it sends the final GOAWAY (NO_ERROR, naming the last
+//! stream it took) and closes once that is written, without waiting for the client.
+//!
 //! A connection with no stream open for [`RELEASE_IDLE_AFTER`] gives back the memory of its
 //! frame buffers, stream store and frame queues (`h2`'s `release_idle_memory`, our patch in
 //! `vendor/h2`): about 30 KiB allocated, which an idle connection would otherwise keep for its
@@ -22,6 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::io::Rewind;
 use super::stream;
 use crate::runtime::alarm::Alarm;
+use crate::runtime::idle::Idle;
 use crate::runtime::memory;
 use crate::runtime::race::{race, Either};
 use crate::shard::Shard;
@@ -93,9 +99,10 @@ where
                 continue;
             }
             Next::Close => {
-                // The drain is over and no stream is open. The graceful GOAWAY waits for the
-                // client's answer to its PING, which a client that does not read never sends:
-                // the final GOAWAY now, and the connection closes once it is written.
+                // Idle and told to close: at the connection cap, or the drain is over. (The
+                // graceful GOAWAY would wait for the client's answer to its PING, which a
+                // client that does not read never sends.) The final GOAWAY now, and the
+                // connection closes once it is written.
                 connection.abrupt_shutdown(h2::Reason::NO_ERROR);
                 closing = true;
                 continue;
@@ -155,12 +162,12 @@ impl Drop for OpenStream {
     }
 }
 
-/// Where a connection is in the shard's stop.
+/// Where a connection is in its closing.
 #[derive(Clone, Copy)]
 struct State {
     /// Told of the drain (GOAWAY sent).
     going_away: bool,
-    /// Told to close (the final GOAWAY sent).
+    /// Closing (the final GOAWAY sent).
     closing: bool,
 }
 
@@ -171,7 +178,7 @@ enum Next<B: bytes::Buf> {
     Stream(Accepted<B>),
     /// The shard drains.
     Drain,
-    /// The drain is over and no stream is open: the connection closes.
+    /// Idle and told to close (at the connection cap, or the drain is over).
     Close,
 }
 
@@ -180,10 +187,10 @@ type Accepted<B> =
     Option<Result<(http::Request<h2::RecvStream>, h2::server::SendResponse<B>), h2::Error>>;
 
 /// Drives the connection until its next stream (or its end), until the shard drains (when not
-/// going away already), or until the drain is over with no stream open (when not closing
-/// already). Meanwhile, once no stream has been open for [`RELEASE_IDLE_AFTER`], the connection
-/// gives back its idle memory (`released`), and again whenever something that arrived while it
-/// stays idle (a PING, SETTINGS) allocated some.
+/// going away already), or, while no stream is open, until it is told to close as an idle
+/// connection (when not closing already). Meanwhile, once no stream has been open for
+/// [`RELEASE_IDLE_AFTER`], the connection gives back its idle memory (`released`), and again
+/// whenever something that arrived while it stays idle (a PING, SETTINGS) allocated some.
 async fn next_stream<T, B>(
     shard: &Shard,
     connection: &mut h2::server::Connection<T, B>,
@@ -196,8 +203,8 @@ where
     B: bytes::Buf,
 {
     let mut draining = pin!(shard.draining.wait());
-    let mut stopping = pin!(shard.stopping.wait());
     let mut alarm: Option<Alarm<'_>> = None;
+    let mut idle: Option<Idle<'_>> = None;
     poll_fn(|cx| {
         if let Poll::Ready(next) = connection.poll_accept(cx) {
             return Poll::Ready(Next::Stream(next));
@@ -205,20 +212,33 @@ where
         if !state.going_away && draining.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Next::Drain);
         }
-        if !state.closing && open.count.get() == 0 && stopping.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Next::Close);
-        }
         if open.count.get() > 0 {
             alarm = None;
+            idle = None;
             *open.connection.borrow_mut() = Some(cx.waker().clone());
-        } else if *released {
+            return Poll::Pending;
+        }
+        if !state.closing {
+            let entry = idle.get_or_insert_with(|| {
+                if shard.accept_paused.get() {
+                    // A client waits at the connection cap: this one can give way now.
+                    shard.connection_closed.notify_all();
+                }
+                shard.idle.enter_waking(cx.waker())
+            });
+            if entry.told() {
+                return Poll::Ready(Next::Close);
+            }
+            entry.wake_with(cx.waker());
+        }
+        if *released {
             // Woken while idle: what arrived (a PING, SETTINGS) may have allocated again.
             connection.release_idle_memory();
             memory::released();
         } else {
-            let idle =
+            let due =
                 alarm.get_or_insert_with(|| shard.alarms.at(Instant::now() + RELEASE_IDLE_AFTER));
-            if std::pin::Pin::new(idle).poll(cx).is_ready() {
+            if std::pin::Pin::new(due).poll(cx).is_ready() {
                 alarm = None;
                 connection.release_idle_memory();
                 memory::released();

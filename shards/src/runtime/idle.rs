@@ -9,6 +9,10 @@
 //!   the grace period before that they stay open: a client that sends on one is answered (with
 //!   `Connection: close`), where closing them at SIGTERM lost the requests that crossed the FIN.
 //!
+//! An HTTP/2 connection with no stream open is idle too, and registers with
+//! [`IdleConnections::enter_waking`]: told to close, it is woken, and sends GOAWAY (naming the
+//! last stream it took, so its client knows what to send again elsewhere) before it closes.
+//!
 //! A connection registers with [`IdleConnections::enter`] and then reads as usual. Told to
 //! close, its socket's read side is shut down (`shutdown(SHUT_RD)`): the read in flight then
 //! completes with whatever had arrived (a request that crossed the decision is served, and the
@@ -21,6 +25,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::RawFd;
+use std::task::Waker;
 
 #[derive(Debug, Default)]
 pub struct IdleConnections {
@@ -41,8 +46,10 @@ struct Entry {
     /// Told to close; no longer a candidate for eviction.
     told: bool,
     sequence: u64,
-    /// The connection's socket, open for as long as its [`Idle`] lives.
+    /// The connection's socket, open for as long as its [`Idle`] lives; shut down to tell it.
     fd: RawFd,
+    /// Woken to tell it instead, when set (`enter_waking`).
+    waker: Option<Waker>,
 }
 
 impl IdleConnections {
@@ -52,7 +59,17 @@ impl IdleConnections {
     /// The caller keeps `fd` open for as long as the guard lives: telling it to close shuts the
     /// socket down.
     pub fn enter(&self, fd: RawFd) -> Idle<'_> {
-        let slot = self.register(fd);
+        self.enter_as(fd, None)
+    }
+
+    /// Registers a connection that closes itself when told: told to close, `waker` is woken and
+    /// [`Idle::told`] says so. Refresh the waker with [`Idle::wake_with`] if the task's changes.
+    pub fn enter_waking(&self, waker: &Waker) -> Idle<'_> {
+        self.enter_as(-1, Some(waker.clone()))
+    }
+
+    fn enter_as(&self, fd: RawFd, waker: Option<Waker>) -> Idle<'_> {
+        let slot = self.register(fd, waker);
         if self.closing.get() {
             self.tell(slot);
         }
@@ -103,7 +120,7 @@ impl IdleConnections {
         }
     }
 
-    fn register(&self, fd: RawFd) -> usize {
+    fn register(&self, fd: RawFd, waker: Option<Waker>) -> usize {
         let sequence = self.next.get();
         self.next.set(sequence + 1);
         self.waiting.set(self.waiting.get() + 1);
@@ -112,6 +129,7 @@ impl IdleConnections {
             told: false,
             sequence,
             fd,
+            waker,
         };
         let mut entries = self.entries.borrow_mut();
         match self.free.borrow_mut().pop() {
@@ -129,13 +147,17 @@ impl IdleConnections {
     /// Marks `slot` told and shuts its socket's read side down, which ends the read in flight.
     #[allow(unsafe_code)] // one system call on a descriptor the caller keeps open, see below
     fn tell(&self, slot: usize) {
-        let fd = {
+        let (fd, waker) = {
             let mut entries = self.entries.borrow_mut();
             let entry = &mut entries[slot];
             entry.told = true;
-            entry.fd
+            (entry.fd, entry.waker.take())
         };
         self.waiting.set(self.waiting.get() - 1);
+        if let Some(waker) = waker {
+            waker.wake();
+            return;
+        }
         // SAFETY: a plain system call on a descriptor the connection holds open while its
         // `Idle` lives (`enter`'s contract). It fails harmlessly (ENOTCONN) when the peer is
         // already gone.
@@ -162,9 +184,21 @@ pub struct Idle<'a> {
 }
 
 impl Idle<'_> {
-    /// Whether this connection was told to close (its read side is shut down).
+    /// Whether this connection was told to close (its read side is shut down, or its waker
+    /// woken).
     pub fn told(&self) -> bool {
         self.set.entries.borrow()[self.slot].told
+    }
+
+    /// Replaces the waker of a connection registered with `enter_waking`, if it would not wake
+    /// the same task.
+    pub fn wake_with(&self, waker: &Waker) {
+        let mut entries = self.set.entries.borrow_mut();
+        if let Some(old) = entries[self.slot].waker.as_mut() {
+            if !old.will_wake(waker) {
+                old.clone_from(waker);
+            }
+        }
     }
 }
 
@@ -261,5 +295,43 @@ mod tests {
         let late = idle.enter(late_socket.as_raw_fd());
         assert!(late.told() && reads_end_of_file(&mut late_socket));
         assert!(!idle.evict_oldest());
+    }
+
+    #[test]
+    fn a_connection_that_closes_itself_is_woken_once_in_its_turn_by_idle_time() {
+        use std::sync::atomic::Ordering;
+        let idle = IdleConnections::default();
+        let (mut socket, _client) = pair();
+        let (wakes, waker) = crate::runtime::wakes::counter();
+        let http1 = idle.enter(socket.as_raw_fd());
+        let http2 = idle.enter_waking(&waker);
+        assert!(idle.evict_oldest());
+        assert!(http1.told() && reads_end_of_file(&mut socket));
+        assert!(!http2.told());
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
+        assert!(idle.evict_oldest());
+        assert!(http2.told());
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+        idle.close_all();
+        assert!(!idle.evict_oldest());
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "told once");
+        // After the drain's end, one that goes idle is told at once.
+        let (later_wakes, later_waker) = crate::runtime::wakes::counter();
+        let later = idle.enter_waking(&later_waker);
+        assert!(later.told());
+        assert_eq!(later_wakes.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_refreshed_waker_is_the_one_woken() {
+        use std::sync::atomic::Ordering;
+        let idle = IdleConnections::default();
+        let (first_wakes, first) = crate::runtime::wakes::counter();
+        let (second_wakes, second) = crate::runtime::wakes::counter();
+        let waiting = idle.enter_waking(&first);
+        waiting.wake_with(&second);
+        assert!(idle.evict_oldest());
+        assert_eq!(first_wakes.0.load(Ordering::SeqCst), 0);
+        assert_eq!(second_wakes.0.load(Ordering::SeqCst), 1);
     }
 }
