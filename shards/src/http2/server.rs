@@ -268,3 +268,122 @@ pub(crate) async fn take_over(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http::{HeaderValue, Request, Response};
+
+    /// Answers a request with its `x-` fields and its body.
+    async fn echo(
+        (request, mut respond): (
+            http::Request<h2::RecvStream>,
+            h2::server::SendResponse<Bytes>,
+        ),
+    ) {
+        let (parts, mut body) = request.into_parts();
+        let mut received = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+            received.extend_from_slice(&chunk);
+        }
+        let mut response = Response::builder().status(200);
+        for (name, value) in parts.headers.iter() {
+            if name.as_str().starts_with("x-") {
+                response = response.header(name, value);
+            }
+        }
+        let mut send = respond
+            .send_response(response.body(()).unwrap(), false)
+            .unwrap();
+        send.reserve_capacity(received.len());
+        send.send_data(Bytes::from(received), true).unwrap();
+    }
+
+    /// Our patch of `h2` (`vendor/h2`): a connection that gave its memory back between every
+    /// two requests still carries each one whole, both ways: a header block too big for one
+    /// frame (CONTINUATION frames, out of a write buffer allocated again), Huffman-coded values
+    /// new to the HPACK tables (the decoder's scratch buffer allocated again), and bodies of
+    /// many frames (the read buffer allocated again). `h2`'s own client is the peer.
+    #[test]
+    fn a_connection_that_gave_its_memory_back_serves_every_request_whole() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+            let server = tokio::task::LocalSet::new();
+            let served = server.run_until(async move {
+                let serving = tokio::task::spawn_local(async move {
+                    let mut connection = h2::server::handshake(server_io).await.unwrap();
+                    let mut requests = 0;
+                    loop {
+                        // Gives back whatever is empty each time the connection waits: between
+                        // requests, and between the frames of one.
+                        let next = poll_fn(|cx| {
+                            let polled = connection.poll_accept(cx);
+                            if polled.is_pending() {
+                                connection.release_idle_memory();
+                            }
+                            polled
+                        })
+                        .await;
+                        let Some(next) = next else {
+                            break;
+                        };
+                        requests += 1;
+                        tokio::task::spawn_local(echo(next.unwrap()));
+                    }
+                    requests
+                });
+                let (mut client, driver) = h2::client::handshake(client_io).await.unwrap();
+                let driving = tokio::task::spawn_local(async move {
+                    let _ = driver.await;
+                });
+                for round in 0..6u8 {
+                    // A value of 20 000 characters: more than one 16 KiB frame of headers.
+                    let big = "k".repeat(20_000 + usize::from(round));
+                    let fresh = format!("a value new to the table, round {round}");
+                    let body: Vec<u8> = (0..200_000u32).map(|n| (n % 251) as u8 ^ round).collect();
+                    let mut request = Request::builder()
+                        .method("POST")
+                        .uri("http://svc.test/echo")
+                        .body(())
+                        .unwrap();
+                    request
+                        .headers_mut()
+                        .insert("x-big", HeaderValue::from_str(&big).unwrap());
+                    request
+                        .headers_mut()
+                        .insert("x-fresh", HeaderValue::from_str(&fresh).unwrap());
+                    client = client.ready().await.unwrap();
+                    let (response, mut send) = client.send_request(request, false).unwrap();
+                    send.reserve_capacity(body.len());
+                    send.send_data(Bytes::from(body.clone()), true).unwrap();
+                    let response = response.await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    assert_eq!(response.headers()["x-big"], big.as_str());
+                    assert_eq!(response.headers()["x-fresh"], fresh.as_str());
+                    let mut echoed = Vec::new();
+                    let mut received = response.into_body();
+                    while let Some(chunk) = received.data().await {
+                        let chunk = chunk.unwrap();
+                        received
+                            .flow_control()
+                            .release_capacity(chunk.len())
+                            .unwrap();
+                        echoed.extend_from_slice(&chunk);
+                    }
+                    assert!(echoed == body, "round {round}: the body came back changed");
+                }
+                drop(client);
+                let requests = serving.await.unwrap();
+                driving.await.unwrap();
+                requests
+            });
+            assert_eq!(served.await, 6);
+        });
+    }
+}
