@@ -15,7 +15,7 @@
 #
 #   bash benches/load/h2.sh [--quick] [--rounds N] [--duration SECS] [--workloads get,grpc]
 #                           [--layouts L1,P1] [--only-pingpong] [--clients C] [--streams M]
-#                           [--h2load]
+#                           [--h2load] [--callgrind] [--no-load]
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/load/h2.sh   # measure that binary, no build
 set -euo pipefail
 
@@ -37,6 +37,10 @@ usage: bash benches/load/h2.sh [options]
   --streams M        L1 concurrent streams per connection (default 16)
   --h2load           in L1, also run h2load -cC -mM against every row and round, a cross-check
                      of the loadgen's req/s (doubles the time of L1)
+  --callgrind        also count instructions per proxied h2c request (GET /, C x M streams):
+                     kactivator --driver epoll and nginx under callgrind, N1 and N2 requests
+                     each, (I(N2) - I(N1)) / (N2 - N1) (needs valgrind; ~2 min)
+  --no-load          skip the load layouts (with --callgrind: only the instruction counts)
 
 Environment: KACTIVATOR_BIN=PATH measures that kactivator binary instead of building
 target/release/kactivator. Results go to target/bench-results/h2-<timestamp>.txt.
@@ -51,6 +55,9 @@ layouts=(L1 P1)
 clients=8
 streams=16
 with_h2load=0
+with_callgrind=0
+want_load=1
+readonly CALLGRIND_N1=5000 CALLGRIND_N2=25000
 while (($#)); do
   case "$1" in
     --quick) rounds=1 duration=3 ;;
@@ -62,6 +69,8 @@ while (($#)); do
     --clients) clients=${2:?--clients needs a value}; shift ;;
     --streams) streams=${2:?--streams needs a value}; shift ;;
     --h2load) with_h2load=1 ;;
+    --callgrind) with_callgrind=1 ;;
+    --no-load) want_load=0 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "h2.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -85,7 +94,8 @@ for layout in "${layouts[@]}"; do
   [[ " ${deduped[*]} " == *" $layout "* ]] || deduped+=("$layout")
 done
 layouts=("${deduped[@]}")
-want_layout() { [[ " ${layouts[*]} " == *" $1 "* ]]; }
+want_layout() { ((want_load)) && [[ " ${layouts[*]} " == *" $1 "* ]]; }
+((want_load || with_callgrind)) || { echo "h2.sh: --no-load leaves nothing to do without --callgrind" >&2; exit 2; }
 ((with_h2load)) && ! want_layout L1 && { echo "h2.sh: --h2load needs layout L1" >&2; exit 2; }
 
 # === fixed layout ===
@@ -95,6 +105,8 @@ readonly NGINX_PORT=18201
 readonly KACT_URING_PORT=18202 KACT_URING_ADMIN=19202
 readonly KACT_EPOLL_PORT=18203 KACT_EPOLL_ADMIN=19203
 readonly HAPROXY_PORT=18204
+# --callgrind: nginx (master_process off) or kactivator under valgrind, one at a time.
+readonly CALLGRIND_PORT=18205 CALLGRIND_ADMIN=19205
 # The backend and the proxies always run on cpu0. The client runs on cpu1 in L1 and on cpu0
 # with them in P1, with C x M streams in L1 and one stream in P1.
 readonly PROXY_CPU=0 CLIENT_CPU=1
@@ -201,6 +213,9 @@ done
 if ((with_h2load)); then
   command -v h2load >/dev/null || die "--h2load: missing h2load (apt-get install -y nghttp2-client)"
 fi
+if ((with_callgrind)); then
+  command -v valgrind >/dev/null || die "--callgrind: missing valgrind (apt-get install -y valgrind)"
+fi
 
 kactivator_bin=${KACTIVATOR_BIN:-$repo/target/release/kactivator}
 if [[ -z ${KACTIVATOR_BIN:-} ]]; then
@@ -245,10 +260,15 @@ start_backend() {
   start backend "$PROXY_CPU" "$backend_bin" --grpc --listen "127.0.0.1:$BACKEND_PORT" --name bench
 }
 
-start_nginx() {
+# nginx_conf FILE PORT [single]: nginx listening h2c on PORT, grpc_pass to the backend; with
+# "single", one process (master_process off), for valgrind.
+nginx_conf() {
+  local file=$1 port=$2 master=""
+  [[ ${3:-} == single ]] && master="master_process off;"
   mkdir -p "$work/nginx-temp"
-  cat >"$work/nginx.conf" <<EOF
+  cat >"$file" <<EOF
 daemon off;
+$master
 worker_processes 1;
 pid $work/nginx.pid;
 error_log $work/nginx.err warn;
@@ -265,11 +285,15 @@ http {
   scgi_temp_path $work/nginx-temp/scgi;
   upstream be { server 127.0.0.1:$BACKEND_PORT; keepalive 256; keepalive_requests 10000000; }
   server {
-    listen 127.0.0.1:$NGINX_PORT http2 reuseport backlog=4096;
+    listen 127.0.0.1:$port http2 reuseport backlog=4096;
     location / { grpc_pass grpc://be; }
   }
 }
 EOF
+}
+
+start_nginx() {
+  nginx_conf "$work/nginx.conf" "$NGINX_PORT"
   nginx -t -q -p "$work" -e "$work/nginx.err" -c "$work/nginx.conf" >"$work/nginx.log" 2>&1 ||
     { log_tail nginx; die "nginx rejected its configuration"; }
   start nginx "$PROXY_CPU" nginx -p "$work" -e "$work/nginx.err" -c "$work/nginx.conf"
@@ -300,9 +324,11 @@ EOF
   start haproxy "$PROXY_CPU" haproxy -db -f "$work/haproxy.cfg"
 }
 
-# Quarantine at its default (enabled): the testkit backend answers the queue-proxy probe.
-start_kactivator() { # start_kactivator NAME DRIVER PORT ADMIN
+# Quarantine at its default (enabled): the testkit backend answers the queue-proxy probe. A
+# WRAPPER (valgrind) goes before the binary.
+start_kactivator() { # start_kactivator NAME DRIVER PORT ADMIN [WRAPPER...]
   local name=$1 driver=$2 port=$3 admin=$4
+  shift 4
   cat >"$work/$name.toml" <<EOF
 [listen]
 http = "127.0.0.1:$port"
@@ -316,7 +342,7 @@ container_concurrency = 0
 pods = ["127.0.0.1:$BACKEND_PORT"]
 EOF
   # No drain grace (as in run.sh): /quitquitquit would otherwise hold the stop for 45 s.
-  start "$name" "$PROXY_CPU" "$kactivator_bin" --config "$work/$name.toml" --shards 1 \
+  start "$name" "$PROXY_CPU" "$@" "$kactivator_bin" --config "$work/$name.toml" --shards 1 \
     --driver "$driver" --drain-grace-seconds 0
 }
 
@@ -563,6 +589,73 @@ report_p1() {
   [[ -z $noisy ]] || { echo; echo "WARNING: $noisy; the P1 latencies are not trustworthy."; }
 }
 
+# === instructions per request (--callgrind) ===
+
+declare -A instructions=() # "ROW N" -> I(N)
+
+# callgrind_total ROW N: ROW (kactivator or nginx) under callgrind on cpu0, N GET / requests
+# through it from the loadgen on cpu1 (C x M streams), a clean stop; I(N) goes to
+# instructions["ROW N"]. kactivator runs with --driver epoll: valgrind does not follow io_uring.
+callgrind_total() {
+  local row=$1 n=$2 name="cg-$1-$2" out pid deadline status=0
+  out="$work/$name.callgrind"
+  local valgrind=(valgrind --tool=callgrind "--callgrind-out-file=$out")
+  if [[ $row == kactivator ]]; then
+    start_kactivator "$name" epoll "$CALLGRIND_PORT" "$CALLGRIND_ADMIN" "${valgrind[@]}"
+  else
+    nginx_conf "$work/$name.conf" "$CALLGRIND_PORT" single
+    start "$name" "$PROXY_CPU" "${valgrind[@]}" nginx -p "$work" -e "$work/nginx.err" -c "$work/$name.conf"
+  fi
+  pid=$last_pid
+  # Up once one GET / goes through (the same one request in both runs: it cancels out).
+  deadline=$((SECONDS + 60))
+  until curl -s -o /dev/null --max-time 2 --http2-prior-knowledge -H "Host: $AUTHORITY" \
+    "http://127.0.0.1:$CALLGRIND_PORT/"; do
+    if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)); then
+      log_tail "$name"
+      die "$name did not come up"
+    fi
+    sleep 0.2
+  done
+  taskset -c "$CLIENT_CPU" "$loadgen_bin" --h2 --url "http://127.0.0.1:$CALLGRIND_PORT/" \
+    --connections "$clients" --streams "$streams" --requests "$n" -H "Host: $AUTHORITY" \
+    >"$work/$name.loadgen" 2>&1 || die "$name: the loadgen reported errors: $(cat "$work/$name.loadgen")"
+  raw "--- callgrind $name loadgen: $(cat "$work/$name.loadgen")"
+  if [[ $row == kactivator ]]; then
+    curl -s -o /dev/null --max-time 120 -X POST "http://127.0.0.1:$CALLGRIND_ADMIN/quitquitquit" || true
+  else
+    kill -QUIT "$pid"
+  fi
+  wait "$pid" || status=$?
+  ((status == 0)) || die "$name did not exit cleanly (status $status): its profile is incomplete"
+  instructions["$row $n"]=$(awk '/^totals:/ { print $2 }' "$out")
+  [[ -n ${instructions["$row $n"]} ]] || die "$name: no totals line in $out: the profile is incomplete"
+}
+
+run_callgrind() {
+  local row n
+  for row in kactivator nginx; do
+    for n in "$CALLGRIND_N1" "$CALLGRIND_N2"; do
+      log "callgrind: $row, $n requests"
+      callgrind_total "$row" "$n"
+    done
+  done
+}
+
+report_callgrind() {
+  local row a b
+  declare -A name=([kactivator]="kactivator epoll" [nginx]="nginx (grpc_pass)")
+  echo
+  echo "## Instructions per proxied h2c request (callgrind, user space; (I(N2) - I(N1)) / (N2 - N1); GET /, $clients connections x $streams streams)"
+  echo
+  echo "| proxy | I(N1=$CALLGRIND_N1) | I(N2=$CALLGRIND_N2) | instructions/request |"
+  echo "|---|---|---|---|"
+  for row in kactivator nginx; do
+    a=${instructions["$row $CALLGRIND_N1"]} b=${instructions["$row $CALLGRIND_N2"]}
+    echo "| ${name[$row]} | $a | $b | $(((b - a) / (CALLGRIND_N2 - CALLGRIND_N1))) |"
+  done
+}
+
 # === main ===
 
 started_at=$SECONDS
@@ -571,28 +664,16 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "kactivator h2c load benchmark $stamp"
   echo "host: $(uname -r), $(nproc) CPUs; $(nginx -v 2>&1); $(haproxy -v | head -n 1)$( ((with_h2load)) && echo "; $(h2load --version | head -n 1)")"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)')"
-  echo "options: layouts=${layouts[*]} rounds=$rounds duration=${duration}s workloads=${workloads[*]} L1 client -c$clients --streams $streams h2load=$with_h2load kactivator=$kactivator_bin"
+  echo "options: load=$want_load callgrind=$with_callgrind layouts=${layouts[*]} rounds=$rounds duration=${duration}s workloads=${workloads[*]} L1 client -c$clients --streams $streams h2load=$with_h2load kactivator=$kactivator_bin"
   echo "load average before: $load_before"
 } >>"$results"
 
-require_port_free "$BACKEND_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$KACT_URING_PORT" "$KACT_URING_ADMIN" "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
+require_port_free "$BACKEND_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$KACT_URING_PORT" "$KACT_URING_ADMIN" "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN" "$CALLGRIND_PORT" "$CALLGRIND_ADMIN"
 log "backend and proxies on cpu$PROXY_CPU; layouts ${layouts[*]}; load average $load_before"
 declare -A pid_of=() # row -> the pid whose CPU time is that row's proxy (direct: the backend)
 start_backend
 pid_of[direct]=$last_pid
 check_h2 backend "$last_pid" "$BACKEND_PORT" || die "the backend did not come up"
-start_nginx
-pid_of[nginx]=$last_pid
-check_h2 nginx "$last_pid" "$NGINX_PORT" || die "nginx did not come up"
-start_haproxy
-pid_of[haproxy]=$last_pid
-check_h2 haproxy "$last_pid" "$HAPROXY_PORT" || die "haproxy did not come up"
-start_kactivator kact-uring io-uring "$KACT_URING_PORT" "$KACT_URING_ADMIN"
-pid_of[kact-uring]=$last_pid
-check_h2 kact-uring "$last_pid" "$KACT_URING_PORT" || die "kactivator io-uring did not come up"
-start_kactivator kact-epoll epoll "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
-pid_of[kact-epoll]=$last_pid
-check_h2 kact-epoll "$last_pid" "$KACT_EPOLL_PORT" || die "kactivator epoll did not come up"
 
 # measure_row LAYOUT WORKLOAD ROUND ROW SECS: the loadgen run, and in L1 with --h2load the h2load
 # run right after it.
@@ -601,23 +682,38 @@ measure_row() {
   if [[ $1 == L1 && $with_h2load == 1 ]]; then measure "$1" "$2" "$3" "$4" h2load "$5"; fi
 }
 
-for layout in "${layouts[@]}"; do
-  log "layout $layout: kactivator-loadgen --h2 -c${client_connections[$layout]} --streams ${client_streams[$layout]} on cpu${client_cpu[$layout]}"
-  for workload in "${workloads[@]}"; do
-    for row in "${rows[@]}"; do measure "$layout" "$workload" warmup "$row" loadgen "$warmup"; done
-    for ((round = 1; round <= rounds; round++)); do
-      if ((round % 2 == 1)); then
-        for row in "${rows[@]}"; do measure_row "$layout" "$workload" "$round" "$row" "$duration"; done
-      else
-        for ((i = ${#rows[@]} - 1; i >= 0; i--)); do measure_row "$layout" "$workload" "$round" "${rows[i]}" "$duration"; done
-      fi
+if ((want_load)); then
+  start_nginx
+  pid_of[nginx]=$last_pid
+  check_h2 nginx "$last_pid" "$NGINX_PORT" || die "nginx did not come up"
+  start_haproxy
+  pid_of[haproxy]=$last_pid
+  check_h2 haproxy "$last_pid" "$HAPROXY_PORT" || die "haproxy did not come up"
+  start_kactivator kact-uring io-uring "$KACT_URING_PORT" "$KACT_URING_ADMIN"
+  pid_of[kact-uring]=$last_pid
+  check_h2 kact-uring "$last_pid" "$KACT_URING_PORT" || die "kactivator io-uring did not come up"
+  start_kactivator kact-epoll epoll "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
+  pid_of[kact-epoll]=$last_pid
+  check_h2 kact-epoll "$last_pid" "$KACT_EPOLL_PORT" || die "kactivator epoll did not come up"
+  for layout in "${layouts[@]}"; do
+    log "layout $layout: kactivator-loadgen --h2 -c${client_connections[$layout]} --streams ${client_streams[$layout]} on cpu${client_cpu[$layout]}"
+    for workload in "${workloads[@]}"; do
+      for row in "${rows[@]}"; do measure "$layout" "$workload" warmup "$row" loadgen "$warmup"; done
+      for ((round = 1; round <= rounds; round++)); do
+        if ((round % 2 == 1)); then
+          for row in "${rows[@]}"; do measure_row "$layout" "$workload" "$round" "$row" "$duration"; done
+        else
+          for ((i = ${#rows[@]} - 1; i >= 0; i--)); do measure_row "$layout" "$workload" "$round" "${rows[i]}" "$duration"; done
+        fi
+      done
     done
   done
-done
 
+  stop_kactivator "${pid_of[kact-uring]}" "$KACT_URING_ADMIN"
+  stop_kactivator "${pid_of[kact-epoll]}" "$KACT_EPOLL_ADMIN"
+fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
-stop_kactivator "${pid_of[kact-uring]}" "$KACT_URING_ADMIN"
-stop_kactivator "${pid_of[kact-epoll]}" "$KACT_EPOLL_ADMIN"
+if ((with_callgrind)); then run_callgrind; fi
 
 {
   echo
@@ -627,6 +723,7 @@ stop_kactivator "${pid_of[kact-epoll]}" "$KACT_EPOLL_ADMIN"
   echo "every request carries :authority $AUTHORITY. Load average before: $load_before; after: $load_after."
   if want_layout L1; then report_l1; fi
   if want_layout P1; then report_p1; fi
+  if ((with_callgrind)); then report_callgrind; fi
   errors_total=$(awk -F'\t' '{ n += $10 } END { print n + 0 }' "$records")
   ((errors_total == 0)) || { echo; echo "ERRORS: $errors_total failed requests (status, reset, grpc-status or I/O) in total; those rows are not valid (see the raw file)."; }
   echo
