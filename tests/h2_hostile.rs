@@ -54,10 +54,15 @@ fn pod() -> GrpcHandle {
 }
 
 fn start(pod: &GrpcHandle, extra: &str, proxy: &str) -> Activator {
+    start_args(pod, extra, proxy, &["--shards", "2"])
+}
+
+/// As [`start`], with these command-line arguments.
+fn start_args(pod: &GrpcHandle, extra: &str, proxy: &str, args: &[&str]) -> Activator {
     Activator::start_with(
         &revision("default", "hello-00001", &[pod.addr()], extra),
         proxy,
-        &["--shards", "2"],
+        args,
         &[],
     )
 }
@@ -865,12 +870,7 @@ fn idle_h2c(activator: &Activator) -> FrameReader {
 #[test]
 fn an_idle_h2c_connection_gives_its_buffers_back_and_serves_on() {
     let pod = pod();
-    let activator = Activator::start_with(
-        &revision("default", "hello-00001", &[pod.addr()], ""),
-        "",
-        &["--shards", "1"],
-        &[],
-    );
+    let activator = start_args(&pod, "", "", &["--shards", "1"]);
     // A real client: one call, then idle on the same connection (one runtime for its life: the
     // connection's task lives on it).
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -956,11 +956,11 @@ fn an_idle_h2c_connection_gives_its_buffers_back_and_serves_on() {
 #[test]
 fn the_end_of_a_drain_closes_an_idle_h2c_connection_whose_client_never_answers() {
     let pod = pod();
-    let mut activator = Activator::start_with(
-        &revision("default", "hello-00001", &[pod.addr()], ""),
+    let mut activator = start_args(
+        &pod,
+        "",
         "",
         &["--shards", "2", "--drain-grace-seconds", "1"],
-        &[],
     );
     let mut silent = idle_h2c(&activator);
     let started = Instant::now();
@@ -989,11 +989,11 @@ fn the_end_of_a_drain_closes_an_idle_h2c_connection_whose_client_never_answers()
 #[test]
 fn at_the_connection_cap_the_longest_idle_h2c_connection_gives_way_with_goaway() {
     let pod = pod();
-    let activator = Activator::start_with(
-        &revision("default", "hello-00001", &[pod.addr()], ""),
+    let activator = start_args(
+        &pod,
+        "",
         "max_connections_per_shard = 4\n",
         &["--shards", "1"],
-        &[],
     );
     // The h2c connection is the longest idle, then an HTTP/1 one, then another h2c one.
     let mut oldest = idle_h2c(&activator);
