@@ -46,10 +46,20 @@ struct Entry {
     /// Told to close; no longer a candidate for eviction.
     told: bool,
     sequence: u64,
-    /// The connection's socket, open for as long as its [`Idle`] lives; shut down to tell it.
-    fd: RawFd,
-    /// Woken to tell it instead, when set (`enter_waking`).
-    waker: Option<Waker>,
+    /// How it is told to close.
+    how: Tell,
+}
+
+/// How an idle connection is told to close.
+#[derive(Debug, Default)]
+enum Tell {
+    /// Its socket, open for as long as its [`Idle`] lives: the read side is shut down.
+    Shutdown(RawFd),
+    /// Its task, which closes the connection itself.
+    Wake(Waker),
+    /// Told already (or a free slot).
+    #[default]
+    Done,
 }
 
 impl IdleConnections {
@@ -59,17 +69,17 @@ impl IdleConnections {
     /// The caller keeps `fd` open for as long as the guard lives: telling it to close shuts the
     /// socket down.
     pub fn enter(&self, fd: RawFd) -> Idle<'_> {
-        self.enter_as(fd, None)
+        self.enter_as(Tell::Shutdown(fd))
     }
 
     /// Registers a connection that closes itself when told: told to close, `waker` is woken and
     /// [`Idle::told`] says so. Refresh the waker with [`Idle::wake_with`] if the task's changes.
     pub fn enter_waking(&self, waker: &Waker) -> Idle<'_> {
-        self.enter_as(-1, Some(waker.clone()))
+        self.enter_as(Tell::Wake(waker.clone()))
     }
 
-    fn enter_as(&self, fd: RawFd, waker: Option<Waker>) -> Idle<'_> {
-        let slot = self.register(fd, waker);
+    fn enter_as(&self, how: Tell) -> Idle<'_> {
+        let slot = self.register(how);
         if self.closing.get() {
             self.tell(slot);
         }
@@ -120,7 +130,7 @@ impl IdleConnections {
         }
     }
 
-    fn register(&self, fd: RawFd, waker: Option<Waker>) -> usize {
+    fn register(&self, how: Tell) -> usize {
         let sequence = self.next.get();
         self.next.set(sequence + 1);
         self.waiting.set(self.waiting.get() + 1);
@@ -128,8 +138,7 @@ impl IdleConnections {
             taken: true,
             told: false,
             sequence,
-            fd,
-            waker,
+            how,
         };
         let mut entries = self.entries.borrow_mut();
         match self.free.borrow_mut().pop() {
@@ -144,25 +153,26 @@ impl IdleConnections {
         }
     }
 
-    /// Marks `slot` told and shuts its socket's read side down, which ends the read in flight.
+    /// Marks `slot` told, and shuts its socket's read side down (which ends the read in flight)
+    /// or wakes its task.
     #[allow(unsafe_code)] // one system call on a descriptor the caller keeps open, see below
     fn tell(&self, slot: usize) {
-        let (fd, waker) = {
+        let how = {
             let mut entries = self.entries.borrow_mut();
             let entry = &mut entries[slot];
             entry.told = true;
-            (entry.fd, entry.waker.take())
+            std::mem::take(&mut entry.how)
         };
         self.waiting.set(self.waiting.get() - 1);
-        if let Some(waker) = waker {
-            waker.wake();
-            return;
-        }
-        // SAFETY: a plain system call on a descriptor the connection holds open while its
-        // `Idle` lives (`enter`'s contract). It fails harmlessly (ENOTCONN) when the peer is
-        // already gone.
-        unsafe {
-            libc::shutdown(fd, libc::SHUT_RD);
+        match how {
+            // SAFETY: a plain system call on a descriptor the connection holds open while its
+            // `Idle` lives (`enter`'s contract). It fails harmlessly (ENOTCONN) when the peer is
+            // already gone.
+            Tell::Shutdown(fd) => unsafe {
+                libc::shutdown(fd, libc::SHUT_RD);
+            },
+            Tell::Wake(waker) => waker.wake(),
+            Tell::Done => {}
         }
     }
 
@@ -194,7 +204,7 @@ impl Idle<'_> {
     /// the same task.
     pub fn wake_with(&self, waker: &Waker) {
         let mut entries = self.set.entries.borrow_mut();
-        if let Some(old) = entries[self.slot].waker.as_mut() {
+        if let Tell::Wake(old) = &mut entries[self.slot].how {
             if !old.will_wake(waker) {
                 old.clone_from(waker);
             }
