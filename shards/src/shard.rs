@@ -154,8 +154,9 @@ pub struct Shard {
     /// Set once every shard's listener is closed: a connection that has not sent its first
     /// request within [`FIRST_REQUEST_GRACE`] closes.
     pub stopping: LocalEvent,
-    /// Fires whenever a client connection closes (drain waits on it), and when a pending head
-    /// completes while accepting is paused.
+    /// Fires whenever a client connection closes (drain waits on it), and, while accepting is
+    /// paused, when a pending head completes or a connection goes idle
+    /// ([`Shard::wake_paused_accept`]).
     pub connection_closed: LocalNotify,
     /// Keep-alive connections between requests: the longest idle gives way at the connection
     /// cap, and all close once the listeners are closed.
@@ -330,6 +331,14 @@ impl Shard {
 
     pub(crate) fn at_connection_limit(&self) -> bool {
         self.stats().connections_open.get() as usize >= self.settings.max_connections
+    }
+
+    /// Wakes the accept loop if it waits for room: a connection that went idle can give way at
+    /// the connection cap, and a finished head frees a pending-head place.
+    pub(crate) fn wake_paused_accept(&self) {
+        if self.accept_paused.get() {
+            self.connection_closed.notify_all();
+        }
     }
 
     /// Health as the kubelet's probes see it.

@@ -131,10 +131,8 @@ pub(crate) fn serve_connection(
             if next == Next::Close {
                 break;
             }
-            if shard.accept_paused.get() {
-                // An idle connection can give way to a client waiting at the connection cap.
-                shard.connection_closed.notify_all();
-            }
+            // Idle from here: it can give way to a client waiting at the connection cap.
+            shard.wake_paused_accept();
         }
         // Closing the write half sends FIN now rather than when the read half is dropped.
         let _ = conn.writer.shutdown().await;
@@ -307,9 +305,7 @@ impl Drop for PendingHead<'_> {
             self.shard
                 .pending_heads
                 .set(self.shard.pending_heads.get() - 1);
-            if self.shard.accept_paused.get() {
-                self.shard.connection_closed.notify_all();
-            }
+            self.shard.wake_paused_accept();
         }
     }
 }

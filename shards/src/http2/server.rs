@@ -220,10 +220,8 @@ where
         }
         if !state.closing {
             let entry = idle.get_or_insert_with(|| {
-                if shard.accept_paused.get() {
-                    // A client waits at the connection cap: this one can give way now.
-                    shard.connection_closed.notify_all();
-                }
+                // Idle from here: it can give way to a client waiting at the connection cap.
+                shard.wake_paused_accept();
                 shard.idle.enter_waking(cx.waker())
             });
             if entry.told() {
