@@ -80,22 +80,17 @@ where
             return;
         }
     };
-    let mut going_away = false;
     let open = Rc::new(OpenStreams::default());
     let mut released = false;
-    let mut closing = false;
+    let mut state = State::default();
     loop {
-        let state = State {
-            going_away,
-            closing,
-        };
         let next = match next_stream(&shard, &mut connection, &open, &mut released, state).await {
             Next::Stream(next) => next,
             Next::Drain => {
                 // GOAWAY with the highest stream id, a PING, then GOAWAY with the last stream
                 // taken: streams already sent still reach us.
                 connection.graceful_shutdown();
-                going_away = true;
+                state.going_away = true;
                 continue;
             }
             Next::Close => {
@@ -104,7 +99,7 @@ where
                 // client that does not read never sends.) The final GOAWAY now, and the
                 // connection closes once it is written.
                 connection.abrupt_shutdown(h2::Reason::NO_ERROR);
-                closing = true;
+                state.closing = true;
                 continue;
             }
         };
@@ -163,7 +158,7 @@ impl Drop for OpenStream {
 }
 
 /// Where a connection is in its closing.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct State {
     /// Told of the drain (GOAWAY sent).
     going_away: bool,
