@@ -130,6 +130,16 @@ pub struct QueueProxyArgs {
         default_value = "0.0.0.0:9090"
     )]
     pub autoscaler_metrics: SocketAddr,
+
+    /// Where Knative mounts the pod's TLS certificate (`tls.crt`, `tls.key`) when
+    /// system-internal-tls is on. Serving TLS is not built: with both files there, start-up
+    /// refuses (exit 2). Change it only outside Knative.
+    #[arg(
+        long,
+        env = "KACTIVATOR_QUEUE_PROXY_CERTS_DIR",
+        default_value = kactivator_control::queue_proxy::certs::CERT_DIR
+    )]
+    pub certs_dir: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -19,7 +19,7 @@ use kactivator_control::config::{Config, MetricsComponent, RevisionConfig};
 use kactivator_control::features;
 use kactivator_control::queue_proxy::env::{self, EnvError};
 use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
-use kactivator_control::queue_proxy::{admin, readiness, stat_server};
+use kactivator_control::queue_proxy::{admin, certs, readiness, stat_server};
 use kactivator_shards::shard::{QueueProxyRole, Role};
 
 use crate::cli::{Cli, QueueProxyArgs};
@@ -35,6 +35,7 @@ pub const QUEUE_PER_CONCURRENCY: u32 = 10;
 
 pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let env = env::parse(|key| std::env::var(key).ok())?;
+    certs::refuse_tls_if_asked(&args.certs_dir)?;
     if !env.not_acted_on.is_empty() {
         tracing::info!(
             keys = ?env.not_acted_on,

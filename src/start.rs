@@ -31,6 +31,8 @@ pub enum StartError {
     Config(#[from] ConfigError),
     #[error("{0}")]
     QueueProxyEnv(#[from] kactivator_control::queue_proxy::env::EnvError),
+    #[error("queue-proxy: {0}")]
+    QueueProxyCerts(#[from] kactivator_control::queue_proxy::certs::CertsError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -47,7 +49,9 @@ pub enum StartError {
 impl StartError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            StartError::Config(_) | StartError::QueueProxyEnv(_) => 2,
+            StartError::Config(_)
+            | StartError::QueueProxyEnv(_)
+            | StartError::QueueProxyCerts(_) => 2,
             _ => 1,
         }
     }

@@ -46,6 +46,64 @@ fn a_missing_or_bad_environment_exits_2_naming_every_key() {
     );
 }
 
+/// Knative mounts `tls.crt` and `tls.key` when system-internal-tls is on, and then sends TLS
+/// to the TLS port. Serving TLS is not built, so such a pod must not come up serving plain HTTP
+/// as though nothing were asked of it: start-up refuses, naming the files. One file alone is
+/// not TLS upstream either, and serves.
+#[test]
+fn a_pod_with_knatives_tls_certificate_mounted_is_refused_at_start_up() {
+    let certs = support::scratch_dir();
+    std::fs::write(certs.join("tls.crt"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+    std::fs::write(certs.join("tls.key"), "-----BEGIN PRIVATE KEY-----\n").unwrap();
+    let user_port = free_port();
+    let serving_port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+        .arg("queue-proxy")
+        .args(["--certs-dir", certs.to_str().unwrap()])
+        .env_clear()
+        .envs(knative_env(user_port, serving_port, 0))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kactivator queue-proxy");
+    let exited = eventually(Duration::from_secs(10), || {
+        child.try_wait().expect("wait").is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let output = child.wait_with_output().expect("collect its output");
+    assert!(exited, "it started although TLS was asked for");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let cert = certs.join("tls.crt");
+    assert!(
+        stderr.contains(&*cert.to_string_lossy())
+            && stderr.contains("system-internal-tls")
+            && stderr.contains("does not serve TLS"),
+        "{stderr}"
+    );
+    assert!(TcpStream::connect(("127.0.0.1", serving_port)).is_err());
+
+    std::fs::remove_file(certs.join("tls.key")).unwrap();
+    let _user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let proxy = QueueProxy::start_with(
+        knative_env(user_port, serving_port, 0),
+        &[
+            "--drain-grace-seconds",
+            "1",
+            "--certs-dir",
+            certs.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(proxy.get("/").status, 200);
+    std::fs::remove_dir_all(certs).unwrap();
+}
+
 #[test]
 fn requests_reach_the_user_container_and_health_checks_follow_its_readiness() {
     let user_port = free_port();

@@ -2,6 +2,7 @@
 //! the same request path runs as Knative's queue-proxy sidecar, in front of one user container.
 //!
 //! * [`env`]: the environment Knative's reconciler sets, read with upstream's rules.
+//! * [`certs`]: whether Knative mounted the pod's TLS certificate (TLS is refused: not built).
 //! * [`readiness`]: the user container's readiness (`SERVING_READINESS_PROBE`), kept current
 //!   off the request path.
 //! * [`admin`]: the admin port's `/wait-for-drain`.
@@ -10,6 +11,7 @@
 //!   [`stat_server`]: the ticker that makes it and the `:9090/metrics` that serves it.
 
 pub mod admin;
+pub mod certs;
 pub mod env;
 pub mod push;
 pub mod readiness;
