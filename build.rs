@@ -27,6 +27,25 @@ fn main() {
         }
     }
     println!("cargo:rerun-if-changed=build.rs");
+    hot_code_first();
+}
+
+/// A release link puts the functions start-up and serving run at the front of the code
+/// (`src/hot-code.ld`, written by `scripts/hot-code.sh`): an idle process then maps a third as
+/// much of the binary (BENCHMARKS.md, "Idle RSS and the code layout"). Debug builds, which the
+/// tests run, link as they always did.
+fn hot_code_first() {
+    let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") else {
+        return;
+    };
+    let script = Path::new(&dir).join("src/hot-code.ld");
+    // Named even when missing (a checkout without it): cargo then reruns this script on every
+    // build, and the link picks the file up as soon as it is written.
+    println!("cargo:rerun-if-changed={}", script.display());
+    if script.exists() && std::env::var("PROFILE").is_ok_and(|profile| profile == "release") {
+        println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
+        println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
+    }
 }
 
 /// `git <args>` in the package's directory, its trimmed output if it succeeded.

@@ -10,7 +10,9 @@
 #      started as Knative starts it (no arguments) without its environment, exits 2 naming what
 #      is missing;
 #   4. the Containerfile, built with buildah from the root filesystem image.sh leaves, gives both
-#      images the same files (names, modes, owners, contents) and the same user and entrypoint.
+#      images the same files (names, modes, owners, contents) and the same user and entrypoint;
+#   5. the release binary's code starts with the functions start-up and serving run
+#      (`.text.hot`, from src/hot-code.ld), and that script still names this build's functions.
 # Needs root (chroot, namespaces); installs skopeo and buildah from Debian when missing.
 # Usage: scripts/image-check.sh   (builds the archive itself; reuses target/release)
 set -euo pipefail
@@ -39,6 +41,13 @@ first=$(sha256sum "$archive" | cut -d' ' -f1)
 second=$(sha256sum "$work/again/kactivator-oci.tar" | cut -d' ' -f1)
 [ "$first" = "$second" ] || fail "two builds differ: $first vs $second"
 echo "   reproducible: sha256 $first"
+
+binary=${KACTIVATOR_BINARY:-target/release/kactivator}
+echo "== the code layout of $binary (src/hot-code.ld)"
+readelf -SW "$binary" | grep -q ' \.text\.hot ' ||
+  fail "$binary has no .text.hot section: build.rs did not hand src/hot-code.ld to the link"
+bash scripts/hot-code.sh --check "$binary" ||
+  fail "src/hot-code.ld names functions this build no longer has: run scripts/hot-code.sh"
 
 commit=$(git rev-parse HEAD)
 
