@@ -36,7 +36,6 @@ use crate::pod_state::{DEFAULT_QP_FRESHNESS, DEFAULT_QP_STALENESS};
 use crate::state::{
     DEFAULT_H2C_SERVING_PORT, DEFAULT_MAX_TRACKERS_PER_REVISION, DEFAULT_SERVING_PORT,
 };
-use crate::worker::DEFAULT_QUEUE_CAPACITY;
 #[cfg(doc)]
 use kactivator_shards::request::identity::DEFAULT_CLUSTER_DOMAIN;
 
@@ -213,6 +212,10 @@ pub const DEFAULT_WATCH_INTERVAL_MS: u64 = 1000;
 pub const DEFAULT_STALE_SWEEP_SECONDS: u64 = 60;
 
 /// The control plane's tunables.
+/// Default ops the state worker's channel holds before producers wait: 500, the fork's
+/// `stateUpdateQueueSize`.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 500;
+
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ControlSettings {
@@ -1477,7 +1480,6 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
             Limits, DEFAULT_H2C_SERVING_PORT, DEFAULT_MAX_TRACKERS_PER_REVISION,
             DEFAULT_SERVING_PORT,
         };
-        use crate::worker::DEFAULT_QUEUE_CAPACITY;
         use kactivator_shards::request::identity::{detect_cluster_domain, DEFAULT_CLUSTER_DOMAIN};
         use kactivator_shards::routing::{DEFAULT_QUEUE_DEPTH, DEFAULT_TIMEOUT};
         use kactivator_shards::shard::ShardSettings;

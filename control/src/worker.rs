@@ -28,9 +28,6 @@ use crate::metrics::register;
 use crate::pod_state::Timestamp;
 use crate::state::{Op, OpError};
 
-/// Default ops the channel holds before enqueueing waits: 500, the fork's `stateUpdateQueueSize`.
-pub const DEFAULT_QUEUE_CAPACITY: usize = 500;
-
 /// First restart delay after a repeated panic.
 pub const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
 /// Longest restart delay.

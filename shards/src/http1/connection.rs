@@ -14,9 +14,8 @@ use monoio::io::{AsyncWriteRent, Splitable};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 
-use super::client::{ClientConn, ClientWriter};
+use super::client::{write_out, ClientConn, ClientWriter};
 use super::front::H1Front;
-use super::io::write_out;
 use super::rewrite::{self, ClientSide};
 use crate::preface::{self, Preface};
 use crate::request::answer::Answer;

@@ -20,8 +20,9 @@ use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 
+use super::client::write_out;
 use super::client::{ClientConn, ClientWriter, RequestMeta};
-use super::io::{send_now, write_out, write_rest};
+use super::io::{send_now, write_rest};
 use super::reframe::{reframe, Reframed};
 use super::rewrite::{self, client_framing, ClientFraming};
 use super::upgrade::splice_upgraded;

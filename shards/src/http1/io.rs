@@ -1,6 +1,7 @@
 //! Socket helpers of the HTTP/1 front: whole writes that keep their buffer, the non-blocking
 //! send that puts a pod's request on the wire before the ring is submitted, and the readiness
-//! wait of a queued request.
+//! wait of a queued request. They know sockets and writers, not the client connection
+//! (`client::write_out` builds on them).
 
 // A non-blocking send and a readiness wait on sockets the reactor owns (see each SAFETY).
 #![allow(unsafe_code)]
@@ -12,30 +13,12 @@ use monoio::buf::IoBuf;
 use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf};
 use monoio::net::TcpStream;
 
-use super::client::ClientWriter;
-
 /// Writes all of `out` and clears it, keeping its allocation.
 pub(super) async fn write_all<W: AsyncWriteRent>(
     writer: &mut W,
     out: &mut Vec<u8>,
 ) -> io::Result<()> {
     let result = write_rest(writer, out, 0).await;
-    out.clear();
-    result
-}
-
-/// Writes all of `out` to the client and clears it, keeping its allocation: what the socket
-/// takes at once goes out with a non-blocking send, only the rest through the driver. Under
-/// io_uring that saves an operation (its submission, completion and the task's wake-up) on
-/// nearly every response, which fits the socket buffer whole; under epoll the driver's write is
-/// the same system call.
-pub(super) async fn write_out(client: &mut ClientWriter, out: &mut Vec<u8>) -> io::Result<()> {
-    let sent = client.send_now(out);
-    let result = if sent < out.len() {
-        write_rest(client, out, sent).await
-    } else {
-        Ok(())
-    };
     out.clear();
     result
 }

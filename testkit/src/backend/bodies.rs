@@ -10,6 +10,8 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, SizeHint};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Response, StatusCode};
 use tokio::time::{Instant, Sleep};
 
 use super::stats::InFlightGuard;
@@ -20,6 +22,17 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Type-erased body produced by the routes; one type lets every route share the handler.
 pub(crate) type RouteBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A `text/plain` response with this status and body.
+pub(crate) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<RouteBody> {
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
 
 /// A body consisting of `data`, sent with a Content-Length.
 pub(crate) fn full(data: impl Into<Bytes>) -> RouteBody {

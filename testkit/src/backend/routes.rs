@@ -15,7 +15,7 @@ use hyper::header::{
 use hyper::{Request, Response, StatusCode};
 
 use super::bodies::{
-    empty, full, BoxError, InFlightBody, PatternBody, RouteBody, SlowBody, SLOW_FRAME_SIZE,
+    empty, full, text, BoxError, InFlightBody, PatternBody, RouteBody, SlowBody, SLOW_FRAME_SIZE,
 };
 use super::{upgrades, ConnectionContext, Shared};
 use crate::pattern::Checksum;
@@ -382,16 +382,6 @@ fn body_failed(error: &hyper::Error) -> Response<RouteBody> {
 
 fn parse<Number: FromStr>(segment: &str) -> Option<Number> {
     segment.parse().ok()
-}
-
-pub(crate) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<RouteBody> {
-    let mut response = Response::new(full(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
 }
 
 fn json(value: &serde_json::Value) -> Response<RouteBody> {

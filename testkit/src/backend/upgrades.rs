@@ -20,8 +20,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 
-use super::bodies::{empty, RouteBody};
-use super::routes::text;
+use super::bodies::{empty, text, RouteBody};
 use super::ConnectionContext;
 
 /// What the raw echo writes after the client's end of stream.

@@ -33,9 +33,33 @@ use std::net::SocketAddr;
 use kactivator_api::RevisionKey;
 use kactivator_shards::routing::Protocol;
 
-use super::model::MeshMode;
 use super::objects::Addresses;
 use crate::state::{OmissionScope, Op};
+
+/// `config-network`'s `mesh-compatibility-mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MeshMode {
+    /// Every pod is probed, and a revision whose pods all fail the way a mesh makes them fail
+    /// goes through its private Service once that passes a probe (see [`Backends`]), as upstream.
+    #[default]
+    Auto,
+    /// Every revision goes through its private Service (cluster-IP mode).
+    Enabled,
+    /// Never through the Service.
+    Disabled,
+}
+
+impl MeshMode {
+    /// Reads the key's value; anything else is `None`.
+    pub fn parse(value: &str) -> Option<MeshMode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Some(MeshMode::Auto),
+            "enabled" => Some(MeshMode::Enabled),
+            "disabled" => Some(MeshMode::Disabled),
+            _ => None,
+        }
+    }
+}
 
 /// What a probe is of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

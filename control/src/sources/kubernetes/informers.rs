@@ -37,9 +37,9 @@ use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Reg
 use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 
-use super::backends::{Outcome, ProbeJob};
+use super::backends::{MeshMode, Outcome, ProbeJob};
 use super::backoff::WatchBackoff;
-use super::model::{EndpointsSeen, MeshMode, MissingSlices, Model, ObjectId};
+use super::model::{EndpointsSeen, MissingSlices, Model, ObjectId};
 use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL};
 use crate::config::EndpointsKind;
 use crate::features::Tunables;

@@ -10,36 +10,11 @@ use std::time::{Duration, Instant};
 use kactivator_api::RevisionKey;
 use serde_json::Value;
 
-use super::backends::{Backends, Outcome, ProbeJob, Target};
+use super::backends::{Backends, MeshMode, Outcome, ProbeJob, Target};
 use super::objects::{self, Addresses, ServiceType, SERVICE_TYPE_LABEL};
 use crate::features::{self, Tunables};
 use crate::pod_state::Gates;
 use crate::state::{Op, RevisionSpec};
-
-/// `config-network`'s `mesh-compatibility-mode`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum MeshMode {
-    /// Every pod is probed, and a revision whose pods all fail the way a mesh makes them fail
-    /// goes through its private Service once that passes a probe (see `backends`), as upstream.
-    #[default]
-    Auto,
-    /// Every revision goes through its private Service (cluster-IP mode).
-    Enabled,
-    /// Never through the Service.
-    Disabled,
-}
-
-impl MeshMode {
-    /// Reads the key's value; anything else is `None`.
-    pub fn parse(value: &str) -> Option<MeshMode> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Some(MeshMode::Auto),
-            "enabled" => Some(MeshMode::Enabled),
-            "disabled" => Some(MeshMode::Disabled),
-            _ => None,
-        }
-    }
-}
 
 /// An endpoints object (Endpoints or EndpointSlice) by namespace and name.
 pub type ObjectId = (String, String);
