@@ -44,7 +44,10 @@ echo "   reproducible: sha256 $first"
 
 binary=${KACTIVATOR_BINARY:-target/release/kactivator}
 echo "== the code layout of $binary (src/hot-code.ld)"
-readelf -SW "$binary" | grep -q ' \.text\.hot ' ||
+# Read whole before the match: `grep -q` leaving early would make readelf die of SIGPIPE, and
+# pipefail would report that as a missing section.
+sections=$(readelf -SW "$binary")
+grep -q ' \.text\.hot ' <<<"$sections" ||
   fail "$binary has no .text.hot section: build.rs did not hand src/hot-code.ld to the link"
 bash scripts/hot-code.sh --check "$binary" ||
   fail "src/hot-code.ld names functions this build no longer has: run scripts/hot-code.sh"
