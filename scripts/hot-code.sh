@@ -23,15 +23,17 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 script=$root/src/hot-code.ld
 
+# A symbol as the script names it: without LLVM's ".N" suffix, crate disambiguators as "*".
+normalise='s/\.[0-9]+$//; s/Cs[0-9A-Za-z]+_/Cs*_/g'
+
 # Each pattern line of the script is "    *(.text*.PATTERN)".
 patterns_of() { sed -n 's/^    \*(\.text\*\.\(.*\))$/\1/p' "$1"; }
 
 if [[ ${1:-} == --check ]]; then
   bin=${2:?usage: scripts/hot-code.sh --check BIN}
-  nm --defined-only "$bin" | awk '{print $3}' | python3 -c '
-import re, sys
-normal = lambda name: re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", re.sub(r"\.[0-9]+$", "", name))
-symbols = {normal(name) for name in sys.stdin.read().split()}
+  nm --defined-only "$bin" | awk '{print $3}' | sed -E "$normalise" | python3 -c '
+import sys
+symbols = set(sys.stdin.read().split())
 patterns = [line.strip() for line in open(sys.argv[1]) if line.strip()]
 matched = sum(pattern in symbols for pattern in patterns)
 share = matched / max(len(patterns), 1)
@@ -168,7 +170,7 @@ EOF
   cat "$work"/activator-*.fns | sort -u | comm -23 - "$work/qp.all" >"$work/activator.only"
   for list in qp.all activator.only; do
     comm -12 "$work/$list" "$work/code.syms" |
-      sed -E 's/\.[0-9]+$//; s/Cs[0-9A-Za-z]+_/Cs*_/g' | awk '!seen[$0]++ {print "    *(.text*." $0 ")"}'
+      sed -E "$normalise" | awk '!seen[$0]++ {print "    *(.text*." $0 ")"}'
   done
   cat <<'EOF'
   }
