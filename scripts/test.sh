@@ -10,7 +10,8 @@
 #   * Debian or Ubuntu (apt-get), and a Rust toolchain (rustup; rust-version in Cargo.toml);
 #   * network access the first time: crates, apt packages, Python wheels, and the Kubernetes
 #     sources scripts/kube-apiserver.sh builds (cached in target/kube afterwards).
-# What it installs when missing: a C compiler (gcc, for ring), curl, iproute2, python3-venv, and
+# What it installs when missing: a C compiler (gcc, for ring), curl, iproute2, python3-venv, Go
+# (golang-go, the reference for the request log's templates), and
 # Python's grpcio packages in a virtual environment, target/venv, never in the system's Python.
 # `cargo test` run by hand finds that environment by itself (testkit's grpcio::python).
 set -euo pipefail
@@ -30,6 +31,9 @@ command -v cc >/dev/null 2>&1 || need_packages+=(gcc libc6-dev)
 command -v curl >/dev/null 2>&1 || need_packages+=(curl)
 command -v ip >/dev/null 2>&1 || need_packages+=(iproute2)
 command -v python3 >/dev/null 2>&1 || need_packages+=(python3)
+# Go's own text/template is the reference the request log's template engine is compared with
+# (shards/tests/request_log_template.rs); Debian's Go, which the kube-apiserver build uses too.
+command -v go >/dev/null 2>&1 || need_packages+=(golang-go)
 # Debian's python3 leaves ensurepip, which `python3 -m venv` needs, to python3-venv.
 python3 -c 'import ensurepip' >/dev/null 2>&1 || need_packages+=(python3-venv)
 if ((${#need_packages[@]})); then

@@ -20,10 +20,12 @@ use kactivator_control::features;
 use kactivator_control::queue_proxy::env::{self, EnvError};
 use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
 use kactivator_control::queue_proxy::{admin, certs, readiness, stat_server};
+use kactivator_shards::request::log::template::{Revision, Template};
+use kactivator_shards::request::log::{sink, RequestLog};
 use kactivator_shards::shard::{QueueProxyRole, Role};
 
 use crate::cli::{Cli, QueueProxyArgs};
-use crate::start::{self, RoleSetup, StartError};
+use crate::start::{self, RequestLogSetup, RoleSetup, StartError};
 
 /// Upstream's user-metrics port (`http-usermetric`); here `/metrics` (upstream's queue-proxy
 /// names and kactivator's own), `/healthz` and `/readyz`.
@@ -53,6 +55,8 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         invalid: vec![("SERVING_READINESS_PROBE", error.to_string())],
     })?;
     let pusher = pusher_of(&env)?;
+    // Checked before anything starts: a template this binary cannot render exits 2.
+    let request_log = request_log_of(&env)?;
     let (user, prober) = readiness::prober(probes);
     let edges = user.edges();
     let role = Role::QueueProxy(QueueProxyRole {
@@ -69,6 +73,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         default_shards: Some(1),
         finds_autoscaler: false,
         pod_name: env.pod.clone(),
+        request_log,
         spawn_extra: Some(Box::new(move |runtime, drain, shards| {
             let listener = bind(admin_addr)?;
             let stats_listener = bind(stats_addr)?;
@@ -110,6 +115,36 @@ fn pusher_of(env: &env::QueueProxyEnv) -> Result<Option<Pusher>, EnvError> {
             format!("the activator would refuse this pod's registrations (SERVING_POD, SERVING_POD_IP, SERVING_NAMESPACE, SERVING_REVISION): {error}"),
         )],
     })
+}
+
+/// Knative's request log, when `SERVING_ENABLE_REQUEST_LOG` turns it on with a template: the
+/// template parsed (refused, exit 2, when this binary would not print what Go prints) and the
+/// thread that writes the lines to stdout started.
+fn request_log_of(env: &env::QueueProxyEnv) -> Result<Option<RequestLogSetup>, StartError> {
+    let Some(text) = &env.request_log_template else {
+        return Ok(None);
+    };
+    let template = Template::parse(text).map_err(|error| EnvError {
+        missing: Vec::new(),
+        invalid: vec![("SERVING_REQUEST_LOG_TEMPLATE", error.to_string())],
+    })?;
+    let revision = Revision {
+        name: env.revision.clone(),
+        namespace: env.namespace.clone(),
+        service: env.service.clone(),
+        configuration: env.configuration.clone(),
+        pod_name: env.pod.clone(),
+        pod_ip: env.pod_ip.map(|ip| ip.to_string()).unwrap_or_default(),
+    };
+    let (sink, writer) =
+        sink::start(std::io::stdout(), sink::DEFAULT_QUEUE_LINES).map_err(|error| {
+            StartError::Shard(format!("starting the request log's writer: {error}"))
+        })?;
+    let log = RequestLog::new(template, revision, env.probe_request_log, sink);
+    Ok(Some(RequestLogSetup {
+        log: Arc::new(log),
+        writer,
+    }))
 }
 
 fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {

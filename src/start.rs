@@ -14,6 +14,7 @@ use kactivator_control::{ControlInputs, ControlPlane, DrainPhase};
 use kactivator_shards::hub::{self, ShardSpec};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
 use kactivator_shards::request::identity::detect_cluster_domain;
+use kactivator_shards::request::log::{sink, RequestLog};
 use kactivator_shards::runtime::control_link::ControlLink;
 use kactivator_shards::runtime::reactor::{self, DriverKind};
 use kactivator_shards::runtime::readiness::Readiness;
@@ -344,8 +345,19 @@ pub struct RoleSetup {
     pub finds_autoscaler: bool,
     /// Metric label `pod_name`.
     pub pod_name: String,
+    /// Knative's request log, when on.
+    pub request_log: Option<RequestLogSetup>,
     pub spawn_extra: Option<SpawnExtra>,
 }
+
+/// A request log for the shards, and its writer thread, finished once the shards are.
+pub struct RequestLogSetup {
+    pub log: Arc<RequestLog>,
+    pub writer: sink::Writer,
+}
+
+/// How long the end of a drain waits for the request log's last lines to reach stdout.
+pub const REQUEST_LOG_FINISH: Duration = Duration::from_secs(5);
 
 impl RoleSetup {
     fn activator(cli: &Cli) -> RoleSetup {
@@ -355,6 +367,7 @@ impl RoleSetup {
             default_shards: None,
             finds_autoscaler: true,
             pod_name: cli.pod_name.clone(),
+            request_log: None,
             spawn_extra: None,
         }
     }
@@ -452,7 +465,9 @@ pub fn run_as(
         h2: config.proxy.h2(),
         head_timeout: Duration::from_secs(config.proxy.head_timeout_seconds),
         role: setup.role,
+        request_log: setup.request_log.as_ref().map(|setup| setup.log.clone()),
     });
+    let log_writer = setup.request_log.map(|setup| setup.writer);
     let stats: AllShardStats = (0..placement.shards)
         .map(|index| CachePadded::new(ShardStats::new(index)))
         .collect();
@@ -561,6 +576,15 @@ pub fn run_as(
         let _ = joined.await;
         tokio::task::yield_now().await;
     });
+    // Every request has ended: its line is queued, and written before the process exits.
+    if let Some(writer) = log_writer {
+        if !writer.finish(REQUEST_LOG_FINISH) {
+            tracing::warn!(
+                "request log: stdout took no lines for {} s; the last lines are lost",
+                REQUEST_LOG_FINISH.as_secs()
+            );
+        }
+    }
     tracing::info!("drained; bye");
     Ok(())
 }

@@ -416,3 +416,190 @@ fn the_app_sees_the_request_as_upstreams_queue_proxy_hands_it_over() {
         );
     }
 }
+
+/// Knative 1.18's default `logging.request-log-template` (config-observability), as the
+/// reconciler hands it to the queue-proxy.
+const KNATIVE_1_18_REQUEST_LOG: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{index .Request.Header "X-B3-Traceid"}}"}"#;
+
+/// Stops the queue-proxy as Kubernetes does and waits for it to exit: every line is written by
+/// then.
+fn stop(proxy: &mut QueueProxy) {
+    send_signal(proxy.child.id(), "TERM");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while proxy.still_running() {
+        assert!(Instant::now() < deadline, "did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The request log's lines, each parsed as the JSON Knative's template makes.
+fn log_lines(proxy: &QueueProxy) -> Vec<serde_json::Value> {
+    proxy
+        .stdout()
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|error| panic!("not JSON ({error}): {line:?}"))
+        })
+        .collect()
+}
+
+#[test]
+fn request_logs_follow_knatives_template_one_line_per_request_without_probes() {
+    let user_port = free_port();
+    let _user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let mut env = knative_env(user_port, free_port(), 0);
+    env.insert("SERVING_ENABLE_REQUEST_LOG".into(), "true".into());
+    env.insert(
+        "SERVING_REQUEST_LOG_TEMPLATE".into(),
+        KNATIVE_1_18_REQUEST_LOG.into(),
+    );
+    let mut proxy = start(env);
+    assert!(eventually(Duration::from_secs(5), || proxy
+        .health_check("kube-probe/1.30")
+        .status
+        == 200));
+
+    // One keep-alive connection, no retries: a GET with everything the template reads, a
+    // chunked POST, an app error, then twenty more.
+    let mut client = TcpStream::connect(proxy.serving).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let remote = client.local_addr().unwrap().to_string();
+    let mut buffered = Vec::new();
+    let mut send = |raw: &str| {
+        client.write_all(raw.as_bytes()).unwrap();
+        support::read_response(&mut client, &mut buffered).expect("a response")
+    };
+    let answer = send(
+        "GET /bytes/1234?x=1&y=%22 HTTP/1.1\r\nHost: hello.default\r\nUser-Agent: test-client/1 \"quoted\"\r\nReferer: https://ref.example/a<b>\r\nx-b3-traceid: 80f198ee56343ba8\r\n\r\n",
+    );
+    assert_eq!((answer.status, answer.body.len()), (200, 1234));
+    let answer = send(
+        "POST /echo HTTP/1.1\r\nHost: hello.default\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    );
+    assert_eq!(answer.text(), "hello world");
+    assert_eq!(
+        send("GET /status/418 HTTP/1.1\r\nHost: hello.default\r\n\r\n").status,
+        418
+    );
+    for _ in 0..20 {
+        assert_eq!(send("GET / HTTP/1.1\r\nHost: h\r\n\r\n").status, 200);
+    }
+    // The kubelet's and the activator's probes are not logged.
+    assert_eq!(proxy.health_check("kube-probe/1.30").status, 200);
+    assert_eq!(proxy.health_check("Knative-Activator-Probe").status, 200);
+    let delayed = exchange(
+        proxy.serving,
+        b"GET /delay/250 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(delayed.status, 200);
+    stop(&mut proxy);
+
+    let lines = log_lines(&proxy);
+    assert_eq!(lines.len(), 24, "one line per request, none for probes");
+    let first = &lines[0];
+    let request = &first["httpRequest"];
+    assert_eq!(request["requestMethod"], "GET");
+    assert_eq!(request["requestUrl"], "/bytes/1234?x=1&y=%22");
+    assert_eq!(request["requestSize"], "0");
+    assert_eq!(request["status"], 200);
+    assert_eq!(request["responseSize"], "1234");
+    assert_eq!(request["userAgent"], "test-client/1 \"quoted\"");
+    assert_eq!(request["referer"], "https://ref.example/a<b>");
+    assert_eq!(request["remoteIp"], remote.as_str());
+    assert_eq!(request["serverIp"], "127.0.0.1");
+    assert_eq!(request["protocol"], "HTTP/1.1");
+    assert_eq!(
+        first["traceId"], "[80f198ee56343ba8]",
+        "Go prints a []string"
+    );
+
+    let post = &lines[1]["httpRequest"];
+    assert_eq!(
+        (
+            &post["requestMethod"],
+            &post["requestSize"],
+            &post["responseSize"]
+        ),
+        (&"POST".into(), &"-1".into(), &"11".into()),
+        "a chunked body's length is unknown; the response's is its payload"
+    );
+    assert_eq!(lines[1]["traceId"], "[]");
+    assert_eq!(lines[2]["httpRequest"]["status"], 418);
+
+    let latency = |line: &serde_json::Value| -> f64 {
+        let text = line["httpRequest"]["latency"].as_str().unwrap();
+        text.strip_suffix('s').unwrap().parse().unwrap()
+    };
+    assert!(latency(&lines[23]) >= 0.25, "{}", lines[23]);
+    assert!(latency(&lines[3]) < 0.25, "{}", lines[3]);
+}
+
+/// An h2c user container (a gRPC server that also answers plain HTTP), probe logs on.
+#[test]
+fn probe_and_h2c_requests_are_logged_when_asked_and_an_unsupported_template_exits_2() {
+    let user_port = free_port();
+    let _user = kactivator_testkit::grpc::spawn_grpc_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let mut env = knative_env(user_port, free_port(), 0);
+    env.insert("SERVING_ENABLE_REQUEST_LOG".into(), "true".into());
+    env.insert("SERVING_ENABLE_PROBE_REQUEST_LOG".into(), "true".into());
+    env.insert(
+        "SERVING_REQUEST_LOG_TEMPLATE".into(),
+        "{{.Request.Method}} {{.Response.Code}} {{.Request.UserAgent}} {{.Revision.Name}} {{.Request.Proto}} {{.Response.Size}} {{.Request.ContentLength}}".into(),
+    );
+    let mut proxy = start(env.clone());
+    assert!(eventually(Duration::from_secs(5), || proxy
+        .health_check("kube-probe/1.30")
+        .status
+        == 200));
+    let h2c = Command::new("curl")
+        .args(["-sS", "--http2-prior-knowledge", "-A", "h2-client"])
+        .arg(format!("http://{}/", proxy.serving))
+        .output()
+        .expect("curl");
+    assert_eq!(
+        String::from_utf8_lossy(&h2c.stdout),
+        "hello from user-container\n"
+    );
+    stop(&mut proxy);
+    let out = proxy.stdout();
+    let revision = support::queue_proxy::REVISION;
+    assert!(
+        out.lines()
+            .any(|line| line == format!("GET 200 kube-probe/1.30 {revision} HTTP/1.1 5 0")),
+        "the probe's line, its body `queue`: {out}"
+    );
+    assert!(
+        out.lines()
+            .any(|line| line == format!("GET 200 h2-client {revision} HTTP/2.0 26 0")),
+        "the h2c request's line: {out}"
+    );
+
+    // Go would parse this and fail on every request; here it is refused before serving.
+    env.insert(
+        "SERVING_REQUEST_LOG_TEMPLATE".into(),
+        "{{.Request.Method}} {{.Request.Body}}".into(),
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+        .arg("queue-proxy")
+        .env_clear()
+        .envs(env)
+        .output()
+        .expect("run kactivator queue-proxy");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("SERVING_REQUEST_LOG_TEMPLATE") && stderr.contains("Body"),
+        "{stderr}"
+    );
+}

@@ -629,7 +629,7 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
         }
     }
-    let counters: [ShardMetric; 17] = [
+    let counters: [ShardMetric; 18] = [
         (
             "kactivator_shard_connections_accepted_total",
             "Client connections accepted.",
@@ -669,6 +669,11 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             "kactivator_shard_head_timeouts_total",
             "Connections closed because a request head was not whole within proxy.head_timeout_seconds.",
             |s| s.head_timeouts.get(),
+        ),
+        (
+            "kactivator_shard_request_log_dropped_total",
+            "Request log lines dropped because stdout did not keep up (the writer's queue was full).",
+            |s| s.request_log_dropped.get(),
         ),
         (
             "kactivator_shard_panics_total",

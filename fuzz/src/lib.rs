@@ -6,6 +6,7 @@
 //! * [`kubernetes`] — a stream of watch events (Revisions, Endpoints, EndpointSlices, Services,
 //!   `config-features`) through the Kubernetes source's model and the state worker.
 //! * [`h2_front`] — HTTP/2 frames into a live client connection on a shard.
+//! * [`request_log`] — a request log template, and a client's request rendered with it.
 
 // Unsafe code only where `h2_front` ignores SIGPIPE, as Rust's own start-up does.
 #![deny(unsafe_code)]
@@ -14,6 +15,7 @@ mod config;
 mod h2_front;
 mod kubernetes;
 mod registration;
+mod request_log;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -22,6 +24,7 @@ pub use config::config;
 pub use h2_front::h2_front;
 pub use kubernetes::kubernetes;
 pub use registration::registration;
+pub use request_log::request_log;
 
 /// Entry point of the targets when not built by cargo-fuzz: run `check` over every file named
 /// on the command line, and every file inside every directory named there.
@@ -70,8 +73,9 @@ mod tests {
     fn seeds() {
         let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
         type Check = fn(&[u8]);
-        let targets: [(&str, Check); 4] = [
+        let targets: [(&str, Check); 5] = [
             ("registration", registration),
+            ("request_log", request_log),
             ("config", config),
             ("kubernetes", kubernetes),
             ("h2_front", h2_front),

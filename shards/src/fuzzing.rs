@@ -5,6 +5,7 @@ use std::rc::Rc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::request::peer::Peer;
 use crate::shard::Shard;
 
 /// Serves one HTTP/2 connection over `io` (its bytes start with the client preface) on
@@ -13,6 +14,6 @@ pub async fn serve_h2<T>(shard: Rc<Shard>, io: T)
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    let peer_ip: Rc<[u8]> = Rc::from(&b"192.0.2.1"[..]);
-    crate::http2::server::serve_connection(shard, io, peer_ip).await
+    let peer = Rc::new(Peer::of(([192, 0, 2, 1], 40_000).into()));
+    crate::http2::server::serve_connection(shard, io, peer).await
 }

@@ -403,15 +403,11 @@ fn serve(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::Sock
         // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1 one's, and only the
         // connections that turn out to be HTTP/2 pay for it.
         OptionFuture::from(match served {
-            Served::Http2 {
-                stream,
-                read,
-                peer_ip,
-            } => Some(Box::pin(http2::server::take_over(
+            Served::Http2 { stream, read, peer } => Some(Box::pin(http2::server::take_over(
                 front_shard,
                 stream,
                 read,
-                peer_ip,
+                peer,
             ))),
             Served::Closed => None,
         })

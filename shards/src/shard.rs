@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::metrics::{AllShardStats, ShardStats};
+use crate::request::log::RequestLog;
 use crate::routing::replica::{LocalRevision, Outbox, Outgoing, Replica};
 use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm::Alarms;
@@ -74,6 +75,8 @@ pub struct ShardSettings {
     pub head_timeout: Duration,
     /// Which of kactivator's roles the shard plays. Default: [`Role::Activator`].
     pub role: Role,
+    /// Knative's request log, one line per request; `None` (the default): none.
+    pub request_log: Option<Arc<RequestLog>>,
 }
 
 /// Which of kactivator's two roles a shard plays on the one request path.
@@ -132,6 +135,7 @@ impl Default for ShardSettings {
             h2: H2Settings::default(),
             head_timeout: DEFAULT_HEAD_TIMEOUT,
             role: Role::Activator,
+            request_log: None,
         }
     }
 }

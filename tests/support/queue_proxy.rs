@@ -76,6 +76,8 @@ impl QueueProxy {
         let (drain_admin, autoscaler_metrics, metrics) = (local(), local(), local());
         let dir = scratch_dir();
         let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        // Knative's request log goes to stdout.
+        let stdout = std::fs::File::create(dir.join("stdout.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
             .arg("queue-proxy")
             .args(["--drain-admin", &drain_admin.to_string()])
@@ -90,7 +92,7 @@ impl QueueProxy {
             )
             .envs(env)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(stderr)
             .spawn()
             .expect("spawn kactivator queue-proxy");
@@ -114,6 +116,11 @@ impl QueueProxy {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
+    /// What it wrote to stdout so far: the request log.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stdout.log")).unwrap_or_default()
     }
 
     pub fn still_running(&mut self) -> bool {

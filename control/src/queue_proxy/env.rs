@@ -41,12 +41,9 @@ pub const REQUIRED: [&str; 10] = [
 
 /// Keys Knative sets that are read and checked but change nothing here (yet): each is named in
 /// the log at start-up when present with a non-default value, and in the README.
-pub const NOT_ACTED_ON: [&str; 19] = [
+pub const NOT_ACTED_ON: [&str; 16] = [
     "SERVING_LOGGING_CONFIG",
     "SERVING_LOGGING_LEVEL",
-    "SERVING_ENABLE_REQUEST_LOG",
-    "SERVING_REQUEST_LOG_TEMPLATE",
-    "SERVING_ENABLE_PROBE_REQUEST_LOG",
     "SERVING_REQUEST_METRICS_BACKEND",
     "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS",
     "METRICS_COLLECTOR_ADDRESS",
@@ -99,6 +96,12 @@ pub struct QueueProxyEnv {
     /// (`queue_proxy::push`); absent = [`FORK_DEFAULT_ACTIVATOR_URL`], as the fork; `None`
     /// (empty) = no push.
     pub activator_service_url: Option<ActivatorUrl>,
+    /// The request log's template: `SERVING_REQUEST_LOG_TEMPLATE` when
+    /// `SERVING_ENABLE_REQUEST_LOG` is true and the template is not empty (upstream writes no
+    /// lines with an empty one); `None`: no request log.
+    pub request_log_template: Option<String>,
+    /// `SERVING_ENABLE_PROBE_REQUEST_LOG`: probes get lines too. Default false.
+    pub probe_request_log: bool,
     /// Keys of [`NOT_ACTED_ON`] that are present with a value.
     pub not_acted_on: Vec<&'static str>,
 }
@@ -256,6 +259,14 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
             .and_then(|value| go_bool(&value))
             .unwrap_or(false),
         activator_service_url: reader.activator_url(),
+        request_log_template: lookup("SERVING_ENABLE_REQUEST_LOG")
+            .and_then(|value| go_bool(&value))
+            .unwrap_or(false)
+            .then(|| reader.string("SERVING_REQUEST_LOG_TEMPLATE"))
+            .filter(|template| !template.is_empty()),
+        probe_request_log: lookup("SERVING_ENABLE_PROBE_REQUEST_LOG")
+            .and_then(|value| go_bool(&value))
+            .unwrap_or(false),
         not_acted_on: NOT_ACTED_ON
             .into_iter()
             .filter(|key| lookup(key).is_some_and(|value| !value.is_empty()))
@@ -513,6 +524,43 @@ mod tests {
                 "ENABLE_HTTP2_AUTO_DETECTION"
             ]
         );
+    }
+
+    #[test]
+    fn the_request_log_is_on_only_when_enabled_with_a_template() {
+        let template = r#"{"status": {{.Response.Code}}}"#;
+        let cases = [
+            (Some("true"), Some(template), Some(template)),
+            (Some("1"), Some(template), Some(template)),
+            (Some("false"), Some(template), None),
+            (None, Some(template), None),
+            (Some("true"), Some(""), None),
+            (Some("true"), None, None),
+        ];
+        for (enabled, text, expected) in cases {
+            let mut env = knative();
+            if let Some(enabled) = enabled {
+                env.insert("SERVING_ENABLE_REQUEST_LOG", enabled.into());
+            }
+            if let Some(text) = text {
+                env.insert("SERVING_REQUEST_LOG_TEMPLATE", text.into());
+            }
+            let parsed = parse_map(&env).expect("valid");
+            assert_eq!(
+                parsed.request_log_template.as_deref(),
+                expected,
+                "{enabled:?} {text:?}"
+            );
+            assert!(!parsed
+                .not_acted_on
+                .contains(&"SERVING_REQUEST_LOG_TEMPLATE"));
+        }
+        let mut env = knative();
+        env.insert("SERVING_ENABLE_PROBE_REQUEST_LOG", "true".into());
+        assert!(parse_map(&env).expect("valid").probe_request_log);
+        env.insert("SERVING_ENABLE_REQUEST_LOG", "yes".into());
+        let error = parse_map(&env).unwrap_err();
+        assert!(error.to_string().contains("SERVING_ENABLE_REQUEST_LOG"));
     }
 
     #[test]

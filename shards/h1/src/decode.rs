@@ -53,6 +53,8 @@ enum State {
 pub struct BodyDecoder {
     kind: BodyKind,
     state: State,
+    /// Payload bytes handed out so far, framing excluded.
+    delivered: u64,
 }
 
 impl BodyDecoder {
@@ -64,7 +66,17 @@ impl BodyDecoder {
             BodyKind::Chunked => State::ChunkSize,
             BodyKind::UntilClose => State::UntilClose,
         };
-        BodyDecoder { kind, state }
+        BodyDecoder {
+            kind,
+            state,
+            delivered: 0,
+        }
+    }
+
+    /// The payload bytes decoded so far (chunk framing and trailers excluded): what a request
+    /// log reports as a body's size.
+    pub fn delivered(&self) -> u64 {
+        self.delivered
     }
 
     /// The framing this decoder was made for.
@@ -101,6 +113,7 @@ impl BodyDecoder {
                     if rest.is_empty() {
                         return Ok((consumed, None));
                     }
+                    self.delivered += rest.len() as u64;
                     return Ok((consumed + rest.len(), Some(BodyEvent::Data(rest))));
                 }
                 State::Length(remaining) => {
@@ -112,6 +125,7 @@ impl BodyDecoder {
                     } else {
                         State::Length(left)
                     };
+                    self.delivered += data.len() as u64;
                     return Ok((consumed + data.len(), Some(BodyEvent::Data(data))));
                 }
                 State::ChunkData(remaining) => {
@@ -123,6 +137,7 @@ impl BodyDecoder {
                     } else {
                         State::ChunkData(left)
                     };
+                    self.delivered += data.len() as u64;
                     return Ok((consumed + data.len(), Some(BodyEvent::Data(data))));
                 }
                 State::ChunkSize => match chunk_size_line(rest) {
@@ -282,6 +297,35 @@ fn trailer_section(input: &[u8]) -> Result<Option<usize>, BodyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decodes `input` in pieces of `step` bytes and returns the payload bytes counted.
+    fn delivered_in_steps(kind: BodyKind, input: &[u8], step: usize) -> u64 {
+        let mut decoder = BodyDecoder::new(kind);
+        let mut buffered = Vec::new();
+        for piece in input.chunks(step) {
+            buffered.extend_from_slice(piece);
+            loop {
+                let (consumed, event) = decoder.decode(&buffered).expect("valid body");
+                let more = event.is_some();
+                buffered.drain(..consumed);
+                if !more {
+                    break;
+                }
+            }
+        }
+        decoder.delivered()
+    }
+
+    #[test]
+    fn delivered_counts_the_payload_not_the_framing() {
+        let chunked = b"3\r\nabc\r\n10;ext=1\r\n0123456789abcdef\r\n0\r\nx-sum: 9\r\n\r\n";
+        for step in [1, 2, 7, chunked.len()] {
+            assert_eq!(delivered_in_steps(BodyKind::Chunked, chunked, step), 19);
+            assert_eq!(delivered_in_steps(BodyKind::Length(5), b"hello", step), 5);
+            assert_eq!(delivered_in_steps(BodyKind::UntilClose, b"hello!", step), 6);
+        }
+        assert_eq!(delivered_in_steps(BodyKind::Empty, b"", 1), 0);
+    }
 
     #[test]
     fn chunk_size_lines() {

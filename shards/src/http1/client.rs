@@ -14,6 +14,7 @@ use super::io::{send_now, write_rest};
 use super::rewrite::{self, ClientSide};
 use crate::request::answer::Answer;
 use crate::request::outcome::{Next, RequestShape};
+use crate::request::peer::Peer;
 use crate::request::policy::WaitNote;
 use crate::runtime::buffer::InBuf;
 
@@ -26,8 +27,8 @@ pub(super) struct ClientConn {
     pub(super) request_out: Vec<u8>,
     /// Response bytes on their way to the client.
     pub(super) response_out: Vec<u8>,
-    /// The client's IP as text, for `X-Forwarded-For`; formatted once per connection.
-    pub(super) peer_ip: Vec<u8>,
+    /// The client: its IP for `X-Forwarded-For`, its address for the request log.
+    pub(super) peer: Peer,
     /// Interrupts the read-ahead on the client once a response is complete; one per connection,
     /// made by its first exchange (a connection that only waits in a queue never needs one).
     pub(super) canceller: Option<Canceller>,

@@ -22,6 +22,7 @@ use crate::request::answer::Answer;
 use crate::request::deadlines;
 use crate::request::lifecycle;
 use crate::request::outcome::Next;
+use crate::request::peer::Peer;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::contain;
 use crate::runtime::race::{race, Either};
@@ -43,7 +44,7 @@ pub(crate) enum Served {
     Http2 {
         stream: TcpStream,
         read: bytes::Bytes,
-        peer_ip: Rc<[u8]>,
+        peer: Rc<Peer>,
     },
 }
 
@@ -73,7 +74,7 @@ pub(crate) fn serve_connection(
         inbuf: InBuf::default(),
         request_out: Vec::new(),
         response_out: Vec::new(),
-        peer_ip: peer.ip().to_string().into_bytes(),
+        peer: Peer::of(peer),
         canceller: None,
         head: RequestHead::default(),
         response_head: ResponseHead::default(),
@@ -146,14 +147,14 @@ fn take_over(conn: ClientConn) -> Served {
         reader,
         writer,
         inbuf,
-        peer_ip,
+        peer,
         ..
     } = conn;
     match reader.reunite(writer.into_inner()) {
         Ok(stream) => Served::Http2 {
             stream,
             read: bytes::Bytes::copy_from_slice(inbuf.data()),
-            peer_ip: Rc::from(peer_ip),
+            peer: Rc::new(peer),
         },
         Err(_) => {
             tracing::warn!("cannot rejoin the halves of a connection for HTTP/2");

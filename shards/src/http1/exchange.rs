@@ -109,6 +109,8 @@ pub(super) async fn exchange(
     // Set once the client may hold bytes of the response other than complete 1xx heads: from
     // then on a broken request body can no longer be answered, only cut short.
     let response_started = Cell::new(false);
+    // The response body's payload bytes relayed so far (for the request log).
+    let body_bytes = Cell::new(0);
     let addr = upstream.addr;
     let pod_fd = upstream.fd();
     // The request side borrows the pod's write half only until everything is sent; it puts it
@@ -145,6 +147,7 @@ pub(super) async fn exchange(
                 expected,
                 shard,
                 &response_started,
+                &body_bytes,
             );
             let mut receive = pin!(receive);
             poll_fn(|cx| {
@@ -221,6 +224,7 @@ pub(super) async fn exchange(
                 shard.stats().bad_requests.increment();
                 return Ended::Truncated {
                     status: response_head.status,
+                    body_bytes: body_bytes.get(),
                 };
             }
             Some(Err(SendError::ClientBody(error))) => {
@@ -265,6 +269,7 @@ pub(super) async fn exchange(
             request_complete,
             client_gone,
             tail_written: tail_written.is_ok(),
+            body_bytes: body_bytes.get(),
         },
         Err(ReceiveError::Upstream(error)) => {
             if !matches!(error, UpstreamError::IpReused { .. }) {
@@ -291,6 +296,7 @@ pub(super) async fn exchange(
         // The status already sent is what the client saw.
         Err(ReceiveError::Truncated) => Ended::Truncated {
             status: response_head.status,
+            body_bytes: body_bytes.get(),
         },
     }
 }
@@ -431,6 +437,7 @@ async fn receive_response(
     expected: &RevisionKey,
     shard: &Shard,
     response_started: &Cell<bool>,
+    body_bytes: &Cell<u64>,
 ) -> Result<Received, ReceiveError> {
     // The first-byte deadline, armed only once the exchange is late (or at once when it falls
     // before that): most responses start before, and then no timer was ever set.
@@ -573,6 +580,7 @@ async fn receive_response(
             }
             Err(_) => return Err(ReceiveError::Truncated),
         };
+        body_bytes.set(decoder.delivered());
         if progress == Reframed::Finished {
             // The tail stays in `out`: the caller gives the pod back before relaying it.
             return Ok(Received {

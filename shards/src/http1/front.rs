@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use kactivator_api::{headers, registration};
-use kactivator_h1::{BodyDecoder, BodyEvent, BodyKind, Method, RequestHead};
+use kactivator_h1::{BodyDecoder, BodyEvent, BodyKind, Method, RequestHead, Version};
 use monoio::io::OwnedReadHalf;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -22,6 +22,8 @@ use crate::request::deadlines::{self, Deadlines};
 use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
 use crate::request::lifecycle::{Attempt, Front, Shape, SmallBody};
+use crate::request::log::template::Proto;
+use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::{Ended, Next};
 use crate::request::policy::{self, Edits, WaitNote};
 use crate::routing::replica::{LocalPod, LocalRevision};
@@ -115,6 +117,30 @@ impl Front for H1Front<'_> {
         self.shape
     }
 
+    fn capture_for_log(&self, log: &RequestLog) -> Option<Captured> {
+        let head = &self.conn.head;
+        let buf = self.conn.inbuf.data();
+        let line = RequestLine {
+            method: head.method_span.of(buf),
+            target: head.target.of(buf),
+            proto: match head.version {
+                Version::Http10 => Proto::Http10,
+                Version::Http11 => Proto::Http11,
+            },
+            content_length: match head.body {
+                BodyKind::Length(length) => i64::try_from(length).unwrap_or(i64::MAX),
+                BodyKind::Chunked | BodyKind::UntilClose => -1,
+                BodyKind::Empty => 0,
+            },
+            peer: &self.conn.peer,
+        };
+        log.capture(&self.headers(), line, |visit| {
+            for (name, value) in head.headers(buf) {
+                visit(name, value);
+            }
+        })
+    }
+
     async fn answer(&mut self, _shard: &Shard, answer: &Answer<'_>, keep_alive: bool) -> Next {
         self.consume_head();
         let client = ClientSide {
@@ -145,7 +171,7 @@ impl Front for H1Front<'_> {
         self.host_at = rewrite::write_request_head(
             &conn.head,
             buf,
-            &conn.peer_ip,
+            &conn.peer.ip,
             edits,
             &mut conn.request_out,
         );

@@ -26,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::io::Rewind;
 use super::stream;
+use crate::request::peer::Peer;
 use crate::runtime::alarm::Alarm;
 use crate::runtime::idle::Idle;
 use crate::runtime::memory;
@@ -44,7 +45,7 @@ const MAX_PENDING_ACCEPT_RESETS: usize = 50;
 
 /// Serves one HTTP/2 connection until it closes. The caller counted it as an open connection
 /// and counts it out afterwards.
-pub(crate) async fn serve_connection<T>(shard: Rc<Shard>, io: T, peer_ip: Rc<[u8]>)
+pub(crate) async fn serve_connection<T>(shard: Rc<Shard>, io: T, peer: Rc<Peer>)
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
 {
@@ -109,7 +110,7 @@ where
                 released = false;
                 let counted = OpenStream::new(&open);
                 monoio::spawn(
-                    stream::serve_contained(shard.clone(), request, respond, peer_ip.clone())
+                    stream::serve_contained(shard.clone(), request, respond, peer.clone())
                         .map(move |()| drop(counted)),
                 );
             }
@@ -249,10 +250,10 @@ pub(crate) async fn take_over(
     shard: Rc<Shard>,
     stream: monoio::net::TcpStream,
     read: bytes::Bytes,
-    peer_ip: Rc<[u8]>,
+    peer: Rc<Peer>,
 ) {
     match stream.try_into_poll_io() {
-        Ok(io) => serve_connection(shard, Rewind::new(read, io), peer_ip).await,
+        Ok(io) => serve_connection(shard, Rewind::new(read, io), peer).await,
         Err((error, _)) => {
             tracing::warn!(
                 shard = shard.index,

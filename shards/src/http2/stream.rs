@@ -31,7 +31,10 @@ use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
 use crate::request::identity;
 use crate::request::lifecycle::{self, Attempt, Front, Shape, SmallBody};
+use crate::request::log::template::Proto;
+use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::{Ended, Next, RequestShape};
+use crate::request::peer::Peer;
 use crate::request::policy::{self, Edits, QueueProxySeen, RequestField, WaitNote};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::contain;
@@ -121,9 +124,9 @@ pub(crate) async fn serve_contained(
     shard: Rc<Shard>,
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-    peer_ip: Rc<[u8]>,
+    peer: Rc<Peer>,
 ) {
-    let served = contain::catching(serve(&shard, request, &mut respond, peer_ip)).await;
+    let served = contain::catching(serve(&shard, request, &mut respond, peer)).await;
     if let Err(panic) = served {
         contain::record(shard.stats(), "an HTTP/2 stream", &*panic);
         if !send_answer(&mut respond, &Answer::internal_error(), false) {
@@ -137,11 +140,11 @@ async fn serve(
     shard: &Rc<Shard>,
     request: Request<RecvStream>,
     respond: &mut SendResponse<Bytes>,
-    peer_ip: Rc<[u8]>,
+    peer: Rc<Peer>,
 ) {
     let arrival = Instant::now();
     let (parts, body) = request.into_parts();
-    let mut front = H2Front::new(parts, body, respond, peer_ip);
+    let mut front = H2Front::new(parts, body, respond, peer);
     lifecycle::serve(shard, &mut front, arrival).await;
 }
 
@@ -152,7 +155,7 @@ struct H2Front<'r> {
     parts: http::request::Parts,
     body: RecvStream,
     respond: &'r mut SendResponse<Bytes>,
-    peer_ip: Rc<[u8]>,
+    peer: Rc<Peer>,
     shape: Shape,
     /// The request, rewritten for a pod once prepared (its `:authority` set on each attempt).
     outbound: Request<()>,
@@ -170,7 +173,7 @@ impl<'r> H2Front<'r> {
         parts: http::request::Parts,
         body: RecvStream,
         respond: &'r mut SendResponse<Bytes>,
-        peer_ip: Rc<[u8]>,
+        peer: Rc<Peer>,
     ) -> H2Front<'r> {
         let shape = Shape {
             connect: parts.method == Method::CONNECT,
@@ -187,7 +190,7 @@ impl<'r> H2Front<'r> {
             parts,
             body,
             respond,
-            peer_ip,
+            peer,
             shape,
             outbound: Request::new(()),
             authority: None,
@@ -214,6 +217,36 @@ impl Front for H2Front<'_> {
 
     fn shape(&self) -> Shape {
         self.shape
+    }
+
+    fn capture_for_log(&self, log: &RequestLog) -> Option<Captured> {
+        let parts = &self.parts;
+        // Go's HTTP/2 server: the declared length, 0 when the head ended the stream, else
+        // unknown.
+        let content_length = if self.shape.request.bodiless {
+            0
+        } else {
+            parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|value| value.to_str().ok()?.parse().ok())
+                .unwrap_or(-1)
+        };
+        let line = RequestLine {
+            method: parts.method.as_str().as_bytes(),
+            target: parts
+                .uri
+                .path_and_query()
+                .map_or(b"".as_slice(), |target| target.as_str().as_bytes()),
+            proto: Proto::Http2,
+            content_length,
+            peer: &self.peer,
+        };
+        log.capture(&H2Headers { parts }, line, |visit| {
+            for (name, value) in &parts.headers {
+                visit(name.as_str().as_bytes(), value.as_bytes());
+            }
+        })
     }
 
     async fn answer(&mut self, _shard: &Shard, answer: &Answer<'_>, _keep_alive: bool) -> Next {
@@ -247,7 +280,7 @@ impl Front for H2Front<'_> {
             .map(|id| String::from_utf8_lossy(id).into_owned())
             .unwrap_or_default();
         self.grpc = is_grpc(&self.parts.headers);
-        let (outbound, authority) = outbound_request(&self.parts, &self.peer_ip, edits);
+        let (outbound, authority) = outbound_request(&self.parts, &self.peer.ip, edits);
         self.outbound = outbound;
         self.authority = authority;
     }
@@ -303,7 +336,7 @@ impl Front for H2Front<'_> {
                 fresh: !reused,
             },
             Exchanged::NotTaken { error, replayable } => {
-                self.outbound = outbound_request(&self.parts, &self.peer_ip, self.edits).0;
+                self.outbound = outbound_request(&self.parts, &self.peer.ip, self.edits).0;
                 if !matches!(error, UpstreamError::IpReused { .. }) {
                     // The connection went away under us: the next stream gets a new one.
                     shard.h2c.forget(addr);
@@ -659,12 +692,21 @@ async fn exchange(
     if pod_done {
         // A head-only answer (gRPC's trailers-only among them): the slot is free now.
         drop(held.take());
-        return relayed(status);
+        return relayed(status, 0);
     }
 
     // === the response body and trailers, while the request body may still go up ===
+    let body_bytes = std::cell::Cell::new(0);
     let ended = {
-        let download = relay_response(shard, addr, &mut from_pod, &mut to_client, deadlines, held);
+        let download = relay_response(
+            shard,
+            addr,
+            &mut from_pod,
+            &mut to_client,
+            deadlines,
+            held,
+            &body_bytes,
+        );
         let mut download = pin!(download);
         poll_fn(|cx| {
             if upload_ended.is_none() {
@@ -679,8 +721,9 @@ async fn exchange(
         })
         .await
     };
+    let body_bytes = body_bytes.get();
     match ended {
-        Ok(()) => relayed(status),
+        Ok(()) => relayed(status, body_bytes),
         Err(Cut::ClientGone) => {
             shard.stats().client_aborts.increment();
             // Dropping the pod's stream resets it: the pod hears the client left.
@@ -692,7 +735,7 @@ async fn exchange(
         Err(Cut::Pod(error)) => {
             tracing::warn!(pod = %addr, class = error.class(), "response cut: {error}");
             cut_response(&mut to_client, grpc, &error);
-            Exchanged::Ended(Ended::Truncated { status })
+            Exchanged::Ended(Ended::Truncated { status, body_bytes })
         }
         Err(Cut::TimedOut) => {
             tracing::warn!(pod = %addr, "activator request timeout, response cut");
@@ -701,7 +744,7 @@ async fn exchange(
                 detail: messages::TIMEOUT.into(),
             };
             cut_response(&mut to_client, grpc, &error);
-            Exchanged::Ended(Ended::Truncated { status })
+            Exchanged::Ended(Ended::Truncated { status, body_bytes })
         }
     }
 }
@@ -713,13 +756,14 @@ fn failed(error: RequestError) -> Exchanged {
     })
 }
 
-fn relayed(status: u16) -> Exchanged {
+fn relayed(status: u16, body_bytes: u64) -> Exchanged {
     Exchanged::Ended(Ended::Relayed {
         status,
         response_keep_alive: true,
         request_complete: true,
         client_gone: false,
         tail_written: true,
+        body_bytes,
     })
 }
 
@@ -831,6 +875,7 @@ async fn relay_response(
     to_client: &mut SendStream<Bytes>,
     deadlines: &Deadlines,
     held: &mut Option<Held<'_>>,
+    body_bytes: &std::cell::Cell<u64>,
 ) -> Result<(), Cut> {
     loop {
         let read = {
@@ -855,6 +900,7 @@ async fn relay_response(
                 if send_all(to_client, chunk).await.is_err() {
                     return Err(Cut::ClientGone);
                 }
+                body_bytes.set(body_bytes.get() + len as u64);
                 let _ = from_pod.flow_control().release_capacity(len);
             }
             Some(Err(error)) => return Err(Cut::Pod(h2_failure(addr, &error, Phase::Receive))),

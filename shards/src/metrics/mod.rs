@@ -534,6 +534,8 @@ pub struct ShardStats {
     pub idle_evictions: Counter,
     /// Connections closed because a request head did not arrive within the head timeout.
     pub head_timeouts: Counter,
+    /// Request log lines dropped because the writer's queue was full (stdout did not keep up).
+    pub request_log_dropped: Counter,
     /// Requests, streams and connections ended by a panic that was contained to them.
     pub panics: Counter,
     /// Requests that left the queue after waiting at least 4 s / 60 s / 180 s (the fork's
@@ -573,6 +575,7 @@ impl ShardStats {
             accept_pauses: Counter::default(),
             idle_evictions: Counter::default(),
             head_timeouts: Counter::default(),
+            request_log_dropped: Counter::default(),
             panics: Counter::default(),
             queue_time_warning: Counter::default(),
             queue_time_error: Counter::default(),

@@ -23,6 +23,7 @@ use super::error::RequestError;
 use super::faults;
 use super::headers::RequestHeaders;
 use super::identity;
+use super::log::{Captured, RequestLog};
 use super::outcome::{
     conclude, keeps_connection_after_answer, Concluded, Ended, Next, RequestShape,
 };
@@ -86,6 +87,9 @@ pub(crate) trait Front {
 
     fn headers(&self) -> Self::Headers<'_>;
     fn shape(&self) -> Shape;
+    /// What `log` needs of the request for its line, copied before [`Front::prepare`]; `None`
+    /// for a request it leaves out.
+    fn capture_for_log(&self, log: &RequestLog) -> Option<Captured>;
     /// Writes an answer of the activator's own; `keep_alive`: the connection may carry another
     /// request after it.
     async fn answer(&mut self, shard: &Shard, answer: &Answer<'_>, keep_alive: bool) -> Next;
@@ -112,14 +116,61 @@ pub(crate) trait Front {
     ) -> Attempt;
 }
 
-/// Takes one request through the path; what the connection does next.
+/// How a request went, for its log line and the connection.
+struct Served {
+    next: Next,
+    status: u16,
+    /// The response body's bytes the client got.
+    body_bytes: u64,
+}
+
+/// Takes one request through the path, and writes its request log line when there is a log;
+/// what the connection does next.
 pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -> Next {
+    let Some(log) = shard.settings.request_log.as_deref() else {
+        return respond(shard, front, arrival).await.next;
+    };
+    let captured = front.capture_for_log(log);
+    let served = respond(shard, front, arrival).await;
+    if let Some(captured) = captured {
+        log.write(
+            shard,
+            &captured,
+            served.status,
+            served.body_bytes,
+            arrival.elapsed(),
+        );
+    }
+    served.next
+}
+
+/// Writes an answer of the activator's own, and says how the request went.
+async fn answered<F: Front>(
+    shard: &Shard,
+    front: &mut F,
+    answer: &Answer<'_>,
+    keep_alive: bool,
+) -> Served {
+    let next = front.answer(shard, answer, keep_alive).await;
+    Served {
+        next,
+        status: answer.status,
+        body_bytes: if front.shape().head_only {
+            0
+        } else {
+            answer.body.len() as u64
+        },
+    }
+}
+
+/// The request path proper.
+async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -> Served {
     let shape = front.shape();
     if shape.connect {
         // Before probes, registration and routing; whatever the client sends next is meant for a
         // tunnel, so the connection closes.
         shard.stats().local_responses.increment();
-        return front.answer(shard, &Answer::connect_refused(), false).await;
+        return answered(shard, front, &Answer::connect_refused(), false).await;
     }
     let draining = || shard.draining.is_set();
     // A probe's body is never read: closing keeps the stream in sync without reading it.
@@ -132,9 +183,7 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     };
     if let Some(answer) = probe {
         shard.stats().local_responses.increment();
-        return front
-            .answer(shard, &answer.as_answer(), local_keep_alive)
-            .await;
+        return answered(shard, front, &answer.as_answer(), local_keep_alive).await;
     }
     faults::inject(&front.headers());
     // A queue-proxy passes the registration path on to its app, as any other path.
@@ -163,13 +212,13 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     let revision = match found {
         Ok(revision) => revision,
         Err(body) => {
-            return front
-                .answer(
-                    shard,
-                    &Answer::error(404, body.as_bytes()),
-                    local_keep_alive,
-                )
-                .await;
+            return answered(
+                shard,
+                front,
+                &Answer::error(404, body.as_bytes()),
+                local_keep_alive,
+            )
+            .await;
         }
     };
     // Read before `prepare`, which lets go of the fields; the default class without a policy.
@@ -196,8 +245,16 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     let note = note.filter(|_| matches!(shard.settings.role, Role::Activator));
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
-    let (status, next) = match conclude(shape.request, ended) {
-        Concluded::Done { status, next } => (status, next),
+    let served = match conclude(shape.request, ended) {
+        Concluded::Done {
+            status,
+            body_bytes,
+            next,
+        } => Served {
+            next,
+            status,
+            body_bytes,
+        },
         Concluded::Answer { error, keep_alive } => {
             tracing::debug!(
                 request_id = %front.request_id(),
@@ -216,14 +273,11 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
                 wait: note.as_ref(),
                 ..Answer::of_error(&error, &body)
             };
-            let next = front
-                .answer(shard, &answer, keep_alive && !draining())
-                .await;
-            (error.status(), next)
+            answered(shard, front, &answer, keep_alive && !draining()).await
         }
     };
-    tally.end(arrival, status, reached_app);
-    next
+    tally.end(arrival, served.status, reached_app);
+    served
 }
 
 /// Waits for a pod and has it serve the request, and says how that ended.
@@ -345,7 +399,7 @@ async fn proxy<F: Front>(
 /// `POST /api/v1/pod-registration` from a queue-proxy: check the caller, read the body (at most
 /// 64 KiB), hand it to the control thread and answer with what it says once the state worker
 /// has applied it. Other methods on the path are proxied like any request, as upstream does.
-async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> Next {
+async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> Served {
     shard.stats().local_responses.increment();
     let (user_agent, relayed) = {
         let fields = front.headers();
@@ -370,21 +424,27 @@ async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> N
                     error_style: !reply.json,
                     wait: None,
                 };
-                return front.answer(shard, &answer, keep_alive).await;
+                return answered(shard, front, &answer, keep_alive).await;
             }
             Err(SmallBody::TooLarge) => registration::RegistrationError::BodyTooLarge,
             Err(SmallBody::Invalid) => registration::RegistrationError::InvalidBody,
-            Err(SmallBody::Gone) => return Next::Close,
+            Err(SmallBody::Gone) => {
+                return Served {
+                    next: Next::Close,
+                    status: RequestError::ClientGone.status(),
+                    body_bytes: 0,
+                }
+            }
         },
     };
     // A refusal leaves the body unread: the connection closes unless there was none.
     let keep_alive = keeps_connection_after_answer(shape.request, false);
     let body = refused.body();
-    front
-        .answer(
-            shard,
-            &Answer::error(refused.status(), body.as_bytes()),
-            keep_alive,
-        )
-        .await
+    answered(
+        shard,
+        front,
+        &Answer::error(refused.status(), body.as_bytes()),
+        keep_alive,
+    )
+    .await
 }

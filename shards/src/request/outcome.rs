@@ -36,11 +36,13 @@ pub enum Ended {
         client_gone: bool,
         /// The response's last bytes were written to the client.
         tail_written: bool,
+        /// The response body's payload bytes relayed (framing excluded).
+        body_bytes: u64,
     },
     /// The pod switched protocols and the two-way copy has ended.
     Upgraded,
     /// The response started but could not finish: the client has a partial response.
-    Truncated { status: u16 },
+    Truncated { status: u16, body_bytes: u64 },
     /// Nothing was written to the client. `request_complete`: the request body was read to its
     /// end (only then may the connection carry another request).
     Failed {
@@ -52,8 +54,12 @@ pub enum Ended {
 /// What the front does next.
 #[derive(Debug)]
 pub enum Concluded {
-    /// Record `status`; nothing more to write.
-    Done { status: u16, next: Next },
+    /// Record `status`; nothing more to write. `body_bytes`: the response body the client got.
+    Done {
+        status: u16,
+        body_bytes: u64,
+        next: Next,
+    },
     /// Answer with `error`'s status and body (and record it). The connection stays open for
     /// another request only if `keep_alive` and the answer was written.
     Answer {
@@ -78,23 +84,28 @@ pub fn conclude(request: RequestShape, ended: Ended) -> Concluded {
             request_complete,
             client_gone,
             tail_written,
+            body_bytes,
         } => {
             let keep = response_keep_alive && request_complete && !client_gone && tail_written;
             Concluded::Done {
                 status,
+                body_bytes,
                 next: if keep { Next::KeepAlive } else { Next::Close },
             }
         }
         Ended::Upgraded => Concluded::Done {
             status: 101,
+            body_bytes: 0,
             next: Next::Close,
         },
-        Ended::Truncated { status } => Concluded::Done {
+        Ended::Truncated { status, body_bytes } => Concluded::Done {
             status,
+            body_bytes,
             next: Next::Close,
         },
         Ended::Failed { error, .. } if !error.is_answered() => Concluded::Done {
             status: error.status(),
+            body_bytes: 0,
             next: Next::Close,
         },
         Ended::Failed {
@@ -152,6 +163,7 @@ mod tests {
             request_complete,
             client_gone,
             tail_written,
+            body_bytes: 0,
         }
     }
 
@@ -175,8 +187,40 @@ mod tests {
 
     fn verdict(concluded: &Concluded) -> Verdict {
         match concluded {
-            Concluded::Done { status, next } => (*status, false, *next == Next::KeepAlive),
+            Concluded::Done { status, next, .. } => (*status, false, *next == Next::KeepAlive),
             Concluded::Answer { error, keep_alive } => (error.status(), true, *keep_alive),
+        }
+    }
+
+    #[test]
+    fn the_body_size_recorded_is_what_reached_the_client() {
+        let sizes = [
+            (
+                Ended::Relayed {
+                    status: 200,
+                    response_keep_alive: true,
+                    request_complete: true,
+                    client_gone: false,
+                    tail_written: true,
+                    body_bytes: 1234,
+                },
+                1234,
+            ),
+            (
+                Ended::Truncated {
+                    status: 200,
+                    body_bytes: 99,
+                },
+                99,
+            ),
+            (Ended::Upgraded, 0),
+            (failed(RequestError::ClientGone, true), 0),
+        ];
+        for (ended, expected) in sizes {
+            match conclude(GET, ended) {
+                Concluded::Done { body_bytes, .. } => assert_eq!(body_bytes, expected),
+                other => panic!("expected Done, got {other:?}"),
+            }
         }
     }
 
@@ -218,7 +262,10 @@ mod tests {
             (
                 "truncated",
                 GET,
-                Ended::Truncated { status: 200 },
+                Ended::Truncated {
+                    status: 200,
+                    body_bytes: 10,
+                },
                 (200, false, false),
             ),
             (

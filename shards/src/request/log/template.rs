@@ -1,0 +1,308 @@
+//! Knative request-log templates, rendered byte for byte as Knative's
+//! queue-proxy renders them.
+//!
+//! Knative (`pkg/http/request_log.go`) takes the Go `text/template` in
+//! `SERVING_REQUEST_LOG_TEMPLATE`, appends a newline when the text does not
+//! end with one, parses it as `template.New("requestLog").Parse(text)` and
+//! executes it once per request with a `RequestLogTemplateInput`: the
+//! `*http.Request`, a `RequestLogResponse {Code, Size, Latency}`, a
+//! `RequestLogRevision {Name, Namespace, Service, Configuration, PodName,
+//! PodIP}` and (Knative 1.21 and later) a `TraceID`. When execution fails it
+//! writes one fixed line instead ([`fallback_line`]).
+//!
+//! This module implements the part of the template language and of that data
+//! model which request logs use, with Go's semantics wherever it implements
+//! something; see [`Template::parse`] for what it refuses. Unlike Go it
+//! type-checks the whole template against the data model when parsing, so a
+//! misspelt field or a comparison of a number with a string is reported at
+//! start-up instead of turning every log line into the fallback line.
+//!
+//! `.Request.URL` prints as Go's `URL.String()` of the target as Go's server
+//! parses it: the request-target itself in the ordinary case, re-escaped the
+//! way Go re-escapes it otherwise (a raw `"` or non-ASCII byte in the path
+//! becomes `%22` / `%C3%A9`, `Example.COM` in an absolute target keeps its
+//! case but the scheme is lower-cased, ...).
+//!
+//! `js` and `printf %q` decide which non-ASCII runes are printable with the
+//! Unicode tables in `isprint.rs`, generated from Go 1.19 (Unicode 13.0) by
+//! `shards/src/request/log/template/gen_isprint.go`; Go 1.21 and later use Unicode 15.0, which only
+//! differs for runes assigned in Unicode 14 and 15.
+//!
+//! Rendering reads only the request headers that the template needs
+//! ([`Template::headers_read`]) and borrows everything from the [`Input`]; it
+//! allocates only for values that have to be computed (escaped strings,
+//! `printf`, a whole header map).
+
+mod exec;
+mod gofmt;
+#[rustfmt::skip]
+mod isprint;
+mod lex;
+mod parse;
+mod url;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+/// A parsed and type-checked request-log template. Immutable, so one value
+/// can be shared by all request-handling threads.
+#[derive(Debug)]
+pub struct Template {
+    nodes: Vec<parse::Node>,
+    slots: usize,
+    headers_read: HeadersRead,
+}
+
+/// Why a template was refused: where (1-based line and byte column of the
+/// template text) and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TemplateError {
+    /// 1-based line of the offending text.
+    pub line: usize,
+    /// 1-based byte column of the offending text within its line.
+    pub column: usize,
+    /// What is wrong, in words meant for whoever wrote the template.
+    pub message: String,
+}
+
+impl fmt::Display for TemplateError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            formatter,
+            "request log template, line {} column {}: {}",
+            self.line, self.column, self.message
+        )
+    }
+}
+
+impl std::error::Error for TemplateError {}
+
+/// A failure while rendering that Go's `Execute` also reports (an index out
+/// of range, for example). Knative then writes [`fallback_line`] instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderError {
+    /// What went wrong.
+    pub message: String,
+}
+
+impl fmt::Display for RenderError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "request log template: {}", self.message)
+    }
+}
+
+impl std::error::Error for RenderError {}
+
+/// Which request headers rendering can read, so the caller copies only those.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeadersRead {
+    /// The template reads no header.
+    None,
+    /// Only these headers, as Go's canonical header keys (`X-B3-Traceid`),
+    /// sorted. Use [`HeadersRead::wants`] to test a received name.
+    Names(Vec<String>),
+    /// The template reads the whole header map (prints it, ranges over it,
+    /// looks up a name that is only known per request, ...).
+    All,
+}
+
+impl HeadersRead {
+    /// Whether a header received with `name` (in any letter case) must be
+    /// passed in [`Request::headers`].
+    pub fn wants(&self, name: &[u8]) -> bool {
+        match self {
+            HeadersRead::None => false,
+            HeadersRead::All => true,
+            HeadersRead::Names(names) => names
+                .iter()
+                .any(|key| url::header_name_matches(name, key.as_bytes())),
+        }
+    }
+}
+
+/// Everything one log line is rendered from: Knative's
+/// `RequestLogTemplateInput`.
+#[derive(Clone, Copy, Debug)]
+pub struct Input<'a> {
+    /// The request (`.Request`).
+    pub request: Request<'a>,
+    /// The response summary (`.Response`).
+    pub response: Response,
+    /// The revision the proxy serves (`.Revision`).
+    pub revision: &'a Revision,
+}
+
+/// The request protocol, as Go reports it in `Proto`, `ProtoMajor` and
+/// `ProtoMinor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    /// `HTTP/1.0`.
+    Http10,
+    /// `HTTP/1.1`.
+    Http11,
+    /// `HTTP/2.0`.
+    Http2,
+}
+
+impl Proto {
+    fn text(self) -> &'static [u8] {
+        match self {
+            Proto::Http10 => b"HTTP/1.0",
+            Proto::Http11 => b"HTTP/1.1",
+            Proto::Http2 => b"HTTP/2.0",
+        }
+    }
+
+    fn version(self) -> (i64, i64) {
+        match self {
+            Proto::Http10 => (1, 0),
+            Proto::Http11 => (1, 1),
+            Proto::Http2 => (2, 0),
+        }
+    }
+
+    fn is_http1(self) -> bool {
+        self != Proto::Http2
+    }
+}
+
+/// The parts of Go's `*http.Request` that templates can read.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// The method (`.Request.Method`).
+    pub method: &'a [u8],
+    /// The request-target as received (HTTP/2: `:path`); Go's `RequestURI`.
+    /// `.Request.URL` is parsed from it the way Go's server parses it.
+    pub request_uri: &'a [u8],
+    /// The protocol version.
+    pub proto: Proto,
+    /// Go's `ContentLength`: the declared body length, -1 when unknown
+    /// (chunked, or HTTP/2 without `content-length`), 0 without a body.
+    pub content_length: i64,
+    /// Go's `Host`: the authority of an absolute-form target, else the
+    /// `Host` header (HTTP/2: `:authority`).
+    pub host: &'a [u8],
+    /// The peer address, `ip:port` or `[v6]:port`.
+    pub remote_addr: &'a [u8],
+    /// The headers in arrival order as `(name as received, value)`, values
+    /// with surrounding spaces and tabs removed as Go's reader removes them.
+    /// Only headers that [`Template::headers_read`] wants need to be present.
+    ///
+    /// For HTTP/2 these are the regular fields only (no pseudo-headers).
+    ///
+    /// The engine models what Go's server leaves in `Header`. HTTP/1.x
+    /// (`http.ReadRequest`): `Host` and `Transfer-Encoding` are gone; with
+    /// `content_length` -1 (chunked) so are `Content-Length` and `Trailer`;
+    /// of repeated `Content-Length` lines only the first stays (Go accepts
+    /// repeats only when they are equal); `Cache-Control: no-cache` is added
+    /// when `Pragma` starts with `no-cache` and there is no `Cache-Control`.
+    /// HTTP/2 (Go's HTTP/2 server): `Trailer` and an `Expect: 100-continue`
+    /// are gone and repeated `Cookie` fields become one value joined by `"; "`.
+    pub headers: &'a [(&'a [u8], &'a [u8])],
+}
+
+/// Knative's `RequestLogResponse`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Response {
+    /// The status code (`.Response.Code`).
+    pub code: u16,
+    /// Body bytes written (`.Response.Size`, a Go `int`; saturates at
+    /// `i64::MAX`).
+    pub size: u64,
+    /// Seconds from receiving the request to the end of the response
+    /// (`.Response.Latency`).
+    pub latency_seconds: f64,
+}
+
+/// Knative's `RequestLogRevision`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Revision {
+    /// `.Revision.Name`.
+    pub name: String,
+    /// `.Revision.Namespace`.
+    pub namespace: String,
+    /// `.Revision.Service`.
+    pub service: String,
+    /// `.Revision.Configuration`.
+    pub configuration: String,
+    /// `.Revision.PodName`.
+    pub pod_name: String,
+    /// `.Revision.PodIP`.
+    pub pod_ip: String,
+}
+
+impl Template {
+    /// Parses `text` as Knative does (appending `"\n"` when it does not end
+    /// with one) and type-checks it against the request-log data.
+    ///
+    /// Refuses, with a [`TemplateError`], everything Go's parser refuses, and
+    /// also everything Go would accept but this engine does not implement or
+    /// that could only fail or print something unpredictable (a pointer) when
+    /// executed, among them: `define`, `template`, `block`, `call`; fields
+    /// outside the request-log data (`.Request.Body`, `.Request.Form`, ...);
+    /// functions called with argument types that Go's would reject (`len 3`,
+    /// `eq .Response.Code "200"`); `printf` with a format that is not a
+    /// literal or with verbs, flags or argument types outside the supported
+    /// set; declarations inside parentheses; and number literals other than
+    /// plain decimal, hexadecimal, octal and binary integers and decimal
+    /// floats. An empty text is not special here: Knative turns logging off
+    /// for it before parsing.
+    pub fn parse(text: &str) -> Result<Template, TemplateError> {
+        let mut owned;
+        let text = if text.ends_with('\n') {
+            text
+        } else {
+            owned = String::with_capacity(text.len() + 1);
+            owned.push_str(text);
+            owned.push('\n');
+            &owned
+        };
+        parse::parse(text).map_err(|(offset, message)| {
+            let before = &text.as_bytes()[..offset.min(text.len())];
+            let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
+            let line_start = before
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |newline| newline + 1);
+            TemplateError {
+                line,
+                column: offset.min(text.len()) - line_start + 1,
+                message,
+            }
+        })
+    }
+
+    /// Which request headers rendering reads, so the caller copies only those.
+    pub fn headers_read(&self) -> &HeadersRead {
+        &self.headers_read
+    }
+
+    /// Renders one log line, appending it to `out`. On error `out` is left as
+    /// it was (Knative buffers the line and discards it), and the caller
+    /// writes [`fallback_line`] instead.
+    pub fn render(&self, input: &Input<'_>, out: &mut Vec<u8>) -> Result<(), RenderError> {
+        let start = out.len();
+        let result = exec::render(self, input, out);
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+}
+
+/// Appends the line Knative writes when executing the template fails:
+/// `Invalid request log template: method: %v, response code: %v, latency:
+/// %v, url: %v` and a newline, with Go's formatting of each value.
+pub fn fallback_line(input: &Input<'_>, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"Invalid request log template: method: ");
+    out.extend_from_slice(input.request.method);
+    out.extend_from_slice(b", response code: ");
+    gofmt::push_int(out, i64::from(input.response.code));
+    out.extend_from_slice(b", latency: ");
+    gofmt::push_float_plain(out, input.response.latency_seconds);
+    out.extend_from_slice(b", url: ");
+    exec::push_url(&input.request, out);
+    out.push(b'\n');
+}

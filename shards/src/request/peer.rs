@@ -1,0 +1,56 @@
+//! The client at the other end of a connection, as the request path uses it: its IP as text
+//! (the `X-Forwarded-For` a pod is sent) and its port (with the IP, a request log's
+//! `RemoteAddr`). Formatted once per connection.
+
+use std::net::SocketAddr;
+
+/// A connection's client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The IP as text, without brackets (`10.0.0.1`, `::1`).
+    pub ip: Box<[u8]>,
+    pub port: u16,
+}
+
+impl Peer {
+    pub fn of(addr: SocketAddr) -> Peer {
+        Peer {
+            ip: addr.ip().to_string().into_bytes().into_boxed_slice(),
+            port: addr.port(),
+        }
+    }
+
+    /// `ip:port`, an IPv6 address in brackets: Go's `RemoteAddr`.
+    pub fn write_addr(&self, out: &mut Vec<u8>) {
+        let v6 = self.ip.contains(&b':');
+        if v6 {
+            out.push(b'[');
+        }
+        out.extend_from_slice(&self.ip);
+        if v6 {
+            out.push(b']');
+        }
+        out.push(b':');
+        out.extend_from_slice(self.port.to_string().as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_address_is_written_as_go_writes_remote_addr() {
+        for (addr, expected) in [
+            ("10.1.2.3:40000", "10.1.2.3:40000"),
+            ("[::1]:8012", "[::1]:8012"),
+            ("[fe80::1]:1", "[fe80::1]:1"),
+        ] {
+            let peer = Peer::of(addr.parse().unwrap());
+            let mut out = Vec::new();
+            peer.write_addr(&mut out);
+            assert_eq!(String::from_utf8(out).unwrap(), expected);
+        }
+        assert_eq!(&*Peer::of("[::1]:9".parse().unwrap()).ip, b"::1");
+    }
+}

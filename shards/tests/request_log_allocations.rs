@@ -1,0 +1,82 @@
+//! Rendering Knative's default templates must not allocate (the proxy does
+//! it for every request when request logs are on); checked with a counting
+//! allocator that counts only on the rendering thread.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use kactivator_shards::request::log::template::{
+    Input, Proto, Request, Response, Revision, Template,
+};
+
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static COUNT: Cell<usize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            COUNT.with(|count| count.set(count.get() + 1));
+        }
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(pointer, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const KNATIVE_118: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{index .Request.Header "X-B3-Traceid"}}"}"#;
+const KNATIVE_121: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{.TraceID}}"}"#;
+
+#[test]
+fn rendering_the_default_templates_into_a_reused_buffer_does_not_allocate() {
+    let revision = Revision {
+        pod_ip: "10.0.0.7".into(),
+        ..Revision::default()
+    };
+    let headers: &[(&[u8], &[u8])] = &[
+        (b"user-agent", b"Mozilla/5.0 \"quoted\" <x>"),
+        (b"referer", b"https://example.com/?a=b"),
+        (
+            b"traceparent",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
+        (b"x-b3-traceid", b"80f198ee56343ba864fe8b2a57d3eff7"),
+    ];
+    let input = Input {
+        request: Request {
+            method: b"GET",
+            request_uri: b"/path?x=1&y=<2>",
+            proto: Proto::Http11,
+            content_length: 0,
+            host: b"example.com",
+            remote_addr: b"10.1.2.3:4567",
+            headers,
+        },
+        response: Response {
+            code: 200,
+            size: 1234,
+            latency_seconds: 0.001234,
+        },
+        revision: &revision,
+    };
+    for text in [KNATIVE_118, KNATIVE_121] {
+        let template = Template::parse(text).unwrap();
+        let mut out = Vec::with_capacity(4096);
+        COUNTING.with(|counting| counting.set(true));
+        for _ in 0..100 {
+            out.clear();
+            template.render(&input, &mut out).unwrap();
+        }
+        COUNTING.with(|counting| counting.set(false));
+        let allocations = COUNT.with(|count| count.replace(0));
+        assert_eq!(allocations, 0, "{}", String::from_utf8_lossy(&out));
+    }
+}
