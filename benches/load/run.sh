@@ -30,6 +30,8 @@ usage: bash benches/load/run.sh [options]
   --queue-proxy      run the kactivator rows as `kactivator queue-proxy` (the sidecar role,
                      started with the environment Knative gives its queue-proxy, container
                      concurrency 0) instead of the activator; the peers are unchanged
+  --request-log      with --queue-proxy: request logs on, in Knative 1.18's default template
+                     (SERVING_ENABLE_REQUEST_LOG; the lines go to the run's log file)
 
 Environment: KACTIVATOR_BIN=PATH measures that kactivator binary instead of building
 target/release/kactivator. Results go to target/bench-results/load-<timestamp>.txt.
@@ -49,6 +51,7 @@ want_load=1
 want_callgrind=1
 want_kactivator=1
 role=activator
+request_log_env=()
 while (($#)); do
   case "$1" in
     --quick) rounds=1 duration=3 callgrind_n1=1000 callgrind_n2=6000 ;;
@@ -63,11 +66,20 @@ while (($#)); do
     --no-callgrind) want_callgrind=0 ;;
     --no-kactivator) want_kactivator=0 ;;
     --queue-proxy) role=queue-proxy ;;
+    --request-log)
+      # Knative 1.18's `logging.request-log-template` (config-observability).
+      request_log_env=(SERVING_ENABLE_REQUEST_LOG=true
+        'SERVING_REQUEST_LOG_TEMPLATE={"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{index .Request.Header "X-B3-Traceid"}}"}')
+      ;;
     -h | --help) usage; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
   shift
 done
+if ((${#request_log_env[@]})) && [[ $role != queue-proxy ]]; then
+  echo "run.sh: --request-log needs --queue-proxy (the activator role writes no request log)" >&2
+  exit 2
+fi
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --rounds must be a positive integer" >&2; exit 2; }
 [[ $duration =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --duration must be a positive integer" >&2; exit 2; }
 ((${#layouts[@]})) || { echo "run.sh: --layouts needs at least one of L1, L2, P1" >&2; exit 2; }
@@ -469,7 +481,7 @@ start_kactivator() {
       QUEUE_SERVING_PORT="$port" QUEUE_SERVING_TLS_PORT="$((admin + 3))" USER_PORT="$BACKEND_PORT" \
       CONTAINER_CONCURRENCY=0 REVISION_TIMEOUT_SECONDS=300 ACTIVATOR_SERVICE_URL= \
       SERVING_READINESS_PROBE="{\"tcpSocket\":{\"port\":$BACKEND_PORT,\"host\":\"127.0.0.1\"},\"successThreshold\":1}" \
-      "$@" "$kactivator_bin" queue-proxy "${common[@]}" --admin "127.0.0.1:$admin" \
+      "${request_log_env[@]}" "$@" "$kactivator_bin" queue-proxy "${common[@]}" --admin "127.0.0.1:$admin" \
       --autoscaler-metrics "127.0.0.1:$((admin + 1))" --drain-admin "127.0.0.1:$((admin + 2))"
     return
   fi
