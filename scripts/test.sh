@@ -79,7 +79,7 @@ bash scripts/image-check.sh
 
 echo "== replaying the HTTP/1 codec's fuzz seeds"
 cargo test --manifest-path shards/h1/fuzz/Cargo.toml --locked
-echo "== replaying the fuzz seeds of registrations, the config file, Kubernetes objects and HTTP/2"
+echo "== replaying the fuzz seeds of registrations, the config file, Kubernetes objects, HTTP/2 and request log templates"
 cargo test --manifest-path fuzz/Cargo.toml --locked
 
 # The scenario benchmarks are a crate of their own with their own lock file: building them
