@@ -2,6 +2,7 @@
 //! (the `X-Forwarded-For` a pod is sent) and its port (with the IP, a request log's
 //! `RemoteAddr`). Formatted once per connection.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 
 /// A connection's client.
@@ -31,7 +32,8 @@ impl Peer {
             out.push(b']');
         }
         out.push(b':');
-        out.extend_from_slice(self.port.to_string().as_bytes());
+        // Writing to a Vec cannot fail, and formats without allocating.
+        let _ = write!(out, "{}", self.port);
     }
 }
 

@@ -150,6 +150,15 @@ pub fn is_kubelet_probe<H: RequestHeaders + ?Sized>(request: &H) -> bool {
             .is_some_and(|value| !value.is_empty())
 }
 
+/// Upstream's `IsProbe` (knative.dev/networking `header.IsProbe`), what the request log leaves
+/// out: a kubelet probe, or a non-empty `K-Network-Probe`.
+pub fn is_probe<H: RequestHeaders + ?Sized>(request: &H) -> bool {
+    is_kubelet_probe(request)
+        || request
+            .get(headers::NETWORK_PROBE)
+            .is_some_and(|value| !value.is_empty())
+}
+
 fn error(status: u16, body: Vec<u8>) -> LocalAnswer {
     LocalAnswer {
         status,
@@ -185,6 +194,30 @@ fn go_quote(value: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_are_what_upstream_calls_probes() {
+        let probes: [&[(&str, &str)]; 4] = [
+            &[("User-Agent", "kube-probe/1.31")],
+            &[("K-Kubelet-Probe", "queue")],
+            &[
+                ("K-Network-Probe", "queue"),
+                ("User-Agent", "Knative-Activator-Probe"),
+            ],
+            &[("k-network-probe", "probe")],
+        ];
+        for fields in probes {
+            assert!(is_probe(fields), "{fields:?}");
+        }
+        let requests: [&[(&str, &str)]; 3] = [
+            &[("User-Agent", "curl/8")],
+            &[("K-Network-Probe", "")],
+            &[("User-Agent", "Kube-Probe/1")],
+        ];
+        for fields in requests {
+            assert!(!is_probe(fields), "{fields:?}");
+        }
+    }
 
     /// The answer to a request with these header lines (`Name: value`, one per line after the
     /// request line, as a client would send them).

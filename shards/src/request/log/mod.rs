@@ -15,12 +15,11 @@ pub mod template;
 use std::ops::Range;
 use std::time::Duration;
 
-use kactivator_api::headers;
-
 use self::sink::Sink;
 use self::template::{HeadersRead, Input, Proto, Request, Response, Revision, Template};
 use super::headers::RequestHeaders;
 use super::peer::Peer;
+use super::probes;
 use crate::shard::Shard;
 
 /// The request log's settings and its way out, shared by every shard.
@@ -51,7 +50,7 @@ impl RequestLog {
         line: RequestLine<'_>,
         each_header: impl FnOnce(&mut dyn FnMut(&[u8], &[u8])),
     ) -> Option<Captured> {
-        if !self.probes && is_probe(fields) {
+        if !self.probes && probes::is_probe(fields) {
             return None;
         }
         let mut captured = Captured {
@@ -163,7 +162,9 @@ impl Captured {
     }
 
     fn slice(&self, range: &Range<u32>) -> &[u8] {
-        &self.bytes[range.start as usize..range.end as usize]
+        self.bytes
+            .get(range.start as usize..range.end as usize)
+            .unwrap_or_default()
     }
 }
 
@@ -171,42 +172,4 @@ impl Captured {
 fn span(start: usize, end: usize) -> Range<u32> {
     let narrow = |at: usize| u32::try_from(at).unwrap_or(u32::MAX);
     narrow(start)..narrow(end)
-}
-
-/// Upstream's `IsProbe` (knative.dev/networking `header.IsProbe`): a kubelet's user agent
-/// (`kube-probe/`), a non-empty `K-Kubelet-Probe`, or a non-empty `K-Network-Probe`.
-fn is_probe<H: RequestHeaders + ?Sized>(fields: &H) -> bool {
-    super::probes::is_kubelet_probe(fields)
-        || fields
-            .get(headers::NETWORK_PROBE)
-            .is_some_and(|value| !value.is_empty())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn probes_are_what_upstream_calls_probes() {
-        let probes: [&[(&str, &str)]; 4] = [
-            &[("User-Agent", "kube-probe/1.31")],
-            &[("K-Kubelet-Probe", "queue")],
-            &[
-                ("K-Network-Probe", "queue"),
-                ("User-Agent", "Knative-Activator-Probe"),
-            ],
-            &[("k-network-probe", "probe")],
-        ];
-        for fields in probes {
-            assert!(is_probe(fields), "{fields:?}");
-        }
-        let requests: [&[(&str, &str)]; 3] = [
-            &[("User-Agent", "curl/8")],
-            &[("K-Network-Probe", "")],
-            &[("User-Agent", "Kube-Probe/1")],
-        ];
-        for fields in requests {
-            assert!(!is_probe(fields), "{fields:?}");
-        }
-    }
 }

@@ -28,15 +28,6 @@ pub struct Sink {
     lines: flume::Sender<Message>,
 }
 
-impl std::fmt::Debug for Message {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Message::Line(line) => write!(formatter, "Line({} bytes)", line.len()),
-            Message::Close => formatter.write_str("Close"),
-        }
-    }
-}
-
 impl Sink {
     /// Queues one whole line (its newline included). False: the queue was full (or the writer
     /// gone) and the line is dropped.
@@ -50,19 +41,29 @@ impl Sink {
 pub struct Writer {
     thread: JoinHandle<()>,
     lines: flume::Sender<Message>,
+    /// Disconnects when the thread has written its last line and returned.
+    done: flume::Receiver<()>,
 }
 
 /// Starts the writer thread on `out`, with a queue of `capacity` lines.
 pub fn start<W: Write + Send + 'static>(out: W, capacity: usize) -> io::Result<(Sink, Writer)> {
     let (lines, queued) = flume::bounded(capacity.max(1));
+    let (finished, done) = flume::bounded::<()>(0);
     let thread = std::thread::Builder::new()
         .name("request-log".into())
-        .spawn(move || write_lines(out, queued))?;
+        .spawn(move || {
+            write_lines(out, queued);
+            drop(finished);
+        })?;
     Ok((
         Sink {
             lines: lines.clone(),
         },
-        Writer { thread, lines },
+        Writer {
+            thread,
+            lines,
+            done,
+        },
     ))
 }
 
@@ -74,14 +75,11 @@ impl Writer {
         if self.lines.send_timeout(Message::Close, within).is_err() {
             return false;
         }
-        let deadline = std::time::Instant::now() + within;
-        while !self.thread.is_finished() {
-            if std::time::Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        match self.done.recv_timeout(within) {
+            Err(flume::RecvTimeoutError::Disconnected) => self.thread.join().is_ok(),
+            // Nothing is ever sent: only the thread's end answers.
+            Ok(()) | Err(flume::RecvTimeoutError::Timeout) => false,
         }
-        self.thread.join().is_ok()
     }
 }
 

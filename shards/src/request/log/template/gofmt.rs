@@ -428,15 +428,7 @@ pub(super) fn push_float(out: &mut Vec<u8>, spec: &Spec, value: f64) {
     };
     let precision = spec.precision.map_or(default_precision, |p| p as i64);
     let start = out.len();
-    let sign = if value.is_sign_negative() && !value.is_nan() {
-        b'-'
-    } else if spec.plus {
-        b'+'
-    } else if spec.space {
-        b' '
-    } else {
-        0
-    };
+    let sign = sign_of(value.is_sign_negative() && !value.is_nan(), spec);
     if sign != 0 {
         out.push(sign);
     }
@@ -461,6 +453,20 @@ pub(super) fn push_float(out: &mut Vec<u8>, spec: &Spec, value: f64) {
     }
 }
 
+/// The sign fmt writes before a number: `-`, else `+` or a space when the flags ask, else none
+/// (0).
+fn sign_of(negative: bool, spec: &Spec) -> u8 {
+    if negative {
+        b'-'
+    } else if spec.plus {
+        b'+'
+    } else if spec.space {
+        b' '
+    } else {
+        0
+    }
+}
+
 /// Pads a formatted number, putting zero padding between sign and digits.
 fn push_number(out: &mut Vec<u8>, spec: &Spec, number: &[u8], has_sign: bool) {
     match spec.width {
@@ -477,15 +483,7 @@ fn push_number(out: &mut Vec<u8>, spec: &Spec, number: &[u8], has_sign: bool) {
 /// Go's `fmt` integer formatting for `%d`, `%x`, `%X` (no precision).
 pub(super) fn push_integer(out: &mut Vec<u8>, spec: &Spec, value: i64) {
     let mut number = Vec::with_capacity(24);
-    let sign = if value < 0 {
-        b'-'
-    } else if spec.plus {
-        b'+'
-    } else if spec.space {
-        b' '
-    } else {
-        0
-    };
+    let sign = sign_of(value < 0, spec);
     if sign != 0 {
         number.push(sign);
     }
