@@ -15,6 +15,15 @@ use kactivator_testkit::ports::free_port;
 use support::queue_proxy::{knative_env, QueueProxy};
 use support::{eventually, exchange};
 
+/// The user container: the test backend on `127.0.0.1:port`, as Knative's pod has it.
+fn user_container(port: u16) -> backend::BackendHandle {
+    backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container")
+}
+
 /// The queue-proxy with a one-second quiet period, so that drains end within a test.
 fn start(env: HashMap<String, String>) -> QueueProxy {
     QueueProxy::start_with(env, &["--drain-grace-seconds", "1"])
@@ -86,11 +95,7 @@ fn a_pod_with_knatives_tls_certificate_mounted_is_refused_at_start_up() {
     assert!(TcpStream::connect(("127.0.0.1", serving_port)).is_err());
 
     std::fs::remove_file(certs.join("tls.key")).unwrap();
-    let _user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
+    let _user = user_container(user_port);
     let proxy = QueueProxy::start_with(
         knative_env(user_port, serving_port, 0),
         &[
@@ -118,11 +123,7 @@ fn requests_reach_the_user_container_and_health_checks_follow_its_readiness() {
             "{agent}"
         );
     }
-    let user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
+    let user = user_container(user_port);
     assert!(
         eventually(Duration::from_secs(5), || proxy
             .health_check("kube-probe/1.30")
@@ -154,11 +155,7 @@ fn requests_reach_the_user_container_and_health_checks_follow_its_readiness() {
 #[test]
 fn the_breaker_holds_containerconcurrency_at_the_app_and_ten_times_that_waiting() {
     let user_port = free_port();
-    let user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
+    let user = user_container(user_port);
     let proxy = start(knative_env(user_port, free_port(), 1));
     let serving = proxy.serving;
     let send = move |path: &'static str| {
@@ -203,11 +200,7 @@ fn the_breaker_holds_containerconcurrency_at_the_app_and_ten_times_that_waiting(
 #[test]
 fn sigterm_fails_health_checks_serves_on_and_wait_for_drain_returns_when_drained() {
     let user_port = free_port();
-    let _user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
+    let _user = user_container(user_port);
     let mut proxy = start(knative_env(user_port, free_port(), 0));
     assert!(eventually(Duration::from_secs(5), || proxy
         .health_check("kube-probe/1.30")
@@ -236,14 +229,9 @@ fn sigterm_fails_health_checks_serves_on_and_wait_for_drain_returns_when_drained
         waited >= Duration::from_millis(900),
         "returned after {waited:?}, before the 1 s grace period ended"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let code = loop {
-        if let Some(status) = proxy.child.try_wait().unwrap() {
-            break status.code();
-        }
-        assert!(Instant::now() < deadline, "did not exit after the drain");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let code = proxy
+        .wait_for_exit(Duration::from_secs(10))
+        .expect("did not exit after the drain");
     assert_eq!(code, Some(0));
 }
 
@@ -280,11 +268,7 @@ fn send_signal(pid: u32, signal: &str) {
 #[test]
 fn a_user_container_that_refuses_connections_fails_health_checks_at_once() {
     let user_port = free_port();
-    let user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
+    let user = user_container(user_port);
     let mut env = knative_env(user_port, free_port(), 0);
     // Probed every 10 s once ready: a failure seen sooner comes from the request path.
     env.insert(
@@ -312,11 +296,7 @@ fn a_user_container_that_refuses_connections_fails_health_checks_at_once() {
 #[test]
 fn a_request_past_the_revision_timeout_gets_upstreams_504() {
     let user_port = free_port();
-    let _user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
+    let _user = user_container(user_port);
     let mut env = knative_env(user_port, free_port(), 0);
     env.insert("REVISION_TIMEOUT_SECONDS".into(), "1".into());
     let proxy = start(env);
@@ -354,11 +334,7 @@ fn headers_at_the_app(proxy: &QueueProxy, raw: &str) -> Vec<(String, String)> {
 #[test]
 fn the_app_sees_the_request_as_upstreams_queue_proxy_hands_it_over() {
     let user_port = free_port();
-    let _user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
+    let _user = user_container(user_port);
     let proxy = start(knative_env(user_port, free_port(), 0));
     let field = |fields: &[(String, String)], name: &str| -> Option<String> {
         fields
@@ -425,11 +401,9 @@ const KNATIVE_1_18_REQUEST_LOG: &str = r#"{"httpRequest": {"requestMethod": "{{.
 /// then.
 fn stop(proxy: &mut QueueProxy) {
     send_signal(proxy.child.id(), "TERM");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while proxy.still_running() {
-        assert!(Instant::now() < deadline, "did not exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    proxy
+        .wait_for_exit(Duration::from_secs(15))
+        .expect("did not exit after SIGTERM");
 }
 
 /// The request log's lines, each parsed as the JSON Knative's template makes.
@@ -447,11 +421,7 @@ fn log_lines(proxy: &QueueProxy) -> Vec<serde_json::Value> {
 #[test]
 fn request_logs_follow_knatives_template_one_line_per_request_without_probes() {
     let user_port = free_port();
-    let _user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
+    let _user = user_container(user_port);
     let mut env = knative_env(user_port, free_port(), 0);
     env.insert("SERVING_ENABLE_REQUEST_LOG".into(), "true".into());
     env.insert(

@@ -123,6 +123,21 @@ impl QueueProxy {
         std::fs::read_to_string(self.dir.join("stdout.log")).unwrap_or_default()
     }
 
+    /// Waits up to `within` for the process to exit: `Some(its exit code)` (`None` inside when a
+    /// signal ended it), or `None` if it is still running then.
+    pub fn wait_for_exit(&mut self, within: Duration) -> Option<Option<i32>> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return Some(status.code());
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn still_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
