@@ -8,7 +8,9 @@ Starts a one-line Python backend as the user container, `kactivator queue-proxy`
 with the environment Knative's reconciler sets (one shard, its default; the fork's push off), and
 nginx (one worker, `proxy_pass` with upstream keep-alive) in front of the same backend. Then:
 
-* idle RSS: the queue-proxy's VmRSS after one request;
+* idle RSS: the queue-proxy's VmRSS after one request, once just after start-up and once when
+  it has been up for `SETTLED` seconds (it unmaps the code start-up ran 3 s after start,
+  `start::UNMAP_START_UP_CODE_AFTER`);
 * memory per connection: VmRSS growth with `connections` (default 2000) idle keep-alive
   connections that each had one request answered, divided by their number (socket buffers are
   kernel memory, not in VmRSS);
@@ -34,6 +36,9 @@ import threading
 import time
 import urllib.request
 
+# Seconds after its start at which the queue-proxy's idle RSS is read: start-up's code is
+# unmapped after 3 s (`start::UNMAP_START_UP_CODE_AFTER`).
+SETTLED = 5
 binary = sys.argv[1]
 requests = int(sys.argv[2]) if len(sys.argv) > 2 else 5000
 connections = int(sys.argv[3]) if len(sys.argv) > 3 else 2000
@@ -109,6 +114,7 @@ env = {
     "ACTIVATOR_SERVICE_URL": "",
 }
 try:
+    qp_started = time.time()
     qp = subprocess.Popen(
         [binary, "queue-proxy", "--admin", f"127.0.0.1:{admin_port}",
          "--autoscaler-metrics", f"127.0.0.1:{stats_port}",
@@ -194,6 +200,10 @@ http {{
     print("ready; measuring memory", file=sys.stderr, flush=True)
     served(qp_port).close()
     time.sleep(0.3)
+    start_up_rss = rss_kib(qp.pid)
+    time.sleep(max(0.0, qp_started + SETTLED - time.time()))
+    served(qp_port).close()
+    time.sleep(0.3)
     idle_rss = rss_kib(qp.pid)
     idle = [served(qp_port) for _ in range(connections)]
     time.sleep(0.5)
@@ -224,7 +234,8 @@ http {{
     print(f"## queue-proxy footprint ({binary}, `kactivator --version`: "
           + subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
           + ")\n")
-    print(f"* idle RSS: **{idle_rss / 1024:.1f} MiB** (VmRSS after one request, one shard)")
+    print(f"* idle RSS: **{idle_rss / 1024:.1f} MiB** (VmRSS after one request, one shard, "
+          f"{SETTLED} s after start); just after start-up {start_up_rss / 1024:.1f} MiB")
     print(f"* {connections} idle keep-alive connections: VmRSS {idle_rss} -> {with_idle} KiB, "
           f"**{(with_idle - idle_rss) * 1024 / connections:.0f} B per connection**\n")
     direct50, direct99 = pct(times["direct"], 0.5), pct(times["direct"], 0.99)

@@ -564,6 +564,11 @@ pub fn run_as(
     if let Some(spawn_extra) = setup.spawn_extra {
         spawn_extra(&runtime, control.drain_phase(), stats.clone())?;
     }
+    // Start-up's code leaves the resident set once the control thread's tasks have started too.
+    runtime.spawn(async {
+        tokio::time::sleep(UNMAP_START_UP_CODE_AFTER).await;
+        unmap_start_up_code();
+    });
     runtime.block_on(control.run(admin_listener))?;
     // The control thread's tasks keep running while the shards finish their requests: answers
     // that wait for the drain (the queue-proxy's `/wait-for-drain`) are written now.
@@ -587,6 +592,27 @@ pub fn run_as(
     }
     tracing::info!("drained; bye");
     Ok(())
+}
+
+/// How long after the shards start the process unmaps the code start-up ran: long enough for
+/// the control thread's tasks (the admin and stats servers, the prober, the state worker) to
+/// have made their first rounds, whose code is start-up's too.
+pub const UNMAP_START_UP_CODE_AFTER: Duration = Duration::from_secs(3);
+
+/// Unmaps the pages of the binary's and the libraries' code and constants
+/// (`runtime::memory::unmap_clean_file_pages`); serving maps back what it runs.
+fn unmap_start_up_code() {
+    match std::fs::read_to_string("/proc/self/smaps") {
+        Ok(smaps) => {
+            let unmapped = kactivator_shards::runtime::memory::unmap_clean_file_pages(&smaps);
+            tracing::debug!(
+                mappings = unmapped.mappings,
+                kib = unmapped.resident_kib,
+                "start-up code unmapped"
+            );
+        }
+        Err(error) => tracing::debug!("start-up code stays mapped: /proc/self/smaps: {error}"),
+    }
 }
 
 #[cfg(test)]

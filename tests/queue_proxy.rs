@@ -573,3 +573,56 @@ fn probe_and_h2c_requests_are_logged_when_asked_and_an_unsupported_template_exit
         "{stderr}"
     );
 }
+
+/// Kilobytes of the binary's own code resident in `pid` (`/proc/PID/smaps`, its `r-xp`
+/// mappings).
+fn resident_code_kib(pid: u32) -> u64 {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe");
+    let exe = exe.to_string_lossy().into_owned();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
+    let mut total = 0;
+    let mut counting = false;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first().is_some_and(|range| range.contains('-')) && fields.len() >= 5 {
+            counting = fields[1] == "r-xp" && fields.get(5).copied() == Some(exe.as_str());
+        } else if counting && fields.first() == Some(&"Rss:") {
+            total += fields[1].parse::<u64>().expect("Rss");
+        }
+    }
+    total
+}
+
+#[test]
+fn the_code_start_up_ran_leaves_memory_and_requests_are_served_on() {
+    let user_port = free_port();
+    let user = user_container(user_port);
+    let proxy = start(knative_env(user_port, free_port(), 0));
+    let pid = proxy.child.id();
+    let at_start_up = resident_code_kib(pid);
+    assert!(at_start_up > 0);
+    // Unmapped a few seconds after start-up (`start::UNMAP_START_UP_CODE_AFTER`, 3 s).
+    let mut now = at_start_up;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            now = resident_code_kib(pid);
+            now < at_start_up * 3 / 4
+        }),
+        "the binary's resident code went from {at_start_up} KiB only to {now} KiB"
+    );
+    // Serving maps back what it runs, and nothing else changes for a client.
+    for _ in 0..20 {
+        let answer = proxy.get("/");
+        assert_eq!(
+            (answer.status, answer.text().as_str()),
+            (200, "hello from user-container\n")
+        );
+        assert_eq!(proxy.health_check("kube-probe/1.30").status, 200);
+    }
+    assert_eq!(user.stats().requests, 20);
+    let serving = resident_code_kib(pid);
+    assert!(
+        serving < at_start_up,
+        "serving maps {serving} KiB of code, start-up {at_start_up} KiB"
+    );
+}
