@@ -86,7 +86,16 @@ const LOWER_HEX: &[u8; 16] = b"0123456789abcdef";
 pub(super) fn js_escape(out: &mut Vec<u8>, bytes: &[u8]) {
     let mut index = 0;
     while index < bytes.len() {
-        let byte = bytes[index];
+        // Most of a header or a path is printable ASCII that needs no escape: copied in runs.
+        let plain = bytes[index..]
+            .iter()
+            .position(|&byte| !js_plain(byte))
+            .unwrap_or(bytes.len() - index);
+        out.extend_from_slice(&bytes[index..index + plain]);
+        index += plain;
+        let Some(&byte) = bytes.get(index) else {
+            break;
+        };
         match byte {
             b'\\' => out.extend_from_slice(b"\\\\"),
             b'\'' => out.extend_from_slice(b"\\'"),
@@ -114,6 +123,11 @@ pub(super) fn js_escape(out: &mut Vec<u8>, bytes: &[u8]) {
         }
         index += 1;
     }
+}
+
+/// A byte `js` writes as it is: printable ASCII but for `\ ' " < > & =`.
+fn js_plain(byte: u8) -> bool {
+    matches!(byte, 0x20..=0x7F) && !matches!(byte, b'\\' | b'\'' | b'"' | b'<' | b'>' | b'&' | b'=')
 }
 
 /// `template.HTMLEscapeString`.
@@ -241,9 +255,23 @@ impl std::fmt::Write for StackText {
 
 /// Writes an integer in decimal.
 pub(super) fn push_int(out: &mut Vec<u8>, value: i64) {
-    let mut text = StackText::new();
-    let _ = write!(text, "{value}");
-    out.extend_from_slice(text.as_bytes());
+    // Digits from the last, into a buffer as long as the longest i64 (without going through
+    // `core::fmt`, which costs a few hundred instructions per number: three per line).
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut magnitude = value.unsigned_abs();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (magnitude % 10) as u8;
+        magnitude /= 10;
+        if magnitude == 0 {
+            break;
+        }
+    }
+    if value < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[start..]);
 }
 
 /// Decimal digits of a float: `0.digits × 10^point`, without trailing

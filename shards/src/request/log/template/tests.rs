@@ -1,5 +1,5 @@
 //! Unit tests of the request-log template engine. The byte-for-byte
-//! comparison with Go itself is `tests/differential.rs`; these pin the
+//! comparison with Go itself is `shards/tests/request_log_template.rs`; these pin the
 //! behaviour case by case, including what the differential test cannot
 //! reach (HTTP/2, Go 1.23's `else with`, refusal messages).
 
@@ -642,4 +642,47 @@ fn random_and_mutated_templates_never_panic() {
         }
     }
     assert!(accepted > 100, "only {accepted} mutated templates parsed");
+}
+
+#[test]
+fn integers_print_as_go_prints_them_up_to_the_edges_of_i64() {
+    for (value, text) in [
+        (0, "0"),
+        (7, "7"),
+        (-1, "-1"),
+        (10, "10"),
+        (1234, "1234"),
+        (-1000, "-1000"),
+        (i64::MAX, "9223372036854775807"),
+        (i64::MIN, "-9223372036854775808"),
+    ] {
+        let mut out = b"x".to_vec();
+        gofmt::push_int(&mut out, value);
+        assert_eq!(out, [b"x", text.as_bytes()].concat(), "{value}");
+    }
+}
+
+#[test]
+fn js_copies_plain_runs_and_escapes_what_go_escapes_between_them() {
+    let cases: [(&[u8], &[u8]); 9] = [
+        (b"", b""),
+        (b"/plain/path?x", b"/plain/path?x"),
+        (b"a=b&c<d>", br"a\u003Db\u0026c\u003Cd\u003E"),
+        (br#""'\"#, br#"\"\'\\"#),
+        (b"\x01tab\x1f", br"\u0001tab\u001F"),
+        ("café ok".as_bytes(), "café ok".as_bytes()),
+        ("a\u{2028}b".as_bytes(), br"a\u2028b"),
+        (b"\xffz", b"\xffz"),
+        (b"\x7f", b"\x7f"),
+    ];
+    for (input, escaped) in cases {
+        let mut out = b"x".to_vec();
+        gofmt::js_escape(&mut out, input);
+        assert_eq!(
+            out,
+            [b"x", escaped].concat(),
+            "{}",
+            String::from_utf8_lossy(input)
+        );
+    }
 }
