@@ -19,12 +19,22 @@ nginx (one worker, `proxy_pass` with upstream keep-alive) in front of the same b
   and p99 of each path and the difference to the direct path. The client is Python, so the
   absolute times carry its cost on every path; the differences are what each proxy adds;
 * CPU per request: the proxy process's user + system time over its requests (from
-  /proc/PID/stat; nginx's one worker), and the ratio queue-proxy ÷ nginx.
+  /proc/PID/stat; nginx's one worker), and the ratio queue-proxy ÷ nginx;
+* CPU per request under load, when `wrk` is installed: each proxy in turn under
+  `wrk -t1 -c16` for `QP_FOOTPRINT_LOAD_SECONDS` (default 5; 0 leaves it out), two rounds in
+  alternating order, the proxy's CPU time over the requests wrk completed. The Python backend
+  shares the two cores with the proxy and the client on every path alike.
+
+With `KNATIVE_QUEUE_PROXY=/path/to/queue` (Knative's own queue-proxy, `go build ./cmd/queue`
+in knative/serving), the same measurements for it too, started with the same environment plus
+the logging and metrics keys the reconciler adds; it binds its fixed ports 8022, 9090 and 9091,
+which must be free.
 
 Prints a markdown report. Loopback only; every process it starts is stopped at the end.
 """
 import http.server
 import os
+import re
 import resource
 import shutil
 import socket
@@ -71,7 +81,15 @@ class Backend(http.server.BaseHTTPRequestHandler):
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 user_port = server.server_address[1]
-qp_port, admin_port, stats_port, drain_port, nginx_port = (free_port() for _ in range(5))
+qp_port, admin_port, stats_port, drain_port, nginx_port, knative_port = (
+    free_port() for _ in range(6))
+# config-logging's default zap configuration, as the reconciler passes it.
+KNATIVE_LOGGING_CONFIG = ('{"level": "info", "development": false, "outputPaths": ["stdout"], '
+                          '"errorOutputPaths": ["stderr"], "encoding": "json", "encoderConfig": '
+                          '{"timeKey": "timestamp", "levelKey": "severity", "nameKey": "logger", '
+                          '"callerKey": "caller", "messageKey": "message", "stacktraceKey": '
+                          '"stacktrace", "lineEnding": "", "levelEncoder": "", "timeEncoder": '
+                          '"iso8601", "durationEncoder": "", "callerEncoder": ""}}')
 work = tempfile.mkdtemp(prefix="kactivator-qp-footprint-")
 processes = []
 
@@ -123,6 +141,28 @@ try:
         stderr=open(os.path.join(work, "queue-proxy.log"), "w"),
     )
     processes.append(qp)
+    # Knative's own queue-proxy, when given: the reconciler's environment on its own port.
+    knative = os.environ.get("KNATIVE_QUEUE_PROXY")
+    knative_qp = None
+    if knative:
+        for port in (8022, 9090, 9091):
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    raise RuntimeError(f"port {port} is taken; Knative's queue-proxy needs it")
+        knative_env = dict(env, QUEUE_SERVING_PORT=str(knative_port),
+                           QUEUE_SERVING_TLS_PORT=str(free_port()),
+                           SERVING_LOGGING_CONFIG=KNATIVE_LOGGING_CONFIG,
+                           SERVING_LOGGING_LEVEL="info",
+                           SERVING_REQUEST_METRICS_BACKEND="prometheus",
+                           SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS="5",
+                           TRACING_CONFIG_BACKEND="none",
+                           SERVING_ENABLE_PROBE_REQUEST_LOG="false",
+                           SERVING_ENABLE_REQUEST_LOG="false")
+        knative_qp = subprocess.Popen(
+            [knative], env=knative_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(work, "knative-queue-proxy.log"), "w"),
+            preexec_fn=die_with_parent)
+        processes.append(knative_qp)
     # nginx as the sidecar peer, when installed (QP_FOOTPRINT_NGINX=0 leaves it out).
     nginx = shutil.which("nginx") if os.environ.get("QP_FOOTPRINT_NGINX", "1") == "1" else None
     nginx_worker = None
@@ -197,6 +237,17 @@ http {{
             times.append((time.perf_counter_ns() - start) / 1000)
         return times
 
+    if knative_qp:
+        deadline = time.time() + 15
+        while True:
+            try:
+                served(knative_port).close()
+                break
+            except OSError:
+                if time.time() > deadline or knative_qp.poll() is not None:
+                    raise RuntimeError("Knative's queue-proxy never served: " + open(
+                        os.path.join(work, "knative-queue-proxy.log")).read()[-1500:])
+                time.sleep(0.05)
     print("ready; measuring memory", file=sys.stderr, flush=True)
     served(qp_port).close()
     time.sleep(0.3)
@@ -205,6 +256,7 @@ http {{
     served(qp_port).close()
     time.sleep(0.3)
     idle_rss = rss_kib(qp.pid)
+    knative_rss = rss_kib(knative_qp.pid) if knative_qp else None
     idle = [served(qp_port) for _ in range(connections)]
     time.sleep(0.5)
     with_idle = rss_kib(qp.pid)
@@ -214,6 +266,8 @@ http {{
     paths = [("direct", user_port, None), ("queue-proxy", qp_port, qp.pid)]
     if nginx_worker:
         paths.append(("nginx", nginx_port, nginx_worker))
+    if knative_qp:
+        paths.append(("Knative's queue-proxy", knative_port, knative_qp.pid))
     socks = {name: served(port) for name, port, _ in paths}
     for sock in socks.values():
         sock.settimeout(5)
@@ -226,6 +280,29 @@ http {{
             times[name] += ping_pong(socks[name], 500)
             if pid:
                 cpu[name] += cpu_seconds(pid) - before
+
+    # Under load: each proxy path in turn, two rounds in alternating order.
+    load_seconds = int(os.environ.get("QP_FOOTPRINT_LOAD_SECONDS", "5"))
+    wrk = shutil.which("wrk") if load_seconds > 0 else None
+    loaded = {name: [0.0, 0] for name, _, pid in paths if pid}
+    if wrk:
+        for sock in socks.values():
+            sock.close()
+        proxies = [(name, port, pid) for name, port, pid in paths if pid]
+        for round_ in range(2):
+            order = proxies if round_ % 2 == 0 else list(reversed(proxies))
+            for name, port, pid in order:
+                before = cpu_seconds(pid)
+                report = subprocess.run(
+                    [wrk, "-t1", "-c16", f"-d{load_seconds}s", f"http://127.0.0.1:{port}/"],
+                    capture_output=True, text=True, check=True).stdout
+                spent = cpu_seconds(pid) - before
+                done = int(re.search(r"(\d+) requests in", report).group(1))
+                errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors", report)
+                if errors:
+                    raise RuntimeError(f"{name} under load: {report}")
+                loaded[name][0] += spent
+                loaded[name][1] += done
 
     def pct(values, q):
         ordered = sorted(values)
@@ -254,8 +331,27 @@ http {{
               "(clock-tick resolution: 10 ms per reading)")
     elif not nginx:
         print("\nno nginx in this run (not installed, or QP_FOOTPRINT_NGINX=0)")
+    if wrk:
+        print(f"\nUnder load (`wrk -t1 -c16`, {load_seconds} s per proxy, two rounds):\n")
+        print("| path | requests | rps | CPU per request (proxy process) |")
+        print("|---|---:|---:|---:|")
+        for name, (spent, done) in loaded.items():
+            print(f"| {name} | {done} | {done / (2 * load_seconds):.0f} | "
+                  f"{spent / max(done, 1) * 1e6:.1f} µs |")
+        base = loaded["queue-proxy"][0] / max(loaded["queue-proxy"][1], 1)
+        for name, (spent, done) in loaded.items():
+            if name != "queue-proxy" and spent > 0:
+                print(f"\nUnder load, CPU per request, queue-proxy ÷ {name}: "
+                      f"**{base / (spent / done):.2f}**")
+    if knative_qp:
+        name = "Knative's queue-proxy"
+        print(f"\nKnative's queue-proxy ({knative}): idle RSS **{knative_rss / 1024:.1f} MiB** "
+              f"{SETTLED} s after start, one request served")
+        if cpu[name] > 0:
+            print(f"\nCPU per request, queue-proxy ÷ Knative's queue-proxy: "
+                  f"**{cpu['queue-proxy'] / cpu[name]:.2f}**")
 except Exception:
-    for log in ("nginx-error.log", "queue-proxy.log"):
+    for log in ("nginx-error.log", "queue-proxy.log", "knative-queue-proxy.log"):
         path = os.path.join(work, log)
         if os.path.exists(path):
             print(f"--- {log}", open(path).read()[-1500:], file=sys.stderr)
