@@ -80,36 +80,28 @@ struct CleanMapping {
 /// The mappings of `smaps` that are file-backed, read-only, private, resident and hold no
 /// anonymous page.
 fn clean_file_mappings(smaps: &str) -> Vec<CleanMapping> {
-    let mut found = Vec::new();
-    // The mapping being read: its range, whether it qualifies so far, its resident size.
-    let mut current: Option<(CleanMapping, bool)> = None;
-    let finish = |current: Option<(CleanMapping, bool)>, found: &mut Vec<CleanMapping>| {
-        if let Some((mapping, true)) = current {
-            if mapping.resident_kib > 0 {
-                found.push(mapping);
-            }
-        }
-    };
+    // Each mapping as its header line found it (and whether it qualifies so far); the field
+    // lines below a header fill in the last one.
+    let mut mappings: Vec<(CleanMapping, bool)> = Vec::new();
     for line in smaps.lines() {
         if let Some(header) = mapping_header(line) {
-            finish(current.take(), &mut found);
-            current = Some(header);
-            continue;
-        }
-        let Some((mapping, qualifies)) = current.as_mut() else {
-            continue;
-        };
-        if let Some(kib) = field_kib(line, "Rss:") {
-            mapping.resident_kib = kib;
-        } else if let Some(kib) = field_kib(line, "Anonymous:") {
-            *qualifies &= kib == 0;
-        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
-            // Locked pages cannot be unmapped this way.
-            *qualifies &= !flags.split_whitespace().any(|flag| flag == "lo");
+            mappings.push(header);
+        } else if let Some((mapping, qualifies)) = mappings.last_mut() {
+            if let Some(kib) = field_kib(line, "Rss:") {
+                mapping.resident_kib = kib;
+            } else if let Some(kib) = field_kib(line, "Anonymous:") {
+                *qualifies &= kib == 0;
+            } else if let Some(flags) = line.strip_prefix("VmFlags:") {
+                // Locked pages cannot be unmapped this way.
+                *qualifies &= !flags.split_whitespace().any(|flag| flag == "lo");
+            }
         }
     }
-    finish(current, &mut found);
-    found
+    mappings
+        .into_iter()
+        .filter(|(mapping, qualifies)| *qualifies && mapping.resident_kib > 0)
+        .map(|(mapping, _)| mapping)
+        .collect()
 }
 
 /// `start-end perms offset dev inode path`: the range, and whether it is a read-only private
