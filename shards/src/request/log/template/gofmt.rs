@@ -96,20 +96,21 @@ pub(super) fn js_escape(out: &mut Vec<u8>, bytes: &[u8]) {
         let Some(&byte) = bytes.get(index) else {
             break;
         };
-        match byte {
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\'' => out.extend_from_slice(b"\\'"),
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'<' => out.extend_from_slice(b"\\u003C"),
-            b'>' => out.extend_from_slice(b"\\u003E"),
-            b'&' => out.extend_from_slice(b"\\u0026"),
-            b'=' => out.extend_from_slice(b"\\u003D"),
+        index += match byte {
+            b'\\' => escaped(out, b"\\\\"),
+            b'\'' => escaped(out, b"\\'"),
+            b'"' => escaped(out, b"\\\""),
+            b'<' => escaped(out, b"\\u003C"),
+            b'>' => escaped(out, b"\\u003E"),
+            b'&' => escaped(out, b"\\u0026"),
+            b'=' => escaped(out, b"\\u003D"),
             0x00..=0x1F => {
                 out.extend_from_slice(b"\\u00");
                 out.push(UPPER_HEX[usize::from(byte >> 4)]);
                 out.push(UPPER_HEX[usize::from(byte & 0x0F)]);
+                1
             }
-            0x20..=0x7F => out.push(byte),
+            // Not ASCII (`js_plain` took the rest of it): one rune.
             _ => {
                 let (rune, size) = decode_rune(&bytes[index..]);
                 if is_print(rune) {
@@ -117,12 +118,16 @@ pub(super) fn js_escape(out: &mut Vec<u8>, bytes: &[u8]) {
                 } else {
                     let _ = write!(ByteWriter(out), "\\u{rune:04X}");
                 }
-                index += size;
-                continue;
+                size
             }
-        }
-        index += 1;
+        };
     }
+}
+
+/// Writes an escape for one byte; the byte count it stands for.
+fn escaped(out: &mut Vec<u8>, escape: &[u8]) -> usize {
+    out.extend_from_slice(escape);
+    1
 }
 
 /// A byte `js` writes as it is: printable ASCII but for `\ ' " < > & =`.
