@@ -30,6 +30,9 @@ normalise='s/\.[0-9]+$/.*/; s/Cs[0-9A-Za-z]+_/Cs*_/g'
 # Each pattern line of the script is "    *(.text*.PATTERN)".
 patterns_of() { sed -n 's/^    \*(\.text\*\.\(.*\))$/\1/p' "$1"; }
 
+# The functions named in callgrind output files (each one's `fn=` and `cfn=` lines), sorted.
+fns_of() { sed -n 's/^c\{0,1\}fn=([0-9]*) \(.*\)/\1/p' "$@" | sort -u; }
+
 if [[ ${1:-} == --check ]]; then
   bin=${2:?usage: scripts/hot-code.sh --check BIN}
   nm --defined-only "$bin" | awk '{print $3}' | sed -E "$normalise" | python3 -c '
@@ -85,7 +88,8 @@ else
 fi
 sleep 0.5
 
-# trace NAME DRIVER ROLE USER_PORT: one callgrind run; writes $work/NAME.fns.
+# trace NAME DRIVER ROLE USER_PORT: one callgrind run; writes $work/NAME.fns (every function
+# that ran) and $work/NAME.serving (those that ran after start-up, before the drain).
 trace() {
   local name=$1 driver=$2 role=$3 user=$4 port admin stats= out=$work/$1 pid i
   port=$(free_port) admin=$(free_port)
@@ -161,7 +165,6 @@ EOF
   local dumps=("$out".cg*) serving
   serving=$(grep -l '^desc: Trigger: .*serving' "${dumps[@]}") ||
     { echo "hot-code.sh: $name: no dump of the serving phase" >&2; exit 1; }
-  fns_of() { sed -n 's/^c\{0,1\}fn=([0-9]*) \(.*\)/\1/p' "$@" | sort -u; }
   fns_of "$serving" >"$out.serving"
   fns_of "${dumps[@]}" >"$out.fns"
 }
