@@ -10,6 +10,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use kactivator_shards::request::log::template::KNATIVE_1_18_DEFAULT;
 use kactivator_testkit::backend::{self, BackendConfig};
 use kactivator_testkit::ports::free_port;
 use support::queue_proxy::{knative_env, QueueProxy};
@@ -393,10 +394,6 @@ fn the_app_sees_the_request_as_upstreams_queue_proxy_hands_it_over() {
     }
 }
 
-/// Knative 1.18's default `logging.request-log-template` (config-observability), as the
-/// reconciler hands it to the queue-proxy.
-const KNATIVE_1_18_REQUEST_LOG: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{index .Request.Header "X-B3-Traceid"}}"}"#;
-
 /// Stops the queue-proxy as Kubernetes does and waits for it to exit: every line is written by
 /// then.
 fn stop(proxy: &mut QueueProxy) {
@@ -426,7 +423,7 @@ fn request_logs_follow_knatives_template_one_line_per_request_without_probes() {
     env.insert("SERVING_ENABLE_REQUEST_LOG".into(), "true".into());
     env.insert(
         "SERVING_REQUEST_LOG_TEMPLATE".into(),
-        KNATIVE_1_18_REQUEST_LOG.into(),
+        KNATIVE_1_18_DEFAULT.into(),
     );
     let mut proxy = start(env);
     assert!(eventually(Duration::from_secs(5), || proxy

@@ -6,7 +6,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use kactivator_shards::request::log::template::{
-    Input, Proto, Request, Response, Revision, Template,
+    Input, Proto, Request, Response, Revision, Template, KNATIVE_1_18_DEFAULT, KNATIVE_1_21_DEFAULT,
 };
 
 struct Counting;
@@ -31,9 +31,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-const KNATIVE_118: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{index .Request.Header "X-B3-Traceid"}}"}"#;
-const KNATIVE_121: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{.TraceID}}"}"#;
 
 #[test]
 fn rendering_the_default_templates_into_a_reused_buffer_does_not_allocate() {
@@ -67,7 +64,7 @@ fn rendering_the_default_templates_into_a_reused_buffer_does_not_allocate() {
         },
         revision: &revision,
     };
-    for text in [KNATIVE_118, KNATIVE_121] {
+    for text in [KNATIVE_1_18_DEFAULT, KNATIVE_1_21_DEFAULT] {
         let template = Template::parse(text).unwrap();
         let mut out = Vec::with_capacity(4096);
         COUNTING.with(|counting| counting.set(true));

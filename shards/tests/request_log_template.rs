@@ -9,18 +9,19 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use kactivator_shards::request::log::template::{
-    fallback_line, Input, Proto, Request, Response, Revision, Template,
+    fallback_line, Input, Proto, Request, Response, Revision, Template, KNATIVE_1_18_DEFAULT,
+    KNATIVE_1_21_DEFAULT,
 };
 
 /// Templates, by name.
 const TEMPLATES: &[(&str, &str)] = &[
     (
         "knative118",
-        r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{index .Request.Header "X-B3-Traceid"}}"}"#,
+        KNATIVE_1_18_DEFAULT,
     ),
     (
         "knative121",
-        r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{.TraceID}}"}"#,
+        KNATIVE_1_21_DEFAULT,
     ),
     ("header_map", "{{.Request.Header}}"),
     (

@@ -46,6 +46,14 @@ mod tests;
 
 use std::fmt;
 
+/// Knative 1.18's default `logging.request-log-template` (the config-observability ConfigMap), as
+/// the reconciler hands it to the queue-proxy: the trace ID from the `X-B3-Traceid` header.
+pub const KNATIVE_1_18_DEFAULT: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{index .Request.Header "X-B3-Traceid"}}"}"#;
+
+/// Knative 1.21's default, the same but for its `.TraceID` (from `traceparent`, else
+/// `X-B3-TraceId`).
+pub const KNATIVE_1_21_DEFAULT: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{.TraceID}}"}"#;
+
 /// A parsed and type-checked request-log template. Immutable, so one value
 /// can be shared by all request-handling threads.
 #[derive(Debug)]

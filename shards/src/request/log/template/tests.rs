@@ -5,9 +5,6 @@
 
 use super::*;
 
-const KNATIVE_118: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{index .Request.Header "X-B3-Traceid"}}"}"#;
-const KNATIVE_121: &str = r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{.TraceID}}"}"#;
-
 const DEFAULT_HEADERS: &[(&[u8], &[u8])] = &[
     (b"user-agent", b"curl/8 \"x\""),
     (b"Accept", b"*/*"),
@@ -71,12 +68,13 @@ fn check_table(cases: &[(&str, &str)]) {
 #[test]
 fn knative_default_templates_render_like_knative() {
     assert_eq!(
-        render(KNATIVE_118),
+        render(KNATIVE_1_18_DEFAULT),
         "{\"httpRequest\": {\"requestMethod\": \"GET\", \"requestUrl\": \"/a?b\\u003Dc\", \"requestSize\": \"0\", \"status\": 200, \"responseSize\": \"12\", \"userAgent\": \"curl/8 \\\"x\\\"\", \"remoteIp\": \"10.0.0.1:1234\", \"serverIp\": \"10.0.0.7\", \"referer\": \"\", \"latency\": \"0.000123s\", \"protocol\": \"HTTP/1.1\"}, \"traceId\": \"[abc]\"}\n"
     );
-    assert!(render(KNATIVE_121).ends_with("\"protocol\": \"HTTP/1.1\"}, \"traceId\": \"abc\"}\n"));
+    assert!(render(KNATIVE_1_21_DEFAULT)
+        .ends_with("\"protocol\": \"HTTP/1.1\"}, \"traceId\": \"abc\"}\n"));
     let revision = revision();
-    let no_trace = render_with(KNATIVE_118, &input(&revision, &[])).unwrap();
+    let no_trace = render_with(KNATIVE_1_18_DEFAULT, &input(&revision, &[])).unwrap();
     assert!(no_trace.ends_with("\"traceId\": \"[]\"}\n"), "{no_trace}");
 }
 
@@ -85,11 +83,11 @@ fn default_templates_read_only_the_headers_they_use() {
     let names = |names: &[&str]| HeadersRead::Names(names.iter().map(|n| n.to_string()).collect());
     let cases: &[(&str, HeadersRead)] = &[
         (
-            KNATIVE_118,
+            KNATIVE_1_18_DEFAULT,
             names(&["Referer", "User-Agent", "X-B3-Traceid"]),
         ),
         (
-            KNATIVE_121,
+            KNATIVE_1_21_DEFAULT,
             names(&["Referer", "Traceparent", "User-Agent", "X-B3-Traceid"]),
         ),
         ("{{.Request.Method}}", HeadersRead::None),
@@ -592,8 +590,8 @@ fn random_and_mutated_templates_never_panic() {
         "\u{0}",
     ];
     let seeds = [
-        KNATIVE_118,
-        KNATIVE_121,
+        KNATIVE_1_18_DEFAULT,
+        KNATIVE_1_21_DEFAULT,
         "{{range $i, $v := .Request.Header}}{{$i}}{{index $v 0}}{{end}}",
         "{{with $x := .Request.Header.Get \"X-A\"}}{{printf \"%q %v\" $x .}}{{else}}{{slice \"ab\" 1}}{{end}}",
         "{{if and .Request.UserAgent (eq .Response.Code 200)}}{{.Request.URL.Path | urlquery}}{{end}}",
