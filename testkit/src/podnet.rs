@@ -21,9 +21,12 @@
 //! namespace too, each with its `/32` route.
 //!
 //! The machine is left as it was found:
-//! - [`PodNet::new`] refuses to start (panics, saying which route) when the machine already
-//!   routes any part of 10.213.0.0/16 or 10.96.0.0/16 other than through a PodNet's own link:
-//!   its routes would shadow that network.
+//! - [`PodNet::new`] refuses to start (panics, saying which route or address) when the machine
+//!   already routes any part of 10.213.0.0/16 or 10.96.0.0/16 by a route or an address that no
+//!   PodNet made: its routes would shadow that network. Every route a PodNet adds carries the
+//!   protocol number 213 (`proto 213`), and every address it puts in the host's namespace is on
+//!   its own `ktpod<N>` link: marks that hold at any moment of another PodNet's setup or
+//!   teardown, so a parallel test's PodNet never looks foreign.
 //! - `N` is claimed by creating the host link: the kernel refuses a second `ktpod<N>`,
 //!   whichever process asks. The link carries its owner's pid as its interface group, and the
 //!   links (with their namespace and route) of owners that are dead are removed by the next
@@ -70,6 +73,14 @@ fn next_index(step: usize) -> u8 {
 
 /// Links and namespaces are named `ktpod<N>` (the namespace's end of the veth `ktpod<N>p`).
 const LINK_PREFIX: &str = "ktpod";
+
+/// The protocol number every route a PodNet adds in the host's namespace carries
+/// (`ip route add … proto 213`), which is how [`foreign_routes`] knows a PodNet's route from the
+/// route alone. The name of a route's link is no such mark: when the link is deleted between
+/// the kernel's answer and `ip` looking up its name, `ip` prints `dev if<index>`, and a PodNet
+/// being torn down deletes its link.
+/// iproute2's `rt_protos` gives 213 no name, so `ip -j` prints it as this number.
+const ROUTE_PROTOCOL: &str = "213";
 
 /// The host end's own address, `.1`.
 const HOST_END: u8 = 1;
@@ -172,7 +183,14 @@ impl PodNet {
         ip_expect(&["link", "set", "dev", &inner, "netns", &name]);
         ip_expect(&["address", "add", &format!("{host_end}/32"), "dev", &name]);
         ip_expect(&["link", "set", "dev", &name, "up"]);
-        ip_expect(&["route", "add", "unreachable", &self.subnet()]);
+        ip_expect(&[
+            "route",
+            "add",
+            "unreachable",
+            &self.subnet(),
+            "proto",
+            ROUTE_PROTOCOL,
+        ]);
         self.route_added = true;
         for args in [
             &["link", "set", "dev", "lo", "up"][..],
@@ -333,9 +351,27 @@ impl PodNet {
                 ]);
                 let source = self.host(HOST_END).to_string();
                 if action == "add" {
-                    ip_expect(&["route", "add", &address, "dev", &self.name, "src", &source]);
+                    ip_expect(&[
+                        "route",
+                        "add",
+                        &address,
+                        "dev",
+                        &self.name,
+                        "src",
+                        &source,
+                        "proto",
+                        ROUTE_PROTOCOL,
+                    ]);
                 } else {
-                    ip_expect(&["route", "del", &address, "dev", &self.name]);
+                    ip_expect(&[
+                        "route",
+                        "del",
+                        &address,
+                        "dev",
+                        &self.name,
+                        "proto",
+                        ROUTE_PROTOCOL,
+                    ]);
                 }
             }
             Side::Host => {
@@ -389,7 +425,14 @@ fn remove(index: u8, name: &str, route: bool) {
     let subnet = format!("{a}.{b}.{index}.0/24");
     let mut steps: Vec<Vec<&str>> = Vec::new();
     if route {
-        steps.push(vec!["route", "del", "unreachable", &subnet]);
+        steps.push(vec![
+            "route",
+            "del",
+            "unreachable",
+            &subnet,
+            "proto",
+            ROUTE_PROTOCOL,
+        ]);
     }
     steps.push(vec!["netns", "del", name]);
     steps.push(vec!["link", "del", "dev", name]);
@@ -433,14 +476,14 @@ fn reclaim_orphans_once() {
             if owner == 0 || std::path::Path::new(&format!("/proc/{owner}")).exists() {
                 continue;
             }
-            // Its route, if it is still there, is the dead owner's: no other route of that /24
-            // passes `refuse_ranges_in_use`.
+            // Its route, if it is still there, is the dead owner's: only a PodNet's carries
+            // the protocol, and no other PodNet has this /24 while the link is there.
             remove(index, name, route_exists(index));
         }
     });
 }
 
-/// Whether the `unreachable` route of network `index` exists.
+/// Whether the `unreachable` route a PodNet adds for network `index` exists.
 fn route_exists(index: u8) -> bool {
     let [a, b] = POD_NETWORK_OCTETS;
     let listed = ip(&[
@@ -449,35 +492,27 @@ fn route_exists(index: u8) -> bool {
         "show",
         "type",
         "unreachable",
+        "proto",
+        ROUTE_PROTOCOL,
         &format!("{a}.{b}.{index}.0/24"),
     ]);
     let routes: Vec<serde_json::Value> = serde_json::from_slice(&listed.stdout).unwrap_or_default();
     !routes.is_empty()
 }
 
-/// Panics, naming the route, when the machine routes part of 10.213.0.0/16 or 10.96.0.0/16
-/// other than through a PodNet.
+/// Panics, naming the route or address, when the machine routes part of 10.213.0.0/16 or
+/// 10.96.0.0/16 by something no PodNet made.
 fn refuse_ranges_in_use() {
-    // The links are listed before and after the routes, and a route counts as a PodNet's if
-    // its link is in either list: another test's PodNet may be set up (link, then route) or
-    // torn down (route, then link) between two listings, and its route must not look foreign.
-    let links_before = ip_expect(&["-j", "link", "show"]);
+    // The two listings are taken at different instants, and other tests' PodNets come and go
+    // in between; that does no harm, since each route and each address is judged by its own
+    // mark, never by what the other listing holds.
     let routes = ip_expect(&["-j", "-4", "route", "show", "table", "all"]);
-    let links_after = ip_expect(&["-j", "link", "show"]);
+    let links = ip_expect(&["-j", "-4", "address", "show"]);
     let routes: Vec<serde_json::Value> = serde_json::from_slice(&routes.stdout).unwrap_or_default();
-    let links: Vec<serde_json::Value> = [links_before, links_after]
-        .iter()
-        .flat_map(|listing| {
-            serde_json::from_slice::<Vec<serde_json::Value>>(&listing.stdout).unwrap_or_default()
-        })
-        .collect();
-    let links: Vec<&str> = links
-        .iter()
-        .filter_map(|link| link["ifname"].as_str())
-        .collect();
-    if let Some(route) = foreign_routes(&routes, &links).first() {
+    let links: Vec<serde_json::Value> = serde_json::from_slice(&links.stdout).unwrap_or_default();
+    if let Some(found) = foreign_routes(&routes, &links).first() {
         panic!(
-            "this machine routes {route}, which overlaps the test pod networks \
+            "this machine has {found}, which overlaps the test pod networks \
              ({}.{}.0.0/16 and {}.{}.0.0/16): PodNet refuses to start rather than shadow it",
             POD_NETWORK_OCTETS[0],
             POD_NETWORK_OCTETS[1],
@@ -487,44 +522,67 @@ fn refuse_ranges_in_use() {
     }
 }
 
-/// The routes (of `ip -j route show table all`) that overlap the PodNet ranges and are not a
-/// PodNet's: a PodNet's go through a `ktpod<N>` link, or are the `unreachable` route of
-/// `10.213.<N>.0/24` while a link `ktpod<N>` (of `links`) exists. Pure, for the tests.
-pub fn foreign_routes(routes: &[serde_json::Value], links: &[&str]) -> Vec<String> {
-    let ranges = [POD_NETWORK_OCTETS, SERVICE_NETWORK_OCTETS]
-        .map(|[a, b]| (u32::from(Ipv4Addr::new(a, b, 0, 0)), 16));
+/// What overlaps the PodNet ranges and no PodNet made, described: the routes of `routes`
+/// (`ip -j -4 route show table all`) that do not carry [`ROUTE_PROTOCOL`], then the addresses
+/// of `links` (`ip -j -4 address show`) on a link that is not a `ktpod<N>`. The kernel's own
+/// routes (protocol `kernel`) are there because of an address, and the address is judged
+/// instead: `ip` lists an address under the name its link had in the same listing, or not at
+/// all once the link is gone, where a route's link may be shown as `if<index>`. Pure, for the
+/// tests.
+pub fn foreign_routes(routes: &[serde_json::Value], links: &[serde_json::Value]) -> Vec<String> {
     let mut foreign = Vec::new();
     for route in routes {
-        let Some((network, length)) = route["dst"].as_str().and_then(prefix) else {
+        let Some(dst) = route["dst"].as_str() else {
             continue;
         };
-        if !ranges
-            .iter()
-            .any(|&range| overlaps((network, length), range))
-        {
+        if !prefix(dst).is_some_and(in_ranges) {
             continue;
         }
-        let dev = route["dev"].as_str().unwrap_or_default();
-        let a_podnets_link = dev
-            .strip_prefix(LINK_PREFIX)
-            .is_some_and(|rest| rest.trim_end_matches('p').parse::<u8>().is_ok());
-        let octets = network.to_be_bytes();
-        let a_podnets_route = route["type"].as_str() == Some("unreachable")
-            && length == 24
-            && octets[..2] == POD_NETWORK_OCTETS
-            && links.contains(&format!("{LINK_PREFIX}{}", octets[2]).as_str());
-        if !(a_podnets_link || a_podnets_route) {
-            let mut described = route["dst"].as_str().unwrap_or_default().to_string();
-            if !dev.is_empty() {
-                described.push_str(&format!(" dev {dev}"));
+        let protocol = route["protocol"].as_str();
+        if protocol == Some(ROUTE_PROTOCOL) || protocol == Some("kernel") {
+            continue;
+        }
+        let mut described = dst.to_string();
+        if let Some(kind) = route["type"].as_str() {
+            described = format!("{kind} {described}");
+        }
+        if let Some(dev) = route["dev"].as_str() {
+            described.push_str(&format!(" dev {dev}"));
+        }
+        foreign.push(format!("route {described}"));
+    }
+    for link in links {
+        let name = link["ifname"].as_str().unwrap_or_default();
+        if is_podnet_link(name) {
+            continue;
+        }
+        let addresses = link["addr_info"].as_array().map(Vec::as_slice);
+        for address in addresses.unwrap_or_default() {
+            let (Some(local), Some(length)) =
+                (address["local"].as_str(), address["prefixlen"].as_u64())
+            else {
+                continue;
+            };
+            if prefix(&format!("{local}/{length}")).is_some_and(in_ranges) {
+                foreign.push(format!("address {local}/{length} on {name}"));
             }
-            if let Some(kind) = route["type"].as_str() {
-                described = format!("{kind} {described}");
-            }
-            foreign.push(described);
         }
     }
     foreign
+}
+
+/// Whether `name` is a PodNet's link: `ktpod<N>`, or `ktpod<N>p` before it moves into the
+/// namespace.
+fn is_podnet_link(name: &str) -> bool {
+    name.strip_prefix(LINK_PREFIX)
+        .is_some_and(|rest| rest.trim_end_matches('p').parse::<u8>().is_ok())
+}
+
+/// Whether a prefix shares an address with 10.213.0.0/16 or 10.96.0.0/16.
+fn in_ranges(network: (u32, u32)) -> bool {
+    [POD_NETWORK_OCTETS, SERVICE_NETWORK_OCTETS]
+        .into_iter()
+        .any(|[a, b]| overlaps(network, (u32::from(Ipv4Addr::new(a, b, 0, 0)), 16)))
 }
 
 /// `a.b.c.d` or `a.b.c.d/n` as (network, length).
@@ -578,29 +636,52 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn only_routes_of_other_owners_in_the_ranges_are_foreign() {
+    fn only_routes_and_addresses_of_other_owners_in_the_ranges_are_foreign() {
         let routes = [
             json!({"dst": "default", "gateway": "192.0.2.1", "dev": "eth0"}),
-            json!({"dst": "192.0.2.0/24", "dev": "eth0"}),
-            json!({"type": "unreachable", "dst": "10.213.3.0/24"}),
-            json!({"dst": "10.213.3.7", "dev": "ktpod3"}),
-            json!({"type": "local", "dst": "10.213.3.1", "dev": "ktpod3", "table": "local"}),
-            json!({"dst": "10.96.3.10", "dev": "ktpod3"}),
-            // A PodNet route of a network whose link is gone, and other people's routes.
+            json!({"dst": "192.0.2.0/24", "dev": "eth0", "protocol": "kernel"}),
+            // A PodNet's routes, and the kernel's for the address on its link.
+            json!({"type": "unreachable", "dst": "10.213.3.0/24", "protocol": "213"}),
+            json!({"dst": "10.213.3.7", "dev": "ktpod3", "protocol": "213"}),
+            json!({"dst": "10.96.3.10", "dev": "ktpod3", "protocol": "213"}),
+            json!({"type": "local", "dst": "10.213.3.1", "dev": "ktpod3", "table": "local",
+                   "protocol": "kernel"}),
+            // A PodNet being torn down: its link was deleted while `ip` printed these, and its
+            // address is gone from the address listing.
+            json!({"type": "unreachable", "dst": "10.213.76.0/24", "protocol": "213"}),
+            json!({"dst": "10.213.76.7", "dev": "if42", "protocol": "213"}),
+            json!({"type": "local", "dst": "10.213.76.1", "dev": "if42", "table": "local",
+                   "protocol": "kernel"}),
+            // Other people's: added without the protocol, also through a link named like a
+            // PodNet's, or the kernel's for an address on their link.
             json!({"type": "unreachable", "dst": "10.213.9.0/24"}),
+            json!({"dst": "10.213.4.0/24", "dev": "ktpod4", "protocol": "static"}),
             json!({"dst": "10.0.0.0/8", "dev": "tun0"}),
-            json!({"dst": "10.96.0.0/12", "dev": "kube-bridge"}),
-            json!({"type": "local", "dst": "10.213.0.5", "dev": "eth1", "table": "local"}),
+            json!({"dst": "10.96.0.0/12", "dev": "kube-bridge", "protocol": "bird"}),
+            json!({"type": "local", "dst": "10.213.0.5", "dev": "eth1", "table": "local",
+                   "protocol": "kernel"}),
             json!({"dst": "10.212.0.0/16", "dev": "eth1"}),
             json!({"dst": "10.214.0.0/15", "dev": "eth1"}),
         ];
+        let address = |local: &str, length: u32| json!({"local": local, "prefixlen": length});
+        let links = [
+            json!({"ifname": "lo", "addr_info": [address("127.0.0.1", 8)]}),
+            json!({"ifname": "eth0", "addr_info": [address("192.0.2.2", 24)]}),
+            json!({"ifname": "ktpod3",
+                   "addr_info": [address("10.213.3.1", 32), address("10.213.3.2", 32)]}),
+            json!({"ifname": "eth1",
+                   "addr_info": [address("10.213.0.5", 24), address("10.212.0.5", 16)]}),
+            json!({"ifname": "wg0", "addr_info": [address("10.0.0.1", 8)]}),
+        ];
         assert_eq!(
-            foreign_routes(&routes, &["lo", "eth0", "ktpod3"]),
+            foreign_routes(&routes, &links),
             [
-                "unreachable 10.213.9.0/24",
-                "10.0.0.0/8 dev tun0",
-                "10.96.0.0/12 dev kube-bridge",
-                "local 10.213.0.5 dev eth1",
+                "route unreachable 10.213.9.0/24",
+                "route 10.213.4.0/24 dev ktpod4",
+                "route 10.0.0.0/8 dev tun0",
+                "route 10.96.0.0/12 dev kube-bridge",
+                "address 10.213.0.5/24 on eth1",
+                "address 10.0.0.1/8 on wg0",
             ]
         );
     }
