@@ -118,7 +118,7 @@ pub struct QueueProxyArgs {
     #[arg(
         long,
         env = "KACTIVATOR_QUEUE_PROXY_ADMIN",
-        default_value = "0.0.0.0:8022"
+        default_value = "[::]:8022"
     )]
     pub drain_admin: SocketAddr,
 
@@ -127,7 +127,7 @@ pub struct QueueProxyArgs {
     #[arg(
         long,
         env = "KACTIVATOR_QUEUE_PROXY_AUTOSCALER_METRICS",
-        default_value = "0.0.0.0:9090"
+        default_value = "[::]:9090"
     )]
     pub autoscaler_metrics: SocketAddr,
 

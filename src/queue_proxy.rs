@@ -12,16 +12,21 @@
 //! waiting, more get 503 `pending request queue full`.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kactivator_api::RevisionKey;
+use kactivator_control::budget;
 use kactivator_control::config::{Config, MetricsComponent, RevisionConfig};
+use kactivator_control::drain::DrainRule;
 use kactivator_control::features;
 use kactivator_control::queue_proxy::env::{self, EnvError};
 use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
 use kactivator_control::queue_proxy::{admin, certs, readiness, stat_server};
 use kactivator_shards::request::log::template::{Revision, Template};
 use kactivator_shards::request::log::{sink, RequestLog};
+use kactivator_shards::runtime::reactor;
 use kactivator_shards::shard::{QueueProxyRole, Role};
 
 use crate::cli::{Cli, QueueProxyArgs};
@@ -34,6 +39,31 @@ pub const METRICS_PORT: u16 = 9091;
 pub const QUIET_PERIOD: Duration = Duration::from_secs(30);
 /// Upstream's breaker queue: ten waiting requests per unit of containerConcurrency.
 pub const QUEUE_PER_CONCURRENCY: u32 = 10;
+/// Client connections a queue-proxy keeps room for beyond its breaker's (containerConcurrency
+/// in flight and ten times that waiting, each on a connection of its own over HTTP/1): the
+/// kubelet's and the activators' probes, keep-alive connections between requests.
+pub const SPARE_CONNECTIONS: usize = 64;
+/// Unfinished request heads a queue-proxy always admits (a probe's among them).
+pub const SPARE_PENDING_HEADS: usize = 16;
+
+/// A sidecar's budget: a few MiB kept back rather than the activator's 64, and caps never below
+/// what its breaker promises to admit, so a queue-proxy starts under a sidecar-sized limit and
+/// a limit too small for its containerConcurrency is refused at start, naming it.
+fn needs_of(env: &env::QueueProxyEnv) -> budget::Needs {
+    let concurrency = env.container_concurrency;
+    let waiting = concurrency.saturating_mul(QUEUE_PER_CONCURRENCY);
+    budget::Needs {
+        reserved: budget::QUEUE_PROXY_RESERVED_BYTES,
+        floor: budget::Caps {
+            max_connections_per_shard: (concurrency as usize)
+                .saturating_add(waiting as usize)
+                .saturating_add(SPARE_CONNECTIONS),
+            max_pending_heads_per_shard: SPARE_PENDING_HEADS,
+            max_queued_requests: waiting.max(1),
+        },
+        floor_from: "CONTAINER_CONCURRENCY (its breaker admits that many requests in flight and ten times that many waiting)",
+    }
+}
 
 pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let env = env::parse(|key| std::env::var(key).ok())?;
@@ -59,10 +89,15 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let request_log = request_log_of(&env)?;
     let (user, prober) = readiness::prober(probes);
     let edges = user.edges();
+    let revision = RevisionKey::new(&env.namespace, &env.revision).map_err(|error| EnvError {
+        missing: Vec::new(),
+        invalid: vec![("SERVING_REVISION", error.to_string())],
+    })?;
+    let pre_stop = Arc::new(AtomicBool::new(false));
     let role = Role::QueueProxy(QueueProxyRole {
-        namespace: env.namespace.clone(),
-        revision: env.revision.clone(),
+        revision,
         user: Arc::new(user),
+        pre_stop: pre_stop.clone(),
     });
     let admin_addr = args.drain_admin;
     let stats_addr = args.autoscaler_metrics;
@@ -74,12 +109,14 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         finds_autoscaler: false,
         pod_name: env.pod.clone(),
         request_log,
+        needs: needs_of(&env),
+        drain_rule: DrainRule::QuietPeriod,
         spawn_extra: Some(Box::new(move |runtime, drain, shards| {
             let listener = bind(admin_addr)?;
             let stats_listener = bind(stats_addr)?;
             let _entered = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(listener)?;
-            runtime.spawn(admin::serve(listener, drain.clone()));
+            runtime.spawn(admin::serve(listener, drain.clone(), pre_stop));
             stat_server::spawn(
                 tokio::net::TcpListener::from_std(stats_listener)?,
                 shards,
@@ -148,18 +185,15 @@ fn request_log_of(env: &env::QueueProxyEnv) -> Result<Option<RequestLogSetup>, S
 }
 
 fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {
-    std::net::TcpListener::bind(addr)
-        .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
-        .map_err(|source| StartError::Bind { addr, source })
+    reactor::bind_listener(addr).map_err(|source| StartError::Bind { addr, source })
 }
 
 /// The activator configuration that makes the request path a queue-proxy: one revision whose
 /// one pod is the user container.
 fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
     let mut config = Config::default();
-    let any = Ipv4Addr::UNSPECIFIED.into();
-    config.listen.http = SocketAddr::new(any, env.serving_port);
-    config.listen.admin = SocketAddr::new(any, METRICS_PORT);
+    config.listen.http = reactor::any_address(env.serving_port);
+    config.listen.admin = reactor::any_address(METRICS_PORT);
     config.proxy.drain_grace_seconds = drain_grace.unwrap_or(QUIET_PERIOD.as_secs());
     config.metrics.component = MetricsComponent::QueueProxy {
         queue_depth: env.container_concurrency > 0,
@@ -187,4 +221,84 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
         ..RevisionConfig::new(&env.namespace, &env.revision)
     });
     config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn env_with(concurrency: u32) -> env::QueueProxyEnv {
+        let concurrency = concurrency.to_string();
+        let vars = [
+            ("SERVING_NAMESPACE", "default"),
+            ("SERVING_SERVICE", "hello"),
+            ("SERVING_CONFIGURATION", "hello"),
+            ("SERVING_REVISION", "hello-00001"),
+            ("SERVING_POD", "hello-00001-deployment-abc"),
+            ("SERVING_POD_IP", "10.0.0.7"),
+            ("QUEUE_SERVING_PORT", "8012"),
+            ("QUEUE_SERVING_TLS_PORT", "8112"),
+            ("USER_PORT", "8080"),
+            ("CONTAINER_CONCURRENCY", concurrency.as_str()),
+            ("REVISION_TIMEOUT_SECONDS", "300"),
+            ("ACTIVATOR_SERVICE_URL", ""),
+        ];
+        env::parse(|key| {
+            vars.iter()
+                .find(|(name, _)| *name == key)
+                .map(|(_, value)| value.to_string())
+        })
+        .expect("a Knative environment")
+    }
+
+    /// Review finding: the sidecar got the activator's budget (64 MiB kept back, 75 % of the
+    /// rest for the caps), so a 64 MiB limit exited 2 and 128 MiB queued 6 144 requests at most,
+    /// fewer than the breaker's 10 × CC from CC 615. Rows: (limit MiB, containerConcurrency) →
+    /// fits; then every request the breaker promises (CC in flight, 10 × CC waiting, each on a
+    /// connection) is admitted by the caps. Each of those connections is counted at the worst a
+    /// connection costs (`budget::CONNECTION_BYTES`), so 128 MiB holds CC 250 but not 615: that
+    /// is refused at start, naming CONTAINER_CONCURRENCY, instead of answering 503 later.
+    #[test]
+    fn a_sidecar_sized_limit_holds_the_breaker_or_is_refused_naming_containerconcurrency() {
+        let rows: &[(u64, u32, bool)] = &[
+            (32, 0, true),
+            (32, 1, true),
+            (32, 10, true),
+            (64, 10, true),
+            (128, 250, true),
+            (32, 100, false),
+            (128, 615, false),
+            (64, 1000, false),
+        ];
+        for &(limit, concurrency, fits) in rows {
+            let env = env_with(concurrency);
+            let config = config_of(&env, None);
+            let fitted = budget::fit(&config.proxy, 1, Some(limit * MIB), &needs_of(&env));
+            match fitted {
+                Ok(fitted) => {
+                    assert!(fits, "{limit} MiB, CC {concurrency}: fits, unexpectedly");
+                    let waiting = concurrency * QUEUE_PER_CONCURRENCY;
+                    let caps = fitted.caps;
+                    assert!(
+                        caps.max_queued_requests >= waiting.max(1),
+                        "{limit} MiB {caps:?}"
+                    );
+                    assert!(
+                        caps.max_connections_per_shard
+                            >= (concurrency + waiting) as usize + SPARE_CONNECTIONS,
+                        "{limit} MiB, CC {concurrency}: {caps:?}"
+                    );
+                    let room = (limit * MIB - budget::QUEUE_PROXY_RESERVED_BYTES) / 100
+                        * budget::CAPS_PERCENT;
+                    assert!(fitted.worst <= room, "{limit} MiB, CC {concurrency}");
+                }
+                Err(error) => {
+                    assert!(!fits, "{limit} MiB, CC {concurrency}: {error}");
+                    assert!(error.contains("CONTAINER_CONCURRENCY"), "{error}");
+                }
+            }
+        }
+    }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 use kactivator_control::budget;
 use kactivator_control::config::{AutoscalerSettings, Config, ConfigError};
+use kactivator_control::drain::DrainRule;
 use kactivator_control::features::{self, Tunables};
 use kactivator_control::publisher::Publisher;
 use kactivator_control::sources::kubernetes::informers::{self, KubeSource};
@@ -274,12 +275,14 @@ fn fit_memory(
     config: &mut Config,
     shards: usize,
     limit: Option<u64>,
+    needs: &budget::Needs,
 ) -> Result<Option<u32>, StartError> {
-    let fitted = budget::fit(&config.proxy, shards, limit).map_err(|message| ConfigError {
-        source: Some("memory budget".into()),
-        position: None,
-        message,
-    })?;
+    let fitted =
+        budget::fit(&config.proxy, shards, limit, needs).map_err(|message| ConfigError {
+            source: Some("memory budget".into()),
+            position: None,
+            message,
+        })?;
     let caps = fitted.caps;
     config.proxy.max_connections_per_shard = caps.max_connections_per_shard;
     config.proxy.max_pending_heads_per_shard = caps.max_pending_heads_per_shard;
@@ -347,6 +350,10 @@ pub struct RoleSetup {
     pub pod_name: String,
     /// Knative's request log, when on.
     pub request_log: Option<RequestLogSetup>,
+    /// What the role keeps out of the memory budget and the least its caps may be.
+    pub needs: budget::Needs,
+    /// What ends the drain's grace period.
+    pub drain_rule: DrainRule,
     pub spawn_extra: Option<SpawnExtra>,
 }
 
@@ -368,6 +375,8 @@ impl RoleSetup {
             finds_autoscaler: true,
             pod_name: cli.pod_name.clone(),
             request_log: None,
+            needs: budget::Needs::activator(),
+            drain_rule: DrainRule::Grace,
             spawn_extra: None,
         }
     }
@@ -409,7 +418,12 @@ pub fn run_as(
         unpinned = placement.unpinned_reason.unwrap_or(""),
         "placement"
     );
-    let queue_ceiling = fit_memory(&mut config, placement.shards, topology::memory_limit())?;
+    let queue_ceiling = fit_memory(
+        &mut config,
+        placement.shards,
+        topology::memory_limit(),
+        &setup.needs,
+    )?;
 
     // Both data ports serve HTTP/1.1 and h2c alike; each shard has a listener on each.
     let mut listeners: Vec<Vec<std::net::TcpListener>> = (0..placement.shards)
@@ -429,7 +443,7 @@ pub fn run_as(
         }
     }
     let admin_listener =
-        std::net::TcpListener::bind(config.listen.admin).map_err(|source| StartError::Bind {
+        reactor::bind_listener(config.listen.admin).map_err(|source| StartError::Bind {
             addr: config.listen.admin,
             source,
         })?;
@@ -510,6 +524,7 @@ pub fn run_as(
         queue_ceiling,
         readiness,
         kubernetes,
+        drain_rule: setup.drain_rule,
     });
     let revisions = runtime
         .block_on(control.start())
@@ -652,12 +667,15 @@ mod tests {
     #[test]
     fn the_memory_budget_gives_the_queue_cap_a_ceiling_only_under_a_limit() {
         let mut config = Config::default();
-        let ceiling = fit_memory(&mut config, 2, Some(600 << 20))
+        let ceiling = fit_memory(&mut config, 2, Some(600 << 20), &budget::Needs::activator())
             .unwrap()
             .expect("a ceiling with a memory limit");
         assert!(ceiling >= config.proxy.max_queued_requests);
         let mut config = Config::default();
-        assert_eq!(fit_memory(&mut config, 2, None).unwrap(), None);
+        assert_eq!(
+            fit_memory(&mut config, 2, None, &budget::Needs::activator()).unwrap(),
+            None
+        );
     }
 
     #[test]

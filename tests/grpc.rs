@@ -294,6 +294,58 @@ async fn containerconcurrency_one_holds_for_64_streams_on_4_connections() {
     );
 }
 
+/// Review finding: one h2c connection per pod and shard, so at containerConcurrency 0 the
+/// streams beyond the pod's `SETTINGS_MAX_CONCURRENT_STREAMS` waited behind the others, and
+/// with calls that last, the waiting ones ran into the revision's timeout. A pod that allows
+/// 100 streams gets 300 concurrent one-second calls: each stream that finds the connections
+/// full opens another, as Go's transport does, and every call is served at once.
+#[tokio::test]
+async fn streams_beyond_the_pods_stream_limit_go_on_another_connection() {
+    let pod = spawn_grpc(
+        BackendConfig::named("pod-a")
+            .with_revision("hello-00001", "default")
+            .with_max_concurrent_streams(100),
+    )
+    .expect("spawn the gRPC pod");
+    let activator = Activator::start(&hello(&[&pod], "timeout_seconds = 3\n"));
+    let mut clients = Vec::new();
+    for port in [activator.http2, activator.http] {
+        clients.push(connect(port, AUTHORITY).await.expect("connect"));
+    }
+    let started = Instant::now();
+    let mut calls = Vec::new();
+    for i in 0..300 {
+        let mut client = clients[i % 2].clone();
+        calls.push(tokio::spawn(async move {
+            client
+                .unary(EchoRequest {
+                    payload: Bytes::from(format!("call {i}")),
+                    delay_ms: 1_000,
+                    reply_bytes: 0,
+                })
+                .await
+                .map(|reply| reply.into_inner().payload)
+        }));
+    }
+    let mut failed = Vec::new();
+    for (i, call) in calls.into_iter().enumerate() {
+        match call.await.unwrap() {
+            Ok(payload) => assert_eq!(payload, Bytes::from(format!("call {i}"))),
+            Err(status) => failed.push((i, status.code(), status.message().to_string())),
+        }
+    }
+    assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
+    let took = started.elapsed();
+    let stats = pod.stats();
+    assert_eq!(stats.requests, 300, "{stats:?}");
+    assert!(
+        stats.max_in_flight > 200,
+        "the calls did not run together: {stats:?}, {took:?}"
+    );
+    assert!(stats.h2_connections >= 3, "{stats:?}");
+    assert!(took < Duration::from_millis(2_500), "took {took:?}");
+}
+
 /// A gRPC call to a revision with no pod waits (the autoscaler is poked) and is served by the
 /// first pod that appears.
 #[tokio::test]

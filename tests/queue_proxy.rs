@@ -153,6 +153,45 @@ fn requests_reach_the_user_container_and_health_checks_follow_its_readiness() {
     assert_eq!(user.stats().requests, 1, "probes never reach the app");
 }
 
+/// An app may set any header, `X-Knative-Revision-Name` included (one relaying another Knative
+/// service's answer does). Its response is relayed as it came and changes nothing: the pod is
+/// not taken for another revision's. Which revision this pod serves is said by the queue-proxy
+/// itself, on its health-check answers, where an activator's prober reads it.
+#[test]
+fn an_app_that_names_another_revision_is_relayed_and_keeps_serving() {
+    let user_port = free_port();
+    let user = user_container(user_port);
+    let proxy = start(knative_env(user_port, free_port(), 1));
+    assert!(eventually(Duration::from_secs(5), || proxy
+        .health_check("kube-probe/1.30")
+        .status
+        == 200));
+    let answer = proxy.health_check("Knative-Activator-Probe");
+    assert_eq!(
+        (
+            answer.header("X-Knative-Revision-Namespace"),
+            answer.header("X-Knative-Revision-Name")
+        ),
+        (Some("default"), Some(support::queue_proxy::REVISION))
+    );
+    for _ in 0..5 {
+        let answer = proxy.get("/respond-header/X-Knative-Revision-Name/other-00001");
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(
+            answer.header("X-Knative-Revision-Name"),
+            Some("other-00001")
+        );
+        assert_eq!(answer.text(), "with a header of my own\n");
+    }
+    let answer = proxy.get("/");
+    assert_eq!(
+        (answer.status, answer.text()),
+        (200, "hello from user-container\n".into())
+    );
+    assert_eq!(user.stats().requests, 6);
+    assert_eq!(proxy.health_check("kube-probe/1.30").status, 200);
+}
+
 #[test]
 fn the_breaker_holds_containerconcurrency_at_the_app_and_ten_times_that_waiting() {
     let user_port = free_port();
@@ -236,26 +275,80 @@ fn sigterm_fails_health_checks_serves_on_and_wait_for_drain_returns_when_drained
     assert_eq!(code, Some(0));
 }
 
+/// The preStop hook starts the drain as upstream's does: health checks fail from that moment,
+/// so activators stop choosing a pod that is going away. Without a SIGTERM within a second it
+/// is a restart of the user container, not a pod deletion: health checks pass again.
 #[test]
-fn wait_for_drain_without_a_sigterm_returns_after_a_second() {
-    let proxy = start(knative_env(free_port(), free_port(), 0));
+fn wait_for_drain_fails_health_checks_at_once_and_without_a_sigterm_undoes_it_after_a_second() {
+    let user_port = free_port();
+    let _user = user_container(user_port);
+    let proxy = start(knative_env(user_port, free_port(), 0));
+    assert!(eventually(Duration::from_secs(5), || proxy
+        .health_check("kube-probe/1.30")
+        .status
+        == 200));
+    let drain_admin = proxy.drain_admin;
     let started = Instant::now();
-    let answer = exchange(
-        proxy.drain_admin,
-        b"GET /wait-for-drain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    let pre_stop = std::thread::spawn(move || {
+        let answer = exchange(
+            drain_admin,
+            b"GET /wait-for-drain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        (answer.status, started.elapsed())
+    });
+    assert!(
+        eventually(Duration::from_millis(800), || {
+            let answer = proxy.health_check("Knative-Activator-Probe");
+            answer.status == 503 && answer.text() == "shutting down\n"
+        }),
+        "health checks still pass while the preStop hook waits"
     );
-    assert_eq!(answer.status, 200);
-    let waited = started.elapsed();
+    assert_eq!(proxy.get("/").status, 200, "requests are still served");
+    let (status, waited) = pre_stop.join().unwrap();
+    assert_eq!(status, 200);
     assert!(
         (Duration::from_millis(900)..Duration::from_secs(5)).contains(&waited),
         "{waited:?}"
     );
-    // A liveness restart of the user container does not fail the pod's health checks.
-    assert_eq!(proxy.health_check("kube-probe/1.30").status, 503);
-    assert!(!proxy
+    let answer = proxy.health_check("kube-probe/1.30");
+    assert_eq!((answer.status, answer.text()), (200, "queue".to_string()));
+}
+
+/// Review finding: the queue-proxy closed 30 s after SIGTERM however much traffic still came,
+/// and the activator's next requests got 502. Upstream's drainer serves until a quiet period
+/// has passed with no new request: each arrival re-arms it. Here the period is 1 s and a client
+/// sends a request every 200 ms for 3 s after the signal: every one is served, and the process
+/// exits about a period after the last.
+#[test]
+fn the_drain_serves_until_a_quiet_period_passes_with_no_new_request() {
+    let user_port = free_port();
+    let user = user_container(user_port);
+    let mut proxy = start(knative_env(user_port, free_port(), 0));
+    assert!(eventually(Duration::from_secs(5), || proxy
         .health_check("kube-probe/1.30")
-        .text()
-        .contains("shutting down"));
+        .status
+        == 200));
+    send_signal(proxy.child.id(), "TERM");
+    let signalled = Instant::now();
+    let mut statuses = Vec::new();
+    while signalled.elapsed() < Duration::from_secs(3) {
+        statuses.push(proxy.get("/").status);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(statuses.iter().all(|status| *status == 200), "{statuses:?}");
+    assert!(statuses.len() >= 10, "{statuses:?}");
+    assert!(proxy.still_running(), "closed while requests still came");
+    let last = Instant::now();
+    let code = proxy
+        .wait_for_exit(Duration::from_secs(10))
+        .expect("did not exit after the quiet period");
+    assert_eq!(code, Some(0));
+    let quiet = last.elapsed();
+    assert!(
+        (Duration::from_millis(700)..Duration::from_secs(4)).contains(&quiet),
+        "exited {quiet:?} after the last request"
+    );
+    assert_eq!(user.stats().requests as usize, statuses.len());
 }
 
 fn send_signal(pid: u32, signal: &str) {

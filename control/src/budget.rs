@@ -10,6 +10,12 @@
 //!
 //! The queue cap may also come later from `config-features` (`activator.max-queued-requests`):
 //! [`Budget::queue_ceiling`] is the most it may be raised to.
+//!
+//! Each role says what it needs ([`Needs`]): what it keeps out of the caps' budget, and the
+//! least each cap may be. The activator keeps 64 MiB back; the queue-proxy, a sidecar with a
+//! footprint of 3 MiB, keeps 8 MiB back, and its breaker (containerConcurrency in flight and
+//! ten times that waiting) must always be admitted: derived caps never go below that, and a
+//! limit that cannot hold it is refused at start, naming what asked for it.
 
 use std::fmt;
 
@@ -27,9 +33,38 @@ pub const PENDING_HEAD_BYTES: u64 = kactivator_h1::MAX_HEAD_BYTES as u64 + CONNE
 /// What one queued request costs (measured 1.8 KiB with its connection; BENCHMARKS.md,
 /// "Memory per queued request"), rounded up.
 pub const QUEUED_REQUEST_BYTES: u64 = 2 * 1024;
-/// Kept out of the caps' budget: the binary, the runtimes, the control plane's state and
-/// caches, request bodies in flight.
+/// The activator keeps this out of the caps' budget: the binary, the runtimes, the control
+/// plane's state and caches, request bodies in flight.
 pub const RESERVED_BYTES: u64 = 64 << 20;
+/// The queue-proxy keeps this out of the caps' budget: its idle footprint is 2.6 to 2.9 MiB
+/// (BENCHMARKS.md, "The queue-proxy's footprint"), plus request bodies in flight.
+pub const QUEUE_PROXY_RESERVED_BYTES: u64 = 8 << 20;
+
+/// What a role needs of the budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Needs {
+    /// Kept out of the caps' budget.
+    pub reserved: u64,
+    /// The least each cap may be, whatever the limit: what the role promises to admit.
+    pub floor: Caps,
+    /// What asked for the floor, for the error when the limit cannot hold it.
+    pub floor_from: &'static str,
+}
+
+impl Needs {
+    /// The activator's: 64 MiB reserved, no floor.
+    pub fn activator() -> Needs {
+        Needs {
+            reserved: RESERVED_BYTES,
+            floor: Caps {
+                max_connections_per_shard: 0,
+                max_pending_heads_per_shard: 0,
+                max_queued_requests: 0,
+            },
+            floor_from: "",
+        }
+    }
+}
 /// The caps may take at most this share of what is left after the reserve, in percent.
 pub const CAPS_PERCENT: u64 = 75;
 
@@ -79,13 +114,24 @@ const KEYS: [&str; 3] = [
     "proxy.max_queued_requests",
 ];
 
-/// Fits the caps of `proxy` to `limit` on `shards` shards: see the module's doc. The error
-/// names the keys set in the file whose worst case does not fit.
-pub fn fit(proxy: &ProxySettings, shards: usize, limit: Option<u64>) -> Result<Budget, String> {
+/// Fits the caps of `proxy` to `limit` on `shards` shards, for a role that `needs` what it says:
+/// see the module's doc. The error names the keys set in the file (or what asked for the
+/// role's floor) whose worst case does not fit.
+pub fn fit(
+    proxy: &ProxySettings,
+    shards: usize,
+    limit: Option<u64>,
+    needs: &Needs,
+) -> Result<Budget, String> {
+    let floor = needs.floor;
     let configured = Caps {
-        max_connections_per_shard: proxy.max_connections_per_shard,
-        max_pending_heads_per_shard: proxy.max_pending_heads_per_shard,
-        max_queued_requests: proxy.max_queued_requests,
+        max_connections_per_shard: proxy
+            .max_connections_per_shard
+            .max(floor.max_connections_per_shard),
+        max_pending_heads_per_shard: proxy
+            .max_pending_heads_per_shard
+            .max(floor.max_pending_heads_per_shard),
+        max_queued_requests: proxy.max_queued_requests.max(floor.max_queued_requests),
     };
     let shards = shards.max(1);
     let Some(limit) = limit else {
@@ -97,24 +143,30 @@ pub fn fit(proxy: &ProxySettings, shards: usize, limit: Option<u64>) -> Result<B
             queue_ceiling: None,
         });
     };
-    let room = limit.saturating_sub(RESERVED_BYTES) / 100 * CAPS_PERCENT;
+    let room = limit.saturating_sub(needs.reserved) / 100 * CAPS_PERCENT;
     let explicit = proxy.explicit_caps;
-    // Shares of the room: half for connections, a quarter each for heads and the queue.
+    // The floor first; what the room holds beyond it is shared: half for connections, a quarter
+    // each for heads and the queue.
+    let spare = room.saturating_sub(floor.worst(shards));
     let per_shard = |share: u64, unit: u64| share / unit / shards as u64;
     let mut caps = configured;
     let mut derived = [false; 3];
     if !explicit.max_connections_per_shard {
-        let fits = per_shard(room / 2, CONNECTION_BYTES) as usize;
+        let fits =
+            floor.max_connections_per_shard + per_shard(spare / 2, CONNECTION_BYTES) as usize;
         caps.max_connections_per_shard = configured.max_connections_per_shard.min(fits);
         derived[0] = caps.max_connections_per_shard < configured.max_connections_per_shard;
     }
     if !explicit.max_pending_heads_per_shard {
-        let fits = per_shard(room / 4, PENDING_HEAD_BYTES) as usize;
+        let fits =
+            floor.max_pending_heads_per_shard + per_shard(spare / 4, PENDING_HEAD_BYTES) as usize;
         caps.max_pending_heads_per_shard = configured.max_pending_heads_per_shard.min(fits);
         derived[1] = caps.max_pending_heads_per_shard < configured.max_pending_heads_per_shard;
     }
     if !explicit.max_queued_requests {
-        let fits = u32::try_from(room / 4 / QUEUED_REQUEST_BYTES).unwrap_or(u32::MAX);
+        let fits = u32::try_from(spare / 4 / QUEUED_REQUEST_BYTES)
+            .unwrap_or(u32::MAX)
+            .saturating_add(floor.max_queued_requests);
         caps.max_queued_requests = configured.max_queued_requests.min(fits);
         derived[2] = caps.max_queued_requests < configured.max_queued_requests;
     }
@@ -123,7 +175,7 @@ pub fn fit(proxy: &ProxySettings, shards: usize, limit: Option<u64>) -> Result<B
         || caps.max_pending_heads_per_shard == 0
         || caps.max_queued_requests == 0;
     if worst > room || empty {
-        let set: Vec<&str> = KEYS
+        let mut set: Vec<&str> = KEYS
             .iter()
             .zip([
                 explicit.max_connections_per_shard,
@@ -133,6 +185,9 @@ pub fn fit(proxy: &ProxySettings, shards: usize, limit: Option<u64>) -> Result<B
             .filter(|(_, set)| *set)
             .map(|(key, _)| *key)
             .collect();
+        if !needs.floor_from.is_empty() {
+            set.push(needs.floor_from);
+        }
         let culprits = if set.is_empty() {
             "even the smallest caps".to_string()
         } else {
@@ -147,7 +202,7 @@ pub fn fit(proxy: &ProxySettings, shards: usize, limit: Option<u64>) -> Result<B
             Mib(limit),
             Mib(worst),
             caps.max_connections_per_shard,
-            Mib(RESERVED_BYTES),
+            Mib(needs.reserved),
         ));
     }
     // What the connections and heads leave of the room, in queued requests: the queue cap
@@ -199,7 +254,7 @@ mod tests {
 
     #[test]
     fn without_a_limit_the_configured_caps_stand() {
-        let budget = fit(&ProxySettings::default(), 2, None).unwrap();
+        let budget = fit(&ProxySettings::default(), 2, None, &Needs::activator()).unwrap();
         assert_eq!(budget.caps.max_connections_per_shard, 16_384);
         assert_eq!(budget.derived, [false; 3]);
         assert_eq!(budget.worst, budget.caps.worst(2));
@@ -217,7 +272,13 @@ mod tests {
             (600, 4, 1_979, 285, 51_455),
         ];
         for (limit, shards, connections, heads, queued) in rows {
-            let budget = fit(&ProxySettings::default(), shards, Some(limit * MIB)).unwrap();
+            let budget = fit(
+                &ProxySettings::default(),
+                shards,
+                Some(limit * MIB),
+                &Needs::activator(),
+            )
+            .unwrap();
             assert_eq!(
                 budget.caps,
                 Caps {
@@ -243,7 +304,13 @@ mod tests {
             max_pending_heads_per_shard: 1_024,
             max_queued_requests: 100_000,
         };
-        let kept = fit(&proxy(explicit, Some(caps)), 2, Some(600 * MIB)).unwrap();
+        let kept = fit(
+            &proxy(explicit, Some(caps)),
+            2,
+            Some(600 * MIB),
+            &Needs::activator(),
+        )
+        .unwrap();
         assert_eq!(kept.caps.max_connections_per_shard, 1_000);
         assert_eq!(kept.derived, [false, true, true]);
 
@@ -251,7 +318,13 @@ mod tests {
             max_connections_per_shard: 1 << 20,
             ..caps
         };
-        let error = fit(&proxy(explicit, Some(huge)), 2, Some(600 * MIB)).unwrap_err();
+        let error = fit(
+            &proxy(explicit, Some(huge)),
+            2,
+            Some(600 * MIB),
+            &Needs::activator(),
+        )
+        .unwrap_err();
         assert!(error.contains("proxy.max_connections_per_shard"), "{error}");
         assert!(!error.contains("max_queued_requests"), "{error}");
     }
@@ -259,13 +332,19 @@ mod tests {
     #[test]
     fn the_queue_ceiling_is_every_queued_request_the_room_holds_beside_the_other_caps() {
         assert_eq!(
-            fit(&ProxySettings::default(), 2, None)
+            fit(&ProxySettings::default(), 2, None, &Needs::activator())
                 .unwrap()
                 .queue_ceiling,
             None
         );
         for (limit, shards) in [(600, 2), (256, 1), (16_384, 2), (600, 4)] {
-            let budget = fit(&ProxySettings::default(), shards, Some(limit * MIB)).unwrap();
+            let budget = fit(
+                &ProxySettings::default(),
+                shards,
+                Some(limit * MIB),
+                &Needs::activator(),
+            )
+            .unwrap();
             let ceiling = budget.queue_ceiling.unwrap();
             assert!(ceiling >= budget.caps.max_queued_requests, "{limit} MiB");
             let room = (limit * MIB - RESERVED_BYTES) / 100 * CAPS_PERCENT;
@@ -289,7 +368,13 @@ mod tests {
 
     #[test]
     fn a_limit_below_the_reserve_is_refused() {
-        let error = fit(&ProxySettings::default(), 1, Some(32 * MIB)).unwrap_err();
+        let error = fit(
+            &ProxySettings::default(),
+            1,
+            Some(32 * MIB),
+            &Needs::activator(),
+        )
+        .unwrap_err();
         assert!(error.contains("even the smallest caps"), "{error}");
     }
 }

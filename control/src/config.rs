@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -38,6 +38,7 @@ use crate::state::{
 };
 #[cfg(doc)]
 use kactivator_shards::request::identity::DEFAULT_CLUSTER_DOMAIN;
+use kactivator_shards::runtime::reactor;
 
 // Each default is one named constant. Those a consumer also falls back to live with it (the
 // pool's, the routing's, the state worker's) and are referenced here; the ones only this file
@@ -315,31 +316,30 @@ pub struct ClusterSettings {
 
 // === [listen] ===
 
-/// Default of `listen.http`: every interface, port 8012, Knative's `networking.BackendHTTPPort`,
-/// where upstream's activator serves HTTP/1.
-pub const DEFAULT_HTTP: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8012));
-/// Default of `listen.http2`: every interface, port 8013, Knative's
+/// Default of `listen.http`: every address of both families (`[::]`, IPv4 clients included,
+/// `reactor::any_address`), port 8012, Knative's `networking.BackendHTTPPort`, where upstream's
+/// activator serves HTTP/1.
+pub const DEFAULT_HTTP: SocketAddr = reactor::any_address(8012);
+/// Default of `listen.http2`: every address, port 8013, Knative's
 /// `networking.BackendHTTP2Port` (upstream's `h2c` listener). It serves HTTP/1.1 too, and
 /// `listen.http` serves h2c too: as upstream, the port does not decide the protocol.
-pub const DEFAULT_HTTP2: SocketAddr =
-    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8013));
-/// Default of `listen.admin`: every interface, port 9090, where upstream's activator serves
+pub const DEFAULT_HTTP2: SocketAddr = reactor::any_address(8013);
+/// Default of `listen.admin`: every address, port 9090, where upstream's activator serves
 /// its metrics.
-pub const DEFAULT_ADMIN: SocketAddr =
-    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 9090));
+pub const DEFAULT_ADMIN: SocketAddr = reactor::any_address(9090);
 
 /// Where to listen.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Listen {
     /// Data port (HTTP/1.1, and h2c by prior knowledge). Default: [`DEFAULT_HTTP`]
-    /// (`0.0.0.0:8012`).
+    /// (`[::]:8012`, both families).
     pub http: SocketAddr,
     /// Second data port, upstream's h2c port; serves exactly as `http`. Default:
-    /// [`DEFAULT_HTTP2`] (`0.0.0.0:8013`).
+    /// [`DEFAULT_HTTP2`] (`[::]:8013`).
     pub http2: SocketAddr,
     /// Admin port: `/metrics`, `/healthz`, `/readyz`. Default: [`DEFAULT_ADMIN`]
-    /// (`0.0.0.0:9090`).
+    /// (`[::]:9090`).
     pub admin: SocketAddr,
 }
 
@@ -1014,7 +1014,11 @@ impl Config {
                 ));
             }
         }
-        if self.listen.http == self.listen.http2 && self.listen.http.port() != 0 {
+        let (http, http2) = (self.listen.http, self.listen.http2);
+        // An unspecified address takes its port on every address (`[::]` on both families).
+        let overlap =
+            http.ip() == http2.ip() || http.ip().is_unspecified() || http2.ip().is_unspecified();
+        if http.port() == http2.port() && overlap && http.port() != 0 {
             // The file sets at least one of the two (their defaults differ); point at it.
             return Err(ConfigError::invalid(
                 spans
@@ -1257,7 +1261,7 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
     #[test]
     fn an_empty_file_is_a_valid_config_with_defaults() {
         let config = Config::parse("").unwrap();
-        assert_eq!(config.listen.http, "0.0.0.0:8012".parse().unwrap());
+        assert_eq!(config.listen.http, "[::]:8012".parse().unwrap());
         assert!(config.revisions.is_empty());
     }
 
@@ -1272,6 +1276,10 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
         // `http` set to `http2`'s default: the file only names `http`.
         let error = Config::parse("[listen]\nhttp = \"0.0.0.0:8013\"\n").unwrap_err();
         assert_eq!(error.position, Some((2, 8)), "{error}");
+        let error = Config::parse("[listen]\nhttp = \"[::]:8013\"\n").unwrap_err();
+        assert_eq!(error.position, Some((2, 8)), "{error}");
+        // Explicit addresses of their own may share a port.
+        Config::parse("[listen]\nhttp = \"127.0.0.1:1\"\nhttp2 = \"127.0.0.2:1\"\n").unwrap();
         let error = Config::parse("[listen]\nhttp = \"127.0.0.1:1\"\nhttp2 = \"127.0.0.1:1\"\n")
             .unwrap_err();
         assert_eq!(error.position, Some((3, 9)), "{error}");

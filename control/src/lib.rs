@@ -15,6 +15,7 @@ pub mod admin;
 pub mod autoscaler;
 pub mod budget;
 pub mod config;
+pub mod drain;
 pub mod features;
 pub mod http_client;
 pub mod metrics;
@@ -33,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_api::RevisionKey;
-use kactivator_shards::metrics::AllShardStats;
+use kactivator_shards::metrics::{micros_since_start, AllShardStats};
 use kactivator_shards::routing::ShardCommand;
 use kactivator_shards::runtime::control_link::FromShards;
 use kactivator_shards::runtime::readiness::Readiness;
@@ -42,6 +43,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::admin::AdminState;
 use crate::config::Config;
+use crate::drain::{DrainRule, QuietPeriod};
 use crate::pod_state::{Gates, Windows};
 use crate::publisher::Publisher;
 use crate::shell::{PodMetrics, StateShell};
@@ -69,6 +71,7 @@ pub struct ControlPlane {
     kubernetes: Option<KubeSource>,
     /// Where the drain is; read by whoever waits for it (the queue-proxy's `/wait-for-drain`).
     drain: tokio::sync::watch::Sender<DrainPhase>,
+    drain_rule: DrainRule,
 }
 
 /// Where the process is in its drain.
@@ -105,6 +108,8 @@ pub struct ControlInputs {
     /// The Kubernetes source, when kactivator watches a cluster (then the file declares no
     /// revisions and is not polled).
     pub kubernetes: Option<KubeSource>,
+    /// What ends the drain's grace period (`proxy.drain_grace_seconds`).
+    pub drain_rule: DrainRule,
 }
 
 impl ControlPlane {
@@ -124,6 +129,7 @@ impl ControlPlane {
             queue_ceiling,
             readiness,
             kubernetes,
+            drain_rule,
         } = inputs;
         let registry = prometheus::Registry::new();
         let (gates, warnings) = features::resolve(&config.features, Gates::default());
@@ -175,6 +181,7 @@ impl ControlPlane {
             publisher,
             admin,
             drain: tokio::sync::watch::channel(DrainPhase::Serving).0,
+            drain_rule,
             metrics,
             declared: BTreeSet::new(),
             pod_ip,
@@ -278,14 +285,24 @@ impl ControlPlane {
         tracing::info!(
             signal = which,
             grace_seconds = grace.as_secs(),
-            "draining: readiness now fails; still serving"
+            "draining: readiness now fails; still serving{}",
+            match self.drain_rule {
+                DrainRule::Grace => "",
+                DrainRule::QuietPeriod => " until a grace period passes with no new request",
+            }
         );
         self.admin.draining.store(true, Ordering::Release);
         self.admin.ready.store(false, Ordering::Release);
         self.drain.send_replace(DrainPhase::Draining);
         self.publisher.broadcast(ShardCommand::BeginDrain);
+        let served = async {
+            match self.drain_rule {
+                DrainRule::Grace => tokio::time::sleep(grace).await,
+                DrainRule::QuietPeriod => quiet_period(grace, &self.admin.stats).await,
+            }
+        };
         tokio::select! {
-            _ = tokio::time::sleep(grace) => {}
+            _ = served => {}
             _ = terminate.recv() => tracing::warn!("second signal: skipping the rest of the grace period"),
             _ = interrupt.recv() => tracing::warn!("second signal: skipping the rest of the grace period"),
             _ = quit.notified() => tracing::warn!("second /quitquitquit: skipping the rest of the grace period"),
@@ -294,5 +311,21 @@ impl ControlPlane {
         self.drain.send_replace(DrainPhase::Drained);
         self.publisher.broadcast(ShardCommand::StopAccepting);
         Ok(())
+    }
+}
+
+/// Returns once `period` has passed with no request arriving at any shard.
+async fn quiet_period(period: Duration, stats: &AllShardStats) {
+    let arrivals = || {
+        let now_us = micros_since_start(std::time::Instant::now());
+        stats
+            .iter()
+            .flat_map(|shard| shard.revisions())
+            .map(|block| block.load.read(now_us).arrivals)
+            .fold(0u64, u64::wrapping_add)
+    };
+    let mut quiet = QuietPeriod::start(period, std::time::Instant::now(), arrivals());
+    while let Some(next) = quiet.observe(std::time::Instant::now(), arrivals()) {
+        tokio::time::sleep_until(next.into()).await;
     }
 }

@@ -32,10 +32,9 @@
 //! # One writer per fact
 //!
 //! A tracker's capacity is decided here and nowhere else ([`CapacityChange`]; the shell only
-//! carries the decision out). A shard that finds a pod answering as another revision retires
-//! its slots (a latch no capacity undoes) and reports it as [`Op::Evidence`], which names the
-//! tracker it is about: evidence about a tracker that has since been replaced (a new pod at the
-//! same address) changes nothing. The process queue's limit is decided here too
+//! carries the decision out). A shard that could not reach a pod reports it as
+//! [`Op::Evidence`], which names the tracker it is about: evidence about a tracker that has since
+//! been replaced (a new pod at the same address) changes nothing. The process queue's limit is decided here too
 //! ([`Op::SetMaxQueuedRequests`]).
 //!
 //! # Trackers outlive routing
@@ -672,13 +671,7 @@ impl ControlState {
                     .as_ref()
                     .is_some_and(|service| service.tracker.id == tracker)
                 {
-                    // About cluster-IP mode's Service: no pod to blame. A reuse verdict retired
-                    // the target on every shard; a fresh one takes its place rather than leave
-                    // the revision with nowhere to go.
-                    if matches!(kind, EvidenceKind::IpReused { .. }) {
-                        entry.virtual_tracker = None;
-                        self.dirty.insert(revision);
-                    }
+                    // About cluster-IP mode's Service: no pod to blame.
                     return Ok(());
                 }
                 let current = entry
@@ -697,10 +690,6 @@ impl ControlState {
                         Source::Proxy,
                         now,
                     ),
-                    EvidenceKind::IpReused { .. } => {
-                        self.remove_pod(&revision, addr, Reason::IpReused, Source::Proxy);
-                        Ok(())
-                    }
                 }
             }
             Op::CleanupStale => {
@@ -2027,42 +2016,6 @@ mod tests {
         assert_eq!(removals, 1);
     }
 
-    /// Review finding: a shard retired a pod that answered as another revision by writing its
-    /// capacity, and any later publish of the revision wrote the share back before the control
-    /// thread heard of the retirement. The pod must stay out whatever is published meanwhile.
-    #[test]
-    fn a_pod_retired_by_a_shard_stays_out_when_its_revision_is_republished() {
-        let mut state = fresh_state();
-        state
-            .apply(
-                declare(
-                    &[("a", 1, &["10.0.0.1:8012", "10.0.0.2:8012"])],
-                    Gates::HYBRID,
-                ),
-                at(0),
-            )
-            .unwrap();
-        let route = last_upsert(&state.take_updates()).clone();
-        let retired = route.pods[0].clone();
-        assert!(
-            retired.slots.retire(),
-            "the first shard to see it retires it"
-        );
-        // Before the evidence reaches the worker, another change republishes the revision.
-        state
-            .apply(qp("a", "10.0.0.3", QueueProxyEvent::Ready), at(1))
-            .unwrap();
-        let republished = last_upsert(&state.take_updates()).clone();
-        assert!(republished
-            .pods
-            .iter()
-            .any(|pod| Arc::ptr_eq(pod, &retired)));
-        assert!(
-            !retired.slots.try_acquire(),
-            "a retired pod takes no new request, whatever the route says"
-        );
-    }
-
     #[test]
     fn the_tracker_limit_refuses_new_pods_and_says_so() {
         let mut state = Shelled::new(ControlState::new(
@@ -2273,17 +2226,11 @@ mod tests {
             kind,
         };
         // Late evidence about the old pod says nothing about the new one.
-        for kind in [
-            EvidenceKind::TransportFailure,
-            EvidenceKind::IpReused {
-                namespace: "ns".into(),
-                revision: "other".into(),
-            },
-        ] {
-            state.apply(evidence(&old, kind), at(3)).unwrap();
-            assert_eq!(state.pod_state(&key("a"), addr(pod)), Some(PodState::Ready));
-        }
-        // About the new one it counts: a transport failure quarantines, a reuse removes.
+        state
+            .apply(evidence(&old, EvidenceKind::TransportFailure), at(3))
+            .unwrap();
+        assert_eq!(state.pod_state(&key("a"), addr(pod)), Some(PodState::Ready));
+        // About the new one it counts: a transport failure quarantines.
         state
             .apply(evidence(&new, EvidenceKind::TransportFailure), at(4))
             .unwrap();
@@ -2291,13 +2238,6 @@ mod tests {
             state.pod_state(&key("a"), addr(pod)),
             Some(PodState::Quarantined)
         );
-        let reused = EvidenceKind::IpReused {
-            namespace: "ns".into(),
-            revision: "other".into(),
-        };
-        state.apply(evidence(&new, reused), at(5)).unwrap();
-        assert_eq!(state.pod_state(&key("a"), addr(pod)), None);
-        assert_eq!(new.slots.capacity(), 0);
     }
 
     /// Upstream's cluster-IP rows (`throttle::capacity`'s table), through the publish path:
@@ -2417,7 +2357,7 @@ mod tests {
     }
 
     #[test]
-    fn cluster_ip_mode_gets_a_fresh_target_when_the_service_moves_or_is_retired() {
+    fn cluster_ip_mode_gets_a_fresh_target_when_the_service_moves() {
         let mut state = fresh_state();
         let mut service = spec("a", 0);
         service.cluster_ip = Some(addr("10.96.0.5:80"));
@@ -2436,30 +2376,16 @@ mod tests {
             .unwrap();
         let first = last_upsert(&state.take_updates()).pods[0].clone();
         assert_eq!(first.slots.capacity(), UNLIMITED, "CC 0 with a ready pod");
-        // A shard saw the Service answer as another revision and retired it.
-        assert!(first.slots.retire());
-        let reused = Op::Evidence {
-            revision: key("a"),
-            addr: first.addr,
-            tracker: first.id,
-            kind: EvidenceKind::IpReused {
-                namespace: "ns".into(),
-                revision: "other".into(),
-            },
-        };
-        state.apply(reused, at(1)).unwrap();
+        // The Service moves: the old target takes nothing new.
+        service.cluster_ip = Some(addr("10.96.0.6:80"));
+        state.apply(Op::UpsertRevision(service), at(2)).unwrap();
         let second = last_upsert(&state.take_updates()).pods[0].clone();
-        assert!(!Arc::ptr_eq(&first, &second));
+        assert_eq!(second.addr, addr("10.96.0.6:80"));
+        assert_eq!(first.slots.capacity(), 0);
         assert!(
             second.slots.try_acquire(),
             "the revision has somewhere to go again"
         );
-        // The Service moves: the old target takes nothing new.
-        service.cluster_ip = Some(addr("10.96.0.6:80"));
-        state.apply(Op::UpsertRevision(service), at(2)).unwrap();
-        let third = last_upsert(&state.take_updates()).pods[0].clone();
-        assert_eq!(third.addr, addr("10.96.0.6:80"));
-        assert_eq!(second.slots.capacity(), 0);
     }
 
     #[test]

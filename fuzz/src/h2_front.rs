@@ -9,7 +9,8 @@
 //! `knative-serving-namespace: default` and `knative-serving-revision: hello`. The pod answers
 //! each stream by its `x-pod` request header: `reset` resets it, `refuse` refuses it
 //! (REFUSED_STREAM, which the activator may retry), `other` answers in another revision's name
-//! (a reused IP), `headers` sends only a head; anything else echoes the body with trailers.
+//! (an app may set any header; it is relayed as it came), `headers` sends only a head; anything
+//! else echoes the body with trailers.
 //!
 //! Beyond "no panic": when the client's bytes end, every stream ends (no task hangs), and every
 //! slot, queue place and waiter a stream took is given back.

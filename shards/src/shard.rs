@@ -95,10 +95,14 @@ pub enum Role {
 /// What the queue-proxy role needs on the request path.
 #[derive(Clone, Debug)]
 pub struct QueueProxyRole {
-    pub namespace: String,
-    pub revision: String,
+    /// The pod's revision: every request's, and the identity its health-check answers carry.
+    pub revision: RevisionKey,
     /// The user container's readiness, kept by the control thread's prober.
     pub user: Arc<dyn UserContainer>,
+    /// Set while the user container's preStop hook (`/wait-for-drain`) has started a drain
+    /// that no SIGTERM has confirmed yet: health checks fail as in a drain. Written by the
+    /// admin port only.
+    pub pre_stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The queue-proxy's view of its user container, as the request path needs it.

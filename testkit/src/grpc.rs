@@ -130,6 +130,7 @@ struct Shared {
     counters: Arc<Counters>,
     extra: Arc<ExtraCounters>,
     echo: EchoServer<EchoService>,
+    max_concurrent_streams: Option<u32>,
 }
 
 impl Shared {
@@ -148,6 +149,7 @@ impl Shared {
             echo: EchoServer::new(echo)
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            max_concurrent_streams: config.max_concurrent_streams,
         })
     }
 
@@ -494,6 +496,7 @@ fn serve_connection(stream: TcpStream, shared: &Arc<Shared>) {
         spoke_h2: AtomicBool::new(false),
         _open: shared.counters.connection_opened(),
     });
+    let max_concurrent_streams = shared.max_concurrent_streams;
     let service = service_fn(move |request| {
         let connection = Arc::clone(&connection);
         async move { Ok::<_, Infallible>(handle(request, connection).await) }
@@ -501,7 +504,11 @@ fn serve_connection(stream: TcpStream, shared: &Arc<Shared>) {
     tokio::spawn(async move {
         // The auto builder reads the first bytes: the HTTP/2 preface means h2c with prior
         // knowledge, anything else HTTP/1.1.
-        let served = auto::Builder::new(TokioExecutor::new())
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http2()
+            .max_concurrent_streams(max_concurrent_streams);
+        let served = builder
             .serve_connection(TokioIo::new(stream), service)
             .await;
         if let Err(error) = served {

@@ -66,7 +66,6 @@ fn evidence_op(evidence: PodEvidence, metrics: &ControlMetrics) -> Op {
             evidence.tracker.failure_report_taken();
             "transport_failure"
         }
-        EvidenceKind::IpReused { .. } => "ip_reused",
     };
     metrics.signals.with_label_values(&[label]).inc();
     Op::Evidence {

@@ -11,10 +11,9 @@ use std::pin::pin;
 use std::rc::Rc;
 use std::task::Poll;
 
-use kactivator_api::{headers, RevisionKey};
 use kactivator_h1::{
-    encode_last_chunk, name_eq, parse_response, BodyDecoder, BodyError, BodyKind, Parsed,
-    ResponseHead, Version,
+    encode_last_chunk, parse_response, BodyDecoder, BodyError, BodyKind, Parsed, ResponseHead,
+    Version,
 };
 use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
@@ -22,14 +21,13 @@ use monoio::time::Instant;
 
 use super::client::write_out;
 use super::client::{ClientConn, ClientWriter, RequestMeta};
-use super::io::{send_now, write_rest};
+use super::io::{send_now, shut_write, write_rest};
 use super::reframe::{reframe, Reframed};
 use super::rewrite::{self, client_framing, ClientFraming};
 use super::upgrade::splice_upgraded;
 use crate::request::admission::Held;
 use crate::request::deadlines::Deadlines;
 use crate::request::error::RequestError;
-use crate::request::identity;
 use crate::request::outcome::Ended;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::late::Ticket;
@@ -91,7 +89,6 @@ pub(super) async fn exchange(
     mut upstream: UpstreamConn,
     meta: RequestMeta,
     deadlines: Deadlines,
-    expected: &RevisionKey,
     held: &mut Option<Held<'_>>,
 ) -> Ended {
     let ClientConn {
@@ -111,6 +108,9 @@ pub(super) async fn exchange(
     let response_started = Cell::new(false);
     // The response body's payload bytes relayed so far (for the request log).
     let body_bytes = Cell::new(0);
+    // Set once the client has gone (or broke its body): the pod's response is then read to
+    // its end and discarded, so the slot is held until the pod is done with the request.
+    let client_left = Cell::new(false);
     let addr = upstream.addr;
     let pod_fd = upstream.fd();
     // The request side borrows the pod's write half only until everything is sent; it puts it
@@ -144,12 +144,13 @@ pub(super) async fn exchange(
                 deadlines,
                 &ticket,
                 addr,
-                expected,
                 shard,
                 &response_started,
                 &body_bytes,
+                &client_left,
             );
             let mut receive = pin!(receive);
+            let mut told_pod = false;
             poll_fn(|cx| {
                 // The request side goes first. Its last write and the pod's whole response can
                 // complete in one batch (io_uring reports both at once); polled second, the
@@ -161,14 +162,25 @@ pub(super) async fn exchange(
                         sent = Some(result);
                     }
                 }
-                if let Poll::Ready(received) = receive.as_mut().poll(cx) {
-                    return Poll::Ready(Some(received));
-                }
                 if matches!(
                     sent,
                     Some(Err(SendError::ClientGone | SendError::ClientBody(_)))
                 ) {
-                    return Poll::Ready(None);
+                    client_left.set(true);
+                }
+                // ★ A client that left does not end the pod's work: the pod is told (its
+                // request ends here), and its slot is held until its response has ended, so no
+                // waiter is handed a pod still busy with an abandoned request.
+                if client_left.get() && !told_pod {
+                    told_pod = true;
+                    shut_write(pod_fd);
+                }
+                if let Poll::Ready(received) = receive.as_mut().poll(cx) {
+                    return Poll::Ready(received);
+                }
+                if client_left.get() && !told_pod {
+                    told_pod = true;
+                    shut_write(pod_fd);
                 }
                 Poll::Pending
             })
@@ -185,13 +197,15 @@ pub(super) async fn exchange(
         // The pod is done with this request: its connection (when both directions ended cleanly)
         // and its slot go back before the tail is relayed and before the read-ahead is stopped.
         let mut tail_written = Ok(());
-        if let Some(Ok(
+        if let Ok(
             done @ Received {
                 upgraded: false, ..
             },
-        )) = &received
+        ) = &received
         {
-            if let Some(upstream) = upstream.take_if(|_| done.upstream_reusable) {
+            // A connection told the request ended early is not clean.
+            let reusable = done.upstream_reusable && !client_left.get();
+            if let Some(upstream) = upstream.take_if(|_| reusable) {
                 shard.pool.checkin(upstream);
             }
             if held.take().is_some_and(Held::give_back) {
@@ -199,14 +213,16 @@ pub(super) async fn exchange(
                 // before this tail reaches the client (the pod is what everyone waits for).
                 shard.back_of_queue.yield_now().await;
             }
-            if !response_out.is_empty() {
+            if client_left.get() {
+                response_out.clear();
+            } else if !response_out.is_empty() {
                 tail_written = write_out(writer, response_out).await;
             }
         }
         // A request side still reading ahead is interrupted without losing bytes; one still sending
         // the body is abandoned, and both connections close. In `Sent` no read is in flight:
         // dropping the request side loses nothing.
-        if received.is_some() && sent.is_none() && phase.get() == SendPhase::ReadingAhead {
+        if sent.is_none() && phase.get() == SendPhase::ReadingAhead {
             // Cancelling hands back a fresh canceller that keeps the old one's bookkeeping
             // capacity, so a keep-alive connection allocates nothing here after its first request.
             if let Some(canceller) = canceller {
@@ -217,7 +233,10 @@ pub(super) async fn exchange(
         (received, sent, tail_written, upstream)
     };
     let request_complete = phase.get() != SendPhase::Body;
-    let Some(received) = received else {
+    if matches!(
+        sent,
+        Some(Err(SendError::ClientGone | SendError::ClientBody(_)))
+    ) {
         let error = match sent {
             // The client has the start of the pod's response; a 400 cannot follow it.
             Some(Err(SendError::ClientBody(_))) if response_started.get() => {
@@ -240,12 +259,14 @@ pub(super) async fn exchange(
             error,
             request_complete,
         };
-    };
-    let client_gone = matches!(
-        sent,
-        Some(Err(SendError::ClientGone | SendError::ClientBody(_)))
-    );
-
+    }
+    // A write to the client failed while the response was relayed: what it got was cut short.
+    if client_left.get() {
+        return Ended::Truncated {
+            status: response_head.status,
+            body_bytes: body_bytes.get(),
+        };
+    }
     match received {
         Ok(received) if received.upgraded => {
             // An upgrade request ends at its head, so the request side has handed the write half
@@ -267,22 +288,14 @@ pub(super) async fn exchange(
             status: received.status,
             response_keep_alive: received.client_keep_alive,
             request_complete,
-            client_gone,
+            client_gone: false,
             tail_written: tail_written.is_ok(),
             body_bytes: body_bytes.get(),
         },
         Err(ReceiveError::Upstream(error)) => {
-            if !matches!(error, UpstreamError::IpReused { .. }) {
-                tracing::warn!(request_id = %request_id, pod = %addr, class = error.class(), "{error}");
-            }
-            // A client that left gets no answer, whatever the pod did.
-            let error = if client_gone {
-                RequestError::ClientGone
-            } else {
-                RequestError::from(error)
-            };
+            tracing::warn!(request_id = %request_id, pod = %addr, class = error.class(), "{error}");
             Ended::Failed {
-                error,
+                error: RequestError::from(error),
                 request_complete,
             }
         }
@@ -370,35 +383,23 @@ async fn send_request(
     }
 }
 
-/// The revision a response says it comes from, when that is not `expected`. One pass over the
-/// response's fields finds both names (the first of each counts). This runs on every response,
-/// so a field is judged by its span's length before any byte of it is read: almost every field
-/// has neither name's length.
-fn other_revision(
-    head: &ResponseHead,
-    buf: &[u8],
-    expected: &RevisionKey,
-) -> Option<(String, String)> {
-    const NAME: &str = headers::SERVING_REVISION_NAME;
-    const NAMESPACE: &str = headers::SERVING_REVISION_NAMESPACE;
-    let (mut name, mut namespace) = (None, None);
-    for field in &head.headers {
-        let length = field.name.len();
-        if length == NAME.len() && name.is_none() {
-            if name_eq(field.name.of(buf), NAME.as_bytes()) {
-                name = Some(field.value.of(buf));
-            }
-        } else if length == NAMESPACE.len()
-            && namespace.is_none()
-            && field
-                .name
-                .of(buf)
-                .eq_ignore_ascii_case(NAMESPACE.as_bytes())
-        {
-            namespace = Some(field.value.of(buf));
-        }
+/// Writes `out` to the client, or discards it once the client has left: a failed write marks it
+/// gone, and from then on the pod's response is only read to its end (its slot is held until
+/// then, see [`exchange`]). `response_started` is set before the first byte goes out.
+async fn relay(
+    client: &mut ClientWriter,
+    out: &mut Vec<u8>,
+    response_started: &Cell<bool>,
+    client_left: &Cell<bool>,
+) {
+    if client_left.get() {
+        out.clear();
+        return;
     }
-    identity::other_revision(name, namespace, expected.namespace(), expected.name())
+    response_started.set(true);
+    if write_out(client, out).await.is_err() {
+        client_left.set(true);
+    }
 }
 
 /// Reads ahead on the client (a body, a pipelined request, or the FIN of a client that gave
@@ -434,10 +435,10 @@ async fn receive_response(
     deadlines: Deadlines,
     ticket: &Ticket<'_>,
     addr: SocketAddr,
-    expected: &RevisionKey,
     shard: &Shard,
     response_started: &Cell<bool>,
     body_bytes: &Cell<u64>,
+    client_left: &Cell<bool>,
 ) -> Result<Received, ReceiveError> {
     // The first-byte deadline, armed only once the exchange is late (or at once when it falls
     // before that): most responses start before, and then no timer was ever set.
@@ -464,27 +465,13 @@ async fn receive_response(
                         out,
                     );
                     // A 1xx cut off mid-write leaves the client with a partial head.
-                    response_started.set(true);
-                    write_out(client, out)
-                        .await
-                        .map_err(|_| ReceiveError::Truncated)?;
+                    relay(client, out, response_started, client_left).await;
                     response_started.set(false);
                 }
                 upstream_inbuf.consume(head.len);
                 continue;
             }
-            Ok(Parsed::Complete) => {
-                if let Some((namespace, revision)) =
-                    other_revision(head, upstream_inbuf.data(), expected)
-                {
-                    return Err(ReceiveError::Upstream(UpstreamError::IpReused {
-                        addr,
-                        namespace,
-                        revision,
-                    }));
-                }
-                break;
-            }
+            Ok(Parsed::Complete) => break,
             Ok(Parsed::Partial) => {}
             Err(error) => {
                 return Err(ReceiveError::Upstream(UpstreamError::MalformedResponse {
@@ -536,10 +523,7 @@ async fn receive_response(
             out,
         );
         upstream_inbuf.consume(head.len);
-        response_started.set(true);
-        write_out(client, out)
-            .await
-            .map_err(|_| ReceiveError::Truncated)?;
+        relay(client, out, response_started, client_left).await;
         return Ok(Received {
             status: 101,
             client_keep_alive: false,
@@ -591,10 +575,7 @@ async fn receive_response(
             });
         }
         if !out.is_empty() {
-            response_started.set(true);
-            write_out(client, out)
-                .await
-                .map_err(|_| ReceiveError::Truncated)?;
+            relay(client, out, response_started, client_left).await;
             wrote_head = true;
         }
         // More is already buffered: never wait on the socket for bytes we hold.
@@ -614,10 +595,7 @@ async fn receive_response(
                 // Close-delimited body: the end is the pod's FIN.
                 if framing == ClientFraming::Chunked {
                     encode_last_chunk(None, out);
-                    response_started.set(true);
-                    write_out(client, out)
-                        .await
-                        .map_err(|_| ReceiveError::Truncated)?;
+                    relay(client, out, response_started, client_left).await;
                 }
                 return Ok(Received {
                     status,

@@ -19,18 +19,16 @@ use super::rewrite::{self, ClientSide};
 use crate::request::admission::{ClientWatch, Held};
 use crate::request::answer::Answer;
 use crate::request::deadlines::{self, Deadlines};
-use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
 use crate::request::lifecycle::{Attempt, Front, Shape, SmallBody};
 use crate::request::log::template::Proto;
 use crate::request::log::{Captured, RequestLine, RequestLog};
-use crate::request::outcome::{Ended, Next};
+use crate::request::outcome::Next;
 use crate::request::policy::{self, Edits, WaitNote};
-use crate::routing::replica::{LocalPod, LocalRevision};
+use crate::routing::replica::LocalPod;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
 use crate::shard::Shard;
-use crate::upstream::error::UpstreamError;
 
 /// Longest wait for the rest of a small body (a registration's).
 const SMALL_BODY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -192,7 +190,6 @@ impl Front for H1Front<'_> {
     async fn attempt(
         &mut self,
         shard: &Rc<Shard>,
-        revision: &LocalRevision,
         pod: &Rc<LocalPod>,
         deadlines: &Deadlines,
         held: &mut Option<Held<'_>>,
@@ -211,16 +208,13 @@ impl Front for H1Front<'_> {
                 rewrite::insert_host(&mut conn.request_out, host_at, pod.authority().as_bytes());
             (host_at, len)
         });
-        // Nothing of it reached the pod: the head goes back as it was before this pod's Host.
-        let unsend = |conn: &mut ClientConn| {
-            if let Some((host_at, len)) = host_line {
-                rewrite::remove_host(&mut conn.request_out, host_at, len)
-            }
-        };
         let upstream = match shard.pool.checkout(addr, shard.stats()).await {
             Ok(upstream) => upstream,
             Err(error) => {
-                unsend(conn);
+                // Nothing reached the pod: the head goes back as it was before this pod's Host.
+                if let Some((host_at, len)) = host_line {
+                    rewrite::remove_host(&mut conn.request_out, host_at, len)
+                }
                 return Attempt::Unreached(error);
             }
         };
@@ -229,30 +223,9 @@ impl Front for H1Front<'_> {
         // its own so that waiting and idle connections do not carry its size (see `blocks`).
         let ended = shard
             .exchanges
-            .place(exchange(
-                shard,
-                conn,
-                upstream,
-                meta,
-                *deadlines,
-                revision.key(),
-                held,
-            ))
+            .place(exchange(shard, conn, upstream, meta, *deadlines, held))
             .await;
-        match ended {
-            Ended::Failed {
-                error: RequestError::Upstream(failure),
-                ..
-            } if matches!(*failure, UpstreamError::IpReused { .. }) => {
-                // Only a bodiless request is kept whole in `request_out`, ready to go again.
-                unsend(conn);
-                Attempt::NotTaken {
-                    error: *failure,
-                    replayable: self.meta.keeps_head(),
-                }
-            }
-            ended => Attempt::Ended { ended, fresh },
-        }
+        Attempt::Ended { ended, fresh }
     }
 }
 

@@ -46,6 +46,16 @@ pub(super) fn send_now(fd: RawFd, bytes: &[u8]) -> usize {
     usize::try_from(n).unwrap_or(0)
 }
 
+/// Shuts down the sending side of a pod connection: the pod reads the end of the request, and a
+/// server that watches for its client (Go's `net/http`, uvicorn) cancels the work, then
+/// answers or closes. Errors are ignored: a connection already gone has nothing to tell.
+pub(super) fn shut_write(fd: RawFd) {
+    // SAFETY: `fd` is a pod connection's socket, owned by the caller and open for the call.
+    unsafe {
+        libc::shutdown(fd, libc::SHUT_WR);
+    }
+}
+
 /// Writes `out[from..]` and leaves `out` as it was.
 pub(super) async fn write_rest<W: AsyncWriteRent>(
     writer: &mut W,

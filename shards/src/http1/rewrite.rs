@@ -346,6 +346,18 @@ pub fn write_local_response(response: &Answer<'_>, client: ClientSide, out: &mut
     if let Some((name, value)) = response.extra_header {
         put_header(out, name.as_bytes(), value);
     }
+    if let Some(revision) = response.identity {
+        put_header(
+            out,
+            headers::SERVING_REVISION_NAMESPACE.as_bytes(),
+            revision.namespace().as_bytes(),
+        );
+        put_header(
+            out,
+            headers::SERVING_REVISION_NAME.as_bytes(),
+            revision.name().as_bytes(),
+        );
+    }
     if let Some(note) = response.wait {
         note.response_fields(|name, value| put_header(out, name.as_bytes(), value));
     }
@@ -763,6 +775,7 @@ mod tests {
             body: b"nope\n",
             extra_header: None,
             error_style: true,
+            identity: None,
             wait: None,
         };
         let client = ClientSide {
@@ -794,6 +807,7 @@ mod tests {
             body: b"{\"status\":\"accepted\"}\n",
             extra_header: Some(("Content-Type", b"application/json")),
             error_style: false,
+            identity: None,
             wait: None,
         };
         let client = ClientSide {

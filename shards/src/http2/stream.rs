@@ -29,14 +29,13 @@ use crate::request::answer::Answer;
 use crate::request::deadlines::{self, Deadlines};
 use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
-use crate::request::identity;
 use crate::request::lifecycle::{self, Attempt, Front, Shape, SmallBody};
 use crate::request::log::template::Proto;
 use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::{Ended, Next, RequestShape};
 use crate::request::peer::Peer;
 use crate::request::policy::{self, Edits, QueueProxySeen, RequestField, WaitNote};
-use crate::routing::replica::{LocalPod, LocalRevision};
+use crate::routing::replica::LocalPod;
 use crate::runtime::contain;
 use crate::runtime::race::{race, Either};
 use crate::shard::Shard;
@@ -298,14 +297,14 @@ impl Front for H2Front<'_> {
     async fn attempt(
         &mut self,
         shard: &Rc<Shard>,
-        revision: &LocalRevision,
         pod: &Rc<LocalPod>,
         deadlines: &Deadlines,
         held: &mut Option<Held<'_>>,
         note: Option<&WaitNote>,
     ) -> Attempt {
         let addr = pod.tracker.addr;
-        let (streams, reused) = match shard.h2c.checkout(addr, shard.stats()).await {
+        // The stream counts on its connection until the exchange ends (`lease` is dropped).
+        let (streams, reused, lease) = match shard.h2c.checkout(addr, shard.stats()).await {
             Ok(checked_out) => checked_out,
             Err(error) => return Attempt::Unreached(error),
         };
@@ -318,7 +317,6 @@ impl Front for H2Front<'_> {
         );
         let exchanged = exchange(
             shard,
-            revision,
             addr,
             streams.sender,
             outbound,
@@ -331,16 +329,33 @@ impl Front for H2Front<'_> {
         )
         .await;
         match exchanged {
-            Exchanged::Ended(ended) => Attempt::Ended {
-                ended,
-                fresh: !reused,
-            },
+            Exchanged::Ended(ended) => {
+                if matches!(
+                    ended,
+                    Ended::Failed {
+                        error: RequestError::ClientGone,
+                        ..
+                    }
+                ) {
+                    // ★ The exchange dropped the pod's stream, which resets it (CANCEL). The
+                    // slot stays held until the pod has read that reset, within the request's
+                    // deadline: a waiter is never handed a pod still busy with this call.
+                    let confirmed = streams.pings.confirm_written();
+                    if let Either::Right(()) =
+                        race(confirmed, shard.alarms.at(deadlines.total)).await
+                    {
+                        shard.h2c.forget(addr, &lease);
+                    }
+                }
+                Attempt::Ended {
+                    ended,
+                    fresh: !reused,
+                }
+            }
             Exchanged::NotTaken { error, replayable } => {
                 self.outbound = outbound_request(&self.parts, &self.peer.ip, self.edits).0;
-                if !matches!(error, UpstreamError::IpReused { .. }) {
-                    // The connection went away under us: the next stream gets a new one.
-                    shard.h2c.forget(addr);
-                }
+                // The connection went away under us: the next stream gets another one.
+                shard.h2c.forget(addr, &lease);
                 Attempt::NotTaken { error, replayable }
             }
         }
@@ -383,6 +398,17 @@ fn send_answer(respond: &mut SendResponse<Bytes>, answer: &Answer<'_>, head_only
             HeaderValue::from_bytes(value),
         ) {
             fields.insert(name, value);
+        }
+    }
+    if let Some(revision) = answer.identity {
+        for (name, value) in [
+            (names::SERVING_REVISION_NAMESPACE, revision.namespace()),
+            (names::SERVING_REVISION_NAME, revision.name()),
+        ] {
+            // Kubernetes names (DNS labels) are always valid field values.
+            if let Ok(value) = HeaderValue::from_str(value) {
+                fields.insert(name, value);
+            }
         }
     }
     if let Some(note) = answer.wait {
@@ -538,8 +564,8 @@ impl ClientWatch for ResetWatch<'_> {
 enum Exchanged {
     /// As far as the request path is concerned: relayed, failed, truncated.
     Ended(Ended),
-    /// The pod took nothing of it, and nothing reached the client: a refused stream, or an
-    /// answer in another revision's name. `replayable`: nothing of the body was consumed.
+    /// The pod took nothing of it, and nothing reached the client: a refused stream.
+    /// `replayable`: nothing of the body was consumed.
     NotTaken {
         error: UpstreamError,
         replayable: bool,
@@ -561,7 +587,6 @@ enum Upload {
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
     shard: &Shard,
-    revision: &LocalRevision,
     addr: SocketAddr,
     sender: h2::client::SendRequest<Bytes>,
     outbound: Request<()>,
@@ -654,27 +679,6 @@ async fn exchange(
         Head::TimedOut => return failed(RequestError::TimedOut),
     };
     let (parts, mut from_pod) = response.into_parts();
-    if let Some((namespace, name)) = identity::other_revision(
-        parts
-            .headers
-            .get(names::SERVING_REVISION_NAME)
-            .map(HeaderValue::as_bytes),
-        parts
-            .headers
-            .get(names::SERVING_REVISION_NAMESPACE)
-            .map(HeaderValue::as_bytes),
-        revision.key().namespace(),
-        revision.key().name(),
-    ) {
-        return Exchanged::NotTaken {
-            error: UpstreamError::IpReused {
-                addr,
-                namespace,
-                revision: name,
-            },
-            replayable: end_of_request,
-        };
-    }
     let status = parts.status.as_u16();
     let mut head = Response::from_parts(parts, ());
     strip_hop_by_hop(head.headers_mut());

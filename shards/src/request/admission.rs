@@ -152,36 +152,6 @@ pub(crate) fn dial_failed(shard: &Rc<Shard>, revision: &Rc<LocalRevision>, pod: 
     });
 }
 
-/// A pod answered in the name of another revision (its IP was given to a new pod): no shard may
-/// start another request there, even before the control thread publishes the removal, so its
-/// slots are retired at once; the first shard to retire it reports it.
-pub(crate) fn retire_reused(
-    shard: &Shard,
-    revision: &LocalRevision,
-    pod: &LocalPod,
-    namespace: &str,
-    serving: &str,
-    request_id: &str,
-) {
-    tracing::warn!(
-        request_id,
-        pod = %pod.tracker.addr,
-        now_serving = %format_args!("{namespace}/{serving}"),
-        "pod IP reused by another revision; retiring it"
-    );
-    if pod.tracker.slots.retire() {
-        report(
-            shard,
-            revision,
-            pod,
-            EvidenceKind::IpReused {
-                namespace: namespace.to_string(),
-                revision: serving.to_string(),
-            },
-        );
-    }
-}
-
 /// Why a request that left admission without a pod failed: a deadline that passed after a pod
 /// could not be reached is answered with that pod's failure (the client hears why, not only that
 /// time ran out).

@@ -2,7 +2,7 @@
 //! errors), as every front writes them: status, body, at most one extra field, and whether it is
 //! an error in Go's `http.Error` style (`X-Content-Type-Options: nosniff`). Pure.
 
-use kactivator_api::messages;
+use kactivator_api::{messages, RevisionKey};
 
 use super::error::RequestError;
 use super::policy::WaitNote;
@@ -16,6 +16,9 @@ pub struct Answer<'a> {
     pub extra_header: Option<(&'a str, &'a [u8])>,
     /// An error in Go's `http.Error` style: plain text with `X-Content-Type-Options: nosniff`.
     pub error_style: bool,
+    /// The revision answering (`X-Knative-Revision-Namespace`/`-Name`): a queue-proxy's
+    /// health-check answers only.
+    pub identity: Option<&'a RevisionKey>,
     /// The request waited in the queue first: the answer says so as a pod's response would
     /// (`policy::WaitNote`).
     pub wait: Option<&'a WaitNote>,
@@ -29,6 +32,7 @@ impl<'a> Answer<'a> {
             body,
             extra_header: None,
             error_style: true,
+            identity: None,
             wait: None,
         }
     }
@@ -40,6 +44,7 @@ impl<'a> Answer<'a> {
             body,
             extra_header: None,
             error_style: error.go_error_style(),
+            identity: None,
             wait: None,
         }
     }
@@ -51,6 +56,7 @@ impl<'a> Answer<'a> {
             body: messages::CONNECT_REFUSED.as_bytes(),
             extra_header: Some(("Allow", messages::CONNECT_REFUSED_ALLOW.as_bytes())),
             error_style: true,
+            identity: None,
             wait: None,
         }
     }

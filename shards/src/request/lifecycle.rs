@@ -108,7 +108,6 @@ pub(crate) trait Front {
     async fn attempt(
         &mut self,
         shard: &Rc<Shard>,
-        revision: &LocalRevision,
         pod: &Rc<LocalPod>,
         deadlines: &Deadlines,
         held: &mut Option<Held<'_>>,
@@ -177,9 +176,12 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
     let local_keep_alive = shape.request.keep_alive && shape.request.bodiless && !draining();
     let probe = match &shard.settings.role {
         Role::Activator => probes::answer(&front.headers(), shard.health()),
-        Role::QueueProxy(role) => {
-            probes::queue_proxy_answer(&front.headers(), || role.user.is_ready(), draining())
-        }
+        Role::QueueProxy(role) => probes::queue_proxy_answer(
+            &front.headers(),
+            &role.revision,
+            || role.user.is_ready(),
+            draining() || role.pre_stop.load(std::sync::atomic::Ordering::Acquire),
+        ),
     };
     if let Some(answer) = probe {
         shard.stats().local_responses.increment();
@@ -206,8 +208,8 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
         // The pod's own revision, whatever the request names.
         Role::QueueProxy(role) => shard
             .replica
-            .find(&role.namespace, &role.revision)
-            .ok_or_else(|| messages::revision_not_found(&role.revision)),
+            .find(role.revision.namespace(), role.revision.name())
+            .ok_or_else(|| messages::revision_not_found(role.revision.name())),
     };
     let revision = match found {
         Ok(revision) => revision,
@@ -334,7 +336,7 @@ async fn proxy<F: Front>(
         let mut held = Some(Held::new(&pod, revision, shard));
         let told = note.as_ref().filter(|_| tells);
         let outcome = front
-            .attempt(shard, revision, &pod, &deadlines, &mut held, told)
+            .attempt(shard, &pod, &deadlines, &mut held, told)
             .await;
         let addr = pod.tracker.addr;
         match outcome {
@@ -369,21 +371,6 @@ async fn proxy<F: Front>(
                 unreached = Some(error);
             }
             Attempt::NotTaken { error, replayable } => {
-                if let UpstreamError::IpReused {
-                    namespace,
-                    revision: serving,
-                    ..
-                } = &error
-                {
-                    admission::retire_reused(
-                        shard,
-                        revision,
-                        &pod,
-                        namespace,
-                        serving,
-                        front.request_id(),
-                    );
-                }
                 drop(held);
                 if !may_retry(attempt, &error, replayable) {
                     return Ended::Failed {
@@ -422,6 +409,7 @@ async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> S
                         registration::ACCEPTED_CONTENT_TYPE.as_bytes(),
                     )),
                     error_style: !reply.json,
+                    identity: None,
                     wait: None,
                 };
                 return answered(shard, front, &answer, keep_alive).await;

@@ -14,9 +14,16 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// An IPv4 client of a dual-stack listener (`[::]`) arrives as a mapped IPv6 address
+    /// (`::ffff:10.0.0.1`): it is written as the IPv4 address it is, as Go's `net` does.
     pub fn of(addr: SocketAddr) -> Peer {
         Peer {
-            ip: addr.ip().to_string().into_bytes().into_boxed_slice(),
+            ip: addr
+                .ip()
+                .to_canonical()
+                .to_string()
+                .into_bytes()
+                .into_boxed_slice(),
             port: addr.port(),
         }
     }
@@ -47,6 +54,7 @@ mod tests {
             ("10.1.2.3:40000", "10.1.2.3:40000"),
             ("[::1]:8012", "[::1]:8012"),
             ("[fe80::1]:1", "[fe80::1]:1"),
+            ("[::ffff:10.1.2.3]:40000", "10.1.2.3:40000"),
         ] {
             let peer = Peer::of(addr.parse().unwrap());
             let mut out = Vec::new();

@@ -4,7 +4,7 @@
 //! (ingress hash echo), then any other `K-Network-Probe` value. Bodies and codes are Knative's,
 //! byte for byte.
 
-use kactivator_api::{headers, messages, probe};
+use kactivator_api::{headers, messages, probe, RevisionKey};
 
 use super::headers::RequestHeaders;
 pub use crate::runtime::readiness::Health;
@@ -18,6 +18,10 @@ pub struct LocalAnswer {
     pub extra_header: Option<(&'static str, Vec<u8>)>,
     /// Whether this is an error in Go's `http.Error` style (adds `X-Content-Type-Options`).
     pub error_style: bool,
+    /// The revision that answers, as `X-Knative-Revision-Namespace` and `-Name`: a queue-proxy's
+    /// health-check answers carry it, and they are the only evidence of which revision a pod
+    /// serves that a user's app cannot forge (SPEC §4, IP reuse).
+    pub identity: Option<RevisionKey>,
 }
 
 impl LocalAnswer {
@@ -31,6 +35,7 @@ impl LocalAnswer {
                 .as_ref()
                 .map(|(name, value)| (*name, value.as_slice())),
             error_style: self.error_style,
+            identity: self.identity.as_ref(),
             wait: None,
         }
     }
@@ -45,6 +50,7 @@ pub fn answer<H: RequestHeaders + ?Sized>(request: &H, health: Health) -> Option
                 body: Vec::new(),
                 extra_header: None,
                 error_style: false,
+                identity: None,
             },
             Health::Draining => error(500, messages::DRAINING.into()),
             Health::NotReady(reason) => error(500, format!("{reason}\n").into_bytes()),
@@ -63,6 +69,7 @@ pub fn answer<H: RequestHeaders + ?Sized>(request: &H, health: Health) -> Option
             body: probe::NETWORK_PROBE_ACTIVATOR.into(),
             extra_header: None,
             error_style: false,
+            identity: None,
         });
     }
     Some(error(
@@ -78,9 +85,12 @@ pub fn answer<H: RequestHeaders + ?Sized>(request: &H, health: Health) -> Option
 /// `Knative-Autoscaling-Probe`, on any path) is 503 `shutting down` once draining; otherwise it
 /// must carry `K-Network-Probe: queue` (else 400) and is 200 `queue` when the user container is
 /// ready, 503 with an empty body when not. `K-Network-Probe: probe` is the ingress hash echo
-/// (503 while draining). `user_ready` is read only for a health check.
+/// (503 while draining). `user_ready` is read only for a health check. What the health handler
+/// answers (200, 503 not ready, 400) names `revision`, as the fork's queue-proxy does: that is
+/// how an activator's probe tells a pod of another revision at a reused IP.
 pub fn queue_proxy_answer<H: RequestHeaders + ?Sized>(
     request: &H,
+    revision: &RevisionKey,
     user_ready: impl FnOnce() -> bool,
     draining: bool,
 ) -> Option<LocalAnswer> {
@@ -95,18 +105,20 @@ pub fn queue_proxy_answer<H: RequestHeaders + ?Sized>(
             return Some(error(503, messages::SHUTTING_DOWN.into()));
         }
         let value = network_probe.unwrap_or_default();
-        if value != probe::QUEUE.as_bytes() {
-            return Some(error(
-                400,
-                format!("unexpected probe header value: {}\n", go_quote(value)).into_bytes(),
-            ));
-        }
-        return Some(if user_ready() {
+        let answer = if value != probe::QUEUE.as_bytes() {
+            // The queue-proxy's health handler writes the value as it came (`%s`), where the
+            // activator's probe handler quotes it.
+            let mut body = b"unexpected probe header value: ".to_vec();
+            body.extend_from_slice(value);
+            body.push(b'\n');
+            error(400, body)
+        } else if user_ready() {
             LocalAnswer {
                 status: 200,
                 body: probe::QUEUE.into(),
                 extra_header: None,
                 error_style: false,
+                identity: None,
             }
         } else {
             LocalAnswer {
@@ -114,7 +126,12 @@ pub fn queue_proxy_answer<H: RequestHeaders + ?Sized>(
                 body: Vec::new(),
                 extra_header: None,
                 error_style: false,
+                identity: None,
             }
+        };
+        return Some(LocalAnswer {
+            identity: Some(revision.clone()),
+            ..answer
         });
     }
     if network_probe? != probe::NETWORK_PROBE_INGRESS.as_bytes() {
@@ -135,6 +152,7 @@ fn ingress_probe<H: RequestHeaders + ?Sized>(request: &H) -> LocalAnswer {
             body: Vec::new(),
             extra_header: Some((headers::NETWORK_HASH, hash.to_vec())),
             error_style: false,
+            identity: None,
         },
         _ => error(400, messages::PROBE_WITHOUT_HASH.into()),
     }
@@ -165,6 +183,7 @@ fn error(status: u16, body: Vec<u8>) -> LocalAnswer {
         body,
         extra_header: None,
         error_style: true,
+        identity: None,
     }
 }
 
@@ -333,6 +352,7 @@ mod tests {
     /// draining) → (status, body), or pass on.
     #[test]
     fn the_queue_proxy_answers_health_checks_from_the_user_containers_readiness() {
+        let revision = RevisionKey::new("ns", "hello-00001").unwrap();
         let kubelet = "User-Agent: kube-probe/1.30\r\nK-Network-Probe: queue";
         let activator = "User-Agent: Knative-Activator-Probe\r\nK-Network-Probe: queue";
         let autoscaler = "User-Agent: Knative-Autoscaling-Probe\r\nK-Network-Probe: queue";
@@ -347,13 +367,13 @@ mod tests {
                 "User-Agent: kube-probe/1.30",
                 true,
                 false,
-                Some((400, "unexpected probe header value: \"\"\n")),
+                Some((400, "unexpected probe header value: \n")),
             ),
             (
                 "User-Agent: kube-probe/1.30\r\nK-Network-Probe: activator",
                 true,
                 false,
-                Some((400, "unexpected probe header value: \"activator\"\n")),
+                Some((400, "unexpected probe header value: activator\n")),
             ),
             (
                 "K-Network-Probe: probe\r\nK-Network-Hash: h1",
@@ -389,7 +409,7 @@ mod tests {
                 .filter_map(|line| line.split_once(':'))
                 .map(|(name, value)| (name, value.trim()))
                 .collect();
-            let answer = queue_proxy_answer(fields.as_slice(), || *ready, *draining);
+            let answer = queue_proxy_answer(fields.as_slice(), &revision, || *ready, *draining);
             let got = answer.as_ref().map(|answer| {
                 (
                     answer.status,
@@ -398,6 +418,14 @@ mod tests {
             });
             let expected = expected.map(|(status, body)| (status, body.to_string()));
             assert_eq!(got, expected, "{lines:?} ready={ready} draining={draining}");
+            // The health handler's answers name the revision; the drainer's and the ingress
+            // probe's do not.
+            let health_handler = lines.contains("User-Agent") && !draining;
+            assert_eq!(
+                answer.and_then(|answer| answer.identity),
+                health_handler.then(|| revision.clone()),
+                "{lines:?} ready={ready} draining={draining}"
+            );
         }
     }
 }

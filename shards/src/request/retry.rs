@@ -7,9 +7,6 @@
 //!   nothing was sent anywhere, body included (it is still with the client), so the request goes
 //!   back to admission whatever its shape. `UpstreamError::Connect` and `ConnectTimeout` come
 //!   only from a dial, before any byte is written (`upstream::pool::Pool::dial`).
-//! * **A pod answered in the name of another revision** (its IP was reused): it never served
-//!   this request, so a request that can be sent again unchanged (no body, no upgrade: its head
-//!   is kept) goes to another pod.
 //! * **A pod's HTTP/2 connection refused the stream** (GOAWAY before it, REFUSED_STREAM): the
 //!   pod processed none of it (RFC 9113 §8.7), so a request whose body the activator has not
 //!   started to forward goes to another pod, or to a new connection to the same one.
@@ -24,7 +21,7 @@ pub const MAX_RETRIES: u32 = 3;
 pub fn may_retry(attempt: u32, error: &UpstreamError, replayable: bool) -> bool {
     let reached_no_pod = match error {
         UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. } => true,
-        UpstreamError::IpReused { .. } | UpstreamError::StreamRefused { .. } => replayable,
+        UpstreamError::StreamRefused { .. } => replayable,
         _ => false,
     };
     reached_no_pod && attempt <= MAX_RETRIES
@@ -38,10 +35,9 @@ mod tests {
     #[test]
     fn a_request_that_reached_no_pod_goes_to_another_a_bounded_number_of_times() {
         let addr = "10.0.0.1:8012".parse().unwrap();
-        let reused = UpstreamError::IpReused {
+        let refused_stream = UpstreamError::StreamRefused {
             addr,
-            namespace: "ns".into(),
-            revision: "other".into(),
+            detail: "stream refused".into(),
         };
         let refused = UpstreamError::Connect {
             addr,
@@ -57,10 +53,34 @@ mod tests {
             cause: TransportCause::Reset,
         };
         let rows: &[(&str, u32, &UpstreamError, bool, bool)] = &[
-            ("reused, first attempt", 1, &reused, true, true),
-            ("reused, third attempt", 3, &reused, true, true),
-            ("reused, fourth attempt: gives up", 4, &reused, true, false),
-            ("reused, with a body", 1, &reused, false, false),
+            (
+                "refused stream, first attempt",
+                1,
+                &refused_stream,
+                true,
+                true,
+            ),
+            (
+                "refused stream, third attempt",
+                3,
+                &refused_stream,
+                true,
+                true,
+            ),
+            (
+                "refused stream, fourth attempt: gives up",
+                4,
+                &refused_stream,
+                true,
+                false,
+            ),
+            (
+                "refused stream, its body partly forwarded",
+                1,
+                &refused_stream,
+                false,
+                false,
+            ),
             ("refused dial", 1, &refused, true, true),
             (
                 "refused dial, with a body: nothing of it was sent",

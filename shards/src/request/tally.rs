@@ -100,8 +100,8 @@ mod tests {
     #[test]
     fn only_a_queue_proxy_counts_requests_an_activator_marked() {
         let queue_proxy = Role::QueueProxy(crate::shard::QueueProxyRole {
-            namespace: "ns".into(),
-            revision: "rev".into(),
+            revision: kactivator_api::RevisionKey::new("ns", "rev").unwrap(),
+            pre_stop: Arc::default(),
             user: Arc::new(Ready),
         });
         let marked: &[(&str, &str)] = &[("k-proxy-request", "activator")];

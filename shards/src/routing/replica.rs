@@ -177,14 +177,14 @@ impl LocalRevision {
         self.route.borrow().timeouts
     }
 
-    /// Whether the revision has a pod that takes requests (a share above zero, not retired):
+    /// Whether the revision has a pod that takes requests (a share above zero):
     /// a request that queues without one is waiting for a cold start, not for a busy pod. Read
     /// only when a request queues.
     pub fn has_routable_pod(&self) -> bool {
-        self.pods.borrow().iter().any(|pod| {
-            let slots = &pod.tracker.slots;
-            slots.capacity() > 0 && !slots.is_retired()
-        })
+        self.pods
+            .borrow()
+            .iter()
+            .any(|pod| pod.tracker.slots.capacity() > 0)
     }
 
     /// Whether the revision has a priority policy now.

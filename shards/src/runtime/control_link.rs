@@ -51,9 +51,6 @@ pub enum EvidenceKind {
     /// Dialing failed (refused, reset, unreachable, timed out) or the pod dropped a fresh
     /// connection before answering: counts as a failed health check.
     TransportFailure,
-    /// The pod answered as another revision: its IP was reused. The shard has already retired
-    /// the tracker's slots.
-    IpReused { namespace: String, revision: String },
 }
 
 /// Registrations the channel holds before a shard's registration waits for room.
@@ -150,13 +147,13 @@ impl ControlLink {
     ///
     /// At most one report of each kind per tracker is in the channel: a transport failure is
     /// sent only when the previous one has been taken by the control thread
-    /// ([`PodTracker::claim_failure_report`]); an IP reuse is sent only by the shard whose
-    /// [`crate::throttle::slots::PodSlots::retire`] retired the pod. Failures that happen while
-    /// a report waits say nothing the waiting one does not.
+    /// ([`PodTracker::claim_failure_report`]). Failures that happen while a report waits say
+    /// nothing the waiting one does not. (Evidence of IP reuse never comes from a request: a
+    /// user's app can set any header, so only the queue-proxy's own probe answers and
+    /// registrations say which revision a pod serves, SPEC §4.)
     pub fn report(&self, revision: &RevisionKey, tracker: &Arc<PodTracker>, kind: EvidenceKind) {
         let send = match kind {
             EvidenceKind::TransportFailure => tracker.claim_failure_report(),
-            EvidenceKind::IpReused { .. } => tracker.slots.is_retired(),
         };
         if send {
             // Fails only when the control thread is gone, and then nobody is left to tell.
@@ -208,24 +205,5 @@ mod tests {
             1,
             "the next failure is reported again"
         );
-    }
-
-    #[test]
-    fn an_ip_reuse_is_reported_by_the_shard_that_retired_the_pod_only() {
-        let (link, from_shards) = ControlLink::channel();
-        let revision = RevisionKey::new("ns", "rev").unwrap();
-        let pod = tracker(1);
-        let reused = EvidenceKind::IpReused {
-            namespace: "ns".into(),
-            revision: "other".into(),
-        };
-        link.report(&revision, &pod, reused.clone());
-        assert!(
-            from_shards.evidence.is_empty(),
-            "not retired: nothing to report"
-        );
-        assert!(pod.slots.retire());
-        link.report(&revision, &pod, reused);
-        assert_eq!(from_shards.evidence.len(), 1);
     }
 }

@@ -7,7 +7,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::str::FromStr;
 
 use monoio::{IoUringDriver, LegacyDriver, Runtime, RuntimeBuilder};
@@ -65,31 +66,73 @@ impl fmt::Display for DriverKind {
     }
 }
 
+/// Every address of both families on `port`, the default of every listener of both roles:
+/// `[::]`, bound with `IPV6_V6ONLY` off so that IPv4 clients arrive as mapped addresses.
+/// Upstream listens on `":port"`, which Go binds the same way; IPv6-only and dual-stack
+/// clusters dial pods and activators at their IPv6 addresses.
+pub const fn any_address(port: u16) -> SocketAddr {
+    SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0))
+}
+
 /// Binds one SO_REUSEPORT listener per shard on `addr`. Binding happens on the calling thread so
 /// a bad address fails start-up with a clear error; port 0 is resolved by the first bind and
-/// reused by the rest.
-pub fn bind_listeners(
-    addr: SocketAddr,
-    count: usize,
-) -> std::io::Result<Vec<std::net::TcpListener>> {
+/// reused by the rest. `[::]` takes both families ([`any_address`]), or IPv4 alone on a kernel
+/// without IPv6.
+pub fn bind_listeners(addr: SocketAddr, count: usize) -> io::Result<Vec<std::net::TcpListener>> {
     let mut listeners = Vec::with_capacity(count);
     let mut bound = addr;
     for _ in 0..count {
-        let socket = Socket::new(
-            Domain::for_address(bound),
-            Type::STREAM,
-            Some(Protocol::TCP),
-        )?;
-        socket.set_reuse_address(true)?;
-        socket.set_reuse_port(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&bound.into())?;
-        socket.listen(BACKLOG)?;
-        let listener: std::net::TcpListener = socket.into();
+        let listener = bind(bound, true)?;
         bound = listener.local_addr()?;
         listeners.push(listener);
     }
     Ok(listeners)
+}
+
+/// Binds the one listener of a port that is not served by the shards (the admin ports), as
+/// [`bind_listeners`] binds: both families on `[::]`, non-blocking; without SO_REUSEPORT, so a
+/// second process on the port fails to start instead of sharing it.
+pub fn bind_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    bind(addr, false)
+}
+
+fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
+    match open(addr, reuse_port) {
+        Err(error) if lacks_ipv6(addr, &error) => {
+            let ipv4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), addr.port());
+            tracing::warn!(%addr, listening = %ipv4, "this kernel has no IPv6 ({error}): IPv4 only");
+            open(ipv4, reuse_port)
+        }
+        result => result,
+    }
+}
+
+fn open(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        // Both families whatever `net.ipv6.bindv6only` says.
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    Ok(socket.into())
+}
+
+/// Whether binding `addr` failed only because the kernel has no IPv6 (booted with
+/// `ipv6.disable=1`, or built without it): the unspecified IPv6 address then falls back to the
+/// IPv4 one. An explicit IPv6 address is an error as asked.
+fn lacks_ipv6(addr: SocketAddr, error: &io::Error) -> bool {
+    addr.is_ipv6()
+        && addr.ip().is_unspecified()
+        && matches!(
+            error.raw_os_error(),
+            Some(libc::EAFNOSUPPORT | libc::EPROTONOSUPPORT | libc::EADDRNOTAVAIL)
+        )
 }
 
 /// A shard's reactor, on the driver it got.
@@ -188,5 +231,60 @@ pub fn build(choice: DriverChoice) -> Result<Reactor, String> {
                 epoll().map(Reactor::Epoll)
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpStream;
+
+    /// Review finding: every listener bound `0.0.0.0`, so nothing answered over IPv6.
+    #[test]
+    fn the_default_address_takes_ipv4_and_ipv6_clients_on_every_shard_listener() {
+        let listeners = bind_listeners(any_address(0), 2).unwrap();
+        let port = listeners[0].local_addr().unwrap().port();
+        assert_eq!(listeners[1].local_addr().unwrap().port(), port);
+        for client in ["127.0.0.1", "::1"] {
+            let ip: std::net::IpAddr = client.parse().unwrap();
+            TcpStream::connect((ip, port)).unwrap_or_else(|error| panic!("{client}: {error}"));
+        }
+        let admin = bind_listener(any_address(0)).unwrap();
+        let port = admin.local_addr().unwrap().port();
+        for client in ["127.0.0.1", "::1"] {
+            let ip: std::net::IpAddr = client.parse().unwrap();
+            TcpStream::connect((ip, port)).unwrap_or_else(|error| panic!("{client}: {error}"));
+        }
+        assert!(
+            bind_listener(any_address(port)).is_err(),
+            "an admin port is not shared with another process"
+        );
+    }
+
+    #[test]
+    fn explicit_addresses_of_either_family_bind_only_that_family() {
+        let v6 = bind_listener("[::1]:0".parse().unwrap()).unwrap();
+        let port = v6.local_addr().unwrap().port();
+        assert!(TcpStream::connect(("::1", port)).is_ok());
+        assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+        let v4 = bind_listener("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = v4.local_addr().unwrap().port();
+        assert!(TcpStream::connect(("127.0.0.1", port)).is_ok());
+        assert!(TcpStream::connect(("::1", port)).is_err());
+    }
+
+    #[test]
+    fn only_the_unspecified_ipv6_address_falls_back_and_only_when_the_kernel_lacks_ipv6() {
+        let no_family = io::Error::from_raw_os_error(libc::EAFNOSUPPORT);
+        let no_address = io::Error::from_raw_os_error(libc::EADDRNOTAVAIL);
+        let in_use = io::Error::from_raw_os_error(libc::EADDRINUSE);
+        let any6 = any_address(8012);
+        let loopback6: SocketAddr = "[::1]:8012".parse().unwrap();
+        let any4: SocketAddr = "0.0.0.0:8012".parse().unwrap();
+        assert!(lacks_ipv6(any6, &no_family));
+        assert!(lacks_ipv6(any6, &no_address));
+        assert!(!lacks_ipv6(any6, &in_use), "a port in use is an error");
+        assert!(!lacks_ipv6(loopback6, &no_family), "an explicit address is");
+        assert!(!lacks_ipv6(any4, &no_family));
     }
 }

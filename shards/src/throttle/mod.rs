@@ -1,7 +1,7 @@
 //! The throttling core, sans-IO (no awaits, no clock, no sockets), shared across shards:
 //!
 //! * [`slots`] — a pod's in-flight count against this activator's share of its
-//!   containerConcurrency, and the retirement latch;
+//!   containerConcurrency;
 //! * [`gate`] — a revision's admission across shards: the fair queue and the slot hand-off;
 //! * [`discipline`] — the order of one shard's waiters: FIFO, or priority bands and fairness
 //!   across flows;

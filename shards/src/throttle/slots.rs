@@ -11,11 +11,9 @@
 //! in flight finish; no new acquire succeeds until the count is below the new capacity.
 //!
 //! One writer per fact: the capacity is written only by the control thread (the publish of a
-//! snapshot). A shard that finds the pod answering as another revision does not touch it; it
-//! **retires** the slots, a one-way latch that no later capacity undoes, so a publish made
-//! before the control thread hears of the retirement cannot bring the pod back.
+//! snapshot).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Capacity meaning "no limit" (containerConcurrency 0).
 pub const UNLIMITED: u32 = u32::MAX;
@@ -26,8 +24,6 @@ pub struct PodSlots {
     in_flight: AtomicU32,
     /// This activator's share of the pod; written by the control thread only.
     capacity: AtomicU32,
-    /// Set once by a shard, never cleared: the pod takes no new request from this process.
-    retired: AtomicBool,
 }
 
 impl PodSlots {
@@ -35,7 +31,6 @@ impl PodSlots {
         PodSlots {
             in_flight: AtomicU32::new(0),
             capacity: AtomicU32::new(capacity),
-            retired: AtomicBool::new(false),
         }
     }
 
@@ -49,7 +44,7 @@ impl PodSlots {
 
     /// Whether an acquire could succeed right now (a hint: another shard may take it first).
     pub fn has_free_slot(&self) -> bool {
-        !self.is_retired() && self.in_flight() < self.capacity()
+        self.in_flight() < self.capacity()
     }
 
     /// Takes one slot unless the pod is at capacity.
@@ -57,9 +52,7 @@ impl PodSlots {
         let mut current = self.in_flight.load(Ordering::Acquire);
         loop {
             // Re-read the capacity on every attempt so a shrink is honoured at once.
-            if current >= self.capacity.load(Ordering::Acquire)
-                || self.retired.load(Ordering::Acquire)
-            {
+            if current >= self.capacity.load(Ordering::Acquire) {
                 return false;
             }
             match self.in_flight.compare_exchange_weak(
@@ -87,18 +80,6 @@ impl PodSlots {
     /// Sets this activator's share of the pod (from a new snapshot).
     pub fn set_capacity(&self, capacity: u32) {
         self.capacity.store(capacity, Ordering::Release);
-    }
-
-    /// Takes the pod out of use for good: a shard saw it answer as another revision (its IP
-    /// was reused). Requests in flight finish; no acquire that starts afterwards succeeds,
-    /// whatever capacity is published later. True for the one call that retired it, so that
-    /// exactly one report of it goes to the control thread.
-    pub fn retire(&self) -> bool {
-        !self.retired.swap(true, Ordering::AcqRel)
-    }
-
-    pub fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::Acquire)
     }
 }
 
@@ -144,23 +125,6 @@ mod tests {
         assert!(!slots.try_acquire(), "1 in flight, capacity 1");
         assert!(slots.release());
         assert!(slots.try_acquire());
-    }
-
-    #[test]
-    fn retirement_is_for_good_and_reported_once() {
-        let slots = PodSlots::new(2);
-        assert!(slots.try_acquire());
-        assert!(slots.retire(), "the first retirement");
-        assert!(!slots.retire(), "a second shard finds it already retired");
-        assert!(!slots.try_acquire());
-        assert!(!slots.has_free_slot());
-        slots.set_capacity(UNLIMITED);
-        assert!(
-            !slots.try_acquire(),
-            "no capacity brings a retired pod back"
-        );
-        assert!(slots.release(), "the request in flight finishes");
-        assert_eq!(slots.in_flight(), 0);
     }
 
     #[test]

@@ -32,14 +32,6 @@ pub enum UpstreamError {
     /// The pod answered 101 to a request that did not ask for an upgrade, or switched to a
     /// protocol other than the one requested.
     UnexpectedSwitch { addr: SocketAddr },
-    /// The pod answered in the name of another revision (`X-Knative-Revision-Name`/`-Namespace`):
-    /// its IP was given to a new pod. Nothing of that answer is forwarded.
-    IpReused {
-        addr: SocketAddr,
-        /// The revision that answered, as its headers spell it.
-        namespace: String,
-        revision: String,
-    },
     /// The pod's HTTP/2 connection or stream failed without an I/O error: it reset the stream,
     /// went away (GOAWAY) or broke the protocol. `detail` is the `h2` crate's description.
     Http2 { addr: SocketAddr, detail: String },
@@ -61,7 +53,6 @@ impl UpstreamError {
             }
             UpstreamError::MalformedResponse { .. }
             | UpstreamError::UnexpectedSwitch { .. }
-            | UpstreamError::IpReused { .. }
             | UpstreamError::Http2 { .. }
             | UpstreamError::StreamRefused { .. } => false,
         }
@@ -146,7 +137,6 @@ impl UpstreamError {
             UpstreamError::Receive { .. } => "receive_error",
             UpstreamError::MalformedResponse { .. } => "malformed_response",
             UpstreamError::UnexpectedSwitch { .. } => "unexpected_switch",
-            UpstreamError::IpReused { .. } => "ip_reused",
             UpstreamError::Http2 { .. } => "http2_error",
             UpstreamError::StreamRefused { .. } => "stream_refused",
         }
@@ -173,14 +163,6 @@ impl fmt::Display for UpstreamError {
             UpstreamError::UnexpectedSwitch { addr } => {
                 write!(f, "{addr} switched protocols without being asked to")
             }
-            UpstreamError::IpReused {
-                addr,
-                namespace,
-                revision,
-            } => write!(
-                f,
-                "pod {addr} now serves revision {namespace}/{revision} (IP reused)"
-            ),
             UpstreamError::Http2 { addr, detail } => write!(f, "HTTP/2 with {addr}: {detail}"),
             UpstreamError::StreamRefused { addr, detail } => {
                 write!(f, "{addr} refused the HTTP/2 stream: {detail}")

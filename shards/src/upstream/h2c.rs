@@ -1,12 +1,16 @@
-//! One shard's HTTP/2 connections to pods: one multiplexed h2c connection per pod, dialled on
-//! first use, shared by every stream of the shard that goes there, dropped when the pod closes it,
+//! One shard's HTTP/2 connections to pods: multiplexed h2c connections, dialled on first use,
+//! shared by every stream of the shard that goes to that pod, dropped when the pod closes one,
 //! sends GOAWAY, or it has carried nothing for the pool's idle timeout.
+//!
+//! A connection carries at most what its pod allows (`SETTINGS_MAX_CONCURRENT_STREAMS`, 100 to
+//! 250 in common servers): a stream that finds every connection to its pod full gets a new
+//! one, as Go's transport does, instead of waiting in `h2` behind streams that may last
+//! (review finding: at containerConcurrency 0 the streams beyond the pod's limit waited, and
+//! long-lived ones turned the rest into 504s). Streams are counted here from checkout to the
+//! end of their exchange ([`Lease`]).
 //!
 //! While a dial is under way, other streams for that pod wait for it instead of dialling their
 //! own: a cold burst of N streams opens one connection, not N.
-//!
-//! A stream waits in `h2` for the pod's `SETTINGS_MAX_CONCURRENT_STREAMS`; admission keeps a
-//! pod's streams at its containerConcurrency anyway.
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -19,7 +23,7 @@ use rustc_hash::FxHashMap;
 
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::runtime::contain;
-use crate::runtime::signal::LocalEvent;
+use crate::runtime::signal::{LocalEvent, LocalNotify};
 use crate::upstream::error::{TransportCause, UpstreamError};
 use crate::upstream::pool::{connect, PoolConfig};
 
@@ -31,6 +35,10 @@ pub const DEFAULT_STREAM_WINDOW: u32 = 1 << 20;
 /// Default of `proxy.h2_connection_window_bytes`: 2 MiB. What one connection can have buffered
 /// in the activator from its client (and from a pod) at most.
 pub const DEFAULT_CONNECTION_WINDOW: u32 = 2 << 20;
+/// Streams a new connection to a pod carries until the pod's SETTINGS say how many it allows:
+/// 100, as Go's transport assumes (`initialMaxConcurrentStreams`). Without it, `h2` assumes no
+/// limit, and a burst on a fresh connection sent streams that the pod refused.
+pub const INITIAL_MAX_SEND_STREAMS: usize = 100;
 /// Default of `proxy.h2_max_frame_bytes`: 16 KiB, the protocol's initial value.
 pub const DEFAULT_MAX_FRAME: u32 = 16 << 10;
 /// Default of `proxy.h2_max_header_list_bytes`: 64 KiB, as an HTTP/1 request head.
@@ -69,28 +77,154 @@ impl Default for H2Settings {
 pub(crate) struct PodStreams {
     pub sender: SendRequest<Bytes>,
     pub authority: http::uri::Authority,
+    /// The connection's PING round trips.
+    pub pings: Rc<Pings>,
+}
+
+/// PING round trips on one connection, shared by its streams: how a stream reset because its
+/// client left learns that the pod has read the reset, and so stopped the work (gRPC servers
+/// cancel the call's context on RST_STREAM). Only then is the pod's slot given back: a pod is
+/// busy until it knows the request is abandoned, not until our client left.
+///
+/// One round trip is not proof: `h2` writes a PING requested after the reset in the same pass
+/// as the reset, possibly before it. The second round trip leaves only once the first PONG
+/// came back, after the reset was written, and the pod reads frames in order: its PONG comes
+/// after the pod read the RST_STREAM.
+pub(crate) struct Pings {
+    ping_pong: RefCell<Option<h2::PingPong>>,
+    /// Round trips started, and completed, so far (one at a time).
+    started: Cell<u64>,
+    completed: Cell<u64>,
+    in_flight: Cell<bool>,
+    /// Wakes the streams waiting while another drives a round trip.
+    done: LocalNotify,
+}
+
+impl Pings {
+    fn new(ping_pong: Option<h2::PingPong>) -> Pings {
+        Pings {
+            ping_pong: RefCell::new(ping_pong),
+            started: Cell::new(0),
+            completed: Cell::new(0),
+            in_flight: Cell::new(false),
+            done: LocalNotify::default(),
+        }
+    }
+
+    /// Returns once the pod has read every frame this connection wrote before the call: two
+    /// round trips that both started after it, or at once when the connection is gone.
+    pub(crate) async fn confirm_written(&self) {
+        let target = self.started.get() + 2;
+        while self.completed.get() < target {
+            if self.in_flight.get() {
+                self.done.notified().await;
+                continue;
+            }
+            if !self.round_trip().await {
+                return;
+            }
+        }
+    }
+
+    /// One PING and its PONG, driven by the caller; false when the connection cannot carry it.
+    async fn round_trip(&self) -> bool {
+        let Some(mut ping_pong) = self.ping_pong.borrow_mut().take() else {
+            return false;
+        };
+        self.in_flight.set(true);
+        self.started.set(self.started.get() + 1);
+        // Whatever happens to the caller, the next waiter can drive the next round trip.
+        let _done = RoundTrip(self);
+        let mut answered = ping_pong.ping(h2::Ping::opaque()).await;
+        if answered.is_err() && !ping_pong_closed(&answered) {
+            // A round trip whose driver went away left its PONG unread: collect it, then ours.
+            answered = match std::future::poll_fn(|cx| ping_pong.poll_pong(cx)).await {
+                Ok(_) => ping_pong.ping(h2::Ping::opaque()).await,
+                Err(error) => Err(error),
+            };
+        }
+        *self.ping_pong.borrow_mut() = Some(ping_pong);
+        if answered.is_ok() {
+            self.completed.set(self.completed.get() + 1);
+        }
+        answered.is_ok()
+    }
+}
+
+/// Whether a failed ping failed because the connection is gone (rather than a PONG of an
+/// earlier round trip left unread).
+fn ping_pong_closed(answered: &Result<h2::Pong, h2::Error>) -> bool {
+    answered
+        .as_ref()
+        .err()
+        .is_some_and(|error| error.is_io() || error.is_go_away() || error.is_remote())
+}
+
+/// Ends a round trip, however its driver ends.
+struct RoundTrip<'a>(&'a Pings);
+
+impl Drop for RoundTrip<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.set(false);
+        self.0.done.notify_all();
+    }
 }
 
 /// A live connection to one pod.
 struct PodConn {
+    /// Tells it from the pod's other connections.
+    id: u64,
     streams: PodStreams,
     /// Set by the connection's task when it ends (the pod closed it, GOAWAY, an error).
     closed: Rc<Cell<bool>>,
     last_used: Cell<Instant>,
+    /// Streams checked out on it whose exchange has not ended.
+    leased: Rc<Cell<usize>>,
+}
+
+impl PodConn {
+    /// Whether another stream fits under the pod's current limit.
+    fn has_room(&self) -> bool {
+        !self.closed.get() && self.leased.get() < self.streams.sender.current_max_send_streams()
+    }
+
+    fn lease(&self) -> Lease {
+        self.leased.set(self.leased.get() + 1);
+        self.last_used.set(Instant::now());
+        Lease {
+            conn: self.id,
+            leased: self.leased.clone(),
+        }
+    }
+}
+
+/// A stream's place on one connection, from checkout to the end of its exchange: the
+/// connection counts it while this lives.
+pub(crate) struct Lease {
+    conn: u64,
+    leased: Rc<Cell<usize>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.leased.set(self.leased.get().saturating_sub(1));
+    }
 }
 
 /// A dial under way, which other checkouts of the pod wait for.
 #[derive(Default)]
 struct Dial {
     done: LocalEvent,
-    /// Its result, once done; none if the dialling stream went away before the end (then a
-    /// waiter dials itself).
-    result: RefCell<Option<Result<PodStreams, UpstreamError>>>,
+    /// Its result, once done (the connection itself is in the entry); none if the dialling
+    /// stream went away before the end (then a waiter dials itself).
+    result: RefCell<Option<Result<(), UpstreamError>>>,
 }
 
-enum Entry {
-    Dialing(Rc<Dial>),
-    Open(PodConn),
+/// A pod's connections, and the dial under way to it if any.
+#[derive(Default)]
+struct Entry {
+    open: Vec<PodConn>,
+    dialing: Option<Rc<Dial>>,
 }
 
 /// The shard's h2c connections, by pod address.
@@ -98,6 +232,8 @@ pub(crate) struct H2cConnections {
     pool: PoolConfig,
     settings: H2Settings,
     conns: RefCell<FxHashMap<SocketAddr, Entry>>,
+    /// The id of the next connection.
+    next_id: Cell<u64>,
     /// The shard's counters, for the connection tasks this spawns.
     stats: AllShardStats,
     shard: usize,
@@ -114,41 +250,65 @@ impl H2cConnections {
             pool,
             settings,
             conns: RefCell::new(FxHashMap::default()),
+            next_id: Cell::new(0),
             stats,
             shard,
         }
     }
 
-    /// A handle on the connection to `addr`: the open one, the one being dialled, or a new one.
-    /// `reused`: it was open already.
+    /// A handle on a connection to `addr` with room for one more stream: an open one, the one
+    /// being dialled, or a new one. `reused`: it was open already. The stream counts against
+    /// the connection while the [`Lease`] lives.
     pub(crate) async fn checkout(
         &self,
         addr: SocketAddr,
         stats: &ShardStats,
-    ) -> Result<(PodStreams, bool), UpstreamError> {
+    ) -> Result<(PodStreams, bool, Lease), UpstreamError> {
         loop {
-            let dialling = match self.conns.borrow().get(&addr) {
-                Some(Entry::Open(conn)) if !conn.closed.get() => {
-                    conn.last_used.set(Instant::now());
+            let dialling = {
+                let conns = self.conns.borrow();
+                let Some(entry) = conns.get(&addr) else {
+                    break;
+                };
+                if let Some(conn) = entry.open.iter().find(|conn| conn.has_room()) {
                     stats.upstream_reuses.increment();
-                    return Ok((conn.streams.clone(), true));
+                    return Ok((conn.streams.clone(), true, conn.lease()));
                 }
-                Some(Entry::Dialing(dial)) => Some(dial.clone()),
-                Some(Entry::Open(_)) | None => None,
+                match &entry.dialing {
+                    Some(dial) => dial.clone(),
+                    None => break,
+                }
             };
-            let Some(dial) = dialling else {
-                break;
+            dialling.done.wait().await;
+            let failed = match &*dialling.result.borrow() {
+                Some(Err(error)) => Some(error.clone()),
+                // Dialled: look again for room (the new connection may be full already).
+                Some(Ok(())) => None,
+                // The dialling stream went away before the end: dial again.
+                None => None,
             };
-            dial.done.wait().await;
-            let result = dial.result.borrow().clone();
-            if let Some(result) = result {
-                return result.map(|sender| (sender, false));
+            if let Some(error) = failed {
+                return Err(error);
+            }
+            // Dialled for us: the new connection is in the entry, take it even before the pod's
+            // SETTINGS say how many streams it allows.
+            let fresh = {
+                let conns = self.conns.borrow();
+                conns.get(&addr).and_then(|entry| {
+                    entry
+                        .open
+                        .iter()
+                        .rev()
+                        .find(|conn| conn.has_room())
+                        .map(|conn| (conn.streams.clone(), conn.lease()))
+                })
+            };
+            if let Some((streams, lease)) = fresh {
+                return Ok((streams, false, lease));
             }
         }
         let dial = Rc::new(Dial::default());
-        self.conns
-            .borrow_mut()
-            .insert(addr, Entry::Dialing(dial.clone()));
+        self.conns.borrow_mut().entry(addr).or_default().dialing = Some(dial.clone());
         // Whatever happens to this checkout (its stream may be reset mid-dial), the entry and
         // its waiters are settled.
         let mut settle = Settle {
@@ -158,30 +318,39 @@ impl H2cConnections {
             result: None,
         };
         let result = Box::pin(self.dial(addr, stats)).await;
-        settle.result = Some(match &result {
-            Ok((streams, _)) => Ok(streams.clone()),
-            Err(error) => Err(error.clone()),
+        settle.result = Some(result.as_ref().map(|_| ()).map_err(Clone::clone));
+        let dialled = result.map(|(streams, closed)| {
+            let id = self.next_id.get();
+            self.next_id.set(id + 1);
+            let conn = PodConn {
+                id,
+                streams: streams.clone(),
+                closed,
+                last_used: Cell::new(Instant::now()),
+                leased: Rc::default(),
+            };
+            let lease = conn.lease();
+            self.conns
+                .borrow_mut()
+                .entry(addr)
+                .or_default()
+                .open
+                .push(conn);
+            (streams, false, lease)
         });
-        if let Ok((streams, closed)) = &result {
-            self.conns.borrow_mut().insert(
-                addr,
-                Entry::Open(PodConn {
-                    streams: streams.clone(),
-                    closed: closed.clone(),
-                    last_used: Cell::new(Instant::now()),
-                }),
-            );
-        }
         drop(settle);
-        result.map(|(streams, _)| (streams, false))
+        dialled
     }
 
-    /// Forgets the connection to `addr` (it refused a new stream: GOAWAY), so the next
-    /// checkout dials a new one. Streams already on it finish there.
-    pub(crate) fn forget(&self, addr: SocketAddr) {
+    /// Forgets the connection `lease` was on (it refused a new stream: GOAWAY), so the next
+    /// checkout uses another or dials a new one. Streams already on it finish there.
+    pub(crate) fn forget(&self, addr: SocketAddr, lease: &Lease) {
         let mut conns = self.conns.borrow_mut();
-        if matches!(conns.get(&addr), Some(Entry::Open(_))) {
-            conns.remove(&addr);
+        if let Some(entry) = conns.get_mut(&addr) {
+            entry.open.retain(|conn| conn.id != lease.conn);
+            if entry.open.is_empty() && entry.dialing.is_none() {
+                conns.remove(&addr);
+            }
         }
     }
 
@@ -212,15 +381,18 @@ impl H2cConnections {
             .initial_connection_window_size(self.settings.connection_window)
             .max_frame_size(self.settings.max_frame)
             .max_header_list_size(self.settings.max_header_list)
+            .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             .enable_push(false);
         // The handshake is our preface and SETTINGS; the pod's SETTINGS arrive with the first
         // frames the connection reads. It counts against the connect timeout.
         let left = timeout.saturating_sub(started.elapsed());
-        let (sender, connection) = match monoio::time::timeout(left, builder.handshake(io)).await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(error)) => return Err(h2_failure(addr, &error, Phase::Dial)),
-            Err(_) => return Err(timed_out()),
-        };
+        let (sender, mut connection) =
+            match monoio::time::timeout(left, builder.handshake(io)).await {
+                Ok(Ok(pair)) => pair,
+                Ok(Err(error)) => return Err(h2_failure(addr, &error, Phase::Dial)),
+                Err(_) => return Err(timed_out()),
+            };
+        let pings = Rc::new(Pings::new(connection.ping_pong()));
         let closed = Rc::new(Cell::new(false));
         let flag = closed.clone();
         let (all_stats, shard) = (self.stats.clone(), self.shard);
@@ -238,7 +410,14 @@ impl H2cConnections {
         });
         let authority = http::uri::Authority::try_from(addr.to_string())
             .expect("a socket address is a valid authority");
-        Ok((PodStreams { sender, authority }, closed))
+        Ok((
+            PodStreams {
+                sender,
+                authority,
+                pings,
+            },
+            closed,
+        ))
     }
 
     /// Drops connections that carried nothing for the idle timeout (streams still running on
@@ -246,11 +425,12 @@ impl H2cConnections {
     pub(crate) fn sweep(&self) {
         let now = Instant::now();
         let idle = self.pool.idle_timeout;
-        self.conns.borrow_mut().retain(|_, entry| match entry {
-            Entry::Open(conn) => {
-                !conn.closed.get() && now.duration_since(conn.last_used.get()) < idle
-            }
-            Entry::Dialing(_) => true,
+        self.conns.borrow_mut().retain(|_, entry| {
+            entry.open.retain(|conn| {
+                !conn.closed.get()
+                    && (conn.leased.get() > 0 || now.duration_since(conn.last_used.get()) < idle)
+            });
+            !entry.open.is_empty() || entry.dialing.is_some()
         });
     }
 
@@ -260,26 +440,32 @@ impl H2cConnections {
     }
 }
 
-/// Ends a dial's entry: on success the caller has put the open connection in its place; on
-/// failure, or when the dialling checkout was dropped mid-dial, the entry goes. Either way
-/// the waiters wake and read `result` (none: they dial themselves).
+/// Ends a dial: on success the caller has added the open connection to the entry; either way
+/// the entry no longer has this dial under way (an entry left with nothing goes), and the
+/// waiters wake and read `result` (none: they dial themselves).
 struct Settle<'a> {
     pods: &'a H2cConnections,
     addr: SocketAddr,
     dial: &'a Rc<Dial>,
-    result: Option<Result<PodStreams, UpstreamError>>,
+    result: Option<Result<(), UpstreamError>>,
 }
 
 impl Drop for Settle<'_> {
     fn drop(&mut self) {
-        let succeeded = matches!(self.result, Some(Ok(_)));
-        if !succeeded {
-            let mut conns = self.pods.conns.borrow_mut();
-            if matches!(conns.get(&self.addr), Some(Entry::Dialing(dial)) if Rc::ptr_eq(dial, self.dial))
+        let mut conns = self.pods.conns.borrow_mut();
+        if let Some(entry) = conns.get_mut(&self.addr) {
+            if entry
+                .dialing
+                .as_ref()
+                .is_some_and(|dial| Rc::ptr_eq(dial, self.dial))
             {
+                entry.dialing = None;
+            }
+            if entry.open.is_empty() && entry.dialing.is_none() {
                 conns.remove(&self.addr);
             }
         }
+        drop(conns);
         *self.dial.result.borrow_mut() = self.result.take();
         self.dial.done.set();
     }

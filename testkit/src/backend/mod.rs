@@ -22,6 +22,7 @@
 //! | `/delay/<ms>` | `slept <ms>\n` after sleeping |
 //! | `/status/<code>` | that status with `status <code>\n` (no body for 204 and 304) |
 //! | `/trailers` | chunked `hello\n` with trailers `x-checksum: abc`, `x-final: yes` |
+//! | `/respond-header/<name>/<value>` | `with a header of my own\n`, with `<name>: <value>` set by the app (identity headers, when configured, are stamped over it) |
 //! | `/slow-body/<n>/<ms>` | `n` KiB of pattern bytes, one KiB every `ms` |
 //! | `/close` | `bye\n` with `Connection: close` |
 //! | `/ws` | websocket echo |
@@ -76,6 +77,14 @@ pub struct BackendConfig {
     pub revision_name: Option<String>,
     /// Sent as `X-Knative-Revision-Namespace` when set.
     pub revision_namespace: Option<String>,
+    /// A request whose client half-closes its connection is still worked on to its end and
+    /// answered, as by an app that never looks at its client (a model server that cannot stop
+    /// mid-inference). Off, the backend is hyper's default, which, like Go's `net/http` and
+    /// uvicorn, notices the client left and drops the request's work at once.
+    pub keeps_working: bool,
+    /// The `SETTINGS_MAX_CONCURRENT_STREAMS` an HTTP/2 server advertises (the gRPC backend);
+    /// `None`: hyper's default (200).
+    pub max_concurrent_streams: Option<u32>,
 }
 
 impl BackendConfig {
@@ -85,7 +94,21 @@ impl BackendConfig {
             name: name.into(),
             revision_name: None,
             revision_namespace: None,
+            keeps_working: false,
+            max_concurrent_streams: None,
         }
+    }
+
+    /// An HTTP/2 server that allows `streams` streams per connection (the gRPC backend).
+    pub fn with_max_concurrent_streams(mut self, streams: u32) -> Self {
+        self.max_concurrent_streams = Some(streams);
+        self
+    }
+
+    /// A backend that finishes every request whose client left (see `keeps_working`).
+    pub fn keeps_working(mut self) -> Self {
+        self.keeps_working = true;
+        self
     }
 
     /// Adds the revision headers a queue-proxy would send.
@@ -115,6 +138,7 @@ pub(crate) struct Shared {
     probe_healthy: AtomicBool,
     /// Milliseconds a queue-proxy probe waits before its answer.
     probe_delay_ms: AtomicU64,
+    keeps_working: bool,
 }
 
 impl Shared {
@@ -128,6 +152,7 @@ impl Shared {
             counters: Arc::default(),
             probe_healthy: AtomicBool::new(true),
             probe_delay_ms: AtomicU64::new(0),
+            keeps_working: config.keeps_working,
         })
     }
 }
@@ -453,6 +478,7 @@ fn serve_connection(stream: TcpStream, shared: &Arc<Shared>) {
     });
     // The service owns the context; hyper drops the service when the connection ends,
     // which releases `connections_open` unless an upgrade task still holds the context.
+    let keeps_working = shared.keeps_working;
     let service = service_fn(move |request| {
         let connection = Arc::clone(&connection);
         async move { Ok::<_, Infallible>(routes::handle(request, connection).await) }
@@ -460,6 +486,7 @@ fn serve_connection(stream: TcpStream, shared: &Arc<Shared>) {
     tokio::spawn(async move {
         let served = http1::Builder::new()
             .writev(true)
+            .half_close(keeps_working)
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades()
             .await;

@@ -204,6 +204,19 @@ async fn route(
             drain(request.into_body()).await;
             trailers()
         }
+        // An app that sets a header of its choosing, e.g. one relaying another service's answer.
+        ["respond-header", name, value] => match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            (Ok(name), Ok(value)) => {
+                drain(request.into_body()).await;
+                let mut response = text(StatusCode::OK, "with a header of my own\n");
+                response.headers_mut().insert(name, value);
+                response
+            }
+            _ => no_route(request).await,
+        },
         ["slow-body", frames, milliseconds] => {
             match (parse::<u64>(frames), parse::<u64>(milliseconds)) {
                 (Some(frames), Some(milliseconds)) => {

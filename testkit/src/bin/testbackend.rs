@@ -43,6 +43,8 @@ fn main() -> ExitCode {
         name: arguments.name,
         revision_name: arguments.revision_name,
         revision_namespace: arguments.revision_namespace,
+        keeps_working: false,
+        max_concurrent_streams: None,
     };
     let served = if arguments.grpc {
         run_grpc_until_signal(arguments.listen, config, announce)
