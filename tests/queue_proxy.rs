@@ -716,3 +716,86 @@ fn the_code_start_up_ran_leaves_memory_and_requests_are_served_on() {
         "serving maps {serving} KiB of code, start-up {at_start_up} KiB"
     );
 }
+
+/// Review finding: the sidecar got the activator's budget, so a queue-proxy under a 64 MiB
+/// limit exited 2 and crash-looped. Under 32 MiB, at containerConcurrency 10, it starts, says
+/// the budget it fitted, and its breaker admits what upstream's does: 10 requests at the app and
+/// 100 waiting, every one served.
+#[test]
+fn under_a_32_mib_limit_it_starts_and_admits_its_whole_breaker() {
+    const LIMIT: u64 = 32 << 20;
+    let user_port = free_port();
+    let user = user_container(user_port);
+    let proxy = QueueProxy::start_under_memory_limit(
+        knative_env(user_port, free_port(), 10),
+        &["--drain-grace-seconds", "1"],
+        LIMIT,
+    );
+    let budget = proxy
+        .stderr()
+        .lines()
+        .find(|line| line.contains("memory budget"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no budget line: {}", proxy.stderr()));
+    assert!(budget.contains("limit=32 MiB"), "{budget}");
+    assert!(eventually(Duration::from_secs(5), || proxy
+        .health_check("kube-probe/1.30")
+        .status
+        == 200));
+    let serving = proxy.serving;
+    let clients: Vec<_> = (0..110)
+        .map(|_| {
+            std::thread::spawn(move || {
+                exchange(
+                    serving,
+                    b"GET /delay/300 HTTP/1.1\r\nHost: hello.default\r\nConnection: close\r\n\r\n",
+                )
+                .status
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    assert!(
+        statuses.iter().all(|status| *status == 200),
+        "{:?}",
+        statuses
+            .iter()
+            .filter(|status| **status != 200)
+            .collect::<Vec<_>>()
+    );
+    let stats = user.stats();
+    assert_eq!(stats.max_in_flight, 10, "{stats:?}");
+    let rss_kib = std::fs::read_to_string(format!("/proc/{}/status", proxy.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap();
+    assert!(rss_kib * 1024 < LIMIT, "resident {rss_kib} KiB");
+}
+
+/// A limit that cannot hold the breaker is refused at start, naming what asked for it, rather
+/// than answering 503 to requests the breaker promised to hold.
+#[test]
+fn a_limit_too_small_for_its_breaker_is_refused_naming_containerconcurrency() {
+    let output = support::queue_proxy::under_memory_limit(32 << 20)
+        .arg("queue-proxy")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(knative_env(free_port(), free_port(), 100))
+        .output()
+        .expect("run kactivator queue-proxy");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("CONTAINER_CONCURRENCY") && stderr.contains("32 MiB"),
+        "{stderr}"
+    );
+}

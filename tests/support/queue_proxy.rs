@@ -69,6 +69,20 @@ impl QueueProxy {
 
     /// [`QueueProxy::start`] with more flags (e.g. `--drain-grace-seconds`).
     pub fn start_with(env: HashMap<String, String>, args: &[&str]) -> QueueProxy {
+        QueueProxy::start_in(Command::new(env!("CARGO_BIN_EXE_kactivator")), env, args)
+    }
+
+    /// [`QueueProxy::start_with`], the process shown a memory limit of `limit` bytes
+    /// ([`under_memory_limit`]).
+    pub fn start_under_memory_limit(
+        env: HashMap<String, String>,
+        args: &[&str],
+        limit: u64,
+    ) -> QueueProxy {
+        QueueProxy::start_in(under_memory_limit(limit), env, args)
+    }
+
+    fn start_in(mut command: Command, env: HashMap<String, String>, args: &[&str]) -> QueueProxy {
         let serving: SocketAddr = format!("127.0.0.1:{}", env["QUEUE_SERVING_PORT"])
             .parse()
             .unwrap();
@@ -78,7 +92,7 @@ impl QueueProxy {
         let stderr = std::fs::File::create(dir.join("stderr.log")).unwrap();
         // Knative's request log goes to stdout.
         let stdout = std::fs::File::create(dir.join("stdout.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+        let child = command
             .arg("queue-proxy")
             .args(["--drain-admin", &drain_admin.to_string()])
             .args(["--admin", &metrics.to_string()])
@@ -184,4 +198,36 @@ impl Drop for QueueProxy {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A command that runs the binary (its arguments follow) seeing a cgroup memory limit of
+/// `limit` bytes, as a container's limit shows: in a mount namespace of its own, a tmpfs over
+/// `/sys/fs/cgroup` holds the files the binary reads at its cgroup's path (v2's `memory.max`,
+/// v1's `memory.limit_in_bytes`). Nothing on the host changes; the shell execs the binary, so
+/// the child's pid is the binary's.
+pub fn under_memory_limit(limit: u64) -> Command {
+    const SHOW_LIMIT: &str = r#"limit=$1; shift
+mount -t tmpfs cgroup-for-test /sys/fs/cgroup || exit 97
+while IFS=: read -r _ controllers path; do
+  case "$controllers" in
+    "") mkdir -p "/sys/fs/cgroup$path" && echo "$limit" > "/sys/fs/cgroup$path/memory.max" ;;
+    *memory*) mkdir -p "/sys/fs/cgroup/memory$path" &&
+      echo "$limit" > "/sys/fs/cgroup/memory$path/memory.limit_in_bytes" ;;
+  esac
+done < /proc/self/cgroup
+exec "$@""#;
+    let mut command = Command::new("unshare");
+    command
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            SHOW_LIMIT,
+            "sh",
+        ])
+        .arg(limit.to_string())
+        .arg(env!("CARGO_BIN_EXE_kactivator"));
+    command
 }
