@@ -12,6 +12,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use kactivator_shards::metrics::AllShardStats;
 use kactivator_shards::runtime::readiness::{Readiness, SHARD_DIED};
+use kactivator_shards::shard::DEFAULT_HEAD_TIMEOUT;
 use tokio::net::TcpListener;
 
 /// What the admin endpoints read.
@@ -37,6 +38,22 @@ pub struct AdminState {
     pub quit: tokio::sync::Notify,
 }
 
+/// Serves one connection of an admin port (this one, and the queue-proxy's `:8022` and
+/// `:9090`) with `service`: HTTP/1.1, each head due within [`DEFAULT_HEAD_TIMEOUT`] as on the
+/// data ports (upstream's `ReadHeaderTimeout`), so a client that connects and says nothing does
+/// not hold a connection for ever.
+pub async fn serve_connection<S>(stream: tokio::net::TcpStream, service: S)
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Full<Bytes>>>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(DEFAULT_HEAD_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+}
+
 /// Serves admin requests until the runtime stops.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     loop {
@@ -50,12 +67,11 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
         };
         let state = state.clone();
         tokio::spawn(async move {
-            let local = peer.ip().is_loopback();
+            // An IPv4 client of the dual-stack listener arrives as `::ffff:127.0.0.1`.
+            let local = peer.ip().to_canonical().is_loopback();
             let service =
                 hyper::service::service_fn(move |request| handle(request, state.clone(), local));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            serve_connection(stream, service).await;
         });
     }
 }
@@ -194,6 +210,51 @@ mod tests {
         }
     }
 
+    fn admin_state(registry: prometheus::Registry) -> Arc<AdminState> {
+        Arc::new(AdminState {
+            stats: Arc::from(vec![CachePadded::new(ShardStats::new(0))]),
+            pod_name: "test".into(),
+            registry,
+            ready: true.into(),
+            draining: false.into(),
+            worker: None,
+            readiness: Arc::new(Readiness::new(false, false)),
+            metric_names: crate::config::MetricNames::default(),
+            metrics_component: crate::config::MetricsComponent::default(),
+            reported_concurrency: None,
+            quit: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Review finding: on the dual-stack listener (`[::]`, the default) an IPv4 loopback client
+    /// arrives as `::ffff:127.0.0.1`, which is not a loopback address as written; the exit
+    /// request is still one from this host.
+    #[tokio::test(flavor = "current_thread")]
+    async fn quitquitquit_from_either_loopback_through_the_dual_stack_listener_is_accepted() {
+        let std_listener = kactivator_shards::runtime::reactor::bind_listener(
+            kactivator_shards::runtime::reactor::any_address(0),
+        )
+        .unwrap();
+        let port = std_listener.local_addr().unwrap().port();
+        let listener = TcpListener::from_std(std_listener).unwrap();
+        let state = admin_state(prometheus::Registry::new());
+        tokio::spawn(serve(listener, state.clone()));
+        for client in ["127.0.0.1", "::1"] {
+            let ip: std::net::IpAddr = client.parse().unwrap();
+            let mut stream = tokio::net::TcpStream::connect((ip, port)).await.unwrap();
+            stream
+                .write_all(b"POST /quitquitquit HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await.unwrap();
+            assert!(answer.starts_with("HTTP/1.1 200"), "{client}: {answer}");
+            tokio::time::timeout(Duration::from_secs(1), state.quit.notified())
+                .await
+                .unwrap_or_else(|_| panic!("{client}: no exit asked"));
+        }
+    }
+
     async fn get(addr: std::net::SocketAddr, path: &str) -> String {
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
@@ -216,19 +277,7 @@ mod tests {
                 release: Mutex::new(release_rx),
             }))
             .unwrap();
-        let state = Arc::new(AdminState {
-            stats: Arc::from(vec![CachePadded::new(ShardStats::new(0))]),
-            pod_name: "test".into(),
-            registry,
-            ready: true.into(),
-            draining: false.into(),
-            worker: None,
-            readiness: Arc::new(Readiness::new(false, false)),
-            metric_names: crate::config::MetricNames::default(),
-            metrics_component: crate::config::MetricsComponent::default(),
-            reported_concurrency: None,
-            quit: tokio::sync::Notify::new(),
-        });
+        let state = admin_state(registry);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(serve(listener, state));

@@ -19,7 +19,6 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -54,9 +53,7 @@ pub async fn serve(
                 let (drain, pre_stop) = (drain.clone(), pre_stop.clone());
                 async move { Ok::<_, Infallible>(handle(request.uri().path(), drain, &pre_stop).await) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            crate::admin::serve_connection(stream, service).await;
         });
     }
 }

@@ -10,10 +10,16 @@
 //! task on the control thread keeps the answer ready, so a health request never waits:
 //!
 //! * from start the container is not ready, and attempts run aggressively (one every
-//!   [`AGGRESSIVE_INTERVAL`], never two at once) until `successThreshold` consecutive passes,
-//!   in standard mode too, so a cold start is noticed within 50 ms rather than a period;
-//! * once ready, one attempt per period ([`READY_PERIOD_AGGRESSIVE`] when `periodSeconds` is 0)
-//!   and `failureThreshold` consecutive failures make it not ready, back to aggressive attempts;
+//!   [`AGGRESSIVE_INTERVAL`], never two at once) until it passes, in standard mode too, so a
+//!   cold start is noticed within 50 ms rather than a period;
+//! * once ready, one attempt per period ([`READY_PERIOD_AGGRESSIVE`] when `periodSeconds` is 0);
+//!   a failure makes it not ready, back to aggressive attempts;
+//! * the thresholds are upstream's: in aggressive mode (`periodSeconds` 0) `successThreshold`
+//!   passes in a row make it ready and `failureThreshold` failures not ready; in standard mode
+//!   they are the kubelet's, which applies them to its own probes of the queue-proxy, so here one
+//!   attempt decides, as upstream's queue-proxy makes one attempt per health request (review
+//!   finding: applying them here too made a failing app leave its endpoints a `periodSeconds`
+//!   × `failureThreshold` later than upstream's);
 //! * a refused connection — seen by an attempt, or by the data path and reported with
 //!   [`QueueProxyHealth::refused`] — makes it not ready at once: nothing listens any more.
 //!
@@ -138,6 +144,26 @@ impl Timing {
             AGGRESSIVE_TIMEOUT
         } else {
             self.timeout
+        }
+    }
+
+    /// Passes in a row that make the container ready: `successThreshold` in aggressive mode;
+    /// in standard mode the kubelet counts them, and one pass here is enough.
+    pub fn passes_needed(&self) -> u32 {
+        if self.aggressive() {
+            self.success_threshold
+        } else {
+            1
+        }
+    }
+
+    /// Failures in a row that make a ready container not ready: `failureThreshold` in
+    /// aggressive mode, one in standard mode (the kubelet counts).
+    pub fn failures_needed(&self) -> u32 {
+        if self.aggressive() {
+            self.failure_threshold
+        } else {
+            1
         }
     }
 
@@ -739,7 +765,7 @@ impl Schedule {
             Outcome::Pass => {
                 self.failures = 0;
                 self.successes = self.successes.saturating_add(1);
-                if !self.ready && self.successes >= self.timing.success_threshold {
+                if !self.ready && self.successes >= self.timing.passes_needed() {
                     self.ready = true;
                     self.due = now + self.timing.ready_period();
                     return Some(true);
@@ -748,7 +774,7 @@ impl Schedule {
             Outcome::Fail(_) => {
                 self.successes = 0;
                 self.failures = self.failures.saturating_add(1);
-                if self.ready && self.failures >= self.timing.failure_threshold {
+                if self.ready && self.failures >= self.timing.failures_needed() {
                     return self.not_ready(started + AGGRESSIVE_INTERVAL);
                 }
             }

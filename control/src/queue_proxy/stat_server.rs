@@ -15,7 +15,6 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use kactivator_api::autoscaler::{encode_stat, PROTOBUF_CONTENT_TYPE};
 use kactivator_shards::metrics::{micros_since_start, AllShardStats, LoadSnapshot};
 use tokio::net::TcpListener;
@@ -100,12 +99,7 @@ async fn serve(listener: TcpListener, body: watch::Receiver<Bytes>) {
                 let answer = answer(request.uri().path(), &body.borrow());
                 async move { Ok::<_, Infallible>(answer) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                // As upstream's server: a head must arrive within a minute.
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(60))
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            crate::admin::serve_connection(stream, service).await;
         });
     }
 }
