@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 use kactivator_testkit::backend::{self, BackendConfig};
 use support::{exchange, revision, Activator};
 
-/// A policy of three bands, default band 1.
-const POLICY: &str = "container_concurrency = 1\n[revisions.priority]\nbands = 3";
+/// A policy of three bands, default band 1, whose priority header a trusted hop sets (a client
+/// may then raise its band; the next test shows it cannot by default).
+const POLICY: &str =
+    "container_concurrency = 1\n[revisions.priority]\nbands = 3\npriority_header_trusted = true";
 
 /// How long the pod takes per request.
 const SERVICE_MS: u64 = 100;
@@ -240,6 +242,60 @@ fn across_shards_a_tenants_first_request_waits_at_most_one_turn_behind_a_backlog
         )
     };
     assert_eq!((tenant("a"), tenant("b"), tenant("")), (8.0, 1.0, 1.0));
+}
+
+/// Review finding: a client that sent the top `K-Priority` band jumped every queue and shed
+/// other clients' waiters. By default its word can lower its band, not raise it: an untrusted
+/// "top band" waits in the default band, in arrival order, and sheds nobody. A band above the
+/// default comes from configuration: the fairness key `premium` is mapped to band 2.
+#[test]
+fn an_untrusted_client_cannot_raise_its_band_and_a_mapped_tenant_is_served_first() {
+    let pod = backend::spawn(BackendConfig::named("pod")).unwrap();
+    let activator = on_one_shard(
+        &pod,
+        "trust",
+        "queue_depth = 2\ncontainer_concurrency = 1\n[revisions.priority]\nbands = 3\n\
+         [revisions.priority.tenant_bands]\npremium = 2\n",
+    );
+    let holder = hold_slot(&activator, "trust");
+    let mut waiters = Waiters::new();
+    waiters.send(&activator, "trust", "plain", "", 1.0);
+    waiters.send(
+        &activator,
+        "trust",
+        "self-made-top",
+        "K-Priority: 2\r\n",
+        2.0,
+    );
+    // Full, and the "top band" it claimed is the default band: it is refused, sheds no one.
+    let refused = exchange(
+        activator.http,
+        request("trust", "K-Priority: 2\r\n").as_bytes(),
+    );
+    assert_eq!(refused.status, 503);
+    assert_eq!(
+        activator.metric_sum("kactivator_shard_shed_total", &[]),
+        0.0
+    );
+    // The mapped tenant's band is 2: it takes the newest default-band waiter's place.
+    waiters.send(&activator, "trust", "premium", "K-Tenant: premium\r\n", 2.0);
+    assert!(
+        support::eventually(Duration::from_secs(10), || {
+            activator.metric_sum("kactivator_shard_shed_total", &[]) == 1.0
+        }),
+        "{}",
+        activator.metrics()
+    );
+    drop(holder);
+    let answers = waiters.answers();
+    let got: Vec<(&str, u16)> = answers
+        .iter()
+        .map(|(label, status, _)| (label.as_str(), *status))
+        .collect();
+    assert_eq!(
+        got,
+        [("self-made-top", 503), ("premium", 200), ("plain", 200)]
+    );
 }
 
 #[test]

@@ -552,6 +552,13 @@ pub struct PriorityConfig {
     /// [`DEFAULT_TENANT_HEADER`] (`K-Tenant`).
     #[serde(default = "default_tenant_header")]
     pub tenant_header: String,
+    /// The priority header is set by a hop the operator trusts (which strips what clients
+    /// send): its band is taken as it is. Default false: it may only lower a request's band.
+    #[serde(default)]
+    pub priority_header_trusted: bool,
+    /// Fairness keys with a band of their own (`"premium" = 2`). Default none.
+    #[serde(default)]
+    pub tenant_bands: BTreeMap<String, u8>,
 }
 
 fn default_true() -> bool {
@@ -578,6 +585,12 @@ impl PriorityConfig {
             default_band: self.default_band.unwrap_or(default_band_of(self.bands)),
             priority_header: self.priority_header.clone(),
             tenant_header: self.tenant_header.clone(),
+            trusted: self.priority_header_trusted,
+            tenant_bands: self
+                .tenant_bands
+                .iter()
+                .map(|(key, band)| (key.clone(), *band))
+                .collect(),
         }
     }
 }
@@ -1227,6 +1240,19 @@ pods = ["127.0.0.1:8081", "[::1]:8082"]
                 default_band: 2,
                 priority_header: "X-Prio".into(),
                 tenant_header: "X-Org".into(),
+                ..PriorityPolicy::default()
+            })
+        );
+        let trust = parse(
+            "[revisions.priority]\npriority_header_trusted = true\n[revisions.priority.tenant_bands]\npremium = 2\n\"big co\" = 0\n",
+        )
+        .unwrap();
+        assert_eq!(
+            trust.revisions[0].priority_policy(),
+            Some(PriorityPolicy {
+                trusted: true,
+                tenant_bands: vec![("big co".into(), 0), ("premium".into(), 2)],
+                ..PriorityPolicy::default()
             })
         );
         let disabled = parse("[revisions.priority]\nenabled = false\nbands = 2\n").unwrap();

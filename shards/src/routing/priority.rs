@@ -1,6 +1,14 @@
 //! A revision's priority policy (issue 27): which headers put a request in which band and flow.
 //! How waiters of each band and flow are served is `throttle::discipline`; this only classifies.
 //!
+//! Who may set a band (issue 36): the headers come from whoever sends the request, so by default
+//! a client can lower its own band but not raise it above the default: a request that names a
+//! higher band is served in the default one. A band above the default comes from configuration
+//! (a fairness key mapped to a band, `tenant_bands`) or from a priority header the operator
+//! declares trusted (`trusted`: a hop in front, such as the ingress, sets it and strips what
+//! clients send). The fairness key is the client's word either way: an untrusted one costs a
+//! flow per key it invents, and a mapped band is only as good as the hop that sets the key.
+//!
 //! Pure: a request's headers in, a [`Class`] out.
 
 use std::hash::Hasher;
@@ -42,7 +50,17 @@ pub struct PriorityPolicy {
     /// Header carrying the fairness key; requests without it share one flow. Default
     /// [`DEFAULT_TENANT_HEADER`].
     pub tenant_header: String,
+    /// The priority header is set by a trusted hop: its band is taken as it is. Default false:
+    /// it may lower a request's band, never raise it above the default (or the key's band).
+    pub trusted: bool,
+    /// Fairness keys with a band of their own (at most [`MAX_TENANT_BANDS`]): a request with
+    /// one of these keys is served in that band, unless its priority header lowers it (or, when
+    /// trusted, sets it).
+    pub tenant_bands: Vec<(String, u8)>,
 }
+
+/// Most fairness keys a policy maps to bands.
+pub const MAX_TENANT_BANDS: usize = 256;
 
 impl Default for PriorityPolicy {
     fn default() -> PriorityPolicy {
@@ -51,6 +69,8 @@ impl Default for PriorityPolicy {
             default_band: default_band_of(DEFAULT_BANDS),
             priority_header: DEFAULT_PRIORITY_HEADER.to_string(),
             tenant_header: DEFAULT_TENANT_HEADER.to_string(),
+            trusted: false,
+            tenant_bands: Vec::new(),
         }
     }
 }
@@ -99,6 +119,29 @@ impl PriorityPolicy {
                 return refuse(field, format!("{name:?} is not a header name"));
             }
         }
+        if self.tenant_bands.len() > MAX_TENANT_BANDS {
+            return refuse(
+                "tenant_bands",
+                format!(
+                    "has {} keys, at most {MAX_TENANT_BANDS}",
+                    self.tenant_bands.len()
+                ),
+            );
+        }
+        for (key, band) in &self.tenant_bands {
+            if key.is_empty() {
+                return refuse("tenant_bands", "has an empty key".into());
+            }
+            if *band >= self.bands {
+                return refuse(
+                    "tenant_bands",
+                    format!(
+                        "gives {key:?} band {band}, must be a band: 0 to {}",
+                        self.bands - 1
+                    ),
+                );
+            }
+        }
         if self
             .priority_header
             .eq_ignore_ascii_case(&self.tenant_header)
@@ -113,14 +156,27 @@ impl PriorityPolicy {
 
     /// A request's band and flow from its headers.
     pub fn classify<H: RequestHeaders + ?Sized>(&self, headers: &H) -> Classified {
+        let key = headers.get(&self.tenant_header);
+        // The band a request has without a header: its key's, or the default.
+        let own = key
+            .filter(|_| !self.tenant_bands.is_empty())
+            .and_then(|key| {
+                self.tenant_bands
+                    .iter()
+                    .find(|(mapped, _)| mapped.as_bytes() == key)
+                    .map(|(_, band)| *band)
+            })
+            .unwrap_or(self.default_band);
         let (band, invalid) = match headers.get(&self.priority_header) {
-            None => (self.default_band, false),
+            None => (own, false),
             Some(value) => match parse_band(value, self.bands) {
-                Some(band) => (band, false),
-                None => (self.default_band, true),
+                Some(band) if self.trusted => (band, false),
+                // A client's word may lower its band, not raise it.
+                Some(band) => (band.min(own), false),
+                None => (own, true),
             },
         };
-        let flow = headers.get(&self.tenant_header).map_or(0, flow_of);
+        let flow = key.map_or(0, flow_of);
         Classified {
             class: Class { band, flow },
             invalid,
@@ -163,8 +219,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_priority_header_gives_the_band_and_a_bad_one_the_default() {
-        let policy = PriorityPolicy::default();
+    fn a_trusted_priority_header_gives_the_band_and_a_bad_one_the_default() {
+        let policy = PriorityPolicy {
+            trusted: true,
+            ..PriorityPolicy::default()
+        };
         assert_eq!((policy.bands, policy.default_band), (3, 1));
         // (header value, band, counted as invalid)
         let table: &[(Option<&str>, u8, bool)] = &[
@@ -190,6 +249,54 @@ mod tests {
             let got = policy.classify(&headers[..]);
             assert_eq!((got.class.band, got.invalid), (band, invalid), "{value:?}");
         }
+    }
+
+    /// Review finding: with a policy on, any client that sent the top band jumped every queue
+    /// and shed other clients' waiters. By default a client may lower its band, not raise it;
+    /// a band above the default comes from configuration (the key's) or a trusted header.
+    #[test]
+    fn an_untrusted_client_cannot_raise_its_band_but_its_mapped_key_can_have_one() {
+        let policy = PriorityPolicy {
+            bands: 4,
+            default_band: 1,
+            tenant_bands: vec![("premium".into(), 3), ("batch".into(), 0)],
+            ..PriorityPolicy::default()
+        };
+        assert_eq!(policy.check(), Ok(()));
+        // (priority header, tenant key, band)
+        let table: &[(Option<&str>, Option<&str>, u8)] = &[
+            (None, None, 1),
+            (Some("3"), None, 1),
+            (Some("2"), None, 1),
+            (Some("0"), None, 0),
+            (None, Some("premium"), 3),
+            (Some("0"), Some("premium"), 0),
+            (Some("2"), Some("premium"), 2),
+            (None, Some("batch"), 0),
+            (Some("3"), Some("batch"), 0),
+            (Some("3"), Some("someone"), 1),
+            (None, Some("Premium"), 1),
+        ];
+        for &(priority, tenant, band) in table {
+            let mut headers = Vec::new();
+            headers.extend(priority.map(|value| ("k-priority", value)));
+            headers.extend(tenant.map(|value| ("k-tenant", value)));
+            assert_eq!(
+                policy.classify(&headers[..]).class.band,
+                band,
+                "{priority:?} {tenant:?}"
+            );
+        }
+        let trusted = PriorityPolicy {
+            trusted: true,
+            ..policy.clone()
+        };
+        let headers = [("k-priority", "3"), ("k-tenant", "batch")];
+        assert_eq!(trusted.classify(&headers[..]).class.band, 3, "trusted");
+        assert_eq!(
+            trusted.classify(&[("k-tenant", "premium")][..]).class.band,
+            3
+        );
     }
 
     #[test]
@@ -220,7 +327,24 @@ mod tests {
         };
         // (the change, the field refused)
         type Row = (fn(&mut PriorityPolicy), Result<(), &'static str>);
-        let table: [Row; 9] = [
+        let table: [Row; 13] = [
+            (|p| p.tenant_bands = vec![("a".into(), 2)], Ok(())),
+            (
+                |p| {
+                    p.tenant_bands = (0..=MAX_TENANT_BANDS)
+                        .map(|key| (key.to_string(), 0))
+                        .collect()
+                },
+                Err("tenant_bands"),
+            ),
+            (
+                |p| p.tenant_bands = vec![("a".into(), 3)],
+                Err("tenant_bands"),
+            ),
+            (
+                |p| p.tenant_bands = vec![(String::new(), 0)],
+                Err("tenant_bands"),
+            ),
             (|p| p.bands = 0, Err("bands")),
             (|p| p.bands = MAX_BANDS + 1, Err("bands")),
             (

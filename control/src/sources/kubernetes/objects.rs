@@ -208,12 +208,28 @@ pub fn priority_policy(value: &str) -> Result<Option<PriorityPolicy>, String> {
             "default_band" => default_band = Some(number()?),
             "priority_header" => policy.priority_header = setting.to_string(),
             "tenant_header" => policy.tenant_header = setting.to_string(),
-            _ => {
-                return Err(format!(
-                    "unknown key {} (bands, default_band, priority_header, tenant_header)",
-                    quoted(&Value::from(key))
-                ))
+            "priority_header_trusted" => {
+                policy.trusted = match setting {
+                    "true" => true,
+                    "false" => false,
+                    _ => {
+                        return Err(format!(
+                            "priority_header_trusted is not true or false: {}",
+                            quoted(&Value::from(setting))
+                        ))
+                    }
+                }
             }
+            _ => match key.strip_prefix("tenant_band.") {
+                Some(tenant) => policy.tenant_bands.push((tenant.to_string(), number()?)),
+                None => {
+                    return Err(format!(
+                        "unknown key {} (bands, default_band, priority_header, tenant_header, \
+                         priority_header_trusted, tenant_band.<key>)",
+                        quoted(&Value::from(key))
+                    ))
+                }
+            },
         }
     }
     policy.default_band = default_band.unwrap_or(default_band_of(policy.bands));
@@ -540,6 +556,16 @@ mod tests {
             }))
         );
         assert_eq!(
+            with(Some(
+                "priority_header_trusted=true, tenant_band.premium=2, tenant_band.batch=0"
+            )),
+            Ok(Some(PriorityPolicy {
+                trusted: true,
+                tenant_bands: vec![("premium".into(), 2), ("batch".into(), 0)],
+                ..PriorityPolicy::default()
+            }))
+        );
+        assert_eq!(
             with(Some("bands=2,default_band=0,priority_header=X-P")),
             Ok(Some(PriorityPolicy {
                 bands: 2,
@@ -556,6 +582,11 @@ mod tests {
             ("bands=3,default_band=3", "default_band is 3"),
             ("priority_header=a b", "priority_header"),
             ("tenant=X", "unknown key"),
+            ("priority_header_trusted=yes", "not true or false"),
+            (
+                "tenant_band.premium=3",
+                "tenant_bands gives \"premium\" band 3",
+            ),
             ("bands", "not key=value"),
             ("yes", "not key=value"),
         ] {
