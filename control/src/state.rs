@@ -85,8 +85,9 @@ pub struct RevisionSpec {
     /// Most requests that may wait for the revision.
     pub queue_depth: u32,
     /// Priority bands and fairness among the revision's waiters; `None` (the default):
-    /// arrival order. Checked by the source (`PriorityPolicy::check`).
-    pub priority: Option<PriorityPolicy>,
+    /// arrival order. Checked by the source (`PriorityPolicy::check`). Boxed: few revisions
+    /// have one, and every spec and op would carry its size.
+    pub priority: Option<Box<PriorityPolicy>>,
     /// Port a bare `pod_ip` from a queue-proxy maps to.
     pub serving_port: u16,
     /// Cluster-IP mode: the revision's private Service (`ip:port`). Requests go there, to one
@@ -1048,7 +1049,7 @@ impl ControlState {
             pods: trackers,
             gate: entry.gate.clone(),
             queue_depth: spec.queue_depth,
-            priority: spec.priority.clone(),
+            priority: spec.priority.as_deref().cloned(),
         };
         self.effects.journal.push(Journal::Route {
             revision: key.clone(),

@@ -53,7 +53,7 @@ pub fn revision_spec(revision: &RevisionConfig) -> Option<RevisionSpec> {
         timeouts: revision.timeouts(),
         lb_policy: revision.lb_policy(),
         queue_depth: revision.queue_depth,
-        priority: revision.priority_policy(),
+        priority: revision.priority_policy().map(Box::new),
         serving_port: revision.serving_port(),
         cluster_ip: revision.cluster_ip,
     })

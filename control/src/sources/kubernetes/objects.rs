@@ -166,7 +166,8 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
         priority: match object["metadata"]["annotations"][PRIORITY_ANNOTATION].as_str() {
             None => None,
             Some(value) => priority_policy(value)
-                .map_err(|error| format!("annotation {PRIORITY_ANNOTATION}: {error}"))?,
+                .map_err(|error| format!("annotation {PRIORITY_ANNOTATION}: {error}"))?
+                .map(Box::new),
         },
         serving_port: match protocol {
             Protocol::Http1 => DEFAULT_SERVING_PORT,
@@ -540,7 +541,7 @@ mod tests {
             if let Some(value) = value {
                 object["metadata"]["annotations"] = json!({PRIORITY_ANNOTATION: value});
             }
-            revision_spec(&object).map(|spec| spec.priority)
+            revision_spec(&object).map(|spec| spec.priority.map(|policy| *policy))
         };
         assert_eq!(with(None), Ok(None), "off without the annotation");
         assert_eq!(with(Some("off")), Ok(None));
