@@ -185,3 +185,94 @@ fn the_queue_proxy_holds_its_breaker_until_the_app_has_finished_an_abandoned_req
     );
     assert_eq!(user.stats().max_in_flight, 1, "{:?}", user.stats());
 }
+
+/// h2c: a stream the client reset keeps its pod's slot until the pod has read the reset (two
+/// PING round trips on that connection). A pod whose connection stops reading right after it
+/// took the first call never confirms it, so its one slot stays taken until that call's
+/// deadline; then that connection is given up and the next call is served on a new one. Were
+/// the slot handed on at the reset, the next call would go to the pod that never heard the first
+/// was abandoned, on a connection nobody reads, and time out.
+#[tokio::test]
+async fn an_h2c_streams_slot_waits_until_the_pod_has_read_its_reset() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let pod = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let (took_first, first_taken) = tokio::sync::oneshot::channel::<()>();
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        let mut took_first = Some(took_first);
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            let took_first = if n == 0 { took_first.take() } else { None };
+            tokio::spawn(async move {
+                let Ok(mut connection) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                if let Some(took_first) = took_first {
+                    // The first call: taken, then the connection is read no more.
+                    let call = connection.accept().await;
+                    let _ = took_first.send(());
+                    let _held = (call, connection);
+                    return std::future::pending::<()>().await;
+                }
+                while let Some(Ok((_, mut respond))) = connection.accept().await {
+                    let response = http::Response::builder().status(200).body(()).unwrap();
+                    if let Ok(mut body) = respond.send_response(response, false) {
+                        let _ = body.send_data(bytes::Bytes::from_static(b"served\n"), true);
+                    }
+                }
+            });
+        }
+    });
+    let activator = Activator::start(&format!(
+        "{}{}",
+        support::NO_QUARANTINE,
+        revision(
+            "default",
+            "stalls",
+            &[pod],
+            "container_concurrency = 1\nprotocol = \"h2c\"\ntimeout_seconds = 2"
+        )
+    ));
+    let client = tokio::net::TcpStream::connect(activator.http2)
+        .await
+        .unwrap();
+    let (sender, connection) = h2::client::handshake(client).await.unwrap();
+    tokio::spawn(connection);
+    let mut sender = sender.ready().await.unwrap();
+    let call = |path: &str| {
+        http::Request::builder()
+            .uri(format!("http://stalls.default.svc.cluster.local{path}"))
+            .header("knative-serving-namespace", "default")
+            .header("knative-serving-revision", "stalls")
+            .body(())
+            .unwrap()
+    };
+    let (first, _) = sender.send_request(call("/first"), true).unwrap();
+    first_taken.await.unwrap();
+    let reset_at = Instant::now();
+    // Dropping the response future resets the stream (CANCEL).
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut sender = sender.ready().await.unwrap();
+    let (second, _) = sender.send_request(call("/second"), true).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("an answer within 10 s")
+        .expect("the second call is answered");
+    assert_eq!(response.status(), 200);
+    let waited = reset_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1_200),
+        "served {waited:?} after the reset: the slot was handed on before the pod read it"
+    );
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        2,
+        "a new connection for the second call"
+    );
+}
