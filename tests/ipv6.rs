@@ -6,104 +6,14 @@
 
 mod support;
 
-use std::net::{IpAddr, SocketAddr};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::net::SocketAddr;
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use kactivator_testkit::backend::{self, BackendConfig};
+use support::ipv6::Ipv6Net;
 use support::queue_proxy::knative_env;
 use support::{admin_get, eventually, exchange, get, scratch_dir};
-
-/// A network namespace reached from the test's namespace over one IPv6-only veth pair.
-struct Ipv6Net {
-    name: String,
-    host_link: String,
-    /// The test's end, and the namespace's.
-    host: IpAddr,
-    inside: IpAddr,
-}
-
-fn ip(args: &[&str]) {
-    let status = Command::new("ip").args(args).status().expect("run ip");
-    assert!(status.success(), "ip {args:?} failed");
-}
-
-impl Ipv6Net {
-    fn new() -> Ipv6Net {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        let tag = format!("{:x}{n}", std::process::id() % 0xffff);
-        let name = format!("ka6-{tag}");
-        let (host_link, inside_link) = (format!("ka6h{tag}"), format!("ka6p{tag}"));
-        let prefix = format!("fd00:6b61:{:x}:{n:x}", std::process::id() % 0xffff);
-        let net = Ipv6Net {
-            name: name.clone(),
-            host_link: host_link.clone(),
-            host: format!("{prefix}::1").parse().unwrap(),
-            inside: format!("{prefix}::2").parse().unwrap(),
-        };
-        ip(&["netns", "add", &name]);
-        ip(&[
-            "link",
-            "add",
-            &host_link,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &inside_link,
-        ]);
-        ip(&["link", "set", &inside_link, "netns", &name]);
-        ip(&[
-            "addr",
-            "add",
-            &format!("{}/64", net.host),
-            "dev",
-            &host_link,
-            "nodad",
-        ]);
-        ip(&["link", "set", &host_link, "up"]);
-        let inside = |args: &[&str]| {
-            let mut all = vec!["netns", "exec", name.as_str(), "ip"];
-            all.extend_from_slice(args);
-            ip(&all);
-        };
-        inside(&["link", "set", "lo", "up"]);
-        inside(&[
-            "addr",
-            "add",
-            &format!("{}/64", net.inside),
-            "dev",
-            &inside_link,
-            "nodad",
-        ]);
-        inside(&["link", "set", &inside_link, "up"]);
-        net
-    }
-
-    /// `program args…` inside the namespace.
-    fn command(&self, program: &str) -> Command {
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", &self.name, program]);
-        command
-    }
-
-    fn inside(&self, port: u16) -> SocketAddr {
-        SocketAddr::new(self.inside, port)
-    }
-}
-
-impl Drop for Ipv6Net {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_link])
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
 
 /// A child process killed on drop.
 struct Killed(Child);

@@ -23,6 +23,7 @@ use kactivator_testkit::apiserver::ApiServer;
 use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
 use kactivator_testkit::knative::{self, ServiceType};
 use kactivator_testkit::podnet::PodNet;
+use support::ipv6::Ipv6Net;
 use support::{eventually, exchange, get, read_response, Activator};
 
 /// The port every pod serves on (a queue-proxy's, Knative's `networking.BackendHTTPPort`).
@@ -437,6 +438,32 @@ fn scale_from_zero_a_waiting_request_flows_when_an_endpoint_appears() {
     cluster.endpoints("cold", &[], &[ip(&pod)]);
     assert_eq!(waiting.join().unwrap(), 200);
     assert_eq!(pod.stats().requests, 1);
+}
+
+/// IPv6-only and dual-stack clusters list pods at IPv6 addresses, in Endpoints and in
+/// EndpointSlices of `addressType: IPv6`: the pod is probed and served there.
+#[test]
+fn pods_at_ipv6_addresses_serve_from_endpoints_and_ipv6_endpoint_slices() {
+    for listing in [Listing::Endpoints, Listing::Slices] {
+        let cluster = Cluster::start(listing);
+        let net = Ipv6Net::new();
+        cluster.revision("six", 1);
+        let pod = backend::spawn_on(
+            SocketAddr::new(net.host, POD_PORT),
+            BackendConfig::named("pod-6").with_revision("six", "default"),
+        )
+        .expect("a pod at an IPv6 address");
+        cluster.endpoints("six", &[net.host], &[]);
+        let activator = cluster.activator();
+        assert!(
+            eventually(Duration::from_secs(10), || status(&activator, "six", "/")
+                == 200),
+            "{:?}: {}",
+            cluster.listing,
+            activator.stderr()
+        );
+        assert!(pod.stats().requests >= 1);
+    }
 }
 
 #[test]

@@ -47,9 +47,20 @@ where
     S: hyper::service::Service<Request<Incoming>, Response = Response<Full<Bytes>>>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_connection_within(stream, service, DEFAULT_HEAD_TIMEOUT).await;
+}
+
+async fn serve_connection_within<S>(
+    stream: tokio::net::TcpStream,
+    service: S,
+    head_timeout: Duration,
+) where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Full<Bytes>>>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let _ = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(DEFAULT_HEAD_TIMEOUT)
+        .header_read_timeout(head_timeout)
         .serve_connection(TokioIo::new(stream), service)
         .await;
 }
@@ -253,6 +264,27 @@ mod tests {
                 .await
                 .unwrap_or_else(|_| panic!("{client}: no exit asked"));
         }
+    }
+
+    /// Review finding: the queue-proxy's `:8022` had no head timeout, so a client that
+    /// connected and said nothing held its connection for ever. Every admin port serves its
+    /// connections through `serve_connection`, which closes one whose head does not come.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_admin_connection_that_sends_no_head_is_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(|_request: Request<Incoming>| async {
+                Ok::<_, Infallible>(text(StatusCode::OK, "ok\n".into()).unwrap())
+            });
+            serve_connection_within(stream, service, Duration::from_millis(100)).await;
+        });
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "still open after 5 s");
     }
 
     async fn get(addr: std::net::SocketAddr, path: &str) -> String {

@@ -156,8 +156,14 @@ pub fn endpoint_slice(
     port: u16,
 ) -> String {
     let service = endpoints_name(revision, kind);
+    // A slice holds one family: Kubernetes writes one slice per family of a dual-stack Service.
+    let family = if ready.iter().chain(not_ready).any(IpAddr::is_ipv6) {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
     let mut yaml = format!(
-        "apiVersion: discovery.k8s.io/{version}\nkind: EndpointSlice\nmetadata:\n  name: {service}-abcde\n  namespace: {namespace}\n  labels:\n    kubernetes.io/service-name: {service}\n{}addressType: IPv4\nports:\n- name: http\n  port: {port}\n  protocol: TCP\n",
+        "apiVersion: discovery.k8s.io/{version}\nkind: EndpointSlice\nmetadata:\n  name: {service}-abcde\n  namespace: {namespace}\n  labels:\n    kubernetes.io/service-name: {service}\n{}addressType: {family}\nports:\n- name: http\n  port: {port}\n  protocol: TCP\n",
         owner_labels(revision, kind)
     );
     if ready.is_empty() && not_ready.is_empty() {

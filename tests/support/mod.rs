@@ -654,4 +654,5 @@ pub fn raw_pod(
     });
     (addr, accepted)
 }
+pub mod ipv6;
 pub mod queue_proxy;
