@@ -128,13 +128,18 @@ impl Pings {
 
     /// One PING and its PONG, driven by the caller; false when the connection cannot carry it.
     async fn round_trip(&self) -> bool {
-        let Some(mut ping_pong) = self.ping_pong.borrow_mut().take() else {
+        let Some(ping_pong) = self.ping_pong.borrow_mut().take() else {
             return false;
         };
         self.in_flight.set(true);
         self.started.set(self.started.get() + 1);
-        // Whatever happens to the caller, the next waiter can drive the next round trip.
-        let _done = RoundTrip(self);
+        // Whatever happens to the caller (its deadline may drop it mid-way), the handle goes
+        // back and the next waiter can drive the next round trip.
+        let mut round = RoundTrip {
+            pings: self,
+            ping_pong: Some(ping_pong),
+        };
+        let ping_pong = round.ping_pong.as_mut().expect("put there above");
         let mut answered = ping_pong.ping(h2::Ping::opaque()).await;
         if answered.is_err() && !ping_pong_closed(&answered) {
             // A round trip whose driver went away left its PONG unread: collect it, then ours.
@@ -143,7 +148,6 @@ impl Pings {
                 Err(error) => Err(error),
             };
         }
-        *self.ping_pong.borrow_mut() = Some(ping_pong);
         if answered.is_ok() {
             self.completed.set(self.completed.get() + 1);
         }
@@ -160,13 +164,17 @@ fn ping_pong_closed(answered: &Result<h2::Pong, h2::Error>) -> bool {
         .is_some_and(|error| error.is_io() || error.is_go_away() || error.is_remote())
 }
 
-/// Ends a round trip, however its driver ends.
-struct RoundTrip<'a>(&'a Pings);
+/// A round trip under way: ends it however its driver ends, the connection's handle put back.
+struct RoundTrip<'a> {
+    pings: &'a Pings,
+    ping_pong: Option<h2::PingPong>,
+}
 
 impl Drop for RoundTrip<'_> {
     fn drop(&mut self) {
-        self.0.in_flight.set(false);
-        self.0.done.notify_all();
+        *self.pings.ping_pong.borrow_mut() = self.ping_pong.take();
+        self.pings.in_flight.set(false);
+        self.pings.done.notify_all();
     }
 }
 
