@@ -257,7 +257,9 @@ async fn an_h2c_streams_slot_waits_until_the_pod_has_read_its_reset() {
     let reset_at = Instant::now();
     // Dropping the response future resets the stream (CANCEL).
     drop(first);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Sent well inside the first call's deadline, with a deadline of its own that leaves a
+    // second after the first one's for the new connection.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
     let mut sender = sender.ready().await.unwrap();
     let (second, _) = sender.send_request(call("/second"), true).unwrap();
     let response = tokio::time::timeout(Duration::from_secs(10), second)
