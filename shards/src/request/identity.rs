@@ -73,8 +73,9 @@ pub fn detect_cluster_domain(resolv_conf: Option<&str>, env: Option<&str>) -> St
 /// The revision a pod's answer names when it is not the expected one: its IP now serves another
 /// revision. Queue-proxies name theirs in `X-Knative-Revision-Name`/`-Namespace`. If either is
 /// present (and non-empty) both must equal the expected ones; an answer with neither says
-/// nothing (a queue-proxy older than the fork). Returns `(namespace, name)` as sent. Used by
-/// both the request path and the health prober, so the two never disagree.
+/// nothing (a queue-proxy older than the fork). Returns `(namespace, name)` as sent. Read on
+/// the queue-proxy's probe answers only (`control`'s prober): a user's response may carry any
+/// header and is never taken as this evidence.
 pub fn other_revision(
     name: Option<&[u8]>,
     namespace: Option<&[u8]>,

@@ -287,8 +287,8 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
 /// A request that reached no pod goes back to admission, within its deadline and a bounded
 /// number of times (`request::retry`): when the connection to the pod could not be made (the
 /// pod is reported and this shard passes it over for a moment, see `admission::dial_failed`),
-/// and when a pod took none of it (it answered as another revision — it is retired at once on
-/// every shard and reported — or refused the stream) and the request can be sent again.
+/// and when a pod took none of it (its h2c connection refused the stream) and the request can
+/// be sent again.
 /// Otherwise a failure is a 502 naming the problem.
 ///
 /// Its waits in the queue are added to `note` (`Some` once the request queued); the pod's

@@ -177,7 +177,7 @@ mod tests {
     }
 
     /// Review finding: evidence went up with `try_send` on a bounded channel and was dropped
-    /// when the channel was full, under load; a retired pod's removal could be lost with it.
+    /// when the channel was full, under load; a pod's failure could be lost with it.
     #[test]
     fn evidence_is_never_dropped_however_much_arrives_at_once() {
         let (link, from_shards) = ControlLink::channel();
