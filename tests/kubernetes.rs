@@ -961,9 +961,10 @@ fn an_h2c_revisions_http2_only_pod_is_probed_over_h2c_and_serves() {
     );
 }
 
-/// A Revision's `kactivator.knative.dev/priority` annotation turns its priority policy on: a
-/// high-band request that arrives behind waiting low-band ones is served first, and the
-/// per-band counters show for that revision only.
+/// A Revision's `kactivator.knative.dev/priority` annotation turns its priority policy on (here
+/// with the priority header trusted, as behind a hop that sets it): a high-band request that
+/// arrives behind waiting low-band ones is served first, and the per-band counters show for
+/// that revision only.
 #[test]
 fn the_priority_annotation_orders_the_revisions_waiting_requests() {
     let cluster = Cluster::start(Listing::Endpoints);
@@ -974,7 +975,7 @@ fn the_priority_annotation_orders_the_revisions_waiting_requests() {
         "ranked",
         "-n",
         "default",
-        "kactivator.knative.dev/priority=bands=3",
+        "kactivator.knative.dev/priority=bands=3,priority_header_trusted=true",
     ]);
     assert!(
         annotated.status.success(),

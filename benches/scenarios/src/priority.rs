@@ -151,7 +151,11 @@ fn run_driver(
     let order_pod = ExactBackend::spawn_journaled().map_err(|e| format!("priority pod: {e}"))?;
     let pods = Pods::spawn(Kind::Exact, t.pods)
         .map_err(|e| format!("starting {} backends: {e}", t.pods))?;
-    let policy = format!("[revisions.priority]\nbands = {}", options.bands);
+    // The benchmark's client plays the trusted hop that sets the band.
+    let policy = format!(
+        "[revisions.priority]\nbands = {}\npriority_header_trusted = true",
+        options.bands
+    );
     let cc1 = "container_concurrency = 1";
     let cc = format!("container_concurrency = {}", t.container_concurrency);
     let revisions = [
