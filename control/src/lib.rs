@@ -269,6 +269,8 @@ impl ControlPlane {
                 self.admin.readiness.clone(),
                 self.admin.registry.clone(),
                 peers_sender,
+                self.publisher.clone(),
+                self.admin.stats.clone(),
             ));
         }
         self.admin.ready.store(true, Ordering::Release);

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
 use kactivator_api::RevisionKey;
+use kactivator_shards::metrics::AllShardStats;
 use kactivator_shards::runtime::readiness::Readiness;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher::{self, Event};
@@ -45,6 +46,7 @@ use crate::config::EndpointsKind;
 use crate::features::Tunables;
 use crate::metrics;
 use crate::pod_state::Gates;
+use crate::publisher::{until_served, Publisher};
 use crate::sources::probe::{self, ProbeResult};
 use crate::sources::prober::PROBE_CONCURRENCY;
 use crate::sources::PeersSender;
@@ -578,7 +580,14 @@ struct InformerLoop {
     readiness: Arc<Readiness>,
     /// Where the registration relay reads its peers.
     peers: PeersSender,
+    /// To wait until the shards serve the start-up batch before saying ready.
+    publisher: Publisher,
+    stats: AllShardStats,
 }
+
+/// Longest wait for the shards to serve the start-up batch before readiness says ready anyway
+/// (with a warning): they apply it between requests, within milliseconds.
+const SERVED_WITHIN: Duration = Duration::from_secs(5);
 
 impl InformerLoop {
     /// One event: the model's ops, applied now or kept for the start-up batch.
@@ -792,6 +801,17 @@ impl InformerLoop {
                 .collect();
             let count = batch.len();
             self.apply(batch).await;
+            // Ready once every shard serves the first view, not once it is sent: a request let
+            // in at once must find its revision (review finding: a 404 right after Ready).
+            let version = self.publisher.published_version();
+            let readiness = self.readiness.clone();
+            let dead = move || readiness.dead_shards();
+            if !until_served(&self.stats, dead, version, SERVED_WITHIN).await {
+                tracing::warn!(
+                    version,
+                    "the shards did not all serve the first view within {SERVED_WITHIN:?}"
+                );
+            }
             self.readiness.set_informers_synced();
             tracing::info!(
                 revisions = self.model.revision_count(),
@@ -867,6 +887,8 @@ impl KubeSource {
         readiness: Arc<Readiness>,
         registry: Registry,
         peers: PeersSender,
+        publisher: Publisher,
+        stats: AllShardStats,
     ) {
         let mut events = watch_streams(&self);
         let model = Model::new(self.mesh, self.pod_ip, self.gates, self.tunables);
@@ -878,6 +900,8 @@ impl KubeSource {
             worker,
             readiness,
             peers,
+            publisher,
+            stats,
         };
         let limit = Arc::new(Semaphore::new(PROBE_CONCURRENCY));
         let (probed_tx, mut probed) = mpsc::unbounded_channel::<(ProbeJob, Outcome)>();
