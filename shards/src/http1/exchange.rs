@@ -168,16 +168,13 @@ pub(super) async fn exchange(
                 ) {
                     client_left.set(true);
                 }
-                // ★ A client that left does not end the pod's work: the pod is told (its
-                // request ends here), and its slot is held until its response has ended, so no
-                // waiter is handed a pod still busy with an abandoned request.
-                if client_left.get() && !told_pod {
-                    told_pod = true;
-                    shut_write(pod_fd);
-                }
                 if let Poll::Ready(received) = receive.as_mut().poll(cx) {
                     return Poll::Ready(received);
                 }
+                // ★ A client that left (seen by either side) does not end the pod's work: the
+                // pod is told (its request ends here) and its response is read to its end, the
+                // slot held until then, so no waiter is handed a pod still busy with an
+                // abandoned request. A response already complete needs no telling.
                 if client_left.get() && !told_pod {
                     told_pod = true;
                     shut_write(pod_fd);
