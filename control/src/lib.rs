@@ -320,11 +320,9 @@ impl ControlPlane {
 async fn quiet_period(period: Duration, stats: &AllShardStats) {
     let arrivals = || {
         let now_us = micros_since_start(std::time::Instant::now());
-        stats
-            .iter()
-            .flat_map(|shard| shard.revisions())
-            .map(|block| block.load.read(now_us).arrivals)
-            .fold(0u64, u64::wrapping_add)
+        queue_proxy::stat_server::pod_totals(stats, now_us)
+            .all
+            .arrivals
     };
     let mut quiet = QuietPeriod::start(period, std::time::Instant::now(), arrivals());
     while let Some(next) = quiet.observe(std::time::Instant::now(), arrivals()) {
