@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_api::RevisionKey;
-use kactivator_control::budget;
 use kactivator_control::config::{Config, MetricsComponent, RevisionConfig};
 use kactivator_control::drain::DrainRule;
 use kactivator_control::features;
@@ -37,34 +36,6 @@ use crate::start::{self, RequestLogSetup, RoleSetup, StartError};
 pub const METRICS_PORT: u16 = 9091;
 /// Upstream's quiet period: how long a draining queue-proxy keeps serving (`main.go`).
 pub const QUIET_PERIOD: Duration = Duration::from_secs(30);
-/// Upstream's breaker queue: ten waiting requests per unit of containerConcurrency.
-pub const QUEUE_PER_CONCURRENCY: u32 = 10;
-/// Client connections a queue-proxy keeps room for beyond its breaker's (containerConcurrency
-/// in flight and ten times that waiting, each on a connection of its own over HTTP/1): the
-/// kubelet's and the activators' probes, keep-alive connections between requests.
-pub const SPARE_CONNECTIONS: usize = 64;
-/// Unfinished request heads a queue-proxy always admits (a probe's among them).
-pub const SPARE_PENDING_HEADS: usize = 16;
-
-/// A sidecar's budget: a few MiB kept back rather than the activator's 64, and caps never below
-/// what its breaker promises to admit, so a queue-proxy starts under a sidecar-sized limit and
-/// a limit too small for its containerConcurrency is refused at start, naming it.
-fn needs_of(env: &env::QueueProxyEnv) -> budget::Needs {
-    let concurrency = env.container_concurrency;
-    let waiting = concurrency.saturating_mul(QUEUE_PER_CONCURRENCY);
-    budget::Needs {
-        reserved: budget::QUEUE_PROXY_RESERVED_BYTES,
-        floor: budget::Caps {
-            max_connections_per_shard: (concurrency as usize)
-                .saturating_add(waiting as usize)
-                .saturating_add(SPARE_CONNECTIONS),
-            max_pending_heads_per_shard: SPARE_PENDING_HEADS,
-            max_queued_requests: waiting.max(1),
-        },
-        floor_from: "CONTAINER_CONCURRENCY (its breaker admits that many requests in flight and ten times that many waiting)",
-    }
-}
-
 pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let env = env::parse(|key| std::env::var(key).ok())?;
     certs::refuse_tls_if_asked(&args.certs_dir)?;
@@ -109,7 +80,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         finds_autoscaler: false,
         pod_name: env.pod.clone(),
         request_log,
-        needs: needs_of(&env),
+        needs: env.budget_needs(),
         drain_rule: DrainRule::QuietPeriod,
         spawn_extra: Some(Box::new(move |runtime, drain, shards| {
             let listener = bind(admin_addr)?;
@@ -212,93 +183,11 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
         timeout_seconds: env.timeout_seconds,
         response_start_timeout_seconds: env.response_start_timeout_seconds,
         idle_timeout_seconds: env.idle_timeout_seconds,
-        queue_depth: if concurrency == 0 {
-            kactivator_shards::routing::DEFAULT_QUEUE_DEPTH
-        } else {
-            concurrency.saturating_mul(QUEUE_PER_CONCURRENCY)
-        },
+        queue_depth: env
+            .breaker_queue()
+            .unwrap_or(kactivator_shards::routing::DEFAULT_QUEUE_DEPTH),
         pods: vec![SocketAddr::new(Ipv4Addr::LOCALHOST.into(), env.user_port)],
         ..RevisionConfig::new(&env.namespace, &env.revision)
     });
     config
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    fn env_with(concurrency: u32) -> env::QueueProxyEnv {
-        let concurrency = concurrency.to_string();
-        let vars = [
-            ("SERVING_NAMESPACE", "default"),
-            ("SERVING_SERVICE", "hello"),
-            ("SERVING_CONFIGURATION", "hello"),
-            ("SERVING_REVISION", "hello-00001"),
-            ("SERVING_POD", "hello-00001-deployment-abc"),
-            ("SERVING_POD_IP", "10.0.0.7"),
-            ("QUEUE_SERVING_PORT", "8012"),
-            ("QUEUE_SERVING_TLS_PORT", "8112"),
-            ("USER_PORT", "8080"),
-            ("CONTAINER_CONCURRENCY", concurrency.as_str()),
-            ("REVISION_TIMEOUT_SECONDS", "300"),
-            ("ACTIVATOR_SERVICE_URL", ""),
-        ];
-        env::parse(|key| {
-            vars.iter()
-                .find(|(name, _)| *name == key)
-                .map(|(_, value)| value.to_string())
-        })
-        .expect("a Knative environment")
-    }
-
-    /// Review finding: the sidecar got the activator's budget (64 MiB kept back, 75 % of the
-    /// rest for the caps), so a 64 MiB limit exited 2 and 128 MiB queued 6 144 requests at most,
-    /// fewer than the breaker's 10 × CC from CC 615. Rows: (limit MiB, containerConcurrency) →
-    /// fits; then every request the breaker promises (CC in flight, 10 × CC waiting, each on a
-    /// connection) is admitted by the caps. Each of those connections is counted at the worst a
-    /// connection costs (`budget::CONNECTION_BYTES`), so 128 MiB holds CC 250 but not 615: that
-    /// is refused at start, naming CONTAINER_CONCURRENCY, instead of answering 503 later.
-    #[test]
-    fn a_sidecar_sized_limit_holds_the_breaker_or_is_refused_naming_containerconcurrency() {
-        let rows: &[(u64, u32, bool)] = &[
-            (32, 0, true),
-            (32, 1, true),
-            (32, 10, true),
-            (64, 10, true),
-            (128, 250, true),
-            (32, 100, false),
-            (128, 615, false),
-            (64, 1000, false),
-        ];
-        for &(limit, concurrency, fits) in rows {
-            let env = env_with(concurrency);
-            let config = config_of(&env, None);
-            let fitted = budget::fit(&config.proxy, 1, Some(limit * MIB), &needs_of(&env));
-            match fitted {
-                Ok(fitted) => {
-                    assert!(fits, "{limit} MiB, CC {concurrency}: fits, unexpectedly");
-                    let waiting = concurrency * QUEUE_PER_CONCURRENCY;
-                    let caps = fitted.caps;
-                    assert!(
-                        caps.max_queued_requests >= waiting.max(1),
-                        "{limit} MiB {caps:?}"
-                    );
-                    assert!(
-                        caps.max_connections_per_shard
-                            >= (concurrency + waiting) as usize + SPARE_CONNECTIONS,
-                        "{limit} MiB, CC {concurrency}: {caps:?}"
-                    );
-                    let room = (limit * MIB - budget::QUEUE_PROXY_RESERVED_BYTES) / 100
-                        * budget::CAPS_PERCENT;
-                    assert!(fitted.worst <= room, "{limit} MiB, CC {concurrency}");
-                }
-                Err(error) => {
-                    assert!(!fits, "{limit} MiB, CC {concurrency}: {error}");
-                    assert!(error.contains("CONTAINER_CONCURRENCY"), "{error}");
-                }
-            }
-        }
-    }
 }

@@ -24,6 +24,8 @@ use std::net::IpAddr;
 
 use kactivator_shards::routing::MAX_TIMEOUT_SECONDS;
 
+use crate::budget;
+
 /// Keys whose absence is an error (release-1.18's `required:"true"` fields, less the two logging
 /// keys, see the module docs).
 pub const REQUIRED: [&str; 10] = [
@@ -104,6 +106,45 @@ pub struct QueueProxyEnv {
     pub probe_request_log: bool,
     /// Keys of [`NOT_ACTED_ON`] that are present with a value.
     pub not_acted_on: Vec<&'static str>,
+}
+
+/// Upstream's breaker queue: ten waiting requests per unit of containerConcurrency.
+pub const QUEUE_PER_CONCURRENCY: u32 = 10;
+/// Client connections a queue-proxy keeps room for beyond its breaker's (containerConcurrency
+/// in flight and ten times that waiting, each on a connection of its own over HTTP/1): the
+/// kubelet's and the activators' probes, keep-alive connections between requests.
+pub const SPARE_CONNECTIONS: usize = 64;
+/// Unfinished request heads a queue-proxy always admits (a probe's among them).
+pub const SPARE_PENDING_HEADS: usize = 16;
+
+impl QueueProxyEnv {
+    /// How many requests upstream's breaker lets wait: 10 × containerConcurrency; `None`
+    /// without a breaker (containerConcurrency 0).
+    pub fn breaker_queue(&self) -> Option<u32> {
+        (self.container_concurrency > 0).then(|| {
+            self.container_concurrency
+                .saturating_mul(QUEUE_PER_CONCURRENCY)
+        })
+    }
+
+    /// A sidecar's budget: a few MiB kept back rather than the activator's 64, and caps never
+    /// below what its breaker promises to admit, so a queue-proxy starts under a sidecar-sized
+    /// limit and a limit too small for its containerConcurrency is refused at start, naming it.
+    pub fn budget_needs(&self) -> budget::Needs {
+        let concurrency = self.container_concurrency;
+        let waiting = self.breaker_queue().unwrap_or(0);
+        budget::Needs {
+            reserved: budget::QUEUE_PROXY_RESERVED_BYTES,
+            floor: budget::Caps {
+                max_connections_per_shard: (concurrency as usize)
+                    .saturating_add(waiting as usize)
+                    .saturating_add(SPARE_CONNECTIONS),
+                max_pending_heads_per_shard: SPARE_PENDING_HEADS,
+                max_queued_requests: waiting.max(1),
+            },
+            floor_from: "CONTAINER_CONCURRENCY (its breaker admits that many requests in flight and ten times that many waiting)",
+        }
+    }
 }
 
 /// `ACTIVATOR_SERVICE_URL`, checked: `http://host[:port][/path]`, where the push side sends.
@@ -752,6 +793,58 @@ mod tests {
         }
         for text in ["", "yes", "tRUE", " true"] {
             assert_eq!(go_bool(text), None);
+        }
+    }
+
+    /// Review finding: the sidecar got the activator's budget (64 MiB kept back, 75 % of the
+    /// rest for the caps), so a 64 MiB limit exited 2 and 128 MiB queued 6 144 requests at most,
+    /// fewer than the breaker's 10 × CC from CC 615. Rows: (limit MiB, containerConcurrency) →
+    /// fits; then every request the breaker promises (CC in flight, 10 × CC waiting, each on a
+    /// connection) is admitted by the caps. Each of those connections is counted at the worst a
+    /// connection costs (`budget::CONNECTION_BYTES`), so 128 MiB holds CC 250 but not 615: that
+    /// is refused at start, naming CONTAINER_CONCURRENCY, instead of answering 503 later.
+    #[test]
+    fn a_sidecar_sized_limit_holds_the_breaker_or_is_refused_naming_containerconcurrency() {
+        const MIB: u64 = 1 << 20;
+        let rows: &[(u64, u32, bool)] = &[
+            (32, 0, true),
+            (32, 1, true),
+            (32, 10, true),
+            (64, 10, true),
+            (128, 250, true),
+            (32, 100, false),
+            (128, 615, false),
+            (64, 1000, false),
+        ];
+        for &(limit, concurrency, fits) in rows {
+            let mut vars = knative();
+            vars.insert("CONTAINER_CONCURRENCY", concurrency.to_string());
+            let env = parse_map(&vars).expect("a Knative environment");
+            let proxy = crate::config::ProxySettings::default();
+            let fitted = budget::fit(&proxy, 1, Some(limit * MIB), &env.budget_needs());
+            match fitted {
+                Ok(fitted) => {
+                    assert!(fits, "{limit} MiB, CC {concurrency}: fits, unexpectedly");
+                    let waiting = concurrency * QUEUE_PER_CONCURRENCY;
+                    let caps = fitted.caps;
+                    assert!(
+                        caps.max_queued_requests >= waiting.max(1),
+                        "{limit} MiB {caps:?}"
+                    );
+                    assert!(
+                        caps.max_connections_per_shard
+                            >= (concurrency + waiting) as usize + SPARE_CONNECTIONS,
+                        "{limit} MiB, CC {concurrency}: {caps:?}"
+                    );
+                    let room = (limit * MIB - budget::QUEUE_PROXY_RESERVED_BYTES) / 100
+                        * budget::CAPS_PERCENT;
+                    assert!(fitted.worst <= room, "{limit} MiB, CC {concurrency}");
+                }
+                Err(error) => {
+                    assert!(!fits, "{limit} MiB, CC {concurrency}: {error}");
+                    assert!(error.contains("CONTAINER_CONCURRENCY"), "{error}");
+                }
+            }
         }
     }
 }
