@@ -99,6 +99,14 @@ impl Waiters {
     }
 }
 
+/// The labels and statuses of `answers`, in their order.
+fn statuses(answers: &[(String, u16, String)]) -> Vec<(&str, u16)> {
+    answers
+        .iter()
+        .map(|(label, status, _)| (label.as_str(), *status))
+        .collect()
+}
+
 /// An activator on one shard (where the order is exact) serving `default/<name>` on `pod`, the
 /// revision configured by `extra`.
 fn on_one_shard(pod: &backend::BackendHandle, name: &str, extra: &str) -> Activator {
@@ -288,10 +296,7 @@ fn an_untrusted_client_cannot_raise_its_band_and_a_mapped_tenant_is_served_first
     );
     drop(holder);
     let answers = waiters.answers();
-    let got: Vec<(&str, u16)> = answers
-        .iter()
-        .map(|(label, status, _)| (label.as_str(), *status))
-        .collect();
+    let got = statuses(&answers);
     assert_eq!(
         got,
         [("self-made-top", 503), ("premium", 200), ("plain", 200)]
@@ -328,10 +333,7 @@ fn a_full_queue_sheds_its_newest_low_waiter_for_a_high_arrival() {
     );
     drop(holder);
     let answers = waiters.answers();
-    let got: Vec<(&str, u16)> = answers
-        .iter()
-        .map(|(label, status, _)| (label.as_str(), *status))
-        .collect();
+    let got = statuses(&answers);
     assert_eq!(got, [("low-1", 503), ("high", 200), ("low-0", 200)]);
     assert_eq!(answers[0].2, "pending request queue full\n");
     let shed = |band: &str| {
@@ -381,10 +383,7 @@ fn a_full_queue_sheds_a_low_waiter_on_another_shard_for_a_high_arrival() {
     );
     drop(holder);
     let answers = waiters.answers();
-    let got: Vec<(&str, u16)> = answers
-        .iter()
-        .map(|(label, status, _)| (label.as_str(), *status))
-        .collect();
+    let got = statuses(&answers);
     assert_eq!(got, [("low-1", 503), ("high", 200), ("low-0", 200)]);
     assert_eq!(answers[0].2, "pending request queue full\n");
     assert_eq!(

@@ -239,6 +239,20 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// The activator's fit of `proxy` on `shards` shards under `limit` MiB (none: no limit).
+    fn fit_activator(
+        proxy: &ProxySettings,
+        shards: usize,
+        limit: Option<u64>,
+    ) -> Result<Budget, String> {
+        fit(
+            proxy,
+            shards,
+            limit.map(|mib| mib * MIB),
+            &Needs::activator(),
+        )
+    }
+
     fn proxy(explicit: ExplicitCaps, caps: Option<Caps>) -> ProxySettings {
         let mut proxy = ProxySettings {
             explicit_caps: explicit,
@@ -254,7 +268,7 @@ mod tests {
 
     #[test]
     fn without_a_limit_the_configured_caps_stand() {
-        let budget = fit(&ProxySettings::default(), 2, None, &Needs::activator()).unwrap();
+        let budget = fit_activator(&ProxySettings::default(), 2, None).unwrap();
         assert_eq!(budget.caps.max_connections_per_shard, 16_384);
         assert_eq!(budget.derived, [false; 3]);
         assert_eq!(budget.worst, budget.caps.worst(2));
@@ -272,13 +286,7 @@ mod tests {
             (600, 4, 1_979, 285, 51_455),
         ];
         for (limit, shards, connections, heads, queued) in rows {
-            let budget = fit(
-                &ProxySettings::default(),
-                shards,
-                Some(limit * MIB),
-                &Needs::activator(),
-            )
-            .unwrap();
+            let budget = fit_activator(&ProxySettings::default(), shards, Some(limit)).unwrap();
             assert_eq!(
                 budget.caps,
                 Caps {
@@ -304,13 +312,7 @@ mod tests {
             max_pending_heads_per_shard: 1_024,
             max_queued_requests: 100_000,
         };
-        let kept = fit(
-            &proxy(explicit, Some(caps)),
-            2,
-            Some(600 * MIB),
-            &Needs::activator(),
-        )
-        .unwrap();
+        let kept = fit_activator(&proxy(explicit, Some(caps)), 2, Some(600)).unwrap();
         assert_eq!(kept.caps.max_connections_per_shard, 1_000);
         assert_eq!(kept.derived, [false, true, true]);
 
@@ -318,13 +320,7 @@ mod tests {
             max_connections_per_shard: 1 << 20,
             ..caps
         };
-        let error = fit(
-            &proxy(explicit, Some(huge)),
-            2,
-            Some(600 * MIB),
-            &Needs::activator(),
-        )
-        .unwrap_err();
+        let error = fit_activator(&proxy(explicit, Some(huge)), 2, Some(600)).unwrap_err();
         assert!(error.contains("proxy.max_connections_per_shard"), "{error}");
         assert!(!error.contains("max_queued_requests"), "{error}");
     }
@@ -332,19 +328,13 @@ mod tests {
     #[test]
     fn the_queue_ceiling_is_every_queued_request_the_room_holds_beside_the_other_caps() {
         assert_eq!(
-            fit(&ProxySettings::default(), 2, None, &Needs::activator())
+            fit_activator(&ProxySettings::default(), 2, None)
                 .unwrap()
                 .queue_ceiling,
             None
         );
         for (limit, shards) in [(600, 2), (256, 1), (16_384, 2), (600, 4)] {
-            let budget = fit(
-                &ProxySettings::default(),
-                shards,
-                Some(limit * MIB),
-                &Needs::activator(),
-            )
-            .unwrap();
+            let budget = fit_activator(&ProxySettings::default(), shards, Some(limit)).unwrap();
             let ceiling = budget.queue_ceiling.unwrap();
             assert!(ceiling >= budget.caps.max_queued_requests, "{limit} MiB");
             let room = (limit * MIB - RESERVED_BYTES) / 100 * CAPS_PERCENT;
@@ -368,13 +358,7 @@ mod tests {
 
     #[test]
     fn a_limit_below_the_reserve_is_refused() {
-        let error = fit(
-            &ProxySettings::default(),
-            1,
-            Some(32 * MIB),
-            &Needs::activator(),
-        )
-        .unwrap_err();
+        let error = fit_activator(&ProxySettings::default(), 1, Some(32)).unwrap_err();
         assert!(error.contains("even the smallest caps"), "{error}");
     }
 }
