@@ -50,15 +50,20 @@ fn stat_of(addr: SocketAddr) -> Stat {
 
 /// Sends `GET path` (with `K-Proxy-Request: activator` when `proxied`) and reads the answer.
 fn request(serving: SocketAddr, path: &str, proxied: bool) -> u16 {
-    let mut stream = TcpStream::connect(serving).unwrap();
     let mark = if proxied {
         "K-Proxy-Request: activator\r\n"
     } else {
         ""
     };
+    request_with(serving, path, mark)
+}
+
+/// Sends `GET path` with `fields` (each line ending in CRLF) and reads the answer's status.
+fn request_with(serving: SocketAddr, path: &str, fields: &str) -> u16 {
+    let mut stream = TcpStream::connect(serving).unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: hello.default.svc\r\n{mark}Connection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: hello.default.svc\r\n{fields}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut raw = Vec::new();
@@ -273,6 +278,71 @@ fn the_user_metrics_port_serves_upstreams_queue_proxy_names() {
     assert!(
         text.contains("kactivator_shard_requests_total"),
         "kactivator's own metrics stay"
+    );
+}
+
+#[test]
+fn requests_are_counted_by_the_route_tag_the_ingress_set_as_upstream_counts_them() {
+    let user_port = free_port();
+    let _user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
+    // Upstream's four cases (`GetRouteTagNameFromRequest`): no tag headers (tag-header routing
+    // off), the default route, a tag that names no target (routed by the default route), and
+    // a tag by name; an empty value counts as none, as Go's `Header.Get` reads it.
+    let sent = [
+        ("", 1),
+        ("Knative-Serving-Tag: \r\n", 1),
+        ("Knative-Serving-Default-Route: true\r\n", 1),
+        (
+            "Knative-Serving-Tag: gone\r\nKnative-Serving-Default-Route: true\r\n",
+            1,
+        ),
+        ("Knative-Serving-Tag: blue\r\n", 2),
+        (
+            "knative-serving-tag: green\r\nKnative-Serving-Default-Route: false\r\n",
+            1,
+        ),
+    ];
+    for (fields, times) in sent {
+        for _ in 0..times {
+            assert_eq!(request_with(proxy.serving, "/", fields), 200);
+        }
+    }
+    let count = |tag: &str| {
+        proxy.metric(
+            "revision_request_count",
+            &[&format!("route_tag=\"{tag}\""), "response_code=\"200\""],
+        )
+    };
+    let tags = ["DISABLED", "DEFAULT", "UNDEFINED", "blue", "green"];
+    let counts: Vec<f64> = tags.iter().map(|tag| count(tag)).collect();
+    let text = admin_get(proxy.metrics, "/metrics").unwrap().1;
+    assert_eq!(counts, [2.0, 1.0, 1.0, 2.0, 1.0], "{text}");
+    assert_eq!(
+        proxy.metric("revision_request_latencies_count", &["route_tag=\"blue\""]),
+        2.0
+    );
+    // 1.19+ names: the tag is an attribute of the server duration.
+    let otel = |tag: &str| {
+        proxy.metric(
+            "http_server_request_duration_seconds_count",
+            &[&format!("kn_route_tag=\"{tag}\"")],
+        )
+    };
+    let otel_tags = ["kn:disabled", "kn:default", "kn:undefined", "blue", "green"];
+    let counts: Vec<f64> = otel_tags.iter().map(|tag| otel(tag)).collect();
+    assert_eq!(counts, [2.0, 1.0, 1.0, 2.0, 1.0], "{text}");
+    // As upstream: the app-side series carry no tag.
+    assert!(
+        text.lines()
+            .filter(|line| line.starts_with("revision_app_request")
+                || line.starts_with("kn_serving_invocation"))
+            .all(|line| !line.contains("route_tag")),
+        "{text}"
     );
 }
 

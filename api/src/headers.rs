@@ -6,6 +6,12 @@ pub const REVISION: &str = "Knative-Serving-Revision";
 /// Request header naming the revision's namespace (set by the ingress).
 pub const NAMESPACE: &str = "Knative-Serving-Namespace";
 
+/// The traffic tag a request was routed by (set by the ingress when tag-header routing is on).
+pub const ROUTE_TAG: &str = "Knative-Serving-Tag";
+/// `true` when the ingress routed a request by the Route's default target (set by the ingress
+/// when tag-header routing is on).
+pub const DEFAULT_ROUTE: &str = "Knative-Serving-Default-Route";
+
 /// Set on every proxied request: `K-Proxy-Request: activator`.
 pub const PROXY_REQUEST: &str = "K-Proxy-Request";
 /// Value of [`PROXY_REQUEST`].

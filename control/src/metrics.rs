@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use kactivator_api::RevisionKey;
 use kactivator_shards::metrics::{
-    AllShardStats, Counter, Histogram, ShardStats, LATENCY_BUCKETS_MS, PRIORITY_BANDS,
+    AllShardStats, Counter, Histogram, RouteTag, ShardStats, LATENCY_BUCKETS_MS, PRIORITY_BANDS,
 };
 use kactivator_shards::routing::RevisionLabels;
 
@@ -48,12 +48,69 @@ impl HistogramTotals {
     }
 }
 
+/// A request's route tag as a label, its name resolved (each shard numbers its own names).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum TagLabel {
+    /// No label: the activator role, and the queue-proxy's app-side series.
+    #[default]
+    None,
+    Disabled,
+    Default,
+    Undefined,
+    Other,
+    Named(Box<str>),
+}
+
+impl TagLabel {
+    fn of(tag: RouteTag, name: impl FnOnce(u8) -> Option<Box<str>>) -> TagLabel {
+        match tag {
+            RouteTag::None => TagLabel::None,
+            RouteTag::Disabled => TagLabel::Disabled,
+            RouteTag::Default => TagLabel::Default,
+            RouteTag::Undefined => TagLabel::Undefined,
+            RouteTag::Other => TagLabel::Other,
+            RouteTag::Named(index) => name(index).map_or(TagLabel::Other, TagLabel::Named),
+        }
+    }
+
+    /// Knative 1.18's `route_tag` label (`pkg/queue/request_metric.go`), or nothing.
+    fn opencensus(&self) -> String {
+        let value = match self {
+            TagLabel::None => return String::new(),
+            TagLabel::Disabled => "DISABLED",
+            TagLabel::Default => "DEFAULT",
+            TagLabel::Undefined => "UNDEFINED",
+            TagLabel::Other => "OTHER",
+            TagLabel::Named(name) => name,
+        };
+        format!(",route_tag=\"{}\"", escape(value))
+    }
+
+    /// Knative 1.19+'s `kn.route.tag` attribute (`pkg/queue/routetag_handler.go`) in
+    /// Prometheus form, or nothing.
+    fn opentelemetry(&self) -> String {
+        let value = match self {
+            TagLabel::None => return String::new(),
+            TagLabel::Disabled => "kn:disabled",
+            TagLabel::Default => "kn:default",
+            TagLabel::Undefined => "kn:undefined",
+            TagLabel::Other => "kn:other",
+            TagLabel::Named(name) => name,
+        };
+        format!(",kn_route_tag=\"{}\"", escape(value))
+    }
+}
+
+/// A revision's requests by response code and route tag.
+type CodeTotals = BTreeMap<(u16, TagLabel), HistogramTotals>;
+
 #[derive(Default)]
 struct RevisionTotals {
     labels: RevisionLabels,
-    codes: BTreeMap<u16, HistogramTotals>,
+    /// By code, and in the queue-proxy role by route tag too.
+    codes: CodeTotals,
     /// In the queue-proxy role: the requests that reached the user container, by code.
-    app_codes: BTreeMap<u16, HistogramTotals>,
+    app_codes: CodeTotals,
     /// Waits for a slot, and those that were cold starts (★ issue 27).
     slot_waits: HistogramTotals,
     cold_start_waits: HistogramTotals,
@@ -195,7 +252,8 @@ fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), Revision
                     if code == 0 {
                         continue;
                     }
-                    sums.entry(code).or_default().add_counts(
+                    let tag = TagLabel::of(slot.route_tag(), |index| block.route_tags.name(index));
+                    sums.entry((code, tag)).or_default().add_counts(
                         &slot.count,
                         &slot.latency_sum_us,
                         &slot.buckets,
@@ -250,7 +308,7 @@ fn render_requests(
     );
     out.push_str("# TYPE activator_request_count counter\n");
     for totals in revisions.values() {
-        for (code, code_totals) in &totals.codes {
+        for ((code, _), code_totals) in &totals.codes {
             let _ = writeln!(
                 out,
                 "activator_request_count{{{}}} {}",
@@ -262,7 +320,7 @@ fn render_requests(
     out.push_str("# HELP activator_request_latencies The response time in millisecond\n");
     out.push_str("# TYPE activator_request_latencies histogram\n");
     for totals in revisions.values() {
-        for (code, code_totals) in &totals.codes {
+        for ((code, _), code_totals) in &totals.codes {
             let labels = code_labels(&totals.labels, pod_name, *code);
             write_histogram(
                 out,
@@ -285,7 +343,7 @@ fn render_queue_proxy(
     pod_name: &str,
     queue_depth: bool,
 ) {
-    type Codes = fn(&RevisionTotals) -> &BTreeMap<u16, HistogramTotals>;
+    type Codes = fn(&RevisionTotals) -> &CodeTotals;
     let sets: [(&str, &str, &str, Codes); 2] = [
         (
             "revision_request_count",
@@ -303,11 +361,12 @@ fn render_queue_proxy(
     for (count, latencies, help, codes) in sets {
         let _ = writeln!(out, "# HELP {count} {help}\n# TYPE {count} counter");
         for totals in revisions.values() {
-            for (code, code_totals) in codes(totals) {
+            for ((code, tag), code_totals) in codes(totals) {
                 let _ = writeln!(
                     out,
-                    "{count}{{{}}} {}",
+                    "{count}{{{}{}}} {}",
                     queue_proxy_code_labels(&totals.labels, pod_name, *code),
+                    tag.opencensus(),
                     code_totals.count
                 );
             }
@@ -317,8 +376,9 @@ fn render_queue_proxy(
             "# HELP {latencies} The response time in millisecond\n# TYPE {latencies} histogram"
         );
         for totals in revisions.values() {
-            for (code, code_totals) in codes(totals) {
-                let labels = queue_proxy_code_labels(&totals.labels, pod_name, *code);
+            for ((code, tag), code_totals) in codes(totals) {
+                let labels =
+                    queue_proxy_code_labels(&totals.labels, pod_name, *code) + &tag.opencensus();
                 write_histogram(out, latencies, &labels, code_totals, false);
             }
         }
@@ -422,14 +482,15 @@ fn render_otel_code_histograms(
     revisions: &BTreeMap<(String, String), RevisionTotals>,
     name: &str,
     help: &str,
-    codes: fn(&RevisionTotals) -> &BTreeMap<u16, HistogramTotals>,
+    codes: fn(&RevisionTotals) -> &CodeTotals,
 ) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
     for totals in revisions.values() {
-        for (code, code_totals) in codes(totals) {
+        for ((code, tag), code_totals) in codes(totals) {
             let labels = format!(
-                "{},http_response_status_code=\"{code}\"",
-                otel_labels(&totals.labels)
+                "{},http_response_status_code=\"{code}\"{}",
+                otel_labels(&totals.labels),
+                tag.opentelemetry()
             );
             write_histogram(out, name, &labels, code_totals, true);
         }

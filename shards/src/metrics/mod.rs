@@ -30,8 +30,133 @@ pub const LATENCY_BUCKETS_MS: [u64; 26] = [
     2000, 5000, 10000, 20000, 50000, 100000,
 ];
 
-/// Distinct response codes tracked per revision and shard; more are counted as overflow.
+/// Distinct response codes (with route tags, in the queue-proxy role) tracked per revision and
+/// shard; more are counted as overflow.
 pub const CODE_SLOTS: usize = 12;
+
+/// Named route tags of one revision with series of their own, per shard; requests under other
+/// names are counted as [`RouteTag::Other`] (★: upstream keeps a series per value it is sent).
+pub const ROUTE_TAG_SERIES: usize = 8;
+/// Longest route tag kept as a name, in bytes: a Knative tag is a DNS label (63 bytes); a longer
+/// value is counted as [`RouteTag::Other`].
+pub const ROUTE_TAG_NAME_MAX: usize = 63;
+
+/// The traffic tag a request reached the queue-proxy under, as upstream's
+/// `GetRouteTagNameFromRequest` (`pkg/queue/request_metric.go`, 1.18;
+/// `pkg/queue/routetag_handler.go`, 1.19+) reads it from the ingress's headers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RouteTag {
+    /// Not counted by tag: the activator role.
+    #[default]
+    None,
+    /// Neither header: tag-header routing is off (`DISABLED`, `kn:disabled`).
+    Disabled,
+    /// No tag, routed by the default route (`DEFAULT`, `kn:default`).
+    Default,
+    /// A tag, yet routed by the default route: the tag names no target (`UNDEFINED`,
+    /// `kn:undefined`).
+    Undefined,
+    /// ★ A tag beyond [`ROUTE_TAG_SERIES`] names, or longer than [`ROUTE_TAG_NAME_MAX`]
+    /// (`OTHER`, `kn:other`: neither can be a tag's name).
+    Other,
+    /// A tag by name: the revision counters' [`RouteTags::name`] of this index.
+    Named(u8),
+}
+
+impl RouteTag {
+    /// The tag's number in a code slot's key (0 for [`RouteTag::None`]).
+    fn number(self) -> u32 {
+        match self {
+            RouteTag::None => 0,
+            RouteTag::Disabled => 1,
+            RouteTag::Default => 2,
+            RouteTag::Undefined => 3,
+            RouteTag::Other => 4,
+            RouteTag::Named(index) => 5 + u32::from(index),
+        }
+    }
+
+    fn from_number(number: u32) -> RouteTag {
+        match number {
+            0 => RouteTag::None,
+            1 => RouteTag::Disabled,
+            2 => RouteTag::Default,
+            3 => RouteTag::Undefined,
+            4 => RouteTag::Other,
+            named => RouteTag::Named((named - 5) as u8),
+        }
+    }
+}
+
+/// What a request's tag headers say, before a name has a number: upstream's rule. Go's
+/// `Header.Get` reads an empty value as an absent one; so does this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TagHeaders<'a> {
+    Disabled,
+    Default,
+    Undefined,
+    Named(&'a [u8]),
+}
+
+impl<'a> TagHeaders<'a> {
+    pub fn read(tag: Option<&'a [u8]>, default_route: Option<&[u8]>) -> TagHeaders<'a> {
+        let tag = tag.filter(|tag| !tag.is_empty());
+        let default_route = default_route.filter(|value| !value.is_empty());
+        match (tag, default_route) {
+            (None, None) => TagHeaders::Disabled,
+            (None, Some(_)) => TagHeaders::Default,
+            (Some(_), Some(b"true")) => TagHeaders::Undefined,
+            (Some(name), _) => TagHeaders::Named(name),
+        }
+    }
+}
+
+/// The route tag names of one revision seen by one shard: written by that shard when a name is
+/// first seen, read by scrapes.
+#[derive(Debug, Default)]
+pub struct RouteTags {
+    names: Mutex<Vec<Box<str>>>,
+}
+
+impl RouteTags {
+    /// The tag of a request with these headers; a new name takes the next number while there
+    /// are fewer than [`ROUTE_TAG_SERIES`]. Only the owning shard calls this.
+    pub fn tag(&self, headers: TagHeaders<'_>) -> RouteTag {
+        let name = match headers {
+            TagHeaders::Disabled => return RouteTag::Disabled,
+            TagHeaders::Default => return RouteTag::Default,
+            TagHeaders::Undefined => return RouteTag::Undefined,
+            TagHeaders::Named(name) => name,
+        };
+        let Ok(name) = std::str::from_utf8(name) else {
+            return RouteTag::Other;
+        };
+        if name.len() > ROUTE_TAG_NAME_MAX {
+            return RouteTag::Other;
+        }
+        let mut names = self
+            .names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(index) = names.iter().position(|known| &**known == name) {
+            return RouteTag::Named(index as u8);
+        }
+        if names.len() == ROUTE_TAG_SERIES {
+            return RouteTag::Other;
+        }
+        names.push(name.into());
+        RouteTag::Named((names.len() - 1) as u8)
+    }
+
+    /// The name of tag `index`, once it has one.
+    pub fn name(&self, index: u8) -> Option<Box<str>> {
+        self.names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(usize::from(index))
+            .cloned()
+    }
+}
 
 /// A counter with exactly one writing thread.
 #[derive(Debug, Default)]
@@ -192,11 +317,12 @@ impl Load {
     }
 }
 
-/// Request count and latency histogram for one response code.
+/// Request count and latency histogram for one response code (and route tag).
 #[derive(Debug, Default)]
 pub struct CodeSlot {
-    /// HTTP status, 0 while the slot is free. Written once, before any count.
-    code: AtomicU32,
+    /// HTTP status in the low 16 bits, the [`RouteTag`]'s number above; 0 while the slot is
+    /// free. Written once, before any count.
+    key: AtomicU32,
     pub count: Counter,
     /// Sum of latencies in microseconds.
     pub latency_sum_us: Counter,
@@ -206,7 +332,12 @@ pub struct CodeSlot {
 
 impl CodeSlot {
     pub fn code(&self) -> u16 {
-        self.code.load(Ordering::Acquire) as u16
+        self.key.load(Ordering::Acquire) as u16
+    }
+
+    /// The route tag of the slot's requests ([`RouteTag::None`] in the activator role).
+    pub fn route_tag(&self) -> RouteTag {
+        RouteTag::from_number(self.key.load(Ordering::Acquire) >> 16)
     }
 }
 
@@ -369,7 +500,17 @@ impl CodeTable {
     /// (`RevisionCounters::record_app`).
     #[inline(always)]
     pub fn record(&self, status: u16, latency_us: u64) {
-        let Some(slot) = self.slot_for(status) else {
+        self.record_key(u32::from(status), latency_us);
+    }
+
+    /// Records one request with its route tag (the queue-proxy role).
+    pub fn record_tagged(&self, status: u16, tag: RouteTag, latency_us: u64) {
+        self.record_key(u32::from(status) | tag.number() << 16, latency_us);
+    }
+
+    #[inline(always)]
+    fn record_key(&self, key: u32, latency_us: u64) {
+        let Some(slot) = self.slot_for(key) else {
             self.overflow.increment();
             return;
         };
@@ -384,15 +525,15 @@ impl CodeTable {
     }
 
     #[inline(always)]
-    fn slot_for(&self, status: u16) -> Option<&CodeSlot> {
+    fn slot_for(&self, key: u32) -> Option<&CodeSlot> {
         // Only the owning shard initialises (and writes) them; a scrape only reads.
         let slots = self.slots.get_or_init(Default::default);
         for slot in slots.iter() {
-            match slot.code() {
-                code if code == status => return Some(slot),
+            match slot.key.load(Ordering::Acquire) {
+                taken if taken == key => return Some(slot),
                 0 => {
-                    // Publish the code before any count so a reader never sees counts under 0.
-                    slot.code.store(u32::from(status), Ordering::Release);
+                    // Publish the key before any count so a reader never sees counts under 0.
+                    slot.key.store(key, Ordering::Release);
                     return Some(slot);
                 }
                 _ => {}
@@ -406,8 +547,11 @@ impl CodeTable {
 #[derive(Debug)]
 pub struct RevisionCounters {
     pub labels: RevisionLabels,
-    /// Requests by code, from arrival to the end of the response.
+    /// Requests by code (and, in the queue-proxy role, route tag), from arrival to the end of
+    /// the response.
     pub requests: CodeTable,
+    /// The route tag names the queue-proxy role saw; empty in the activator role.
+    pub route_tags: RouteTags,
     /// In the queue-proxy role, the requests that reached the user container, from the moment
     /// they were let through the breaker (upstream's `app_request_*` and
     /// `kn.serving.invocation.duration`). Empty in the activator role.
@@ -439,6 +583,7 @@ impl RevisionCounters {
         RevisionCounters {
             labels,
             requests: CodeTable::default(),
+            route_tags: RouteTags::default(),
             app: CodeTable::default(),
             load: Load::default(),
             proxied: Load::default(),
@@ -466,6 +611,13 @@ impl RevisionCounters {
     #[inline]
     pub fn record(&self, status: u16, latency_us: u64) {
         self.requests.record(status, latency_us);
+    }
+
+    /// Records one finished request with its route tag (the queue-proxy role). Kept out of
+    /// line, as [`RevisionCounters::record_app`] is.
+    #[inline(never)]
+    pub fn record_tagged(&self, status: u16, tag: RouteTag, latency_us: u64) {
+        self.requests.record_tagged(status, tag, latency_us);
     }
 
     /// Records one request that reached the user container (the queue-proxy role). Kept out
@@ -708,5 +860,64 @@ mod tests {
         counters.record(599, 1);
         assert_eq!(counters.code_slots()[0].count.get(), 2);
         assert_eq!(counters.requests.overflow.get(), 1);
+    }
+
+    #[test]
+    fn the_route_tag_is_read_as_upstream_reads_it() {
+        let read = |tag: Option<&'static str>, default: Option<&'static str>| {
+            TagHeaders::read(tag.map(str::as_bytes), default.map(str::as_bytes))
+        };
+        assert_eq!(read(None, None), TagHeaders::Disabled);
+        assert_eq!(
+            read(Some(""), Some("")),
+            TagHeaders::Disabled,
+            "empty is absent"
+        );
+        assert_eq!(read(None, Some("true")), TagHeaders::Default);
+        assert_eq!(read(None, Some("false")), TagHeaders::Default);
+        assert_eq!(read(Some("blue"), Some("true")), TagHeaders::Undefined);
+        assert_eq!(read(Some("blue"), None), TagHeaders::Named(b"blue"));
+        assert_eq!(
+            read(Some("blue"), Some("false")),
+            TagHeaders::Named(b"blue"),
+            "only `true` marks the default route"
+        );
+    }
+
+    #[test]
+    fn route_tags_get_numbers_until_full_and_share_a_slot_per_code_and_tag() {
+        let counters = RevisionCounters::new(RevisionLabels::default(), false);
+        let tags = &counters.route_tags;
+        let blue = tags.tag(TagHeaders::Named(b"blue"));
+        assert_eq!(blue, RouteTag::Named(0));
+        assert_eq!(tags.tag(TagHeaders::Named(b"blue")), blue);
+        for index in 1..ROUTE_TAG_SERIES {
+            let name = format!("tag-{index}");
+            assert_eq!(
+                tags.tag(TagHeaders::Named(name.as_bytes())),
+                RouteTag::Named(index as u8)
+            );
+        }
+        assert_eq!(
+            tags.tag(TagHeaders::Named(b"one-too-many")),
+            RouteTag::Other
+        );
+        assert_eq!(tags.tag(TagHeaders::Named(&[b'a'; 64])), RouteTag::Other);
+        assert_eq!(tags.tag(TagHeaders::Named(b"\xff")), RouteTag::Other);
+        assert_eq!(tags.name(0).as_deref(), Some("blue"));
+
+        counters.record_tagged(200, blue, 1);
+        counters.record_tagged(200, blue, 1);
+        counters.record_tagged(200, RouteTag::Disabled, 1);
+        let slots = counters.code_slots();
+        assert_eq!((slots[0].code(), slots[0].route_tag()), (200, blue));
+        assert_eq!(slots[0].count.get(), 2);
+        assert_eq!(
+            (slots[1].code(), slots[1].route_tag()),
+            (200, RouteTag::Disabled)
+        );
+        let last = RouteTag::Named(ROUTE_TAG_SERIES as u8 - 1);
+        counters.record_tagged(599, last, 1);
+        assert_eq!(slots[2].route_tag(), last, "every tag number fits the key");
     }
 }

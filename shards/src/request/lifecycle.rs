@@ -225,12 +225,12 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
     };
     // Read before `prepare`, which lets go of the fields; the default class without a policy.
     let class = revision.classify(&front.headers(), &shard.stats().priority_invalid);
-    let proxied = tally::proxied(&shard.settings.role, &front.headers());
+    let marks = tally::Marks::read(&shard.settings.role, &front.headers(), &revision.counters);
     front.prepare(match shard.settings.role {
         Role::Activator => Edits::Activator,
         Role::QueueProxy(_) => Edits::QueueProxy,
     });
-    let tally = Tally::arrive(shard, &revision, arrival, proxied);
+    let tally = Tally::arrive(shard, &revision, arrival, marks);
     let mut note = None;
     let mut reached_app = None;
     let ended = proxy(
