@@ -149,6 +149,55 @@ fn keep_alive_reuses_one_client_and_one_upstream_connection() {
 }
 
 #[test]
+fn a_peak_above_the_idle_cap_keeps_its_pod_connections_between_rounds() {
+    // Eight clients in lockstep rounds, each request held 50 ms at the pod, so each round has
+    // eight in flight at once and then none; the pool keeps two per pod for the idle timeout.
+    // Every round's connections must be there for the next: a pool that closed what it got
+    // back beyond its cap would redial six per round.
+    const CLIENTS: usize = 8;
+    const ROUNDS: usize = 10;
+    let backend = backend::spawn(BackendConfig::named("pod-a")).unwrap();
+    let activator = Activator::start_with(
+        &revision("default", "hello", &[backend.addr()], ""),
+        "max_idle_per_pod = 2\n",
+        &["--shards", "1"],
+        &[],
+    );
+    let http = activator.http;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(CLIENTS));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(http).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(30)))
+                    .unwrap();
+                let mut buffered = Vec::new();
+                for round in 0..ROUNDS {
+                    barrier.wait();
+                    stream
+                        .write_all(get("hello", "/delay/50").as_bytes())
+                        .unwrap();
+                    let response = read_response(&mut stream, &mut buffered)
+                        .unwrap_or_else(|| panic!("no response in round {round}"));
+                    assert_eq!(response.status, 200, "round {round}");
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
+    let connects = activator.metric_sum("kactivator_shard_upstream_connects_total", &[]);
+    assert!(
+        connects <= CLIENTS as f64,
+        "{connects} dials for {CLIENTS} clients over {ROUNDS} rounds"
+    );
+    assert_eq!(backend.stats().requests, (CLIENTS * ROUNDS) as u64);
+}
+
+#[test]
 fn busy_keep_alive_connections_are_never_closed_between_requests() {
     // Fast pod, several clients at once: the pod's response often completes in the same
     // completion batch as the write of the request. A finished exchange must still count as

@@ -375,8 +375,9 @@ pub struct ProxySettings {
     /// Idle upstream connections are closed after this many seconds. Default:
     /// [`DEFAULT_IDLE_TIMEOUT`] (90 s).
     pub upstream_idle_timeout_seconds: u64,
-    /// Idle upstream connections kept per pod and shard. Default: [`DEFAULT_MAX_IDLE_PER_POD`]
-    /// (100 connections).
+    /// Idle upstream connections per pod and shard kept for the whole idle timeout; those a
+    /// peak needed beyond it are closed once idle for `SURPLUS_IDLE_TIMEOUT` (10 s), never on
+    /// their return. Default: [`DEFAULT_MAX_IDLE_PER_POD`] (100 connections).
     pub max_idle_per_pod: usize,
     /// Seconds between SIGTERM (readiness fails at once) and closing the listeners. Default:
     /// [`DEFAULT_DRAIN_GRACE_SECONDS`] (45 s).
