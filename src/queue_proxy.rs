@@ -2,7 +2,7 @@
 //! queue-proxy sidecar in front of one user container, configured by the environment Knative's
 //! reconciler sets (`kactivator_control::queue_proxy::env`).
 //!
-//! What the role changes (`kactivator_shards::shard::Role::QueueProxy`): every request is for
+//! What the role changes (`kactivator_shards::role::QueueProxy`): every request is for
 //! the pod's own revision and goes to `127.0.0.1:USER_PORT`; health checks are answered from the
 //! user container's readiness; one data port (`QUEUE_SERVING_PORT`, HTTP/1.1 and h2c), the
 //! drain hook on the admin port (`--drain-admin`, 8022), the autoscaler's protobuf stat on
@@ -25,8 +25,8 @@ use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
 use kactivator_control::queue_proxy::{admin, certs, readiness, stat_server};
 use kactivator_shards::request::log::template::{Revision, Template};
 use kactivator_shards::request::log::{sink, RequestLog};
+use kactivator_shards::role::QueueProxy;
 use kactivator_shards::runtime::reactor;
-use kactivator_shards::shard::{QueueProxyRole, Role};
 
 use crate::cli::{Cli, QueueProxyArgs};
 use crate::start::{self, RequestLogSetup, RoleSetup, StartError};
@@ -65,7 +65,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         invalid: vec![("SERVING_REVISION", error.to_string())],
     })?;
     let pre_stop = Arc::new(AtomicBool::new(false));
-    let role = Role::QueueProxy(QueueProxyRole {
+    let role = Arc::new(QueueProxy {
         revision,
         user: Arc::new(user),
         pre_stop: pre_stop.clone(),

@@ -14,6 +14,7 @@
 //!   local answers, which revision, admission and the wait for a pod slot, deadlines, how an
 //!   exchange ends, the header policy.
 //! * [`shard`] — the protocol-neutral shard context and settings, the role among them.
+//! * [`role`] — the roles (activator, queue-proxy) as hooks the request path calls.
 //! * [`upstream`] — connections to pods: the per-shard pool, the h2c connections, the errors.
 //! * [`runtime`] — the reactor, timers, signals, idle connections, readiness, channels.
 //! * [`routing`] — the snapshot types the control thread publishes and each shard's replica.
@@ -23,13 +24,15 @@
 //!   fields; the HTTP/2 preface check.
 //!
 //! Pure modules (no I/O, no clock of their own) are `request::{identity, probes, deadlines,
-//! outcome, policy, answer}`, `throttle`, `routing` (types, `priority`), `fields`, `preface`,
+//! outcome, policy, answer}`, `role`, `throttle`, `routing` (types, `priority`), `fields`, `preface`,
 //! `http1::{rewrite, reframe}`, `runtime::topology`'s parsers and `upstream::error`; the rest
 //! is the shell around them.
 
-// Unsafe code is allowed in three places only, each saying why at its `allow`: the
-// non-blocking socket calls of the HTTP/1 front (`http1::io`) and of the pool (`upstream::pool`),
-// and the recycled exchange blocks (`runtime::blocks`).
+// Unsafe code is allowed in six places only, each saying why at its `allow`: the non-blocking
+// socket calls of the HTTP/1 front (`http1::io`) and of the pool (`upstream::pool`), the
+// shutdown of an idle connection (`runtime::idle`), the recycled exchange blocks
+// (`runtime::blocks`), the open-file limit (`runtime::limits`) and the memory calls
+// (`runtime::memory`).
 #![deny(unsafe_code)]
 
 pub mod fields;
@@ -39,6 +42,7 @@ pub mod hub;
 pub mod metrics;
 pub mod preface;
 pub mod request;
+pub mod role;
 pub mod routing;
 pub mod runtime;
 pub mod shard;

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::metrics::{AllShardStats, ShardStats};
+use crate::request::identity::DEFAULT_CLUSTER_DOMAIN;
 use crate::request::log::RequestLog;
+use crate::role::{Activator, Role};
 use crate::routing::replica::{LocalRevision, Outbox, Outgoing, Replica};
 use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm::Alarms;
@@ -38,11 +40,6 @@ pub struct StopBarrier {
     pub(crate) filtered: AtomicUsize,
     pub(crate) closed: AtomicUsize,
 }
-
-/// Cluster domain for the Host fallback `<rev>.<ns>.svc.<domain>` when neither resolv.conf nor
-/// `CLUSTER_DOMAIN` gives one (`request::identity::detect_cluster_domain`): `cluster.local`,
-/// knative.dev/pkg's default (`network/domain.go`).
-pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 
 /// Settings every shard shares, fixed at start-up.
 #[derive(Clone, Debug)]
@@ -73,45 +70,10 @@ pub struct ShardSettings {
     /// head within this of its first byte (upstream's `ReadHeaderTimeout`). Default:
     /// [`DEFAULT_HEAD_TIMEOUT`] (60 s).
     pub head_timeout: Duration,
-    /// Which of kactivator's roles the shard plays. Default: [`Role::Activator`].
-    pub role: Role,
+    /// Which of kactivator's roles the shard plays (`role`). Default: the activator.
+    pub role: Arc<dyn Role>,
     /// Knative's request log, one line per request; `None` (the default): none.
     pub request_log: Option<Arc<RequestLog>>,
-}
-
-/// Which of kactivator's two roles a shard plays on the one request path.
-#[derive(Clone, Debug, Default)]
-pub enum Role {
-    /// Knative's activator: a request names its revision (the Knative headers or the
-    /// cluster-local Host), and goes to one of that revision's pods.
-    #[default]
-    Activator,
-    /// Knative's queue-proxy sidecar (`kactivator queue-proxy`): every request is for the one
-    /// revision the pod belongs to and goes to the one pod, the user container; health checks
-    /// are answered from the user container's readiness.
-    QueueProxy(QueueProxyRole),
-}
-
-/// What the queue-proxy role needs on the request path.
-#[derive(Clone, Debug)]
-pub struct QueueProxyRole {
-    /// The pod's revision: every request's, and the identity its health-check answers carry.
-    pub revision: RevisionKey,
-    /// The user container's readiness, kept by the control thread's prober.
-    pub user: Arc<dyn UserContainer>,
-    /// Set while the user container's preStop hook (`/wait-for-drain`) has started a drain
-    /// that no SIGTERM has confirmed yet: health checks fail as in a drain. Written by the
-    /// admin port only.
-    pub pre_stop: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// The queue-proxy's view of its user container, as the request path needs it.
-pub trait UserContainer: Send + Sync + std::fmt::Debug {
-    /// Whether health checks pass: the readiness probe passed and nothing refused since.
-    fn is_ready(&self) -> bool;
-    /// A connection to the user container was refused: not ready from now on, until the
-    /// prober sees it pass again.
-    fn refused(&self);
 }
 
 /// Default of `proxy.head_timeout_seconds`: 60 s, the `ReadHeaderTimeout` of upstream's server
@@ -138,7 +100,7 @@ impl Default for ShardSettings {
             max_pending_heads: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
             h2: H2Settings::default(),
             head_timeout: DEFAULT_HEAD_TIMEOUT,
-            role: Role::Activator,
+            role: Arc::new(Activator),
             request_log: None,
         }
     }

@@ -845,8 +845,8 @@ struct Shared {
     edges: watch::Sender<bool>,
 }
 
-/// The request path's view (`kactivator_shards::shard::Role::QueueProxy`).
-impl kactivator_shards::shard::UserContainer for QueueProxyHealth {
+/// The request path's view (`kactivator_shards::role::QueueProxy`).
+impl kactivator_shards::role::UserContainer for QueueProxyHealth {
     fn is_ready(&self) -> bool {
         QueueProxyHealth::is_ready(self)
     }

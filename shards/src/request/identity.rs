@@ -48,7 +48,7 @@ pub fn revision_from_host<'b>(host: &'b str, cluster_domain: &str) -> Option<Rev
 
 /// Cluster domain when neither resolv.conf nor `CLUSTER_DOMAIN` gives one: `cluster.local`,
 /// knative.dev/pkg's default (`network/domain.go`).
-pub use crate::shard::DEFAULT_CLUSTER_DOMAIN;
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 
 /// The cluster domain: the `search` entry `svc.<domain>` of resolv.conf, else `CLUSTER_DOMAIN`,
 /// else [`DEFAULT_CLUSTER_DOMAIN`] (the same order as knative.dev/pkg).

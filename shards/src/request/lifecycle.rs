@@ -13,7 +13,7 @@
 
 use std::rc::Rc;
 
-use kactivator_api::{headers, messages, registration};
+use kactivator_api::{headers, registration};
 use monoio::time::Instant;
 
 use super::admission::{self, acquire, ClientWatch, Held};
@@ -22,18 +22,16 @@ use super::deadlines::Deadlines;
 use super::error::RequestError;
 use super::faults;
 use super::headers::RequestHeaders;
-use super::identity;
 use super::log::{Captured, RequestLog};
 use super::outcome::{
     conclude, keeps_connection_after_answer, Concluded, Ended, Next, RequestShape,
 };
-use super::policy::{Edits, WaitNote};
-use super::probes;
+use super::policy::WaitNote;
 use super::retry::may_retry;
-use super::tally::{self, Tally};
+use super::tally::Tally;
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
-use crate::shard::{Role, Shard};
+use crate::shard::Shard;
 use crate::throttle::gate::Class;
 use crate::upstream::error::UpstreamError;
 
@@ -98,7 +96,7 @@ pub(crate) trait Front {
     /// The request is going to a pod: rewrite it for one (the header policy,
     /// `request::policy`, under the role's `edits`; the pod's address comes with each attempt)
     /// and let go of what only the local answers read.
-    fn prepare(&mut self, edits: Edits);
+    fn prepare(&mut self, edits: super::policy::Edits);
     /// The request's id for log lines (`X-Run-Id`, else `X-Request-Id`), once prepared.
     fn request_id(&self) -> &str;
     fn watch(&mut self) -> Self::Watch<'_>;
@@ -174,43 +172,23 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
     let draining = || shard.draining.is_set();
     // A probe's body is never read: closing keeps the stream in sync without reading it.
     let local_keep_alive = shape.request.keep_alive && shape.request.bodiless && !draining();
-    let probe = match &shard.settings.role {
-        Role::Activator => probes::answer(&front.headers(), shard.health()),
-        Role::QueueProxy(role) => probes::queue_proxy_answer(
-            &front.headers(),
-            &role.revision,
-            || role.user.is_ready(),
-            draining() || role.pre_stop.load(std::sync::atomic::Ordering::Acquire),
-        ),
-    };
+    let role = &*shard.settings.role;
+    let probe = role.probe(&front.headers(), shard.health());
     if let Some(answer) = probe {
         shard.stats().local_responses.increment();
         return answered(shard, front, &answer.as_answer(), local_keep_alive).await;
     }
     faults::inject(&front.headers());
-    // A queue-proxy passes the registration path on to its app, as any other path.
-    if shape.registration && matches!(shard.settings.role, Role::Activator) {
+    if shape.registration && role.takes_registrations() {
         // Boxed: registrations are rare next to proxied requests, and inline their state would
         // widen every connection's future.
         return Box::pin(register(shard, front, shape)).await;
     }
-    let found = match &shard.settings.role {
-        Role::Activator => {
-            let fields = front.headers();
-            match identity::revision_of(&fields, &shard.settings.cluster_domain) {
-                Some(id) => shard
-                    .replica
-                    .find(id.namespace, id.name)
-                    .ok_or_else(|| messages::revision_not_found(id.name)),
-                None => Err(messages::revision_not_found("")),
-            }
-        }
-        // The pod's own revision, whatever the request names.
-        Role::QueueProxy(role) => shard
-            .replica
-            .find(role.revision.namespace(), role.revision.name())
-            .ok_or_else(|| messages::revision_not_found(role.revision.name())),
-    };
+    let found = role.revision(
+        &front.headers(),
+        &shard.replica,
+        &shard.settings.cluster_domain,
+    );
     let revision = match found {
         Ok(revision) => revision,
         Err(body) => {
@@ -225,11 +203,8 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
     };
     // Read before `prepare`, which lets go of the fields; the default class without a policy.
     let class = revision.classify(&front.headers(), &shard.stats().priority_invalid);
-    let marks = tally::Marks::read(&shard.settings.role, &front.headers(), &revision.counters);
-    front.prepare(match shard.settings.role {
-        Role::Activator => Edits::Activator,
-        Role::QueueProxy(_) => Edits::QueueProxy,
-    });
+    let marks = role.marks(&front.headers(), &revision.counters);
+    front.prepare(role.edits());
     let tally = Tally::arrive(shard, &revision, arrival, marks);
     let mut note = None;
     let mut reached_app = None;
@@ -243,8 +218,8 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
         &mut reached_app,
     )
     .await;
-    // What the activator tells the client of its waits; the queue-proxy role tells nothing.
-    let note = note.filter(|_| matches!(shard.settings.role, Role::Activator));
+    // What the client is told of its waits, if the role tells it.
+    let note = note.filter(|_| role.tells_waits());
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
     let served = match conclude(shape.request, ended) {
@@ -264,13 +239,7 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
                 fault = error.fault().label(),
                 "answered by the activator: {error}"
             );
-            let body = match (&shard.settings.role, &error) {
-                // Each role times out in its upstream's words.
-                (Role::QueueProxy(_), RequestError::TimedOut) => {
-                    std::borrow::Cow::Borrowed(messages::QUEUE_PROXY_TIMEOUT.as_bytes())
-                }
-                _ => error.body(),
-            };
+            let body = role.error_body(&error);
             let answer = Answer {
                 wait: note.as_ref(),
                 ..Answer::of_error(&error, &body)
@@ -304,7 +273,9 @@ async fn proxy<F: Front>(
     note: &mut Option<WaitNote>,
     reached_app: &mut Option<Instant>,
 ) -> Ended {
-    let tells = matches!(shard.settings.role, Role::Activator);
+    let role = &*shard.settings.role;
+    let tells = role.tells_waits();
+    let times_admitted = role.times_admitted();
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
     let mut attempt = 0;
     // The last pod that could not be reached: if no other pod serves the request before its
@@ -330,7 +301,7 @@ async fn proxy<F: Front>(
                 };
             }
         };
-        if !tells {
+        if times_admitted {
             *reached_app = Some(Instant::now());
         }
         let mut held = Some(Held::new(&pod, revision, shard));
@@ -355,10 +326,7 @@ async fn proxy<F: Front>(
             }
             Attempt::Unreached(error) => {
                 tracing::warn!(request_id = %front.request_id(), pod = %addr, class = error.class(), "{error}");
-                if let (Role::QueueProxy(role), true) = (&shard.settings.role, error.is_refusal()) {
-                    // The app stopped listening: health checks fail now, not at the next probe.
-                    role.user.refused();
-                }
+                role.unreached(&error);
                 admission::dial_failed(shard, revision, &pod);
                 drop(held);
                 if !may_retry(attempt, &error, true) {

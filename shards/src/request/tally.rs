@@ -1,19 +1,17 @@
 //! A request's entry in its revision's counters, from arrival to end, the same for every front:
 //! the load the autoscaler reporter reads (and the poke that wakes a revision at zero) and the
-//! status and latency the scrape shows. In the queue-proxy role a request an activator sent
-//! (`K-Proxy-Request: activator`) is also counted in the revision's proxied load, which the
-//! queue-proxy's autoscaler stat reports apart, and every request is counted under its route
-//! tag, as upstream's queue-proxy labels its request metrics.
+//! status and latency the scrape shows; and what the role read of the request (`role::Marks`):
+//! a request an activator sent counted in the revision's proxied load too, which the
+//! queue-proxy's autoscaler stat reports apart, and a route tag.
 
 use std::sync::Arc;
 
-use kactivator_api::headers;
 use monoio::time::Instant;
 
-use crate::fields::RequestHeaders;
-use crate::metrics::{micros_since_start, RevisionCounters, RouteTag, TagHeaders};
+use crate::metrics::{micros_since_start, RevisionCounters, RouteTag};
+use crate::role::Marks;
 use crate::routing::replica::LocalRevision;
-use crate::shard::{Role, Shard};
+use crate::shard::Shard;
 
 /// A request counted as arrived; [`Tally::end`] counts it out.
 pub(crate) struct Tally {
@@ -22,42 +20,9 @@ pub(crate) struct Tally {
     marks: Marks,
 }
 
-/// What a request's headers add to its count; read before the front lets go of them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Marks {
-    /// Counted in the revision's proxied load too.
-    pub(crate) proxied: bool,
-    /// Counted under this route tag.
-    pub(crate) route_tag: RouteTag,
-}
-
-impl Marks {
-    /// What `role` reads from a request's headers: only a queue-proxy reads anything. A request
-    /// is proxied by an activator when `K-Proxy-Request` says `activator` (upstream's
-    /// `ProxyHandler`); its route tag is upstream's reading of the ingress's tag headers, named
-    /// in `counters`.
-    #[inline]
-    pub(crate) fn read<H: RequestHeaders + ?Sized>(
-        role: &Role,
-        fields: &H,
-        counters: &RevisionCounters,
-    ) -> Marks {
-        match role {
-            Role::Activator => Marks::default(),
-            Role::QueueProxy(_) => Marks {
-                proxied: fields.get(headers::PROXY_REQUEST)
-                    == Some(headers::PROXY_REQUEST_VALUE.as_bytes()),
-                route_tag: counters.route_tags.tag(TagHeaders::read(
-                    fields.get(headers::ROUTE_TAG),
-                    fields.get(headers::DEFAULT_ROUTE),
-                )),
-            },
-        }
-    }
-}
-
 impl Tally {
-    /// Counts a request for `revision` that arrived at `arrival`, with its [`Marks`].
+    /// Counts a request for `revision` that arrived at `arrival`, with what its role read of it
+    /// ([`Marks`]).
     /// The revision's first request since the reporter last had it pokes the autoscaler now
     /// rather than at the next tick: a revision at zero waits for that to scale up.
     #[inline]
@@ -104,63 +69,5 @@ impl Tally {
             let app_us = admitted.elapsed().as_micros() as u64;
             self.counters.record_app(status, app_us);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug)]
-    struct Ready;
-
-    impl crate::shard::UserContainer for Ready {
-        fn is_ready(&self) -> bool {
-            true
-        }
-        fn refused(&self) {}
-    }
-
-    fn proxied(role: &Role, fields: &[(&str, &str)]) -> bool {
-        let counters = RevisionCounters::new(Default::default(), false);
-        Marks::read(role, fields, &counters).proxied
-    }
-
-    #[test]
-    fn only_a_queue_proxy_counts_requests_an_activator_marked() {
-        let queue_proxy = Role::QueueProxy(crate::shard::QueueProxyRole {
-            revision: kactivator_api::RevisionKey::new("ns", "rev").unwrap(),
-            pre_stop: Arc::default(),
-            user: Arc::new(Ready),
-        });
-        let marked: &[(&str, &str)] = &[("k-proxy-request", "activator")];
-        let other: &[(&str, &str)] = &[("K-Proxy-Request", "ingress")];
-        let none: &[(&str, &str)] = &[("Host", "a")];
-        assert!(proxied(&queue_proxy, marked));
-        assert!(!proxied(&queue_proxy, other), "upstream compares the value");
-        assert!(!proxied(&queue_proxy, none));
-        assert!(
-            !proxied(&Role::Activator, marked),
-            "the activator reads nothing"
-        );
-    }
-
-    #[test]
-    fn only_a_queue_proxy_counts_requests_by_route_tag() {
-        let queue_proxy = Role::QueueProxy(crate::shard::QueueProxyRole {
-            revision: kactivator_api::RevisionKey::new("ns", "rev").unwrap(),
-            pre_stop: Arc::default(),
-            user: Arc::new(Ready),
-        });
-        let counters = RevisionCounters::new(Default::default(), false);
-        let tagged: &[(&str, &str)] = &[("knative-serving-tag", "blue")];
-        let default: &[(&str, &str)] = &[("Knative-Serving-Default-Route", "true")];
-        let tag =
-            |role: &Role, fields: &[(&str, &str)]| Marks::read(role, fields, &counters).route_tag;
-        assert_eq!(tag(&queue_proxy, tagged), RouteTag::Named(0));
-        assert_eq!(tag(&queue_proxy, default), RouteTag::Default);
-        assert_eq!(tag(&queue_proxy, &[]), RouteTag::Disabled);
-        assert_eq!(tag(&Role::Activator, tagged), RouteTag::None);
-        assert_eq!(counters.route_tags.name(0).as_deref(), Some("blue"));
     }
 }
