@@ -99,8 +99,7 @@ pub(crate) fn summarize(buf: &[u8], headers: &[HeaderSpan]) -> FieldSummary {
                     .any(|expectation| expectation.eq_ignore_ascii_case(b"100-continue"));
             }
             2 if name_eq(name, b"te") => {
-                summary.te_trailers |= list_elements(value)
-                    .any(|coding| element_name(coding).eq_ignore_ascii_case(b"trailers"));
+                summary.te_trailers |= list_has_element(value, b"trailers");
             }
             _ => {}
         }
@@ -161,6 +160,12 @@ fn trim_whitespace(mut bytes: &[u8]) -> &[u8] {
         bytes = rest;
     }
     bytes
+}
+
+/// Whether the comma-separated list `value` has an element named `name` (its parameters aside),
+/// compared without regard to ASCII case: `TE: trailers`, `TE: gzip, trailers;q=1`.
+pub fn list_has_element(value: &[u8], name: &[u8]) -> bool {
+    list_elements(value).any(|element| element_name(element).eq_ignore_ascii_case(name))
 }
 
 /// The part of a list element before its parameters.

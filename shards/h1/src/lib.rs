@@ -77,6 +77,7 @@ pub use encode::{
     ChunkSizeLine, CRLF,
 };
 pub use error::{BodyError, HeadError};
+pub use fields::list_has_element;
 pub use head::{BodyKind, ConnectionTokens, Method, Parsed, Version};
 pub use request::{parse_request, RequestHead};
 pub use response::{parse_response, ResponseHead};

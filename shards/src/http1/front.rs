@@ -4,7 +4,6 @@
 //! attempt: a pooled or new connection to the pod and the exchange (`exchange`).
 
 use std::rc::Rc;
-use std::time::Duration;
 
 use kactivator_api::{headers, registration};
 use kactivator_h1::{BodyDecoder, BodyEvent, BodyKind, Method, RequestHead, Version};
@@ -18,7 +17,7 @@ use super::io::client_readable;
 use super::rewrite::{self, ClientSide};
 use crate::request::admission::{ClientWatch, Held};
 use crate::request::answer::Answer;
-use crate::request::deadlines::{self, Deadlines};
+use crate::request::deadlines::Deadlines;
 use crate::request::headers::RequestHeaders;
 use crate::request::lifecycle::{Attempt, Front, Shape, SmallBody};
 use crate::request::log::template::Proto;
@@ -29,9 +28,6 @@ use crate::routing::replica::LocalPod;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
 use crate::shard::Shard;
-
-/// Longest wait for the rest of a small body (a registration's).
-const SMALL_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An HTTP/1 request head as the request path reads it.
 pub(super) struct H1Headers<'a> {
@@ -149,9 +145,14 @@ impl Front for H1Front<'_> {
         answer_locally(self.conn, answer, client).await
     }
 
-    async fn read_small_body(&mut self, shard: &Shard, limit: usize) -> Result<Vec<u8>, SmallBody> {
+    async fn read_small_body(
+        &mut self,
+        shard: &Shard,
+        limit: usize,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, SmallBody> {
         self.consume_head();
-        read_small_body(shard, self.conn, self.meta.body, limit).await
+        read_small_body(shard, self.conn, self.meta.body, limit, deadline).await
     }
 
     fn prepare(&mut self, edits: Edits) {
@@ -270,13 +271,13 @@ async fn read_small_body(
     conn: &mut ClientConn,
     kind: BodyKind,
     limit: usize,
+    deadline: Instant,
 ) -> Result<Vec<u8>, SmallBody> {
     if let BodyKind::Length(length) = kind {
         if length > limit as u64 {
             return Err(SmallBody::TooLarge);
         }
     }
-    let deadline = deadlines::later(Instant::now(), SMALL_BODY_TIMEOUT);
     let mut decoder = BodyDecoder::new(kind);
     let mut body = Vec::new();
     loop {

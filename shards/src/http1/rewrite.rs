@@ -8,11 +8,10 @@ use kactivator_api::headers;
 use kactivator_h1::{name_eq, BodyKind, HeaderSpan, RequestHead, ResponseHead, Version};
 
 use crate::request::answer::Answer;
-use crate::request::policy::{self, Edits, QueueProxySeen, RequestField, WaitNote};
+use crate::request::policy::{self, AddedField, Edits, WaitNote};
 
-/// The two headers every proxied request gets, written in one piece (see [`PROXY_HEADERS`]'s
-/// test): `K-Proxy-Request: activator` and the start of `X-Forwarded-For`.
-const PROXY_HEADERS: &[u8] = b"K-Proxy-Request: activator\r\nX-Forwarded-For: ";
+/// `K-Proxy-Request: activator` as a head line (see its test).
+const PROXY_REQUEST_LINE: &[u8] = b"K-Proxy-Request: activator\r\n";
 
 /// Writes the head the pod receives under `edits` (`request::policy`). `out` is appended to.
 ///
@@ -46,7 +45,8 @@ pub fn write_request_head(
 }
 
 /// [`write_request_head`] under the activator's edits, or (`QUEUE_PROXY`) the queue-proxy's:
-/// one body, two copies, so that neither pays a branch per field for the other.
+/// the request line, the fields by the one writer of the edits (`policy::write_fields`), then
+/// HTTP/1's own framing.
 #[inline]
 fn write_head<const QUEUE_PROXY: bool>(
     head: &RequestHead,
@@ -59,99 +59,19 @@ fn write_head<const QUEUE_PROXY: bool>(
     push_origin_form(out, head.target.of(buf));
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let host_at = out.len();
-
-    let connection_named = connection_tokens(head, buf);
-    let run_id = if QUEUE_PROXY {
-        None
-    } else {
-        head.header(buf, headers::RUN_ID)
-            .filter(|value| !value.is_empty())
-    };
-    let mut forwarded_for = false;
-    let mut has_original_host = false;
-    let mut wants_trailers = false;
-    let mut seen = QueueProxySeen::default();
-    for (name, value) in head.headers(buf) {
-        let field = if QUEUE_PROXY {
-            policy::queue_proxy_field(name)
-        } else {
-            policy::request_field(name)
-        };
-        match field {
-            RequestField::Keep => {}
-            RequestField::Drop => continue,
-            RequestField::ForwardedFor => {
-                // Re-emitted below as one header with the client appended.
-                forwarded_for = true;
-                if QUEUE_PROXY {
-                    seen.note(field, value);
-                }
-                continue;
-            }
-            RequestField::Te => {
-                wants_trailers |= head.te_trailers;
-                continue;
-            }
-            RequestField::RequestId if run_id.is_some() => continue,
-            RequestField::RequestId => {}
-            RequestField::OriginalHost if QUEUE_PROXY => {
-                // The request's Host, written below.
-                seen.note(field, value);
-                continue;
-            }
-            RequestField::OriginalHost => has_original_host = true,
-            RequestField::Forwarded
-            | RequestField::ForwardedProto
-            | RequestField::ForwardedHost => seen.note(field, value),
-        }
-        // HTTP/1's own: fields the client's `Connection` names are hop-by-hop too, and so is
-        // the field of an h2c upgrade offer that is ignored (see `RequestHead::upgrade`).
-        if connection_named
-            .iter()
-            .flatten()
-            .any(|token| name.eq_ignore_ascii_case(token))
-            || (head.h2c_offered && name.eq_ignore_ascii_case(b"http2-settings"))
-        {
-            continue;
-        }
-        put_header(out, name, value);
-    }
     // The codec's authority: an absolute-form target's, else Host.
-    let authority = head
-        .authority
-        .map(|authority| authority.of(buf))
-        .filter(|host| !host.is_empty());
-    if QUEUE_PROXY {
-        if let Some(shim) = seen.forwarded_shim() {
-            put_header(out, b"Forwarded", &shim);
-        }
-        out.extend_from_slice(b"X-Forwarded-For: ");
-    } else {
-        if !has_original_host {
-            if let Some(host) = authority {
-                put_header(out, headers::ORIGINAL_HOST.as_bytes(), host);
-            }
-        }
-        if let Some(run_id) = run_id {
-            put_header(out, headers::REQUEST_ID.as_bytes(), run_id);
-        }
-        out.extend_from_slice(PROXY_HEADERS);
-    }
-    if forwarded_for {
-        // As Go's ReverseProxy: every earlier value, joined with ", ", then the client.
-        let earlier = head
-            .headers(buf)
-            .filter(|(name, _)| name.eq_ignore_ascii_case(headers::FORWARDED_FOR.as_bytes()));
-        for (_, value) in earlier {
-            out.extend_from_slice(value);
-            out.extend_from_slice(b", ");
-        }
-    }
-    out.extend_from_slice(client_ip);
-    out.extend_from_slice(b"\r\n");
-    if wants_trailers {
-        out.extend_from_slice(b"TE: trailers\r\n");
-    }
+    let authority = head.authority.map(|authority| authority.of(buf));
+    let mut sink = HeadSink {
+        out,
+        connection_named: connection_tokens(head, buf),
+        h2c_offered: head.h2c_offered,
+    };
+    let host = policy::write_fields::<_, _, QUEUE_PROXY>(
+        || head.headers(buf),
+        authority,
+        client_ip,
+        &mut sink,
+    );
     if head.body == BodyKind::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
@@ -165,14 +85,66 @@ fn write_head<const QUEUE_PROXY: bool>(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    if QUEUE_PROXY {
-        // The client's Host, or the activator's record of it: the app sees the request as the
-        // client addressed it. (HTTP/1.1 requires a Host; an HTTP/1.0 request may have none.)
-        if let Some(host) = seen.host(authority) {
-            insert_host(out, host_at, host);
-        }
+    // The queue-proxy's: the client's Host, or the activator's record of it: the app sees the
+    // request as the client addressed it. (HTTP/1.1 requires a Host; an HTTP/1.0 request may
+    // have none.)
+    if let Some(host) = host {
+        insert_host(out, host_at, host);
     }
     host_at
+}
+
+/// The edited fields as HTTP/1 head lines.
+struct HeadSink<'o, 'b> {
+    out: &'o mut Vec<u8>,
+    /// Fields the client's `Connection` names: hop-by-hop too.
+    connection_named: NamedTokens<'b>,
+    /// The client offered an h2c upgrade, which is ignored: its `HTTP2-Settings` goes too.
+    h2c_offered: bool,
+}
+
+impl<'b> policy::FieldSink<'b> for HeadSink<'_, 'b> {
+    type Field = (&'b [u8], &'b [u8]);
+
+    #[inline(always)]
+    fn pass(&mut self, (name, value): (&'b [u8], &'b [u8])) {
+        // HTTP/1's own: fields the client's `Connection` names are hop-by-hop too, and so is
+        // the field of an h2c upgrade offer that is ignored (see `RequestHead::upgrade`).
+        if self
+            .connection_named
+            .iter()
+            .flatten()
+            .any(|token| name.eq_ignore_ascii_case(token))
+            || (self.h2c_offered && name.eq_ignore_ascii_case(b"http2-settings"))
+        {
+            return;
+        }
+        put_header(self.out, name, value);
+    }
+
+    #[inline(always)]
+    fn add(&mut self, field: AddedField, value: &[u8]) {
+        let name = match field {
+            // Always `activator`: the line in one piece.
+            AddedField::ProxyRequest => return self.out.extend_from_slice(PROXY_REQUEST_LINE),
+            AddedField::OriginalHost => headers::ORIGINAL_HOST,
+            AddedField::RequestId => headers::REQUEST_ID,
+            AddedField::Forwarded => "Forwarded",
+            AddedField::Te => "TE",
+        };
+        put_header(self.out, name.as_bytes(), value);
+    }
+
+    #[inline(always)]
+    fn forwarded_for(&mut self, earlier: impl Iterator<Item = &'b [u8]>, client_ip: &[u8]) {
+        self.out.extend_from_slice(b"X-Forwarded-For: ");
+        for value in earlier {
+            self.out.extend_from_slice(value);
+            self.out.extend_from_slice(b", ");
+        }
+        self.out.extend_from_slice(client_ip);
+        self.out.extend_from_slice(b"\r\n");
+    }
 }
 
 /// The offered protocols but h2c, which the activator ignores (RFC 9113 §3.1), comma-separated.
@@ -521,14 +493,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_proxy_headers_written_in_one_piece_are_the_wire_names() {
+    fn the_proxy_request_line_written_in_one_piece_is_the_wire_names() {
         let expected = format!(
-            "{}: {}\r\n{}: ",
+            "{}: {}\r\n",
             headers::PROXY_REQUEST,
             headers::PROXY_REQUEST_VALUE,
-            headers::FORWARDED_FOR
         );
-        assert_eq!(PROXY_HEADERS, expected.as_bytes());
+        assert_eq!(PROXY_REQUEST_LINE, expected.as_bytes());
     }
     use kactivator_h1::{parse_request, parse_response, Method, Parsed};
 

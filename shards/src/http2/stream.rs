@@ -26,7 +26,7 @@ use monoio::time::Instant;
 
 use crate::request::admission::{ClientWatch, Held};
 use crate::request::answer::Answer;
-use crate::request::deadlines::{self, Deadlines};
+use crate::request::deadlines::Deadlines;
 use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
 use crate::request::lifecycle::{self, Attempt, Front, Shape, SmallBody};
@@ -34,7 +34,7 @@ use crate::request::log::template::Proto;
 use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::{Ended, Next, RequestShape};
 use crate::request::peer::Peer;
-use crate::request::policy::{self, Edits, QueueProxySeen, RequestField, WaitNote};
+use crate::request::policy::{self, AddedField, Edits, WaitNote};
 use crate::routing::replica::LocalPod;
 use crate::runtime::contain;
 use crate::runtime::race::{race, Either};
@@ -253,8 +253,12 @@ impl Front for H2Front<'_> {
         Next::KeepAlive
     }
 
-    async fn read_small_body(&mut self, shard: &Shard, limit: usize) -> Result<Vec<u8>, SmallBody> {
-        let deadline = deadlines::later(Instant::now(), SMALL_BODY_TIMEOUT);
+    async fn read_small_body(
+        &mut self,
+        shard: &Shard,
+        limit: usize,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, SmallBody> {
         let mut body = Vec::new();
         loop {
             match race(self.body.data(), shard.alarms.at(deadline)).await {
@@ -315,19 +319,16 @@ impl Front for H2Front<'_> {
             &mut outbound,
             self.authority.clone().unwrap_or(streams.authority),
         );
-        let exchanged = exchange(
-            shard,
+        let pod_side = PodSide {
             addr,
-            streams.sender,
-            outbound,
-            &mut self.body,
-            self.respond,
-            deadlines,
-            held,
-            self.grpc,
-            note,
-        )
-        .await;
+            sender: streams.sender,
+        };
+        let client = ClientSide {
+            body: &mut self.body,
+            respond: self.respond,
+            grpc: self.grpc,
+        };
+        let exchanged = exchange(shard, pod_side, outbound, client, deadlines, held, note).await;
         match exchanged {
             Exchanged::Ended(ended) => {
                 if matches!(
@@ -361,9 +362,6 @@ impl Front for H2Front<'_> {
         }
     }
 }
-
-/// Longest wait for the rest of a small body (a registration's).
-const SMALL_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether a request is gRPC (its failures after the response started are reported in
 /// `grpc-status` trailers, which gRPC clients read).
@@ -429,9 +427,9 @@ fn send_answer(respond: &mut SendResponse<Bytes>, answer: &Answer<'_>, head_only
 }
 
 /// The request the pod is sent, but for its `:authority` (the pod, known once one is picked):
-/// the request path's header policy (`request::policy`) under `edits` applied to a header map.
-/// Under the queue-proxy's edits, also the `:authority` every attempt keeps: the client's, or
-/// `K-Original-Host`'s.
+/// the request path's one writer of the header edits (`policy::write_fields`) under `edits`,
+/// into a header map. Under the queue-proxy's edits, also the `:authority` every attempt
+/// keeps: the client's, or `K-Original-Host`'s.
 fn outbound_request(
     parts: &http::request::Parts,
     client_ip: &[u8],
@@ -440,93 +438,84 @@ fn outbound_request(
     let mut request = Request::new(());
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = parts.uri.clone();
-    let out = request.headers_mut();
     let client = H2Headers { parts };
-    let queue_proxy = edits == Edits::QueueProxy;
-    let run_id = if queue_proxy {
-        None
-    } else {
-        policy::run_id(&client)
+    let authority = client.authority();
+    let mut sink = MapSink {
+        out: request.headers_mut(),
     };
-    let mut forwarded: Vec<u8> = Vec::new();
-    let mut has_original_host = false;
-    let mut seen = QueueProxySeen::default();
-    for (name, value) in &parts.headers {
-        let field = if queue_proxy {
-            policy::queue_proxy_field(name.as_str().as_bytes())
-        } else {
-            policy::request_field(name.as_str().as_bytes())
-        };
-        match field {
-            RequestField::Keep => {}
-            RequestField::Drop => continue,
-            RequestField::Te => {
-                if !policy::keeps_te(value.as_bytes()) {
-                    continue;
-                }
-            }
-            RequestField::ForwardedFor => {
-                if queue_proxy {
-                    seen.note(field, value.as_bytes());
-                }
-                forwarded.extend_from_slice(value.as_bytes());
-                forwarded.extend_from_slice(b", ");
-                continue;
-            }
-            RequestField::RequestId if run_id.is_some() => continue,
-            RequestField::RequestId => {}
-            RequestField::OriginalHost if queue_proxy => {
-                seen.note(field, value.as_bytes());
-                continue;
-            }
-            RequestField::OriginalHost => has_original_host = true,
-            RequestField::Forwarded
-            | RequestField::ForwardedProto
-            | RequestField::ForwardedHost => seen.note(field, value.as_bytes()),
+    let fields = || parts.headers.iter();
+    let host = match edits {
+        Edits::Activator => {
+            policy::write_fields::<_, _, false>(fields, authority, client_ip, &mut sink)
         }
-        out.append(name.clone(), value.clone());
-    }
-    let mut authority = None;
-    if queue_proxy {
-        if let Some(value) = seen
-            .forwarded_shim()
-            .and_then(|shim| HeaderValue::from_bytes(&shim).ok())
-        {
-            out.insert(http::header::FORWARDED, value);
+        Edits::QueueProxy => {
+            policy::write_fields::<_, _, true>(fields, authority, client_ip, &mut sink)
         }
-        authority = seen
-            .host(client.authority())
-            .and_then(|host| http::uri::Authority::try_from(host).ok());
-    } else {
-        let added = policy::Added::of(&client, has_original_host);
-        if let Some(value) = added
-            .original_host
-            .and_then(|host| HeaderValue::from_bytes(host).ok())
-        {
-            out.insert(names::ORIGINAL_HOST, value);
-        }
-        if let Some(value) = added
-            .request_id
-            .and_then(|id| HeaderValue::from_bytes(id).ok())
-        {
-            out.insert(names::REQUEST_ID, value);
-        }
-        out.insert(
-            names::PROXY_REQUEST,
-            HeaderValue::from_static(policy::PROXY_REQUEST.1),
-        );
-    }
-    let forwarded = if forwarded.is_empty() {
-        // The usual case, without a copy in between.
-        HeaderValue::from_bytes(client_ip)
-    } else {
-        forwarded.extend_from_slice(client_ip);
-        HeaderValue::from_bytes(&forwarded)
     };
-    if let Ok(value) = forwarded {
-        out.insert(names::FORWARDED_FOR, value);
-    }
+    let authority = host.and_then(|host| http::uri::Authority::try_from(host).ok());
     (request, authority)
+}
+
+impl<'a> policy::Field<'a> for (&'a HeaderName, &'a HeaderValue) {
+    #[inline(always)]
+    fn name(self) -> &'a [u8] {
+        self.0.as_str().as_bytes()
+    }
+
+    #[inline(always)]
+    fn value(self) -> &'a [u8] {
+        self.1.as_bytes()
+    }
+}
+
+/// The edited fields as an `h2` header map.
+struct MapSink<'o> {
+    out: &'o mut http::HeaderMap,
+}
+
+impl<'a> policy::FieldSink<'a> for MapSink<'_> {
+    type Field = (&'a HeaderName, &'a HeaderValue);
+
+    fn pass(&mut self, (name, value): (&'a HeaderName, &'a HeaderValue)) {
+        self.out.append(name.clone(), value.clone());
+    }
+
+    fn add(&mut self, field: AddedField, value: &[u8]) {
+        let name = match field {
+            AddedField::ProxyRequest => {
+                self.out.append(
+                    names::PROXY_REQUEST,
+                    HeaderValue::from_static(headers::PROXY_REQUEST_VALUE),
+                );
+                return;
+            }
+            AddedField::OriginalHost => names::ORIGINAL_HOST,
+            AddedField::RequestId => names::REQUEST_ID,
+            AddedField::Forwarded => http::header::FORWARDED,
+            AddedField::Te => http::header::TE,
+        };
+        if let Ok(value) = HeaderValue::from_bytes(value) {
+            self.out.append(name, value);
+        }
+    }
+
+    fn forwarded_for(&mut self, earlier: impl Iterator<Item = &'a [u8]>, client_ip: &[u8]) {
+        let mut joined: Vec<u8> = Vec::new();
+        for value in earlier {
+            joined.extend_from_slice(value);
+            joined.extend_from_slice(b", ");
+        }
+        let value = if joined.is_empty() {
+            // The usual case, without a copy in between.
+            HeaderValue::from_bytes(client_ip)
+        } else {
+            joined.extend_from_slice(client_ip);
+            HeaderValue::from_bytes(&joined)
+        };
+        if let Ok(value) = value {
+            self.out.append(names::FORWARDED_FOR, value);
+        }
+    }
 }
 
 /// Points the request at a pod (`:authority` = the pod's address, as HTTP/1's `Host`).
@@ -583,20 +572,37 @@ enum Upload {
     PodGone,
 }
 
-/// One exchange with the pod on `sender`'s connection.
-#[allow(clippy::too_many_arguments)]
-async fn exchange(
-    shard: &Shard,
+/// The pod's side of an exchange: its address and a sender on one of its connections.
+struct PodSide {
     addr: SocketAddr,
     sender: h2::client::SendRequest<Bytes>,
+}
+
+/// The client's side of an exchange: the stream's body and its response.
+struct ClientSide<'c> {
+    body: &'c mut RecvStream,
+    respond: &'c mut SendResponse<Bytes>,
+    /// The request is a gRPC call: a cut response ends with gRPC's trailers.
+    grpc: bool,
+}
+
+/// One exchange with the pod: `outbound` on the pod's side, the client's body up and the
+/// pod's response down.
+async fn exchange(
+    shard: &Shard,
+    pod: PodSide,
     outbound: Request<()>,
-    body: &mut RecvStream,
-    respond: &mut SendResponse<Bytes>,
+    client: ClientSide<'_>,
     deadlines: &Deadlines,
     held: &mut Option<Held<'_>>,
-    grpc: bool,
     note: Option<&WaitNote>,
 ) -> Exchanged {
+    let PodSide { addr, sender } = pod;
+    let ClientSide {
+        body,
+        respond,
+        grpc,
+    } = client;
     let refused = |error: &h2::Error| UpstreamError::StreamRefused {
         addr,
         detail: error.to_string(),
@@ -983,13 +989,14 @@ mod tests {
             names,
             [
                 "content-type",
-                "te",
                 "k-proxy-request",
                 "x-forwarded-proto",
                 "x-run-id",
                 "forwarded",
-                "x-forwarded-for"
-            ]
+                "x-forwarded-for",
+                "te"
+            ],
+            "the client's fields in order, then the edits' own, as HTTP/1 writes them"
         );
         assert_eq!(out.headers()["k-proxy-request"], "activator");
         assert_eq!(

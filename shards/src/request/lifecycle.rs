@@ -64,6 +64,9 @@ pub(crate) enum Attempt {
     },
 }
 
+/// Longest wait for the rest of a small body (a registration's).
+const SMALL_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Why a small body (a registration's) could not be read.
 pub(crate) enum SmallBody {
     TooLarge,
@@ -91,8 +94,13 @@ pub(crate) trait Front {
     /// Writes an answer of the activator's own; `keep_alive`: the connection may carry another
     /// request after it.
     async fn answer(&mut self, shard: &Shard, answer: &Answer<'_>, keep_alive: bool) -> Next;
-    /// Reads the whole body, at most `limit` bytes.
-    async fn read_small_body(&mut self, shard: &Shard, limit: usize) -> Result<Vec<u8>, SmallBody>;
+    /// Reads the whole body, at most `limit` bytes, by `deadline`.
+    async fn read_small_body(
+        &mut self,
+        shard: &Shard,
+        limit: usize,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, SmallBody>;
     /// The request is going to a pod: rewrite it for one (the header policy,
     /// `request::policy`, under the role's `edits`; the pod's address comes with each attempt)
     /// and let go of what only the local answers read.
@@ -365,7 +373,14 @@ async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> S
     };
     let refused = match user_agent {
         Err(error) => error,
-        Ok(()) => match front.read_small_body(shard, registration::MAX_BODY).await {
+        Ok(()) => match front
+            .read_small_body(
+                shard,
+                registration::MAX_BODY,
+                super::deadlines::later(Instant::now(), SMALL_BODY_TIMEOUT),
+            )
+            .await
+        {
             Ok(body) => {
                 let reply = shard.control.register(body, relayed).await;
                 let keep_alive = shape.request.keep_alive && !shard.draining.is_set();

@@ -1,6 +1,6 @@
 //! What the activator does to header fields on the way through, whatever protocol carries them:
-//! one list of edits, which each front's writer applies to its own encoding (HTTP/1 head bytes,
-//! HTTP/2 header maps). Pure.
+//! one list of edits and one writer that applies it ([`write_fields`]), into a sink each front
+//! implements for its own encoding (HTTP/1 head lines, HTTP/2 header maps). Pure.
 //!
 //! On the way to the pod, as upstream's activator (`reference/knative-activator.md` §2):
 //! hop-by-hop fields and those the activator consumes are dropped; `X-Forwarded-For` is sent
@@ -225,36 +225,159 @@ pub fn drops_response_field(name: &[u8]) -> bool {
     }
 }
 
-/// `K-Proxy-Request: activator`, on every request the activator sends a pod.
-pub const PROXY_REQUEST: (&str, &str) = (headers::PROXY_REQUEST, headers::PROXY_REQUEST_VALUE);
-
-/// The value `TE` keeps when it goes on: gRPC needs it.
+/// Whether a `TE` field lets `TE: trailers` go on (gRPC needs it): one of its elements is
+/// `trailers` (parameters aside), as Go's `ReverseProxy` checks with
+/// `httpguts.HeaderValuesContainsToken`.
 pub fn keeps_te(value: &[u8]) -> bool {
-    value.eq_ignore_ascii_case(b"trailers")
+    kactivator_h1::list_has_element(value, b"trailers")
 }
 
-/// The fields the activator adds to a request, from what the request carried.
+/// A field the edits add to a request; each writer spells it in its own encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Added<'a> {
-    /// `K-Original-Host`: where the client addressed the request, unless it had one already.
-    pub original_host: Option<&'a [u8]>,
-    /// `X-Request-Id`: the request's `X-Run-Id`, which replaces it.
-    pub request_id: Option<&'a [u8]>,
+pub enum AddedField {
+    /// `K-Original-Host`: where the client addressed the request (the activator's edits).
+    OriginalHost,
+    /// `X-Request-Id`: the request's `X-Run-Id`, which replaces it (the activator's edits).
+    RequestId,
+    /// `K-Proxy-Request: activator` (the activator's edits).
+    ProxyRequest,
+    /// `Forwarded`, the shim made from the `X-Forwarded-*` fields (the queue-proxy's edits).
+    Forwarded,
+    /// `TE: trailers`, when the client's `TE` allows it.
+    Te,
 }
 
-impl<'a> Added<'a> {
-    /// What `request` gets added; `has_original_host`: it carries `K-Original-Host` already
-    /// (the writer finds out while it goes through the fields).
-    pub fn of<H: RequestHeaders + ?Sized>(request: &'a H, has_original_host: bool) -> Added<'a> {
-        Added {
-            original_host: if has_original_host {
-                None
-            } else {
-                request.authority().filter(|host| !host.is_empty())
-            },
-            request_id: run_id(request),
-        }
+/// One of the client's fields as a front holds it: HTTP/1 bytes, an `h2` header pair.
+pub trait Field<'a>: Copy {
+    fn name(self) -> &'a [u8];
+    fn value(self) -> &'a [u8];
+}
+
+impl<'a> Field<'a> for (&'a [u8], &'a [u8]) {
+    #[inline(always)]
+    fn name(self) -> &'a [u8] {
+        self.0
     }
+
+    #[inline(always)]
+    fn value(self) -> &'a [u8] {
+        self.1
+    }
+}
+
+/// Where [`write_fields`] puts the request the pod is sent: a front's own encoding.
+pub trait FieldSink<'a> {
+    type Field: Field<'a>;
+    /// Passes one of the client's fields on as it is.
+    fn pass(&mut self, field: Self::Field);
+    /// Adds a field of the edits' own.
+    fn add(&mut self, field: AddedField, value: &[u8]);
+    /// Writes `X-Forwarded-For`: the `earlier` values joined with `, `, then the client.
+    fn forwarded_for(&mut self, earlier: impl Iterator<Item = &'a [u8]>, client_ip: &[u8]);
+}
+
+/// The one writer of the header edits, for every front and both roles: goes through the
+/// client's `fields` in order, passes on what [`request_field`] (or, `QUEUE_PROXY`,
+/// [`queue_proxy_field`]) keeps, and adds what the edits add, into `sink`: the activator's
+/// `K-Original-Host` (from `authority`, unless the request has one), `X-Request-Id` from a
+/// non-empty `X-Run-Id`, and `K-Proxy-Request`; or the queue-proxy's `Forwarded` shim; then
+/// `X-Forwarded-For` with `client_ip` appended and `TE: trailers` when the client's `TE`
+/// allows it. `fields` is called again for what a second look needs (`X-Run-Id` first, the
+/// earlier `X-Forwarded-For` values last). Returns the request's `Host` for the user container
+/// under the queue-proxy's edits (`K-Original-Host`, else `authority`); `None` under the
+/// activator's, where the pod's address is the writer's once one is picked.
+///
+/// A const parameter rather than [`Edits`], so that neither role pays a branch per field for
+/// the other.
+#[inline(always)]
+pub fn write_fields<'a, S, I, const QUEUE_PROXY: bool>(
+    fields: impl Fn() -> I,
+    authority: Option<&'a [u8]>,
+    client_ip: &[u8],
+    sink: &mut S,
+) -> Option<&'a [u8]>
+where
+    S: FieldSink<'a>,
+    I: Iterator<Item = S::Field>,
+{
+    let run_id = if QUEUE_PROXY {
+        None
+    } else {
+        fields()
+            .find(|field| name_eq(field.name(), headers::RUN_ID.as_bytes()))
+            .map(Field::value)
+            .filter(|value| !value.is_empty())
+    };
+    let mut forwarded_for = false;
+    let mut has_original_host = false;
+    let mut wants_trailers = false;
+    let mut seen = QueueProxySeen::default();
+    for field in fields() {
+        let (name, value) = (field.name(), field.value());
+        let kind = if QUEUE_PROXY {
+            queue_proxy_field(name)
+        } else {
+            request_field(name)
+        };
+        match kind {
+            RequestField::Keep => {}
+            RequestField::Drop => continue,
+            RequestField::ForwardedFor => {
+                // Written below as one field with the client appended.
+                forwarded_for = true;
+                if QUEUE_PROXY {
+                    seen.note(kind, value);
+                }
+                continue;
+            }
+            RequestField::Te => {
+                wants_trailers |= keeps_te(value);
+                continue;
+            }
+            RequestField::RequestId if run_id.is_some() => continue,
+            RequestField::RequestId => {}
+            RequestField::OriginalHost if QUEUE_PROXY => {
+                // The request's Host, which the writer writes.
+                seen.note(kind, value);
+                continue;
+            }
+            RequestField::OriginalHost => has_original_host = true,
+            RequestField::Forwarded
+            | RequestField::ForwardedProto
+            | RequestField::ForwardedHost => seen.note(kind, value),
+        }
+        sink.pass(field);
+    }
+    let authority = authority.filter(|host| !host.is_empty());
+    let host = if QUEUE_PROXY {
+        if let Some(shim) = seen.forwarded_shim() {
+            sink.add(AddedField::Forwarded, &shim);
+        }
+        seen.host(authority)
+    } else {
+        if let Some(host) = authority.filter(|_| !has_original_host) {
+            sink.add(AddedField::OriginalHost, host);
+        }
+        if let Some(run_id) = run_id {
+            sink.add(AddedField::RequestId, run_id);
+        }
+        sink.add(
+            AddedField::ProxyRequest,
+            headers::PROXY_REQUEST_VALUE.as_bytes(),
+        );
+        None
+    };
+    // As Go's ReverseProxy: every earlier value, joined, then the client.
+    let earlier = forwarded_for.then(|| {
+        fields()
+            .filter(|field| name_eq(field.name(), headers::FORWARDED_FOR.as_bytes()))
+            .map(Field::value)
+    });
+    sink.forwarded_for(earlier.into_iter().flatten(), client_ip);
+    if wants_trailers {
+        sink.add(AddedField::Te, b"trailers");
+    }
+    host
 }
 
 /// A non-empty `X-Run-Id`, which replaces `X-Request-Id` on the way to the pod.
@@ -355,26 +478,138 @@ mod tests {
         }
     }
 
+    /// What [`write_fields`] puts in a sink, as `name: value` lines in order.
+    #[derive(Default)]
+    struct Lines(Vec<String>);
+
+    impl<'a> FieldSink<'a> for Lines {
+        type Field = (&'a [u8], &'a [u8]);
+
+        fn pass(&mut self, (name, value): (&'a [u8], &'a [u8])) {
+            self.0.push(format!(
+                "{}: {}",
+                String::from_utf8_lossy(name),
+                String::from_utf8_lossy(value)
+            ));
+        }
+
+        fn add(&mut self, field: AddedField, value: &[u8]) {
+            self.0
+                .push(format!("+{field:?}: {}", String::from_utf8_lossy(value)));
+        }
+
+        fn forwarded_for(&mut self, earlier: impl Iterator<Item = &'a [u8]>, client_ip: &[u8]) {
+            let mut value: Vec<u8> = earlier.flat_map(|v| [v, b", "].concat()).collect();
+            value.extend_from_slice(client_ip);
+            self.0
+                .push(format!("+XFF: {}", String::from_utf8_lossy(&value)));
+        }
+    }
+
+    fn written<const QUEUE_PROXY: bool>(
+        fields: &[(&str, &str)],
+        authority: Option<&str>,
+    ) -> (Vec<String>, Option<String>) {
+        let pairs: Vec<(&[u8], &[u8])> = fields
+            .iter()
+            .map(|(name, value)| (name.as_bytes(), value.as_bytes()))
+            .collect();
+        let mut lines = Lines::default();
+        let host = write_fields::<_, _, QUEUE_PROXY>(
+            || pairs.iter().copied(),
+            authority.map(str::as_bytes),
+            b"10.0.0.9",
+            &mut lines,
+        );
+        (
+            lines.0,
+            host.map(|host| String::from_utf8_lossy(host).into_owned()),
+        )
+    }
+
     #[test]
-    fn additions_follow_the_request() {
-        let with_run: &[(&str, &str)] = &[("Host", "a.b.svc"), ("X-Run-Id", "run-7")];
-        assert_eq!(
-            Added::of(with_run, false),
-            Added {
-                original_host: Some(b"a.b.svc"),
-                request_id: Some(b"run-7")
-            }
+    fn the_activators_edits_in_order() {
+        let (lines, host) = written::<false>(
+            &[
+                ("Host", "a.b.svc"),
+                ("Accept", "*/*"),
+                ("X-Request-Id", "old"),
+                ("X-Run-Id", "run-7"),
+                ("X-Forwarded-For", "1.1.1.1"),
+                ("K-Proxy-Request", "forged"),
+                ("TE", "gzip, Trailers;q=1"),
+                ("x-forwarded-for", "2.2.2.2"),
+            ],
+            Some("a.b.svc"),
         );
-        assert_eq!(Added::of(with_run, true).original_host, None);
-        let bare: &[(&str, &str)] = &[("Host", ""), ("X-Run-Id", "")];
         assert_eq!(
-            Added::of(bare, false),
-            Added {
-                original_host: None,
-                request_id: None
-            }
+            lines,
+            [
+                "Accept: */*",
+                "+OriginalHost: a.b.svc",
+                "+RequestId: run-7",
+                "+ProxyRequest: activator",
+                "+XFF: 1.1.1.1, 2.2.2.2, 10.0.0.9",
+                "+Te: trailers",
+            ]
         );
-        assert!(keeps_te(b"Trailers") && !keeps_te(b"gzip"));
+        assert_eq!(host, None, "the pod's address is the writer's");
+
+        let (lines, _) = written::<false>(
+            &[
+                ("K-Original-Host", "first.example"),
+                ("X-Run-Id", ""),
+                ("X-Request-Id", "kept"),
+                ("TE", "gzip"),
+            ],
+            Some("a.b.svc"),
+        );
+        assert_eq!(
+            lines,
+            [
+                "K-Original-Host: first.example",
+                "X-Request-Id: kept",
+                "+ProxyRequest: activator",
+                "+XFF: 10.0.0.9",
+            ],
+            "a request's own K-Original-Host stays; an empty X-Run-Id replaces nothing"
+        );
+        let (lines, _) = written::<false>(&[], Some(""));
+        assert_eq!(lines, ["+ProxyRequest: activator", "+XFF: 10.0.0.9"]);
+    }
+
+    #[test]
+    fn the_queue_proxys_edits_in_order() {
+        let (lines, host) = written::<true>(
+            &[
+                ("Host", "hello.default.example.com"),
+                ("K-Original-Host", "app.example.com"),
+                ("K-Proxy-Request", "activator"),
+                ("Knative-Serving-Revision", "hello-00001"),
+                ("X-Forwarded-For", "1.1.1.1, 2.2.2.2"),
+                ("X-Forwarded-Proto", "https"),
+                ("X-Run-Id", "run-7"),
+            ],
+            Some("hello.default.example.com"),
+        );
+        assert_eq!(
+            lines,
+            [
+                "K-Proxy-Request: activator",
+                "X-Forwarded-Proto: https",
+                "X-Run-Id: run-7",
+                "+Forwarded: for=1.1.1.1;proto=https, for=2.2.2.2",
+                "+XFF: 1.1.1.1, 2.2.2.2, 10.0.0.9",
+            ]
+        );
+        assert_eq!(
+            host.as_deref(),
+            Some("app.example.com"),
+            "K-Original-Host wins"
+        );
+        let (_, host) = written::<true>(&[("K-Original-Host", "")], Some("client.example"));
+        assert_eq!(host.as_deref(), Some("client.example"));
+        assert!(keeps_te(b"Trailers") && keeps_te(b"gzip, trailers") && !keeps_te(b"gzip"));
     }
 
     #[test]
