@@ -328,9 +328,7 @@ async fn run_stream(slot: Slot, mut sender: SendRequest<Bytes>) -> Tally {
                 tally.ok += 1;
                 if slot.latency {
                     let nanos = started.elapsed().as_nanos();
-                    tally
-                        .latencies_ns
-                        .push(u64::try_from(nanos).unwrap_or(u64::MAX));
+                    tally.latencies.record(nanos);
                 }
             }
             Ok(Err(Failure::Stream(message))) => {
@@ -602,7 +600,7 @@ mod tests {
         );
         assert_eq!(tally.errors, 0, "{:?}", tally.messages);
         assert_eq!(tally.ok, 37);
-        assert_eq!(tally.latencies_ns.len(), 37);
+        assert_eq!(tally.latencies.len(), 37);
         assert_eq!(server.seen.requests.load(Ordering::SeqCst), 37);
         assert_eq!(server.seen.connections.load(Ordering::SeqCst), 2);
         // Two connections, each with exactly four requests in flight at its busiest.
@@ -626,7 +624,7 @@ mod tests {
         );
         assert_eq!(tally.errors, 0, "{:?}", tally.messages);
         assert_eq!(tally.ok, 3);
-        assert!(tally.latencies_ns.is_empty());
+        assert!(tally.latencies.is_empty());
         assert_eq!(
             *server.seen.authorities.lock().unwrap(),
             ["bench.default.svc.cluster.local"; 3]
@@ -669,7 +667,7 @@ mod tests {
             true,
         );
         assert_eq!((fails.ok, fails.errors), (0, 4));
-        assert!(fails.latencies_ns.is_empty());
+        assert!(fails.latencies.is_empty());
         assert!(
             fails.messages[0].contains("grpc-status 13 \"boom\""),
             "{:?}",
@@ -750,7 +748,7 @@ mod tests {
         );
         assert_eq!(tally.errors, 0, "{:?}", tally.messages);
         assert!(tally.ok > 0);
-        assert_eq!(tally.latencies_ns.len() as u64, tally.ok);
+        assert_eq!(tally.latencies.len(), tally.ok);
         assert!(Instant::now() >= deadline);
     }
 
