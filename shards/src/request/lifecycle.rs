@@ -139,7 +139,7 @@ pub(crate) async fn serve<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: I
     let served = respond(shard, front, arrival).await;
     if let Some(captured) = captured {
         log.write(
-            shard,
+            &shard.stats().request_log_dropped,
             &captured,
             served.status,
             served.body_bytes,

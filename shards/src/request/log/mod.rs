@@ -20,7 +20,7 @@ use self::template::{HeadersRead, Input, Proto, Request, Response, Revision, Tem
 use super::headers::RequestHeaders;
 use super::peer::Peer;
 use super::probes;
-use crate::shard::Shard;
+use crate::metrics::Counter;
 
 /// The request log's settings and its way out, shared by every shard.
 #[derive(Debug)]
@@ -84,11 +84,15 @@ impl RequestLog {
     }
 
     /// Renders the line of a request that ended with `status`, `body_bytes` of response body,
-    /// `latency` after its head arrived, and queues it. A template that fails on this request
+    /// `latency` after its head arrived, and queues it; a line the full queue refuses is counted
+    /// in `dropped`, the shard's `request_log_dropped`. A template that fails on this request
     /// gives upstream's "Invalid request log template" line instead.
+    ///
+    /// The counter comes in, not the shard: the shard's settings hold the log, so the log must
+    /// not know the shard.
     pub(crate) fn write(
         &self,
-        shard: &Shard,
+        dropped: &Counter,
         captured: &Captured,
         status: u16,
         body_bytes: u64,
@@ -122,7 +126,7 @@ impl RequestLog {
             template::fallback_line(&input, &mut line);
         }
         if !self.sink.send(line) {
-            shard.stats().request_log_dropped.increment();
+            dropped.increment();
         }
     }
 }
