@@ -32,7 +32,8 @@ command -v curl >/dev/null 2>&1 || need_packages+=(curl)
 command -v ip >/dev/null 2>&1 || need_packages+=(iproute2)
 command -v python3 >/dev/null 2>&1 || need_packages+=(python3)
 # Go's own text/template is the reference the request log's template engine is compared with
-# (shards/tests/request_log_template.rs); Debian's Go, which the kube-apiserver build uses too.
+# (template/tests/go_differential.rs, run by `cargo test --workspace` below); Debian's Go, which
+# the kube-apiserver build uses too.
 command -v go >/dev/null 2>&1 || need_packages+=(golang-go)
 # Debian's python3 leaves ensurepip, which `python3 -m venv` needs, to python3-venv.
 python3 -c 'import ensurepip' >/dev/null 2>&1 || need_packages+=(python3-venv)

@@ -23,10 +23,10 @@ use kactivator_control::features;
 use kactivator_control::queue_proxy::env::{self, EnvError};
 use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
 use kactivator_control::queue_proxy::{admin, certs, readiness, stat_server};
-use kactivator_shards::request::log::template::{Revision, Template};
 use kactivator_shards::request::log::{sink, RequestLog};
 use kactivator_shards::role::QueueProxy;
 use kactivator_shards::runtime::reactor;
+use kactivator_template::{Revision, Template};
 
 use crate::cli::{Cli, QueueProxyArgs};
 use crate::start::{self, RequestLogSetup, RoleSetup, StartError};

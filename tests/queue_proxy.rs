@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kactivator_shards::request::log::template::KNATIVE_1_18_DEFAULT;
+use kactivator_template::KNATIVE_1_18_DEFAULT;
 use kactivator_testkit::backend::{self, BackendConfig};
 use kactivator_testkit::ports::free_port;
 use support::queue_proxy::{knative_env, QueueProxy};

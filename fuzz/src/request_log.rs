@@ -7,7 +7,7 @@
 //! Input layout, split at NUL bytes: the template, the method, the request-target, the host,
 //! then header names and values in turn. The input's length picks the protocol.
 
-use kactivator_shards::request::log::template::{
+use kactivator_template::{
     fallback_line, HeadersRead, Input, Proto, Request, Response, Revision, Template,
 };
 

@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kactivator_shards::request::log::template::{
+use kactivator_template::{
     Input, Proto, Request, Response, Revision, Template, KNATIVE_1_18_DEFAULT, KNATIVE_1_21_DEFAULT,
 };
 

@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use kactivator_api::{headers, registration};
 use kactivator_h1::{BodyDecoder, BodyEvent, BodyKind, Method, RequestHead, Version};
+use kactivator_template::Proto;
 use monoio::io::OwnedReadHalf;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -20,7 +21,6 @@ use crate::request::answer::Answer;
 use crate::request::deadlines::Deadlines;
 use crate::request::headers::RequestHeaders;
 use crate::request::lifecycle::{Attempt, Front, Shape, SmallBody};
-use crate::request::log::template::Proto;
 use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::Next;
 use crate::request::policy::{self, Edits, WaitNote};

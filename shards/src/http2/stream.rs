@@ -22,6 +22,7 @@ use h2::{Reason, RecvStream, SendStream};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Method, Request, Response, Uri};
 use kactivator_api::{headers, messages, registration};
+use kactivator_template::Proto;
 use monoio::time::Instant;
 
 use crate::request::admission::{ClientWatch, Held};
@@ -30,7 +31,6 @@ use crate::request::deadlines::Deadlines;
 use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
 use crate::request::lifecycle::{self, Attempt, Front, Shape, SmallBody};
-use crate::request::log::template::Proto;
 use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::{Ended, Next, RequestShape};
 use crate::request::peer::Peer;

@@ -1,6 +1,6 @@
 //! Knative's request log: one line per request, rendered from the operator's Go template
 //! (`logging.request-log-template`, in the queue-proxy's `SERVING_REQUEST_LOG_TEMPLATE`) by
-//! [`template`], and written to stdout by the [`sink`]'s thread.
+//! the `kactivator-template` crate, and written to stdout by the [`sink`]'s thread.
 //!
 //! As upstream's `RequestLogHandler` (`pkg/http/request_log.go`), the line is written when the
 //! request has ended, with the status and body size the client got and the time from the head's
@@ -10,13 +10,15 @@
 //! rewritten for the app: the line shows the request as the client sent it.
 
 pub mod sink;
-pub mod template;
 
 use std::ops::Range;
 use std::time::Duration;
 
+use kactivator_template::{
+    fallback_line, HeadersRead, Input, Proto, Request, Response, Revision, Template,
+};
+
 use self::sink::Sink;
-use self::template::{HeadersRead, Input, Proto, Request, Response, Revision, Template};
 use super::headers::RequestHeaders;
 use super::peer::Peer;
 use super::probes;
@@ -123,7 +125,7 @@ impl RequestLog {
         let mut line = Vec::with_capacity(captured.bytes.len() + 256);
         if self.template.render(&input, &mut line).is_err() {
             line.clear();
-            template::fallback_line(&input, &mut line);
+            fallback_line(&input, &mut line);
         }
         if !self.sink.send(line) {
             dropped.increment();

@@ -1,5 +1,5 @@
 //! Differential test: every template × request case is rendered by Go's own
-//! `text/template` + `net/http` (tests/go/request_log_oracle.go, one `go run` for the
+//! `text/template` + `net/http` (tests/go/oracle.go, one `go run` for the
 //! whole corpus) and by this engine, and the bytes must be equal.
 //!
 //! Needs `go` on PATH (`scripts/test.sh` installs it); without it the test fails, saying so.
@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 
-use kactivator_shards::request::log::template::{
+use kactivator_template::{
     fallback_line, Input, Proto, Request, Response, Revision, Template, KNATIVE_1_18_DEFAULT,
     KNATIVE_1_21_DEFAULT,
 };
@@ -561,10 +561,7 @@ fn run_oracle(cases: &[Case]) -> HashMap<String, (String, Vec<u8>)> {
             hex(case.revision.pod_ip.as_bytes()),
         ));
     }
-    let oracle = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/go/request_log_oracle.go"
-    );
+    let oracle = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/go/oracle.go");
     let mut child = Command::new("nice")
         .args(["-n", "19", "go", "run", oracle])
         .env("GO111MODULE", "off")

@@ -1,5 +1,5 @@
 //! Unit tests of the request-log template engine. The byte-for-byte
-//! comparison with Go itself is `shards/tests/request_log_template.rs`; these pin the
+//! comparison with Go itself is `tests/go_differential.rs`; these pin the
 //! behaviour case by case, including what the differential test cannot
 //! reach (HTTP/2, Go 1.23's `else with`, refusal messages).
 

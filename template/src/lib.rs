@@ -1,37 +1,44 @@
-//! Knative request-log templates, rendered byte for byte as Knative's
-//! queue-proxy renders them.
+//! Knative's request-log templates: a Go `text/template` parsed and type-checked once, then
+//! rendered per request to the very bytes Knative's queue-proxy writes.
 //!
-//! Knative (`pkg/http/request_log.go`) takes the Go `text/template` in
-//! `SERVING_REQUEST_LOG_TEMPLATE`, appends a newline when the text does not
-//! end with one, parses it as `template.New("requestLog").Parse(text)` and
-//! executes it once per request with a `RequestLogTemplateInput`: the
-//! `*http.Request`, a `RequestLogResponse {Code, Size, Latency}`, a
-//! `RequestLogRevision {Name, Namespace, Service, Configuration, PodName,
-//! PodIP}` and (Knative 1.21 and later) a `TraceID`. When execution fails it
-//! writes one fixed line instead ([`fallback_line`]).
+//! A crate of its own because it is a pure engine: text in, bytes out, no I/O, no clock, no
+//! `unsafe`, and nothing from the data plane that uses it (`kactivator-shards`' request log).
+//! The dependency graph keeps it that way.
 //!
-//! This module implements the part of the template language and of that data
-//! model which request logs use, with Go's semantics wherever it implements
-//! something; see [`Template::parse`] for what it refuses. Unlike Go it
-//! type-checks the whole template against the data model when parsing, so a
-//! misspelt field or a comparison of a number with a string is reported at
-//! start-up instead of turning every log line into the fallback line.
+//! What Knative does (`pkg/http/request_log.go`): it takes the template text from
+//! `SERVING_REQUEST_LOG_TEMPLATE`, adds a newline when the text lacks one, parses it as
+//! `template.New("requestLog").Parse(text)`, and executes it for every request with a
+//! `RequestLogTemplateInput`, which holds the `*http.Request`, a `RequestLogResponse {Code,
+//! Size, Latency}`, a `RequestLogRevision {Name, Namespace, Service, Configuration, PodName,
+//! PodIP}` and, from Knative 1.21 on, a `TraceID`. If executing fails it writes one fixed line
+//! instead ([`fallback_line`]).
 //!
-//! `.Request.URL` prints as Go's `URL.String()` of the target as Go's server
-//! parses it: the request-target itself in the ordinary case, re-escaped the
-//! way Go re-escapes it otherwise (a raw `"` or non-ASCII byte in the path
-//! becomes `%22` / `%C3%A9`, `Example.COM` in an absolute target keeps its
-//! case but the scheme is lower-cased, ...).
+//! This crate covers the part of the template language and of that data model that request
+//! logs use, and follows Go's semantics in everything it covers; [`Template::parse`] lists what
+//! it refuses. Where Go only finds a misspelt field or a number compared with a string when a
+//! request is rendered, this engine type-checks the whole template as it parses, so the mistake
+//! is reported at start-up rather than as a fallback line per request.
 //!
-//! `js` and `printf %q` decide which non-ASCII runes are printable with the
-//! Unicode tables in `isprint.rs`, generated from Go 1.19 (Unicode 13.0) by
-//! `shards/src/request/log/template/gen_isprint.go`; Go 1.21 and later use Unicode 15.0, which only
-//! differs for runes assigned in Unicode 14 and 15.
+//! `.Request.URL` prints as Go's `URL.String()` of the target as Go's server parses it: in the
+//! common case the request-target unchanged; otherwise re-escaped the way Go does it (a raw `"`
+//! or a non-ASCII byte in the path becomes `%22` / `%C3%A9`; in an absolute target the scheme is
+//! lower-cased while `Example.COM` keeps its case; and so on).
 //!
-//! Rendering reads only the request headers that the template needs
-//! ([`Template::headers_read`]) and borrows everything from the [`Input`]; it
-//! allocates only for values that have to be computed (escaped strings,
-//! `printf`, a whole header map).
+//! Whether a non-ASCII rune is printable, for `js` and `printf %q`, comes from the Unicode
+//! tables in `isprint.rs`, which `src/gen_isprint.go` generated from Go 1.19 (Unicode 13.0).
+//! Go 1.21 and later use Unicode 15.0; the two differ only for runes assigned in Unicode 14
+//! and 15.
+//!
+//! Rendering reads only the request headers the template needs ([`Template::headers_read`]),
+//! borrows everything else from the [`Input`], and allocates only for values it must compute
+//! (escaped strings, `printf`, a whole header map).
+//!
+//! Tests: unit tests in `src/tests.rs`; `tests/go_differential.rs` renders a corpus with Go's
+//! own `text/template` (`tests/go/oracle.go`, needs `go` on PATH) and with this engine and
+//! wants the same bytes; `tests/allocations.rs` checks that Knative's default templates render
+//! without allocating.
+
+#![forbid(unsafe_code)]
 
 mod exec;
 mod gofmt;

@@ -5,7 +5,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use kactivator_shards::request::log::template::{
+use kactivator_template::{
     Input, Proto, Request, Response, Revision, Template, KNATIVE_1_18_DEFAULT, KNATIVE_1_21_DEFAULT,
 };
 

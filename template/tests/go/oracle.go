@@ -1,6 +1,6 @@
 // Command oracle renders Knative request-log templates with Go's own
 // text/template and net/http, for the differential test in
-// ../request_log_template.rs. Standard library only.
+// ../go_differential.rs. Standard library only.
 //
 // Input (stdin), one case after another, every byte string written as "h"
 // and its hex encoding:
