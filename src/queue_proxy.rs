@@ -24,7 +24,7 @@ use kactivator_control::queue_proxy::env::{self, EnvError};
 use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
 use kactivator_control::queue_proxy::{admin, certs, readiness, stat_server};
 use kactivator_shards::request::log::{sink, RequestLog};
-use kactivator_shards::role::QueueProxy;
+use kactivator_shards::role::{QueueProxy, Roles};
 use kactivator_shards::runtime::reactor;
 use kactivator_template::{Revision, Template};
 
@@ -65,7 +65,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         invalid: vec![("SERVING_REVISION", error.to_string())],
     })?;
     let pre_stop = Arc::new(AtomicBool::new(false));
-    let role = Arc::new(QueueProxy {
+    let role = Roles::QueueProxy(QueueProxy {
         revision,
         user: Arc::new(user),
         pre_stop: pre_stop.clone(),

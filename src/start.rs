@@ -16,7 +16,7 @@ use kactivator_shards::hub::{self, ShardSpec};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
 use kactivator_shards::request::identity::detect_cluster_domain;
 use kactivator_shards::request::log::{sink, RequestLog};
-use kactivator_shards::role::{Activator, Role};
+use kactivator_shards::role::{Activator, Roles};
 use kactivator_shards::runtime::control_link::ControlLink;
 use kactivator_shards::runtime::reactor::{self, DriverKind};
 use kactivator_shards::runtime::readiness::Readiness;
@@ -340,7 +340,7 @@ pub type SpawnExtra = Box<
 /// What differs between kactivator's roles at start-up.
 pub struct RoleSetup {
     /// What the shards do with a request.
-    pub role: Arc<dyn Role>,
+    pub role: Roles,
     /// Bind `listen.http2` too: the activator's second data port.
     pub second_data_port: bool,
     /// Shards when `--shards` is not given; `None`: the CPUs the process may use.
@@ -370,7 +370,7 @@ pub const REQUEST_LOG_FINISH: Duration = Duration::from_secs(5);
 impl RoleSetup {
     fn activator(cli: &Cli) -> RoleSetup {
         RoleSetup {
-            role: Arc::new(Activator),
+            role: Roles::Activator(Activator),
             second_data_port: true,
             default_shards: None,
             finds_autoscaler: true,

@@ -11,18 +11,6 @@ pub trait RequestHeaders {
     fn authority(&self) -> Option<&[u8]>;
 }
 
-/// A borrowed view reads as the view: what a `&dyn RequestHeaders` of an unsized one (a list
-/// of pairs) is made from.
-impl<T: RequestHeaders + ?Sized> RequestHeaders for &T {
-    fn get(&self, name: &str) -> Option<&[u8]> {
-        (**self).get(name)
-    }
-
-    fn authority(&self) -> Option<&[u8]> {
-        (**self).authority()
-    }
-}
-
 /// Headers as a list of `(name, value)` pairs, `Host` being the authority: what the tests of
 /// the header rules use, and a front with no header structure of its own could.
 impl RequestHeaders for [(&str, &str)] {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::request::identity::DEFAULT_CLUSTER_DOMAIN;
 use crate::request::log::RequestLog;
-use crate::role::{Activator, Role};
+use crate::role::Roles;
 use crate::routing::replica::{LocalRevision, Outbox, Outgoing, Replica};
 use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm::Alarms;
@@ -71,7 +71,7 @@ pub struct ShardSettings {
     /// [`DEFAULT_HEAD_TIMEOUT`] (60 s).
     pub head_timeout: Duration,
     /// Which of kactivator's roles the shard plays (`role`). Default: the activator.
-    pub role: Arc<dyn Role>,
+    pub role: Roles,
     /// Knative's request log, one line per request; `None` (the default): none.
     pub request_log: Option<Arc<RequestLog>>,
 }
@@ -100,7 +100,7 @@ impl Default for ShardSettings {
             max_pending_heads: DEFAULT_MAX_PENDING_HEADS_PER_SHARD,
             h2: H2Settings::default(),
             head_timeout: DEFAULT_HEAD_TIMEOUT,
-            role: Arc::new(Activator),
+            role: Roles::default(),
             request_log: None,
         }
     }

@@ -6,7 +6,7 @@
 use std::rc::Rc;
 
 use kactivator_api::{headers, registration};
-use kactivator_h1::{BodyDecoder, BodyEvent, BodyKind, Method, RequestHead, Version};
+use kactivator_h1::{BodyDecoder, BodyEvent, BodyKind, Method, Version};
 use kactivator_template::Proto;
 use monoio::io::OwnedReadHalf;
 use monoio::net::TcpStream;
@@ -15,7 +15,7 @@ use monoio::time::Instant;
 use super::client::{answer_locally, ClientConn, RequestMeta};
 use super::exchange::{exchange, WATCH_LIMIT};
 use super::io::client_readable;
-use super::rewrite::{self, ClientSide};
+use super::rewrite::{self, ClientSide, H1Headers};
 use crate::request::admission::{ClientWatch, Held};
 use crate::request::answer::Answer;
 use crate::request::deadlines::Deadlines;
@@ -28,25 +28,6 @@ use crate::routing::replica::LocalPod;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
 use crate::shard::Shard;
-
-/// An HTTP/1 request head as the request path reads it.
-pub(super) struct H1Headers<'a> {
-    head: &'a RequestHead,
-    buf: &'a [u8],
-}
-
-impl RequestHeaders for H1Headers<'_> {
-    #[inline]
-    fn get(&self, name: &str) -> Option<&[u8]> {
-        self.head.header(self.buf, name)
-    }
-
-    /// The codec has already found it: an absolute-form target's authority, else Host.
-    #[inline]
-    fn authority(&self) -> Option<&[u8]> {
-        self.head.authority.map(|authority| authority.of(self.buf))
-    }
-}
 
 /// One request on an HTTP/1 connection, as the request path sees it.
 pub(super) struct H1Front<'c> {

@@ -7,8 +7,28 @@ use std::io::Write;
 use kactivator_api::headers;
 use kactivator_h1::{name_eq, BodyKind, HeaderSpan, RequestHead, ResponseHead, Version};
 
+use crate::fields::RequestHeaders;
 use crate::request::answer::Answer;
 use crate::request::policy::{self, AddedField, Edits, WaitNote};
+
+/// An HTTP/1 request head as the request path reads it.
+pub(super) struct H1Headers<'a> {
+    pub(super) head: &'a RequestHead,
+    pub(super) buf: &'a [u8],
+}
+
+impl RequestHeaders for H1Headers<'_> {
+    #[inline]
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.head.header(self.buf, name)
+    }
+
+    /// The codec has already found it: an absolute-form target's authority, else Host.
+    #[inline]
+    fn authority(&self) -> Option<&[u8]> {
+        self.head.authority.map(|authority| authority.of(self.buf))
+    }
+}
 
 /// `K-Proxy-Request: activator` as a head line (see its test).
 const PROXY_REQUEST_LINE: &[u8] = b"K-Proxy-Request: activator\r\n";
@@ -59,16 +79,16 @@ fn write_head<const QUEUE_PROXY: bool>(
     push_origin_form(out, head.target.of(buf));
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let host_at = out.len();
-    // The codec's authority: an absolute-form target's, else Host.
-    let authority = head.authority.map(|authority| authority.of(buf));
+    // Its authority is the codec's: an absolute-form target's, else Host.
+    let view = H1Headers { head, buf };
     let mut sink = HeadSink {
         out,
         connection_named: connection_tokens(head, buf),
         h2c_offered: head.h2c_offered,
     };
-    let host = policy::write_fields::<_, _, QUEUE_PROXY>(
+    let host = policy::write_fields::<_, _, _, QUEUE_PROXY>(
+        &view,
         || head.headers(buf),
-        authority,
         client_ip,
         &mut sink,
     );

@@ -439,17 +439,16 @@ fn outbound_request(
     *request.method_mut() = parts.method.clone();
     *request.uri_mut() = parts.uri.clone();
     let client = H2Headers { parts };
-    let authority = client.authority();
     let mut sink = MapSink {
         out: request.headers_mut(),
     };
     let fields = || parts.headers.iter();
     let host = match edits {
         Edits::Activator => {
-            policy::write_fields::<_, _, false>(fields, authority, client_ip, &mut sink)
+            policy::write_fields::<_, _, _, false>(&client, fields, client_ip, &mut sink)
         }
         Edits::QueueProxy => {
-            policy::write_fields::<_, _, true>(fields, authority, client_ip, &mut sink)
+            policy::write_fields::<_, _, _, true>(&client, fields, client_ip, &mut sink)
         }
     };
     let authority = host.and_then(|host| http::uri::Authority::try_from(host).ok());

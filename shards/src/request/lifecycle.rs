@@ -29,6 +29,7 @@ use super::outcome::{
 use super::policy::WaitNote;
 use super::retry::may_retry;
 use super::tally::Tally;
+use crate::role::Role;
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
 use crate::shard::Shard;
@@ -180,7 +181,7 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
     let draining = || shard.draining.is_set();
     // A probe's body is never read: closing keeps the stream in sync without reading it.
     let local_keep_alive = shape.request.keep_alive && shape.request.bodiless && !draining();
-    let role = &*shard.settings.role;
+    let role = &shard.settings.role;
     let probe = role.probe(&front.headers(), shard.health());
     if let Some(answer) = probe {
         shard.stats().local_responses.increment();
@@ -281,7 +282,7 @@ async fn proxy<F: Front>(
     note: &mut Option<WaitNote>,
     reached_app: &mut Option<Instant>,
 ) -> Ended {
-    let role = &*shard.settings.role;
+    let role = &shard.settings.role;
     let tells = role.tells_waits();
     let times_admitted = role.times_admitted();
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);

@@ -279,35 +279,30 @@ pub trait FieldSink<'a> {
 /// The one writer of the header edits, for every front and both roles: goes through the
 /// client's `fields` in order, passes on what [`request_field`] (or, `QUEUE_PROXY`,
 /// [`queue_proxy_field`]) keeps, and adds what the edits add, into `sink`: the activator's
-/// `K-Original-Host` (from `authority`, unless the request has one), `X-Request-Id` from a
+/// `K-Original-Host` (the request's authority, unless it has one), `X-Request-Id` from a
 /// non-empty `X-Run-Id`, and `K-Proxy-Request`; or the queue-proxy's `Forwarded` shim; then
 /// `X-Forwarded-For` with `client_ip` appended and `TE: trailers` when the client's `TE`
-/// allows it. `fields` is called again for what a second look needs (`X-Run-Id` first, the
-/// earlier `X-Forwarded-For` values last). Returns the request's `Host` for the user container
-/// under the queue-proxy's edits (`K-Original-Host`, else `authority`); `None` under the
-/// activator's, where the pod's address is the writer's once one is picked.
+/// allows it. `view` is the front's own view of the same fields, for what is looked up by
+/// name (`X-Run-Id`, the authority); `fields` is called again for the earlier
+/// `X-Forwarded-For` values. Returns the request's `Host` for the user container under the
+/// queue-proxy's edits (`K-Original-Host`, else the authority); `None` under the activator's,
+/// where the pod's address is the writer's once one is picked.
 ///
 /// A const parameter rather than [`Edits`], so that neither role pays a branch per field for
 /// the other.
 #[inline(always)]
-pub fn write_fields<'a, S, I, const QUEUE_PROXY: bool>(
+pub fn write_fields<'a, V, S, I, const QUEUE_PROXY: bool>(
+    view: &'a V,
     fields: impl Fn() -> I,
-    authority: Option<&'a [u8]>,
     client_ip: &[u8],
     sink: &mut S,
 ) -> Option<&'a [u8]>
 where
+    V: RequestHeaders + ?Sized,
     S: FieldSink<'a>,
     I: Iterator<Item = S::Field>,
 {
-    let run_id = if QUEUE_PROXY {
-        None
-    } else {
-        fields()
-            .find(|field| name_eq(field.name(), headers::RUN_ID.as_bytes()))
-            .map(Field::value)
-            .filter(|value| !value.is_empty())
-    };
+    let run_id = if QUEUE_PROXY { None } else { run_id(view) };
     let mut forwarded_for = false;
     let mut has_original_host = false;
     let mut wants_trailers = false;
@@ -348,7 +343,7 @@ where
         }
         sink.pass(field);
     }
-    let authority = authority.filter(|host| !host.is_empty());
+    let authority = view.authority().filter(|host| !host.is_empty());
     let host = if QUEUE_PROXY {
         if let Some(shim) = seen.forwarded_shim() {
             sink.add(AddedField::Forwarded, &shim);
@@ -506,18 +501,16 @@ mod tests {
         }
     }
 
-    fn written<const QUEUE_PROXY: bool>(
-        fields: &[(&str, &str)],
-        authority: Option<&str>,
-    ) -> (Vec<String>, Option<String>) {
+    /// What the writer makes of `fields` (their `Host` is the authority).
+    fn written<const QUEUE_PROXY: bool>(fields: &[(&str, &str)]) -> (Vec<String>, Option<String>) {
         let pairs: Vec<(&[u8], &[u8])> = fields
             .iter()
             .map(|(name, value)| (name.as_bytes(), value.as_bytes()))
             .collect();
         let mut lines = Lines::default();
-        let host = write_fields::<_, _, QUEUE_PROXY>(
+        let host = write_fields::<_, _, _, QUEUE_PROXY>(
+            fields,
             || pairs.iter().copied(),
-            authority.map(str::as_bytes),
             b"10.0.0.9",
             &mut lines,
         );
@@ -529,19 +522,16 @@ mod tests {
 
     #[test]
     fn the_activators_edits_in_order() {
-        let (lines, host) = written::<false>(
-            &[
-                ("Host", "a.b.svc"),
-                ("Accept", "*/*"),
-                ("X-Request-Id", "old"),
-                ("X-Run-Id", "run-7"),
-                ("X-Forwarded-For", "1.1.1.1"),
-                ("K-Proxy-Request", "forged"),
-                ("TE", "gzip, Trailers;q=1"),
-                ("x-forwarded-for", "2.2.2.2"),
-            ],
-            Some("a.b.svc"),
-        );
+        let (lines, host) = written::<false>(&[
+            ("Host", "a.b.svc"),
+            ("Accept", "*/*"),
+            ("X-Request-Id", "old"),
+            ("X-Run-Id", "run-7"),
+            ("X-Forwarded-For", "1.1.1.1"),
+            ("K-Proxy-Request", "forged"),
+            ("TE", "gzip, Trailers;q=1"),
+            ("x-forwarded-for", "2.2.2.2"),
+        ]);
         assert_eq!(
             lines,
             [
@@ -555,15 +545,13 @@ mod tests {
         );
         assert_eq!(host, None, "the pod's address is the writer's");
 
-        let (lines, _) = written::<false>(
-            &[
-                ("K-Original-Host", "first.example"),
-                ("X-Run-Id", ""),
-                ("X-Request-Id", "kept"),
-                ("TE", "gzip"),
-            ],
-            Some("a.b.svc"),
-        );
+        let (lines, _) = written::<false>(&[
+            ("Host", "a.b.svc"),
+            ("K-Original-Host", "first.example"),
+            ("X-Run-Id", ""),
+            ("X-Request-Id", "kept"),
+            ("TE", "gzip"),
+        ]);
         assert_eq!(
             lines,
             [
@@ -574,24 +562,21 @@ mod tests {
             ],
             "a request's own K-Original-Host stays; an empty X-Run-Id replaces nothing"
         );
-        let (lines, _) = written::<false>(&[], Some(""));
+        let (lines, _) = written::<false>(&[("Host", "")]);
         assert_eq!(lines, ["+ProxyRequest: activator", "+XFF: 10.0.0.9"]);
     }
 
     #[test]
     fn the_queue_proxys_edits_in_order() {
-        let (lines, host) = written::<true>(
-            &[
-                ("Host", "hello.default.example.com"),
-                ("K-Original-Host", "app.example.com"),
-                ("K-Proxy-Request", "activator"),
-                ("Knative-Serving-Revision", "hello-00001"),
-                ("X-Forwarded-For", "1.1.1.1, 2.2.2.2"),
-                ("X-Forwarded-Proto", "https"),
-                ("X-Run-Id", "run-7"),
-            ],
-            Some("hello.default.example.com"),
-        );
+        let (lines, host) = written::<true>(&[
+            ("Host", "hello.default.example.com"),
+            ("K-Original-Host", "app.example.com"),
+            ("K-Proxy-Request", "activator"),
+            ("Knative-Serving-Revision", "hello-00001"),
+            ("X-Forwarded-For", "1.1.1.1, 2.2.2.2"),
+            ("X-Forwarded-Proto", "https"),
+            ("X-Run-Id", "run-7"),
+        ]);
         assert_eq!(
             lines,
             [
@@ -607,7 +592,7 @@ mod tests {
             Some("app.example.com"),
             "K-Original-Host wins"
         );
-        let (_, host) = written::<true>(&[("K-Original-Host", "")], Some("client.example"));
+        let (_, host) = written::<true>(&[("Host", "client.example"), ("K-Original-Host", "")]);
         assert_eq!(host.as_deref(), Some("client.example"));
         assert!(keeps_te(b"Trailers") && keeps_te(b"gzip, trailers") && !keeps_te(b"gzip"));
     }

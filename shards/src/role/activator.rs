@@ -19,7 +19,8 @@ use crate::routing::replica::{LocalRevision, Replica};
 pub struct Activator;
 
 impl Role for Activator {
-    fn probe(&self, fields: &dyn RequestHeaders, health: Health) -> Option<LocalAnswer> {
+    #[inline]
+    fn probe<H: RequestHeaders + ?Sized>(&self, fields: &H, health: Health) -> Option<LocalAnswer> {
         probes::answer(fields, health)
     }
 
@@ -27,9 +28,10 @@ impl Role for Activator {
         true
     }
 
-    fn revision(
+    #[inline]
+    fn revision<H: RequestHeaders + ?Sized>(
         &self,
-        fields: &dyn RequestHeaders,
+        fields: &H,
         replica: &Replica,
         cluster_domain: &str,
     ) -> Result<Rc<LocalRevision>, String> {
@@ -42,7 +44,12 @@ impl Role for Activator {
     }
 
     /// The activator reads nothing: its requests are counted by code only.
-    fn marks(&self, _fields: &dyn RequestHeaders, _counters: &RevisionCounters) -> Marks {
+    #[inline]
+    fn marks<H: RequestHeaders + ?Sized>(
+        &self,
+        _fields: &H,
+        _counters: &RevisionCounters,
+    ) -> Marks {
         Marks::default()
     }
 

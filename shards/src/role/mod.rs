@@ -1,11 +1,17 @@
 //! The roles kactivator plays on the one request path, as hooks the path calls: Knative's
 //! activator ([`Activator`]) and its queue-proxy sidecar ([`QueueProxy`]). The path
 //! (`request::lifecycle`) never asks which role it serves; a role decides what the path leaves
-//! to it, and a new role is a new type. (The shape is pingora's `ProxyHttp`, a trait of hooks a
-//! proxy's lifecycle calls at fixed points; the hooks are ours.)
+//! to it. (The shape is pingora's `ProxyHttp`, a trait of hooks a proxy's lifecycle calls at
+//! fixed points; the hooks are ours.)
 //!
 //! The hooks are decisions, not I/O: each gets what it reads (the request's fields, the shard's
 //! routing replica, its health) and returns what the path does with it.
+//!
+//! A shard holds its role as [`Roles`], which implements [`Role`] by handing each hook to the
+//! role it holds: a new role is a new type and one variant there. Dispatch is static: the
+//! hooks read the request's fields through each front's own view, inlined; behind a trait
+//! object the same hooks cost about 230 more instructions per proxied HTTP/1 request
+//! (callgrind, BENCHMARKS.md), most of it the fields read out of line.
 
 use std::borrow::Cow;
 use std::rc::Rc;
@@ -28,7 +34,7 @@ pub use queue_proxy::{QueueProxy, UserContainer};
 pub trait Role: Send + Sync + std::fmt::Debug {
     /// The answer to a probe (a health check, a network probe), or `None` for a request to go
     /// on. `health`: the shard's (draining, or not ready and why).
-    fn probe(&self, fields: &dyn RequestHeaders, health: Health) -> Option<LocalAnswer>;
+    fn probe<H: RequestHeaders + ?Sized>(&self, fields: &H, health: Health) -> Option<LocalAnswer>;
 
     /// Whether a `POST` to the queue-proxy registration path is a registration for this role
     /// to take (else it is proxied as any request).
@@ -36,16 +42,16 @@ pub trait Role: Send + Sync + std::fmt::Debug {
 
     /// The revision the request is for, or the body of the 404 that says it is not served.
     /// `cluster_domain`: for a cluster-local authority (`<rev>.<ns>.svc.<domain>`).
-    fn revision(
+    fn revision<H: RequestHeaders + ?Sized>(
         &self,
-        fields: &dyn RequestHeaders,
+        fields: &H,
         replica: &Replica,
         cluster_domain: &str,
     ) -> Result<Rc<LocalRevision>, String>;
 
     /// What the request's fields add to its count in `counters` (read before the front lets go
     /// of them).
-    fn marks(&self, fields: &dyn RequestHeaders, counters: &RevisionCounters) -> Marks;
+    fn marks<H: RequestHeaders + ?Sized>(&self, fields: &H, counters: &RevisionCounters) -> Marks;
 
     /// The header edits the request goes out under.
     fn edits(&self) -> Edits;
@@ -65,6 +71,79 @@ pub trait Role: Send + Sync + std::fmt::Debug {
     /// The pod could not be reached for the request (before the path reports it and tries
     /// again or fails): what the role learns from that.
     fn unreached(&self, _error: &UpstreamError) {}
+}
+
+/// The role a shard plays: one of the roles this binary has.
+#[derive(Clone, Debug)]
+pub enum Roles {
+    Activator(Activator),
+    QueueProxy(QueueProxy),
+}
+
+impl Default for Roles {
+    fn default() -> Roles {
+        Roles::Activator(Activator)
+    }
+}
+
+/// Hands a hook to the role `roles` holds, as `role`.
+macro_rules! each_role {
+    ($roles:expr, $role:ident => $call:expr) => {
+        match $roles {
+            Roles::Activator($role) => $call,
+            Roles::QueueProxy($role) => $call,
+        }
+    };
+}
+
+impl Role for Roles {
+    #[inline]
+    fn probe<H: RequestHeaders + ?Sized>(&self, fields: &H, health: Health) -> Option<LocalAnswer> {
+        each_role!(self, role => role.probe(fields, health))
+    }
+
+    #[inline]
+    fn takes_registrations(&self) -> bool {
+        each_role!(self, role => role.takes_registrations())
+    }
+
+    #[inline]
+    fn revision<H: RequestHeaders + ?Sized>(
+        &self,
+        fields: &H,
+        replica: &Replica,
+        cluster_domain: &str,
+    ) -> Result<Rc<LocalRevision>, String> {
+        each_role!(self, role => role.revision(fields, replica, cluster_domain))
+    }
+
+    #[inline]
+    fn marks<H: RequestHeaders + ?Sized>(&self, fields: &H, counters: &RevisionCounters) -> Marks {
+        each_role!(self, role => role.marks(fields, counters))
+    }
+
+    #[inline]
+    fn edits(&self) -> Edits {
+        each_role!(self, role => role.edits())
+    }
+
+    #[inline]
+    fn tells_waits(&self) -> bool {
+        each_role!(self, role => role.tells_waits())
+    }
+
+    #[inline]
+    fn times_admitted(&self) -> bool {
+        each_role!(self, role => role.times_admitted())
+    }
+
+    fn error_body<'e>(&self, error: &'e RequestError) -> Cow<'e, [u8]> {
+        each_role!(self, role => role.error_body(error))
+    }
+
+    fn unreached(&self, error: &UpstreamError) {
+        each_role!(self, role => role.unreached(error))
+    }
 }
 
 /// What a request's fields add to its count.
@@ -98,9 +177,9 @@ mod tests {
         }
     }
 
-    fn marks(role: &dyn Role, fields: &[(&str, &str)]) -> Marks {
+    fn marks(role: &impl Role, fields: &[(&str, &str)]) -> Marks {
         let counters = RevisionCounters::new(Default::default(), false);
-        role.marks(&fields, &counters)
+        role.marks(fields, &counters)
     }
 
     #[test]
@@ -125,12 +204,13 @@ mod tests {
         let counters = RevisionCounters::new(Default::default(), false);
         let tagged: &[(&str, &str)] = &[("knative-serving-tag", "blue")];
         let default: &[(&str, &str)] = &[("Knative-Serving-Default-Route", "true")];
-        let tag =
-            |role: &dyn Role, fields: &[(&str, &str)]| role.marks(&fields, &counters).route_tag;
-        assert_eq!(tag(&queue_proxy(), tagged), RouteTag::Named(0));
-        assert_eq!(tag(&queue_proxy(), default), RouteTag::Default);
-        assert_eq!(tag(&queue_proxy(), &[]), RouteTag::Disabled);
-        assert_eq!(tag(&Activator, tagged), RouteTag::None);
+        let queue_proxy = Roles::QueueProxy(queue_proxy());
+        let activator = Roles::Activator(Activator);
+        let tag = |role: &Roles, fields: &[(&str, &str)]| role.marks(fields, &counters).route_tag;
+        assert_eq!(tag(&queue_proxy, tagged), RouteTag::Named(0));
+        assert_eq!(tag(&queue_proxy, default), RouteTag::Default);
+        assert_eq!(tag(&queue_proxy, &[]), RouteTag::Disabled);
+        assert_eq!(tag(&activator, tagged), RouteTag::None);
         assert_eq!(counters.route_tags.name(0).as_deref(), Some("blue"));
     }
 
@@ -156,14 +236,14 @@ mod tests {
             ("User-Agent", "kube-probe/1.30"),
             ("K-Network-Probe", "queue"),
         ];
-        let status = |role: &QueueProxy| role.probe(&health_check, Health::Healthy).unwrap().status;
+        let status = |role: &QueueProxy| role.probe(health_check, Health::Healthy).unwrap().status;
         assert_eq!(status(&role), 200);
         role.pre_stop
             .store(true, std::sync::atomic::Ordering::Release);
         assert_eq!(status(&role), 503);
         assert_eq!(
             queue_proxy()
-                .probe(&health_check, Health::Draining)
+                .probe(health_check, Health::Draining)
                 .unwrap()
                 .status,
             503

@@ -43,7 +43,8 @@ pub trait UserContainer: Send + Sync + std::fmt::Debug {
 }
 
 impl Role for QueueProxy {
-    fn probe(&self, fields: &dyn RequestHeaders, health: Health) -> Option<LocalAnswer> {
+    #[inline]
+    fn probe<H: RequestHeaders + ?Sized>(&self, fields: &H, health: Health) -> Option<LocalAnswer> {
         let draining = matches!(health, Health::Draining) || self.pre_stop.load(Ordering::Acquire);
         probes::queue_proxy_answer(fields, &self.revision, || self.user.is_ready(), draining)
     }
@@ -54,9 +55,10 @@ impl Role for QueueProxy {
     }
 
     /// The pod's own revision, whatever the request names.
-    fn revision(
+    #[inline]
+    fn revision<H: RequestHeaders + ?Sized>(
         &self,
-        _fields: &dyn RequestHeaders,
+        _fields: &H,
         replica: &Replica,
         _cluster_domain: &str,
     ) -> Result<Rc<LocalRevision>, String> {
@@ -68,7 +70,8 @@ impl Role for QueueProxy {
     /// A request is proxied by an activator when `K-Proxy-Request` says `activator`
     /// (upstream's `ProxyHandler`); its route tag is upstream's reading of the ingress's tag
     /// headers (`GetRouteTagNameFromRequest`), named in `counters`.
-    fn marks(&self, fields: &dyn RequestHeaders, counters: &RevisionCounters) -> Marks {
+    #[inline]
+    fn marks<H: RequestHeaders + ?Sized>(&self, fields: &H, counters: &RevisionCounters) -> Marks {
         Marks {
             proxied: fields.get(headers::PROXY_REQUEST)
                 == Some(headers::PROXY_REQUEST_VALUE.as_bytes()),
