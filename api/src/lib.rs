@@ -16,4 +16,4 @@ pub mod probe;
 pub mod registration;
 mod revision;
 
-pub use revision::{RevisionKey, RevisionKeyError};
+pub use revision::{RevisionKey, RevisionKeyError, DEFAULT_CLUSTER_DOMAIN};

@@ -5,6 +5,11 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+/// The cluster domain of a revision's cluster-local name `<rev>.<ns>.svc.<domain>` when
+/// neither resolv.conf nor `CLUSTER_DOMAIN` gives one: `cluster.local`, knative.dev/pkg's default
+/// (`network/domain.go`).
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
 /// A revision, `namespace/name`. Cloning it is one reference count; comparing, hashing and
 /// ordering it is comparing, hashing and ordering the text `namespace/name`, so a map keyed by
 /// `RevisionKey` can be searched with a `&str` spelled that way (see [`RevisionKey::spell`]).

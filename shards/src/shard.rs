@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::metrics::{AllShardStats, ShardStats};
-use crate::request::identity::DEFAULT_CLUSTER_DOMAIN;
 use crate::request::log::RequestLog;
 use crate::role::Roles;
 use crate::routing::replica::{LocalRevision, Outbox, Outgoing, Replica};
@@ -24,7 +23,7 @@ use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
 use crate::throttle::gate::RevisionGate;
 use crate::upstream::h2c::{H2Settings, H2cConnections};
 use crate::upstream::pool::{Pool, PoolConfig};
-use kactivator_api::RevisionKey;
+use kactivator_api::{RevisionKey, DEFAULT_CLUSTER_DOMAIN};
 
 /// Once every listener is closed, how long a connection accepted before that has to send its
 /// first request (it is answered, not closed under it, see `http1::connection`).

@@ -46,9 +46,8 @@ pub fn revision_from_host<'b>(host: &'b str, cluster_domain: &str) -> Option<Rev
         .then_some(RevisionId { namespace, name })
 }
 
-/// Cluster domain when neither resolv.conf nor `CLUSTER_DOMAIN` gives one: `cluster.local`,
-/// knative.dev/pkg's default (`network/domain.go`).
-pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+/// Cluster domain when neither resolv.conf nor `CLUSTER_DOMAIN` gives one (`cluster.local`).
+pub use kactivator_api::DEFAULT_CLUSTER_DOMAIN;
 
 /// The cluster domain: the `search` entry `svc.<domain>` of resolv.conf, else `CLUSTER_DOMAIN`,
 /// else [`DEFAULT_CLUSTER_DOMAIN`] (the same order as knative.dev/pkg).
