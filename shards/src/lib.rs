@@ -10,9 +10,10 @@
 //!   (beside the sans-IO codec in `kactivator-h1`).
 //! * [`http2`] — the HTTP/2 front (h2c): one task per client connection and one per stream.
 //!   Framing is the `h2` crate's.
-//! * [`request`] — the request path every front goes through, written once (`lifecycle`):
-//!   local answers, which revision, admission and the wait for a pod slot, deadlines, how an
-//!   exchange ends, the header policy.
+//! * [`lifecycle`] — the request path every front goes through, written once: local answers,
+//!   which revision, admission and the wait for a pod slot, attempts, the answer.
+//! * [`request`] — what the path knows of a request, as pure rules: which revision, probes,
+//!   deadlines, how an exchange ends, the header policy and its one writer, the request log.
 //! * [`shard`] — the protocol-neutral shard context and settings, the role among them.
 //! * [`role`] — the roles (activator, queue-proxy) as hooks the request path calls.
 //! * [`upstream`] — connections to pods: the per-shard pool, the h2c connections, the errors.
@@ -39,6 +40,7 @@ pub mod fields;
 pub mod http1;
 pub mod http2;
 pub mod hub;
+pub mod lifecycle;
 pub mod metrics;
 pub mod preface;
 pub mod request;

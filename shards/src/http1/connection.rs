@@ -1,5 +1,5 @@
 //! One client connection over HTTP/1.1: read a request head, take it through the request path
-//! (`request::lifecycle`, with `front::H1Front` as its HTTP/1 leaves), then read the next one
+//! (`lifecycle`, with `front::H1Front` as its HTTP/1 leaves), then read the next one
 //! or close. A connection that opens with the HTTP/2 preface goes back to the hub for the
 //! HTTP/2 front.
 
@@ -17,10 +17,10 @@ use monoio::time::Instant;
 use super::client::{write_out, ClientConn, ClientWriter};
 use super::front::H1Front;
 use super::rewrite::{self, ClientSide};
+use crate::lifecycle;
 use crate::preface::{self, Preface};
 use crate::request::answer::Answer;
 use crate::request::deadlines;
-use crate::request::lifecycle;
 use crate::request::outcome::Next;
 use crate::request::peer::Peer;
 use crate::runtime::buffer::InBuf;

@@ -25,7 +25,7 @@ use super::io::{send_now, shut_write, write_rest};
 use super::reframe::{reframe, Reframed};
 use super::rewrite::{self, client_framing, ClientFraming};
 use super::upgrade::splice_upgraded;
-use crate::request::admission::Held;
+use crate::lifecycle::admission::Held;
 use crate::request::deadlines::Deadlines;
 use crate::request::error::RequestError;
 use crate::request::outcome::Ended;

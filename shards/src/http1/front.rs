@@ -1,4 +1,4 @@
-//! HTTP/1's leaves of the request path (`request::lifecycle::Front`): the request's fields read
+//! HTTP/1's leaves of the request path (`lifecycle::Front`): the request's fields read
 //! in place in the connection's buffer, the activator's answers written as HTTP/1 responses, a
 //! queued client watched for readability, the head rewritten for a pod (`rewrite`), and an
 //! attempt: a pooled or new connection to the pod and the exchange (`exchange`).
@@ -16,11 +16,11 @@ use super::client::{answer_locally, ClientConn, RequestMeta};
 use super::exchange::{exchange, WATCH_LIMIT};
 use super::io::client_readable;
 use super::rewrite::{self, ClientSide, H1Headers};
-use crate::request::admission::{ClientWatch, Held};
+use crate::lifecycle::admission::{ClientWatch, Held};
+use crate::lifecycle::{Attempt, Front, Shape, SmallBody};
 use crate::request::answer::Answer;
 use crate::request::deadlines::Deadlines;
 use crate::request::headers::RequestHeaders;
-use crate::request::lifecycle::{Attempt, Front, Shape, SmallBody};
 use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::Next;
 use crate::request::policy::{self, Edits, WaitNote};

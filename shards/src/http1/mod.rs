@@ -1,7 +1,7 @@
 //! The HTTP/1.1 front: the connection loop (`connection`), and HTTP/1's leaves of the request
 //! path (`front`): reading a request's fields in place, the activator's answers, the rewrite for
 //! a pod, and the exchange with it (`exchange`, `upgrade`). The request path itself is
-//! `crate::request::lifecycle`; the framing is the sans-IO codec `kactivator-h1`; [`rewrite`]
+//! `crate::lifecycle`; the framing is the sans-IO codec `kactivator-h1`; [`rewrite`]
 //! and [`reframe`] are the pure pieces of relaying.
 
 mod client;

@@ -1,5 +1,5 @@
 //! One HTTP/2 stream as one request: HTTP/2's leaves of the request path
-//! (`request::lifecycle::Front`) — the request's fields from its header map, the activator's
+//! (`lifecycle::Front`) — the request's fields from its header map, the activator's
 //! answers as HTTP/2 responses, a queued client watched for a reset, the request rewritten for
 //! a pod (`request::policy`) — and the exchange with the pod over h2c.
 //!
@@ -25,12 +25,12 @@ use kactivator_api::{headers, messages, registration};
 use kactivator_template::Proto;
 use monoio::time::Instant;
 
-use crate::request::admission::{ClientWatch, Held};
+use crate::lifecycle::admission::{ClientWatch, Held};
+use crate::lifecycle::{self, Attempt, Front, Shape, SmallBody};
 use crate::request::answer::Answer;
 use crate::request::deadlines::Deadlines;
 use crate::request::error::RequestError;
 use crate::request::headers::RequestHeaders;
-use crate::request::lifecycle::{self, Attempt, Front, Shape, SmallBody};
 use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::{Ended, Next, RequestShape};
 use crate::request::peer::Peer;

@@ -1,6 +1,6 @@
 //! The roles kactivator plays on the one request path, as hooks the path calls: Knative's
 //! activator ([`Activator`]) and its queue-proxy sidecar ([`QueueProxy`]). The path
-//! (`request::lifecycle`) never asks which role it serves; a role decides what the path leaves
+//! (`lifecycle`) never asks which role it serves; a role decides what the path leaves
 //! to it. (The shape is pingora's `ProxyHttp`, a trait of hooks a proxy's lifecycle calls at
 //! fixed points; the hooks are ours.)
 //!

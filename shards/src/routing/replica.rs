@@ -27,7 +27,7 @@ use crate::throttle::lb::{Balancer, Slots};
 pub struct LocalPod {
     pub tracker: Arc<PodTracker>,
     /// This shard could not connect to the pod a moment ago and passes it over until the hold
-    /// ends (`request::admission::dial_failed`). Shard-local, and written only by this shard:
+    /// ends (`lifecycle::admission::dial_failed`). Shard-local, and written only by this shard:
     /// it is not the pod's capacity, which only the control thread writes (and, once it has the
     /// evidence, sets to zero while the pod is quarantined). It bridges the moment before that
     /// decision arrives, and stands in for it when quarantine is off.

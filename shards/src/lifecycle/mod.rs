@@ -10,25 +10,32 @@
 //! (its connection, the bytes each way). Upstream's handler chain sets the order of the steps:
 //! probes first, then the revision (404), then the wait for a pod, then the proxy
 //! (`reference/knative-activator.md` §1).
+//!
+//! The path is the shell over the request's rules (`request`) and the role's hooks (`role`):
+//! it awaits, reads the clock and uses the shard. [`admission`] is the wait for a pod slot,
+//! [`tally`] the request's entry in its revision's counters.
+
+pub mod admission;
+pub(crate) mod tally;
 
 use std::rc::Rc;
 
 use kactivator_api::{headers, registration};
 use monoio::time::Instant;
 
-use super::admission::{self, acquire, ClientWatch, Held};
-use super::answer::Answer;
-use super::deadlines::Deadlines;
-use super::error::RequestError;
-use super::faults;
-use super::headers::RequestHeaders;
-use super::log::{Captured, RequestLog};
-use super::outcome::{
+use self::admission::{acquire, ClientWatch, Held};
+use self::tally::Tally;
+use crate::request::answer::Answer;
+use crate::request::deadlines::{self, Deadlines};
+use crate::request::error::RequestError;
+use crate::request::faults;
+use crate::request::headers::RequestHeaders;
+use crate::request::log::{Captured, RequestLog};
+use crate::request::outcome::{
     conclude, keeps_connection_after_answer, Concluded, Ended, Next, RequestShape,
 };
-use super::policy::WaitNote;
-use super::retry::may_retry;
-use super::tally::Tally;
+use crate::request::policy::{Edits, WaitNote};
+use crate::request::retry::may_retry;
 use crate::role::Role;
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
@@ -105,7 +112,7 @@ pub(crate) trait Front {
     /// The request is going to a pod: rewrite it for one (the header policy,
     /// `request::policy`, under the role's `edits`; the pod's address comes with each attempt)
     /// and let go of what only the local answers read.
-    fn prepare(&mut self, edits: super::policy::Edits);
+    fn prepare(&mut self, edits: Edits);
     /// The request's id for log lines (`X-Run-Id`, else `X-Request-Id`), once prepared.
     fn request_id(&self) -> &str;
     fn watch(&mut self) -> Self::Watch<'_>;
@@ -378,7 +385,7 @@ async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> S
             .read_small_body(
                 shard,
                 registration::MAX_BODY,
-                super::deadlines::later(Instant::now(), SMALL_BODY_TIMEOUT),
+                deadlines::later(Instant::now(), SMALL_BODY_TIMEOUT),
             )
             .await
         {

@@ -19,9 +19,9 @@ use crate::shard::Shard;
 use crate::throttle::gate::{Admission, Class, WaiterId};
 use crate::upstream::error::UpstreamError;
 
-use super::deadlines::QueueTimeLevels;
-use super::error::RequestError;
-use super::policy::WaitNote;
+use crate::request::deadlines::QueueTimeLevels;
+use crate::request::error::RequestError;
+use crate::request::policy::WaitNote;
 
 /// The client side of a request while it waits for a slot.
 pub(crate) trait ClientWatch {
