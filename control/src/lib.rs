@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod autoscaler;
 pub mod budget;
+pub mod capacity;
 pub mod config;
 pub mod drain;
 pub mod features;
@@ -25,6 +26,7 @@ pub mod queue_proxy;
 pub mod shell;
 pub mod sources;
 pub mod state;
+pub mod subsetting;
 pub mod worker;
 
 use std::collections::BTreeSet;

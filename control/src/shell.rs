@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use kactivator_shards::throttle::capacity::Capacity;
 use kactivator_shards::throttle::gate::ProcessQueue;
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::mpsc;
 
+use crate::capacity::Capacity;
 use crate::metrics::register;
 use crate::pod_state::{PodState, Timestamp};
 use crate::publisher::Publisher;

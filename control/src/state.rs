@@ -26,7 +26,7 @@
 //! activator's share of containerConcurrency. Cluster-IP mode (the spec names the private
 //! Service's address): one virtual tracker for that address, whose capacity is
 //! `max(1, CC × routable pods / activators)`. Both go through the one capacity rule,
-//! `throttle::capacity::revision_capacity`. Pods pushed by a queue-proxy before any source
+//! `capacity::revision_capacity`. Pods pushed by a queue-proxy before any source
 //! declared their revision are kept and published when the revision appears.
 //!
 //! # One writer per fact
@@ -54,12 +54,12 @@ use kactivator_shards::routing::{
     LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate, Timeouts,
 };
 use kactivator_shards::runtime::control_link::EvidenceKind;
-use kactivator_shards::throttle::capacity::{revision_capacity, Capacity, Targets};
 use kactivator_shards::throttle::gate::{ProcessQueue, RevisionGate};
 use kactivator_shards::throttle::slots::UNLIMITED;
-use kactivator_shards::throttle::subsetting;
 
+use crate::capacity::{revision_capacity, Capacity, Targets};
 use crate::pod_state::{Event, Gates, Outcome, Pod, PodState, Reason, Timestamp, Windows};
+use crate::subsetting;
 
 /// Default most pod trackers one revision may have: 5000, the fork's `maxTrackersPerRevision`.
 pub const DEFAULT_MAX_TRACKERS_PER_REVISION: usize = 5000;
@@ -2241,7 +2241,7 @@ mod tests {
         );
     }
 
-    /// Upstream's cluster-IP rows (`throttle::capacity`'s table), through the publish path:
+    /// Upstream's cluster-IP rows (`capacity`'s table), through the publish path:
     /// one target, the Service, with `max(1, CC × routable pods / activators)` slots.
     #[test]
     fn cluster_ip_mode_routes_to_the_service_with_the_shared_capacity() {

@@ -20,7 +20,7 @@
 //! * [`runtime`] — the reactor, timers, signals, idle connections, readiness, channels.
 //! * [`routing`] — the snapshot types the control thread publishes and each shard's replica.
 //! * [`throttle`] — pure admission logic shared across shards: slots, the gate, the queue's
-//!   discipline, LB policies, capacity, subsetting.
+//!   discipline, LB policies.
 //! * [`metrics`], [`fields`], [`preface`] — single-writer counters; the view of a request's
 //!   fields; the HTTP/2 preface check.
 //!

@@ -19,7 +19,7 @@
 //! Sums saturate at `u32::MAX` instead of wrapping; upstream clamps at `MaxInt32` for the same
 //! reason (a capacity that large is no limit in practice).
 
-use super::subsetting::Assignment;
+use crate::subsetting::Assignment;
 
 /// How many requests of a revision this activator admits at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,7 +88,7 @@ fn saturate(value: impl TryInto<u32>) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::throttle::subsetting::assign;
+    use crate::subsetting::assign;
     use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
     use Capacity::{Limited, Unlimited};
