@@ -67,9 +67,10 @@ for driver in io-uring epoll; do
 done
 
 # loom explores the interleavings of the admission gate's cross-shard hand-off (the
-# `loom_tests` in shards/src/throttle/gate.rs). `--cfg loom` changes every crate's build, hence
-# a target directory of its own. Unbounded it takes about 15 minutes on two cores; bounded at 5
-# preemptions it takes seconds, and every mutation of the hand-off we tried fails already at 3.
+# `loom_tests` in shards/src/throttle/gate/loom_tests.rs). `--cfg loom` changes every crate's
+# build, hence a target directory of its own. Unbounded it takes about 15 minutes on two cores;
+# bounded at 5 preemptions it takes seconds, and every mutation of the hand-off we tried fails
+# already at 3.
 echo "== loom model check of the admission gate (LOOM_MAX_PREEMPTIONS=5)"
 LOOM_MAX_PREEMPTIONS=5 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p kactivator-shards --release --lib --locked loom
