@@ -285,7 +285,6 @@ pub(super) async fn exchange(
             status: received.status,
             response_keep_alive: received.client_keep_alive,
             request_complete,
-            client_gone: false,
             tail_written: tail_written.is_ok(),
             body_bytes: body_bytes.get(),
         },

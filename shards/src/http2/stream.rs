@@ -770,7 +770,6 @@ fn relayed(status: u16, body_bytes: u64) -> Exchanged {
         status,
         response_keep_alive: true,
         request_complete: true,
-        client_gone: false,
         tail_written: true,
         body_bytes,
     })

@@ -32,8 +32,6 @@ pub enum Ended {
         response_keep_alive: bool,
         /// The whole request (body included) reached the pod.
         request_complete: bool,
-        /// The client closed its side while the response was relayed.
-        client_gone: bool,
         /// The response's last bytes were written to the client.
         tail_written: bool,
         /// The response body's payload bytes relayed (framing excluded).
@@ -82,11 +80,12 @@ pub fn conclude(request: RequestShape, ended: Ended) -> Concluded {
             status,
             response_keep_alive,
             request_complete,
-            client_gone,
             tail_written,
             body_bytes,
         } => {
-            let keep = response_keep_alive && request_complete && !client_gone && tail_written;
+            // A client that left while the response was relayed ends as `Failed { ClientGone }`
+            // once the pod is done (see the fronts' exchanges), never as relayed.
+            let keep = response_keep_alive && request_complete && tail_written;
             Concluded::Done {
                 status,
                 body_bytes,
@@ -151,17 +150,11 @@ mod tests {
         upgrade: true,
     };
 
-    fn relayed(
-        response_keep_alive: bool,
-        request_complete: bool,
-        client_gone: bool,
-        tail_written: bool,
-    ) -> Ended {
+    fn relayed(response_keep_alive: bool, request_complete: bool, tail_written: bool) -> Ended {
         Ended::Relayed {
             status: 200,
             response_keep_alive,
             request_complete,
-            client_gone,
             tail_written,
             body_bytes: 0,
         }
@@ -200,7 +193,6 @@ mod tests {
                     status: 200,
                     response_keep_alive: true,
                     request_complete: true,
-                    client_gone: false,
                     tail_written: true,
                     body_bytes: 1234,
                 },
@@ -231,31 +223,25 @@ mod tests {
             (
                 "relayed, all well",
                 GET,
-                relayed(true, true, false, true),
+                relayed(true, true, true),
                 (200, false, true),
             ),
             (
                 "relayed, response closes",
                 GET,
-                relayed(false, true, false, true),
+                relayed(false, true, true),
                 (200, false, false),
             ),
             (
                 "relayed before the body was all sent",
                 POST,
-                relayed(true, false, false, true),
-                (200, false, false),
-            ),
-            (
-                "relayed while the client left",
-                GET,
-                relayed(true, true, true, true),
+                relayed(true, false, true),
                 (200, false, false),
             ),
             (
                 "relayed, tail not written",
                 GET,
-                relayed(true, true, false, false),
+                relayed(true, true, false),
                 (200, false, false),
             ),
             ("upgraded", UPGRADE, Ended::Upgraded, (101, false, false)),
