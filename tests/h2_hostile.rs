@@ -766,11 +766,12 @@ fn a_client_that_disconnects_while_queued_gives_its_place_up() {
     let pod = pod();
     let activator = start(&pod, "container_concurrency = 1", "");
     let http2 = activator.http2;
+    // Held at the pod until the test lets it go, whatever the steps below take.
     let slow = thread::spawn(move || {
         block_on(async move {
             let mut client = grpc::connect(http2, AUTHORITY).await.unwrap();
             let request = EchoRequest {
-                delay_ms: 1500,
+                delay_ms: grpc::HOLD,
                 ..Default::default()
             };
             client.unary(request).await.map(|reply| reply.into_inner())
@@ -784,8 +785,10 @@ fn a_client_that_disconnects_while_queued_gives_its_place_up() {
 
     let mut stream = h2_connect(activator.http2);
     stream.write_all(&get_headers(1)).unwrap();
+    // Generous bounds: `eventually` returns as soon as the condition holds, and the call at
+    // the pod is held, so a slow machine cannot turn them into a race.
     assert!(
-        eventually(Duration::from_secs(2), || activator
+        eventually(Duration::from_secs(10), || activator
             .metric_sum("kactivator_revision_queued", &[])
             == 1.0),
         "the second request was not queued:\n{}",
@@ -794,7 +797,7 @@ fn a_client_that_disconnects_while_queued_gives_its_place_up() {
     let aborts = activator.metric_sum("kactivator_shard_client_aborts_total", &[]);
     drop(stream);
     assert!(
-        eventually(Duration::from_secs(1), || activator
+        eventually(Duration::from_secs(10), || activator
             .metric_sum("kactivator_revision_queued", &[])
             == 0.0),
         "the queue place was kept after the client left:\n{}",
@@ -810,6 +813,7 @@ fn a_client_that_disconnects_while_queued_gives_its_place_up() {
         "the hang-up was not counted as a client abort"
     );
 
+    pod.release_held();
     let reply = slow.join().unwrap().expect("the slow call succeeds");
     assert_eq!(reply.backend, "pod");
     let started = Instant::now();

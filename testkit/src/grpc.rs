@@ -131,12 +131,16 @@ struct Shared {
     extra: Arc<ExtraCounters>,
     echo: EchoServer<EchoService>,
     max_concurrent_streams: Option<u32>,
+    /// Lets held calls go ([`HOLD`]).
+    releases: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
     fn new(config: &BackendConfig) -> io::Result<Self> {
+        let (releases, released) = tokio::sync::watch::channel(0);
         let echo = EchoService {
             name: config.name.clone(),
+            releases: released,
         };
         Ok(Self {
             identity: Identity::new(
@@ -150,6 +154,7 @@ impl Shared {
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
             max_concurrent_streams: config.max_concurrent_streams,
+            releases,
         })
     }
 
@@ -269,10 +274,17 @@ impl Drop for TrackedBody {
 
 // === the Echo service ===
 
+/// `EchoRequest::delay_ms` that holds the call until the test lets it go
+/// ([`GrpcHandle::release_held`]), however long that takes: a test that must see a call still
+/// at the pod after some steps of its own does not race a fixed delay against them.
+pub const HOLD: u32 = u32::MAX;
+
 /// The implementation behind tonic's generated server.
 #[derive(Clone, Debug)]
 struct EchoService {
     name: String,
+    /// How many times held calls were let go; a held call waits for the next.
+    releases: tokio::sync::watch::Receiver<u64>,
 }
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<EchoReply, Status>> + Send>>;
@@ -286,9 +298,17 @@ impl EchoService {
         }
     }
 
-    /// The answer to one request, after its delay.
+    /// The answer to one request, after its delay (or, [`HOLD`], once released).
     async fn answer(&self, request: EchoRequest, seq: u64) -> EchoReply {
-        sleep_ms(request.delay_ms).await;
+        if request.delay_ms == HOLD {
+            let mut releases = self.releases.clone();
+            releases.borrow_and_update();
+            // Only the handle's sender ends the wait; a dropped one (the backend is stopping)
+            // ends it too.
+            let _ = releases.changed().await;
+        } else {
+            sleep_ms(request.delay_ms).await;
+        }
         let payload = match request.reply_bytes {
             0 => request.payload,
             length => pattern_payload(length),
@@ -460,6 +480,11 @@ impl GrpcHandle {
     /// `in_flight`; the gauges keep counting what is live.
     pub fn reset_stats(&self) {
         self.shared.reset();
+    }
+
+    /// Lets every call held so far ([`HOLD`]) answer.
+    pub fn release_held(&self) {
+        self.shared.releases.send_modify(|releases| *releases += 1);
     }
 
     /// Stops accepting, closes every connection and joins the backend's thread.
