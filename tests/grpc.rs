@@ -347,7 +347,12 @@ async fn streams_beyond_the_pods_stream_limit_go_on_another_connection() {
             Err(status) => failed.push((i, status.code(), status.message().to_string())),
         }
     }
-    assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
+    assert!(
+        failed.is_empty(),
+        "{} failed: {failed:?}; at the pod: {:?} (when all had arrived: {stats:?})",
+        failed.len(),
+        pod.stats()
+    );
     assert_eq!(pod.stats().requests, CALLS as u64);
 }
 

@@ -274,16 +274,17 @@ impl Drop for TrackedBody {
 
 // === the Echo service ===
 
-/// `EchoRequest::delay_ms` that holds the call until the test lets it go
+/// `EchoRequest::delay_ms` that holds the call until the test lets held calls go
 /// ([`GrpcHandle::release_held`]), however long that takes: a test that must see a call still
-/// at the pod after some steps of its own does not race a fixed delay against them.
+/// at the pod after some steps of its own does not race a fixed delay against them. Once
+/// released, a backend holds no call any more.
 pub const HOLD: u32 = u32::MAX;
 
 /// The implementation behind tonic's generated server.
 #[derive(Clone, Debug)]
 struct EchoService {
     name: String,
-    /// How many times held calls were let go; a held call waits for the next.
+    /// How many times held calls were let go; a held call waits while it is 0.
     releases: tokio::sync::watch::Receiver<u64>,
 }
 
@@ -301,11 +302,11 @@ impl EchoService {
     /// The answer to one request, after its delay (or, [`HOLD`], once released).
     async fn answer(&self, request: EchoRequest, seq: u64) -> EchoReply {
         if request.delay_ms == HOLD {
+            // A level, not an edge: a call whose handler started before the release but got
+            // here after it must not wait for another. A dropped sender (the backend is
+            // stopping) ends the wait too.
             let mut releases = self.releases.clone();
-            releases.borrow_and_update();
-            // Only the handle's sender ends the wait; a dropped one (the backend is stopping)
-            // ends it too.
-            let _ = releases.changed().await;
+            let _ = releases.wait_for(|released| *released > 0).await;
         } else {
             sleep_ms(request.delay_ms).await;
         }
@@ -482,7 +483,7 @@ impl GrpcHandle {
         self.shared.reset();
     }
 
-    /// Lets every call held so far ([`HOLD`]) answer.
+    /// Lets every held call ([`HOLD`]) answer, and every later one at once.
     pub fn release_held(&self) {
         self.shared.releases.send_modify(|releases| *releases += 1);
     }
