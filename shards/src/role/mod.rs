@@ -8,10 +8,10 @@
 //! routing replica, its health) and returns what the path does with it.
 //!
 //! A shard holds its role as [`Roles`], which implements [`Role`] by handing each hook to the
-//! role it holds: a new role is a new type and one variant there. Dispatch is static: the
-//! hooks read the request's fields through each front's own view, inlined; behind a trait
-//! object the same hooks cost about 230 more instructions per proxied HTTP/1 request
-//! (callgrind, BENCHMARKS.md), most of it the fields read out of line.
+//! role it holds: a new role is a new type, one variant and one arm of `each_role!`. Dispatch
+//! is static: the hooks read the request's fields through each front's own view, inlined;
+//! behind a trait object the same hooks cost about 230 more instructions per proxied HTTP/1
+//! request (callgrind, BENCHMARKS.md), most of it the fields read out of line.
 
 use std::borrow::Cow;
 use std::rc::Rc;
