@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kactivator_api::autoscaler::{decode_stat, Stat};
-use kactivator_testkit::backend::{self, BackendConfig};
+use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
 use kactivator_testkit::ports::free_port;
 use support::queue_proxy::{knative_env, QueueProxy, POD};
 use support::{admin_get, eventually};
@@ -36,6 +36,19 @@ fn scrape(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, String, V
     let response = support::parse_response(&raw).expect("an HTTP response");
     let content_type = response.header("Content-Type").unwrap_or("").to_string();
     (response.status, content_type, response.body)
+}
+
+/// A user container on a free port and, in front of it, a queue-proxy started as Knative starts
+/// it with `container_concurrency`.
+fn user_container_and_proxy(container_concurrency: u32) -> (BackendHandle, QueueProxy) {
+    let user_port = free_port();
+    let user = backend::spawn_on(
+        SocketAddr::from(([127, 0, 0, 1], user_port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container");
+    let proxy = QueueProxy::start(knative_env(user_port, free_port(), container_concurrency));
+    (user, proxy)
 }
 
 fn stat_of(addr: SocketAddr) -> Stat {
@@ -77,13 +90,7 @@ fn the_autoscaler_scrapes_each_windows_load_with_the_proxied_part_apart() {
     const PROXIED: usize = 4;
     /// Longer than two windows: some window has every request in flight from start to end.
     const HOLD_MS: u64 = 2_500;
-    let user_port = free_port();
-    let _user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
-    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 10));
+    let (_user, proxy) = user_container_and_proxy(10);
 
     // Upstream's handler serves the protobuf whatever the Accept says, on /metrics only.
     for accept in [None, Some("text/plain"), Some("application/protobuf")] {
@@ -211,13 +218,7 @@ fn the_autoscaler_scrapes_each_windows_load_with_the_proxied_part_apart() {
 
 #[test]
 fn the_user_metrics_port_serves_upstreams_queue_proxy_names() {
-    let user_port = free_port();
-    let _user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
-    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
+    let (_user, proxy) = user_container_and_proxy(0);
     for proxied in [false, true, false] {
         assert_eq!(request(proxy.serving, "/delay/30", proxied), 200);
     }
@@ -283,13 +284,7 @@ fn the_user_metrics_port_serves_upstreams_queue_proxy_names() {
 
 #[test]
 fn requests_are_counted_by_the_route_tag_the_ingress_set_as_upstream_counts_them() {
-    let user_port = free_port();
-    let _user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
-    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 0));
+    let (_user, proxy) = user_container_and_proxy(0);
     // Upstream's four cases (`GetRouteTagNameFromRequest`): no tag headers (tag-header routing
     // off), the default route, a tag that names no target (routed by the default route), and
     // a tag by name; an empty value counts as none, as Go's `Header.Get` reads it.
@@ -348,15 +343,9 @@ fn requests_are_counted_by_the_route_tag_the_ingress_set_as_upstream_counts_them
 
 #[test]
 fn the_app_metrics_count_the_time_at_the_user_container_not_in_the_breaker() {
-    let user_port = free_port();
-    let _user = backend::spawn_on(
-        SocketAddr::from(([127, 0, 0, 1], user_port)),
-        BackendConfig::named("user-container"),
-    )
-    .expect("user container");
     // containerConcurrency 1: the second request waits in the breaker while the first is at
     // the app.
-    let proxy = QueueProxy::start(knative_env(user_port, free_port(), 1));
+    let (_user, proxy) = user_container_and_proxy(1);
     let serving = proxy.serving;
     let first = std::thread::spawn(move || request(serving, "/delay/300", false));
     assert!(
