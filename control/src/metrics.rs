@@ -75,29 +75,30 @@ impl TagLabel {
 
     /// Knative 1.18's `route_tag` label (`pkg/queue/request_metric.go`), or nothing.
     fn opencensus(&self) -> String {
-        let value = match self {
-            TagLabel::None => return String::new(),
-            TagLabel::Disabled => "DISABLED",
-            TagLabel::Default => "DEFAULT",
-            TagLabel::Undefined => "UNDEFINED",
-            TagLabel::Other => "OTHER",
-            TagLabel::Named(name) => name,
-        };
-        format!(",route_tag=\"{}\"", escape(value))
+        self.label("route_tag", ["DISABLED", "DEFAULT", "UNDEFINED", "OTHER"])
     }
 
     /// Knative 1.19+'s `kn.route.tag` attribute (`pkg/queue/routetag_handler.go`) in
     /// Prometheus form, or nothing.
     fn opentelemetry(&self) -> String {
+        self.label(
+            "kn_route_tag",
+            ["kn:disabled", "kn:default", "kn:undefined", "kn:other"],
+        )
+    }
+
+    /// `,name="value"`, the value of a tag without a name taken from `reserved` (disabled,
+    /// default, undefined, other); nothing without a tag.
+    fn label(&self, name: &str, reserved: [&str; 4]) -> String {
         let value = match self {
             TagLabel::None => return String::new(),
-            TagLabel::Disabled => "kn:disabled",
-            TagLabel::Default => "kn:default",
-            TagLabel::Undefined => "kn:undefined",
-            TagLabel::Other => "kn:other",
-            TagLabel::Named(name) => name,
+            TagLabel::Disabled => reserved[0],
+            TagLabel::Default => reserved[1],
+            TagLabel::Undefined => reserved[2],
+            TagLabel::Other => reserved[3],
+            TagLabel::Named(tag) => tag,
         };
-        format!(",kn_route_tag=\"{}\"", escape(value))
+        format!(",{name}=\"{}\"", escape(value))
     }
 }
 
