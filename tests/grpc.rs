@@ -329,11 +329,10 @@ async fn streams_beyond_the_pods_stream_limit_go_on_another_connection() {
         }));
     }
     // Every call at the pod at once: none waits behind the first connection's stream limit.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while pod.stats().in_flight < CALLS as u64 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let stats = pod.stats();
+    let stats = pod_stats(&pod, Duration::from_secs(30), |stats| {
+        stats.in_flight == CALLS as u64
+    })
+    .await;
     assert_eq!(
         stats.in_flight, CALLS as u64,
         "not all at the pod: {stats:?}"
