@@ -394,6 +394,8 @@ fn run_on(
 /// HTTP/2 when it opens with the preface (the HTTP/1 front recognises it and hands the
 /// connection back with what it read).
 fn serve(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::SocketAddr) {
+    // Small writes (heads, frames) must not wait for more.
+    let _ = stream.set_nodelay(true);
     let open = OpenConnection::count(shard);
     let front_shard = shard.clone();
     // Combinators rather than `async` blocks: a block that awaits a future it owns keeps it

@@ -17,7 +17,8 @@
 //! * [`shard`] — the protocol-neutral shard context and settings, the role among them.
 //! * [`role`] — the roles (activator, queue-proxy) as hooks the request path calls.
 //! * [`upstream`] — connections to pods: the per-shard pool, the h2c connections, the errors.
-//! * [`runtime`] — the reactor, timers, signals, idle connections, readiness, channels.
+//! * [`runtime`] — the reactor, the byte stream the fronts and pools are generic over, timers,
+//!   signals, idle connections, readiness, channels.
 //! * [`routing`] — the snapshot types the control thread publishes and each shard's replica.
 //! * [`throttle`] — pure admission logic shared across shards: slots, the gate, the queue's
 //!   discipline, LB policies.
@@ -29,11 +30,11 @@
 //! `http1::{rewrite, reframe}`, `runtime::topology`'s parsers and `upstream::error`; the rest
 //! is the shell around them.
 
-// Unsafe code is allowed in six places only, each saying why at its `allow`: the non-blocking
-// socket calls of the HTTP/1 front (`http1::io`) and of the pool (`upstream::pool`), the
-// shutdown of an idle connection (`runtime::idle`), the recycled exchange blocks
-// (`runtime::blocks`), the open-file limit (`runtime::limits`) and the memory calls
-// (`runtime::memory`).
+// Unsafe code is allowed in five places only, each saying why at its `allow`: the socket
+// shortcuts beneath a byte stream (`runtime::stream`: the non-blocking send, the half-close, the
+// peek at an idle connection, the readiness wait), the shutdown of an idle connection
+// (`runtime::idle`), the recycled exchange blocks (`runtime::blocks`), the open-file limit
+// (`runtime::limits`) and the memory calls (`runtime::memory`).
 #![deny(unsafe_code)]
 
 pub mod fields;

@@ -20,6 +20,7 @@ use crate::runtime::idle::IdleConnections;
 use crate::runtime::late::Lateness;
 use crate::runtime::readiness::{Health, Readiness};
 use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
+use crate::runtime::stream::PlainTcp;
 use crate::throttle::gate::RevisionGate;
 use crate::upstream::h2c::{H2Settings, H2cConnections};
 use crate::upstream::pool::{Pool, PoolConfig};
@@ -159,8 +160,14 @@ impl Shard {
         peers: Vec<flume::Sender<Handoff>>,
         control: ControlLink,
     ) -> Shard {
-        let pool = Pool::new(settings.pool);
-        let h2c = H2cConnections::new(settings.pool, settings.h2, all_stats.clone(), index);
+        let pool = Pool::new(settings.pool, PlainTcp);
+        let h2c = H2cConnections::new(
+            settings.pool,
+            PlainTcp,
+            settings.h2,
+            all_stats.clone(),
+            index,
+        );
         Shard {
             index,
             settings,

@@ -7,21 +7,21 @@ use std::future::Future;
 use kactivator_h1::{BodyKind, Method, RequestHead, ResponseHead, Version};
 use monoio::buf::{IoBuf, IoVecBuf};
 use monoio::io::{AsyncWriteRent, Canceller, OwnedReadHalf, OwnedWriteHalf};
-use monoio::net::TcpStream;
 use monoio::BufResult;
 
-use super::io::{send_now, write_rest};
+use super::io::write_rest;
 use super::rewrite::{self, ClientSide};
 use crate::request::answer::Answer;
 use crate::request::outcome::{Next, RequestShape};
 use crate::request::peer::Peer;
 use crate::request::policy::WaitNote;
 use crate::runtime::buffer::InBuf;
+use crate::runtime::stream::{ByteStream, Socket};
 
 /// The downstream side of a connection and its reusable scratch buffers.
-pub(super) struct ClientConn {
-    pub(super) reader: OwnedReadHalf<TcpStream>,
-    pub(super) writer: ClientWriter,
+pub(super) struct ClientConn<S: ByteStream> {
+    pub(super) reader: OwnedReadHalf<S>,
+    pub(super) writer: ClientWriter<S>,
     pub(super) inbuf: InBuf,
     /// Outbound request head and body bytes on their way to the pod.
     pub(super) request_out: Vec<u8>,
@@ -42,26 +42,26 @@ pub(super) struct ClientConn {
 
 /// The client's write half, remembering whether anything of the current request's answer was
 /// written: a panic that ends a request may answer it with a 500 only while nothing was.
-pub(super) struct ClientWriter {
-    half: OwnedWriteHalf<TcpStream>,
-    /// The socket's descriptor, for [`ClientWriter::send_now`].
-    fd: std::os::fd::RawFd,
+pub(super) struct ClientWriter<S: ByteStream> {
+    half: OwnedWriteHalf<S>,
+    /// The socket beneath, for [`ClientWriter::send_now`] and the idle set.
+    socket: Socket,
     wrote: bool,
 }
 
-impl ClientWriter {
-    pub(super) fn new(half: OwnedWriteHalf<TcpStream>, fd: std::os::fd::RawFd) -> ClientWriter {
+impl<S: ByteStream> ClientWriter<S> {
+    pub(super) fn new(half: OwnedWriteHalf<S>, socket: Socket) -> ClientWriter<S> {
         ClientWriter {
             half,
-            fd,
+            socket,
             wrote: false,
         }
     }
 
     /// Writes what the socket takes at once of `bytes` (a non-blocking send, see
-    /// [`send_now`]); returns how much.
+    /// [`Socket::send_now`]); returns how much.
     pub(super) fn send_now(&mut self, bytes: &[u8]) -> usize {
-        let sent = send_now(self.fd, bytes);
+        let sent = self.socket.send_now(bytes);
         self.wrote |= sent > 0;
         sent
     }
@@ -71,10 +71,10 @@ impl ClientWriter {
         self.wrote = false;
     }
 
-    /// The socket's descriptor (the shard's idle set shuts its read side down to close an idle
+    /// The socket beneath (the shard's idle set shuts its read side down to close an idle
     /// connection).
-    pub(super) fn fd(&self) -> std::os::fd::RawFd {
-        self.fd
+    pub(super) fn socket(&self) -> Socket {
+        self.socket
     }
 
     /// Whether any byte of the current answer was handed to the socket.
@@ -82,12 +82,12 @@ impl ClientWriter {
         self.wrote
     }
 
-    pub(super) fn into_inner(self) -> OwnedWriteHalf<TcpStream> {
+    pub(super) fn into_inner(self) -> OwnedWriteHalf<S> {
         self.half
     }
 }
 
-impl AsyncWriteRent for ClientWriter {
+impl<S: ByteStream> AsyncWriteRent for ClientWriter<S> {
     #[inline]
     fn write<T: IoBuf>(&mut self, buf: T) -> impl Future<Output = BufResult<usize, T>> {
         self.wrote = true;
@@ -151,8 +151,8 @@ impl RequestMeta {
 }
 
 /// Answers with a response the activator made itself.
-pub(super) async fn answer_locally(
-    conn: &mut ClientConn,
+pub(super) async fn answer_locally<S: ByteStream>(
+    conn: &mut ClientConn<S>,
     response: &Answer<'_>,
     client: ClientSide,
 ) -> Next {
@@ -169,7 +169,10 @@ pub(super) async fn answer_locally(
 /// io_uring that saves an operation (its submission, completion and the task's wake-up) on
 /// nearly every response, which fits the socket buffer whole; under epoll the driver's write is
 /// the same system call.
-pub(super) async fn write_out(client: &mut ClientWriter, out: &mut Vec<u8>) -> std::io::Result<()> {
+pub(super) async fn write_out<S: ByteStream>(
+    client: &mut ClientWriter<S>,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
     let sent = client.send_now(out);
     let result = if sent < out.len() {
         write_rest(client, out, sent).await

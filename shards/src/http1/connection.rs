@@ -6,12 +6,10 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use kactivator_h1::{parse_request, HeadError, Method, Parsed, RequestHead, ResponseHead, Version};
 use monoio::io::{AsyncWriteRent, Splitable};
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 
 use super::client::{write_out, ClientConn, ClientWriter};
@@ -26,6 +24,7 @@ use crate::request::peer::Peer;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::contain;
 use crate::runtime::race::{race, Either};
+use crate::runtime::stream::ByteStream;
 use crate::shard::{Shard, FIRST_REQUEST_GRACE};
 
 enum HeadRead {
@@ -37,12 +36,12 @@ enum HeadRead {
 }
 
 /// How an HTTP/1 connection ended.
-pub(crate) enum Served {
+pub(crate) enum Served<S> {
     /// It closed.
     Closed,
     /// It opened with the HTTP/2 preface: it is the HTTP/2 front's, with what was read of it.
     Http2 {
-        stream: TcpStream,
+        stream: S,
         read: bytes::Bytes,
         peer: Rc<Peer>,
     },
@@ -53,20 +52,19 @@ pub(crate) enum Served {
 /// Not an `async fn`: the connection is set up before the future exists, so the future holds the
 /// connection state once instead of the arguments and the state side by side (every open
 /// connection, idle or queued, pays the future's size).
-pub(crate) fn serve_connection(
+pub(crate) fn serve_connection<S: ByteStream>(
     shard: Rc<Shard>,
-    stream: TcpStream,
+    stream: S,
     peer: SocketAddr,
-) -> impl Future<Output = Served> {
+) -> impl Future<Output = Served<S>> {
     let accepted = Instant::now();
     let stats = shard.stats();
     stats.connections_accepted.increment();
-    let _ = stream.set_nodelay(true);
-    let fd = stream.as_raw_fd();
+    let socket = stream.socket();
     let (reader, writer) = stream.into_split();
     let mut conn = ClientConn {
         reader,
-        writer: ClientWriter::new(writer, fd),
+        writer: ClientWriter::new(writer, socket),
         // Every open connection holds these, idle or queued for a pod, so they start small: a
         // request head usually fits in 2 KiB and the buffer grows to `READ_CHUNK` once a read
         // fills it; the output buffers are allocated on first use (a queued request has not
@@ -142,7 +140,7 @@ pub(crate) fn serve_connection(
 
 /// The connection, found to speak HTTP/2, rejoined with what was read of it for the HTTP/2
 /// front.
-fn take_over(conn: ClientConn) -> Served {
+fn take_over<S: ByteStream>(conn: ClientConn<S>) -> Served<S> {
     let ClientConn {
         reader,
         writer,
@@ -165,7 +163,7 @@ fn take_over(conn: ClientConn) -> Served {
 
 /// After a panic ended a request: a 500 if nothing of an answer was written yet (the
 /// connection closes either way; what the panic left in it cannot be trusted).
-async fn answer_after_panic(conn: &mut ClientConn) {
+async fn answer_after_panic<S: ByteStream>(conn: &mut ClientConn<S>) {
     if conn.writer.wrote() {
         return;
     }
@@ -191,9 +189,9 @@ async fn answer_after_panic(conn: &mut ClientConn) {
 /// hold a place under the connection cap for longer; a later head within the head timeout of
 /// its first byte. Between requests a keep-alive connection waits without a timer, until its
 /// client sends, or it is the longest idle at the connection cap, or the drain ends.
-async fn read_request_head(
+async fn read_request_head<S: ByteStream>(
     shard: &Shard,
-    conn: &mut ClientConn,
+    conn: &mut ClientConn<S>,
     served: bool,
     accepted: Instant,
 ) -> HeadRead {
@@ -269,7 +267,7 @@ async fn read_request_head(
             // request that arrived at that moment (served, and the connection closes after it)
             // or with end of file.
             None => {
-                let idle = shard.idle.enter(conn.writer.fd());
+                let idle = shard.idle.enter(conn.writer.socket().fd());
                 let read = conn.inbuf.fill(&mut conn.reader).await;
                 if idle.told() {
                     conn.close_after = true;
@@ -311,7 +309,7 @@ impl Drop for PendingHead<'_> {
 }
 
 /// One request: through the request path with this connection as its front.
-async fn handle_request(shard: &Rc<Shard>, conn: &mut ClientConn) -> Next {
+async fn handle_request<S: ByteStream>(shard: &Rc<Shard>, conn: &mut ClientConn<S>) -> Next {
     let arrival = Instant::now();
     let mut front = H1Front::new(conn);
     lifecycle::serve(shard, &mut front, arrival).await

@@ -6,7 +6,6 @@ use std::cell::Cell;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
 use std::pin::pin;
 use std::rc::Rc;
 use std::task::Poll;
@@ -16,12 +15,11 @@ use kactivator_h1::{
     Version,
 };
 use monoio::io::{Canceller, OwnedReadHalf, OwnedWriteHalf};
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 
 use super::client::write_out;
 use super::client::{ClientConn, ClientWriter, RequestMeta};
-use super::io::{send_now, shut_write, write_rest};
+use super::io::write_rest;
 use super::reframe::{reframe, Reframed};
 use super::rewrite::{self, client_framing, ClientFraming};
 use super::upgrade::splice_upgraded;
@@ -32,6 +30,7 @@ use crate::request::outcome::Ended;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::late::Ticket;
 use crate::runtime::race::{race, Either};
+use crate::runtime::stream::{ByteStream, Socket};
 use crate::shard::Shard;
 use crate::upstream::error::{TransportCause, UpstreamError};
 use crate::upstream::pool::UpstreamConn;
@@ -83,9 +82,9 @@ struct Received {
 /// The moment the pod's response is complete, before its last bytes are relayed, the pod's
 /// connection goes back to the pool and its slot (`held`) is given back: the next waiter's
 /// request goes out while this client still receives the tail, instead of one write later.
-pub(super) async fn exchange(
+pub(super) async fn exchange<S: ByteStream>(
     shard: &Rc<Shard>,
-    conn: &mut ClientConn,
+    conn: &mut ClientConn<S>,
     mut upstream: UpstreamConn,
     meta: RequestMeta,
     deadlines: Deadlines,
@@ -112,7 +111,7 @@ pub(super) async fn exchange(
     // its end and discarded, so the slot is held until the pod is done with the request.
     let client_left = Cell::new(false);
     let addr = upstream.addr;
-    let pod_fd = upstream.fd();
+    let pod_socket = upstream.socket();
     // The request side borrows the pod's write half only until everything is sent; it puts it
     // back here so the connection can return to the pool while the client is still read ahead.
     let upstream_writer = Cell::new(Some(upstream.writer));
@@ -126,7 +125,7 @@ pub(super) async fn exchange(
             reader,
             inbuf,
             &upstream_writer,
-            pod_fd,
+            pod_socket,
             &phase,
             &ticket,
             canceller.get_or_insert_with(Canceller::new).handle(),
@@ -177,7 +176,7 @@ pub(super) async fn exchange(
                 // abandoned request. A response already complete needs no telling.
                 if client_left.get() && !told_pod {
                     told_pod = true;
-                    shut_write(pod_fd);
+                    pod_socket.shut_write();
                 }
                 Poll::Pending
             })
@@ -312,13 +311,13 @@ pub(super) async fn exchange(
 
 /// Sends the request head and body to the pod, then watches the client for a disconnect.
 #[allow(clippy::too_many_arguments)]
-async fn send_request(
+async fn send_request<C: ByteStream, U: ByteStream>(
     out: &mut Vec<u8>,
     meta: RequestMeta,
-    reader: &mut OwnedReadHalf<TcpStream>,
+    reader: &mut OwnedReadHalf<C>,
     inbuf: &mut InBuf,
-    upstream_writer: &Cell<Option<OwnedWriteHalf<TcpStream>>>,
-    pod_fd: RawFd,
+    upstream_writer: &Cell<Option<OwnedWriteHalf<U>>>,
+    pod_socket: Socket,
     phase: &Cell<SendPhase>,
     ticket: &Ticket<'_>,
     cancel: monoio::io::CancelHandle,
@@ -338,8 +337,8 @@ async fn send_request(
             .map_err(SendError::ClientBody)?;
         if !out.is_empty() {
             // The pod's time is what requests queue for: its bytes go out now, not when this
-            // shard next submits to the ring (see `send_now`).
-            let sent = if try_now { send_now(pod_fd, out) } else { 0 };
+            // shard next submits to the ring (see `Socket::send_now`).
+            let sent = if try_now { pod_socket.send_now(out) } else { 0 };
             try_now = sent == out.len();
             let written = if sent < out.len() {
                 write_rest(&mut upstream, out, sent).await
@@ -382,8 +381,8 @@ async fn send_request(
 /// Writes `out` to the client, or discards it once the client has left: a failed write marks it
 /// gone, and from then on the pod's response is only read to its end (its slot is held until
 /// then, see [`exchange`]). `response_started` is set before the first byte goes out.
-async fn relay(
-    client: &mut ClientWriter,
+async fn relay<C: ByteStream>(
+    client: &mut ClientWriter<C>,
     out: &mut Vec<u8>,
     response_started: &Cell<bool>,
     client_left: &Cell<bool>,
@@ -401,8 +400,8 @@ async fn relay(
 /// Reads ahead on the client (a body, a pipelined request, or the FIN of a client that gave
 /// up) until cancelled through `cancel`, which loses no byte. True when the client is gone;
 /// false when cancelled or when enough is buffered (reading on would buffer without bound).
-async fn read_ahead(
-    reader: &mut OwnedReadHalf<TcpStream>,
+async fn read_ahead<C: ByteStream>(
+    reader: &mut OwnedReadHalf<C>,
     inbuf: &mut InBuf,
     cancel: monoio::io::CancelHandle,
 ) -> bool {
@@ -421,10 +420,10 @@ async fn read_ahead(
 
 /// Reads the pod's response and relays it to the client.
 #[allow(clippy::too_many_arguments)]
-async fn receive_response(
-    upstream: &mut OwnedReadHalf<TcpStream>,
+async fn receive_response<C: ByteStream, U: ByteStream>(
+    upstream: &mut OwnedReadHalf<U>,
     upstream_inbuf: &mut InBuf,
-    client: &mut ClientWriter,
+    client: &mut ClientWriter<C>,
     out: &mut Vec<u8>,
     head: &mut ResponseHead,
     meta: RequestMeta,

@@ -9,12 +9,10 @@ use kactivator_api::{headers, registration};
 use kactivator_h1::{BodyDecoder, BodyEvent, BodyKind, Method, Version};
 use kactivator_template::Proto;
 use monoio::io::OwnedReadHalf;
-use monoio::net::TcpStream;
 use monoio::time::Instant;
 
 use super::client::{answer_locally, ClientConn, RequestMeta};
 use super::exchange::{exchange, WATCH_LIMIT};
-use super::io::client_readable;
 use super::rewrite::{self, ClientSide, H1Headers};
 use crate::lifecycle::admission::{ClientWatch, Held};
 use crate::lifecycle::{Attempt, Front, Shape, SmallBody};
@@ -27,11 +25,12 @@ use crate::request::policy::{self, Edits, WaitNote};
 use crate::routing::replica::LocalPod;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
+use crate::runtime::stream::ByteStream;
 use crate::shard::Shard;
 
 /// One request on an HTTP/1 connection, as the request path sees it.
-pub(super) struct H1Front<'c> {
-    conn: &'c mut ClientConn,
+pub(super) struct H1Front<'c, S: ByteStream> {
+    conn: &'c mut ClientConn<S>,
     meta: RequestMeta,
     shape: Shape,
     /// The head is still in the read buffer (the local answers read it).
@@ -41,8 +40,8 @@ pub(super) struct H1Front<'c> {
     host_at: Option<usize>,
 }
 
-impl<'c> H1Front<'c> {
-    pub(super) fn new(conn: &'c mut ClientConn) -> H1Front<'c> {
+impl<'c, S: ByteStream> H1Front<'c, S> {
+    pub(super) fn new(conn: &'c mut ClientConn<S>) -> H1Front<'c, S> {
         let mut meta = RequestMeta::of(&conn.head);
         // Told to close while idle, just as this request arrived: it is the connection's last.
         meta.keep_alive &= !conn.close_after;
@@ -69,13 +68,13 @@ impl<'c> H1Front<'c> {
     }
 }
 
-impl Front for H1Front<'_> {
+impl<S: ByteStream> Front for H1Front<'_, S> {
     type Headers<'h>
         = H1Headers<'h>
     where
         Self: 'h;
     type Watch<'w>
-        = Watch<'w>
+        = Watch<'w, S>
     where
         Self: 'w;
 
@@ -162,7 +161,7 @@ impl Front for H1Front<'_> {
         &self.conn.request_id
     }
 
-    fn watch(&mut self) -> Watch<'_> {
+    fn watch(&mut self) -> Watch<'_, S> {
         Watch {
             reader: &mut self.conn.reader,
             inbuf: &mut self.conn.inbuf,
@@ -213,12 +212,12 @@ impl Front for H1Front<'_> {
 
 /// The client of an HTTP/1 request waiting for a slot: readable when bytes, a FIN or a reset
 /// arrive; bytes (a body, a pipelined request) are kept, up to [`WATCH_LIMIT`].
-pub(super) struct Watch<'a> {
-    reader: &'a mut OwnedReadHalf<TcpStream>,
+pub(super) struct Watch<'a, S: ByteStream> {
+    reader: &'a mut OwnedReadHalf<S>,
     inbuf: &'a mut InBuf,
 }
 
-impl ClientWatch for Watch<'_> {
+impl<S: ByteStream> ClientWatch for Watch<'_, S> {
     fn parked(&mut self) {
         // Nothing is read while the request waits, so an empty read buffer goes back.
         self.inbuf.release_if_empty();
@@ -229,7 +228,7 @@ impl ClientWatch for Watch<'_> {
             // Enough is buffered; reading on would buffer without bound.
             std::future::pending::<()>().await;
         }
-        let _ = client_readable(self.reader).await;
+        let _ = S::readable(self.reader).await;
     }
 
     async fn absorb(&mut self) -> bool {
@@ -247,9 +246,9 @@ fn is_registration_path(target: &[u8]) -> bool {
 }
 
 /// Reads a whole request body of at most `limit` bytes into memory.
-async fn read_small_body(
+async fn read_small_body<S: ByteStream>(
     shard: &Shard,
-    conn: &mut ClientConn,
+    conn: &mut ClientConn<S>,
     kind: BodyKind,
     limit: usize,
     deadline: Instant,

@@ -14,4 +14,7 @@ pub mod reframe;
 pub mod rewrite;
 mod upgrade;
 
+#[cfg(test)]
+mod tests;
+
 pub(crate) use connection::{serve_connection, Served};

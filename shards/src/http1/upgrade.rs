@@ -7,20 +7,20 @@ use std::pin::pin;
 use std::task::Poll;
 
 use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf};
-use monoio::net::TcpStream;
 
 use super::client::ClientWriter;
 use super::io::write_all;
 use crate::runtime::buffer::InBuf;
+use crate::runtime::stream::ByteStream;
 
 /// Copies bytes both ways after a `101`, propagating each direction's FIN as a half-close.
-pub(super) async fn splice_upgraded(
-    client_reader: &mut OwnedReadHalf<TcpStream>,
+pub(super) async fn splice_upgraded<C: ByteStream, U: ByteStream>(
+    client_reader: &mut OwnedReadHalf<C>,
     client_inbuf: &mut InBuf,
-    client_writer: &mut ClientWriter,
-    upstream_reader: &mut OwnedReadHalf<TcpStream>,
+    client_writer: &mut ClientWriter<C>,
+    upstream_reader: &mut OwnedReadHalf<U>,
     upstream_inbuf: &mut InBuf,
-    upstream_writer: &mut OwnedWriteHalf<TcpStream>,
+    upstream_writer: &mut OwnedWriteHalf<U>,
 ) {
     let to_pod = copy_until_eof(client_reader, client_inbuf, upstream_writer);
     let to_client = copy_until_eof(upstream_reader, upstream_inbuf, client_writer);

@@ -31,6 +31,7 @@ use crate::runtime::alarm::Alarm;
 use crate::runtime::idle::Idle;
 use crate::runtime::memory;
 use crate::runtime::race::{race, Either};
+use crate::runtime::stream::ByteStream;
 use crate::shard::Shard;
 
 /// How long an HTTP/2 connection stays with no stream open before it gives back the memory of
@@ -246,9 +247,9 @@ where
 
 /// Takes over a connection the HTTP/1 front accepted and found to open with the HTTP/2 preface;
 /// `read` is what it read so far (the preface and whatever followed).
-pub(crate) async fn take_over(
+pub(crate) async fn take_over<S: ByteStream>(
     shard: Rc<Shard>,
-    stream: monoio::net::TcpStream,
+    stream: S,
     read: bytes::Bytes,
     peer: Rc<Peer>,
 ) {

@@ -15,6 +15,7 @@ pub mod reactor;
 pub mod readiness;
 
 pub mod signal;
+pub mod stream;
 pub mod topology;
 #[cfg(test)]
 pub(crate) mod wakes;

@@ -18,12 +18,14 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use h2::client::SendRequest;
+use monoio::io::IntoPollIo;
 use monoio::time::Instant;
 use rustc_hash::FxHashMap;
 
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::runtime::contain;
 use crate::runtime::signal::{LocalEvent, LocalNotify};
+use crate::runtime::stream::{Connector, PlainTcp};
 use crate::upstream::error::{TransportCause, UpstreamError};
 use crate::upstream::pool::{connect, PoolConfig};
 
@@ -236,8 +238,9 @@ struct Entry {
 }
 
 /// The shard's h2c connections, by pod address.
-pub(crate) struct H2cConnections {
+pub(crate) struct H2cConnections<C: Connector = PlainTcp> {
     pool: PoolConfig,
+    connector: C,
     settings: H2Settings,
     conns: RefCell<FxHashMap<SocketAddr, Entry>>,
     /// The id of the next connection.
@@ -247,15 +250,17 @@ pub(crate) struct H2cConnections {
     shard: usize,
 }
 
-impl H2cConnections {
+impl<C: Connector> H2cConnections<C> {
     pub(crate) fn new(
         pool: PoolConfig,
+        connector: C,
         settings: H2Settings,
         stats: AllShardStats,
         shard: usize,
-    ) -> H2cConnections {
+    ) -> H2cConnections<C> {
         H2cConnections {
             pool,
+            connector,
             settings,
             conns: RefCell::new(FxHashMap::default()),
             next_id: Cell::new(0),
@@ -376,7 +381,7 @@ impl H2cConnections {
             }
         };
         let started = Instant::now();
-        let stream = connect(addr, timeout, stats).await?;
+        let stream = connect(&self.connector, addr, timeout, stats).await?;
         let io = stream
             .try_into_poll_io()
             .map_err(|(error, _)| UpstreamError::Connect {
@@ -451,14 +456,14 @@ impl H2cConnections {
 /// Ends a dial: on success the caller has added the open connection to the entry; either way
 /// the entry no longer has this dial under way (an entry left with nothing goes), and the
 /// waiters wake and read `result` (none: they dial themselves).
-struct Settle<'a> {
-    pods: &'a H2cConnections,
+struct Settle<'a, C: Connector> {
+    pods: &'a H2cConnections<C>,
     addr: SocketAddr,
     dial: &'a Rc<Dial>,
     result: Option<Result<(), UpstreamError>>,
 }
 
-impl Drop for Settle<'_> {
+impl<C: Connector> Drop for Settle<'_, C> {
     fn drop(&mut self) {
         let mut conns = self.pods.conns.borrow_mut();
         if let Some(entry) = conns.get_mut(&self.addr) {

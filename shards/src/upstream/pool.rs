@@ -2,7 +2,8 @@
 //!
 //! Checkout takes the most recently used connection (warmest, least likely to have been closed
 //! by the pod) and checks with a non-blocking `MSG_PEEK` that the pod has not closed it while it
-//! sat idle, so a stale connection is dropped before a request is written to it.
+//! sat idle, so a stale connection is dropped before a request is written to it. The pool dials
+//! through a [`Connector`] (plain TCP today) and holds whatever stream it gives.
 //!
 //! A connection whose exchange ended cleanly always goes back: the pool holds what its peak
 //! needs, and only time trims it. A sweep closes connections idle past the idle timeout, and of
@@ -11,13 +12,8 @@
 //! already has that many idle, so a load whose concurrency swings around the cap redials all
 //! the time (issue 37: 10–14 k connects in 5 s at 1 024 client connections over 8 shards).
 
-// A non-blocking MSG_PEEK on an idle connection (see its SAFETY).
-#![allow(unsafe_code)]
-
 use std::cell::RefCell;
-use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use monoio::io::{OwnedReadHalf, OwnedWriteHalf, Splitable};
@@ -26,6 +22,7 @@ use rustc_hash::FxHashMap;
 
 use crate::metrics::ShardStats;
 use crate::runtime::buffer::InBuf;
+use crate::runtime::stream::{ByteStream, Connector, PlainTcp, Socket};
 use crate::upstream::error::{TransportCause, UpstreamError};
 
 /// Default longest time an idle upstream connection is kept: 90 s, the `IdleConnTimeout` of
@@ -42,21 +39,21 @@ pub const SURPLUS_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connection to one pod, split so the request and the response can flow at the same time.
-pub struct UpstreamConn {
+pub struct UpstreamConn<S: ByteStream = TcpStream> {
     pub addr: SocketAddr,
-    pub reader: OwnedReadHalf<TcpStream>,
-    pub writer: OwnedWriteHalf<TcpStream>,
+    pub reader: OwnedReadHalf<S>,
+    pub writer: OwnedWriteHalf<S>,
     /// Bytes read from the pod and not yet consumed.
     pub inbuf: InBuf,
     /// Whether this connection served a request before.
     pub reused: bool,
-    fd: RawFd,
+    socket: Socket,
     idle_since: Instant,
 }
 
-impl UpstreamConn {
-    fn new(addr: SocketAddr, stream: TcpStream) -> UpstreamConn {
-        let fd = stream.as_raw_fd();
+impl<S: ByteStream> UpstreamConn<S> {
+    fn new(addr: SocketAddr, stream: S) -> UpstreamConn<S> {
+        let socket = stream.socket();
         let (reader, writer) = stream.into_split();
         UpstreamConn {
             addr,
@@ -64,37 +61,20 @@ impl UpstreamConn {
             writer,
             inbuf: InBuf::with_capacity(16 * 1024),
             reused: false,
-            fd,
+            socket,
             idle_since: Instant::now(),
         }
     }
 
-    /// The socket, for writes made outside the reactor (`send_now`).
-    pub fn fd(&self) -> RawFd {
-        self.fd
+    /// The socket beneath, for the calls made outside the reactor (`Socket::send_now`,
+    /// `Socket::shut_write`).
+    pub fn socket(&self) -> Socket {
+        self.socket
     }
 
     /// Whether the pod closed (or wrote unsolicited bytes on) this idle connection.
     fn is_stale(&self) -> bool {
-        let mut byte = 0u8;
-        // SAFETY: `fd` belongs to the socket owned by `self.reader`/`self.writer`, which are alive
-        // for this call; recv with MSG_PEEK|MSG_DONTWAIT only inspects the receive queue and
-        // writes at most one byte into `byte`, which outlives the call.
-        let n = unsafe {
-            libc::recv(
-                self.fd,
-                (&mut byte as *mut u8).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            let error = io::Error::last_os_error();
-            // Nothing to read: the connection is quiet and usable.
-            return error.kind() != io::ErrorKind::WouldBlock;
-        }
-        // 0 = the pod closed it; > 0 = bytes nobody asked for (a late response): unusable.
-        true
+        self.socket.peer_closed_or_spoke()
     }
 }
 
@@ -120,16 +100,16 @@ impl Default for PoolConfig {
     }
 }
 
-/// Opens a TCP connection to a pod within `timeout`, counted in the shard's figures, with
-/// Nagle off (small writes, heads and frames, must not wait). Both fronts' pod connections
-/// (HTTP/1 here, h2c in `http2::pods`) are made by it.
-pub(crate) async fn connect(
+/// Opens a connection to a pod through `connector` within `timeout`, counted in the shard's
+/// figures. Both kinds of pod connection (HTTP/1 here, h2c in `upstream::h2c`) are made by it.
+pub(crate) async fn connect<C: Connector>(
+    connector: &C,
     addr: SocketAddr,
     timeout: Duration,
     stats: &ShardStats,
-) -> Result<TcpStream, UpstreamError> {
+) -> Result<C::Stream, UpstreamError> {
     stats.upstream_connects.increment();
-    let stream = match monoio::time::timeout(timeout, TcpStream::connect_addr(addr)).await {
+    let stream = match monoio::time::timeout(timeout, connector.connect(addr)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(error)) => {
             stats.upstream_connect_errors.increment();
@@ -146,20 +126,21 @@ pub(crate) async fn connect(
             });
         }
     };
-    let _ = stream.set_nodelay(true);
     Ok(stream)
 }
 
-/// One shard's idle connections, by pod address.
-pub struct Pool {
+/// One shard's idle connections, by pod address, and what dials new ones.
+pub struct Pool<D: Connector = PlainTcp> {
     config: PoolConfig,
-    idle: RefCell<FxHashMap<SocketAddr, Vec<UpstreamConn>>>,
+    connector: D,
+    idle: RefCell<FxHashMap<SocketAddr, Vec<UpstreamConn<D::Stream>>>>,
 }
 
-impl Pool {
-    pub fn new(config: PoolConfig) -> Pool {
+impl<D: Connector> Pool<D> {
+    pub fn new(config: PoolConfig, connector: D) -> Pool<D> {
         Pool {
             config,
+            connector,
             idle: RefCell::new(FxHashMap::default()),
         }
     }
@@ -169,7 +150,7 @@ impl Pool {
         &self,
         addr: SocketAddr,
         stats: &ShardStats,
-    ) -> Result<UpstreamConn, UpstreamError> {
+    ) -> Result<UpstreamConn<D::Stream>, UpstreamError> {
         if let Some(conn) = self.take_idle(addr, stats) {
             stats.upstream_reuses.increment();
             return Ok(conn);
@@ -183,12 +164,12 @@ impl Pool {
         &self,
         addr: SocketAddr,
         stats: &ShardStats,
-    ) -> Result<UpstreamConn, UpstreamError> {
-        let stream = connect(addr, self.config.connect_timeout, stats).await?;
+    ) -> Result<UpstreamConn<D::Stream>, UpstreamError> {
+        let stream = connect(&self.connector, addr, self.config.connect_timeout, stats).await?;
         Ok(UpstreamConn::new(addr, stream))
     }
 
-    fn take_idle(&self, addr: SocketAddr, stats: &ShardStats) -> Option<UpstreamConn> {
+    fn take_idle(&self, addr: SocketAddr, stats: &ShardStats) -> Option<UpstreamConn<D::Stream>> {
         let mut idle = self.idle.borrow_mut();
         let conns = idle.get_mut(&addr)?;
         let now = Instant::now();
@@ -205,7 +186,7 @@ impl Pool {
 
     /// Returns a connection whose exchange finished cleanly. It is kept whatever the number
     /// idle: a request that comes while the others are busy finds it rather than dialing.
-    pub fn checkin(&self, mut conn: UpstreamConn) {
+    pub fn checkin(&self, mut conn: UpstreamConn<D::Stream>) {
         if !conn.inbuf.is_empty() {
             // Unconsumed bytes mean we lost track of framing: never reuse.
             return;
@@ -299,5 +280,43 @@ mod tests {
             3,
             "a cap of 0 keeps connections only for the surplus timeout"
         );
+    }
+
+    /// The pool works over whatever stream its connector gives (here one that, like an
+    /// encrypting stream, takes no raw writes): a connection checked in is the one checked out
+    /// next, and one the pod closed while it sat idle is dropped for a new dial.
+    #[test]
+    fn any_connectors_streams_are_kept_reused_and_dropped_once_the_pod_closes_them() {
+        use crate::runtime::stream::testing::{reactor, SealedConnector};
+        reactor().block_on(async {
+            let pod = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = pod.local_addr().unwrap();
+            let stats = ShardStats::new(0);
+            let pool = Pool::new(PoolConfig::default(), SealedConnector::default());
+
+            let first = pool.checkout(addr, &stats).await.unwrap();
+            assert!(!first.reused);
+            let (pods_end, _) = pod.accept().unwrap();
+            let socket = first.socket();
+            pool.checkin(first);
+            let again = pool.checkout(addr, &stats).await.unwrap();
+            assert!(again.reused, "the idle connection is taken again");
+            assert_eq!(pool.connector.dials.get(), 1);
+            pool.checkin(again);
+
+            drop(pods_end);
+            let until = Instant::now() + Duration::from_secs(1);
+            while !socket.peer_closed_or_spoke() {
+                assert!(Instant::now() < until, "the pod's close never arrived");
+                std::thread::yield_now();
+            }
+            let fresh = pool.checkout(addr, &stats).await.unwrap();
+            assert!(
+                !fresh.reused,
+                "a connection the pod closed is not handed out"
+            );
+            assert_eq!(pool.connector.dials.get(), 2);
+            assert_eq!(stats.upstream_stale_discards.get(), 1);
+        });
     }
 }
