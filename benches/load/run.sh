@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Load benchmark: kactivator (io-uring and epoll drivers) against nginx and haproxy, side by side
-# on this machine, in the two 2-core layouts of BENCHMARKS.md (L1, L2) and the same-CPU
-# ping-pong (P1), plus callgrind instructions per proxied request. See benches/load/README.md
-# for what the numbers mean.
+# on this machine, in the two 2-core layouts of BENCHMARKS.md (L1, L2), the same-CPU
+# ping-pong (P1) and, on request, the many-core layout (M: the proxy on 1, 2, 4, 8 CPUs), plus
+# callgrind instructions per proxied request. See benches/load/README.md for what the numbers
+# mean.
 #
-#   bash benches/load/run.sh [--quick] [--rounds N] [--duration SECS] [--layouts L1,L2,P1]
-#                            [--only-pingpong] [--no-load] [--no-callgrind] [--no-kactivator]
-#                            [--queue-proxy]
+#   bash benches/load/run.sh [--quick] [--rounds N] [--duration SECS] [--layouts L1,L2,P1,M]
+#                            [--only-pingpong] [--many-core] [--cores 1,2,4,8] [--cpus LIST]
+#                            [--connections C] [--high-connections C] [--no-load]
+#                            [--no-callgrind] [--no-kactivator] [--queue-proxy]
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/load/run.sh   # measure that binary, no build
 set -euo pipefail
 
@@ -21,9 +23,19 @@ usage: bash benches/load/run.sh [options]
   --quick            3 s runs, 1 round, smaller callgrind counts (a smoke test, not a figure)
   --rounds N         rounds per layout, order alternating between rounds (default 3)
   --duration SECS    duration of each wrk or loadgen run (default 10)
-  --layouts LIST     comma-separated load layouts to run, from L1, L2 (wrk -c50) and P1
-                     (same-CPU ping-pong, alias pingpong); default L1,L2,P1
+  --layouts LIST     comma-separated load layouts to run, from L1, L2 (wrk -c50), P1
+                     (same-CPU ping-pong, alias pingpong) and M (many cores, alias many-core);
+                     default L1,L2,P1
   --only-pingpong    only the same-CPU ping-pong: --layouts P1 --no-callgrind
+  --many-core        only the many-core layout: --layouts M --no-callgrind
+  --cores LIST       M: proxy CPU counts to try, comma-separated (default 1,2,4,8); a count the
+                     machine cannot give is skipped with the reason
+  --cpus LIST        M: the CPUs it may use, as taskset takes them (default: this shell's
+                     affinity mask, only NUMA node 0's CPUs when lscpu shows several nodes)
+  --connections C    M: wrk connections of the throughput runs (default 256)
+  --high-connections C
+                     M: wrk connections of the latency run at the largest core count
+                     (default 1024; 0 skips it)
   --no-load          skip the load layouts
   --no-callgrind     skip the callgrind instruction counts
   --no-kactivator    measure only the direct path and the peers
@@ -47,6 +59,11 @@ callgrind_n1=5000
 callgrind_n2=25000
 callgrind_connections=10
 layouts=(L1 L2 P1)
+# The many-core layout (M): proxy CPU counts, CPU list (empty: detect), client connections.
+m_cores=(1 2 4 8)
+m_cpus_option=
+m_connections=256
+m_high_connections=1024
 want_load=1
 want_callgrind=1
 want_kactivator=1
@@ -62,6 +79,14 @@ while (($#)); do
       shift
       ;;
     --only-pingpong) layouts=(P1) want_callgrind=0 ;;
+    --many-core) layouts=(M) want_callgrind=0 ;;
+    --cores)
+      IFS=, read -r -a m_cores <<<"${2:?--cores needs a value}"
+      shift
+      ;;
+    --cpus) m_cpus_option=${2:?--cpus needs a value}; shift ;;
+    --connections) m_connections=${2:?--connections needs a value}; shift ;;
+    --high-connections) m_high_connections=${2:?--high-connections needs a value}; shift ;;
     --no-load) want_load=0 ;;
     --no-callgrind) want_callgrind=0 ;;
     --no-kactivator) want_kactivator=0 ;;
@@ -82,14 +107,23 @@ if ((${#request_log_env[@]})) && [[ $role != queue-proxy ]]; then
 fi
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --rounds must be a positive integer" >&2; exit 2; }
 [[ $duration =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --duration must be a positive integer" >&2; exit 2; }
-((${#layouts[@]})) || { echo "run.sh: --layouts needs at least one of L1, L2, P1" >&2; exit 2; }
+((${#layouts[@]})) || { echo "run.sh: --layouts needs at least one of L1, L2, P1, M" >&2; exit 2; }
 for i in "${!layouts[@]}"; do
   case ${layouts[i]} in
-    L1 | L2 | P1) ;;
+    L1 | L2 | P1 | M) ;;
     pingpong) layouts[i]=P1 ;;
-    *) echo "run.sh: unknown layout '${layouts[i]}' (L1, L2, P1 or pingpong)" >&2; exit 2 ;;
+    many-core) layouts[i]=M ;;
+    *) echo "run.sh: unknown layout '${layouts[i]}' (L1, L2, P1, pingpong, M or many-core)" >&2; exit 2 ;;
   esac
 done
+((${#m_cores[@]})) || { echo "run.sh: --cores needs at least one count" >&2; exit 2; }
+for n in "${m_cores[@]}"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --cores takes positive integers, not '$n'" >&2; exit 2; }
+done
+[[ -z $m_cpus_option || $m_cpus_option =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] ||
+  { echo "run.sh: --cpus takes a CPU list such as 0-7,16-23, not '$m_cpus_option'" >&2; exit 2; }
+[[ $m_connections =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --connections must be a positive integer" >&2; exit 2; }
+[[ $m_high_connections =~ ^[0-9]+$ ]] || { echo "run.sh: --high-connections must be an integer (0: no run)" >&2; exit 2; }
 # Each layout once, in the order given.
 deduped=()
 for layout in "${layouts[@]}"; do
@@ -307,14 +341,19 @@ require_port_free() {
   done
 }
 
-# cpu_snapshot [CPU]: prints "busy total ours" in clock ticks. busy = user + nice + system + steal
-# of all CPUs, or of CPU alone when given (for a layout whose processes all run on that CPU);
-# ours = CPU time of every process we started (and their children, e.g. nginx workers) plus that
-# of this shell's reaped children (wrk). busy - ours is what other work on the machine (on CPU)
-# took while we measured.
+# cpu_snapshot [CPUS]: prints "busy total ours" in clock ticks. busy = user + nice + system + steal
+# of all CPUs, or of the CPUs given (one, as in P1, or a comma-separated list, as in M: the CPUs
+# our processes run on); ours = CPU time of every process we started (and their children, e.g.
+# nginx workers) plus that of this shell's reaped children (wrk). busy - ours is what other work
+# on the machine (on those CPUs) took while we measured.
 cpu_snapshot() {
   local pid p ticks ours=0 busy_total
-  busy_total=$(awk -v line="cpu${1:-}" '$1 == line { print $2 + $3 + $4 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  busy_total=$(awk -v cpus="${1:-}" 'BEGIN {
+      if (cpus == "") want["cpu"] = 1
+      else { n = split(cpus, c, ","); for (i = 1; i <= n; i++) want["cpu" c[i]] = 1 }
+    }
+    $1 in want { busy += $2 + $3 + $4 + $9; total += $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }
+    END { print busy + 0, total + 0 }' /proc/stat)
   for pid in "${started_pids[@]}"; do
     for p in $pid $(descendants "$pid"); do
       # Fields after "pid (comm) ": utime and stime are the 12th and 13th.
@@ -378,10 +417,13 @@ build() {
 
 # === server configurations ===
 
-# nginx_conf FILE NAME PORT MODE: MODE is "backend" (return 200 "ok"), "proxy" (to the backend)
-# or "proxy-single" (proxy with master_process off, for valgrind).
+# nginx_conf FILE NAME PORT MODE [WORKERS [AFFINITY [KEEPALIVE]]]: MODE is "backend" (return 200
+# "ok"), "proxy" (to the backend) or "proxy-single" (proxy with master_process off, for valgrind).
+# WORKERS (default 1), AFFINITY (worker_cpu_affinity masks, none by default) and KEEPALIVE (idle
+# upstream connections each worker keeps, default 128) are for the many-core layout.
 nginx_conf() {
-  local file=$1 name=$2 port=$3 mode=$4 location master=""
+  local file=$1 name=$2 port=$3 mode=$4 workers=${5:-1} affinity=${6:-} keepalive=${7:-128}
+  local location master=""
   if [[ $mode == backend ]]; then
     location='return 200 "ok";'
   else
@@ -392,7 +434,7 @@ nginx_conf() {
   cat >"$file" <<EOF
 daemon off;
 $master
-worker_processes 1;
+worker_processes $workers;${affinity:+ worker_cpu_affinity $affinity;}
 pid $work/$name.pid;
 error_log $work/$name.err warn;
 events { worker_connections 4096; }
@@ -404,7 +446,7 @@ http {
   fastcgi_temp_path $work/$name-temp/fastcgi;
   uwsgi_temp_path $work/$name-temp/uwsgi;
   scgi_temp_path $work/$name-temp/scgi;
-  upstream be { server 127.0.0.1:$BACKEND_PORT; keepalive 128; keepalive_requests 10000000; }
+  upstream be { server 127.0.0.1:$BACKEND_PORT; keepalive $keepalive; keepalive_requests 10000000; }
   server {
     listen 127.0.0.1:$port reuseport backlog=4096;
     location / { $location }
@@ -413,9 +455,10 @@ http {
 EOF
 }
 
+# start_nginx NAME CPUS PORT MODE [WORKERS [AFFINITY [KEEPALIVE]]]: see nginx_conf.
 start_nginx() {
   local name=$1 cpu=$2 port=$3 mode=$4
-  nginx_conf "$work/$name.conf" "$name" "$port" "$mode"
+  nginx_conf "$work/$name.conf" "$name" "$port" "$mode" "${@:5}"
   nginx -t -q -p "$work" -e "$work/$name.err" -c "$work/$name.conf" >"$work/$name.log" 2>&1 ||
     { log_tail "$name"; die "$name: nginx rejected its configuration"; }
   start "$name" "$cpu" nginx -p "$work" -e "$work/$name.err" -c "$work/$name.conf"
@@ -465,6 +508,11 @@ pods = ["127.0.0.1:$BACKEND_PORT"]
 EOF
 }
 
+# Where start_kactivator puts kactivator and how many shards it gets: cpu0 and one shard, except
+# in the many-core layout, which sets both for each core count it measures.
+proxy_cpus=$PROXY_CPU
+proxy_shards=1
+
 # start_kactivator NAME DRIVER PORT ADMIN [WRAPPER...]: the wrapper (valgrind) goes before the
 # binary. No drain grace: it exists for endpoints to move off a terminating pod, and here it would
 # only hold the stop (`/quitquitquit` drains like SIGTERM) for its 45 s default. With
@@ -473,9 +521,9 @@ EOF
 start_kactivator() {
   local name=$1 driver=$2 port=$3 admin=$4
   shift 4
-  local common=(--shards 1 --driver "$driver" --drain-grace-seconds 0)
+  local common=(--shards "$proxy_shards" --driver "$driver" --drain-grace-seconds 0)
   if [[ $role == queue-proxy ]]; then
-    start "$name" "$PROXY_CPU" env \
+    start "$name" "$proxy_cpus" env \
       SERVING_NAMESPACE=default SERVING_SERVICE=bench SERVING_CONFIGURATION=bench \
       SERVING_REVISION=bench SERVING_POD=bench-deployment-0 SERVING_POD_IP=127.0.0.1 \
       QUEUE_SERVING_PORT="$port" QUEUE_SERVING_TLS_PORT="$((admin + 3))" USER_PORT="$BACKEND_PORT" \
@@ -486,7 +534,7 @@ start_kactivator() {
     return
   fi
   kactivator_conf "$work/$name.toml" "$port" "$admin"
-  start "$name" "$PROXY_CPU" "$@" "$kactivator_bin" --config "$work/$name.toml" "${common[@]}"
+  start "$name" "$proxy_cpus" "$@" "$kactivator_bin" --config "$work/$name.toml" "${common[@]}"
 }
 
 # stop_kactivator PID ADMIN_PORT TIMEOUT_SECS [WAKE_PORT]: asks for a clean exit over the admin
@@ -561,6 +609,17 @@ to_us() { awk -v v="$1" 'BEGIN {
 # kv KEY FILE: the value of KEY=value on kactivator-loadgen's summary line in FILE.
 kv() { awk -v k="$1" '/^requests=/ { for (i = 1; i <= NF; i++) if (index($i, k "=") == 1) print substr($i, length(k) + 2) }' "$2"; }
 
+# wrk_figures FILE: sets rps, p50, p99 (µs) and errors (socket errors plus non-2xx responses)
+# from wrk's output in FILE.
+wrk_figures() {
+  rps=$(awk '/^Requests\/sec:/ { print $2 }' "$1")
+  p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$1")")
+  p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$1")")
+  errors=$(awk '/Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 }
+                /Non-2xx or 3xx responses:/ { n += $5 }
+                END { print n + 0 }' "$1")
+}
+
 # measure LAYOUT ROUND ROW SECS: one run of the layout's client (wrk, or kactivator-loadgen for
 # P1) on its CPU with its connection count; appends a record unless ROUND is "warmup".
 measure() {
@@ -587,12 +646,7 @@ measure() {
     errors=$(kv errors "$out")
     [[ $p50 != - ]] || p50="" # no successful request
   else
-    rps=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
-    p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
-    p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
-    errors=$(awk '/Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 }
-                  /Non-2xx or 3xx responses:/ { n += $5 }
-                  END { print n + 0 }' "$out")
+    wrk_figures "$out"
   fi
   [[ -n $rps && -n $p50 && -n $p99 && -n $errors ]] || { cat "$out" >&2; die "could not parse $client output for ${label[$row]}"; }
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$layout" "$round" "$row" "$rps" "$p50" "$p99" "$errors" "$foreign" >>"$records"
@@ -690,6 +744,283 @@ run_layout() {
     stop_pid "$pid" TERM 5 || true
     forget_pid "$pid"
   done
+}
+
+# === many-core layout (M) ===
+#
+# The proxy gets N CPUs (kactivator: --shards N under a taskset of those N, so each shard pins
+# itself to one of them; nginx: N workers, each bound to one with worker_cpu_affinity), for each
+# N of --cores. The backend (nginx return 200, one worker per CPU) and wrk (one thread per CPU)
+# have CPUs of their own that stay the same for every N, so the direct row is one ceiling for all
+# of them. The CPU list is split in two: the first half is where the proxy may go, the second
+# half is shared by the backend (its first half) and wrk (the rest). With 2 CPUs that leaves one
+# for both, and only N = 1 fits. CPU per request is the proxy's own CPU time (all threads, or
+# master and workers) over the run divided by wrk's completed requests.
+
+m_cpu_source=
+m_all=() m_proxy_pool=() m_backend_cpus=() m_load_cpus=()
+m_ran=()            # the core counts measured
+m_skip_notes=()     # one sentence per core count not measured
+m_high_layout=      # the records layout of the run at --high-connections, if any
+declare -A m_pid=() # row -> pid whose process tree is that row's proxy (direct: the backend)
+clk_tck=$(getconf CLK_TCK)
+
+# expand_cpus LIST: the CPUs of a kernel CPU list ("0-3,8"), one per line.
+expand_cpus() {
+  awk -v list="$1" 'BEGIN {
+    n = split(list, parts, ",")
+    for (i = 1; i <= n; i++) {
+      if (parts[i] == "") continue
+      if (split(parts[i], r, "-") == 2) { for (c = r[1] + 0; c <= r[2] + 0; c++) print c }
+      else print parts[i] + 0
+    }
+  }'
+}
+
+cpu_list() { (IFS=,; echo "$*"); }
+
+# nginx_affinity CPU...: worker_cpu_affinity masks binding one worker to each CPU, in order.
+nginx_affinity() {
+  local cpu masks=()
+  for cpu in "$@"; do
+    masks+=("1$(printf "%${cpu}s" '' | tr ' ' 0)")
+  done
+  echo "${masks[*]}"
+}
+
+# many_core_plan: picks M's CPUs and splits them (see above), and decides which core counts fit.
+many_core_plan() {
+  local list cpu node n first_node pool half
+  if [[ -n $m_cpus_option ]]; then
+    list=$m_cpus_option
+    m_cpu_source="--cpus $list"
+  else
+    list=$(awk '/^Cpus_allowed_list:/ { print $2 }' /proc/self/status)
+    m_cpu_source="this shell's affinity mask ($list)"
+  fi
+  mapfile -t m_all < <(expand_cpus "$list" | sort -n | uniq)
+  if [[ -z $m_cpus_option ]]; then
+    # More than one NUMA node: stay on the node of the first CPU (node 0 unless the mask leaves it
+    # out), so that no request crosses nodes and the figures do not depend on which node each
+    # process landed on.
+    declare -A node_of=()
+    while IFS=, read -r cpu node; do
+      [[ $cpu == \#* || -z $cpu ]] && continue
+      node_of[$cpu]=${node:-0}
+    done < <(lscpu -p=CPU,NODE 2>/dev/null || true)
+    local nodes=() kept=()
+    for cpu in "${m_all[@]}"; do
+      [[ " ${nodes[*]} " == *" ${node_of[$cpu]:-0} "* ]] || nodes+=("${node_of[$cpu]:-0}")
+    done
+    if ((${#nodes[@]} > 1)); then
+      first_node=${node_of[${m_all[0]}]:-0}
+      for cpu in "${m_all[@]}"; do
+        [[ ${node_of[$cpu]:-0} == "$first_node" ]] && kept+=("$cpu")
+      done
+      m_all=("${kept[@]}")
+      m_cpu_source+=", NUMA node $first_node only (lscpu shows ${#nodes[@]} nodes)"
+    fi
+  fi
+  if ((${#m_all[@]} < 2)); then
+    m_skip_notes+=("the many-core layout needs at least 2 CPUs (the proxy on one, backend and wrk on another); it has ${#m_all[@]} (from $m_cpu_source)")
+    return 0
+  fi
+  pool=$((${#m_all[@]} / 2))
+  m_proxy_pool=("${m_all[@]:0:pool}")
+  local rest=("${m_all[@]:pool}")
+  if ((${#rest[@]} == 1)); then
+    m_backend_cpus=("${rest[@]}")
+    m_load_cpus=("${rest[@]}")
+  else
+    half=$((${#rest[@]} / 2))
+    m_backend_cpus=("${rest[@]:0:half}")
+    m_load_cpus=("${rest[@]:half}")
+  fi
+  m_ran=()
+  for n in "${m_cores[@]}"; do
+    [[ " ${m_ran[*]} " == *" $n "* ]] && continue
+    if ((n > pool)); then
+      m_skip_notes+=("N=$n not run: the proxy may use at most $pool of the ${#m_all[@]} CPUs (from $m_cpu_source); the other half runs the backend and wrk, which need about as many CPUs as the proxy to keep it busy")
+      continue
+    fi
+    m_ran+=("$n")
+  done
+}
+
+# tree_ticks PID: user + system clock ticks of PID (all its threads) and of its descendants.
+tree_ticks() {
+  local p ticks total=0
+  for p in $1 $(descendants "$1"); do
+    ticks=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{ print $12 + $13 }')
+    total=$((total + ${ticks:-0}))
+  done
+  echo "$total"
+}
+
+# reaped_ticks: user + system clock ticks of this shell's children that have exited (wrk).
+reaped_ticks() { sed 's/^.*) //' "/proc/$$/stat" | awk '{ print $14 + $15 }'; }
+
+# measure_m LAYOUT ROUND ROW CONNECTIONS SECS: one wrk run on M's load CPUs; appends a record
+# (columns 9-15: proxy, backend and wrk ticks, wrk's completed requests, the proxy's CPU µs per
+# request, and the cores the proxy and wrk kept busy) unless ROUND is "warmup".
+measure_m() {
+  local layout=$1 round=$2 row=$3 conns=$4 secs=$5 out before foreign t0 t1
+  local p0 p1 b0 b1 c0 c1 rps p50 p99 errors requests threads=${#m_load_cpus[@]}
+  ((threads <= conns)) || threads=$conns
+  out="$work/wrk-$layout-$round-$row.txt"
+  before=$(cpu_snapshot "$m_stat_cpus")
+  p0=$(tree_ticks "${m_pid[$row]}")
+  b0=$(tree_ticks "${m_pid[direct]}")
+  c0=$(reaped_ticks)
+  t0=$EPOCHREALTIME
+  if ! taskset -c "$(cpu_list "${m_load_cpus[@]}")" wrk -t"$threads" -c"$conns" -d"${secs}s" --latency \
+    "${ROUTE_HEADERS[@]}" "$(url_of "$row")" >"$out" 2>&1; then
+    cat "$out" >&2
+    die "wrk failed against ${label[$row]} ($(url_of "$row"))"
+  fi
+  t1=$EPOCHREALTIME
+  c1=$(reaped_ticks)
+  b1=$(tree_ticks "${m_pid[direct]}")
+  p1=$(tree_ticks "${m_pid[$row]}")
+  foreign=$(foreign_percent "$before" "$(cpu_snapshot "$m_stat_cpus")")
+  [[ $round == warmup ]] && return 0
+  wrk_figures "$out"
+  requests=$(awk '/ requests in / { print $1 }' "$out")
+  [[ -n $rps && -n $p50 && -n $p99 && -n $errors && -n $requests ]] ||
+    { cat "$out" >&2; die "could not parse wrk output for ${label[$row]}"; }
+  local per_req busy_proxy busy_load
+  read -r per_req busy_proxy busy_load < <(awk -v p=$((p1 - p0)) -v c=$((c1 - c0)) -v n="$requests" \
+    -v hz="$clk_tck" -v t0="$t0" -v t1="$t1" 'BEGIN {
+      t = t1 - t0; if (t <= 0) t = 1
+      printf "%.2f %.2f %.2f\n", (n > 0 ? p / hz * 1e6 / n : 0), p / hz / t, c / hz / t
+    }')
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$layout" "$round" "$row" "$rps" \
+    "$p50" "$p99" "$errors" "$foreign" $((p1 - p0)) $((b1 - b0)) $((c1 - c0)) "$requests" "$per_req" \
+    "$busy_proxy" "$busy_load" >>"$records"
+  raw "--- wrk layout=$layout round=$round row=$row connections=$conns rps=$rps p50_us=$p50 p99_us=$p99 errors=$errors foreign_cpu=$foreign% requests=$requests proxy_ticks=$((p1 - p0)) backend_ticks=$((b1 - b0)) wrk_ticks=$((c1 - c0)) cpu_us_per_request=$per_req"
+  cat "$out" >>"$results"
+  local note=""
+  ((errors == 0)) || note+=", $errors ERRORS"
+  ((foreign <= FOREIGN_CPU_LIMIT)) || note+=", other processes used $foreign% of CPUs $m_stat_cpus"
+  log "$layout round $round ${label[$row]} (c=$conns): ${rps} rps, ${per_req} µs CPU/request, p50 ${p50} us, p99 ${p99} us$note"
+}
+
+# measure_rotated LAYOUT CONNECTIONS ROW...: a warm-up run per row, then --rounds rounds. Round r
+# starts with the r-th row and goes round the list, so over as many rounds as there are rows each
+# row runs once in each position: the first run of a round tends to do better (on the 16-core
+# machine it did), and plain forward/backward alternation puts the same row first in rounds 1
+# and 3.
+measure_rotated() {
+  local layout=$1 conns=$2 round i n
+  shift 2
+  local order=("$@")
+  n=${#order[@]}
+  for ((i = 0; i < n; i++)); do measure_m "$layout" warmup "${order[i]}" "$conns" "$warmup"; done
+  for ((round = 1; round <= rounds; round++)); do
+    for ((i = 0; i < n; i++)); do
+      measure_m "$layout" "$round" "${order[(round - 1 + i) % n]}" "$conns" "$duration"
+    done
+  done
+}
+
+# run_many_core: the M layout (see above): the direct row once, then for each core count that fits
+# the proxies on that many CPUs, and at the largest one also a run at --high-connections.
+run_many_core() {
+  local n row active proxy_list backend_list pids nofile
+  many_core_plan
+  if ((${#m_ran[@]} == 0)); then
+    log "layout M: nothing to run: ${m_skip_notes[*]}"
+    return 0
+  fi
+  backend_list=$(cpu_list "${m_backend_cpus[@]}")
+  log "layout M: CPUs ${m_all[*]} (from $m_cpu_source); proxy on the first N of ${m_proxy_pool[*]}, backend on $backend_list, wrk on $(cpu_list "${m_load_cpus[@]}"); N = ${m_ran[*]}"
+  for row in "${m_skip_notes[@]}"; do log "layout M: $row"; done
+  require_port_free "$BACKEND_PORT" "$NGINX_PORT" "$KACT_URING_PORT" "$KACT_URING_ADMIN" "$KACT_EPOLL_PORT" "$KACT_EPOLL_ADMIN"
+
+  # Each connection is a descriptor in wrk and two in a proxy; 1 024 of them pass a common soft
+  # limit of 1 024. Raised for this layout only, back at its end.
+  nofile=$(ulimit -Sn)
+  if [[ $nofile != unlimited ]] && ((nofile < 16384)); then
+    ulimit -Sn "$(ulimit -Hn | awk '{ print ($1 == "unlimited" || $1 > 65536) ? 65536 : $1 }')" ||
+      log "layout M: could not raise the descriptor limit ($nofile); runs with many connections may fail"
+  fi
+
+  start_nginx backend-M "$backend_list" "$BACKEND_PORT" backend "${#m_backend_cpus[@]}" \
+    "$(nginx_affinity "${m_backend_cpus[@]}")"
+  m_pid[direct]=$last_pid
+  wait_http backend-M "$last_pid" "$(url_of direct)" "$START_TIMEOUT" || die "the nginx backend (backend-M) did not start"
+  check_proxied "backend" "$(url_of direct)" || die "the nginx backend answers wrongly"
+  # The direct row runs with only the backend's and wrk's CPUs in use.
+  m_stat_cpus=$(cpu_list "${m_backend_cpus[@]}" "${m_load_cpus[@]}")
+  [[ ${m_backend_cpus[*]} == "${m_load_cpus[*]}" ]] && m_stat_cpus=$backend_list
+  measure_rotated Mdirect "$m_connections" direct
+
+  for n in "${m_ran[@]}"; do
+    proxy_list=$(cpu_list "${m_proxy_pool[@]:0:n}")
+    m_stat_cpus=$(cpu_list "${m_proxy_pool[@]:0:n}" "${m_backend_cpus[@]}")
+    [[ ${m_backend_cpus[*]} == "${m_load_cpus[*]}" ]] || m_stat_cpus+=",$(cpu_list "${m_load_cpus[@]}")"
+    log "layout M, N=$n: proxies on CPUs $proxy_list"
+    active=()
+    pids=()
+    start_nginx "nginx-M$n" "$proxy_list" "$NGINX_PORT" proxy "$n" "$(nginx_affinity "${m_proxy_pool[@]:0:n}")" \
+      "$((m_connections > m_high_connections ? m_connections : m_high_connections))"
+    m_pid[nginx]=$last_pid
+    pids+=("$last_pid")
+    if ! { wait_http "nginx-M$n" "$last_pid" "$(url_of nginx)" "$START_TIMEOUT" &&
+      check_proxied "nginx proxy" "$(url_of nginx)"; }; then
+      die "the nginx proxy (nginx-M$n) did not start"
+    fi
+    active+=(nginx)
+    local kact_pids=() kact_admins=()
+    if ((want_kactivator)); then
+      proxy_cpus=$proxy_list
+      proxy_shards=$n
+      for row in kact-uring kact-epoll; do
+        [[ -n ${skipped[$row]:-} ]] && continue
+        local driver=io-uring port=$KACT_URING_PORT admin=$KACT_URING_ADMIN
+        [[ $row == kact-epoll ]] && driver=epoll port=$KACT_EPOLL_PORT admin=$KACT_EPOLL_ADMIN
+        start_kactivator "$row-M$n" "$driver" "$port" "$admin"
+        if wait_http "$row-M$n" "$last_pid" "http://127.0.0.1:$admin/readyz" "$START_TIMEOUT" &&
+          check_proxied "${label[$row]}" "$(url_of "$row")"; then
+          active+=("$row")
+          m_pid[$row]=$last_pid
+          kact_pids+=("$last_pid")
+          kact_admins+=("$admin")
+        else
+          skipped[$row]="did not start (--driver $driver --shards $n); see the log above"
+          log "${label[$row]}: SKIPPED, ${skipped[$row]}"
+          stop_pid "$last_pid" TERM 2 || true
+          forget_pid "$last_pid"
+        fi
+      done
+      proxy_cpus=$PROXY_CPU
+      proxy_shards=1
+    fi
+    # Fixed starting order, the rows that are up; measure_rotated turns it from round to round.
+    local order=()
+    for row in kact-uring kact-epoll nginx; do
+      [[ " ${active[*]} " == *" $row "* ]] && order+=("$row")
+    done
+    measure_rotated "M$n" "$m_connections" "${order[@]}"
+    if ((m_high_connections > 0)) && [[ $n == "${m_ran[-1]}" ]]; then
+      m_high_layout="M$n-c$m_high_connections"
+      log "layout M, N=$n: $m_high_connections connections"
+      measure_rotated "$m_high_layout" "$m_high_connections" "${order[@]}" direct
+    fi
+
+    local i
+    for i in "${!kact_pids[@]}"; do
+      stop_kactivator "${kact_pids[i]}" "${kact_admins[i]}" 5 || log "kactivator (pid ${kact_pids[i]}): exit status $? after quitquitquit"
+      forget_pid "${kact_pids[i]}"
+    done
+    for row in "${pids[@]}"; do
+      stop_pid "$row" TERM 5 || true
+      forget_pid "$row"
+    done
+  done
+  stop_pid "${m_pid[direct]}" TERM 5 || true
+  forget_pid "${m_pid[direct]}"
+  [[ $nofile == unlimited ]] || ulimit -Sn "$nofile" 2>/dev/null || true
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END {
@@ -884,6 +1215,125 @@ report_pingpong() {
   done
 }
 
+# m_round_ratios LAYOUT ROW COLUMN: ROW's figure ÷ nginx's in the same round, for each round,
+# comma-separated.
+m_round_ratios() {
+  awk -F'\t' -v l="$1" -v r="$2" -v c="$3" '$1 == l && $3 == "nginx" { d[$2] = $c }
+    $1 == l && $3 == r { v[$2] = $c }
+    END {
+      for (k = 1; k in v || k in d; k++) if (k in v && k in d && d[k] > 0) {
+        out = out sep sprintf("%.2f", v[k] / d[k]); sep = ", "
+      }
+      print out
+    }' "$records"
+}
+
+fmt_cpu_us() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN { printf "%.1f µs", v }' || printf '—'; }
+fmt_cores() { [[ -n $1 ]] && awk -v v="$1" 'BEGIN { printf "%.2f", v }' || printf '—'; }
+
+# report_many_core: the M table (rps and CPU per request per core count, kactivator's drivers
+# beside nginx) and the table of the run at --high-connections.
+report_many_core() {
+  want_layout M || return 0
+  local n row layout rps errors err any_errors=0 note threads=${#m_load_cpus[@]} shared=""
+  ((threads <= m_connections)) || threads=$m_connections
+  [[ ${m_backend_cpus[*]} == "${m_load_cpus[*]}" ]] && shared=" (the same CPU)"
+  echo
+  echo "## Many cores (M): proxy on N CPUs, backend and wrk on others (wrk -t$threads -c$m_connections -d${duration}s, median of $rounds round(s), row order rotated)"
+  echo
+  if ((${#m_ran[@]} == 0)); then
+    for note in "${m_skip_notes[@]}"; do echo "- $note"; done
+    return 0
+  fi
+  echo "CPUs ${m_all[*]} (from $m_cpu_source): the proxy on the first N of $(cpu_list "${m_proxy_pool[@]}"); the backend (nginx \`return 200\`, ${#m_backend_cpus[@]} worker(s)) on $(cpu_list "${m_backend_cpus[@]}") and wrk on $(cpu_list "${m_load_cpus[@]}")$shared."
+  echo "CPU per request: the proxy's user + system time over the run ÷ the requests wrk completed (for direct: the backend's). Busy: CPU-seconds per second (cores kept busy)."
+  echo
+  echo "| cores | path | rps | CPU per request | p50 | p99 | busy: proxy / wrk | ÷ nginx: rps / CPU per request | ÷ nginx per round: rps / CPU per request |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  # m_row N LAYOUT ROW: one line of the table.
+  m_row() {
+    local n=$1 layout=$2 row=$3 rps errors err ratios
+    rps=$(metric "$layout" "$row" 4)
+    if [[ -z $rps ]]; then
+      echo "| $n | ${label[$row]} | skipped | — | — | — | — | — | — |"
+      return 0
+    fi
+    errors=$(metric "$layout" "$row" 7)
+    err=""
+    if ((errors > 0)); then
+      any_errors=1
+      err=" (!$errors errors)"
+    fi
+    ratios="— | —"
+    if [[ $row != direct && $row != nginx ]]; then
+      ratios="$(ratio "$rps" "$(metric "$layout" nginx 4)") / $(ratio "$(metric "$layout" "$row" 13)" "$(metric "$layout" nginx 13)") | $(m_round_ratios "$layout" "$row" 4) / $(m_round_ratios "$layout" "$row" 13)"
+    fi
+    echo "| $n | ${label[$row]} | $(fmt_rps "$rps")$err | $(fmt_cpu_us "$(metric "$layout" "$row" 13)")$([[ $row == direct ]] && echo " (backend)") | $(fmt_us "$(metric "$layout" "$row" 5)") | $(fmt_us "$(metric "$layout" "$row" 6)") | $(fmt_cores "$(metric "$layout" "$row" 14)")$([[ $row == direct ]] && echo " (backend)") / $(fmt_cores "$(metric "$layout" "$row" 15)") | $ratios |"
+  }
+  m_row — Mdirect direct
+  for n in "${m_ran[@]}"; do
+    for row in kact-uring kact-epoll nginx; do m_row "$n" "M$n" "$row"; done
+  done
+  if ((any_errors)); then
+    echo
+    echo "(!N errors) = wrk counted N socket errors or non-2xx responses over the rounds: that row's figures are not valid."
+  fi
+  echo
+  # Where the proxy did not keep its N CPUs busy, something else (backend, wrk, a shared CPU) set
+  # the pace: rps then says little about the proxy, CPU per request still does.
+  for n in "${m_ran[@]}"; do
+    for row in kact-uring kact-epoll nginx; do
+      local busy
+      busy=$(metric "M$n" "$row" 14)
+      [[ -n $busy ]] || continue
+      if awk -v b="$busy" -v n="$n" 'BEGIN { exit !(b < 0.9 * n) }'; then
+        echo "- N=$n, ${label[$row]}: the proxy kept $(fmt_cores "$busy") of its $n CPU(s) busy, so something else set the pace (the backend, wrk, or other processes on the machine); compare CPU per request there, not rps."
+      fi
+    done
+  done
+  for note in "${m_skip_notes[@]}"; do echo "- $note"; done
+  local layouts_m=(Mdirect) noisy
+  for n in "${m_ran[@]}"; do layouts_m+=("M$n"); done
+  [[ -n $m_high_layout ]] && layouts_m+=("$m_high_layout")
+  noisy=$(noisy_note "the CPUs in use" "${layouts_m[@]}")
+  if [[ -n $noisy ]]; then
+    echo
+    echo "WARNING: $noisy. The figures of this layout are not trustworthy; rerun on a quiet machine."
+  fi
+
+  [[ -n $m_high_layout ]] || return 0
+  n=${m_ran[-1]}
+  threads=${#m_load_cpus[@]}
+  ((threads <= m_high_connections)) || threads=$m_high_connections
+  echo
+  echo "## At $m_high_connections connections (M, proxy on N=$n CPUs, wrk -t$threads -c$m_high_connections -d${duration}s, median of $rounds round(s))"
+  echo
+  echo "| path | rps | p50 | p99 | p99 ÷ nginx | p99 per round (µs) | CPU per request |"
+  echo "|---|---|---|---|---|---|---|"
+  layout=$m_high_layout
+  any_errors=0
+  for row in kact-uring kact-epoll nginx direct; do
+    rps=$(metric "$layout" "$row" 4)
+    if [[ -z $rps ]]; then
+      echo "| ${label[$row]} | skipped | — | — | — | — | — |"
+      continue
+    fi
+    errors=$(metric "$layout" "$row" 7)
+    err=""
+    if ((errors > 0)); then
+      any_errors=1
+      err=" (!$errors errors)"
+    fi
+    local p99_ratio="—"
+    [[ $row == kact-* ]] && p99_ratio=$(ratio "$(metric "$layout" "$row" 6)" "$(metric "$layout" nginx 6)")
+    echo "| ${label[$row]} | $(fmt_rps "$rps")$err | $(fmt_us "$(metric "$layout" "$row" 5)") | $(fmt_us "$(metric "$layout" "$row" 6)") | $p99_ratio | $(awk -F'\t' -v l="$layout" -v r="$row" '$1 == l && $3 == r { printf "%s%.0f", sep, $6; sep = ", " }' "$records") | $(fmt_cpu_us "$(metric "$layout" "$row" 13)")$([[ $row == direct ]] && echo " (backend)") |"
+  done
+  if ((any_errors)); then
+    echo
+    echo "(!N errors) = wrk counted N socket errors or non-2xx responses over the rounds: that row's figures are not valid."
+  fi
+}
+
 # === callgrind ===
 
 declare -A instructions=() # "row n" -> total instructions
@@ -1014,6 +1464,9 @@ callgrind_note=no
   echo "host: $(uname -r), $(nproc) CPUs; $(wrk --version 2>&1 | head -n 1); $(nginx -v 2>&1); $(haproxy -v | head -n 1)"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)')"
   echo "options: rounds=$rounds duration=${duration}s layouts=$(want_load_note) callgrind=$callgrind_note kactivator=$kactivator_bin role=$role"
+  if want_layout M; then
+    echo "many-core: cores=$(cpu_list "${m_cores[@]}") cpus=${m_cpus_option:-detect} connections=$m_connections high_connections=$m_high_connections; lscpu: $(lscpu | awk -F: '/^Model name|^NUMA node\(s\)/ { gsub(/^ +/, "", $2); printf "%s%s", sep, $2; sep = ", " }')"
+  fi
 } >>"$results"
 
 build
@@ -1023,7 +1476,9 @@ if ((!want_kactivator)); then
 fi
 
 if ((want_load)); then
-  for layout in "${layouts[@]}"; do run_layout "$layout"; done
+  for layout in "${layouts[@]}"; do
+    if [[ $layout == M ]]; then run_many_core; else run_layout "$layout"; fi
+  done
 fi
 if ((want_callgrind)); then
   run_callgrind
@@ -1039,6 +1494,7 @@ fi
   if ((want_load)); then
     report_load
     report_pingpong
+    report_many_core
   fi
   if ((want_callgrind)); then report_callgrind; fi
   echo
