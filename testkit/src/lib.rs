@@ -4,8 +4,9 @@
 //! bug in the proxy cannot hide behind the same bug in the thing it is tested against.
 //! [`backend`] starts servers, [`pattern`] describes the checkable byte pattern served by
 //! `/bytes` and verified by `/sink`, [`ports`] hands out free local ports, and
-//! [`queue_proxy`] sends pod registrations the way the fork's queue-proxy does, and
-//! [`autoscaler`] is a stand-in for the autoscaler's stat server. For the Kubernetes tests,
+//! [`queue_proxy`] sends pod registrations the way the fork's queue-proxy does,
+//! [`autoscaler`] is a stand-in for the autoscaler's stat server, and [`raw_http1`] is the one
+//! raw HTTP/1 client the tests and benchmarks read responses with. For the Kubernetes tests,
 //! [`apiserver`] runs a real kube-apiserver with its etcd, [`knative`] writes the objects
 //! Knative's reconcilers would, and [`podnet`] gives pods real
 //! (non-loopback) addresses. [`grpc`] is a gRPC backend speaking HTTP/1.1 and h2c on one
@@ -25,5 +26,6 @@ pub mod pattern;
 pub mod podnet;
 pub mod ports;
 pub mod queue_proxy;
+pub mod raw_http1;
 
 pub use pattern::{pattern_byte, pattern_checksum};
