@@ -242,7 +242,7 @@ impl Load {
                         let answer = stream
                             .write_all(request.as_bytes())
                             .ok()
-                            .and_then(|_| read_response(stream, buffered));
+                            .and_then(|_| read_response(stream, buffered).ok());
                         match answer {
                             Some(response) if response.status == 200 => {
                                 ok.fetch_add(1, Ordering::Relaxed);

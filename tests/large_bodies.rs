@@ -3,13 +3,14 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_testkit::backend::{self, BackendConfig};
 use kactivator_testkit::pattern::{find_pattern_mismatch, pattern_checksum, pattern_frame};
+use kactivator_testkit::raw_http1;
 use support::{revision, Activator};
 
 const GIB: u64 = 1 << 30;
@@ -85,38 +86,27 @@ fn a_gigabyte_download_streams_with_flat_memory() {
     // Chunked from the pod, re-chunked to us: the decoder and encoder both run for a GiB.
     let request = format!("GET /chunked/{GIB} HTTP/1.1\r\nHost: big.default.svc.cluster.local\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).unwrap();
-    let head = support::read_head(&mut stream);
+    let mut connection = raw_http1::Connection::new(stream).expect("a read timeout");
+    let head = connection
+        .read_head()
+        .unwrap_or_else(|error| panic!("the response head: {error}"));
+    let head = String::from_utf8_lossy(&head.raw).into_owned();
     assert!(head.starts_with("HTTP/1.1 200"), "{}", head);
     assert!(head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked"));
-    // Decode chunks incrementally and check every byte against the pattern.
-    let mut reader = std::io::BufReader::with_capacity(256 * 1024, stream);
+    // Decode chunks as they come and check every byte against the pattern.
     let mut offset = 0u64;
-    let mut line = String::new();
-    let mut data = vec![0u8; 256 * 1024];
-    loop {
-        line.clear();
-        std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
-        let size = u64::from_str_radix(line.trim_end(), 16)
-            .unwrap_or_else(|_| panic!("bad chunk line {line:?}"));
-        if size == 0 {
-            break;
-        }
-        let mut left = size as usize;
-        while left > 0 {
-            let take = left.min(data.len());
-            reader.read_exact(&mut data[..take]).unwrap();
-            assert_eq!(
-                find_pattern_mismatch(offset, &data[..take]),
-                None,
-                "corrupt byte near offset {offset}"
-            );
-            offset += take as u64;
-            left -= take;
-        }
-        reader.read_exact(&mut data[..2]).unwrap();
-        assert_eq!(&data[..2], b"\r\n");
+    while let Some(chunk) = connection
+        .read_chunk()
+        .unwrap_or_else(|error| panic!("the chunk at offset {offset}: {error}"))
+    {
+        assert_eq!(
+            find_pattern_mismatch(offset, &chunk),
+            None,
+            "corrupt byte near offset {offset}"
+        );
+        offset += chunk.len() as u64;
     }
     stop.store(true, Ordering::Relaxed);
     let peak = watcher.join().unwrap();

@@ -8,6 +8,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use kactivator_testkit::backend::{self, BackendConfig};
+use kactivator_testkit::raw_http1::Framing;
 use support::{curl, exchange, get, read_response, read_response_for, revision, Activator};
 
 fn one_backend() -> (backend::BackendHandle, Activator) {
@@ -180,7 +181,7 @@ fn a_peak_above_the_idle_cap_keeps_its_pod_connections_between_rounds() {
                         .write_all(get("hello", "/delay/50").as_bytes())
                         .unwrap();
                     let response = read_response(&mut stream, &mut buffered)
-                        .unwrap_or_else(|| panic!("no response in round {round}"));
+                        .unwrap_or_else(|error| panic!("no response in round {round}: {error}"));
                     assert_eq!(response.status, 200, "round {round}");
                 }
             })
@@ -215,8 +216,8 @@ fn busy_keep_alive_connections_are_never_closed_between_requests() {
                 for i in 0..400 {
                     stream.write_all(get("hello", "/").as_bytes()).unwrap();
                     match read_response(&mut stream, &mut buffered) {
-                        Some(response) => assert_eq!(response.status, 200, "request {i}"),
-                        None => panic!("connection closed before response {i}"),
+                        Ok(response) => assert_eq!(response.status, 200, "request {i}"),
+                        Err(error) => panic!("no response {i}: {error}"),
                     }
                 }
             })
@@ -271,16 +272,15 @@ fn head_requests_http10_and_connection_close_behave() {
     let mut stream = activator.connect();
     let old = "GET /chunked/5000 HTTP/1.0\r\nHost: hello.default.svc.cluster.local\r\n\r\n";
     stream.write_all(old.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw[..raw.len().min(200)]).to_string();
+    let response = read_response(&mut stream, &mut Vec::new()).unwrap();
+    let text = String::from_utf8_lossy(&response.raw_head).to_string();
     assert!(text.starts_with("HTTP/1.0 200 OK\r\n"), "{text}");
     assert!(
         !text.to_ascii_lowercase().contains("transfer-encoding"),
         "{text}"
     );
-    let body_start = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-    assert_eq!(raw.len() - body_start, 5000);
+    assert_eq!(response.framing, Framing::Close, "{text}");
+    assert_eq!(response.body.len(), 5000);
 
     // HTTP/1.0 with keep-alive: the connection stays open.
     let mut stream = activator.connect();

@@ -37,8 +37,11 @@ fn never_more_than_container_concurrency_in_flight_per_pod_across_shards() {
                     stream
                         .write_all(get("scarce", "/delay/5").as_bytes())
                         .unwrap();
-                    statuses
-                        .push(support::read_response(&mut stream, &mut buffered).map(|r| r.status));
+                    statuses.push(
+                        support::read_response(&mut stream, &mut buffered)
+                            .ok()
+                            .map(|r| r.status),
+                    );
                 }
                 statuses
             })

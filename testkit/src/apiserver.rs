@@ -27,7 +27,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -36,6 +36,7 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use crate::ports::free_port;
+use crate::raw_http1;
 
 /// Environment variable naming the kube-apiserver binary, instead of the one the script builds.
 pub const APISERVER_BINARY_ENV: &str = "KACTIVATOR_KUBE_APISERVER";
@@ -777,19 +778,17 @@ fn wait_for_etcd(etcd: &mut Child, dir: &Path, client_port: u16) -> Result<(), S
 /// Whether etcd's `/health` says `"health":"true"`; a plain HTTP/1.0 GET is all it takes.
 fn etcd_healthy(client_port: u16) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, client_port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, POLL_INTERVAL) else {
+    let Ok(mut connection) = raw_http1::Connection::connect_with_timeout(addr, POLL_INTERVAL)
+    else {
         return false;
     };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    if stream
-        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response.starts_with("HTTP/1.") && response.contains("\"health\":\"true\"")
+    let _ = connection.set_idle_timeout(Duration::from_secs(1));
+    connection
+        .send(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_ok()
+        && connection
+            .read_response()
+            .is_ok_and(|response| response.text().contains("\"health\":\"true\""))
 }
 
 /// Starts `command` with stdout and stderr appended to `log`.

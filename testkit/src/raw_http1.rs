@@ -315,9 +315,12 @@ fn preview(bytes: &[u8]) -> String {
 /// One connection: the stream, and the bytes read off it that no response has taken yet.
 pub struct Connection<S = TcpStream> {
     stream: S,
-    buffered: Vec<u8>,
-    /// `buffered[..start]` is taken; compacted away before the next read.
+    /// Bytes read and not yet taken are `buffer[start..end]`; what lies before `start` is
+    /// moved out of the way before the next read, and the buffer's length only grows, so a read
+    /// does not write zeros over space it already had.
+    buffer: Vec<u8>,
     start: usize,
+    end: usize,
     idle_timeout: Option<Duration>,
 }
 
@@ -368,7 +371,8 @@ impl<S: Source> Connection<S> {
         };
         Ok(Connection {
             stream,
-            buffered,
+            end: buffered.len(),
+            buffer: buffered,
             start: 0,
             idle_timeout: Some(idle_timeout),
         })
@@ -391,13 +395,14 @@ impl<S: Source> Connection<S> {
 
     /// Bytes read off the stream that nothing has taken yet.
     pub fn buffered(&self) -> &[u8] {
-        &self.buffered[self.start..]
+        &self.buffer[self.start..self.end]
     }
 
     /// The stream and the bytes read off it that nothing has taken yet.
     pub fn into_parts(mut self) -> (S, Vec<u8>) {
-        self.buffered.drain(..self.start);
-        (self.stream, self.buffered)
+        self.buffer.truncate(self.end);
+        self.buffer.drain(..self.start);
+        (self.stream, self.buffer)
     }
 
     /// Reads the final response to a request that was not HEAD.
@@ -517,7 +522,7 @@ impl<S: Source> Connection<S> {
     pub fn read_to_close(&mut self) -> Result<Vec<u8>, Error> {
         self.fill_until_close(Part::Body)?;
         let data = self.buffered().to_vec();
-        self.start = self.buffered.len();
+        self.start = self.end;
         Ok(data)
     }
 
@@ -611,22 +616,30 @@ impl<S: Source> Connection<S> {
 
     /// One read onto the end of the buffer.
     fn fill(&mut self, part: Part, one_byte: bool) -> Result<(), Error> {
-        self.buffered.drain(..self.start);
-        self.start = 0;
-        let filled = self.buffered.len();
-        self.buffered
-            .resize(filled + if one_byte { 1 } else { READ_SIZE }, 0);
+        if self.start > 0 {
+            self.buffer.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let want = if one_byte { 1 } else { READ_SIZE };
+        if self.buffer.len() < self.end + want {
+            self.buffer.resize(self.end + want, 0);
+        }
         let result = loop {
-            match self.stream.read(&mut self.buffered[filled..]) {
+            match self
+                .stream
+                .read(&mut self.buffer[self.end..self.end + want])
+            {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                 other => break other,
             }
         };
-        self.buffered
-            .truncate(filled + *result.as_ref().unwrap_or(&0));
         match result {
             Ok(0) => Err(self.error(ErrorKind::Closed, part)),
-            Ok(_) => Ok(()),
+            Ok(read) => {
+                self.end += read;
+                Ok(())
+            }
             Err(error)
                 if matches!(
                     error.kind(),

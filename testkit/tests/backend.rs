@@ -213,7 +213,7 @@ fn echo_with_content_length_keeps_length_and_type() {
         &body,
     );
     assert_eq!(response.status, 200);
-    assert!(!response.chunked);
+    assert!(!response.chunked());
     assert_eq!(response.header("content-length"), Some("100000"));
     assert_eq!(response.header("content-type"), Some("application/x-test"));
     assert!(response.body == body);
@@ -286,7 +286,7 @@ fn bytes_serves_the_pattern_with_a_length() {
     let backend = start("bytes");
     let response = get(backend.addr(), &format!("/bytes/{MEBIBYTE}"));
     assert_eq!(response.status, 200);
-    assert!(!response.chunked);
+    assert!(!response.chunked());
     assert_eq!(response.header("content-length"), Some("1048576"));
     assert_eq!(response.body.len() as u64, MEBIBYTE);
     assert_eq!(find_pattern_mismatch(0, &response.body), None);
@@ -306,13 +306,13 @@ fn chunked_serves_the_pattern_without_a_length() {
     let length = MEBIBYTE + 7;
     let response = get(backend.addr(), &format!("/chunked/{length}"));
     assert_eq!(response.status, 200);
-    assert!(response.chunked);
+    assert!(response.chunked());
     assert_eq!(response.header("content-length"), None);
     assert_eq!(response.body.len() as u64, length);
     assert_eq!(find_pattern_mismatch(0, &response.body), None);
 
     let empty = get(backend.addr(), "/chunked/0");
-    assert!(empty.chunked);
+    assert!(empty.chunked());
     assert!(empty.body.is_empty());
 }
 
@@ -452,7 +452,7 @@ fn trailers_are_sent_when_the_client_accepts_them() {
     let backend = start("trailers");
     let mut connection = Connection::open(backend.addr());
     let response = connection.request("GET", "/trailers", &[("TE", "trailers")], &[]);
-    assert!(response.chunked);
+    assert!(response.chunked());
     assert_eq!(response.text(), "hello\n");
     assert_eq!(response.trailer("x-checksum"), Some("abc"));
     assert_eq!(response.trailer("x-final"), Some("yes"));
@@ -460,7 +460,7 @@ fn trailers_are_sent_when_the_client_accepts_them() {
     // Hyper drops trailers for clients that did not send `TE: trailers`, but the body is
     // still properly terminated.
     let response = connection.get("/trailers");
-    assert!(response.chunked);
+    assert!(response.chunked());
     assert_eq!(response.text(), "hello\n");
     assert!(response.trailers.is_empty());
 }

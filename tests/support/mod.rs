@@ -6,7 +6,7 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::ports::free_port;
+use kactivator_testkit::raw_http1;
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
@@ -331,183 +332,51 @@ impl Drop for Activator {
 
 /// `GET path` on the admin port: (status, body), or None if it does not answer.
 pub fn admin_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).ok()?;
-    let response = parse_response(&raw)?;
-    Some((
-        response.status,
-        String::from_utf8_lossy(&response.body).into_owned(),
-    ))
+    let mut connection =
+        raw_http1::Connection::connect_with_timeout(addr, Duration::from_millis(500)).ok()?;
+    connection.set_idle_timeout(Duration::from_secs(5)).ok()?;
+    connection
+        .send(format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes())
+        .ok()?;
+    let response = connection.read_response().ok()?;
+    Some((response.status, response.text()))
 }
 
-/// A parsed HTTP/1.x response.
-#[derive(Debug)]
-pub struct Response {
-    pub status: u16,
-    pub version: u8,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    /// Bytes after this response (the next pipelined one).
-    pub rest: Vec<u8>,
+/// One response as testkit's raw HTTP/1 client reads it.
+pub use kactivator_testkit::raw_http1::Response;
+
+/// Reads one response out of `raw`, the whole of what the peer sent (its end is the close).
+pub fn parse_response(raw: &[u8]) -> Result<Response, raw_http1::Error> {
+    raw_http1::parse_response(raw)
 }
 
-impl Response {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// Parses one complete response from `raw` (Content-Length, chunked, or to the end).
-pub fn parse_response(raw: &[u8]) -> Option<Response> {
-    parse_response_to(raw, false)
-}
-
-fn parse_response_to(raw: &[u8], head_request: bool) -> Option<Response> {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
-    let mut parsed = httparse::Response::new(&mut headers);
-    let httparse::Status::Complete(head_len) = parsed.parse(raw).ok()? else {
-        return None;
-    };
-    let status = parsed.code?;
-    let version = parsed.version?;
-    let headers: Vec<(String, String)> = parsed
-        .headers
-        .iter()
-        .map(|h| {
-            (
-                h.name.to_string(),
-                String::from_utf8_lossy(h.value).into_owned(),
-            )
-        })
-        .collect();
-    let find = |name: &str| {
-        headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.clone())
-    };
-    let rest = &raw[head_len..];
-    let no_body = head_request || status == 204 || status == 304 || (100..200).contains(&status);
-    let (body, consumed) = if no_body {
-        (Vec::new(), 0)
-    } else if find("transfer-encoding")
-        .is_some_and(|te| te.to_ascii_lowercase().contains("chunked"))
-    {
-        decode_chunked(rest)?
-    } else if let Some(length) = find("content-length") {
-        let length: usize = length.trim().parse().ok()?;
-        if rest.len() < length {
-            return None;
-        }
-        (rest[..length].to_vec(), length)
-    } else {
-        (rest.to_vec(), rest.len())
-    };
-    Some(Response {
-        status,
-        version,
-        headers,
-        body,
-        rest: rest[consumed..].to_vec(),
-    })
-}
-
-/// Decodes a chunked body; returns (body, bytes consumed) or None if incomplete.
-pub fn decode_chunked(mut raw: &[u8]) -> Option<(Vec<u8>, usize)> {
-    let total = raw.len();
-    let mut body = Vec::new();
-    loop {
-        let line_end = raw.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = std::str::from_utf8(&raw[..line_end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        raw = &raw[line_end + 2..];
-        if size == 0 {
-            // Trailers end with an empty line.
-            let end = raw
-                .windows(4)
-                .position(|w| w == b"\r\n\r\n")
-                .map(|p| p + 4)
-                .or_else(|| raw.starts_with(b"\r\n").then_some(2))?;
-            let trailer_block = &raw[..end];
-            let end = if trailer_block.starts_with(b"\r\n") {
-                2
-            } else {
-                end
-            };
-            raw = &raw[end..];
-            return Some((body, total - raw.len()));
-        }
-        if raw.len() < size + 2 {
-            return None;
-        }
-        body.extend_from_slice(&raw[..size]);
-        raw = &raw[size + 2..];
-    }
-}
-
-/// Reads from `stream` until one full response is parsed (or EOF).
-pub fn read_response(stream: &mut TcpStream, buffered: &mut Vec<u8>) -> Option<Response> {
+/// Reads one response (to a request that was not HEAD) off `stream`; `buffered` holds the
+/// bytes already read off it and keeps those after the response. A failed read leaves every
+/// byte it saw in `buffered`.
+pub fn read_response(
+    stream: &mut TcpStream,
+    buffered: &mut Vec<u8>,
+) -> Result<Response, raw_http1::Error> {
     read_response_for(stream, buffered, false)
 }
 
+/// [`read_response`], to a HEAD request when `head_request`.
 pub fn read_response_for(
     stream: &mut TcpStream,
     buffered: &mut Vec<u8>,
     head_request: bool,
-) -> Option<Response> {
-    let mut chunk = [0u8; 64 * 1024];
-    loop {
-        if let Some(response) = parse_complete(buffered, head_request) {
-            *buffered = response.rest.clone();
-            return Some(response);
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => {
-                return parse_response_to(buffered, head_request).inspect(|_r| {
-                    buffered.clear();
-                })
-            }
-            Ok(n) => buffered.extend_from_slice(&chunk[..n]),
-            Err(_) => return None,
-        }
-    }
-}
-
-/// Like parse_response but refuses a close-delimited body (it may not be complete yet).
-fn parse_complete(raw: &[u8], head_request: bool) -> Option<Response> {
-    let response = parse_response_to(raw, head_request)?;
-    let delimited = head_request
-        || response.header("content-length").is_some()
-        || response.header("transfer-encoding").is_some()
-        || response.status == 204
-        || response.status == 304
-        || (100..200).contains(&response.status);
-    delimited.then_some(response)
+) -> Result<Response, raw_http1::Error> {
+    let mut connection = raw_http1::Connection::resume(stream, std::mem::take(buffered))
+        .expect("a read timeout on the test's own socket");
+    let response = connection.read_response_to(if head_request { "HEAD" } else { "GET" });
+    *buffered = connection.into_parts().1;
+    response
 }
 
 /// Sends `raw` on a new connection and reads one response.
 pub fn exchange(addr: SocketAddr, raw: &[u8]) -> Response {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    stream.write_all(raw).expect("write request");
-    let mut buffered = Vec::new();
-    read_response(&mut stream, &mut buffered).expect("a response")
+    raw_http1::exchange(addr, raw)
+        .unwrap_or_else(|error| panic!("no response from {addr}: {error}"))
 }
 
 /// A GET for revision `default/<name>` via the Knative headers.
@@ -609,18 +478,15 @@ fn refuse_io_uring_setup() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Reads a response head byte by byte, so nothing after it is consumed (upgraded streams,
-/// bodies read separately).
+/// Reads a response head a byte at a time, so nothing after it is consumed (upgraded streams),
+/// and returns it as text.
 pub fn read_head(stream: &mut TcpStream) -> String {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        stream
-            .read_exact(&mut byte)
-            .expect("a complete response head");
-        head.push(byte[0]);
-    }
-    String::from_utf8_lossy(&head).into_owned()
+    let mut connection =
+        raw_http1::Connection::new(stream).expect("a read timeout on the test's own socket");
+    let head = connection
+        .read_head_alone()
+        .unwrap_or_else(|error| panic!("a complete response head: {error}"));
+    String::from_utf8_lossy(&head.raw).into_owned()
 }
 
 /// Opens `GET /ws-half-close` with `Upgrade: echo` for revision `default/<name>` and returns the

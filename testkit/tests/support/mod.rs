@@ -1,72 +1,37 @@
-//! A deliberately small blocking HTTP/1.1 client that shows exactly what went over the
-//! wire (chunked or not, trailers, connection close), which a full client would hide.
+//! A blocking HTTP/1.1 client that shows exactly what went over the wire (chunked or not,
+//! trailers, connection close), which a full client would hide: testkit's raw HTTP/1 client
+//! with request helpers, failing the test on any error.
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
+
+use kactivator_testkit::raw_http1;
 
 /// Upper bound on any single read, so a broken backend fails a test instead of hanging it.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A parsed response.
-#[derive(Debug)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    pub trailers: Vec<(String, String)>,
-    pub chunked: bool,
-}
+/// A response as testkit's raw HTTP/1 client reads it.
+pub use raw_http1::Response;
 
-impl Response {
-    /// The first value of header `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        find(&self.headers, name)
-    }
-
-    /// The first value of trailer `name` (case-insensitive).
-    pub fn trailer(&self, name: &str) -> Option<&str> {
-        find(&self.trailers, name)
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8(self.body.clone()).expect("utf-8 body")
-    }
-
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).expect("json body")
-    }
-}
-
-fn find<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    fields
-        .iter()
-        .find(|(field, _)| field.eq_ignore_ascii_case(name))
-        .map(|(_, value)| value.as_str())
-}
-
-/// One client connection.
+/// One client connection: testkit's raw HTTP/1 client, whose errors fail the test.
 pub struct Connection {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
+    inner: raw_http1::Connection<TcpStream>,
 }
 
 impl Connection {
     pub fn open(addr: SocketAddr) -> Self {
-        let stream = TcpStream::connect(addr).expect("connect to backend");
-        stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        stream.set_nodelay(true).unwrap();
-        Self {
-            reader: BufReader::new(stream.try_clone().unwrap()),
-            writer: stream,
-        }
+        let inner = raw_http1::Connection::connect_with_timeout(addr, READ_TIMEOUT)
+            .unwrap_or_else(|error| panic!("connect to backend {addr}: {error}"));
+        Self { inner }
     }
 
     /// Writes raw bytes.
     pub fn write(&mut self, bytes: &[u8]) {
-        self.writer.write_all(bytes).expect("write to backend");
+        self.inner
+            .send(bytes)
+            .unwrap_or_else(|error| panic!("write to backend: {error}"));
     }
 
     /// Sends a request with a Content-Length body (omitted when empty and bodyless).
@@ -101,99 +66,50 @@ impl Connection {
 
     /// Reads the status line and headers, leaving the body unread.
     pub fn read_head(&mut self) -> (u16, Vec<(String, String)>) {
-        let status_line = self.read_line();
-        let status = status_line
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
-        (status, self.read_fields())
+        let head = self
+            .inner
+            .read_head()
+            .unwrap_or_else(|error| panic!("{error}"));
+        (head.status, head.headers)
     }
 
     pub fn read_response(&mut self, head_request: bool) -> Response {
-        let (status, headers) = self.read_head();
-        let mut response = Response {
-            status,
-            headers,
-            body: Vec::new(),
-            trailers: Vec::new(),
-            chunked: false,
-        };
-        let bodyless = head_request || status < 200 || status == 204 || status == 304;
-        if bodyless {
-            return response;
-        }
-        let transfer_encoding = response.header("transfer-encoding").map(str::to_owned);
-        let content_length = response.header("content-length").map(str::to_owned);
-        if transfer_encoding.is_some_and(|coding| coding.eq_ignore_ascii_case("chunked")) {
-            response.chunked = true;
-            while let Some(chunk) = self.read_chunk() {
-                response.body.extend_from_slice(&chunk);
-            }
-            response.trailers = self.read_fields();
-        } else if let Some(length) = content_length {
-            let length: usize = length.parse().expect("numeric content-length");
-            response.body = self.read_exact_bytes(length);
-        } else {
-            self.reader.read_to_end(&mut response.body).unwrap();
-        }
-        response
+        let method = if head_request { "HEAD" } else { "GET" };
+        self.inner
+            .read_response_to(method)
+            .unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// The next chunk's data, or `None` at the terminating zero-size chunk (whose
     /// trailers are left unread).
     pub fn read_chunk(&mut self) -> Option<Vec<u8>> {
-        let size_line = self.read_line();
-        let size_text = size_line.split(';').next().unwrap().trim();
-        let size = usize::from_str_radix(size_text, 16)
-            .unwrap_or_else(|_| panic!("bad chunk size line {size_line:?}"));
-        if size == 0 {
-            return None;
-        }
-        let data = self.read_exact_bytes(size);
-        assert_eq!(self.read_line(), "", "chunk data must end with CRLF");
-        Some(data)
+        self.inner
+            .read_chunk()
+            .unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// Reads the trailer section that follows the terminating chunk.
     pub fn read_trailers(&mut self) -> Vec<(String, String)> {
-        self.read_fields()
+        self.inner
+            .read_trailers()
+            .unwrap_or_else(|error| panic!("{error}"))
     }
 
     pub fn read_exact_bytes(&mut self, length: usize) -> Vec<u8> {
-        let mut data = vec![0; length];
-        self.reader.read_exact(&mut data).expect("read body bytes");
-        data
+        self.inner
+            .read_exact_bytes(length)
+            .unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// Reads until the peer closes its write side.
     pub fn read_to_end(&mut self) -> Vec<u8> {
-        let mut data = Vec::new();
-        self.reader.read_to_end(&mut data).expect("read to end");
-        data
+        self.inner
+            .read_to_close()
+            .unwrap_or_else(|error| panic!("{error}"))
     }
 
     pub fn shutdown_write(&mut self) {
-        self.writer.shutdown(Shutdown::Write).unwrap();
-    }
-
-    fn read_line(&mut self) -> String {
-        let mut line = String::new();
-        let read = self.reader.read_line(&mut line).expect("read line");
-        assert!(read > 0, "connection closed while a line was expected");
-        line.trim_end_matches(['\r', '\n']).to_owned()
-    }
-
-    fn read_fields(&mut self) -> Vec<(String, String)> {
-        let mut fields = Vec::new();
-        loop {
-            let line = self.read_line();
-            if line.is_empty() {
-                return fields;
-            }
-            let (name, value) = line.split_once(':').expect("field line has a colon");
-            fields.push((name.trim().to_owned(), value.trim().to_owned()));
-        }
+        self.inner.stream().shutdown(Shutdown::Write).unwrap();
     }
 }
 
