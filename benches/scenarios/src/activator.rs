@@ -1,13 +1,16 @@
 //! The kactivator process under test: a config file written here, the binary started with one
 //! driver, its admin port scraped for metrics and `/proc/<pid>/status` read for its memory.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::ports::free_port;
+use kactivator_testkit::raw_http1;
+
+use crate::client::io_error;
 
 /// How long a fresh kactivator gets to answer `/readyz`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -321,16 +324,8 @@ pub fn request(
         addr.ip(),
         body.len()
     )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {:.80}", text)))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or(String::new(), |(_, body)| body.to_string());
-    Ok((status, body))
+    let response = raw_http1::Connection::new(stream)?
+        .read_response()
+        .map_err(io_error)?;
+    Ok((response.status, response.text()))
 }

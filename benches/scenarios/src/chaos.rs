@@ -8,8 +8,8 @@
 //! pod that was killed while the request was in flight (within its kill window).
 
 use std::collections::BTreeMap;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{self, BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 
 use kactivator_testkit::ports::free_port;
 use kactivator_testkit::queue_proxy::QueueProxyClient;
+use kactivator_testkit::raw_http1;
 
 use crate::activator::{Activator, Launch};
+use crate::client::io_error;
 use crate::ScratchDir;
 
 /// How long after a kill a failure naming the killed pod still counts as "in flight on it".
@@ -152,86 +154,18 @@ struct Response {
     body: Vec<u8>,
 }
 
-/// Reads one response off `reader`, framed by Content-Length, chunked, or close.
-fn read_response(reader: &mut BufReader<TcpStream>) -> io::Result<Response> {
-    let mut head = Vec::new();
-    loop {
-        let mut line = Vec::new();
-        let n = reader.read_until(b'\n', &mut line)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                if head.is_empty() {
-                    "EOF before any response byte"
-                } else {
-                    "EOF inside the response head"
-                },
-            ));
-        }
-        let end = line == b"\r\n";
-        head.extend_from_slice(&line);
-        if end {
-            break;
-        }
-    }
-    let text = String::from_utf8_lossy(&head).to_string();
-    let status: u16 = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("not HTTP: {:.60}", text)))?;
-    let lower = text.to_ascii_lowercase();
-    let close = lower.contains("\r\nconnection: close");
-    let mut body = Vec::new();
-    if lower.contains("\r\ntransfer-encoding: chunked") {
-        loop {
-            let mut size = String::new();
-            if reader.read_line(&mut size)? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "EOF inside a chunked body",
-                ));
-            }
-            let size = usize::from_str_radix(size.trim().split(';').next().unwrap_or(""), 16)
-                .map_err(|_| io::Error::other("bad chunk size"))?;
-            if size == 0 {
-                // trailers until the empty line
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line)? == 0 || line == "\r\n" {
-                        break;
-                    }
-                }
-                break;
-            }
-            let at = body.len();
-            body.resize(at + size + 2, 0);
-            reader.read_exact(&mut body[at..])?;
-            body.truncate(at + size);
-        }
-    } else if let Some(length) = lower
-        .split("\r\n")
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse::<usize>().ok())
-    {
-        body.resize(length, 0);
-        reader.read_exact(&mut body)?;
-    } else if status != 101 && status != 204 && status != 304 {
-        reader.read_to_end(&mut body)?;
-    }
+/// Reads one response off `connection` with testkit's raw HTTP/1 client.
+fn read_response(connection: &mut raw_http1::Connection) -> io::Result<Response> {
+    let response = connection.read_response().map_err(io_error)?;
     Ok(Response {
-        status,
-        close,
-        body,
+        status: response.status,
+        close: response.closes_connection(),
+        body: response.body,
     })
 }
 
-fn connect(addr: SocketAddr) -> io::Result<BufReader<TcpStream>> {
-    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    Ok(BufReader::new(stream))
+fn connect(addr: SocketAddr) -> io::Result<raw_http1::Connection> {
+    raw_http1::Connection::connect_with_timeout(addr, IO_TIMEOUT).map_err(io_error)
 }
 
 fn head(method: &str, path: &str, revision: &str, extra: &str) -> String {
@@ -282,7 +216,7 @@ enum Load {
 }
 
 fn client(shared: Arc<Shared>, http: SocketAddr, load: Load, seed: u64) {
-    let mut conn: Option<BufReader<TcpStream>> = None;
+    let mut conn: Option<raw_http1::Connection> = None;
     let mut n = seed;
     let revision = if matches!(load, Load::Zero) {
         "zero"
@@ -359,7 +293,7 @@ fn client(shared: Arc<Shared>, http: SocketAddr, load: Load, seed: u64) {
                 conn = Some(connect(http)?);
             }
             let c = conn.as_mut().expect("connected");
-            c.get_mut().write_all(&request)?;
+            c.send(&request).map_err(io_error)?;
             read_response(c)
         })();
         let keep = matches!(load, Load::KeepAlive | Load::Streamed)
@@ -400,8 +334,7 @@ fn ws_session(shared: &Shared, http: SocketAddr, round: u64) -> Result<(), Strin
         "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
     );
-    conn.get_mut()
-        .write_all(upgrade.as_bytes())
+    conn.send(upgrade.as_bytes())
         .map_err(|e| format!("transport: {e}"))?;
     let response = read_response(&mut conn).map_err(|e| format!("transport: {e}"))?;
     if response.status != 101 {
@@ -420,15 +353,14 @@ fn ws_session(shared: &Shared, http: SocketAddr, round: u64) -> Result<(), Strin
         let mut frame = vec![0x81, 0x80 | message.len() as u8];
         frame.extend_from_slice(&mask);
         frame.extend(message.bytes().enumerate().map(|(j, b)| b ^ mask[j % 4]));
-        conn.get_mut()
-            .write_all(&frame)
+        conn.send(&frame)
             .map_err(|e| format!("transport mid-session: {e}"))?;
-        let mut header = [0u8; 2];
-        conn.read_exact(&mut header)
+        let header = conn
+            .read_exact_bytes(2)
             .map_err(|e| format!("transport mid-session: {e}"))?;
         let len = usize::from(header[1] & 0x7f);
-        let mut payload = vec![0u8; len];
-        conn.read_exact(&mut payload)
+        let payload = conn
+            .read_exact_bytes(len)
             .map_err(|e| format!("transport mid-session: {e}"))?;
         if header[0] & 0x0f != 1 || payload != message.as_bytes() {
             return Err(format!("wrong echo frame (opcode {})", header[0] & 0x0f));
@@ -436,7 +368,7 @@ fn ws_session(shared: &Shared, http: SocketAddr, round: u64) -> Result<(), Strin
         std::thread::sleep(Duration::from_millis(50));
     }
     // close frame, masked, empty
-    let _ = conn.get_mut().write_all(&[0x88, 0x80, 0, 0, 0, 0]);
+    let _ = conn.send(&[0x88, 0x80, 0, 0, 0, 0]);
     Ok(())
 }
 

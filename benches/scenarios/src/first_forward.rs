@@ -15,8 +15,10 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use kactivator_testkit::raw_http1;
+
 use crate::activator::{self, Activator, Launch};
-use crate::client::{get_request, Conn};
+use crate::client::{get_request, io_error, Conn};
 use crate::{fmt_us, percentile, ScratchDir};
 
 /// The targets of `../shared/BENCHMARKS.md`.
@@ -100,16 +102,13 @@ pub(crate) fn registration(pod_ip: IpAddr, event: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Reads an HTTP response to the end (the server closes) and returns its status.
-pub(crate) fn read_status(mut stream: TcpStream) -> io::Result<u16> {
+/// Reads the HTTP response on `stream` and returns its status.
+pub(crate) fn read_status(stream: TcpStream) -> io::Result<u16> {
     stream.set_read_timeout(Some(STEP_TIMEOUT))?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
-    String::from_utf8_lossy(&response)
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| io::Error::other("malformed registration response"))
+    let response = raw_http1::Connection::new(stream)?
+        .read_response()
+        .map_err(io_error)?;
+    Ok(response.status)
 }
 
 pub(crate) fn register(http: SocketAddr, pod_ip: IpAddr, event: &str) -> Result<(), String> {
