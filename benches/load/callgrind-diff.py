@@ -9,6 +9,11 @@ functions whose cost moved most, new minus base. File and binary paths are strip
 names, so builds from different directories compare.
 
     python3 benches/load/callgrind-diff.py BASE_DIR NEW_DIR [uring|epoll] [--top N]
+                                           [--strip REGEX ...]
+
+`--strip REGEX` deletes what REGEX matches from every name before comparing, so a function that
+only gained or lost a type argument (a front made generic over its stream, say) is compared with
+itself instead of showing as one function gone and another new.
 
 Needs `callgrind_annotate` (valgrind). The totals line is the sum over every function, which is
 the figure run.sh prints.
@@ -22,6 +27,9 @@ import subprocess
 import sys
 
 LINE = re.compile(r"\s*([\d,]+)\s+(?:\([^)]*\)\s+)?(.*)$")
+
+
+STRIP: list = []
 
 
 def per_function(profile: pathlib.Path) -> collections.Counter:
@@ -42,6 +50,8 @@ def per_function(profile: pathlib.Path) -> collections.Counter:
             continue
         name = re.sub(r"\s*\[[^\]]*\]$", "", name)  # the binary's path
         name = re.sub(r"^(?:\?\?\?|\S*?\.(?:rs|c|S|h|cc)):", "", name)  # the source file
+        for pattern in STRIP:
+            name = re.sub(pattern, "", name)
         counts[name] += int(found.group(1).replace(",", ""))
     return counts
 
@@ -65,7 +75,9 @@ def main() -> None:
     parser.add_argument("new", type=pathlib.Path)
     parser.add_argument("driver", nargs="?", default="uring", choices=["uring", "epoll"])
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--strip", action="append", default=[], metavar="REGEX")
     args = parser.parse_args()
+    STRIP.extend(args.strip)
     base, new = marginal(args.base, args.driver), marginal(args.new, args.driver)
     print(f"instructions per request: base {sum(base.values()):.0f}, new {sum(new.values()):.0f}")
     moved = sorted(

@@ -59,9 +59,9 @@ impl<S: ByteStream> ClientWriter<S> {
     }
 
     /// Writes what the socket takes at once of `bytes` (a non-blocking send, see
-    /// [`Socket::send_now`]); returns how much.
+    /// [`ByteStream::send_now`]); returns how much.
     pub(super) fn send_now(&mut self, bytes: &[u8]) -> usize {
-        let sent = self.socket.send_now(bytes);
+        let sent = S::send_now(self.socket, bytes);
         self.wrote |= sent > 0;
         sent
     }

@@ -337,8 +337,12 @@ async fn send_request<C: ByteStream, U: ByteStream>(
             .map_err(SendError::ClientBody)?;
         if !out.is_empty() {
             // The pod's time is what requests queue for: its bytes go out now, not when this
-            // shard next submits to the ring (see `Socket::send_now`).
-            let sent = if try_now { pod_socket.send_now(out) } else { 0 };
+            // shard next submits to the ring (see `ByteStream::send_now`).
+            let sent = if try_now {
+                U::send_now(pod_socket, out)
+            } else {
+                0
+            };
             try_now = sent == out.len();
             let written = if sent < out.len() {
                 write_rest(&mut upstream, out, sent).await

@@ -3,7 +3,8 @@
 //! into a poll-style stream for the `h2` crate. Plain TCP is one; an encrypting stream is the
 //! next. The shortcuts that go straight to the socket (a non-blocking send, a half-close, a peek
 //! for a closed idle connection) sit behind [`Socket`], and only a stream whose bytes reach the
-//! wire as written offers the send.
+//! wire as written offers the send ([`ByteStream::send_now`]), decided by its type, not at run
+//! time.
 
 // Three system calls on a socket the caller holds open (see each SAFETY).
 #![allow(unsafe_code)]
@@ -30,6 +31,15 @@ pub trait ByteStream:
     /// The socket beneath, for the shortcuts; taken before the stream is split.
     fn socket(&self) -> Socket;
 
+    /// Writes what `socket` takes at once of `bytes`, without waiting; returns how much. Only a
+    /// stream whose bytes are the socket's can (plain TCP: [`Socket::send_raw`]); any other
+    /// writes nothing here, and its bytes go through the reactor.
+    #[inline]
+    fn send_now(socket: Socket, bytes: &[u8]) -> usize {
+        let _ = (socket, bytes);
+        0
+    }
+
     /// Completes when the peer has sent something (bytes, a FIN, an error), without reading it:
     /// a request waiting for a slot watches its client with it.
     fn readable(reader: &OwnedReadHalf<Self>) -> impl Future<Output = io::Result<()>>;
@@ -40,8 +50,12 @@ impl ByteStream for TcpStream {
     fn socket(&self) -> Socket {
         Socket {
             fd: self.as_raw_fd(),
-            writes_through: true,
         }
+    }
+
+    #[inline]
+    fn send_now(socket: Socket, bytes: &[u8]) -> usize {
+        socket.send_raw(bytes)
     }
 
     #[inline]
@@ -81,9 +95,6 @@ impl Connector for PlainTcp {
 #[derive(Clone, Copy, Debug)]
 pub struct Socket {
     fd: RawFd,
-    /// The stream's bytes are the socket's bytes (no framing or encryption in between), so a
-    /// raw send may write them.
-    writes_through: bool,
 }
 
 impl Socket {
@@ -94,8 +105,9 @@ impl Socket {
         self.fd
     }
 
-    /// Writes what the socket takes at once of `bytes`, without waiting; returns how much, and
-    /// 0 for a stream whose bytes are not the socket's (its writes go through the reactor).
+    /// Writes what the socket takes at once of `bytes`, without waiting; returns how much.
+    /// Private to this module: only a stream whose bytes are the socket's (no framing or
+    /// encryption in between) offers it, through [`ByteStream::send_now`].
     ///
     /// Under io_uring a write would otherwise wait for the end of the shard's turn, behind every
     /// other operation queued in it (client writes, each waking a client thread). For the
@@ -103,10 +115,7 @@ impl Socket {
     /// requests. A non-blocking `send` puts the bytes on the wire at once; whatever it did not
     /// take (a full socket buffer) or any error is left to the regular write, which reports it.
     #[inline]
-    pub fn send_now(self, bytes: &[u8]) -> usize {
-        if !self.writes_through {
-            return 0;
-        }
+    fn send_raw(self, bytes: &[u8]) -> usize {
         // SAFETY: `fd` is a socket owned by the stream this was taken from, open for the call
         // (the caller holds one of its halves); `bytes` is a live slice the kernel only reads.
         // MSG_DONTWAIT makes the call non-blocking whatever the socket's mode; MSG_NOSIGNAL

@@ -66,7 +66,7 @@ impl<S: ByteStream> UpstreamConn<S> {
         }
     }
 
-    /// The socket beneath, for the calls made outside the reactor (`Socket::send_now`,
+    /// The socket beneath, for the calls made outside the reactor (`ByteStream::send_now`,
     /// `Socket::shut_write`).
     pub fn socket(&self) -> Socket {
         self.socket

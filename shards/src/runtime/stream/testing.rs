@@ -103,9 +103,9 @@ impl IntoPollIo for Sealed {
 
 impl ByteStream for Sealed {
     fn socket(&self) -> Socket {
+        // Its bytes are not the socket's: `send_now` stays the trait's, which sends nothing.
         Socket {
             fd: self.inner.as_raw_fd(),
-            writes_through: false,
         }
     }
 

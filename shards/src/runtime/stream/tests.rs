@@ -3,13 +3,15 @@ use std::io::{Read, Write};
 use std::rc::Rc;
 
 use super::testing::{loopback_pair, reactor, Sealed};
+use monoio::net::TcpStream;
+
 use super::ByteStream;
 
 #[test]
 fn only_a_stream_whose_bytes_are_the_sockets_sends_raw() {
     reactor().block_on(async {
         let (plain, mut plain_peer) = loopback_pair().await;
-        let sent = plain.socket().send_now(b"hello");
+        let sent = TcpStream::send_now(plain.socket(), b"hello");
         assert_eq!(sent, 5, "plain TCP takes the non-blocking send");
         let mut got = [0u8; 5];
         plain_peer.read_exact(&mut got).unwrap();
@@ -18,7 +20,7 @@ fn only_a_stream_whose_bytes_are_the_sockets_sends_raw() {
         let (inner, mut sealed_peer) = loopback_pair().await;
         let sealed = Sealed::new(inner, Rc::new(Cell::new(0)));
         assert_eq!(
-            sealed.socket().send_now(b"hello"),
+            Sealed::send_now(sealed.socket(), b"hello"),
             0,
             "a stream that frames its bytes must not have them written raw"
         );
