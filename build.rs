@@ -27,43 +27,6 @@ fn main() {
         }
     }
     println!("cargo:rerun-if-changed=build.rs");
-    hot_code_first();
-}
-
-/// A release link puts the functions start-up and serving run at the front of the code
-/// (`src/hot-code.ld`, written by `scripts/hot-code.sh`): an idle process then maps a third as
-/// much of the binary (BENCHMARKS.md, "Idle RSS and the code layout"). Debug builds, which the
-/// tests run, link as they always did.
-fn hot_code_first() {
-    let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") else {
-        return;
-    };
-    let script = Path::new(&dir).join("src/hot-code.ld");
-    // Named even when missing (a checkout without it): cargo then reruns this script on every
-    // build, and the link picks the file up as soon as it is written.
-    println!("cargo:rerun-if-changed={}", script.display());
-    if script.exists() && std::env::var("PROFILE").is_ok_and(|profile| profile == "release") {
-        println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
-        // Packed relative relocations (DT_RELR): the loader reads 9 KB of them instead of
-        // 456 KB. Only glibc 2.36 and later load such a binary, so only when the glibc linked
-        // against is one of those (the image carries the build machine's glibc).
-        if glibc_version().is_some_and(|version| version >= (2, 36)) {
-            println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
-        }
-    }
-}
-
-/// The build machine's glibc, from `getconf GNU_LIBC_VERSION` ("glibc 2.36"); `None` when it
-/// cannot tell (another libc, no `getconf`).
-fn glibc_version() -> Option<(u32, u32)> {
-    let output = Command::new("getconf")
-        .arg("GNU_LIBC_VERSION")
-        .output()
-        .ok()?;
-    let text = String::from_utf8(output.stdout).ok()?;
-    let (major, minor) = text.trim().strip_prefix("glibc ")?.split_once('.')?;
-    let minor = minor.split('.').next()?;
-    Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
 /// `git <args>` in the package's directory, its trimmed output if it succeeded.

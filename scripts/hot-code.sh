@@ -1,56 +1,62 @@
 #!/usr/bin/env bash
-# Writes src/hot-code.ld: the linker script that puts the code kactivator runs to start and to
-# serve at the front of its code, in `.text.hot`, instead of scattered through 10 MB of `.text`.
+# Writes the ordering file of the shipped binary's link: every function kactivator runs to start
+# and to serve, one symbol a line, in the order lld is to place them at the front of `.text`,
+# instead of scattered through 10 MB of it. scripts/link-hot-first.sh runs it between its two
+# links of the `dist` build (scripts/image.sh); it is not run by hand.
 #
 # Why: the kernel maps a binary's code into a process in 64 KiB windows around each page it runs
 # ("fault-around"), so an idle process's resident memory is set by how many windows start-up and
 # serving touch, not by how much code they run. Packed together, the same functions touch a third
-# of the windows (BENCHMARKS.md, "Idle RSS and the code layout").
+# of the windows (BENCHMARKS.md, "Idle memory and the code layout").
 #
-# How: runs the release binary under callgrind, as the queue-proxy and as the activator, under
-# both drivers, through start-up, the kubelet's and the activator's probes, the autoscaler's
-# scrape, requests over HTTP/1.1 and h2c, and a drain; every function that ran is named in the
-# script, the queue-proxy's first (the role whose footprint has a target). Names are v0-mangled
-# (.cargo/config.toml) with the crates' disambiguators as `*`, so a rebuild, or a build in another
-# checkout, matches the same functions; a function renamed since is simply left in `.text`.
-# `scripts/hot-code.sh --check BIN` says how many of the names a build still matches.
+# How: runs the binary under callgrind, as the queue-proxy and as the activator, under both
+# drivers, through start-up, the kubelet's and the activator's probes, the autoscaler's scrape,
+# requests over HTTP/1.1 and h2c, and a drain; every function that ran is named, the
+# queue-proxy's first (the role whose footprint has a target). The names are the symbols of the
+# binary traced, which the second link shares: nothing is matched across builds. About a minute
+# on two cores.
 #
-# Usage: scripts/hot-code.sh [BIN]       (default target/release/kactivator; needs valgrind,
-#                                          curl, python3 and nginx for the h2c backend)
-#        scripts/hot-code.sh --check BIN
+# Usage: scripts/hot-code.sh BIN ORDER_FILE   (needs valgrind, curl, python3, and nginx for the
+#                                              h2c backend)
+#        scripts/hot-code.sh --tools          installs valgrind (apt-get) and nginx (its Debian
+#                                              package unpacked under target/tools, no service)
+#                                              when missing; as root, on Debian or Ubuntu
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-script=$root/src/hot-code.ld
-
-# A symbol as the script names it: crate disambiguators as "*", and LLVM's ".N" suffix on a
-# local copy (its section is named with it, its number changes from build to build) as ".*".
-normalise='s/\.[0-9]+$/.*/; s/Cs[0-9A-Za-z]+_/Cs*_/g'
-
-# Each pattern line of the script is "    *(.text*.PATTERN)".
-patterns_of() { sed -n 's/^    \*(\.text\*\.\(.*\))$/\1/p' "$1"; }
-
 # The functions named in callgrind output files (each one's `fn=` and `cfn=` lines), sorted.
 fns_of() { sed -n 's/^c\{0,1\}fn=([0-9]*) \(.*\)/\1/p' "$@" | sort -u; }
 
-if [[ ${1:-} == --check ]]; then
-  bin=${2:?usage: scripts/hot-code.sh --check BIN}
-  nm --defined-only "$bin" | awk '{print $3}' | sed -E "$normalise" | python3 -c '
-import sys
-symbols = set(sys.stdin.read().split())
-patterns = [line.strip() for line in open(sys.argv[1]) if line.strip()]
-matched = sum(pattern in symbols for pattern in patterns)
-share = matched / max(len(patterns), 1)
-print(f"{matched} of {len(patterns)} hot-code names match a function of this build ({share:.0%})")
-sys.exit(0 if share >= 0.8 else 1)
-' <(patterns_of "$script")
-  exit
+# Debian's nginx, unpacked here by `--tools` when the machine has none: installing the package
+# would start it as a service on port 80.
+nginx_dir=${CARGO_TARGET_DIR:-$root/target}/tools/nginx
+nginx=$(command -v nginx || true)
+[[ -n $nginx || ! -x $nginx_dir/usr/sbin/nginx ]] || nginx=$nginx_dir/usr/sbin/nginx
+
+if [[ ${1:-} == --tools ]]; then
+  if command -v valgrind >/dev/null && [[ -n $nginx ]]; then exit 0; fi
+  [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null ||
+    { echo "hot-code.sh: install valgrind and nginx (the image's code layout traces the build)" >&2; exit 1; }
+  apt-get update -qq
+  if ! command -v valgrind >/dev/null; then
+    echo "hot-code.sh: installing valgrind" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind >/dev/null
+  fi
+  if [[ -z $nginx ]]; then
+    echo "hot-code.sh: unpacking Debian's nginx into $nginx_dir" >&2
+    rm -rf "$nginx_dir" && mkdir -p "$nginx_dir"
+    (cd "$nginx_dir" && apt-get download -qq nginx 2>/dev/null && dpkg-deb -x nginx_*.deb . && rm nginx_*.deb)
+    "$nginx_dir/usr/sbin/nginx" -v
+  fi
+  exit 0
 fi
 
-bin=${1:-$root/target/release/kactivator}
-for tool in valgrind curl python3; do
-  command -v "$tool" >/dev/null || { echo "hot-code.sh: needs $tool" >&2; exit 1; }
+bin=${1:?usage: scripts/hot-code.sh BIN ORDER_FILE}
+order=${2:?usage: scripts/hot-code.sh BIN ORDER_FILE}
+for tool in valgrind callgrind_control curl python3 nm; do
+  command -v "$tool" >/dev/null || { echo "hot-code.sh: needs $tool (scripts/hot-code.sh --tools)" >&2; exit 1; }
 done
+[[ -n $nginx ]] || { echo "hot-code.sh: needs nginx for the h2c backend (scripts/hot-code.sh --tools)" >&2; exit 1; }
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -66,26 +72,27 @@ get() { curl -s -o /dev/null --max-time 10 "$@" || true; }
 http1_port=$(free_port)
 python3 -m http.server "$http1_port" --bind 127.0.0.1 >/dev/null 2>&1 &
 pids+=($!)
-h2c_port=
-if command -v nginx >/dev/null; then
-  h2c_port=$(free_port)
-  mkdir -p "$work/nginx"
-  cat >"$work/nginx/nginx.conf" <<EOF
+# The h2c user container. Every temporary path is named: Debian's build points them into
+# /var/lib/nginx, which an unpacked copy has none of.
+h2c_port=$(free_port)
+mkdir -p "$work/nginx"
+cat >"$work/nginx/nginx.conf" <<EOF
 daemon off;
 pid $work/nginx/nginx.pid;
 error_log $work/nginx/error.log;
 events {}
 http {
   access_log off;
-  client_body_temp_path $work/nginx;
+  client_body_temp_path $work/nginx/body;
+  proxy_temp_path $work/nginx/proxy;
+  fastcgi_temp_path $work/nginx/fastcgi;
+  uwsgi_temp_path $work/nginx/uwsgi;
+  scgi_temp_path $work/nginx/scgi;
   server { listen 127.0.0.1:$h2c_port http2; location / { return 200 "h2c\n"; } }
 }
 EOF
-  nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" &
-  pids+=($!)
-else
-  echo "hot-code.sh: no nginx, so no h2c backend: h2c responses are not traced" >&2
-fi
+"$nginx" -e "$work/nginx/error.log" -p "$work/nginx" -c "$work/nginx/nginx.conf" &
+pids+=($!)
 sleep 0.5
 
 # trace NAME DRIVER ROLE USER_PORT: one callgrind run; writes $work/NAME.fns (every function
@@ -133,8 +140,9 @@ EOF
     curl -s -o /dev/null --max-time 10 "http://127.0.0.1:$admin/readyz" && break
     sleep 0.1
   done
-  # Start-up ends when the process unmaps its code (`start::UNMAP_START_UP_CODE_AFTER`, 3 s):
-  # what ran until then is dumped apart from what serving runs.
+  # Start-up ends when the queue-proxy unmaps its code (`start::UNMAP_START_UP_CODE_AFTER`, 3 s):
+  # what ran until then is dumped apart from what serving runs; the activator is cut at the same
+  # time.
   sleep 5
   callgrind_control --dump=start-up "$pid" >/dev/null 2>&1
   local route=(-H 'Knative-Serving-Namespace: default' -H 'Knative-Serving-Revision: hot')
@@ -171,26 +179,17 @@ EOF
 
 for driver in io-uring epoll; do
   trace "qp-http1-$driver" "$driver" queue-proxy "$http1_port"
-  [[ -n $h2c_port ]] && trace "qp-h2c-$driver" "$driver" queue-proxy "$h2c_port"
+  trace "qp-h2c-$driver" "$driver" queue-proxy "$h2c_port"
   trace "activator-$driver" "$driver" activator "$http1_port"
 done
 
 nm --defined-only "$bin" | awk '$2 ~ /^[tTwW]$/ {print $3}' | sort -u >"$work/code.syms"
 {
-  cat <<'EOF'
-/* Generated by scripts/hot-code.sh from a traced release build; do not edit by hand.
- * The functions kactivator runs to serve, then those it runs only to start and to drain, packed
- * at the front of its code so that an idle process maps few 64 KiB windows of it (the
- * queue-proxy's first in each group). build.rs hands it to the release link; a name no longer in
- * the build matches nothing and costs nothing. */
-SECTIONS {
-  .text.hot : {
-EOF
+  echo "# Generated by scripts/hot-code.sh from a trace of $(basename "$bin"); lld's --symbol-ordering-file."
   # Serving's functions first: the HTTP/1 queue-proxy's (the common sidecar), then what h2c adds,
   # then what the activator adds; then the rest of what start-up and the drain ran, the
-  # queue-proxy's first. After start-up the process unmaps its code
-  # (`runtime::memory::unmap_clean_file_pages`), and serving maps back only the windows of the
-  # first groups.
+  # queue-proxy's first. After start-up the queue-proxy unmaps its code
+  # (`start::unmap_start_up_code`), and serving maps back only the windows of the first groups.
   kinds=(qp-http1 qp-h2c activator)
   : >"$work/seen"
   lists=()
@@ -205,15 +204,10 @@ EOF
     lists+=("$kind.rest")
   done
   for list in "${lists[@]}"; do
-    echo "    /* $list */"
-    comm -12 "$work/$list" "$work/code.syms" |
-      sed -E "$normalise" | awk '!seen[$0]++ {print "    *(.text*." $0 ")"}'
+    echo "# $list"
+    comm -12 "$work/$list" "$work/code.syms"
   done
-  cat <<'EOF'
-  }
-}
-INSERT BEFORE .text;
-EOF
-} >"$script.new"
-mv "$script.new" "$script"
-echo "hot-code.sh: wrote $script ($(patterns_of "$script" | wc -l) functions)" >&2
+} >"$order"
+count=$(grep -vc '^#' "$order")
+((count > 500)) || { echo "hot-code.sh: only $count functions traced; did the runs serve?" >&2; exit 1; }
+echo "hot-code.sh: wrote $order ($count functions)" >&2

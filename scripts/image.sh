@@ -29,8 +29,13 @@
 #
 # Usage: scripts/image.sh [--rootfs-only]
 #   --rootfs-only   stop after assembling target/image/rootfs (for the Containerfile).
-# Environment: IMAGE_DIR (default target/image), SOURCE_DATE_EPOCH, KACTIVATOR_BINARY (a release
-# binary already built; default: `cargo build --release --locked` and target/release/kactivator).
+# Environment: IMAGE_DIR (default target/image), SOURCE_DATE_EPOCH, KACTIVATOR_BINARY (a binary
+# already built; default: the `dist` profile's, target/dist/kactivator, built here).
+#
+# The `dist` build is the release build with the code serving runs first: its link traces the
+# binary and links it again in the order traced (scripts/link-hot-first.sh, scripts/hot-code.sh;
+# valgrind and nginx, which `scripts/hot-code.sh --tools` installs when missing). A plain
+# `cargo build --release` links as usual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,9 +62,12 @@ export SOURCE_DATE_EPOCH
 created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
 
 if [ -z "${KACTIVATOR_BINARY:-}" ]; then
-  echo "== cargo build --release (reused when target/release is current)"
-  cargo build --release --locked --bin kactivator
-  KACTIVATOR_BINARY=target/release/kactivator
+  echo "== cargo rustc --profile dist, the code serving runs first (reused when target/dist is current)"
+  bash scripts/hot-code.sh --tools
+  # `cargo rustc` gives the linker to the binary's link alone: the dependencies are the same
+  # whatever links them, and build scripts link as usual.
+  cargo rustc --profile dist --locked --bin kactivator -- -C "linker=$PWD/scripts/link-hot-first.sh"
+  KACTIVATOR_BINARY=${CARGO_TARGET_DIR:-target}/dist/kactivator
 fi
 version_line=$("$KACTIVATOR_BINARY" --version) # "kactivator 0.1.0 (commit <hash>)"
 version=$(echo "$version_line" | awk '{print $2}')
