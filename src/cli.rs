@@ -140,6 +140,17 @@ pub struct QueueProxyArgs {
         default_value = kactivator_control::queue_proxy::certs::CERT_DIR
     )]
     pub certs_dir: std::path::PathBuf,
+
+    /// Unmap the pages of code and constants start-up ran, 3 s after the shards start (they stay
+    /// in the page cache; serving maps back what it runs): `true` or `false`.
+    #[arg(
+        long,
+        env = "KACTIVATOR_QUEUE_PROXY_UNMAP_START_UP_CODE",
+        default_value_t = crate::queue_proxy::UNMAP_START_UP_CODE,
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new(),
+    )]
+    pub unmap_start_up_code: bool,
 }
 
 #[derive(Debug, Args)]
@@ -151,4 +162,39 @@ pub struct DemoArgs {
 
 fn parse_driver(text: &str) -> Result<DriverChoice, String> {
     text.parse()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue_proxy_args(args: &[&str]) -> QueueProxyArgs {
+        let cli =
+            Cli::try_parse_from(["kactivator", "queue-proxy"].iter().chain(args)).expect("parses");
+        match cli.command {
+            Some(Command::QueueProxy(args)) => args,
+            other => panic!("not the queue-proxy: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_queue_proxy_unmaps_start_up_code_unless_told_not_to() {
+        // The environment twin is not set in the test's process, so the default applies.
+        if std::env::var_os("KACTIVATOR_QUEUE_PROXY_UNMAP_START_UP_CODE").is_some() {
+            return;
+        }
+        assert_eq!(
+            queue_proxy_args(&[]).unmap_start_up_code,
+            crate::queue_proxy::UNMAP_START_UP_CODE
+        );
+        assert!(!queue_proxy_args(&["--unmap-start-up-code", "false"]).unmap_start_up_code);
+        assert!(queue_proxy_args(&["--unmap-start-up-code", "true"]).unmap_start_up_code);
+        assert!(Cli::try_parse_from([
+            "kactivator",
+            "queue-proxy",
+            "--unmap-start-up-code",
+            "maybe"
+        ])
+        .is_err());
+    }
 }

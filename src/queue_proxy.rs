@@ -36,6 +36,12 @@ use crate::start::{self, RequestLogSetup, RoleSetup, StartError};
 pub const METRICS_PORT: u16 = 9091;
 /// Upstream's quiet period: how long a draining queue-proxy keeps serving (`main.go`).
 pub const QUIET_PERIOD: Duration = Duration::from_secs(30);
+/// Whether the queue-proxy unmaps the code start-up ran (`--unmap-start-up-code`). On: a pod's
+/// sidecar is judged by its resident set (`kubectl top`, the container's working set, VmRSS),
+/// and the pages it gives back are the binary's code, clean, still in the page cache for the
+/// next use. What it costs is a few minor faults on the first request after it.
+pub const UNMAP_START_UP_CODE: bool = true;
+
 pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let env = env::parse(|key| std::env::var(key).ok())?;
     certs::refuse_tls_if_asked(&args.certs_dir)?;
@@ -82,6 +88,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         request_log,
         needs: env.budget_needs(),
         drain_rule: DrainRule::QuietPeriod,
+        unmap_start_up_code: args.unmap_start_up_code,
         spawn_extra: Some(Box::new(move |runtime, drain, shards| {
             let listener = bind(admin_addr)?;
             let stats_listener = bind(stats_addr)?;

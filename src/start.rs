@@ -356,6 +356,9 @@ pub struct RoleSetup {
     /// What ends the drain's grace period.
     pub drain_rule: DrainRule,
     pub spawn_extra: Option<SpawnExtra>,
+    /// Unmap the code start-up ran, [`UNMAP_START_UP_CODE_AFTER`] after the shards start
+    /// ([`unmap_start_up_code`]).
+    pub unmap_start_up_code: bool,
 }
 
 /// A request log for the shards, and its writer thread, finished once the shards are.
@@ -379,6 +382,10 @@ impl RoleSetup {
             needs: budget::Needs::activator(),
             drain_rule: DrainRule::Grace,
             spawn_extra: None,
+            // One per node, with memory to spare: the pages it would unmap stay in the page
+            // cache and are charged to its cgroup all the same (BENCHMARKS.md, "Idle memory and
+            // the code layout").
+            unmap_start_up_code: false,
         }
     }
 }
@@ -581,10 +588,12 @@ pub fn run_as(
         spawn_extra(&runtime, control.drain_phase(), stats.clone())?;
     }
     // Start-up's code leaves the resident set once the control thread's tasks have started too.
-    runtime.spawn(async {
-        tokio::time::sleep(UNMAP_START_UP_CODE_AFTER).await;
-        unmap_start_up_code();
-    });
+    if setup.unmap_start_up_code {
+        runtime.spawn(async {
+            tokio::time::sleep(UNMAP_START_UP_CODE_AFTER).await;
+            unmap_start_up_code();
+        });
+    }
     runtime.block_on(control.run(admin_listener))?;
     // The control thread's tasks keep running while the shards finish their requests: answers
     // that wait for the drain (the queue-proxy's `/wait-for-drain`) are written now.
@@ -616,7 +625,9 @@ pub fn run_as(
 pub const UNMAP_START_UP_CODE_AFTER: Duration = Duration::from_secs(3);
 
 /// Unmaps the pages of the binary's and the libraries' code and constants
-/// (`runtime::memory::unmap_clean_file_pages`); serving maps back what it runs.
+/// (`runtime::memory::unmap_clean_file_pages`); serving maps back what it runs. The pages stay
+/// in the page cache: this shrinks the process's resident set, not what its cgroup is charged
+/// for them (BENCHMARKS.md, "Idle memory and the code layout").
 fn unmap_start_up_code() {
     match std::fs::read_to_string("/proc/self/smaps") {
         Ok(smaps) => {

@@ -717,6 +717,31 @@ fn the_code_start_up_ran_leaves_memory_and_requests_are_served_on() {
     );
 }
 
+/// `KACTIVATOR_QUEUE_PROXY_UNMAP_START_UP_CODE=false` keeps start-up's code mapped: well past the
+/// moment it would have gone, the binary's resident code is what it was.
+#[test]
+fn with_the_unmap_turned_off_the_code_start_up_ran_stays() {
+    let user_port = free_port();
+    let _user = user_container(user_port);
+    let mut env = knative_env(user_port, free_port(), 0);
+    env.insert(
+        "KACTIVATOR_QUEUE_PROXY_UNMAP_START_UP_CODE".into(),
+        "false".into(),
+    );
+    let proxy = start(env);
+    let pid = proxy.child.id();
+    let at_start_up = resident_code_kib(pid);
+    assert!(at_start_up > 0);
+    // Twice `start::UNMAP_START_UP_CODE_AFTER`.
+    std::thread::sleep(Duration::from_secs(6));
+    let now = resident_code_kib(pid);
+    assert!(
+        now >= at_start_up * 3 / 4,
+        "the binary's resident code went from {at_start_up} KiB to {now} KiB"
+    );
+    assert_eq!(proxy.get("/").status, 200);
+}
+
 /// Review finding: the sidecar got the activator's budget, so a queue-proxy under a 64 MiB
 /// limit exited 2 and crash-looped. Under 32 MiB, at containerConcurrency 10, it starts, says
 /// the budget it fitted, and its breaker admits what upstream's does: 10 requests at the app and
