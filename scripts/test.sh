@@ -11,8 +11,10 @@
 #   * network access the first time: crates, apt packages, Python wheels, and the Kubernetes
 #     sources scripts/kube-apiserver.sh builds (cached in target/kube afterwards).
 # What it installs when missing: a C compiler (gcc, for ring), curl, iproute2, python3-venv, Go
-# (golang-go, the reference for the request log's templates), and
-# Python's grpcio packages in a virtual environment, target/venv, never in the system's Python.
+# (golang-go, the reference for the request log's templates), valgrind and an unpacked nginx for
+# the image build's code layout (scripts/hot-code.sh --tools), skopeo and buildah for the image
+# check, and Python's grpcio packages in a virtual environment, target/venv, never in the
+# system's Python.
 # `cargo test` run by hand finds that environment by itself (testkit's grpcio::python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,7 +77,9 @@ echo "== loom model check of the admission gate (LOOM_MAX_PREEMPTIONS=5)"
 LOOM_MAX_PREEMPTIONS=5 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p kactivator-shards --release --lib --locked loom
 
-# The release build here is the benches' and the image's: reused when current.
+# The images' build is the `dist` profile's (target/dist, reused when current); its link traces
+# the binary (valgrind, nginx: installed by scripts/hot-code.sh --tools) and links it again with
+# the code serving runs first.
 echo "== container images: reproducible archive, skopeo, the binary alone in the image's root"
 bash scripts/image-check.sh
 
