@@ -421,13 +421,19 @@ impl Drop for ScratchDir {
     }
 }
 
-/// The `p`-th percentile of sorted values (nearest rank); 0 when empty.
+/// The `p`-th percentile of the values (nearest rank, through `hdrhistogram`); 0 when empty.
 pub fn percentile(sorted: &[u32], p: f64) -> u64 {
-    if sorted.is_empty() {
+    // Three significant digits, as the load generator's: exact below 2 048, within 0.1 % above.
+    let Ok(mut histogram) = hdrhistogram::Histogram::<u64>::new(3) else {
+        return 0;
+    };
+    for &value in sorted {
+        histogram.saturating_record(u64::from(value));
+    }
+    if histogram.is_empty() {
         return 0;
     }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    u64::from(sorted[rank.clamp(1, sorted.len()) - 1])
+    histogram.value_at_quantile(p / 100.0)
 }
 
 /// Median of the values; NaN when empty.
