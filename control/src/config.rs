@@ -135,6 +135,10 @@ pub enum MetricNames {
     /// Both sets (the default): dashboards for either Knative version work unchanged.
     #[default]
     Both,
+    /// Neither: only kactivator's own. Not for the file: the queue-proxy role's, when
+    /// `OBSERVABILITY_CONFIG` turns upstream's request metrics off (`queue_proxy::observability`).
+    #[serde(skip_deserializing)]
+    Neither,
 }
 
 impl MetricNames {

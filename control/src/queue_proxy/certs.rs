@@ -40,12 +40,19 @@ pub enum CertsError {
 /// `Ok` when the pod asks for no TLS: at most one of the two files exists in `dir` (upstream
 /// turns TLS on only with both).
 pub fn refuse_tls_if_asked(dir: &Path) -> Result<(), CertsError> {
-    let cert = dir.join(CERT_FILE);
-    let key = dir.join(KEY_FILE);
-    if exists(&cert)? && exists(&key)? {
-        return Err(CertsError::TlsAsked { cert, key });
+    if tls_asked(dir)? {
+        return Err(CertsError::TlsAsked {
+            cert: dir.join(CERT_FILE),
+            key: dir.join(KEY_FILE),
+        });
     }
     Ok(())
+}
+
+/// Whether both files exist in `dir`: upstream would serve TLS, and read its
+/// `QUEUE_PROXY_TLS_*` settings (`tls_settings`).
+pub fn tls_asked(dir: &Path) -> Result<bool, CertsError> {
+    Ok(exists(&dir.join(CERT_FILE))? && exists(&dir.join(KEY_FILE))?)
 }
 
 fn exists(path: &Path) -> Result<bool, CertsError> {

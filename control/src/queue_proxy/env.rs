@@ -16,6 +16,17 @@
 //!   negative timeout fires at once upstream), containerConcurrency at most [`MAX_CONCURRENCY`]
 //!   (a negative one is "no limit", as upstream's `< 1`).
 //!
+//! Two generations of the contract are read. Knative 1.18's reconciler configures the request
+//! log, request metrics and tracing with `SERVING_ENABLE_REQUEST_LOG`,
+//! `SERVING_REQUEST_LOG_TEMPLATE`, `SERVING_REQUEST_METRICS_*` and `TRACING_CONFIG_*`; from 1.19
+//! it sets one `OBSERVABILITY_CONFIG` instead ([`observability`](super::observability)), and
+//! 1.23's queue-proxy reads nothing else for them (`pkg/queue/sharedmain/main.go:88-111,
+//! 193-197`). So a non-empty `OBSERVABILITY_CONFIG` decides, and the 1.18 keys are then not
+//! read, as upstream's ([`QueueProxyEnv::superseded`] names those present so start-up can say
+//! so); without it the 1.18 keys are read as before. An empty `OBSERVABILITY_CONFIG` counts as
+//! absent (1.23's queue-proxy skips an empty one too). 1.21.2+ adds
+//! `QUEUE_PROXY_TLS_*` ([`tls_settings`](super::tls_settings)).
+//!
 //! Keys present that this binary does not act on are returned in
 //! [`QueueProxyEnv::not_acted_on`] so start-up can say so; unknown keys are ignored, as envconfig
 //! ignores them, so a newer reconciler's additions do not stop the container.
@@ -25,6 +36,8 @@ use std::net::IpAddr;
 use kactivator_shards::routing::MAX_TIMEOUT_SECONDS;
 
 use crate::budget;
+use crate::queue_proxy::observability::{ObservabilityConfig, RequestMetricsExport};
+use crate::queue_proxy::tls_settings::{self, TlsSettings};
 
 /// Keys whose absence is an error (release-1.18's `required:"true"` fields, less the two logging
 /// keys, see the module docs).
@@ -42,8 +55,9 @@ pub const REQUIRED: [&str; 10] = [
 ];
 
 /// Keys Knative sets that are read and checked but change nothing here (yet): each is named in
-/// the log at start-up when present with a non-default value, and in the README.
-pub const NOT_ACTED_ON: [&str; 16] = [
+/// the log at start-up when present with a non-default value, and in the README. (`ROOT_CA` is
+/// for queue-proxy extensions; upstream's queue-proxy does not read it either.)
+pub const NOT_ACTED_ON: [&str; 15] = [
     "SERVING_LOGGING_CONFIG",
     "SERVING_LOGGING_LEVEL",
     "SERVING_REQUEST_METRICS_BACKEND",
@@ -57,10 +71,41 @@ pub const NOT_ACTED_ON: [&str; 16] = [
     "ENABLE_PROFILING",
     "ENABLE_HTTP2_AUTO_DETECTION",
     "ENABLE_HTTP_FULL_DUPLEX",
-    "OBSERVABILITY_CONFIG",
     "SYSTEM_NAMESPACE",
     "ROOT_CA",
 ];
+
+/// Knative 1.18's observability keys, which 1.19+'s queue-proxy no longer reads: with a
+/// non-empty `OBSERVABILITY_CONFIG` they are not read here either (module docs).
+pub const SUPERSEDED: [&str; 12] = [
+    "SERVING_ENABLE_REQUEST_LOG",
+    "SERVING_REQUEST_LOG_TEMPLATE",
+    "SERVING_ENABLE_PROBE_REQUEST_LOG",
+    "SERVING_REQUEST_METRICS_BACKEND",
+    "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS",
+    "METRICS_COLLECTOR_ADDRESS",
+    "METRICS_DOMAIN",
+    "TRACING_CONFIG_BACKEND",
+    "TRACING_CONFIG_ZIPKIN_ENDPOINT",
+    "TRACING_CONFIG_DEBUG",
+    "TRACING_CONFIG_SAMPLE_RATE",
+    "ENABLE_PROFILING",
+];
+
+/// Where the request log, request metrics and tracing are configured from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ObservabilitySource {
+    /// Knative 1.18's keys: the request log from `SERVING_ENABLE_REQUEST_LOG` and
+    /// `SERVING_REQUEST_LOG_TEMPLATE`; upstream's request metrics served under both name sets
+    /// (the metrics and tracing keys are read and checked, not acted on).
+    Knative118,
+    /// `OBSERVABILITY_CONFIG` (Knative 1.19+).
+    ObservabilityConfig {
+        request_metrics: RequestMetricsExport,
+        /// Asked for but not built: `(field, what happens instead)`, warned about at start-up.
+        not_built: Vec<(&'static str, String)>,
+    },
+}
 
 /// The largest containerConcurrency accepted: Knative's own ceiling is
 /// `container-concurrency-max-limit` (1000 by default); the breaker's queue is ten times this.
@@ -98,14 +143,22 @@ pub struct QueueProxyEnv {
     /// (`queue_proxy::push`); absent = [`FORK_DEFAULT_ACTIVATOR_URL`], as the fork; `None`
     /// (empty) = no push.
     pub activator_service_url: Option<ActivatorUrl>,
+    /// Where the three settings below come from.
+    pub observability: ObservabilitySource,
     /// The request log's template: `SERVING_REQUEST_LOG_TEMPLATE` when
     /// `SERVING_ENABLE_REQUEST_LOG` is true and the template is not empty (upstream writes no
-    /// lines with an empty one); `None`: no request log.
+    /// lines with an empty one), or `OBSERVABILITY_CONFIG`'s `requestLogTemplate` when its
+    /// `enableRequestLog` is; `None`: no request log.
     pub request_log_template: Option<String>,
-    /// `SERVING_ENABLE_PROBE_REQUEST_LOG`: probes get lines too. Default false.
+    /// `SERVING_ENABLE_PROBE_REQUEST_LOG` or `enableProbeRequestLog`: probes get lines too.
+    /// Default false.
     pub probe_request_log: bool,
+    /// `QUEUE_PROXY_TLS_*`: read and checked; applied once TLS is served.
+    pub tls: TlsSettings,
     /// Keys of [`NOT_ACTED_ON`] that are present with a value.
     pub not_acted_on: Vec<&'static str>,
+    /// Keys of [`SUPERSEDED`] present with a value while `OBSERVABILITY_CONFIG` decides.
+    pub superseded: Vec<&'static str>,
 }
 
 /// Upstream's breaker queue: ten waiting requests per unit of containerConcurrency.
@@ -118,6 +171,14 @@ pub const SPARE_CONNECTIONS: usize = 64;
 pub const SPARE_PENDING_HEADS: usize = 16;
 
 impl QueueProxyEnv {
+    /// The key the request log's template came from, for errors about it.
+    pub fn request_log_key(&self) -> &'static str {
+        match self.observability {
+            ObservabilitySource::Knative118 => "SERVING_REQUEST_LOG_TEMPLATE",
+            ObservabilitySource::ObservabilityConfig { .. } => "OBSERVABILITY_CONFIG",
+        }
+    }
+
     /// How many requests upstream's breaker lets wait: 10 × containerConcurrency; `None`
     /// without a breaker (containerConcurrency 0).
     pub fn breaker_queue(&self) -> Option<u32> {
@@ -281,6 +342,54 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
             }
         },
     };
+    let observability_config = lookup("OBSERVABILITY_CONFIG").filter(|text| !text.is_empty());
+    let (observability, request_log_template, probe_request_log) = match &observability_config {
+        None => (
+            ObservabilitySource::Knative118,
+            lookup("SERVING_ENABLE_REQUEST_LOG")
+                .and_then(|value| go_bool(&value))
+                .unwrap_or(false)
+                .then(|| reader.string("SERVING_REQUEST_LOG_TEMPLATE"))
+                .filter(|template| !template.is_empty()),
+            lookup("SERVING_ENABLE_PROBE_REQUEST_LOG")
+                .and_then(|value| go_bool(&value))
+                .unwrap_or(false),
+        ),
+        Some(text) => {
+            let plan = ObservabilityConfig::decode(text)
+                .map_err(|error| vec![format!("not as upstream's queue-proxy decodes it: {error}")])
+                .and_then(|config| config.plan());
+            match plan {
+                Ok(plan) => (
+                    ObservabilitySource::ObservabilityConfig {
+                        request_metrics: plan.request_metrics,
+                        not_built: plan.not_built,
+                    },
+                    plan.request_log_template,
+                    plan.probe_request_log,
+                ),
+                Err(problems) => {
+                    for problem in problems {
+                        reader.invalid("OBSERVABILITY_CONFIG", problem);
+                    }
+                    (
+                        ObservabilitySource::ObservabilityConfig {
+                            request_metrics: RequestMetricsExport::Off,
+                            not_built: Vec::new(),
+                        },
+                        None,
+                        false,
+                    )
+                }
+            }
+        }
+    };
+    let superseded_keys: &[&str] = if observability_config.is_some() {
+        &SUPERSEDED
+    } else {
+        &[]
+    };
+    let present = |key: &&str| lookup(key).is_some_and(|value| !value.is_empty());
     let env = QueueProxyEnv {
         namespace: reader.string("SERVING_NAMESPACE"),
         configuration: reader.string("SERVING_CONFIGURATION"),
@@ -300,18 +409,16 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
             .and_then(|value| go_bool(&value))
             .unwrap_or(false),
         activator_service_url: reader.activator_url(),
-        request_log_template: lookup("SERVING_ENABLE_REQUEST_LOG")
-            .and_then(|value| go_bool(&value))
-            .unwrap_or(false)
-            .then(|| reader.string("SERVING_REQUEST_LOG_TEMPLATE"))
-            .filter(|template| !template.is_empty()),
-        probe_request_log: lookup("SERVING_ENABLE_PROBE_REQUEST_LOG")
-            .and_then(|value| go_bool(&value))
-            .unwrap_or(false),
+        observability,
+        request_log_template,
+        probe_request_log,
+        tls: tls_settings::read(&lookup),
         not_acted_on: NOT_ACTED_ON
             .into_iter()
-            .filter(|key| lookup(key).is_some_and(|value| !value.is_empty()))
+            .filter(|key| !superseded_keys.contains(key))
+            .filter(present)
             .collect(),
+        superseded: superseded_keys.iter().copied().filter(present).collect(),
     };
     for key in [
         "SERVING_ENABLE_REQUEST_LOG",
@@ -322,6 +429,9 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
         "ENABLE_MULTI_CONTAINER_PROBES",
         "TRACING_CONFIG_DEBUG",
     ] {
+        if superseded_keys.contains(&key) {
+            continue;
+        }
         if let Some(value) = lookup(key) {
             if go_bool(&value).is_none() {
                 reader.invalid(key, format!("{value:?} is not a boolean"));
@@ -351,7 +461,8 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
             }
         }
     }
-    if let Some(value) = lookup("SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS") {
+    let period = "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS";
+    if let Some(value) = lookup(period).filter(|_| !superseded_keys.contains(&period)) {
         if go_int(&value).is_none() {
             reader.invalid(
                 "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS",
@@ -602,6 +713,183 @@ mod tests {
         env.insert("SERVING_ENABLE_REQUEST_LOG", "yes".into());
         let error = parse_map(&env).unwrap_err();
         assert!(error.to_string().contains("SERVING_ENABLE_REQUEST_LOG"));
+    }
+
+    /// What Knative 1.23's reconciler sets, every key (`queue.go:355-449`), for CC 10 with
+    /// config-observability's request log and Prometheus request metrics on.
+    fn knative_1_23() -> HashMap<&'static str, String> {
+        let observability = r#"{"tracing":{"protocol":"none"},"metrics":{"protocol":"none"},"runtime":{"profiling":"disabled","exportInterval":15000000000},"requestMetrics":{"protocol":"prometheus"},"enableRequestLog":true,"requestLogTemplate":"{{.Request.Method}} {{.Response.Code}}","enableProbeRequestLog":true}"#;
+        [
+            ("SERVING_NAMESPACE", "default"),
+            ("SERVING_SERVICE", "hello"),
+            ("SERVING_CONFIGURATION", "hello"),
+            ("SERVING_REVISION", "hello-00001"),
+            ("QUEUE_SERVING_PORT", "8012"),
+            ("QUEUE_SERVING_TLS_PORT", "8112"),
+            ("CONTAINER_CONCURRENCY", "10"),
+            ("REVISION_TIMEOUT_SECONDS", "300"),
+            ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "0"),
+            ("REVISION_IDLE_TIMEOUT_SECONDS", "0"),
+            ("SERVING_POD", "hello-00001-deployment-abc"),
+            ("SERVING_POD_IP", "10.0.0.7"),
+            ("SERVING_LOGGING_CONFIG", "{}"),
+            ("SERVING_LOGGING_LEVEL", ""),
+            ("USER_PORT", "8080"),
+            ("SYSTEM_NAMESPACE", "knative-serving"),
+            (
+                "SERVING_READINESS_PROBE",
+                r#"{"tcpSocket":{"port":8080,"host":"127.0.0.1"},"successThreshold":1}"#,
+            ),
+            ("HOST_IP", "10.1.0.3"),
+            ("ENABLE_HTTP2_AUTO_DETECTION", "false"),
+            ("ENABLE_HTTP_FULL_DUPLEX", "false"),
+            ("ROOT_CA", ""),
+            ("QUEUE_PROXY_TLS_MIN_VERSION", ""),
+            ("QUEUE_PROXY_TLS_MAX_VERSION", ""),
+            ("QUEUE_PROXY_TLS_CIPHER_SUITES", ""),
+            ("QUEUE_PROXY_TLS_CURVE_PREFERENCES", ""),
+            ("ENABLE_MULTI_CONTAINER_PROBES", "false"),
+            ("OBSERVABILITY_CONFIG", observability),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key, value.to_string()))
+        .collect()
+    }
+
+    #[test]
+    fn knative_1_23s_environment_reads_as_set() {
+        let env = parse_map(&knative_1_23()).expect("valid");
+        assert_eq!(
+            env.observability,
+            ObservabilitySource::ObservabilityConfig {
+                request_metrics: RequestMetricsExport::Prometheus { listen: None },
+                not_built: Vec::new(),
+            }
+        );
+        assert_eq!(
+            env.request_log_template.as_deref(),
+            Some("{{.Request.Method}} {{.Response.Code}}")
+        );
+        assert!(env.probe_request_log);
+        assert_eq!(env.request_log_key(), "OBSERVABILITY_CONFIG");
+        assert!(env.tls.is_default() && env.tls.problems.is_empty());
+        assert_eq!(
+            env.not_acted_on,
+            vec![
+                "SERVING_LOGGING_CONFIG",
+                "ENABLE_HTTP2_AUTO_DETECTION",
+                "ENABLE_HTTP_FULL_DUPLEX",
+                "SYSTEM_NAMESPACE"
+            ]
+        );
+        assert!(env.superseded.is_empty());
+        assert_eq!(env.container_concurrency, 10);
+    }
+
+    /// 1.23's queue-proxy reads only OBSERVABILITY_CONFIG for these; with it set, the 1.18 keys
+    /// are not read here either, not even checked, and are named for start-up to say so.
+    #[test]
+    fn with_observability_config_the_1_18_keys_are_not_read() {
+        let mut env = knative_1_23();
+        env.insert("SERVING_ENABLE_REQUEST_LOG", "yes".into());
+        env.insert("SERVING_REQUEST_LOG_TEMPLATE", "{{.Request.Host}}".into());
+        env.insert("SERVING_ENABLE_PROBE_REQUEST_LOG", "false".into());
+        env.insert(
+            "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS",
+            "often".into(),
+        );
+        env.insert("TRACING_CONFIG_BACKEND", "zipkin".into());
+        let parsed = parse_map(&env).expect("the 1.18 keys are not read");
+        assert_eq!(
+            parsed.request_log_template.as_deref(),
+            Some("{{.Request.Method}} {{.Response.Code}}")
+        );
+        assert!(parsed.probe_request_log);
+        assert_eq!(
+            parsed.superseded,
+            vec![
+                "SERVING_ENABLE_REQUEST_LOG",
+                "SERVING_REQUEST_LOG_TEMPLATE",
+                "SERVING_ENABLE_PROBE_REQUEST_LOG",
+                "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS",
+                "TRACING_CONFIG_BACKEND"
+            ]
+        );
+        assert!(!parsed.not_acted_on.contains(&"TRACING_CONFIG_BACKEND"));
+
+        // Empty counts as absent: the 1.18 keys decide (and are checked) again.
+        env.insert("OBSERVABILITY_CONFIG", String::new());
+        let error = parse_map(&env).unwrap_err();
+        let keys: Vec<&str> = error.invalid.iter().map(|(key, _)| *key).collect();
+        assert_eq!(
+            keys,
+            [
+                "SERVING_ENABLE_REQUEST_LOG",
+                "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS"
+            ]
+        );
+        env.insert("SERVING_ENABLE_REQUEST_LOG", "true".into());
+        env.remove("SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS");
+        let parsed = parse_map(&env).unwrap();
+        assert_eq!(parsed.observability, ObservabilitySource::Knative118);
+        assert_eq!(
+            parsed.request_log_template.as_deref(),
+            Some("{{.Request.Host}}")
+        );
+        assert!(!parsed.probe_request_log);
+        assert_eq!(parsed.request_log_key(), "SERVING_REQUEST_LOG_TEMPLATE");
+    }
+
+    #[test]
+    fn a_bad_observability_config_is_named_with_the_field() {
+        for (text, said) in [
+            ("{", "not as upstream's queue-proxy decodes it: EOF"),
+            (
+                r#"{"enableRequestLog":1}"#,
+                "enableRequestLog to be a boolean",
+            ),
+            (
+                r#"{"requestMetrics":{"protocol":"opencensus"}}"#,
+                "requestMetrics.protocol: \"opencensus\"",
+            ),
+        ] {
+            let mut env = knative_1_23();
+            env.insert("OBSERVABILITY_CONFIG", text.into());
+            env.insert("USER_PORT", "0".into());
+            let error = parse_map(&env).unwrap_err();
+            let keys: Vec<&str> = error.invalid.iter().map(|(key, _)| *key).collect();
+            assert_eq!(
+                keys,
+                ["OBSERVABILITY_CONFIG", "USER_PORT"],
+                "{text}: every problem"
+            );
+            assert!(error.invalid[0].1.contains(said), "{text}: {error}");
+            assert!(
+                error.to_string().contains("OBSERVABILITY_CONFIG: "),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn tls_settings_are_read_with_the_rest() {
+        let mut env = knative_1_23();
+        env.insert("QUEUE_PROXY_TLS_MIN_VERSION", "1.2".into());
+        env.insert(
+            "QUEUE_PROXY_TLS_CURVE_PREFERENCES",
+            "X25519,brainpool".into(),
+        );
+        // Upstream fails on a bad one only when TLS is on (queue_proxy.rs decides that).
+        let parsed = parse_map(&env).expect("not an environment error by itself");
+        assert_eq!(
+            parsed.tls.min_version,
+            Some(tls_settings::TlsVersion::Tls12)
+        );
+        assert_eq!(parsed.tls.problems.len(), 1);
+        assert_eq!(
+            parsed.tls.problems[0].0,
+            "QUEUE_PROXY_TLS_CURVE_PREFERENCES"
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The queue-proxy role (`kactivator queue-proxy`): what differs from the activator role when
 //! the same request path runs as Knative's queue-proxy sidecar, in front of one user container.
 //!
-//! * [`env`]: the environment Knative's reconciler sets, read with upstream's rules.
+//! * [`env`]: the environment Knative's reconciler sets, read with upstream's rules;
+//!   [`observability`]: its 1.19+ `OBSERVABILITY_CONFIG`; [`tls_settings`]: its
+//!   `QUEUE_PROXY_TLS_*`.
 //! * [`certs`]: whether Knative mounted the pod's TLS certificate (TLS is refused: not built).
 //! * [`readiness`]: the user container's readiness (`SERVING_READINESS_PROBE`), kept current
 //!   off the request path.
@@ -13,7 +15,9 @@
 pub mod admin;
 pub mod certs;
 pub mod env;
+pub mod observability;
 pub mod push;
 pub mod readiness;
 pub mod stat_server;
 pub mod stats;
+pub mod tls_settings;

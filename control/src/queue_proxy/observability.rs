@@ -1,0 +1,1073 @@
+//! `OBSERVABILITY_CONFIG`: how Knative 1.19–1.23 tells its queue-proxy about request logs,
+//! request metrics, tracing and profiling, decoded as upstream decodes it and turned into what
+//! this queue-proxy does.
+//!
+//! Upstream (release-1.23; paths in knative/serving, `vendor/` is knative.dev/pkg as vendored
+//! there):
+//! * The reconciler marshals serving's `observability.Config` with `encoding/json` into the one
+//!   variable (`pkg/reconciler/revision/resources/queue.go:325,447-448`); 1.19 replaced
+//!   `SERVING_ENABLE_REQUEST_LOG`, `SERVING_REQUEST_LOG_TEMPLATE`, `SERVING_REQUEST_METRICS_*`
+//!   and `TRACING_CONFIG_*` with it.
+//! * The queue-proxy starts from `observability.DefaultConfig()` (`pkg/queue/sharedmain/
+//!   main.go:179`) and, when the variable is not empty, `json.Unmarshal`s it over those defaults
+//!   (`main.go:193-197`); an error is fatal. It never reads the 1.18 keys (its `config` struct,
+//!   `main.go:88-111`, has none of them), so with this variable they are not read here either.
+//!
+//! The JSON (`pkg/observability/config.go:54-81`, `vendor/knative.dev/pkg/observability/
+//! config.go:33-37`; `BaseConfig` is embedded, so its three fields sit at the top level):
+//!
+//! ```text
+//! {
+//!   "tracing":        {"protocol": str, "endpoint": str, "samplingRate": float},
+//!   "metrics":        {"protocol": str, "endpoint": str, "exportInterval": int ns},
+//!   "runtime":        {"profiling": str, "exportInterval": int ns},
+//!   "requestMetrics": {"protocol": str, "endpoint": str, "exportInterval": int ns},
+//!   "EnableVarLogCollection": bool, "LoggingURLTemplate": str,
+//!   "enableRequestLog": bool, "requestLogTemplate": str, "enableProbeRequestLog": bool
+//! }
+//! ```
+//!
+//! Every inner field is `omitempty`, so the reconciler leaves out zero values and an absent
+//! field keeps its default: protocols `none` (`vendor/.../metrics/config.go:66-69`,
+//! `tracing/config.go:61-64`), profiling `disabled` and a 15 s runtime interval
+//! (`runtime/config.go:54-59`), and the request-log template Knative's default
+//! (`pkg/observability/config.go:34,97-104`). With an empty `config-observability` the variable
+//! reads [`KNATIVE_1_23_DEFAULTS`]. Durations are Go `time.Duration`s: integer nanoseconds.
+//!
+//! What each field means to the queue-proxy, and what this one does with it:
+//! * `enableRequestLog`, `requestLogTemplate`, `enableProbeRequestLog`: the request log
+//!   (`pkg/queue/sharedmain/handlers.go:92-96`, `main.go:402-423`): on only when enabled; an
+//!   empty template writes nothing (`pkg/http/request_log.go:104-123`). Acted on, as the 1.18
+//!   keys are.
+//! * `requestMetrics`: where the queue-proxy's request metrics go (`pkg/queue/sharedmain/
+//!   otel.go:49-62`, `vendor/.../metrics/provider.go:43-86`): `none` exports nothing;
+//!   `prometheus` serves them at `endpoint` (`host:port`, port 1024–65535, empty host: every
+//!   interface; `prometheus_enabled.go:42-55`, `prometheus/server.go:154-163`), `:9091` when
+//!   empty; `grpc` and `http/protobuf` push over OTLP every `exportInterval`; anything else is
+//!   fatal. Acted on for `none` and `prometheus`; an OTLP push is not built (start-up warns).
+//! * `tracing`: the span exporter (`otel.go:75-85`, `vendor/.../tracing/provider.go:52-100`):
+//!   `none`, `grpc`, `http/protobuf`, `stdout`; anything else is fatal. Not built: anything
+//!   but `none` is warned about at start-up, and no span is exported.
+//! * `runtime.profiling`: `enabled` serves pprof on :8008 (`main.go:261-266`). Not built
+//!   (warned about). `runtime.exportInterval` paces Go's runtime metrics: nothing to pace here.
+//! * `metrics`, `EnableVarLogCollection`, `LoggingURLTemplate`: the controllers' settings; the
+//!   queue-proxy does not use them (the last two are even documented as not for it,
+//!   `config.go:59-71`). Decoded and type-checked only.
+//!
+//! The decoder follows `encoding/json` where a hand-written value could tell the difference:
+//! unknown fields are skipped; a name matches its field without regard to case (Go's
+//! `bytes.EqualFold`, under which `ſ` is `s` and the Kelvin sign is `k`); a repeated name
+//! applies again, and a repeated object merges into what is there; `null` leaves a field as it
+//! was, at the top too; an integer field refuses `1.0`, `1e9` and anything outside `i64`.
+//! Differences: a lone UTF-16 surrogate escape (`"\ud800"`) in a field the queue-proxy reads is
+//! refused where Go substitutes U+FFFD, and a skipped value may nest deeper than Go's limit of
+//! 10 000 (it is walked without recursion); the reconciler's `json.Marshal` writes neither.
+//!
+//! Upstream's queue-proxy checks nothing the reconciler's own validation checks (`Validate` is
+//! not called on this path), and this one follows it: a value config-observability would refuse
+//! but the queue-proxy can run with (a negative interval, a sampling rate of 2) starts. What the
+//! queue-proxy itself fails on exits 2 here, naming the field: JSON that does not decode, a
+//! request-metrics or tracing protocol it does not know, a Prometheus endpoint it cannot listen
+//! on. The request-log template is parsed at start too (README: request logs).
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Unexpected, Visitor};
+
+/// What the 1.23 reconciler sets with an empty `config-observability`: `DefaultConfig()`
+/// marshalled (produced with `encoding/json` from the structs above).
+pub const KNATIVE_1_23_DEFAULTS: &str = r#"{"tracing":{"protocol":"none"},"metrics":{"protocol":"none"},"runtime":{"profiling":"disabled","exportInterval":15000000000},"requestMetrics":{"protocol":"none"},"requestLogTemplate":"{\"httpRequest\": {\"requestMethod\": \"{{.Request.Method}}\", \"requestUrl\": \"{{js .Request.RequestURI}}\", \"requestSize\": \"{{.Request.ContentLength}}\", \"status\": {{.Response.Code}}, \"responseSize\": \"{{.Response.Size}}\", \"userAgent\": \"{{js .Request.UserAgent}}\", \"remoteIp\": \"{{js .Request.RemoteAddr}}\", \"serverIp\": \"{{.Revision.PodIP}}\", \"referer\": \"{{js .Request.Referer}}\", \"latency\": \"{{.Response.Latency}}s\", \"protocol\": \"{{.Request.Proto}}\"}, \"traceId\": \"{{.TraceID}}\"}"}"#;
+
+/// Knative's default request-log template, the same text since 1.21
+/// (`pkg/observability/config.go:34`).
+pub const DEFAULT_REQUEST_LOG_TEMPLATE: &str = kactivator_template::KNATIVE_1_21_DEFAULT;
+
+/// Where upstream serves Prometheus request metrics when `requestMetrics.endpoint` is empty
+/// (`networking.UserQueueMetricsPort`, `otel.go:51-54`).
+pub const USER_METRICS_PORT: u16 = 9091;
+
+/// The lowest port upstream's Prometheus server accepts (`prometheus/server.go:38,160`).
+pub const MIN_PROMETHEUS_PORT: u16 = 1024;
+
+/// Upstream's protocol names (`vendor/.../metrics/config.go:27-30`, `tracing/config.go:27-30`).
+pub const PROTOCOL_NONE: &str = "none";
+pub const PROTOCOL_PROMETHEUS: &str = "prometheus";
+pub const PROTOCOL_GRPC: &str = "grpc";
+pub const PROTOCOL_HTTP_PROTOBUF: &str = "http/protobuf";
+pub const PROTOCOL_STDOUT: &str = "stdout";
+
+/// Serving's `observability.Config` as the queue-proxy holds it after decoding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservabilityConfig {
+    pub tracing: Tracing,
+    /// The controllers' metrics exporter; the queue-proxy does not use it.
+    pub metrics: MetricsExport,
+    pub runtime: Runtime,
+    pub request_metrics: MetricsExport,
+    /// Not for the queue-proxy (`config.go:59-64`).
+    pub enable_var_log_collection: bool,
+    /// Not for the queue-proxy (`config.go:66-71`).
+    pub logging_url_template: String,
+    pub enable_request_log: bool,
+    pub request_log_template: String,
+    pub enable_probe_request_log: bool,
+}
+
+/// knative.dev/pkg `tracing.Config`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tracing {
+    /// Default `none`.
+    pub protocol: String,
+    pub endpoint: String,
+    /// 0 to 1 in a valid config-observability. Default 0.
+    pub sampling_rate: f64,
+}
+
+/// knative.dev/pkg `metrics.Config`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricsExport {
+    /// Default `none`.
+    pub protocol: String,
+    pub endpoint: String,
+    /// Nanoseconds; 0: the OpenTelemetry default (60 s). Default 0.
+    pub export_interval_nanos: i64,
+}
+
+/// knative.dev/pkg `runtime.Config`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Runtime {
+    /// Only `enabled` turns profiling on. Default `disabled`.
+    pub profiling: String,
+    /// Nanoseconds. Default 15 s.
+    pub export_interval_nanos: i64,
+}
+
+impl Default for ObservabilityConfig {
+    /// `observability.DefaultConfig()` (`config.go:97-104`).
+    fn default() -> ObservabilityConfig {
+        let none = || MetricsExport {
+            protocol: PROTOCOL_NONE.into(),
+            endpoint: String::new(),
+            export_interval_nanos: 0,
+        };
+        ObservabilityConfig {
+            tracing: Tracing {
+                protocol: PROTOCOL_NONE.into(),
+                endpoint: String::new(),
+                sampling_rate: 0.0,
+            },
+            metrics: none(),
+            runtime: Runtime {
+                profiling: "disabled".into(),
+                export_interval_nanos: 15_000_000_000,
+            },
+            request_metrics: none(),
+            enable_var_log_collection: false,
+            logging_url_template: String::new(),
+            enable_request_log: false,
+            request_log_template: DEFAULT_REQUEST_LOG_TEMPLATE.into(),
+            enable_probe_request_log: false,
+        }
+    }
+}
+
+/// Where upstream's request metrics go, decided by `requestMetrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestMetricsExport {
+    /// `none`, or an OTLP push (not built): upstream's names are not served.
+    Off,
+    /// `prometheus`: served for scraping, on `listen` (`None`: [`USER_METRICS_PORT`] on every
+    /// interface, the queue-proxy's usual metrics port).
+    Prometheus { listen: Option<SocketAddr> },
+}
+
+/// What this queue-proxy does with a decoded [`ObservabilityConfig`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The request log's template, when the log is on and the template is not empty.
+    pub request_log_template: Option<String>,
+    pub probe_request_log: bool,
+    pub request_metrics: RequestMetricsExport,
+    /// Settings asked for that are not built here, each `(field, what happens instead)`, for
+    /// start-up to warn about.
+    pub not_built: Vec<(&'static str, String)>,
+}
+
+impl ObservabilityConfig {
+    /// Decodes the variable's text over the defaults, as `json.Unmarshal` over
+    /// `DefaultConfig()`. The error says what and where (line and column).
+    pub fn decode(text: &str) -> Result<ObservabilityConfig, String> {
+        let mut config = ObservabilityConfig::default();
+        let mut deserializer = serde_json::Deserializer::from_str(text);
+        Object {
+            target: &mut config,
+            path: "",
+        }
+        .deserialize(&mut deserializer)
+        .and_then(|()| deserializer.end())
+        .map_err(|error| error.to_string())?;
+        Ok(config)
+    }
+
+    /// What this queue-proxy does with the configuration; `Err` lists each field upstream's
+    /// queue-proxy would exit on, with why.
+    pub fn plan(&self) -> Result<Plan, Vec<String>> {
+        let mut problems = Vec::new();
+        let mut not_built = Vec::new();
+        let metrics = &self.request_metrics;
+        let request_metrics = match metrics.protocol.as_str() {
+            PROTOCOL_NONE => RequestMetricsExport::Off,
+            PROTOCOL_PROMETHEUS => match prometheus_listen(&metrics.endpoint) {
+                Ok(listen) => RequestMetricsExport::Prometheus { listen },
+                Err(problem) => {
+                    problems.push(format!("requestMetrics.endpoint: {problem}"));
+                    RequestMetricsExport::Off
+                }
+            },
+            PROTOCOL_GRPC | PROTOCOL_HTTP_PROTOBUF => {
+                not_built.push((
+                    "requestMetrics.protocol",
+                    format!(
+                        "{:?}: pushing request metrics over OTLP is not built; they are not \
+                         exported (README: As Knative's queue-proxy)",
+                        metrics.protocol
+                    ),
+                ));
+                RequestMetricsExport::Off
+            }
+            other => {
+                problems.push(format!(
+                    "requestMetrics.protocol: {other:?} is not one of none, prometheus, grpc, \
+                     http/protobuf"
+                ));
+                RequestMetricsExport::Off
+            }
+        };
+        match self.tracing.protocol.as_str() {
+            PROTOCOL_NONE => {}
+            PROTOCOL_GRPC | PROTOCOL_HTTP_PROTOBUF | PROTOCOL_STDOUT => not_built.push((
+                "tracing.protocol",
+                format!(
+                    "{:?}: tracing is not built; no span is exported and trace headers pass \
+                     through untouched (README: As Knative's queue-proxy)",
+                    self.tracing.protocol
+                ),
+            )),
+            other => problems.push(format!(
+                "tracing.protocol: {other:?} is not one of none, grpc, http/protobuf, stdout"
+            )),
+        }
+        // Upstream: only the exact word turns profiling on (`runtime/config.go:50-52`).
+        if self.runtime.profiling == "enabled" {
+            not_built.push((
+                "runtime.profiling",
+                "\"enabled\": the profiling server (:8008) is not built".into(),
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Plan {
+            request_log_template: (self.enable_request_log
+                && !self.request_log_template.is_empty())
+            .then(|| self.request_log_template.clone()),
+            probe_request_log: self.enable_probe_request_log,
+            request_metrics,
+            not_built,
+        })
+    }
+}
+
+/// `requestMetrics.endpoint` for `prometheus`: `""` is the usual port; otherwise Go's
+/// `net.SplitHostPort` grammar, a decimal port of at least [`MIN_PROMETHEUS_PORT`], and an
+/// empty host for every interface. ★ The host must be an IP address (Go would also resolve a
+/// name) and carry no zone.
+fn prometheus_listen(endpoint: &str) -> Result<Option<SocketAddr>, String> {
+    if endpoint.is_empty() {
+        return Ok(None);
+    }
+    let shape = || {
+        format!(
+            "{endpoint:?} is not \"host:port\" or \"[host]:port\" (upstream's Prometheus \
+             exporter needs one)"
+        )
+    };
+    let (host, port) = match endpoint.strip_prefix('[') {
+        Some(rest) => {
+            let (host, after) = rest.split_once(']').ok_or_else(shape)?;
+            let port = after.strip_prefix(':').ok_or_else(shape)?;
+            if host.contains(['[', ']']) || port.contains(['[', ']', ':']) {
+                return Err(shape());
+            }
+            (host, port)
+        }
+        None => {
+            let (host, port) = endpoint.rsplit_once(':').ok_or_else(shape)?;
+            if host.contains([':', '[', ']']) || port.contains([']', '[']) {
+                return Err(shape());
+            }
+            (host, port)
+        }
+    };
+    // Go's `strconv.ParseUint(port, 10, 16)`: decimal digits only (no sign), at most 65535.
+    let not_a_port = || format!("{endpoint:?}: {port:?} is not a port number");
+    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(not_a_port());
+    }
+    let port: u16 = port.parse().map_err(|_| not_a_port())?;
+    if port < MIN_PROMETHEUS_PORT {
+        return Err(format!(
+            "{endpoint:?}: port {port} is below {MIN_PROMETHEUS_PORT} (upstream's Prometheus \
+             exporter refuses it)"
+        ));
+    }
+    if host.is_empty() {
+        return Ok(Some(SocketAddr::new(
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            port,
+        )));
+    }
+    if host.contains('%') {
+        return Err(format!(
+            "{endpoint:?}: an address with a zone is not supported"
+        ));
+    }
+    match host.parse::<IpAddr>() {
+        Ok(ip) => Ok(Some(SocketAddr::new(ip, port))),
+        Err(_) => Err(format!(
+            "{endpoint:?}: {host:?} is not an IP address (a host name is not supported; leave \
+             the host empty for every interface)"
+        )),
+    }
+}
+
+// === The decoder: encoding/json's rules over serde ===
+
+/// A struct of upstream's, decoded field by field in the order the JSON gives them.
+trait GoStruct {
+    /// The fields' JSON names as upstream tags them.
+    const FIELDS: &'static [&'static str];
+
+    /// Decodes the value of field `index` (of [`GoStruct::FIELDS`]) into `self`.
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        index: usize,
+        path: &str,
+        map: &mut A,
+    ) -> Result<(), A::Error>;
+}
+
+/// Whether a JSON name selects a field named `field`, as `encoding/json` matches: exactly or
+/// under Unicode simple case folding. Every field name here is ASCII letters, and the only
+/// non-ASCII characters that fold to ASCII letters are `ſ` (s) and the Kelvin sign (k).
+fn names_field(name: &str, field: &str) -> bool {
+    let mut name = name.chars().map(|c| match c {
+        '\u{17f}' => 's',
+        '\u{212a}' => 'k',
+        c => c.to_ascii_lowercase(),
+    });
+    let mut field = field.chars().map(|c| c.to_ascii_lowercase());
+    loop {
+        match (name.next(), field.next()) {
+            (None, None) => return true,
+            (Some(a), Some(b)) if a == b => {}
+            _ => return false,
+        }
+    }
+}
+
+fn child(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_string()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+/// Decodes an object into an existing struct, as `json.Unmarshal` into a filled-in value.
+struct Object<'a, T> {
+    target: &'a mut T,
+    path: &'a str,
+}
+
+impl<'de, T: GoStruct> DeserializeSeed<'de> for Object<'_, T> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de, T: GoStruct> Visitor<'de> for Object<'_, T> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "a JSON object")
+        } else {
+            write!(f, "{} to be an object", self.path)
+        }
+    }
+
+    /// `null` leaves the value as it was.
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(name) = map.next_key::<String>()? {
+            match T::FIELDS.iter().position(|field| names_field(&name, field)) {
+                Some(index) => self.target.field(index, self.path, &mut map)?,
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A JSON scalar as `encoding/json` puts it into a Go field of the type.
+trait GoScalar: Sized {
+    /// "a string", "a boolean", …
+    const WHAT: &'static str;
+    fn from_text(_: &str) -> Option<Self> {
+        None
+    }
+    fn from_bool(_: bool) -> Option<Self> {
+        None
+    }
+    fn from_i64(_: i64) -> Option<Self> {
+        None
+    }
+    fn from_u64(_: u64) -> Option<Self> {
+        None
+    }
+    fn from_f64(_: f64) -> Option<Self> {
+        None
+    }
+}
+
+impl GoScalar for String {
+    const WHAT: &'static str = "a string";
+    fn from_text(text: &str) -> Option<String> {
+        Some(text.to_string())
+    }
+}
+
+impl GoScalar for bool {
+    const WHAT: &'static str = "a boolean";
+    fn from_bool(value: bool) -> Option<bool> {
+        Some(value)
+    }
+}
+
+/// A Go `time.Duration`: an `int64` of nanoseconds; `1.0` and `1e9` are refused, as Go's
+/// `strconv.ParseInt` of the literal refuses them.
+impl GoScalar for i64 {
+    const WHAT: &'static str = "an integer (nanoseconds)";
+    fn from_i64(value: i64) -> Option<i64> {
+        Some(value)
+    }
+    fn from_u64(value: u64) -> Option<i64> {
+        i64::try_from(value).ok()
+    }
+}
+
+impl GoScalar for f64 {
+    const WHAT: &'static str = "a number";
+    fn from_i64(value: i64) -> Option<f64> {
+        Some(value as f64)
+    }
+    fn from_u64(value: u64) -> Option<f64> {
+        Some(value as f64)
+    }
+    fn from_f64(value: f64) -> Option<f64> {
+        Some(value)
+    }
+}
+
+/// Decodes a scalar into an existing field; `null` leaves it as it was.
+struct Scalar<'a, T> {
+    target: &'a mut T,
+    path: String,
+}
+
+impl<'de, T: GoScalar> DeserializeSeed<'de> for Scalar<'_, T> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<T: GoScalar> Scalar<'_, T> {
+    fn set<E: de::Error>(self, value: Option<T>, unexpected: Unexpected) -> Result<(), E> {
+        match value {
+            Some(value) => {
+                *self.target = value;
+                Ok(())
+            }
+            None => Err(E::invalid_type(unexpected, &self)),
+        }
+    }
+}
+
+impl<'de, T: GoScalar> Visitor<'de> for Scalar<'_, T> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{} to be {}", self.path, T::WHAT)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<(), E> {
+        self.set(T::from_text(value), Unexpected::Str(value))
+    }
+
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<(), E> {
+        self.set(T::from_bool(value), Unexpected::Bool(value))
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<(), E> {
+        self.set(T::from_i64(value), Unexpected::Signed(value))
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<(), E> {
+        self.set(T::from_u64(value), Unexpected::Unsigned(value))
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<(), E> {
+        self.set(T::from_f64(value), Unexpected::Float(value))
+    }
+}
+
+fn scalar<'de, A: MapAccess<'de>, T: GoScalar>(
+    map: &mut A,
+    target: &mut T,
+    path: &str,
+    name: &str,
+) -> Result<(), A::Error> {
+    map.next_value_seed(Scalar {
+        target,
+        path: child(path, name),
+    })
+}
+
+fn object<'de, A: MapAccess<'de>, T: GoStruct>(
+    map: &mut A,
+    target: &mut T,
+    path: &str,
+    name: &str,
+) -> Result<(), A::Error> {
+    let path = child(path, name);
+    map.next_value_seed(Object {
+        target,
+        path: &path,
+    })
+}
+
+impl GoStruct for ObservabilityConfig {
+    const FIELDS: &'static [&'static str] = &[
+        "tracing",
+        "metrics",
+        "runtime",
+        "requestMetrics",
+        "EnableVarLogCollection",
+        "LoggingURLTemplate",
+        "enableRequestLog",
+        "requestLogTemplate",
+        "enableProbeRequestLog",
+    ];
+
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        index: usize,
+        path: &str,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        let name = Self::FIELDS[index];
+        match index {
+            0 => object(map, &mut self.tracing, path, name),
+            1 => object(map, &mut self.metrics, path, name),
+            2 => object(map, &mut self.runtime, path, name),
+            3 => object(map, &mut self.request_metrics, path, name),
+            4 => scalar(map, &mut self.enable_var_log_collection, path, name),
+            5 => scalar(map, &mut self.logging_url_template, path, name),
+            6 => scalar(map, &mut self.enable_request_log, path, name),
+            7 => scalar(map, &mut self.request_log_template, path, name),
+            _ => scalar(map, &mut self.enable_probe_request_log, path, name),
+        }
+    }
+}
+
+impl GoStruct for Tracing {
+    const FIELDS: &'static [&'static str] = &["protocol", "endpoint", "samplingRate"];
+
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        index: usize,
+        path: &str,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        let name = Self::FIELDS[index];
+        match index {
+            0 => scalar(map, &mut self.protocol, path, name),
+            1 => scalar(map, &mut self.endpoint, path, name),
+            _ => scalar(map, &mut self.sampling_rate, path, name),
+        }
+    }
+}
+
+impl GoStruct for MetricsExport {
+    const FIELDS: &'static [&'static str] = &["protocol", "endpoint", "exportInterval"];
+
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        index: usize,
+        path: &str,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        let name = Self::FIELDS[index];
+        match index {
+            0 => scalar(map, &mut self.protocol, path, name),
+            1 => scalar(map, &mut self.endpoint, path, name),
+            _ => scalar(map, &mut self.export_interval_nanos, path, name),
+        }
+    }
+}
+
+impl GoStruct for Runtime {
+    const FIELDS: &'static [&'static str] = &["profiling", "exportInterval"];
+
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        index: usize,
+        path: &str,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        let name = Self::FIELDS[index];
+        match index {
+            0 => scalar(map, &mut self.profiling, path, name),
+            _ => scalar(map, &mut self.export_interval_nanos, path, name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(text: &str) -> ObservabilityConfig {
+        ObservabilityConfig::decode(text).unwrap_or_else(|error| panic!("{text}: {error}"))
+    }
+
+    fn plan(text: &str) -> Plan {
+        decode(text)
+            .plan()
+            .unwrap_or_else(|problems| panic!("{text}: {problems:?}"))
+    }
+
+    #[test]
+    fn the_1_23_defaults_decode_to_the_defaults_and_turn_everything_off() {
+        assert_eq!(
+            decode(KNATIVE_1_23_DEFAULTS),
+            ObservabilityConfig::default()
+        );
+        assert_eq!(
+            plan(KNATIVE_1_23_DEFAULTS),
+            Plan {
+                request_log_template: None,
+                probe_request_log: false,
+                request_metrics: RequestMetricsExport::Off,
+                not_built: Vec::new(),
+            }
+        );
+        assert_eq!(
+            ObservabilityConfig::default().request_log_template,
+            // `pkg/observability/config.go:34`, as written there.
+            r#"{"httpRequest": {"requestMethod": "{{.Request.Method}}", "requestUrl": "{{js .Request.RequestURI}}", "requestSize": "{{.Request.ContentLength}}", "status": {{.Response.Code}}, "responseSize": "{{.Response.Size}}", "userAgent": "{{js .Request.UserAgent}}", "remoteIp": "{{js .Request.RemoteAddr}}", "serverIp": "{{.Revision.PodIP}}", "referer": "{{js .Request.Referer}}", "latency": "{{.Response.Latency}}s", "protocol": "{{.Request.Proto}}"}, "traceId": "{{.TraceID}}"}"#
+        );
+    }
+
+    /// config-observability with `logging.enable-request-log: "true"`,
+    /// `logging.enable-probe-request-log: "true"` and `request-metrics-protocol: prometheus`, as
+    /// the reconciler marshals it (`encoding/json` over the structs of the module docs).
+    const REQUEST_LOG_AND_PROMETHEUS: &str = r#"{"tracing":{"protocol":"none"},"metrics":{"protocol":"none"},"runtime":{"profiling":"disabled","exportInterval":15000000000},"requestMetrics":{"protocol":"prometheus"},"enableRequestLog":true,"requestLogTemplate":"{\"httpRequest\": {\"requestMethod\": \"{{.Request.Method}}\", \"requestUrl\": \"{{js .Request.RequestURI}}\", \"requestSize\": \"{{.Request.ContentLength}}\", \"status\": {{.Response.Code}}, \"responseSize\": \"{{.Response.Size}}\", \"userAgent\": \"{{js .Request.UserAgent}}\", \"remoteIp\": \"{{js .Request.RemoteAddr}}\", \"serverIp\": \"{{.Revision.PodIP}}\", \"referer\": \"{{js .Request.Referer}}\", \"latency\": \"{{.Response.Latency}}s\", \"protocol\": \"{{.Request.Proto}}\"}, \"traceId\": \"{{.TraceID}}\"}","enableProbeRequestLog":true}"#;
+
+    #[test]
+    fn a_request_log_and_prometheus_as_configured_in_1_23() {
+        assert_eq!(
+            plan(REQUEST_LOG_AND_PROMETHEUS),
+            Plan {
+                request_log_template: Some(DEFAULT_REQUEST_LOG_TEMPLATE.into()),
+                probe_request_log: true,
+                request_metrics: RequestMetricsExport::Prometheus { listen: None },
+                not_built: Vec::new(),
+            }
+        );
+    }
+
+    /// The reconciler's own expectations (`pkg/reconciler/revision/resources/queue_test.go`),
+    /// built from zero-valued configs: absent fields keep the queue-proxy's defaults.
+    #[test]
+    fn the_reconcilers_test_values_read_as_upstreams_queue_proxy_reads_them() {
+        let table: &[(&str, Option<&str>, bool, RequestMetricsExport)] = &[
+            // :1135, the default environment of its tests.
+            (
+                r#"{"tracing":{},"metrics":{},"runtime":{},"requestMetrics":{}}"#,
+                None,
+                false,
+                RequestMetricsExport::Off,
+            ),
+            // :230: a template and probe logging, but the log not enabled.
+            (
+                r#"{"tracing":{},"metrics":{},"runtime":{},"requestMetrics":{},"requestLogTemplate":"test template","enableProbeRequestLog":true}"#,
+                None,
+                true,
+                RequestMetricsExport::Off,
+            ),
+            // :258.
+            (
+                r#"{"tracing":{},"metrics":{},"runtime":{},"requestMetrics":{"protocol":"prometheus"}}"#,
+                None,
+                false,
+                RequestMetricsExport::Prometheus { listen: None },
+            ),
+            (
+                r#"{"enableRequestLog":true,"requestLogTemplate":"test template"}"#,
+                Some("test template"),
+                false,
+                RequestMetricsExport::Off,
+            ),
+            // Enabled, template left out: the default template.
+            (
+                r#"{"enableRequestLog":true}"#,
+                Some(DEFAULT_REQUEST_LOG_TEMPLATE),
+                false,
+                RequestMetricsExport::Off,
+            ),
+            // Enabled with an explicitly empty template: no lines, as upstream.
+            (
+                r#"{"enableRequestLog":true,"requestLogTemplate":""}"#,
+                None,
+                false,
+                RequestMetricsExport::Off,
+            ),
+        ];
+        for (text, template, probes, metrics) in table {
+            let plan = plan(text);
+            assert_eq!(plan.request_log_template.as_deref(), *template, "{text}");
+            assert_eq!(plan.probe_request_log, *probes, "{text}");
+            assert_eq!(plan.request_metrics, *metrics, "{text}");
+            assert!(plan.not_built.is_empty(), "{text}");
+        }
+        // :274 and :382: profiling, and an OTLP push: read, and not built.
+        let plan1 = plan(
+            r#"{"tracing":{},"metrics":{},"runtime":{"profiling":"enabled"},"requestMetrics":{}}"#,
+        );
+        assert_eq!(plan1.not_built.len(), 1);
+        assert_eq!(plan1.not_built[0].0, "runtime.profiling");
+        let plan2 = plan(
+            r#"{"tracing":{},"metrics":{},"runtime":{},"requestMetrics":{"protocol":"http/protobuf","endpoint":"otel:55678"}}"#,
+        );
+        assert_eq!(plan2.request_metrics, RequestMetricsExport::Off);
+        assert_eq!(plan2.not_built[0].0, "requestMetrics.protocol");
+        assert!(plan2.not_built[0].1.contains("OTLP is not built"));
+    }
+
+    /// Outcomes of Go's `json.Unmarshal` over `DefaultConfig()` (run with go1.19 on the structs
+    /// of the module docs): `Ok` with what must then hold, or `Err` with part of the message.
+    #[test]
+    fn json_decodes_as_encoding_json_decodes_it() {
+        type Check = fn(&ObservabilityConfig) -> bool;
+        let ok: &[(&str, Check)] = &[
+            ("null", |c| *c == ObservabilityConfig::default()),
+            ("{}", |c| *c == ObservabilityConfig::default()),
+            (" \n{}\t", |c| *c == ObservabilityConfig::default()),
+            (r#"{"enableRequestLog":null}"#, |c| !c.enable_request_log),
+            (r#"{"EnableRequestLog":true}"#, |c| c.enable_request_log),
+            (r#"{"ENABLEREQUESTLOG":true}"#, |c| c.enable_request_log),
+            // `ſ` folds to `s`, the Kelvin sign to `k`.
+            ("{\"enableRequeſtLog\":true}", |c| c.enable_request_log),
+            (
+                "{\"kelvin\u{212a}\":1,\"requestMetrics\":{\"protocol\":\"prometheus\"}}",
+                |c| c.request_metrics.protocol == "prometheus",
+            ),
+            (r#"{"requestmetrics":{"PROTOCOL":"prometheus"}}"#, |c| {
+                c.request_metrics.protocol == "prometheus"
+            }),
+            // The last of a repeated name wins.
+            (
+                r#"{"enableRequestLog":true,"enablerequestlog":false}"#,
+                |c| !c.enable_request_log,
+            ),
+            // A repeated object merges into what is there.
+            (
+                r#"{"requestMetrics":{"protocol":"prometheus"},"requestMetrics":{"endpoint":":9092"}}"#,
+                |c| {
+                    c.request_metrics.protocol == "prometheus"
+                        && c.request_metrics.endpoint == ":9092"
+                },
+            ),
+            (r#"{"requestLogTemplate":null}"#, |c| {
+                c.request_log_template == DEFAULT_REQUEST_LOG_TEMPLATE
+            }),
+            (r#"{"requestLogTemplate":""}"#, |c| {
+                c.request_log_template.is_empty()
+            }),
+            (r#"{"requestMetrics":null}"#, |c| {
+                c.request_metrics.protocol == "none"
+            }),
+            (r#"{"requestMetrics":{"exportInterval":-5}}"#, |c| {
+                c.request_metrics.export_interval_nanos == -5
+            }),
+            (r#"{"tracing":{"samplingRate":1}}"#, |c| {
+                c.tracing.sampling_rate == 1.0
+            }),
+            (r#"{"tracing":{"samplingRate":5e-1}}"#, |c| {
+                c.tracing.sampling_rate == 0.5
+            }),
+            // Unknown fields, of any shape, and the embedded struct's own name, are skipped.
+            (
+                r#"{"unknown":{"deep":[1,2,{"x":null}]},"BaseConfig":{"tracing":{"protocol":"grpc"}}}"#,
+                |c| c.tracing.protocol == "none",
+            ),
+            (r#"{"a":"\ud800"}"#, |c| {
+                *c == ObservabilityConfig::default()
+            }),
+            (
+                r#"{"LoggingURLTemplate":"http://x/${REVISION_UID}","EnableVarLogCollection":true}"#,
+                |c| c.enable_var_log_collection && c.logging_url_template.starts_with("http"),
+            ),
+            (
+                r#"{"requestLogTemplate":"\u003c{{.Request.Method}}\u003e"}"#,
+                |c| c.request_log_template == "<{{.Request.Method}}>",
+            ),
+        ];
+        for (text, check) in ok {
+            let config = decode(text);
+            assert!(check(&config), "{text}: {config:?}");
+        }
+        let refused: &[(&str, &str)] = &[
+            ("[]", "expected a JSON object"),
+            (r#""x""#, "expected a JSON object"),
+            ("5", "expected a JSON object"),
+            ("", "EOF"),
+            ("   ", "EOF"),
+            (
+                r#"{"enableRequestLog":"true"}"#,
+                "enableRequestLog to be a boolean",
+            ),
+            (
+                r#"{"enableRequestLog":1}"#,
+                "enableRequestLog to be a boolean",
+            ),
+            (
+                r#"{"requestLogTemplate":5}"#,
+                "requestLogTemplate to be a string",
+            ),
+            (r#"{"requestMetrics":[]}"#, "requestMetrics to be an object"),
+            (
+                r#"{"requestMetrics":{"exportInterval":1.5}}"#,
+                "requestMetrics.exportInterval",
+            ),
+            (
+                r#"{"requestMetrics":{"exportInterval":1e9}}"#,
+                "requestMetrics.exportInterval",
+            ),
+            (
+                r#"{"requestMetrics":{"exportInterval":9223372036854775808}}"#,
+                "requestMetrics.exportInterval",
+            ),
+            (
+                r#"{"requestMetrics":{"exportInterval":"60s"}}"#,
+                "requestMetrics.exportInterval",
+            ),
+            (
+                r#"{"runtime":{"exportInterval":true}}"#,
+                "runtime.exportInterval",
+            ),
+            (r#"{"tracing":{"samplingRate":1e400}}"#, "out of range"),
+            (
+                r#"{"tracing":{"samplingRate":"0.5"}}"#,
+                "tracing.samplingRate to be a number",
+            ),
+            (
+                r#"{"tracing":{"protocol":["grpc"]}}"#,
+                "tracing.protocol to be a string",
+            ),
+            (r#"{"enableRequestLog":true} x"#, "trailing characters"),
+            (r#"{"enableRequestLog":true,}"#, "trailing comma"),
+            (r#"{"enableRequestLog":tru}"#, "expected ident"),
+            (r#"{"requestLogTemplate":"\ud800"}"#, "hex escape"),
+        ];
+        for (text, message) in refused {
+            let error = ObservabilityConfig::decode(text).expect_err(text);
+            assert!(error.contains(message), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn protocols_upstream_does_not_know_are_refused_naming_the_field() {
+        for (text, field) in [
+            (
+                r#"{"requestMetrics":{"protocol":"opencensus"}}"#,
+                "requestMetrics.protocol",
+            ),
+            (
+                r#"{"requestMetrics":{"protocol":""}}"#,
+                "requestMetrics.protocol",
+            ),
+            (
+                r#"{"requestMetrics":{"protocol":"Prometheus"}}"#,
+                "requestMetrics.protocol",
+            ),
+            (r#"{"tracing":{"protocol":"zipkin"}}"#, "tracing.protocol"),
+            (r#"{"tracing":{"protocol":"NONE"}}"#, "tracing.protocol"),
+        ] {
+            let problems = decode(text).plan().expect_err(text);
+            assert_eq!(problems.len(), 1, "{text}: {problems:?}");
+            assert!(problems[0].starts_with(field), "{text}: {problems:?}");
+        }
+        // Both at once: every problem, so one restart fixes them.
+        let problems = decode(r#"{"tracing":{"protocol":"x"},"requestMetrics":{"protocol":"y"}}"#)
+            .plan()
+            .unwrap_err();
+        assert_eq!(problems.len(), 2);
+    }
+
+    #[test]
+    fn tracing_and_an_otlp_push_are_read_and_said_to_be_not_built() {
+        for protocol in ["grpc", "http/protobuf", "stdout"] {
+            let text = format!(
+                r#"{{"tracing":{{"protocol":"{protocol}","endpoint":"http://otel:4318/v1/traces","samplingRate":0.1}}}}"#
+            );
+            let plan = plan(&text);
+            assert_eq!(plan.not_built.len(), 1, "{protocol}");
+            assert_eq!(plan.not_built[0].0, "tracing.protocol");
+            assert!(plan.not_built[0].1.contains("tracing is not built"));
+        }
+        for protocol in ["grpc", "http/protobuf"] {
+            let text = format!(
+                r#"{{"requestMetrics":{{"protocol":"{protocol}","endpoint":"http://otel:4318","exportInterval":60000000000}}}}"#
+            );
+            let plan = plan(&text);
+            assert_eq!(plan.request_metrics, RequestMetricsExport::Off);
+            assert_eq!(plan.not_built[0].0, "requestMetrics.protocol");
+        }
+        // Upstream turns profiling on only for the exact word.
+        assert!(plan(r#"{"runtime":{"profiling":"Enabled"}}"#)
+            .not_built
+            .is_empty());
+    }
+
+    #[test]
+    fn a_prometheus_endpoint_is_where_upstream_would_listen() {
+        let any = |port| Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port));
+        let table: &[(&str, Option<SocketAddr>)] = &[
+            ("", None),
+            (":9091", any(9091)),
+            (":09095", any(9095)),
+            ("0.0.0.0:9092", Some("0.0.0.0:9092".parse().unwrap())),
+            ("127.0.0.1:65535", Some("127.0.0.1:65535".parse().unwrap())),
+            ("[::1]:1024", Some("[::1]:1024".parse().unwrap())),
+            ("[]:9093", any(9093)),
+        ];
+        for (endpoint, listen) in table {
+            assert_eq!(
+                prometheus_listen(endpoint).as_ref(),
+                Ok(listen),
+                "{endpoint:?}"
+            );
+        }
+        let refused: &[(&str, &str)] = &[
+            ("9091", "is not \"host:port\""),
+            ("::1:9091", "is not \"host:port\""),
+            ("[::1]9091", "is not \"host:port\""),
+            ("[::1:9091", "is not \"host:port\""),
+            ("host:", "is not a port number"),
+            (":+9091", "is not a port number"),
+            (":65536", "is not a port number"),
+            (":9_091", "is not a port number"),
+            (":80", "below 1024"),
+            (":0", "below 1024"),
+            ("localhost:9091", "not an IP address"),
+            ("[fe80::1%eth0]:9091", "zone"),
+        ];
+        for (endpoint, problem) in refused {
+            let error = prometheus_listen(endpoint).expect_err(endpoint);
+            assert!(error.contains(problem), "{endpoint:?}: {error}");
+        }
+        let problems = decode(r#"{"requestMetrics":{"protocol":"prometheus","endpoint":":80"}}"#)
+            .plan()
+            .unwrap_err();
+        assert!(
+            problems[0].starts_with("requestMetrics.endpoint: \":80\""),
+            "{problems:?}"
+        );
+    }
+
+    /// A skipped value is walked without recursion, however deep; a field read refuses a
+    /// nested value at its first bracket. Neither can exhaust the stack.
+    #[test]
+    fn deep_nesting_neither_recurses_nor_crashes() {
+        let deep = |field: &str| {
+            format!(
+                "{{\"{field}\":{}{}}}",
+                "[".repeat(100_000),
+                "]".repeat(100_000)
+            )
+        };
+        assert_eq!(
+            ObservabilityConfig::decode(&deep("x")),
+            Ok(ObservabilityConfig::default())
+        );
+        let error = ObservabilityConfig::decode(&deep("requestLogTemplate")).unwrap_err();
+        assert!(
+            error.contains("requestLogTemplate to be a string"),
+            "{error}"
+        );
+        let error = ObservabilityConfig::decode(&deep("tracing")).unwrap_err();
+        assert!(error.contains("tracing to be an object"), "{error}");
+    }
+
+    proptest::proptest! {
+        /// Whatever the variable holds, decoding and planning return; they never panic.
+        #[test]
+        fn any_text_decodes_or_is_refused(text in r#"[{}\[\]":,0-9a-zA-Z\\. eE+-]{0,64}"#) {
+            if let Ok(config) = ObservabilityConfig::decode(&text) {
+                let _ = config.plan();
+            }
+        }
+
+        /// Every field with arbitrary JSON values of every kind.
+        #[test]
+        fn any_value_in_any_field_decodes_or_is_refused(
+            field in proptest::sample::select(vec![
+                "tracing", "metrics", "runtime", "requestMetrics", "enableRequestLog",
+                "requestLogTemplate", "enableProbeRequestLog", "EnableVarLogCollection",
+            ]),
+            inner in proptest::sample::select(vec![
+                "protocol", "endpoint", "samplingRate", "exportInterval", "profiling",
+            ]),
+            value in proptest::sample::select(vec![
+                "null", "true", "0", "-1", "1.5", "1e308", "-9223372036854775808",
+                "18446744073709551615", "\"\"", "\"grpc\"", "[]", "{}", "\"\\u0000\"",
+            ]),
+        ) {
+            for text in [
+                format!(r#"{{"{field}":{value}}}"#),
+                format!(r#"{{"{field}":{{"{inner}":{value}}}}}"#),
+            ] {
+                if let Ok(config) = ObservabilityConfig::decode(&text) {
+                    let _ = config.plan();
+                }
+            }
+        }
+    }
+}
