@@ -12,15 +12,17 @@
 //! waiting, more get 503 `pending request queue full`.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_api::RevisionKey;
-use kactivator_control::config::{Config, MetricsComponent, RevisionConfig};
+use kactivator_control::config::{Config, MetricNames, MetricsComponent, RevisionConfig};
 use kactivator_control::drain::DrainRule;
 use kactivator_control::features;
 use kactivator_control::queue_proxy::env::{self, EnvError};
+use kactivator_control::queue_proxy::observability::RequestMetricsExport;
 use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
 use kactivator_control::queue_proxy::{admin, certs, readiness, stat_server};
 use kactivator_shards::request::log::{sink, RequestLog};
@@ -44,12 +46,29 @@ pub const UNMAP_START_UP_CODE: bool = true;
 
 pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let env = env::parse(|key| std::env::var(key).ok())?;
+    check_tls_settings(&env, &args.certs_dir)?;
     certs::refuse_tls_if_asked(&args.certs_dir)?;
     if !env.not_acted_on.is_empty() {
         tracing::info!(
             keys = ?env.not_acted_on,
             "set by Knative but not acted on here (README: As Knative's queue-proxy)"
         );
+    }
+    if !env.superseded.is_empty() {
+        tracing::info!(
+            keys = ?env.superseded,
+            "OBSERVABILITY_CONFIG is set, so these Knative 1.18 keys are not read (as Knative \
+             1.19+'s queue-proxy, which reads only OBSERVABILITY_CONFIG)"
+        );
+    }
+    if let env::ObservabilitySource::ObservabilityConfig { not_built, .. } = &env.observability {
+        for (field, what) in not_built {
+            tracing::warn!(
+                key = "OBSERVABILITY_CONFIG",
+                field,
+                "configured but not built here: {what}"
+            );
+        }
     }
     let config = config_of(&env, cli.drain_grace_seconds);
     let probes = readiness::decode(
@@ -110,6 +129,30 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     start::run_as(cli, Some(config), setup, || {})
 }
 
+/// `QUEUE_PROXY_TLS_*` as upstream treats them: read when the certificate is mounted, and then
+/// a value it cannot use is fatal (exit 2, naming the key, before the refusal of TLS itself);
+/// otherwise upstream never reads them, so a bad one is only warned about.
+fn check_tls_settings(env: &env::QueueProxyEnv, certs_dir: &Path) -> Result<(), StartError> {
+    if env.tls.problems.is_empty() {
+        return Ok(());
+    }
+    if certs::tls_asked(certs_dir)? {
+        return Err(EnvError {
+            missing: Vec::new(),
+            invalid: env.tls.problems.clone(),
+        }
+        .into());
+    }
+    for (key, problem) in &env.tls.problems {
+        tracing::warn!(
+            key,
+            "{problem}; not used while TLS is off (no certificate in {}), refused once it is on",
+            certs_dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// The fork's push side, when `ACTIVATOR_SERVICE_URL` asks for it; refused (exit 2) when the
 /// activator would refuse this pod's registrations.
 fn pusher_of(env: &env::QueueProxyEnv) -> Result<Option<Pusher>, EnvError> {
@@ -132,16 +175,23 @@ fn pusher_of(env: &env::QueueProxyEnv) -> Result<Option<Pusher>, EnvError> {
     })
 }
 
-/// Knative's request log, when `SERVING_ENABLE_REQUEST_LOG` turns it on with a template: the
-/// template parsed (refused, exit 2, when this binary would not print what Go prints) and the
-/// thread that writes the lines to stdout started.
+/// Knative's request log, when `SERVING_ENABLE_REQUEST_LOG` or `OBSERVABILITY_CONFIG` turns it
+/// on with a template: the template parsed (refused, exit 2, naming the key it came from, when
+/// this binary would not print what Go prints) and the thread that writes the lines to stdout
+/// started.
 fn request_log_of(env: &env::QueueProxyEnv) -> Result<Option<RequestLogSetup>, StartError> {
     let Some(text) = &env.request_log_template else {
         return Ok(None);
     };
     let template = Template::parse(text).map_err(|error| EnvError {
         missing: Vec::new(),
-        invalid: vec![("SERVING_REQUEST_LOG_TEMPLATE", error.to_string())],
+        invalid: vec![(
+            env.request_log_key(),
+            match env.observability {
+                env::ObservabilitySource::Knative118 => error.to_string(),
+                _ => format!("requestLogTemplate: {error}"),
+            },
+        )],
     })?;
     let revision = Revision {
         name: env.revision.clone(),
@@ -172,6 +222,24 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
     let mut config = Config::default();
     config.listen.http = reactor::any_address(env.serving_port);
     config.listen.admin = reactor::any_address(METRICS_PORT);
+    // Upstream's request metrics: 1.18 serves its names (both sets here, as before); 1.19+
+    // serves its own names only with `requestMetrics.protocol` prometheus, on its endpoint when
+    // one is given. Otherwise only kactivator's own names are served (the port also answers
+    // `/healthz` and `/readyz`).
+    if let env::ObservabilitySource::ObservabilityConfig {
+        request_metrics, ..
+    } = &env.observability
+    {
+        match request_metrics {
+            RequestMetricsExport::Off => config.metrics.names = MetricNames::Neither,
+            RequestMetricsExport::Prometheus { listen } => {
+                config.metrics.names = MetricNames::Opentelemetry;
+                if let Some(listen) = listen {
+                    config.listen.admin = *listen;
+                }
+            }
+        }
+    }
     config.proxy.drain_grace_seconds = drain_grace.unwrap_or(QUIET_PERIOD.as_secs());
     config.metrics.component = MetricsComponent::QueueProxy {
         queue_depth: env.container_concurrency > 0,

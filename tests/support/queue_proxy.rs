@@ -51,6 +51,63 @@ pub fn knative_env(user_port: u16, serving_port: u16, concurrency: u32) -> HashM
     .collect()
 }
 
+/// What Knative 1.23's reconciler sets, every key and no other, in its order
+/// (`pkg/reconciler/revision/resources/queue.go:355-449`): a revision with `concurrency`, a
+/// user container on `user_port` with a TCP readiness probe, served on `serving_port`,
+/// config-deployment's TLS keys unset (`""`), and `observability_config` as the reconciler
+/// marshals config-observability. No `ACTIVATOR_SERVICE_URL`: the fork's push goes to its
+/// default in-cluster name, which does not resolve here (it never holds up a request).
+pub fn knative_1_23_env(
+    user_port: u16,
+    serving_port: u16,
+    concurrency: u32,
+    observability_config: &str,
+) -> HashMap<String, String> {
+    [
+        ("SERVING_NAMESPACE", "default".to_string()),
+        ("SERVING_SERVICE", "hello".into()),
+        ("SERVING_CONFIGURATION", "hello".into()),
+        ("SERVING_REVISION", REVISION.into()),
+        ("QUEUE_SERVING_PORT", serving_port.to_string()),
+        ("QUEUE_SERVING_TLS_PORT", free_port().to_string()),
+        ("CONTAINER_CONCURRENCY", concurrency.to_string()),
+        ("REVISION_TIMEOUT_SECONDS", "300".into()),
+        ("REVISION_RESPONSE_START_TIMEOUT_SECONDS", "0".into()),
+        ("REVISION_IDLE_TIMEOUT_SECONDS", "0".into()),
+        // `fieldRef` metadata.name and status.podIP.
+        ("SERVING_POD", POD.into()),
+        ("SERVING_POD_IP", "127.0.0.1".into()),
+        // config-logging's `zap-logger-config` and the queue-proxy's level.
+        (
+            "SERVING_LOGGING_CONFIG",
+            r#"{"level": "info", "development": false, "outputPaths": ["stdout"], "errorOutputPaths": ["stderr"], "encoding": "json", "encoderConfig": {"timeKey": "timestamp", "levelKey": "severity", "nameKey": "logger", "callerKey": "caller", "messageKey": "message", "stacktraceKey": "stacktrace", "lineEnding": "", "levelEncoder": "", "timeEncoder": "iso8601", "durationEncoder": "", "callerEncoder": ""}}"#.into(),
+        ),
+        ("SERVING_LOGGING_LEVEL", "info".into()),
+        ("USER_PORT", user_port.to_string()),
+        ("SYSTEM_NAMESPACE", "knative-serving".into()),
+        (
+            "SERVING_READINESS_PROBE",
+            format!(
+                r#"{{"tcpSocket":{{"port":{user_port},"host":"127.0.0.1"}},"successThreshold":1}}"#
+            ),
+        ),
+        // `fieldRef` status.hostIP.
+        ("HOST_IP", "127.0.0.1".into()),
+        ("ENABLE_HTTP2_AUTO_DETECTION", "false".into()),
+        ("ENABLE_HTTP_FULL_DUPLEX", "false".into()),
+        ("ROOT_CA", String::new()),
+        ("QUEUE_PROXY_TLS_MIN_VERSION", String::new()),
+        ("QUEUE_PROXY_TLS_MAX_VERSION", String::new()),
+        ("QUEUE_PROXY_TLS_CIPHER_SUITES", String::new()),
+        ("QUEUE_PROXY_TLS_CURVE_PREFERENCES", String::new()),
+        ("ENABLE_MULTI_CONTAINER_PROBES", "false".into()),
+        ("OBSERVABILITY_CONFIG", observability_config.into()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value))
+    .collect()
+}
+
 /// A running queue-proxy, killed on drop.
 pub struct QueueProxy {
     pub child: Child,

@@ -36,16 +36,16 @@
 //!
 //! What each field means to the queue-proxy, and what this one does with it:
 //! * `enableRequestLog`, `requestLogTemplate`, `enableProbeRequestLog`: the request log
-//!   (`pkg/queue/sharedmain/handlers.go:92-96`, `main.go:402-423`): on only when enabled; an
+//!   (`pkg/queue/sharedmain/handlers.go:92-96`, `main.go:423-445`): on only when enabled; an
 //!   empty template writes nothing (`pkg/http/request_log.go:104-123`). Acted on, as the 1.18
 //!   keys are.
 //! * `requestMetrics`: where the queue-proxy's request metrics go (`pkg/queue/sharedmain/
-//!   otel.go:49-62`, `vendor/.../metrics/provider.go:43-86`): `none` exports nothing;
+//!   otel.go:49-62`, `vendor/.../metrics/provider.go:53-87`): `none` exports nothing;
 //!   `prometheus` serves them at `endpoint` (`host:port`, port 1024–65535, empty host: every
 //!   interface; `prometheus_enabled.go:42-55`, `prometheus/server.go:154-163`), `:9091` when
 //!   empty; `grpc` and `http/protobuf` push over OTLP every `exportInterval`; anything else is
 //!   fatal. Acted on for `none` and `prometheus`; an OTLP push is not built (start-up warns).
-//! * `tracing`: the span exporter (`otel.go:75-85`, `vendor/.../tracing/provider.go:52-100`):
+//! * `tracing`: the span exporter (`otel.go:75-85`, `vendor/.../tracing/provider.go:54-100`):
 //!   `none`, `grpc`, `http/protobuf`, `stdout`; anything else is fatal. Not built: anything
 //!   but `none` is warned about at start-up, and no span is exported.
 //! * `runtime.profiling`: `enabled` serves pprof on :8008 (`main.go:261-266`). Not built
