@@ -38,11 +38,6 @@ use crate::start::{self, RequestLogSetup, RoleSetup, StartError};
 pub const METRICS_PORT: u16 = 9091;
 /// Upstream's quiet period: how long a draining queue-proxy keeps serving (`main.go`).
 pub const QUIET_PERIOD: Duration = Duration::from_secs(30);
-/// Whether the queue-proxy unmaps the code start-up ran (`--unmap-start-up-code`). On: it is what
-/// brings the sidecar's VmRSS (`ps`, the idle-RSS target) under 5 MB, for a few minor faults
-/// once. It does not lower what the cgroup is charged, nor the kubelet's working set: the pages
-/// stay in the page cache (BENCHMARKS.md, "Idle memory and the code layout").
-pub const UNMAP_START_UP_CODE: bool = true;
 
 pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let env = env::parse(|key| std::env::var(key).ok())?;

@@ -10,6 +10,16 @@
 
 use std::time::{Duration, Instant};
 
+/// Where the process is in its drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainPhase {
+    Serving,
+    /// SIGTERM came: readiness fails, requests are still served for the grace period.
+    Draining,
+    /// The grace period is over: the listeners close and in-flight requests finish.
+    Drained,
+}
+
 /// Which rule ends a role's grace period.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DrainRule {

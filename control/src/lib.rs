@@ -45,6 +45,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::admin::AdminState;
 use crate::config::Config;
+pub use crate::drain::DrainPhase;
 use crate::drain::{DrainRule, QuietPeriod};
 use crate::pod_state::{Gates, Windows};
 use crate::publisher::Publisher;
@@ -74,16 +75,6 @@ pub struct ControlPlane {
     /// Where the drain is; read by whoever waits for it (the queue-proxy's `/wait-for-drain`).
     drain: tokio::sync::watch::Sender<DrainPhase>,
     drain_rule: DrainRule,
-}
-
-/// Where the process is in its drain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DrainPhase {
-    Serving,
-    /// SIGTERM came: readiness fails, requests are still served for the grace period.
-    Draining,
-    /// The grace period is over: the listeners close and in-flight requests finish.
-    Drained,
 }
 
 /// What the control plane is started with.

@@ -6,9 +6,10 @@ use std::borrow::Cow;
 use std::cell::OnceCell;
 
 use super::gofmt::{self, Spec};
+use super::input::{Input, RenderError, Request};
+use super::parse::Template;
 use super::parse::{Expr, Field, Func, Node, Piece, Pipeline, Target};
 use super::url::{self, canonical_header_key, header_name_matches, Url};
-use super::{Input, RenderError, Request, Template};
 
 /// A run-time value. Strings borrow from the input or the template where
 /// they can; `List` is the values of one header key, looked up when used.

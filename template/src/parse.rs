@@ -6,9 +6,18 @@
 use std::collections::BTreeSet;
 
 use super::gofmt::Spec;
+use super::input::HeadersRead;
 use super::lex::{self, Kind, Token};
 use super::url::canonical_header_key;
-use super::{HeadersRead, Template};
+
+/// A parsed and type-checked request-log template. Immutable, so one value
+/// can be shared by all request-handling threads.
+#[derive(Debug)]
+pub struct Template {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) slots: usize,
+    pub(crate) headers_read: HeadersRead,
+}
 
 /// A refusal: byte offset in the template text and message.
 pub(super) type ParseError = (usize, String);

@@ -22,7 +22,7 @@ use hyper::{Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::DrainPhase;
+use crate::drain::DrainPhase;
 
 /// Path of the drain hook.
 pub const WAIT_FOR_DRAIN: &str = "/wait-for-drain";

@@ -46,8 +46,8 @@ use kactivator_api::registration::{self, QueueProxyEvent, Registration, Registra
 use tokio::sync::watch;
 
 use super::env::ActivatorUrl;
+use crate::drain::DrainPhase;
 use crate::http_client::{self, Call};
-use crate::DrainPhase;
 
 /// Longest one request may take, connecting included (the fork's `RegistrationTimeout`).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
