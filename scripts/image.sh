@@ -58,9 +58,11 @@ if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
   SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || true)
   [ -n "$SOURCE_DATE_EPOCH" ] || { echo "not a git checkout: set SOURCE_DATE_EPOCH" >&2; exit 1; }
 fi
-export SOURCE_DATE_EPOCH
 created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
 
+# Exported only after the build: cargo reruns the build scripts that watch SOURCE_DATE_EPOCH
+# (cc's, so ring's and psm's, and what depends on them) whenever it changes, and it changes with
+# every commit, so exporting it first rebuilt those crates on every run.
 if [ -z "${KACTIVATOR_BINARY:-}" ]; then
   echo "== cargo rustc --profile dist, the code serving runs first (reused when target/dist is current)"
   bash scripts/hot-code.sh --tools
@@ -69,6 +71,7 @@ if [ -z "${KACTIVATOR_BINARY:-}" ]; then
   cargo rustc --profile dist --locked --bin kactivator -- -C "linker=$PWD/scripts/link-hot-first.sh"
   KACTIVATOR_BINARY=${CARGO_TARGET_DIR:-target}/dist/kactivator
 fi
+export SOURCE_DATE_EPOCH
 version_line=$("$KACTIVATOR_BINARY" --version) # "kactivator 0.1.0 (commit <hash>)"
 version=$(echo "$version_line" | awk '{print $2}')
 commit=$(echo "$version_line" | sed -n 's/.*(commit \(.*\))$/\1/p')
