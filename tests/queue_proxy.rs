@@ -14,7 +14,7 @@ use kactivator_template::KNATIVE_1_18_DEFAULT;
 use kactivator_testkit::backend::{self, BackendConfig};
 use kactivator_testkit::ports::free_port;
 use support::queue_proxy::{knative_env, QueueProxy};
-use support::{eventually, exchange};
+use support::{eventually, exchange, exit_within};
 
 /// The user container: the test backend on `127.0.0.1:port`, as Knative's pod has it.
 fn user_container(port: u16) -> backend::BackendHandle {
@@ -67,7 +67,7 @@ fn a_pod_with_knatives_tls_certificate_mounted_is_refused_at_start_up() {
     std::fs::write(certs.join("tls.key"), "-----BEGIN PRIVATE KEY-----\n").unwrap();
     let user_port = free_port();
     let serving_port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+    let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
         .arg("queue-proxy")
         .args(["--certs-dir", certs.to_str().unwrap()])
         .env_clear()
@@ -76,13 +76,7 @@ fn a_pod_with_knatives_tls_certificate_mounted_is_refused_at_start_up() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run kactivator queue-proxy");
-    let exited = eventually(Duration::from_secs(10), || {
-        child.try_wait().expect("wait").is_some()
-    });
-    if !exited {
-        let _ = child.kill();
-    }
-    let output = child.wait_with_output().expect("collect its output");
+    let (exited, output) = exit_within(child, Duration::from_secs(10));
     assert!(exited, "it started although TLS was asked for");
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -12,7 +12,7 @@ use kactivator_control::queue_proxy::observability::KNATIVE_1_23_DEFAULTS;
 use kactivator_testkit::backend::{self, BackendConfig};
 use kactivator_testkit::ports::free_port;
 use support::queue_proxy::{knative_1_23_env, QueueProxy};
-use support::{admin_get, eventually};
+use support::{admin_get, eventually, exit_within};
 
 /// config-observability with `logging.enable-request-log: "true"` and
 /// `request-metrics-protocol: prometheus`, the template left at its default, as 1.23's
@@ -164,7 +164,7 @@ fn unbuilt_tracing_is_said_at_start_up_and_the_defaults_log_and_export_nothing()
 /// Runs the queue-proxy to its exit with `env` (and `args`): its exit code and stderr.
 fn exit_of(env: std::collections::HashMap<String, String>, args: &[&str]) -> (Option<i32>, String) {
     let serving: u16 = env["QUEUE_SERVING_PORT"].parse().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+    let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
         .arg("queue-proxy")
         .args(["--admin", &format!("127.0.0.1:{}", free_port())])
         .args(["--drain-admin", &format!("127.0.0.1:{}", free_port())])
@@ -179,13 +179,7 @@ fn exit_of(env: std::collections::HashMap<String, String>, args: &[&str]) -> (Op
         .stderr(Stdio::piped())
         .spawn()
         .expect("run kactivator queue-proxy");
-    let exited = eventually(Duration::from_secs(10), || {
-        child.try_wait().expect("wait").is_some()
-    });
-    if !exited {
-        let _ = child.kill();
-    }
-    let output = child.wait_with_output().expect("its output");
+    let (exited, output) = exit_within(child, Duration::from_secs(10));
     assert!(
         exited,
         "it started: {}",

@@ -400,6 +400,20 @@ pub fn curl(args: &[&str]) -> (bool, Vec<u8>) {
     (output.status.success(), output.stdout)
 }
 
+/// Waits up to `limit` for a process expected to exit (a refused start), kills it if it did
+/// not, and gives back whether it exited by itself and what it wrote.
+pub fn exit_within(
+    mut child: std::process::Child,
+    limit: Duration,
+) -> (bool, std::process::Output) {
+    let exited = eventually(limit, || child.try_wait().expect("wait").is_some());
+    if !exited {
+        let _ = child.kill();
+    }
+    let output = child.wait_with_output().expect("its output");
+    (exited, output)
+}
+
 /// Waits until `condition` holds or the limit passes.
 pub fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
