@@ -16,6 +16,7 @@ pub mod readiness;
 
 pub mod signal;
 pub mod stream;
+pub mod tls;
 pub mod topology;
 #[cfg(test)]
 pub(crate) mod wakes;
