@@ -550,6 +550,7 @@ pub fn run_as(
             cpu: placement.pins.as_ref().map(|pins| pins[index]),
             driver: cli.driver,
             listeners: listener,
+            tls_listeners: Vec::new(),
             commands,
             mailbox,
             peers: mailbox_senders.clone(),

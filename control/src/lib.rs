@@ -27,6 +27,7 @@ pub mod shell;
 pub mod sources;
 pub mod state;
 pub mod subsetting;
+pub mod tls;
 pub mod worker;
 
 use std::collections::BTreeSet;

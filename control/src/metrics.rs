@@ -691,11 +691,21 @@ fn render_shards(out: &mut String, stats: &AllShardStats) {
             let _ = writeln!(out, "{name}{{shard=\"{}\"}} {}", shard.index, value(shard));
         }
     }
-    let counters: [ShardMetric; 18] = [
+    let counters: [ShardMetric; 20] = [
         (
             "kactivator_shard_connections_accepted_total",
             "Client connections accepted.",
             |s| s.connections_accepted.get(),
+        ),
+        (
+            "kactivator_shard_tls_handshakes_total",
+            "TLS handshakes completed on the TLS data port.",
+            |s| s.tls_handshakes.get(),
+        ),
+        (
+            "kactivator_shard_tls_handshake_failures_total",
+            "TLS handshakes that failed: refused by either side, cut, not done within the head timeout, or no certificate to offer.",
+            |s| s.tls_handshake_failures.get(),
         ),
         (
             "kactivator_shard_h2_connections_total",

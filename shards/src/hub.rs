@@ -20,6 +20,7 @@ use monoio::net::TcpListener;
 use crate::http1::{self, Served};
 use crate::http2;
 use crate::metrics::AllShardStats;
+use crate::request::peer::Peer;
 use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm;
 use crate::runtime::contain;
@@ -28,6 +29,7 @@ use crate::runtime::late;
 use crate::runtime::memory;
 use crate::runtime::reactor::{self, DriverChoice, DriverKind, Reactor};
 use crate::runtime::readiness::Readiness;
+use crate::runtime::tls;
 use crate::shard::{OpenConnection, Shard, ShardSettings};
 
 /// How often idle upstream connections are swept.
@@ -92,10 +94,10 @@ async fn meet(count: &AtomicUsize, shards: usize, shard: &Shard, what: &str) {
 /// per port, and the stop.
 ///
 /// `ports`: each data port's listener with a second descriptor of the same socket (`spare`),
-/// through which the stop drains its backlog and shuts it down.
+/// through which the stop drains its backlog and shuts it down, and whether it speaks TLS.
 async fn run(
     shard: Rc<Shard>,
-    ports: Vec<(TcpListener, std::net::TcpListener)>,
+    ports: Vec<(TcpListener, std::net::TcpListener, bool)>,
     commands: flume::Receiver<ShardCommand>,
     handoffs: flume::Receiver<Handoff>,
 ) {
@@ -134,12 +136,16 @@ async fn run(
         }
     });
 
-    let (listeners, spares): (Vec<TcpListener>, Vec<std::net::TcpListener>) =
-        ports.into_iter().unzip();
+    let mut listeners = Vec::with_capacity(ports.len());
+    let mut spares = Vec::with_capacity(ports.len());
+    for (listener, spare, tls) in ports {
+        listeners.push((listener, tls));
+        spares.push((spare, tls));
+    }
     let listener_shut = Cell::new(false);
     // Each accept loop runs until its listener is shut down; it is never dropped mid-accept,
     // since an io_uring accept cancelled too late completes with a connection nobody would serve.
-    let accept_loop = |listener: TcpListener| {
+    let accept_loop = |(listener, tls): (TcpListener, bool)| {
         let shard = &shard;
         let listener_shut = &listener_shut;
         async move {
@@ -158,6 +164,7 @@ async fn run(
                     shard.accept_paused.set(false);
                 }
                 match listener.accept().await {
+                    Ok((stream, peer)) if tls => serve_tls(shard, stream, peer),
                     Ok((stream, peer)) => serve(shard, stream, peer),
                     Err(_) if shard.stop_accepting.is_set() && listener_shut.get() => break,
                     Err(error) => {
@@ -183,7 +190,7 @@ async fn run(
         // start on any listener: a socket filter drops new clients' SYNs (they retry, find the
         // port closed and go elsewhere). Then what completed, or was under way, is accepted and
         // served, and only then is the socket shut down.
-        for spare in &spares {
+        for (spare, _) in &spares {
             if let Err(error) = socket2::SockRef::from(spare).attach_filter(&REFUSE_NEW_CONNECTIONS)
             {
                 tracing::warn!(
@@ -196,7 +203,7 @@ async fn run(
         // A handshake whose SYN passed before the filter completes within this: on loopback at
         // once, over a network in one round trip.
         monoio::time::sleep(HANDSHAKES_IN_FLIGHT).await;
-        for spare in &spares {
+        for (spare, tls) in &spares {
             let _ = spare.set_nonblocking(true);
             while let Ok((stream, peer)) = spare.accept() {
                 // An accepted socket does not inherit the listener's O_NONBLOCK, and the epoll
@@ -205,6 +212,7 @@ async fn run(
                     .set_nonblocking(true)
                     .and_then(|()| monoio::net::TcpStream::from_std(stream));
                 match registered {
+                    Ok(stream) if *tls => serve_tls(&shard, stream, peer),
                     Ok(stream) => serve(&shard, stream, peer),
                     Err(error) => tracing::warn!(shard = shard.index, "accept failed: {error}"),
                 }
@@ -213,7 +221,7 @@ async fn run(
         listener_shut.set(true);
         // Shutting the sockets down (not only closing our descriptors) ends the accepts in
         // flight.
-        for spare in &spares {
+        for (spare, _) in &spares {
             let _ = socket2::SockRef::from(spare).shutdown(std::net::Shutdown::Both);
         }
         meet(&barrier.closed, shards, &shard, "listeners closed").await;
@@ -264,6 +272,9 @@ pub struct ShardSpec {
     pub driver: DriverChoice,
     /// One listener per data port (HTTP/1 and HTTP/2 alike on each), bound by the caller.
     pub listeners: Vec<std::net::TcpListener>,
+    /// One listener per TLS data port: the same requests, over TLS with the certificates of the
+    /// latest `ShardCommand::ServerTls` (a connection is closed while there is none).
+    pub tls_listeners: Vec<std::net::TcpListener>,
     pub commands: flume::Receiver<ShardCommand>,
     /// This shard's mailbox: slots granted to it by others, evictions asked of it and answers
     /// to its own (`routing::Handoff`).
@@ -337,6 +348,7 @@ fn run_on(
     let ShardSpec {
         index,
         listeners,
+        tls_listeners,
         commands,
         mailbox,
         peers,
@@ -345,11 +357,16 @@ fn run_on(
         control,
         ..
     } = spec;
+    let listeners: Vec<(std::net::TcpListener, bool)> = listeners
+        .into_iter()
+        .map(|listener| (listener, false))
+        .chain(tls_listeners.into_iter().map(|listener| (listener, true)))
+        .collect();
     // A second descriptor of each listening socket, for the stop: the backlog is drained through
     // it with non-blocking accepts, and the socket is shut down through it.
     let mut spares = Vec::with_capacity(listeners.len());
     let mut watched = Vec::with_capacity(listeners.len());
-    for listener in &listeners {
+    for (listener, _) in &listeners {
         match listener
             .try_clone()
             .and_then(|spare| Ok((spare, listener.try_clone()?)))
@@ -373,9 +390,9 @@ fn run_on(
     };
     reactor.block_on(async move {
         let mut ports = Vec::with_capacity(listeners.len());
-        for (listener, spare) in listeners.into_iter().zip(spares) {
+        for ((listener, tls), spare) in listeners.into_iter().zip(spares) {
             match monoio::net::TcpListener::from_std(listener) {
-                Ok(listener) => ports.push((listener, spare)),
+                Ok(listener) => ports.push((listener, spare, tls)),
                 Err(error) => {
                     let _ = started.send(Err(format!(
                         "shard {index}: cannot register listener: {error}"
@@ -388,6 +405,55 @@ fn run_on(
         let shard = Rc::new(Shard::new(index, settings, stats, peers, control));
         run(shard, ports, commands, mailbox).await;
     });
+}
+
+/// Serves one connection accepted on a TLS port: the handshake, bounded by the head timeout,
+/// with the shard's current certificates (none yet: the connection is closed at once), then
+/// the front the client chose: HTTP/2 when ALPN settled on `h2`, else HTTP/1, which hands an
+/// HTTP/2 preface on as on a plain port (a client that sends h2 without ALPN, as Knative's
+/// activator does to its queue-proxies).
+fn serve_tls(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::SocketAddr) {
+    let Some(config) = shard.server_tls() else {
+        shard.stats().tls_handshake_failures.increment();
+        tracing::debug!(shard = shard.index, %peer, "TLS connection closed: no certificate yet");
+        return;
+    };
+    let _ = stream.set_nodelay(true);
+    let open = OpenConnection::count(shard);
+    let front_shard = shard.clone();
+    let head_timeout = shard.settings.head_timeout;
+    let connection = async move {
+        let stream = match monoio::time::timeout(head_timeout, tls::accept(config, stream)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                front_shard.stats().tls_handshake_failures.increment();
+                tracing::debug!(shard = front_shard.index, %peer, "TLS handshake failed: {error}");
+                return;
+            }
+            Err(_) => {
+                front_shard.stats().tls_handshake_failures.increment();
+                tracing::debug!(
+                    shard = front_shard.index,
+                    %peer,
+                    "TLS handshake not done within the head timeout"
+                );
+                return;
+            }
+        };
+        front_shard.stats().tls_handshakes.increment();
+        if stream.session().alpn_protocol() == Some(&b"h2"[..]) {
+            front_shard.stats().connections_accepted.increment();
+            let peer = Rc::new(Peer::of(peer));
+            http2::server::take_over(front_shard, stream, bytes::Bytes::new(), peer).await;
+            return;
+        }
+        if let Served::Http2 { stream, read, peer } =
+            http1::serve_connection(front_shard.clone(), stream, peer).await
+        {
+            http2::server::take_over(front_shard, stream, read, peer).await;
+        }
+    };
+    spawn_connection(shard, open, connection);
 }
 
 /// Serves one accepted connection with its front, its panics contained to it: HTTP/1, or
@@ -419,6 +485,17 @@ fn serve(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::Sock
             Served::Closed => None,
         })
     });
+    spawn_connection(shard, open, connection);
+}
+
+/// Runs a connection's future as a task of its own, its panics contained to it, counted among
+/// the open connections until it ends.
+#[inline(always)]
+fn spawn_connection<T: 'static>(
+    shard: &Rc<Shard>,
+    open: OpenConnection,
+    connection: impl Future<Output = T> + 'static,
+) {
     let shard = shard.clone();
     monoio::spawn(contain::catching(connection).map(move |served| {
         // Counted out when the task ends (or is dropped).

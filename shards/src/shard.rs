@@ -2,7 +2,7 @@
 //! to pods, its counters, timers and signals, and the settings every shard shares. Protocol-
 //! neutral: the fronts (`http1`, `http2`) and the hub that accepts connections build on it.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -147,6 +147,8 @@ pub struct Shard {
     pub exchanges: Blocks,
     /// Where a task that handed its pod slot on lets the woken waiter go first.
     pub back_of_queue: BackOfQueue,
+    /// The TLS data port's certificates and settings (`ShardCommand::ServerTls`).
+    server_tls: RefCell<Option<Arc<rustls::ServerConfig>>>,
 }
 
 /// Spare exchange blocks a shard keeps (each a few KiB) once its concurrency drops.
@@ -188,6 +190,7 @@ impl Shard {
             late: Lateness::default(),
             exchanges: Blocks::new(SPARE_EXCHANGES),
             back_of_queue: BackOfQueue::default(),
+            server_tls: RefCell::new(None),
         }
     }
 
@@ -349,7 +352,13 @@ impl Shard {
                 self.draining.set();
                 self.stop_accepting.set();
             }
+            ShardCommand::ServerTls(config) => *self.server_tls.borrow_mut() = config,
         }
+    }
+
+    /// The TLS data port's current server configuration, if it has certificates.
+    pub(crate) fn server_tls(&self) -> Option<Arc<rustls::ServerConfig>> {
+        self.server_tls.borrow().clone()
     }
 }
 

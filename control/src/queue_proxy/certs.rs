@@ -50,7 +50,7 @@ pub fn refuse_tls_if_asked(dir: &Path) -> Result<(), CertsError> {
 }
 
 /// Whether both files exist in `dir`: upstream would serve TLS, and read its
-/// `QUEUE_PROXY_TLS_*` settings (`tls_settings`).
+/// `QUEUE_PROXY_TLS_*` settings (`tls::settings`).
 pub fn tls_asked(dir: &Path) -> Result<bool, CertsError> {
     Ok(exists(&dir.join(CERT_FILE))? && exists(&dir.join(KEY_FILE))?)
 }

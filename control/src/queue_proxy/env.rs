@@ -25,7 +25,7 @@
 //! read, as upstream's ([`QueueProxyEnv::superseded`] names those present so start-up can say
 //! so); without it the 1.18 keys are read as before. An empty `OBSERVABILITY_CONFIG` counts as
 //! absent (1.23's queue-proxy skips an empty one too). 1.21.2+ adds
-//! `QUEUE_PROXY_TLS_*` ([`tls_settings`](super::tls_settings)).
+//! `QUEUE_PROXY_TLS_*` ([`tls::settings`](crate::tls::settings)).
 //!
 //! Keys present that this binary does not act on are returned in
 //! [`QueueProxyEnv::not_acted_on`] so start-up can say so; unknown keys are ignored, as envconfig
@@ -37,7 +37,7 @@ use kactivator_shards::routing::MAX_TIMEOUT_SECONDS;
 
 use crate::budget;
 use crate::queue_proxy::observability::{ObservabilityConfig, RequestMetricsExport};
-use crate::queue_proxy::tls_settings::{self, TlsSettings};
+use crate::tls::settings::{self as tls_settings, TlsSettings};
 
 /// Keys whose absence is an error (release-1.18's `required:"true"` fields, less the two logging
 /// keys, see the module docs).
@@ -412,7 +412,7 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
         observability,
         request_log_template,
         probe_request_log,
-        tls: tls_settings::read(&lookup),
+        tls: tls_settings::read(tls_settings::QUEUE_PROXY, &lookup),
         not_acted_on: NOT_ACTED_ON
             .into_iter()
             .filter(|key| !superseded_keys.contains(key))

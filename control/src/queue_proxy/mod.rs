@@ -2,8 +2,8 @@
 //! the same request path runs as Knative's queue-proxy sidecar, in front of one user container.
 //!
 //! * [`env`]: the environment Knative's reconciler sets, read with upstream's rules;
-//!   [`observability`]: its 1.19+ `OBSERVABILITY_CONFIG`; [`tls_settings`]: its
-//!   `QUEUE_PROXY_TLS_*`.
+//!   [`observability`]: its 1.19+ `OBSERVABILITY_CONFIG`; its `QUEUE_PROXY_TLS_*` are
+//!   [`crate::tls::settings`]'s.
 //! * [`certs`]: whether Knative mounted the pod's TLS certificate (TLS is refused: not built).
 //! * [`readiness`]: the user container's readiness (`SERVING_READINESS_PROBE`), kept current
 //!   off the request path.
@@ -20,4 +20,3 @@ pub mod push;
 pub mod readiness;
 pub mod stat_server;
 pub mod stats;
-pub mod tls_settings;

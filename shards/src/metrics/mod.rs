@@ -669,6 +669,10 @@ pub struct ShardStats {
     pub connections_open: Gauge,
     /// Client connections that spoke HTTP/2 (prior knowledge, on any data port).
     pub h2_connections: Counter,
+    /// TLS handshakes completed on the TLS data port, and those that failed (refused, cut,
+    /// not done within the head timeout, or no certificate to offer).
+    pub tls_handshakes: Counter,
+    pub tls_handshake_failures: Counter,
     /// Requests: HTTP/1 requests and HTTP/2 streams.
     pub requests: Counter,
     pub local_responses: Counter,
@@ -724,6 +728,8 @@ impl ShardStats {
             bad_requests: Counter::default(),
             client_aborts: Counter::default(),
             h2_connections: Counter::default(),
+            tls_handshakes: Counter::default(),
+            tls_handshake_failures: Counter::default(),
             accept_pauses: Counter::default(),
             idle_evictions: Counter::default(),
             head_timeouts: Counter::default(),

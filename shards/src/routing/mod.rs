@@ -199,4 +199,7 @@ pub enum ShardCommand {
     BeginDrain,
     /// Stop accepting, close idle connections, finish in-flight work, then exit.
     StopAccepting,
+    /// The TLS data port's certificates and settings from now on: new handshakes use them,
+    /// connections already open keep theirs. `None`: none to offer (a TLS connection is closed).
+    ServerTls(Option<std::sync::Arc<rustls::ServerConfig>>),
 }

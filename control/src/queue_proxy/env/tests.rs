@@ -268,10 +268,7 @@ fn tls_settings_are_read_with_the_rest() {
     );
     // Upstream fails on a bad one only when TLS is on (queue_proxy.rs decides that).
     let parsed = parse_map(&env).expect("not an environment error by itself");
-    assert_eq!(
-        parsed.tls.min_version,
-        Some(tls_settings::TlsVersion::Tls12)
-    );
+    assert_eq!(parsed.tls.min_version, Some(crate::tls::TlsVersion::Tls12));
     assert_eq!(parsed.tls.problems.len(), 1);
     assert_eq!(
         parsed.tls.problems[0].0,

@@ -1,30 +1,57 @@
-//! `QUEUE_PROXY_TLS_{MIN_VERSION,MAX_VERSION,CIPHER_SUITES,CURVE_PREFERENCES}`: the server TLS
-//! parameters Knative 1.21.2+/1.22+ gives its queue-proxy, read with upstream's grammar. TLS is
-//! not served yet (`certs`), so they are checked and kept, not applied.
+//! TLS server parameters in upstream's grammar: Knative 1.21.2+/1.22+'s
+//! `QUEUE_PROXY_TLS_{MIN_VERSION,MAX_VERSION,CIPHER_SUITES,CURVE_PREFERENCES}` and
+//! `ACTIVATOR_TLS_*` ([`QUEUE_PROXY`], [`ACTIVATOR`]), and the same words in the file's
+//! `[listen.tls]` ([`FILE`]). `tls::server_config` applies them.
 //!
-//! Upstream (release-1.23): the reconciler always sets the four keys, from config-deployment's
-//! `queue-sidecar-tls-*` keys, unchecked, `""` when unset (`pkg/reconciler/revision/resources/
-//! queue.go:432-442`). The queue-proxy reads them with knative.dev/pkg's
-//! `tls.DefaultConfigFromEnv("QUEUE_PROXY_")` (`pkg/queue/sharedmain/main.go:293-296`;
-//! `vendor/knative.dev/pkg/network/tls/config.go:40-156`; `reference/tls.md` §2.1, §3):
+//! Upstream (release-1.23): the reconciler always sets the queue-proxy's four keys, from
+//! config-deployment's `queue-sidecar-tls-*` keys, unchecked, `""` when unset
+//! (`pkg/reconciler/revision/resources/queue.go:432-442`); the activator's Deployment sets none.
+//! Both read them with knative.dev/pkg's `tls.DefaultConfigFromEnv(prefix)`
+//! (`pkg/queue/sharedmain/main.go:293-296`; `vendor/knative.dev/pkg/network/tls/config.go:40-156`;
+//! `reference/tls.md` §2.1, §3):
 //! * an empty value is the default: minimum TLS 1.3, no maximum, Go's suites and curves;
 //! * a version is exactly `1.2` or `1.3`;
 //! * a list is split at commas, each item trimmed, empty items skipped; a cipher suite is a
 //!   name of Go's `tls.CipherSuites()` (the secure ones; [`CIPHER_SUITES`]), a curve one of
 //!   [`CURVES`]; an unknown name is an error naming it.
 //!
-//! Upstream reads them only when TLS is on (both certificate files mounted), and then an invalid
-//! value is fatal; with TLS off a bad value never stops it. So here: with the files mounted, an
-//! invalid value exits 2 naming the key (before the refusal of TLS itself, which would follow);
-//! without them, start-up warns and goes on. ★ A maximum below the minimum (say
-//! `QUEUE_PROXY_TLS_MAX_VERSION=1.2` with the default minimum 1.3) is reported too: upstream
-//! starts with it and fails every handshake.
+//! Upstream reads them only when TLS is on, and then an invalid value is fatal; with TLS off a
+//! bad value never stops it. ★ A maximum below the minimum (say `QUEUE_PROXY_TLS_MAX_VERSION=1.2`
+//! with the default minimum 1.3) is reported too: upstream starts with it and fails every
+//! handshake.
 
-/// Keys, in the order reported.
-pub const MIN_VERSION: &str = "QUEUE_PROXY_TLS_MIN_VERSION";
-pub const MAX_VERSION: &str = "QUEUE_PROXY_TLS_MAX_VERSION";
-pub const CIPHER_SUITES_KEY: &str = "QUEUE_PROXY_TLS_CIPHER_SUITES";
-pub const CURVE_PREFERENCES: &str = "QUEUE_PROXY_TLS_CURVE_PREFERENCES";
+/// The four keys of one reader, in the order reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keys {
+    pub min_version: &'static str,
+    pub max_version: &'static str,
+    pub cipher_suites: &'static str,
+    pub curve_preferences: &'static str,
+}
+
+/// The queue-proxy's environment (`DefaultConfigFromEnv("QUEUE_PROXY_")`).
+pub const QUEUE_PROXY: Keys = Keys {
+    min_version: "QUEUE_PROXY_TLS_MIN_VERSION",
+    max_version: "QUEUE_PROXY_TLS_MAX_VERSION",
+    cipher_suites: "QUEUE_PROXY_TLS_CIPHER_SUITES",
+    curve_preferences: "QUEUE_PROXY_TLS_CURVE_PREFERENCES",
+};
+
+/// The activator's environment (`DefaultConfigFromEnv("ACTIVATOR_")`).
+pub const ACTIVATOR: Keys = Keys {
+    min_version: "ACTIVATOR_TLS_MIN_VERSION",
+    max_version: "ACTIVATOR_TLS_MAX_VERSION",
+    cipher_suites: "ACTIVATOR_TLS_CIPHER_SUITES",
+    curve_preferences: "ACTIVATOR_TLS_CURVE_PREFERENCES",
+};
+
+/// The file's `[listen.tls]` (lists there are arrays, joined with commas before reading).
+pub const FILE: Keys = Keys {
+    min_version: "listen.tls.min_version",
+    max_version: "listen.tls.max_version",
+    cipher_suites: "listen.tls.cipher_suites",
+    curve_preferences: "listen.tls.curve_preferences",
+};
 
 /// Go's `tls.CipherSuites()` as of Go 1.24+ (serving 1.23 builds with Go 1.25, `go.mod:3`):
 /// the TLS 1.3 suites, then the ECDHE ones. The RSA key-exchange, 3DES, RC4 and CBC-SHA256
@@ -82,6 +109,19 @@ pub enum Curve {
     X25519Mlkem768,
 }
 
+impl Curve {
+    /// Its name in Go's standard spelling, for messages.
+    pub fn go_name(self) -> &'static str {
+        match self {
+            Curve::P256 => "P-256",
+            Curve::P384 => "P-384",
+            Curve::P521 => "P-521",
+            Curve::X25519 => "X25519",
+            Curve::X25519Mlkem768 => "X25519MLKEM768",
+        }
+    }
+}
+
 /// The four settings as read; each `None` or empty list is upstream's default.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TlsSettings {
@@ -108,12 +148,12 @@ impl TlsSettings {
 }
 
 /// Reads the four keys through `lookup`; absent and empty are the default.
-pub fn read(lookup: impl Fn(&str) -> Option<String>) -> TlsSettings {
+pub fn read(keys: Keys, lookup: impl Fn(&str) -> Option<String>) -> TlsSettings {
     let mut settings = TlsSettings::default();
     let present = |key| lookup(key).filter(|value: &String| !value.is_empty());
     for (key, slot) in [
-        (MIN_VERSION, &mut settings.min_version),
-        (MAX_VERSION, &mut settings.max_version),
+        (keys.min_version, &mut settings.min_version),
+        (keys.max_version, &mut settings.max_version),
     ] {
         if let Some(value) = present(key) {
             match value.as_str() {
@@ -125,12 +165,12 @@ pub fn read(lookup: impl Fn(&str) -> Option<String>) -> TlsSettings {
             }
         }
     }
-    if let Some(value) = present(CIPHER_SUITES_KEY) {
+    if let Some(value) = present(keys.cipher_suites) {
         for name in list(&value) {
             match CIPHER_SUITES.iter().find(|suite| **suite == name) {
                 Some(suite) => settings.cipher_suites.push(suite),
                 None => settings.problems.push((
-                    CIPHER_SUITES_KEY,
+                    keys.cipher_suites,
                     format!(
                         "unknown cipher suite {name:?} (one of Go's secure suites: {})",
                         CIPHER_SUITES.join(", ")
@@ -139,12 +179,12 @@ pub fn read(lookup: impl Fn(&str) -> Option<String>) -> TlsSettings {
             }
         }
     }
-    if let Some(value) = present(CURVE_PREFERENCES) {
+    if let Some(value) = present(keys.curve_preferences) {
         for name in list(&value) {
             match CURVES.iter().find(|(curve, _)| *curve == name) {
                 Some((_, curve)) => settings.curve_preferences.push(*curve),
                 None => settings.problems.push((
-                    CURVE_PREFERENCES,
+                    keys.curve_preferences,
                     format!(
                         "unknown curve {name:?} (one of {})",
                         CURVES.map(|(name, _)| name).join(", ")
@@ -156,7 +196,7 @@ pub fn read(lookup: impl Fn(&str) -> Option<String>) -> TlsSettings {
     let min = settings.min_version.unwrap_or(TlsVersion::Tls13);
     if let Some(max) = settings.max_version.filter(|max| *max < min) {
         settings.problems.push((
-            MAX_VERSION,
+            keys.max_version,
             format!(
                 "{} is below the minimum {}{}: no TLS version is left",
                 max.label(),
@@ -186,12 +226,17 @@ mod tests {
 
     use super::*;
 
+    const MIN_VERSION: &str = QUEUE_PROXY.min_version;
+    const MAX_VERSION: &str = QUEUE_PROXY.max_version;
+    const CIPHER_SUITES_KEY: &str = QUEUE_PROXY.cipher_suites;
+    const CURVE_PREFERENCES: &str = QUEUE_PROXY.curve_preferences;
+
     fn read_map(pairs: &[(&str, &str)]) -> TlsSettings {
         let env: HashMap<String, String> = pairs
             .iter()
             .map(|(key, value)| (key.to_string(), value.to_string()))
             .collect();
-        read(|key| env.get(key).cloned())
+        read(QUEUE_PROXY, |key| env.get(key).cloned())
     }
 
     #[test]

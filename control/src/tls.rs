@@ -1,0 +1,306 @@
+//! TLS material and settings into rustls' configurations: the server side of the TLS data port
+//! (certificates chosen by SNI, optional client certificates, versions, suites and groups in
+//! Go's names as Knative's `*_TLS_*` settings spell them) and the client side to pods.
+//!
+//! Pure but for the clock rustls' verifiers read: bytes in (PEM as files or Secrets hold them),
+//! a configuration or a clear error out. Who reads the bytes and when (the file watcher, the
+//! Kubernetes Secret informer, the queue-proxy's mounted files) is the caller's business.
+
+use std::fmt;
+use std::sync::Arc;
+
+use kactivator_shards::runtime::tls::provider;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{RootCertStore, ServerConfig, SupportedCipherSuite, SupportedProtocolVersion};
+
+pub mod settings;
+
+pub use settings::{Curve, TlsSettings, TlsVersion};
+
+/// ALPN protocols a TLS data port offers, in order of preference: HTTP/2, then HTTP/1.1 (as Go's
+/// `net/http` server does). A client that offers neither, or none, gets HTTP/1.1 or HTTP/2 by
+/// prior knowledge, as on a plain port.
+pub const SERVER_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// Why TLS material or settings cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TlsError {
+    #[error("{what}: no PEM certificate in it")]
+    NoCertificate { what: String },
+    #[error("{what}: not PEM certificates: {reason}")]
+    BadCertificate { what: String, reason: String },
+    #[error("{what}: no private key in it (PKCS#1, PKCS#8 or SEC1 PEM)")]
+    NoKey { what: String },
+    #[error("{what}: {reason}")]
+    BadKey { what: String, reason: String },
+    #[error("{what}: the private key does not belong to the first certificate of the chain")]
+    KeyMismatch { what: String },
+    #[error("{what}: {reason}")]
+    BadTrust { what: String, reason: String },
+    #[error("{0}")]
+    Settings(String),
+}
+
+/// A certificate chain and its key, parsed and checked, with where they came from (for errors
+/// and logs).
+#[derive(Clone)]
+pub struct Identity {
+    pub source: String,
+    certified: Arc<CertifiedKey>,
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Identity")
+            .field("source", &self.source)
+            .field("certificates", &self.certified.cert.len())
+            .finish()
+    }
+}
+
+impl Identity {
+    /// Parses a leaf-first PEM chain and a PEM key (PKCS#1 as cert-manager writes RSA keys,
+    /// PKCS#8 or SEC1), and checks the key is the leaf's. `source` names them in errors.
+    pub fn from_pem(source: &str, chain: &[u8], key: &[u8]) -> Result<Identity, TlsError> {
+        let chain = certificates(source, chain)?;
+        let key = PrivateKeyDer::from_pem_slice(key).map_err(|error| match error {
+            rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoKey {
+                what: source.to_string(),
+            },
+            other => TlsError::BadKey {
+                what: source.to_string(),
+                reason: format!("not a PEM private key: {other}"),
+            },
+        })?;
+        let signing = provider()
+            .key_provider
+            .load_private_key(key)
+            .map_err(|error| TlsError::BadKey {
+                what: source.to_string(),
+                reason: format!("unusable private key: {error}"),
+            })?;
+        let certified = CertifiedKey::new(chain, signing);
+        match certified.keys_match() {
+            Ok(()) => {}
+            // A key type rustls cannot compare (none of the common ones) is let through: the
+            // handshake would fail visibly.
+            Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+            Err(_) => {
+                return Err(TlsError::KeyMismatch {
+                    what: source.to_string(),
+                })
+            }
+        }
+        Ok(Identity {
+            source: source.to_string(),
+            certified: Arc::new(certified),
+        })
+    }
+
+    /// The leaf certificate.
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.certified.cert[0]
+    }
+
+    /// The DNS names the leaf is valid for (its subject alternative names).
+    pub fn dns_names(&self) -> Vec<String> {
+        match webpki::EndEntityCert::try_from(self.leaf()) {
+            Ok(cert) => cert.valid_dns_names().map(str::to_string).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+/// Every PEM certificate in `pem`, in order; at least one.
+pub fn certificates(source: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<_, _>>()
+        .map_err(|error| TlsError::BadCertificate {
+            what: source.to_string(),
+            reason: error.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate {
+            what: source.to_string(),
+        });
+    }
+    Ok(chain)
+}
+
+/// A trust store from PEM bundles (each a source name and its bytes): every certificate in
+/// them. A bundle with a certificate that does not parse is an error that names it.
+pub fn trust(bundles: &[(String, Vec<u8>)]) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for (source, pem) in bundles {
+        for cert in certificates(source, pem)? {
+            roots.add(cert).map_err(|error| TlsError::BadTrust {
+                what: source.clone(),
+                reason: format!("not a usable CA certificate: {error}"),
+            })?;
+        }
+    }
+    Ok(roots)
+}
+
+/// Whether (and how) a TLS data port asks clients for certificates.
+#[derive(Clone, Debug, Default)]
+pub enum ClientAuth {
+    /// None asked (Knative's ports).
+    #[default]
+    None,
+    /// Asked, and verified against these roots when given; a client without one is served.
+    Optional(Arc<RootCertStore>),
+    /// Required and verified against these roots.
+    Required(Arc<RootCertStore>),
+}
+
+/// The server side of a TLS data port: `identities` chosen by the server name a client asks
+/// for (the first for a client that names none, or one no certificate is valid for), ALPN
+/// [`SERVER_ALPN`], `settings` applied as Go applies them.
+pub fn server_config(
+    identities: &[Identity],
+    client_auth: &ClientAuth,
+    settings: &TlsSettings,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    if identities.is_empty() {
+        return Err(TlsError::Settings("no certificate to serve".into()));
+    }
+    let provider = Arc::new(apply(&provider(), settings)?);
+    let versions = versions(settings);
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions)
+        .map_err(|error| TlsError::Settings(format!("TLS settings not usable: {error}")))?;
+    let builder = match client_auth {
+        ClientAuth::None => builder.with_no_client_auth(),
+        ClientAuth::Optional(roots) | ClientAuth::Required(roots) => {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone());
+            let verifier = if matches!(client_auth, ClientAuth::Optional(_)) {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            builder.with_client_cert_verifier(verifier.build().map_err(|error| {
+                TlsError::BadTrust {
+                    what: "client CA".into(),
+                    reason: error.to_string(),
+                }
+            })?)
+        }
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(BySni {
+        identities: identities.to_vec(),
+    }));
+    config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+    // No session resumption: rustls' session cache and ticket-key rotation sit behind locks that
+    // every shard's handshakes would share (one configuration serves them all). A client that
+    // comes back makes a full handshake.
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
+    Ok(Arc::new(config))
+}
+
+/// The certificate for the server name a client asked for.
+#[derive(Debug)]
+struct BySni {
+    identities: Vec<Identity>,
+}
+
+impl ResolvesServerCert for BySni {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let chosen = hello
+            .server_name()
+            .and_then(|name| ServerName::try_from(name).ok())
+            .and_then(|name| {
+                self.identities.iter().find(|identity| {
+                    webpki::EndEntityCert::try_from(identity.leaf())
+                        .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&name).is_ok())
+                })
+            })
+            .unwrap_or(&self.identities[0]);
+        Some(chosen.certified.clone())
+    }
+}
+
+/// The protocol versions `settings` leave (TLS 1.3 only by default, as upstream).
+fn versions(settings: &TlsSettings) -> Vec<&'static SupportedProtocolVersion> {
+    let min = settings.min_version.unwrap_or(TlsVersion::Tls13);
+    let max = settings.max_version.unwrap_or(TlsVersion::Tls13);
+    let mut versions = Vec::with_capacity(2);
+    if max >= TlsVersion::Tls13 && min <= TlsVersion::Tls13 {
+        versions.push(&rustls::version::TLS13);
+    }
+    if min <= TlsVersion::Tls12 && max >= TlsVersion::Tls12 {
+        versions.push(&rustls::version::TLS12);
+    }
+    versions
+}
+
+/// The provider narrowed to `settings`' suites and groups. As Go: a suite list names TLS 1.2
+/// suites (TLS 1.3's are always on; their names in the list change nothing); a curve list sets
+/// the key-exchange groups, in that order.
+fn apply(base: &CryptoProvider, settings: &TlsSettings) -> Result<CryptoProvider, TlsError> {
+    let mut provider = base.clone();
+    if !settings.cipher_suites.is_empty() {
+        let mut unsupported = Vec::new();
+        let mut twelve: Vec<SupportedCipherSuite> = Vec::new();
+        for name in &settings.cipher_suites {
+            if name.starts_with("TLS_AES_") || name.starts_with("TLS_CHACHA20_") {
+                continue;
+            }
+            match base
+                .cipher_suites
+                .iter()
+                .find(|suite| suite.suite().as_str() == Some(name))
+            {
+                Some(suite) => twelve.push(*suite),
+                None => unsupported.push(*name),
+            }
+        }
+        if !unsupported.is_empty() {
+            return Err(TlsError::Settings(format!(
+                "cipher suites not built in (kactivator's TLS has no CBC suites): {}",
+                unsupported.join(", ")
+            )));
+        }
+        provider.cipher_suites = base
+            .cipher_suites
+            .iter()
+            .filter(|suite| matches!(suite, SupportedCipherSuite::Tls13(_)))
+            .copied()
+            .chain(twelve)
+            .collect();
+    }
+    if !settings.curve_preferences.is_empty() {
+        let mut groups = Vec::new();
+        let mut unsupported = Vec::new();
+        for curve in &settings.curve_preferences {
+            let named = match curve {
+                Curve::X25519 => rustls::NamedGroup::X25519,
+                Curve::P256 => rustls::NamedGroup::secp256r1,
+                Curve::P384 => rustls::NamedGroup::secp384r1,
+                Curve::P521 => rustls::NamedGroup::secp521r1,
+                Curve::X25519Mlkem768 => rustls::NamedGroup::X25519MLKEM768,
+            };
+            match base.kx_groups.iter().find(|group| group.name() == named) {
+                Some(group) => groups.push(*group),
+                None => unsupported.push(curve.go_name()),
+            }
+        }
+        if !unsupported.is_empty() {
+            return Err(TlsError::Settings(format!(
+                "curves not built in: {}",
+                unsupported.join(", ")
+            )));
+        }
+        provider.kx_groups = groups;
+    }
+    Ok(provider)
+}
+
+#[cfg(test)]
+mod tests;
