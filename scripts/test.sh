@@ -31,6 +31,8 @@ command -v apt-get >/dev/null 2>&1 || { echo "scripts/test.sh installs its tools
 need_packages=()
 command -v cc >/dev/null 2>&1 || need_packages+=(gcc libc6-dev)
 command -v curl >/dev/null 2>&1 || need_packages+=(curl)
+# `openssl s_client`, a TLS client that is not ours (tests/tls.rs)
+command -v openssl >/dev/null 2>&1 || need_packages+=(openssl)
 command -v ip >/dev/null 2>&1 || need_packages+=(iproute2)
 command -v python3 >/dev/null 2>&1 || need_packages+=(python3)
 # Go's own text/template is the reference the request log's template engine is compared with

@@ -6,17 +6,19 @@ use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use kactivator_control::budget;
-use kactivator_control::config::{AutoscalerSettings, Config, ConfigError};
+use kactivator_control::config::{AutoscalerSettings, Config, ConfigError, ListenTls};
 use kactivator_control::drain::DrainRule;
 use kactivator_control::features::{self, Tunables};
 use kactivator_control::publisher::Publisher;
 use kactivator_control::sources::kubernetes::informers::{self, KubeSource};
+use kactivator_control::tls::files::ServerFiles;
 use kactivator_control::{ControlInputs, ControlPlane, DrainPhase};
 use kactivator_shards::hub::{self, ShardSpec};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
 use kactivator_shards::request::identity::detect_cluster_domain;
 use kactivator_shards::request::log::{sink, RequestLog};
 use kactivator_shards::role::{Activator, Roles};
+use kactivator_shards::routing::ShardCommand;
 use kactivator_shards::runtime::control_link::ControlLink;
 use kactivator_shards::runtime::reactor::{self, DriverKind};
 use kactivator_shards::runtime::readiness::Readiness;
@@ -41,6 +43,8 @@ pub enum StartError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("TLS: {0}")]
+    Tls(#[from] kactivator_control::tls::TlsError),
     #[error("{0}")]
     Shard(String),
     #[error("Kubernetes: {0}")]
@@ -53,6 +57,7 @@ impl StartError {
     pub fn exit_code(&self) -> u8 {
         match self {
             StartError::Config(_)
+            | StartError::Tls(_)
             | StartError::QueueProxyEnv(_)
             | StartError::QueueProxyCerts(_) => 2,
             _ => 1,
@@ -450,6 +455,18 @@ pub fn run_as(
             shard.push(listener);
         }
     }
+    // The TLS data port: its certificates load before anything listens (a first load that
+    // fails stops start-up, as upstream's queue-proxy does), then one listener per shard.
+    let server_tls = match (config.listen.https, &config.listen.tls) {
+        (Some(addr), Some(tls)) => {
+            let files = server_files(tls);
+            let (server_config, contents) = files.load()?;
+            let bound = reactor::bind_listeners(addr, placement.shards)
+                .map_err(|source| StartError::Bind { addr, source })?;
+            Some((files, server_config, contents, bound))
+        }
+        _ => None,
+    };
     let admin_listener =
         reactor::bind_listener(config.listen.admin).map_err(|source| StartError::Bind {
             addr: config.listen.admin,
@@ -497,6 +514,18 @@ pub fn run_as(
     let (senders, receivers): (Vec<_>, Vec<_>) =
         (0..placement.shards).map(|_| flume::unbounded()).unzip();
     let publisher = Publisher::new(senders);
+    // Queued before the shards start: their first TLS handshake already has certificates.
+    let (tls_watch, mut tls_listeners) = match server_tls {
+        Some((files, server_config, contents, bound)) => {
+            publisher.broadcast(ShardCommand::ServerTls(Some(server_config)));
+            let watch = kactivator_control::tls::files::watch(files, contents, publisher.clone());
+            (
+                Some(watch),
+                bound.into_iter().map(|listener| vec![listener]).collect(),
+            )
+        }
+        None => (None, Vec::new()),
+    };
     let (control_link, from_shards) = ControlLink::channel();
     let process_queue = Arc::new(ProcessQueue::new(config.proxy.max_queued_requests));
     // The control thread's runtime exists before the shards: the configuration's first view
@@ -550,7 +579,11 @@ pub fn run_as(
             cpu: placement.pins.as_ref().map(|pins| pins[index]),
             driver: cli.driver,
             listeners: listener,
-            tls_listeners: Vec::new(),
+            tls_listeners: if tls_listeners.is_empty() {
+                Vec::new()
+            } else {
+                std::mem::take(&mut tls_listeners[index])
+            },
             commands,
             mailbox,
             peers: mailbox_senders.clone(),
@@ -578,6 +611,7 @@ pub fn run_as(
         http = %config.listen.http,
         http2 = %if second_data_port { config.listen.http2.to_string() } else { "none".into() },
         admin = %config.listen.admin,
+        https = %config.listen.https.map_or_else(|| "none".into(), |addr| addr.to_string()),
         shards = placement.shards,
         driver,
         revisions,
@@ -594,6 +628,9 @@ pub fn run_as(
             tokio::time::sleep(UNMAP_START_UP_CODE_AFTER).await;
             unmap_start_up_code();
         });
+    }
+    if let Some(watch) = tls_watch {
+        runtime.spawn(watch);
     }
     runtime.block_on(control.run(admin_listener))?;
     // The control thread's tasks keep running while the shards finish their requests: answers
@@ -618,6 +655,23 @@ pub fn run_as(
     }
     tracing::info!("drained; bye");
     Ok(())
+}
+
+/// The TLS data port's files and settings as `[listen.tls]` gives them.
+fn server_files(tls: &ListenTls) -> ServerFiles {
+    ServerFiles {
+        certificates: tls
+            .certificates
+            .iter()
+            .map(|files| (files.chain.clone(), files.key.clone()))
+            .collect(),
+        client_ca: tls
+            .client_ca
+            .clone()
+            .map(|ca| (ca, tls.client_certificate_required)),
+        settings: tls.settings(),
+        every: Duration::from_secs(tls.reload_seconds),
+    }
 }
 
 /// How long after the shards start the process unmaps the code start-up ran: long enough for

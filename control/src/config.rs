@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kactivator_shards::http2::{
@@ -345,6 +345,12 @@ pub struct Listen {
     /// Admin port: `/metrics`, `/healthz`, `/readyz`. Default: [`DEFAULT_ADMIN`]
     /// (`[::]:9090`).
     pub admin: SocketAddr,
+    /// TLS data port: serves what `http` serves (HTTP/1.1, and HTTP/2 by ALPN `h2` or by prior
+    /// knowledge) over TLS, with the certificates of `[listen.tls]`. Default: none. Knative's
+    /// is 8112 (`networking.BackendHTTPSPort`).
+    pub https: Option<SocketAddr>,
+    /// The TLS data port's certificates and settings; required with `https`.
+    pub tls: Option<ListenTls>,
 }
 
 impl Default for Listen {
@@ -353,7 +359,76 @@ impl Default for Listen {
             http: DEFAULT_HTTP,
             http2: DEFAULT_HTTP2,
             admin: DEFAULT_ADMIN,
+            https: None,
+            tls: None,
         }
+    }
+}
+
+/// Default of `listen.tls.reload_seconds`: 60 s, how often Knative's queue-proxy looks at its
+/// mounted certificate (`pkg/queue/certificate/watcher.go`).
+pub const DEFAULT_TLS_RELOAD_SECONDS: u64 = 60;
+
+/// `[listen.tls]`: what the TLS data port serves with.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenTls {
+    /// Certificate chains (PEM, leaf first) and their keys (PEM: PKCS#1, PKCS#8 or SEC1). A
+    /// client's server name (SNI) chooses the first whose certificate is valid for it; the
+    /// first serves a client that names none, or a name none is valid for.
+    pub certificates: Vec<CertificateFiles>,
+    /// PEM CA certificates that client certificates are verified against. Default: none, no
+    /// client certificate is asked for.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: whether a client must present a certificate (`true`) or may
+    /// (`false`; one it presents is still verified). Default: `true`.
+    #[serde(default = "default_true")]
+    pub client_certificate_required: bool,
+    /// `"1.2"` or `"1.3"`. Default: 1.3, as Knative's activator and queue-proxy.
+    #[serde(default)]
+    pub min_version: Option<String>,
+    /// `"1.2"` or `"1.3"`. Default: none.
+    #[serde(default)]
+    pub max_version: Option<String>,
+    /// TLS 1.2 suites by Go's names (TLS 1.3's are always on, as in Go). Default: all.
+    #[serde(default)]
+    pub cipher_suites: Vec<String>,
+    /// Key-exchange groups by Go's names (`X25519`, `P-256`, `CurveP384`, …), in order.
+    /// Default: the library's.
+    #[serde(default)]
+    pub curve_preferences: Vec<String>,
+    /// Seconds between looks at the files: a change is served to new handshakes; a file that
+    /// no longer reads, or a pair that no longer matches, keeps the last good certificates
+    /// (logged). Default: [`DEFAULT_TLS_RELOAD_SECONDS`] (60 s).
+    #[serde(default = "default_tls_reload_seconds")]
+    pub reload_seconds: u64,
+}
+
+/// One certificate chain and its key.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateFiles {
+    pub chain: PathBuf,
+    pub key: PathBuf,
+}
+
+fn default_tls_reload_seconds() -> u64 {
+    DEFAULT_TLS_RELOAD_SECONDS
+}
+
+impl ListenTls {
+    /// The version, suite and curve settings in upstream's grammar (problems listed, keyed by
+    /// the file's key names).
+    pub fn settings(&self) -> crate::tls::TlsSettings {
+        use crate::tls::settings::{read, FILE};
+        read(FILE, |key| match key {
+            _ if key == FILE.min_version => self.min_version.clone(),
+            _ if key == FILE.max_version => self.max_version.clone(),
+            _ if key == FILE.cipher_suites => Some(self.cipher_suites.join(",")),
+            _ if key == FILE.curve_preferences => Some(self.curve_preferences.join(",")),
+            _ => None,
+        })
     }
 }
 
@@ -797,6 +872,60 @@ impl Config {
         })
     }
 
+    /// `listen.https` and `[listen.tls]` come together; the port is one of its own; the
+    /// settings read in upstream's grammar.
+    fn validate_tls(&self, spans: &Spans<'_>) -> Result<(), ConfigError> {
+        let listen = &self.listen;
+        let Some(https) = listen.https else {
+            if listen.tls.is_some() {
+                return Err(ConfigError::invalid(
+                    spans.table_value("listen", "tls"),
+                    "[listen.tls] without listen.https: set the TLS port too".to_string(),
+                ));
+            }
+            return Ok(());
+        };
+        let Some(tls) = &listen.tls else {
+            return Err(ConfigError::invalid(
+                spans.table_value("listen", "https"),
+                "listen.https needs [listen.tls] with its certificates".to_string(),
+            ));
+        };
+        for (name, other) in [("http", listen.http), ("http2", listen.http2)] {
+            let overlap = https.ip() == other.ip()
+                || https.ip().is_unspecified()
+                || other.ip().is_unspecified();
+            if https.port() == other.port() && overlap && https.port() != 0 {
+                return Err(ConfigError::invalid(
+                    spans.table_value("listen", "https"),
+                    format!("listen.https must differ from listen.{name} ({other})"),
+                ));
+            }
+        }
+        if tls.certificates.is_empty() {
+            return Err(ConfigError::invalid(
+                spans.table_value("listen", "tls"),
+                "listen.tls.certificates: at least one { chain, key }".to_string(),
+            ));
+        }
+        if !(1..=86_400).contains(&tls.reload_seconds) {
+            return Err(ConfigError::invalid(
+                spans.table_value("listen", "tls"),
+                format!(
+                    "listen.tls.reload_seconds must be within 1..=86400, not {}",
+                    tls.reload_seconds
+                ),
+            ));
+        }
+        if let Some((key, problem)) = tls.settings().problems.into_iter().next() {
+            return Err(ConfigError::invalid(
+                spans.table_value("listen", "tls"),
+                format!("{key}: {problem}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks what the types cannot say. Every error points at the value it is about.
     fn validate(&self, spans: &Spans<'_>) -> Result<(), ConfigError> {
         if let Some(url) = self.autoscaler.url.as_ref().filter(|url| !url.is_empty()) {
@@ -1048,6 +1177,7 @@ impl Config {
                 ),
             ));
         }
+        self.validate_tls(spans)?;
         let mut seen = HashSet::new();
         for (index, revision) in self.revisions.iter().enumerate() {
             let at = |key: &str| spans.revision_value(index, key);

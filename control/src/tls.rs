@@ -17,6 +17,7 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig, SupportedCipherSuite, SupportedProtocolVersion};
 
+pub mod files;
 pub mod settings;
 
 pub use settings::{Curve, TlsSettings, TlsVersion};

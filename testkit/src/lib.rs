@@ -19,6 +19,7 @@
 pub mod apiserver;
 pub mod autoscaler;
 pub mod backend;
+pub mod certs;
 pub mod grpc;
 pub mod grpcio;
 pub mod knative;

@@ -27,6 +27,8 @@ pub struct Activator {
     pub admin: SocketAddr,
     pub dir: PathBuf,
     pub config_path: PathBuf,
+    /// More `[listen]` keys and tables (`https`, `[listen.tls]`), written with the ports.
+    pub listen: String,
 }
 
 /// Turns quarantine off: for tests of how the proxy reports a broken pod, where the pod is
@@ -147,7 +149,17 @@ impl Activator {
             admin,
             dir,
             config_path,
+            listen: String::new(),
         };
+        activator.write_config(revisions, proxy);
+        activator
+    }
+
+    /// [`Activator::prepare`] with more `[listen]` keys (`listen` is written inside `[listen]`,
+    /// so it may end with `[listen.tls]`).
+    pub fn prepare_listen(revisions: &str, proxy: &str, listen: &str) -> Activator {
+        let mut activator = Activator::configure(revisions, proxy);
+        activator.listen = listen.to_string();
         activator.write_config(revisions, proxy);
         activator
     }
@@ -156,8 +168,8 @@ impl Activator {
     /// `revisions` may start with other tables (`[health]`, `[control]`, …).
     pub fn config_text(&self, revisions: &str, proxy: &str) -> String {
         format!(
-            "[listen]\nhttp = \"{}\"\nhttp2 = \"{}\"\nadmin = \"{}\"\n\n[proxy]\ndrain_grace_seconds = 1\n{proxy}\n\n{revisions}",
-            self.http, self.http2, self.admin
+            "[listen]\nhttp = \"{}\"\nhttp2 = \"{}\"\nadmin = \"{}\"\n{}\n\n[proxy]\ndrain_grace_seconds = 1\n{proxy}\n\n{revisions}",
+            self.http, self.http2, self.admin, self.listen
         )
     }
 
