@@ -138,14 +138,24 @@ pub struct QueueProxyArgs {
     pub autoscaler_metrics: SocketAddr,
 
     /// Where Knative mounts the pod's TLS certificate (`tls.crt`, `tls.key`) when
-    /// system-internal-tls is on. Serving TLS is not built: with both files there, start-up
-    /// refuses (exit 2). Change it only outside Knative.
+    /// system-internal-tls is on: with both files there, `QUEUE_SERVING_TLS_PORT` serves TLS
+    /// beside the plain port. Change it only outside Knative.
     #[arg(
         long,
         env = "KACTIVATOR_QUEUE_PROXY_CERTS_DIR",
         default_value = kactivator_control::queue_proxy::certs::CERT_DIR
     )]
     pub certs_dir: std::path::PathBuf,
+
+    /// Seconds between looks at the mounted certificate; a changed pair is served to new
+    /// handshakes. Default: upstream's one minute.
+    #[arg(
+        long,
+        env = "KACTIVATOR_QUEUE_PROXY_CERTS_RELOAD_SECONDS",
+        default_value_t = kactivator_control::queue_proxy::certs::RELOAD_EVERY.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=86_400)
+    )]
+    pub certs_reload_seconds: u64,
 
     /// Unmap the pages of code and constants start-up ran, 3 s after the shards start (they stay
     /// in the page cache; serving maps back what it runs): `true` or `false`.

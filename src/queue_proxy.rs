@@ -41,8 +41,8 @@ pub const QUIET_PERIOD: Duration = Duration::from_secs(30);
 
 pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let env = env::parse(|key| std::env::var(key).ok())?;
-    check_tls_settings(&env, &args.certs_dir)?;
-    certs::refuse_tls_if_asked(&args.certs_dir)?;
+    let tls_asked = certs::tls_asked(&args.certs_dir)?;
+    check_tls_settings(&env, tls_asked, &args.certs_dir)?;
     if !env.not_acted_on.is_empty() {
         tracing::info!(
             keys = ?env.not_acted_on,
@@ -65,7 +65,15 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
             );
         }
     }
-    let config = config_of(&env, cli.drain_grace_seconds);
+    let mut config = config_of(&env, cli.drain_grace_seconds);
+    // Knative's system-internal-tls: TLS on QUEUE_SERVING_TLS_PORT beside the plain port, with
+    // the mounted pair (the admin port stays plain, as 1.20+).
+    let server_tls = tls_asked.then(|| {
+        config.listen.https = Some(reactor::any_address(env.tls_port));
+        let mut files = certs::server_files(&args.certs_dir, env.tls.clone());
+        files.every = Duration::from_secs(args.certs_reload_seconds);
+        files
+    });
     let probes = readiness::decode(
         &env.readiness_probe,
         env.multi_container_probes,
@@ -103,6 +111,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         needs: env.budget_needs(),
         drain_rule: DrainRule::QuietPeriod,
         unmap_start_up_code: args.unmap_start_up_code,
+        server_tls,
         spawn_extra: Some(Box::new(move |runtime, drain, shards| {
             let listener = bind(admin_addr)?;
             let stats_listener = bind(stats_addr)?;
@@ -125,13 +134,17 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
 }
 
 /// `QUEUE_PROXY_TLS_*` as upstream treats them: read when the certificate is mounted, and then
-/// a value it cannot use is fatal (exit 2, naming the key, before the refusal of TLS itself);
-/// otherwise upstream never reads them, so a bad one is only warned about.
-fn check_tls_settings(env: &env::QueueProxyEnv, certs_dir: &Path) -> Result<(), StartError> {
+/// a value it cannot use is fatal (exit 2, naming the key); otherwise upstream never reads
+/// them, so a bad one is only warned about.
+fn check_tls_settings(
+    env: &env::QueueProxyEnv,
+    tls_asked: bool,
+    certs_dir: &Path,
+) -> Result<(), StartError> {
     if env.tls.problems.is_empty() {
         return Ok(());
     }
-    if certs::tls_asked(certs_dir)? {
+    if tls_asked {
         return Err(EnvError {
             missing: Vec::new(),
             invalid: env.tls.problems.clone(),

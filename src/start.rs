@@ -364,6 +364,9 @@ pub struct RoleSetup {
     /// Unmap the code start-up ran, [`UNMAP_START_UP_CODE_AFTER`] after the shards start
     /// ([`unmap_start_up_code`]).
     pub unmap_start_up_code: bool,
+    /// The TLS data port's certificates when the role has its own (the queue-proxy's mounted
+    /// pair); otherwise the file's `[listen.tls]`. Served on `listen.https`.
+    pub server_tls: Option<ServerFiles>,
 }
 
 /// A request log for the shards, and its writer thread, finished once the shards are.
@@ -391,6 +394,7 @@ impl RoleSetup {
             // cache and are charged to its cgroup all the same (BENCHMARKS.md, "Idle memory and
             // the code layout").
             unmap_start_up_code: false,
+            server_tls: None,
         }
     }
 }
@@ -399,7 +403,7 @@ impl RoleSetup {
 pub fn run_as(
     cli: &Cli,
     preset: Option<Config>,
-    setup: RoleSetup,
+    mut setup: RoleSetup,
     on_ready: impl FnOnce(),
 ) -> Result<(), StartError> {
     let preset_given = preset.is_some();
@@ -457,9 +461,12 @@ pub fn run_as(
     }
     // The TLS data port: its certificates load before anything listens (a first load that
     // fails stops start-up, as upstream's queue-proxy does), then one listener per shard.
-    let server_tls = match (config.listen.https, &config.listen.tls) {
-        (Some(addr), Some(tls)) => {
-            let files = server_files(tls);
+    let files = setup
+        .server_tls
+        .take()
+        .or_else(|| config.listen.tls.as_ref().map(server_files));
+    let server_tls = match (config.listen.https, files) {
+        (Some(addr), Some(files)) => {
             let (server_config, contents) = files.load()?;
             let bound = reactor::bind_listeners(addr, placement.shards)
                 .map_err(|source| StartError::Bind { addr, source })?;
@@ -670,6 +677,7 @@ fn server_files(tls: &ListenTls) -> ServerFiles {
             .clone()
             .map(|ca| (ca, tls.client_certificate_required)),
         settings: tls.settings(),
+        alpn: tls.alpn.clone(),
         every: Duration::from_secs(tls.reload_seconds),
     }
 }

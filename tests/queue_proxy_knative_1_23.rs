@@ -233,8 +233,8 @@ fn a_bad_observability_config_exits_2_naming_the_field() {
 }
 
 /// Upstream reads `QUEUE_PROXY_TLS_*` only when its certificate is mounted, and then a bad
-/// value is fatal; otherwise it starts. The same here (and with the certificate mounted, TLS
-/// itself is refused next, as before).
+/// value is fatal; otherwise it starts. The same here (the settings are checked before the
+/// mounted pair is loaded).
 #[test]
 fn a_bad_tls_setting_exits_2_when_the_certificate_is_mounted_and_is_warned_about_otherwise() {
     let user_port = free_port();

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kactivator_testkit::backend::BackendConfig;
-use kactivator_testkit::grpc::{spawn_grpc, GrpcHandle};
 use kactivator_testkit::certs::TestCa;
+use kactivator_testkit::grpc::{spawn_grpc, GrpcHandle};
 use kactivator_testkit::ports::free_port;
 use support::{eventually, scratch_dir, Activator};
 
@@ -330,7 +330,7 @@ fn certificates_replaced_on_disk_are_served_to_new_handshakes_with_no_request_lo
     assert!(tls
         .activator
         .stderr()
-        .contains("certificates changed on disk and were reloaded"));
+        .contains("Certificate and/or key have changed on disk and were reloaded."));
     assert_eq!(failed.load(Ordering::Relaxed), 0, "no request failed");
     assert!(done.load(Ordering::Relaxed) > 5, "the load ran");
 
@@ -378,4 +378,24 @@ fn a_certificate_that_does_not_load_stops_start_up_naming_the_file() {
     .spawn();
     assert_eq!(missing.wait_exit(Duration::from_secs(10)), Some(2));
     assert!(missing.stderr().contains("listen.https needs [listen.tls]"));
+}
+
+/// A request goes to its pod in the protocol it came in, so a port in front of HTTP/1.1 pods
+/// offers only `http/1.1`: a client that prefers HTTP/2 speaks HTTP/1.1 then.
+#[test]
+fn a_port_that_offers_only_http1_serves_clients_that_prefer_http2_in_http1() {
+    let dir = scratch_dir();
+    let ca = TestCa::new("alpn");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let pair = ca.issue(&["a.test"]).write(&dir, "a");
+    let tls = start(&[pair], "alpn = [\"http/1.1\"]", "");
+    let (ok, out, err) = curl_https(
+        &tls,
+        "a.test",
+        &ca_file,
+        &["--http2", "-i", "-w", "\nversion=%{http_version}"],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("x-http-version: HTTP/1.1"), "{out}");
+    assert!(out.ends_with("version=1.1"), "{out}");
 }

@@ -398,6 +398,12 @@ pub struct ListenTls {
     /// Default: the library's.
     #[serde(default)]
     pub curve_preferences: Vec<String>,
+    /// ALPN protocols offered, in order of preference: `h2`, `http/1.1`. A request goes to its pod
+    /// in the protocol it arrived in (as upstream), so a port in front of pods that speak only
+    /// HTTP/1.1 offers only `http/1.1`. Default: [`crate::tls::SERVER_ALPN`] (`h2`, then
+    /// `http/1.1`, as Go's server).
+    #[serde(default = "default_alpn")]
+    pub alpn: Vec<String>,
     /// Seconds between looks at the files: a change is served to new handshakes; a file that
     /// no longer reads, or a pair that no longer matches, keeps the last good certificates
     /// (logged). Default: [`DEFAULT_TLS_RELOAD_SECONDS`] (60 s).
@@ -411,6 +417,10 @@ pub struct ListenTls {
 pub struct CertificateFiles {
     pub chain: PathBuf,
     pub key: PathBuf,
+}
+
+fn default_alpn() -> Vec<String> {
+    crate::tls::SERVER_ALPN.map(str::to_string).to_vec()
 }
 
 fn default_tls_reload_seconds() -> u64 {
@@ -906,6 +916,21 @@ impl Config {
             return Err(ConfigError::invalid(
                 spans.table_value("listen", "tls"),
                 "listen.tls.certificates: at least one { chain, key }".to_string(),
+            ));
+        }
+        let mut offered = HashSet::new();
+        if tls.alpn.is_empty()
+            || tls
+                .alpn
+                .iter()
+                .any(|p| !crate::tls::SERVER_ALPN.contains(&p.as_str()) || !offered.insert(p))
+        {
+            return Err(ConfigError::invalid(
+                spans.table_value("listen", "tls"),
+                format!(
+                    "listen.tls.alpn: {:?} is not a list of \"h2\" and \"http/1.1\", each at most once",
+                    tls.alpn
+                ),
             ));
         }
         if !(1..=86_400).contains(&tls.reload_seconds) {

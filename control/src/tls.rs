@@ -22,10 +22,10 @@ pub mod settings;
 
 pub use settings::{Curve, TlsSettings, TlsVersion};
 
-/// ALPN protocols a TLS data port offers, in order of preference: HTTP/2, then HTTP/1.1 (as Go's
-/// `net/http` server does). A client that offers neither, or none, gets HTTP/1.1 or HTTP/2 by
-/// prior knowledge, as on a plain port.
-pub const SERVER_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+/// ALPN protocols a TLS data port offers by default, in order of preference: HTTP/2, then
+/// HTTP/1.1 (as Go's `net/http` server does). A client that offers neither, or none, gets
+/// HTTP/1.1 or HTTP/2 by prior knowledge, as on a plain port.
+pub const SERVER_ALPN: [&str; 2] = ["h2", "http/1.1"];
 
 /// Why TLS material or settings cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -160,11 +160,12 @@ pub enum ClientAuth {
 }
 
 /// The server side of a TLS data port: `identities` chosen by the server name a client asks
-/// for (the first for a client that names none, or one no certificate is valid for), ALPN
-/// [`SERVER_ALPN`], `settings` applied as Go applies them.
+/// for (the first for a client that names none, or one no certificate is valid for), `alpn`
+/// offered in that order ([`SERVER_ALPN`] by default), `settings` applied as Go applies them.
 pub fn server_config(
     identities: &[Identity],
     client_auth: &ClientAuth,
+    alpn: &[String],
     settings: &TlsSettings,
 ) -> Result<Arc<ServerConfig>, TlsError> {
     if identities.is_empty() {
@@ -196,7 +197,7 @@ pub fn server_config(
     let mut config = builder.with_cert_resolver(Arc::new(BySni {
         identities: identities.to_vec(),
     }));
-    config.alpn_protocols = SERVER_ALPN.iter().map(|p| p.to_vec()).collect();
+    config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     // No session resumption: rustls' session cache and ticket-key rotation sit behind locks that
     // every shard's handshakes would share (one configuration serves them all). A client that
     // comes back makes a full handshake.

@@ -544,3 +544,83 @@ fn load_errors_carry_the_file_name() {
         "{error}"
     );
 }
+
+#[test]
+fn the_readmes_tls_example_reads_with_the_documented_defaults() {
+    let readme = include_str!("../../../README.md");
+    let section = &readme[readme.find("## Configuration file").expect("the section")..];
+    let start = section.find("# https = ").expect("the https line");
+    let end = start + section[start..].find("\n\n").expect("the end of [listen]");
+    let lines: String = section[start..end]
+        .lines()
+        .map(|line| format!("{}\n", line.trim_start_matches("# ")))
+        .collect();
+    let config = Config::parse(&format!("[listen]\n{lines}")).unwrap_or_else(|e| panic!("{e}"));
+    let tls = config.listen.tls.expect("[listen.tls]");
+    assert_eq!(config.listen.https, Some(reactor::any_address(8112)));
+    assert_eq!(tls.reload_seconds, DEFAULT_TLS_RELOAD_SECONDS);
+    assert_eq!(tls.alpn, crate::tls::SERVER_ALPN);
+    assert!(tls.client_certificate_required);
+    let settings = tls.settings();
+    assert!(settings.problems.is_empty(), "{:?}", settings.problems);
+    assert_eq!(settings.min_version, Some(crate::tls::TlsVersion::Tls13));
+    assert!(settings.cipher_suites.is_empty() && settings.curve_preferences.is_empty());
+}
+
+#[test]
+fn the_tls_port_needs_its_table_a_port_of_its_own_and_settings_in_gos_words() {
+    let tls = "[listen.tls]\ncertificates = [{ chain = \"a.crt\", key = \"a.key\" }]\n";
+    let refused = [
+        (
+            "[listen]\nhttps = \"127.0.0.1:8443\"\n".to_string(),
+            "needs [listen.tls]",
+        ),
+        (tls.to_string(), "without listen.https"),
+        (
+            format!("[listen]\nhttps = \"[::]:8012\"\n{tls}"),
+            "listen.https must differ from listen.http",
+        ),
+        (
+            "[listen]\nhttps = \"[::]:8443\"\n[listen.tls]\ncertificates = []\n".to_string(),
+            "at least one",
+        ),
+        (
+            format!("[listen]\nhttps = \"[::]:8443\"\n{tls}min_version = \"1.1\"\n"),
+            "listen.tls.min_version: \"1.1\" is not a TLS version",
+        ),
+        (
+            format!("[listen]\nhttps = \"[::]:8443\"\n{tls}curve_preferences = [\"brainpool\"]\n"),
+            "unknown curve",
+        ),
+        (
+            format!("[listen]\nhttps = \"[::]:8443\"\n{tls}reload_seconds = 0\n"),
+            "reload_seconds",
+        ),
+        (
+            format!("[listen]\nhttps = \"[::]:8443\"\n{tls}alpn = [\"h3\"]\n"),
+            "listen.tls.alpn",
+        ),
+        (
+            format!("[listen]\nhttps = \"[::]:8443\"\n{tls}alpn = []\n"),
+            "listen.tls.alpn",
+        ),
+        (
+            format!("[listen]\nhttps = \"[::]:8443\"\n{tls}ciphers = []\n"),
+            "unknown field `ciphers`",
+        ),
+    ];
+    for (text, said) in refused {
+        let error = Config::parse(&text).expect_err(said).to_string();
+        assert!(error.contains(said), "{said}: {error}");
+    }
+    let config = Config::parse(&format!(
+        "[listen]\nhttps = \"[::]:8443\"\n{tls}cipher_suites = [\"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256\"]\nmin_version = \"1.2\"\n"
+    ))
+    .unwrap();
+    let settings = config.listen.tls.unwrap().settings();
+    assert_eq!(
+        settings.cipher_suites,
+        ["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"]
+    );
+    assert_eq!(settings.min_version, Some(crate::tls::TlsVersion::Tls12));
+}

@@ -26,6 +26,8 @@ pub struct ServerFiles {
     /// CA certificates for clients' certificates, and whether one is required.
     pub client_ca: Option<(PathBuf, bool)>,
     pub settings: TlsSettings,
+    /// ALPN protocols offered, in order.
+    pub alpn: Vec<String>,
     /// Between looks.
     pub every: Duration,
 }
@@ -74,7 +76,7 @@ impl ServerFiles {
             }
             _ => ClientAuth::None,
         };
-        server_config(&identities, &client_auth, &self.settings)
+        server_config(&identities, &client_auth, &self.alpn, &self.settings)
     }
 
     /// Reads and builds: the first load, whose failure stops start-up.
@@ -118,9 +120,8 @@ pub async fn watch(files: ServerFiles, mut served: Contents, publisher: Publishe
                 publisher.broadcast(ShardCommand::ServerTls(Some(config)));
                 served = contents;
                 last_problem = None;
-                tracing::info!(
-                    "TLS: certificates changed on disk and were reloaded; new handshakes use them"
-                );
+                // Upstream's queue-proxy's words, which its e2e tests wait for.
+                tracing::info!("Certificate and/or key have changed on disk and were reloaded.");
             }
             Look::Kept(error) => {
                 let problem = error.to_string();

@@ -88,6 +88,10 @@ fn handshake(
     Err("the handshake did not finish".into())
 }
 
+fn alpn() -> Vec<String> {
+    SERVER_ALPN.map(str::to_string).to_vec()
+}
+
 const RSA_CERT: &[u8] = include_bytes!("fixtures/rsa-cert.pem");
 const RSA_KEY_PKCS1: &[u8] = include_bytes!("fixtures/rsa-key.pkcs1.pem");
 
@@ -98,7 +102,13 @@ fn an_rsa_key_in_pkcs1_as_cert_manager_writes_it_serves() {
         identity.dns_names(),
         ["kn-user-demo", "data-plane.knative.dev"]
     );
-    let server = server_config(&[identity], &ClientAuth::None, &TlsSettings::default()).unwrap();
+    let server = server_config(
+        &[identity],
+        &ClientAuth::None,
+        &alpn(),
+        &TlsSettings::default(),
+    )
+    .unwrap();
     let mut roots = RootCertStore::empty();
     roots
         .add(certificates("fixture", RSA_CERT).unwrap().remove(0))
@@ -142,7 +152,7 @@ fn material_that_cannot_serve_is_named_with_its_source() {
         "{garbage:?}"
     );
     assert!(
-        server_config(&[], &ClientAuth::None, &TlsSettings::default()).is_err(),
+        server_config(&[], &ClientAuth::None, &alpn(), &TlsSettings::default()).is_err(),
         "no certificate is no server"
     );
 }
@@ -157,7 +167,13 @@ fn sni_chooses_the_certificate_valid_for_the_name_and_the_first_is_the_default()
             Identity::from_pem(names[0], chain.as_bytes(), key.as_bytes()).unwrap()
         })
         .collect();
-    let server = server_config(&identities, &ClientAuth::None, &TlsSettings::default()).unwrap();
+    let server = server_config(
+        &identities,
+        &ClientAuth::None,
+        &alpn(),
+        &TlsSettings::default(),
+    )
+    .unwrap();
     for (asked, served) in [
         ("api.test", 2),
         ("llama.models.test", 1),
@@ -200,6 +216,7 @@ fn client_certificates_are_required_or_optional_as_configured() {
     let required = server_config(
         std::slice::from_ref(&identity),
         &ClientAuth::Required(Arc::new(clients.roots())),
+        &alpn(),
         &TlsSettings::default(),
     )
     .unwrap();
@@ -210,6 +227,7 @@ fn client_certificates_are_required_or_optional_as_configured() {
     let optional = server_config(
         &[identity],
         &ClientAuth::Optional(Arc::new(clients.roots())),
+        &alpn(),
         &TlsSettings::default(),
     )
     .unwrap();
@@ -244,6 +262,7 @@ fn versions_suites_and_curves_are_applied_as_go_applies_them() {
     let default = server_config(
         std::slice::from_ref(&identity),
         &ClientAuth::None,
+        &alpn(),
         &TlsSettings::default(),
     )
     .unwrap();
@@ -254,6 +273,7 @@ fn versions_suites_and_curves_are_applied_as_go_applies_them() {
     let twelve = server_config(
         std::slice::from_ref(&identity),
         &ClientAuth::None,
+        &alpn(),
         &settings(&[
             ("ACTIVATOR_TLS_MIN_VERSION", "1.2"),
             (
@@ -279,6 +299,7 @@ fn versions_suites_and_curves_are_applied_as_go_applies_them() {
     let p384 = server_config(
         std::slice::from_ref(&identity),
         &ClientAuth::None,
+        &alpn(),
         &settings(&[("ACTIVATOR_TLS_CURVE_PREFERENCES", "CurveP384")]),
     )
     .unwrap();
@@ -292,6 +313,7 @@ fn versions_suites_and_curves_are_applied_as_go_applies_them() {
     let cbc = server_config(
         &[identity],
         &ClientAuth::None,
+        &alpn(),
         &settings(&[(
             "ACTIVATOR_TLS_CIPHER_SUITES",
             "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA",

@@ -1,0 +1,152 @@
+//! The queue-proxy under Knative's `system-internal-tls` (issue 38, `reference/tls.md` §3): with
+//! `tls.crt` and `tls.key` mounted, TLS on `QUEUE_SERVING_TLS_PORT` beside the plain serving
+//! port, with a certificate as Knative issues it (SANs `kn-user-<namespace>` and
+//! `data-plane.knative.dev`); HTTP/2 with and without ALPN (Knative's activator sends h2 over TLS
+//! without ALPN); the pair looked at again and a changed one served; a pair that does not load
+//! stops start-up, as upstream's does.
+
+mod support;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use kactivator_testkit::backend::BackendConfig;
+use kactivator_testkit::certs::TestCa;
+use kactivator_testkit::grpc::{spawn_grpc_on, GrpcHandle};
+use kactivator_testkit::ports::free_port;
+use support::queue_proxy::{knative_env, QueueProxy};
+use support::{eventually, exit_within};
+
+/// The name Knative's activator puts in SNI and verifies.
+const SERVER_NAME: &str = "data-plane.knative.dev";
+
+/// HTTP/1.1 and h2c on one port, as a user container may be.
+fn user_container(port: u16) -> GrpcHandle {
+    spawn_grpc_on(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        BackendConfig::named("user-container"),
+    )
+    .expect("user container")
+}
+
+/// Knative's `serving-certs` for namespace `default`, written as mounted.
+fn mount(ca: &TestCa, dir: &Path) {
+    ca.issue(&["kn-user-default", SERVER_NAME])
+        .write(dir, "tls");
+}
+
+/// curl to the TLS port as Knative's activator reaches it: name `data-plane.knative.dev`,
+/// trusting `ca`; `(ok, stdout with headers, stderr)`.
+fn curl_tls(port: u16, ca: &Path, extra: &[&str]) -> (bool, String, String) {
+    let output = Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "20", "--cacert"])
+        .arg(ca)
+        .args(["--resolve", &format!("{SERVER_NAME}:{port}:127.0.0.1")])
+        .args(extra)
+        .arg(format!("https://{SERVER_NAME}:{port}/"))
+        .output()
+        .expect("curl is installed");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn tls_port(env: &HashMap<String, String>) -> u16 {
+    env["QUEUE_SERVING_TLS_PORT"].parse().unwrap()
+}
+
+#[test]
+fn with_the_certificate_mounted_the_tls_port_serves_beside_the_plain_one_and_follows_rotation() {
+    let certs = support::scratch_dir();
+    let ca = TestCa::new("serving-certs");
+    let ca_file = ca.write(&certs, "ca.pem");
+    mount(&ca, &certs);
+    let user_port = free_port();
+    let _user = user_container(user_port);
+    let env = knative_env(user_port, free_port(), 0);
+    let port = tls_port(&env);
+    let proxy = QueueProxy::start_with(
+        env,
+        &[
+            "--drain-grace-seconds",
+            "1",
+            "--certs-dir",
+            certs.to_str().unwrap(),
+            "--certs-reload-seconds",
+            "1",
+        ],
+    );
+    // HTTP/1.1, h2 by ALPN, and h2 by prior knowledge without ALPN (Knative's activator).
+    for (extra, reached_over) in [
+        (&["--http1.1"][..], "HTTP/1.1"),
+        (&["--http2"][..], "HTTP/2.0"),
+        (&["--no-alpn", "--http2-prior-knowledge"][..], "HTTP/2.0"),
+    ] {
+        let (ok, out, err) = curl_tls(port, &ca_file, extra);
+        assert!(ok, "{extra:?}: {err}\n{}", proxy.stderr());
+        assert!(
+            out.contains("x-backend: user-container"),
+            "{extra:?}: {out}"
+        );
+        assert!(
+            out.contains(&format!("x-http-version: {reached_over}")),
+            "{extra:?}: {out}"
+        );
+    }
+    // The plain serving port still serves (kubelet's probes and plain clients).
+    assert_eq!(proxy.get("/").status, 200);
+
+    // A renewed certificate from another CA (cert-manager's rotation): served within a look.
+    let renewed = TestCa::new("renewed");
+    let renewed_file = renewed.write(&certs, "renewed.pem");
+    mount(&renewed, &certs);
+    assert!(
+        eventually(Duration::from_secs(10), || curl_tls(
+            port,
+            &renewed_file,
+            &[]
+        )
+        .0),
+        "the renewed certificate is served: {}",
+        proxy.stderr()
+    );
+    assert!(proxy
+        .stderr()
+        .contains("Certificate and/or key have changed on disk and were reloaded."));
+    std::fs::remove_dir_all(certs).unwrap();
+}
+
+#[test]
+fn a_mounted_pair_that_does_not_load_stops_start_up_naming_it() {
+    let certs = support::scratch_dir();
+    let ca = TestCa::new("mismatch");
+    let first = ca.issue(&["kn-user-default", SERVER_NAME]);
+    let second = ca.issue(&["kn-user-default", SERVER_NAME]);
+    // The chain of one and the key of another.
+    std::fs::write(certs.join("tls.crt"), &first.chain).unwrap();
+    std::fs::write(certs.join("tls.key"), &second.key).unwrap();
+    let user_port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_kactivator"))
+        .arg("queue-proxy")
+        .args(["--certs-dir", certs.to_str().unwrap()])
+        .env_clear()
+        .envs(knative_env(user_port, free_port(), 0))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kactivator queue-proxy");
+    let (exited, output) = exit_within(child, Duration::from_secs(10));
+    assert!(exited, "it started with a pair that does not match");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("tls.key") && stderr.contains("does not belong"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(certs).unwrap();
+}
