@@ -150,3 +150,88 @@ fn a_mounted_pair_that_does_not_load_stops_start_up_naming_it() {
     );
     std::fs::remove_dir_all(certs).unwrap();
 }
+
+/// The whole path Knative's `system-internal-tls` sets up, both hops ours: a client → the
+/// activator (plain port) → the queue-proxy's TLS port, dialled as Knative's activator dials it
+/// (TLS 1.3, SNI `data-plane.knative.dev`, no ALPN, the certificate required to carry
+/// `kn-user-<namespace>` and to chain to the trust given) → the user container. HTTP/1.1 and
+/// HTTP/2 both cross TLS; a certificate without the namespace's name is refused with upstream's
+/// words, and the activator answers 502 rather than fall back to plain.
+#[test]
+fn the_activator_reaches_a_queue_proxy_over_tls_as_knative_does() {
+    let certs = support::scratch_dir();
+    let ca = TestCa::new("serving-certs");
+    let ca_file = ca.write(&certs, "ca.pem");
+    mount(&ca, &certs);
+    let user_port = free_port();
+    let _user = user_container(user_port);
+    let env = knative_env(user_port, free_port(), 0);
+    let port = tls_port(&env);
+    let _proxy = QueueProxy::start_with(
+        env,
+        &[
+            "--drain-grace-seconds",
+            "1",
+            "--certs-dir",
+            certs.to_str().unwrap(),
+        ],
+    );
+    let pod: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let tls = |require: &str| {
+        format!(
+            "[revisions.tls]\nca = {:?}\nserver_name = \"{SERVER_NAME}\"\nrequire_name = \"{require}\"\n",
+            ca_file.display().to_string()
+        )
+    };
+    // Health probes over TLS are not built; the file refuses TLS revisions with quarantine on.
+    let quarantine_off = "[features]\n\"activator.pod-quarantine\" = \"disabled\"\n";
+    let activator = support::Activator::start(&format!(
+        "{quarantine_off}{}{}",
+        support::revision("default", "hello", &[pod], ""),
+        tls("kn-user-default")
+    ));
+    let route = [
+        "-H",
+        "Knative-Serving-Namespace: default",
+        "-H",
+        "Knative-Serving-Revision: hello",
+        "-i",
+    ];
+    for (flag, pod_saw) in [
+        ("--http1.1", "HTTP/1.1"),
+        ("--http2-prior-knowledge", "HTTP/2.0"),
+    ] {
+        let url = format!("http://{}/", activator.http);
+        let mut args = route.to_vec();
+        args.extend([flag, url.as_str()]);
+        let (ok, out) = support::curl(&args);
+        let out = String::from_utf8_lossy(&out);
+        assert!(ok, "{flag}: {}", activator.stderr());
+        assert!(
+            out.contains("x-backend: user-container")
+                && out.contains(&format!("x-http-version: {pod_saw}")),
+            "{flag}: {out}"
+        );
+    }
+
+    // The same pod for another namespace: its certificate lacks `kn-user-elsewhere`.
+    let strict = support::Activator::start(&format!(
+        "{quarantine_off}{}{}",
+        support::revision("default", "hello", &[pod], ""),
+        tls("kn-user-elsewhere")
+    ));
+    let url = format!("http://{}/", strict.http);
+    let mut args = route.to_vec();
+    args.push(url.as_str());
+    let (_, out) = support::curl(&args);
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 502"), "{out}");
+    assert!(
+        strict
+            .stderr()
+            .contains("san \"kn-user-elsewhere\" does not have a matching name in [\"kn-user-default\", \"data-plane.knative.dev\"]"),
+        "{}",
+        strict.stderr()
+    );
+    std::fs::remove_dir_all(certs).unwrap();
+}

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_shards::http2::{
@@ -617,6 +618,28 @@ pub struct RevisionConfig {
     /// waiting requests (README, "Priority and fairness"). Default: none (arrival order).
     #[serde(default)]
     pub priority: Option<PriorityConfig>,
+    /// `[revisions.tls]`: the pods are dialled over TLS. Default: none (plain TCP).
+    #[serde(default)]
+    pub tls: Option<RevisionTls>,
+}
+
+/// How a revision's pods are dialled over TLS: TLS 1.3, no ALPN (HTTP/2 by prior knowledge
+/// inside TLS, as Knative's activator dials its queue-proxies), never plain as a fallback.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RevisionTls {
+    /// PEM CA certificates the pods' certificates must chain to (nothing else is trusted).
+    pub ca: PathBuf,
+    /// Sent as SNI and verified as the certificate's name (Knative: `data-plane.knative.dev`).
+    pub server_name: String,
+    /// A DNS name the certificate must carry besides (Knative: `kn-user-<namespace>`).
+    /// Default: none.
+    #[serde(default)]
+    pub require_name: Option<String>,
+    /// `ca`'s bytes, read when the file is loaded ([`Config::load`]); a changed CA file is read
+    /// with the next change of the configuration file.
+    #[serde(skip)]
+    pub ca_pem: Option<Arc<[u8]>>,
 }
 
 /// `[revisions.priority]`: how a revision's waiting requests are ordered.
@@ -746,6 +769,7 @@ impl RevisionConfig {
             cluster_ip: None,
             pods: Vec::new(),
             priority: None,
+            tls: None,
         }
     }
 
@@ -876,10 +900,44 @@ impl Config {
             position: None,
             message: format!("cannot read: {error}"),
         })?;
-        Config::parse_bytes(&bytes).map_err(|mut error| {
+        let mut config = Config::parse_bytes(&bytes).map_err(|mut error| {
             error.source = Some(path.display().to_string());
             error
-        })
+        })?;
+        config.read_revision_tls().map_err(|mut error| {
+            error.source = Some(path.display().to_string());
+            error
+        })?;
+        Ok(config)
+    }
+
+    /// Reads each `[revisions.tls]` CA file and checks that the client it makes can be built:
+    /// a revision is never dialled in plain for want of its TLS.
+    pub fn read_revision_tls(&mut self) -> Result<(), ConfigError> {
+        for revision in &mut self.revisions {
+            let Some(tls) = &mut revision.tls else {
+                continue;
+            };
+            let what = format!(
+                "revision {}/{}: tls.ca {}",
+                revision.namespace,
+                revision.name,
+                tls.ca.display()
+            );
+            let pem = std::fs::read(&tls.ca).map_err(|error| ConfigError {
+                source: None,
+                position: None,
+                message: format!("{what}: cannot read: {error}"),
+            })?;
+            crate::tls::PodTls::new(&what, &pem, &tls.server_name, tls.require_name.as_deref())
+                .map_err(|error| ConfigError {
+                    source: None,
+                    position: None,
+                    message: error.to_string(),
+                })?;
+            tls.ca_pem = Some(Arc::from(pem));
+        }
+        Ok(())
     }
 
     /// `listen.https` and `[listen.tls]` come together; the port is one of its own; the
@@ -1203,6 +1261,27 @@ impl Config {
             ));
         }
         self.validate_tls(spans)?;
+        // Refuse what is not built: the health prober speaks plain HTTP, and a TLS pod that a
+        // failed dial quarantined would never be probed back to ready.
+        let quarantine_off = self
+            .features
+            .get(crate::features::POD_QUARANTINE)
+            .is_some_and(|value| value.trim().eq_ignore_ascii_case("disabled"));
+        if let Some((index, _)) = self
+            .revisions
+            .iter()
+            .enumerate()
+            .find(|(_, revision)| revision.tls.is_some())
+            .filter(|_| !quarantine_off)
+        {
+            return Err(ConfigError::invalid(
+                spans.revision_value(index, "tls"),
+                format!(
+                    "[revisions.tls] needs [features] \"{}\" = \"disabled\": health probes over TLS are not built",
+                    crate::features::POD_QUARANTINE
+                ),
+            ));
+        }
         let mut seen = HashSet::new();
         for (index, revision) in self.revisions.iter().enumerate() {
             let at = |key: &str| spans.revision_value(index, key);

@@ -323,6 +323,7 @@ mod tests {
             serving_port: DEFAULT_SERVING_PORT,
             cluster_ip: None,
             priority: None,
+            tls: None,
         };
         Op::Batch(vec![
             Op::UpsertRevision(spec),

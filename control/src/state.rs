@@ -94,6 +94,8 @@ pub struct RevisionSpec {
     /// virtual target balanced by kube-proxy or the mesh, instead of to pods; the pods only
     /// count (and are not probed: in a mesh they are not reachable).
     pub cluster_ip: Option<SocketAddr>,
+    /// TLS to the pods; `None`: plain TCP. Boxed as `priority` is.
+    pub tls: Option<Box<crate::tls::PodTls>>,
 }
 
 /// Which pods a source's omission speaks for.
@@ -1050,6 +1052,7 @@ impl ControlState {
             gate: entry.gate.clone(),
             queue_depth: spec.queue_depth,
             priority: spec.priority.as_deref().cloned(),
+            upstream_tls: spec.tls.as_ref().map(|tls| tls.built.clone()),
         };
         self.effects.journal.push(Journal::Route {
             revision: key.clone(),

@@ -306,3 +306,146 @@ fn apply(base: &CryptoProvider, settings: &TlsSettings) -> Result<CryptoProvider
 
 #[cfg(test)]
 mod tests;
+
+/// How a revision's pods are dialled over TLS, as a source describes it (compared by that
+/// description, so a source that says the same again changes nothing), with the client
+/// configuration built from it.
+#[derive(Clone, Debug)]
+pub struct PodTls {
+    /// The trust, as PEM (every certificate in it is a root).
+    pub ca_pem: Arc<[u8]>,
+    /// Sent as SNI and verified as the certificate's name.
+    pub server_name: String,
+    /// A DNS name the certificate must carry besides (Knative: `kn-user-<namespace>`).
+    pub require_name: Option<String>,
+    pub built: Arc<kactivator_shards::runtime::tls::UpstreamTls>,
+}
+
+impl PartialEq for PodTls {
+    fn eq(&self, other: &PodTls) -> bool {
+        self.ca_pem == other.ca_pem
+            && self.server_name == other.server_name
+            && self.require_name == other.require_name
+    }
+}
+
+impl Eq for PodTls {}
+
+impl PodTls {
+    /// TLS 1.3 (Knative's activator dials its queue-proxies with TLS 1.3 only), no ALPN (as
+    /// upstream, which sends HTTP/2 by prior knowledge inside TLS), trusting only `ca_pem`,
+    /// verifying `server_name` and, when given, `require_name` too.
+    pub fn new(
+        source: &str,
+        ca_pem: &[u8],
+        server_name: &str,
+        require_name: Option<&str>,
+    ) -> Result<PodTls, TlsError> {
+        let roots = Arc::new(trust(&[(source.to_string(), ca_pem.to_vec())])?);
+        let name = ServerName::try_from(server_name.to_string()).map_err(|_| {
+            TlsError::Settings(format!("{source}: {server_name:?} is not a server name"))
+        })?;
+        let required = require_name
+            .map(|required| {
+                ServerName::try_from(required.to_string()).map_err(|_| {
+                    TlsError::Settings(format!("{source}: {required:?} is not a DNS name"))
+                })
+            })
+            .transpose()?;
+        let provider = provider();
+        let webpki =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                .build()
+                .map_err(|error| TlsError::BadTrust {
+                    what: source.to_string(),
+                    reason: error.to_string(),
+                })?;
+        let verifier: Arc<dyn rustls::client::danger::ServerCertVerifier> = match required {
+            None => webpki,
+            Some(required) => Arc::new(RequireName {
+                inner: webpki,
+                required,
+            }),
+        };
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|error| TlsError::Settings(error.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
+        Ok(PodTls {
+            ca_pem: Arc::from(ca_pem),
+            server_name: server_name.to_string(),
+            require_name: require_name.map(str::to_string),
+            built: Arc::new(kactivator_shards::runtime::tls::UpstreamTls {
+                config: Arc::new(config),
+                server_name: name,
+            }),
+        })
+    }
+}
+
+/// The standard verification, then one more name the certificate must carry: Knative's
+/// activator requires `kn-user-<namespace>` of a queue-proxy's certificate
+/// (`pkg/activator/certificate/tls_context.go`, `verifySAN`), besides `data-plane.knative.dev`.
+#[derive(Debug)]
+struct RequireName {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    required: ServerName<'static>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for RequireName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let verified = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|_| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding)
+        })?;
+        if cert
+            .verify_is_valid_for_subject_name(&self.required)
+            .is_ok()
+        {
+            return Ok(verified);
+        }
+        // Upstream's words (`tls_context.go`).
+        let names: Vec<&str> = cert.valid_dns_names().collect();
+        Err(rustls::Error::General(format!(
+            "san {:?} does not have a matching name in {names:?}",
+            self.required.to_str()
+        )))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}

@@ -7,6 +7,7 @@
 //!   `config-features`) through the Kubernetes source's model and the state worker.
 //! * [`h2_front`] — HTTP/2 frames into a live client connection on a shard.
 //! * [`request_log`] — a request log template, and a client's request rendered with it.
+//! * [`tls_material`] — a certificate chain, a key, a server name and TLS settings.
 
 // Unsafe code only where `h2_front` ignores SIGPIPE, as Rust's own start-up does.
 #![deny(unsafe_code)]
@@ -16,6 +17,7 @@ mod h2_front;
 mod kubernetes;
 mod registration;
 mod request_log;
+mod tls_material;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -25,6 +27,7 @@ pub use h2_front::h2_front;
 pub use kubernetes::kubernetes;
 pub use registration::registration;
 pub use request_log::request_log;
+pub use tls_material::tls_material;
 
 /// Entry point of the targets when not built by cargo-fuzz: run `check` over every file named
 /// on the command line, and every file inside every directory named there.
@@ -73,12 +76,13 @@ mod tests {
     fn seeds() {
         let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
         type Check = fn(&[u8]);
-        let targets: [(&str, Check); 5] = [
+        let targets: [(&str, Check); 6] = [
             ("registration", registration),
             ("request_log", request_log),
             ("config", config),
             ("kubernetes", kubernetes),
             ("h2_front", h2_front),
+            ("tls_material", tls_material),
         ];
         for (name, check) in targets {
             let count = replay(&seeds.join(name), check).unwrap();

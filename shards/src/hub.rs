@@ -132,6 +132,8 @@ async fn run(
             monoio::time::sleep(SWEEP_INTERVAL).await;
             sweep_shard.pool.sweep();
             sweep_shard.h2c.sweep();
+            sweep_shard.tls_pool.sweep();
+            sweep_shard.tls_h2c.sweep();
             memory::trim_if_released();
         }
     });
@@ -231,6 +233,8 @@ async fn run(
         shard.idle.close_all();
         shard.pool.clear();
         shard.h2c.clear();
+        shard.tls_pool.clear();
+        shard.tls_h2c.clear();
     };
     // All run until the listeners are shut; then the accept loops have a moment to hand over a
     // connection their last accepts completed with (after the shutdown none can arrive, so
@@ -453,7 +457,15 @@ fn serve_tls(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::
             http2::server::take_over(front_shard, stream, read, peer).await;
         }
     };
-    spawn_connection(shard, open, connection);
+    // The plain path's spawn (`serve`), written out again rather than shared: a shared generic
+    // helper cost the plain connection task its inlined poll (BENCHMARKS.md, issue 38).
+    let shard = shard.clone();
+    monoio::spawn(contain::catching(connection).map(move |served| {
+        drop(open);
+        if let Err(panic) = served {
+            contain::record(shard.stats(), "a TLS connection", &*panic);
+        }
+    }));
 }
 
 /// Serves one accepted connection with its front, its panics contained to it: HTTP/1, or
@@ -485,17 +497,6 @@ fn serve(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::Sock
             Served::Closed => None,
         })
     });
-    spawn_connection(shard, open, connection);
-}
-
-/// Runs a connection's future as a task of its own, its panics contained to it, counted among
-/// the open connections until it ends.
-#[inline(always)]
-fn spawn_connection<T: 'static>(
-    shard: &Rc<Shard>,
-    open: OpenConnection,
-    connection: impl Future<Output = T> + 'static,
-) {
     let shard = shard.clone();
     monoio::spawn(contain::catching(connection).map(move |served| {
         // Counted out when the task ends (or is dropped).

@@ -20,7 +20,8 @@ use crate::runtime::idle::IdleConnections;
 use crate::runtime::late::Lateness;
 use crate::runtime::readiness::{Health, Readiness};
 use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
-use crate::runtime::stream::PlainTcp;
+use crate::runtime::stream::{ByteStream, Connector, PlainTcp};
+use crate::runtime::tls::{ClientTls, TlsDialer};
 use crate::throttle::gate::RevisionGate;
 use crate::upstream::h2c::{H2Settings, H2cConnections};
 use crate::upstream::pool::{Pool, PoolConfig};
@@ -115,6 +116,9 @@ pub struct Shard {
     pub pool: Pool,
     /// h2c connections to pods, one per pod (requests that arrived over HTTP/2).
     pub(crate) h2c: H2cConnections,
+    /// Idle TLS connections to pods of revisions reached over TLS, and their HTTP/2 ones.
+    pub tls_pool: Pool<TlsDialer>,
+    pub(crate) tls_h2c: H2cConnections<TlsDialer>,
     /// Set on `BeginDrain`: probes fail, requests are still served, responses carry
     /// `Connection: close` and idle keep-alive connections close.
     pub draining: LocalEvent,
@@ -170,6 +174,14 @@ impl Shard {
             all_stats.clone(),
             index,
         );
+        let tls_pool = Pool::new(settings.pool, TlsDialer);
+        let tls_h2c = H2cConnections::new(
+            settings.pool,
+            TlsDialer,
+            settings.h2,
+            all_stats.clone(),
+            index,
+        );
         Shard {
             index,
             settings,
@@ -177,6 +189,8 @@ impl Shard {
             replica: Replica::default(),
             pool,
             h2c,
+            tls_pool,
+            tls_h2c,
             draining: LocalEvent::default(),
             stop_accepting: LocalEvent::default(),
             stopping: LocalEvent::default(),
@@ -378,5 +392,28 @@ impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.stats().connections_open.decrement();
         self.0.connection_closed.notify_all();
+    }
+}
+
+/// A pod connection's stream and the shard's pool that keeps it between requests: the exchange
+/// gives a connection back to the pool of its own kind.
+pub(crate) trait PodStream: ByteStream + Sized {
+    type Dialer: Connector<Stream = Self>;
+    fn pool(shard: &Shard) -> &Pool<Self::Dialer>;
+}
+
+impl PodStream for monoio::net::TcpStream {
+    type Dialer = PlainTcp;
+    #[inline(always)]
+    fn pool(shard: &Shard) -> &Pool<PlainTcp> {
+        &shard.pool
+    }
+}
+
+impl PodStream for ClientTls {
+    type Dialer = TlsDialer;
+    #[inline(always)]
+    fn pool(shard: &Shard) -> &Pool<TlsDialer> {
+        &shard.tls_pool
     }
 }

@@ -624,3 +624,61 @@ fn the_tls_port_needs_its_table_a_port_of_its_own_and_settings_in_gos_words() {
     );
     assert_eq!(settings.min_version, Some(crate::tls::TlsVersion::Tls12));
 }
+
+#[test]
+fn revision_tls_needs_quarantine_off_and_a_ca_that_loads() {
+    let dir = std::env::temp_dir().join(format!("kactivator-revision-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = rcgen::CertificateParams::new(Vec::<String>::new())
+        .unwrap()
+        .self_signed(&rcgen::KeyPair::generate().unwrap())
+        .unwrap();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let revision = |ca: &std::path::Path| {
+        format!(
+            "[[revisions]]\nnamespace = \"d\"\nname = \"r\"\n[revisions.tls]\nca = {:?}\nserver_name = \"data-plane.knative.dev\"\nrequire_name = \"kn-user-d\"\n",
+            ca.display().to_string()
+        )
+    };
+    let off = "[features]\n\"activator.pod-quarantine\" = \"disabled\"\n";
+    let error = Config::parse(&revision(&ca_file)).unwrap_err().to_string();
+    assert!(
+        error.contains("health probes over TLS are not built"),
+        "{error}"
+    );
+
+    let file = dir.join("kactivator.toml");
+    std::fs::write(&file, format!("{off}{}", revision(&ca_file))).unwrap();
+    let config = Config::load(&file).unwrap();
+    let tls = config.revisions[0].tls.as_ref().unwrap();
+    assert_eq!(tls.ca_pem.as_deref(), Some(ca.pem().as_bytes()));
+    let spec = crate::sources::file::revision_spec(&config.revisions[0]).unwrap();
+    assert_eq!(
+        spec.tls.as_ref().map(|tls| tls.require_name.as_deref()),
+        Some(Some("kn-user-d"))
+    );
+
+    // A CA file that does not read or parse refuses the file, naming the revision.
+    std::fs::write(
+        &file,
+        format!("{off}{}", revision(&dir.join("missing.pem"))),
+    )
+    .unwrap();
+    let error = Config::load(&file).unwrap_err().to_string();
+    assert!(
+        error.contains("revision d/r: tls.ca") && error.contains("cannot read"),
+        "{error}"
+    );
+    std::fs::write(
+        dir.join("bad.pem"),
+        "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    std::fs::write(&file, format!("{off}{}", revision(&dir.join("bad.pem")))).unwrap();
+    assert!(Config::load(&file).is_err());
+    // Parsed without loading, a TLS revision has no CA bytes and is not applied (never plain).
+    let parsed = Config::parse(&format!("{off}{}", revision(&ca_file))).unwrap();
+    assert!(crate::sources::file::revision_spec(&parsed.revisions[0]).is_none());
+    std::fs::remove_dir_all(dir).unwrap();
+}

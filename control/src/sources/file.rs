@@ -18,10 +18,11 @@ use kactivator_api::RevisionKey;
 use kactivator_shards::routing::RevisionLabels;
 
 use super::ControlMetrics;
-use crate::config::{Config, ConfigError, RevisionConfig};
+use crate::config::{Config, ConfigError, RevisionConfig, RevisionTls};
 use crate::features;
 use crate::pod_state::Gates;
 use crate::state::{Activators, OmissionScope, Op, RevisionSpec};
+use crate::tls::PodTls;
 use crate::worker::WorkerHandle;
 
 /// The activator set the configuration describes; `pod_ip` (`POD_IP`) is this activator's
@@ -40,6 +41,10 @@ pub fn activators_of(config: &Config, pod_ip: Option<IpAddr>) -> Activators {
 /// validation refuses before a file gets here.
 pub fn revision_spec(revision: &RevisionConfig) -> Option<RevisionSpec> {
     let key = RevisionKey::new(&revision.namespace, &revision.name).ok()?;
+    let tls = match &revision.tls {
+        None => None,
+        Some(tls) => Some(Box::new(pod_tls(tls)?)),
+    };
     Some(RevisionSpec {
         labels: RevisionLabels {
             namespace: revision.namespace.clone(),
@@ -56,7 +61,22 @@ pub fn revision_spec(revision: &RevisionConfig) -> Option<RevisionSpec> {
         priority: revision.priority_policy().map(Box::new),
         serving_port: revision.serving_port(),
         cluster_ip: revision.cluster_ip,
+        tls,
     })
+}
+
+/// The client a `[revisions.tls]` makes; `Config::load` read its CA and built it once already,
+/// so it builds. A configuration that did not come through `load` has no CA bytes: its TLS
+/// revisions are refused (by `view`), never dialled in plain.
+fn pod_tls(tls: &RevisionTls) -> Option<PodTls> {
+    let pem = tls.ca_pem.as_ref()?;
+    PodTls::new(
+        &tls.ca.display().to_string(),
+        pem,
+        &tls.server_name,
+        tls.require_name.as_deref(),
+    )
+    .ok()
 }
 
 /// The file's view as one batch, and the revisions it declares. Revisions in
@@ -74,7 +94,7 @@ pub fn view(
             tracing::error!(
                 namespace = revision.namespace,
                 name = revision.name,
-                "a revision with an invalid name was not applied"
+                "a revision with an invalid name, or TLS to its pods that does not load, was not applied"
             );
             continue;
         };

@@ -32,6 +32,7 @@ fn spec(name: &str, cc: u32) -> RevisionSpec {
         priority: None,
         serving_port: DEFAULT_SERVING_PORT,
         cluster_ip: None,
+        tls: None,
     }
 }
 

@@ -339,3 +339,58 @@ fn a_trust_bundle_with_a_broken_certificate_names_its_source() {
     let error = trust(&[good, broken]).unwrap_err();
     assert!(error.to_string().contains("knative-bundle"), "{error}");
 }
+
+#[test]
+fn pods_are_dialled_as_knatives_activator_dials_its_queue_proxies() {
+    let other = ca("other CA");
+    let ca = ca("pods CA");
+    let ca_pem = ca.cert.pem();
+    let (chain, key) = ca.issue(&["kn-user-default", "data-plane.knative.dev"]);
+    let identity = Identity::from_pem("serving-certs", chain.as_bytes(), key.as_bytes()).unwrap();
+    let server = server_config(
+        &[identity],
+        &ClientAuth::None,
+        &alpn(),
+        &TlsSettings::default(),
+    )
+    .unwrap();
+    let dial = |require: Option<&str>, server_name: &str| {
+        let pod = PodTls::new("ca.crt", ca_pem.as_bytes(), server_name, require).unwrap();
+        handshake((*pod.built.config).clone(), server_name, server.clone())
+    };
+    let (_, client) = dial(Some("kn-user-default"), "data-plane.knative.dev").unwrap();
+    assert_eq!(
+        client.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_3)
+    );
+    assert_eq!(client.alpn_protocol(), None, "no ALPN, as upstream");
+    let refused = dial(Some("kn-user-other"), "data-plane.knative.dev").unwrap_err();
+    assert!(
+        refused.contains(
+            "san \"kn-user-other\" does not have a matching name in [\"kn-user-default\", \"data-plane.knative.dev\"]"
+        ),
+        "{refused}"
+    );
+    let refused = dial(None, "elsewhere.test").unwrap_err();
+    assert!(refused.contains("not valid for name"), "{refused}");
+    // Another CA's certificate is not trusted.
+    let pod = PodTls::new(
+        "ca.crt",
+        other.cert.pem().as_bytes(),
+        "data-plane.knative.dev",
+        None,
+    )
+    .unwrap();
+    let refused = handshake(
+        (*pod.built.config).clone(),
+        "data-plane.knative.dev",
+        server,
+    )
+    .unwrap_err();
+    assert!(refused.contains("UnknownIssuer"), "{refused}");
+    // Equal by what describes it, not by the configuration built.
+    let a = PodTls::new("a", ca_pem.as_bytes(), "data-plane.knative.dev", None).unwrap();
+    let b = PodTls::new("b", ca_pem.as_bytes(), "data-plane.knative.dev", None).unwrap();
+    assert_eq!(a, b);
+    assert!(PodTls::new("bad", b"not pem", "data-plane.knative.dev", None).is_err());
+}

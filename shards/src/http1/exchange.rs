@@ -31,7 +31,7 @@ use crate::runtime::buffer::InBuf;
 use crate::runtime::late::Ticket;
 use crate::runtime::race::{race, Either};
 use crate::runtime::stream::{ByteStream, Socket};
-use crate::shard::Shard;
+use crate::shard::{PodStream, Shard};
 use crate::upstream::error::{TransportCause, UpstreamError};
 use crate::upstream::pool::UpstreamConn;
 
@@ -82,10 +82,10 @@ struct Received {
 /// The moment the pod's response is complete, before its last bytes are relayed, the pod's
 /// connection goes back to the pool and its slot (`held`) is given back: the next waiter's
 /// request goes out while this client still receives the tail, instead of one write later.
-pub(super) async fn exchange<S: ByteStream>(
+pub(super) async fn exchange<S: ByteStream, U: PodStream>(
     shard: &Rc<Shard>,
     conn: &mut ClientConn<S>,
-    mut upstream: UpstreamConn,
+    mut upstream: UpstreamConn<U>,
     meta: RequestMeta,
     deadlines: Deadlines,
     held: &mut Option<Held<'_>>,
@@ -202,7 +202,7 @@ pub(super) async fn exchange<S: ByteStream>(
             // A connection told the request ended early is not clean.
             let reusable = done.upstream_reusable && !client_left.get();
             if let Some(upstream) = upstream.take_if(|_| reusable) {
-                shard.pool.checkin(upstream);
+                U::pool(shard).checkin(upstream);
             }
             if held.take().is_some_and(Held::give_back) {
                 // The slot went to a request queued on this shard: its bytes reach the pod

@@ -26,7 +26,10 @@ use crate::routing::replica::LocalPod;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
 use crate::runtime::stream::ByteStream;
-use crate::shard::Shard;
+use crate::shard::{PodStream, Shard};
+use crate::runtime::tls::UpstreamTls;
+use crate::upstream::error::UpstreamError;
+use crate::upstream::pool::UpstreamConn;
 
 /// One request on an HTTP/1 connection, as the request path sees it.
 pub(super) struct H1Front<'c, S: ByteStream> {
@@ -189,25 +192,70 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
                 rewrite::insert_host(&mut conn.request_out, host_at, pod.authority().as_bytes());
             (host_at, len)
         });
-        let upstream = match shard.pool.checkout(addr, shard.stats()).await {
-            Ok(upstream) => upstream,
-            Err(error) => {
-                // Nothing reached the pod: the head goes back as it was before this pod's Host.
-                if let Some((host_at, len)) = host_line {
-                    rewrite::remove_host(&mut conn.request_out, host_at, len)
-                }
-                return Attempt::Unreached(error);
+        match pod.tls() {
+            None => {
+                let upstream = shard.pool.checkout(addr, &(), shard.stats()).await;
+                exchange_on(shard, conn, upstream, host_line, meta, deadlines, held).await
             }
-        };
-        let fresh = !upstream.reused;
-        // The exchange is the largest state a connection goes through; it runs in a block of
-        // its own so that waiting and idle connections do not carry its size (see `blocks`).
-        let ended = shard
-            .exchanges
-            .place(exchange(shard, conn, upstream, meta, *deadlines, held))
-            .await;
-        Attempt::Ended { ended, fresh }
+            // Boxed and out of line: the plain path's future and code stay as they were
+            // (BENCHMARKS.md, issue 38).
+            Some(tls) => {
+                Box::pin(attempt_tls(
+                    shard, conn, tls, addr, host_line, meta, deadlines, held,
+                ))
+                .await
+            }
+        }
     }
+}
+
+/// An attempt on a pod reached over TLS.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+async fn attempt_tls<S: ByteStream>(
+    shard: &Rc<Shard>,
+    conn: &mut ClientConn<S>,
+    tls: Rc<UpstreamTls>,
+    addr: std::net::SocketAddr,
+    host_line: Option<(usize, usize)>,
+    meta: RequestMeta,
+    deadlines: &Deadlines,
+    held: &mut Option<Held<'_>>,
+) -> Attempt {
+    let upstream = shard.tls_pool.checkout(addr, &tls, shard.stats()).await;
+    exchange_on(shard, conn, upstream, host_line, meta, deadlines, held).await
+}
+
+/// The exchange over a pod connection checked out of the pool of its kind (plain or TLS), or
+/// the attempt unreached when none could be had.
+#[inline(always)]
+async fn exchange_on<S: ByteStream, U: PodStream>(
+    shard: &Rc<Shard>,
+    conn: &mut ClientConn<S>,
+    upstream: Result<UpstreamConn<U>, UpstreamError>,
+    host_line: Option<(usize, usize)>,
+    meta: RequestMeta,
+    deadlines: &Deadlines,
+    held: &mut Option<Held<'_>>,
+) -> Attempt {
+    let upstream = match upstream {
+        Ok(upstream) => upstream,
+        Err(error) => {
+            // Nothing reached the pod: the head goes back as it was before this pod's Host.
+            if let Some((host_at, len)) = host_line {
+                rewrite::remove_host(&mut conn.request_out, host_at, len)
+            }
+            return Attempt::Unreached(error);
+        }
+    };
+    let fresh = !upstream.reused;
+    // The exchange is the largest state a connection goes through; it runs in a block of its
+    // own so that waiting and idle connections do not carry its size (see `blocks`).
+    let ended = shard
+        .exchanges
+        .place(exchange(shard, conn, upstream, meta, *deadlines, held))
+        .await;
+    Attempt::Ended { ended, fresh }
 }
 
 /// The client of an HTTP/1 request waiting for a slot: readable when bytes, a FIN or a reset

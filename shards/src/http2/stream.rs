@@ -308,9 +308,19 @@ impl Front for H2Front<'_> {
     ) -> Attempt {
         let addr = pod.tracker.addr;
         // The stream counts on its connection until the exchange ends (`lease` is dropped).
-        let (streams, reused, lease) = match shard.h2c.checkout(addr, shard.stats()).await {
+        let tls = pod.tls();
+        let checked_out = match &tls {
+            None => shard.h2c.checkout(addr, &(), shard.stats()).await,
+            Some(tls) => shard.tls_h2c.checkout(addr, tls, shard.stats()).await,
+        };
+        let (streams, reused, lease) = match checked_out {
             Ok(checked_out) => checked_out,
             Err(error) => return Attempt::Unreached(error),
+        };
+        // A connection that refused a new stream is forgotten by the set it came from.
+        let forget = |lease: &_| match &tls {
+            None => shard.h2c.forget(addr, lease),
+            Some(_) => shard.tls_h2c.forget(addr, lease),
         };
         // The request goes to `h2` by value (no copy of its header map per request); the rare
         // attempt that the pod did not take rebuilds it from the client's request below.
@@ -345,7 +355,7 @@ impl Front for H2Front<'_> {
                     if let Either::Right(()) =
                         race(confirmed, shard.alarms.at(deadlines.total)).await
                     {
-                        shard.h2c.forget(addr, &lease);
+                        forget(&lease);
                     }
                 }
                 Attempt::Ended {
@@ -356,7 +366,7 @@ impl Front for H2Front<'_> {
             Exchanged::NotTaken { error, replayable } => {
                 self.outbound = outbound_request(&self.parts, &self.peer.ip, self.edits).0;
                 // The connection went away under us: the next stream gets another one.
-                shard.h2c.forget(addr, &lease);
+                forget(&lease);
                 Attempt::NotTaken { error, replayable }
             }
         }

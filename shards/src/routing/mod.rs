@@ -167,6 +167,9 @@ pub struct RevisionRoute {
     /// Priority bands and fairness among its waiters (issue 27); `None` (the default): arrival
     /// order.
     pub priority: Option<PriorityPolicy>,
+    /// TLS to the revision's pods (Knative's `system-internal-tls`, or the file's per-revision
+    /// setting); `None`: plain TCP.
+    pub upstream_tls: Option<Arc<crate::runtime::tls::UpstreamTls>>,
 }
 
 /// One change to the routing table.

@@ -16,6 +16,7 @@ use rustc_hash::{FxHashMap, FxHasher};
 use crate::fields::RequestHeaders;
 use crate::metrics::{Counter, RevisionCounters, ShardStats};
 use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
+use crate::runtime::tls::UpstreamTls;
 use crate::throttle::gate::{
     Admission, Class, Effect, LocalQueue, Placement, QueueLimits, RevisionGate, WaiterId,
 };
@@ -36,6 +37,9 @@ pub struct LocalPod {
     /// sees the pod rather than for every request sent there: HTTP/1's `Host` and HTTP/2's
     /// `:authority` are both this text.
     authority: Box<str>,
+    /// How the pod is reached over TLS, or plain TCP (`None`): its revision's current setting,
+    /// kept shard-local so a request takes it without touching a counter other shards share.
+    tls: RefCell<Option<Rc<UpstreamTls>>>,
 }
 
 impl LocalPod {
@@ -44,7 +48,18 @@ impl LocalPod {
             authority: tracker.addr.to_string().into_boxed_str(),
             tracker,
             held_off: Cell::new(false),
+            tls: RefCell::new(None),
         }
+    }
+
+    /// The TLS the pod is dialled with; `None`: plain TCP.
+    #[inline]
+    pub fn tls(&self) -> Option<Rc<UpstreamTls>> {
+        self.tls.borrow().clone()
+    }
+
+    fn set_tls(&self, tls: Option<Rc<UpstreamTls>>) {
+        *self.tls.borrow_mut() = tls;
     }
 
     /// The pod's address as an authority: `ip:port`.
@@ -159,6 +174,8 @@ pub struct LocalRevision {
     /// Cross-shard admission; the same object in every version of the revision.
     gate: Arc<RevisionGate>,
     pods: RefCell<Vec<Rc<LocalPod>>>,
+    /// The route's TLS to pods, as a shard-local copy every pod of the revision shares.
+    tls: RefCell<Option<Rc<UpstreamTls>>>,
     balancer: RefCell<Balancer>,
     queue: RefCell<LocalQueue>,
     waiters: RefCell<FxHashMap<WaiterId, WaiterSlot>>,
@@ -309,7 +326,11 @@ impl LocalRevision {
             .find(|pod| Arc::ptr_eq(&pod.tracker, &tracker))
             .cloned()
             // The pod left this shard's view meanwhile; the slot is still real.
-            .unwrap_or_else(|| Rc::new(LocalPod::new(tracker)));
+            .unwrap_or_else(|| {
+                let pod = LocalPod::new(tracker);
+                pod.set_tls(self.tls.borrow().clone());
+                Rc::new(pod)
+            });
         if pod.is_held_off() {
             // This shard could not connect to the pod a moment ago: none of its waiters gets
             // it (the shard that sent it has not found out yet). The slot goes back, and a
@@ -445,14 +466,24 @@ impl LocalRevision {
             .drain(..)
             .map(|pod| (Arc::as_ptr(&pod.tracker), pod))
             .collect();
+        let tls = route.upstream_tls.as_ref().map(|tls| {
+            Rc::new(UpstreamTls {
+                config: tls.config.clone(),
+                server_name: tls.server_name.clone(),
+            })
+        });
         *self.pods.borrow_mut() = route
             .pods
             .iter()
             .map(|tracker| {
-                kept.remove(&Arc::as_ptr(tracker))
-                    .unwrap_or_else(|| Rc::new(LocalPod::new(tracker.clone())))
+                let pod = kept
+                    .remove(&Arc::as_ptr(tracker))
+                    .unwrap_or_else(|| Rc::new(LocalPod::new(tracker.clone())));
+                pod.set_tls(tls.clone());
+                pod
             })
             .collect();
+        *self.tls.borrow_mut() = tls;
         self.balancer.borrow_mut().set_policy(route.lb_policy);
         let priority = route.priority.as_ref();
         self.queue.borrow_mut().set_policy(
@@ -540,6 +571,7 @@ impl Replica {
                             route: RefCell::new(route.clone()),
                             gate: route.gate.clone(),
                             pods: RefCell::new(Vec::new()),
+                            tls: RefCell::new(None),
                             balancer: RefCell::new(Balancer::new(route.lb_policy, seed)),
                             queue: RefCell::new(LocalQueue::new(stats.index)),
                             waiters: RefCell::new(FxHashMap::default()),

@@ -18,8 +18,11 @@ use std::pin::Pin;
 use std::ptr::NonNull;
 use std::task::{Context, Poll};
 
-/// One shard's spare blocks, all of a single layout: that of the first future placed (each shard
-/// places one kind of future). A future of any other layout gets a plain allocation.
+/// One shard's spare blocks, all of a single layout: large enough for every future placed so
+/// far. A shard places a few kinds of exchange (its clients' and its pods' streams, plain or
+/// TLS, make different futures): a smaller one takes a block of the kept layout; a larger one
+/// makes the kept layout its own and the smaller spares are freed, so whatever the order the
+/// kinds first come in, every exchange after that reuses a block.
 pub struct Blocks {
     layout: Cell<Option<Layout>>,
     spare: RefCell<Vec<NonNull<u8>>>,
@@ -38,31 +41,40 @@ impl Blocks {
 
     /// Moves `future` into a block, reusing a spare one when there is one.
     pub fn place<F: Future>(&self, future: F) -> InBlock<'_, F> {
-        let layout = Layout::new::<F>();
-        assert!(layout.size() > 0, "a zero-sized future needs no block");
-        let ours = match self.layout.get() {
-            Some(kept) => kept == layout,
-            None => {
-                self.layout.set(Some(layout));
-                true
+        let needed = Layout::new::<F>();
+        assert!(needed.size() > 0, "a zero-sized future needs no block");
+        let layout = match self.layout.get() {
+            Some(kept) if kept.size() >= needed.size() && kept.align() >= needed.align() => kept,
+            kept => {
+                let grown = kept.map_or(needed, |kept| {
+                    Layout::from_size_align(
+                        kept.size().max(needed.size()),
+                        kept.align().max(needed.align()),
+                    )
+                    .expect("the larger of two valid layouts is valid")
+                });
+                for block in self.spare.borrow_mut().drain(..) {
+                    if let Some(kept) = kept {
+                        // SAFETY: every spare block was allocated with the kept layout.
+                        unsafe { std::alloc::dealloc(block.as_ptr(), kept) };
+                    }
+                }
+                self.layout.set(Some(grown));
+                grown
             }
         };
-        let reused = if ours {
-            self.spare.borrow_mut().pop()
-        } else {
-            None
-        };
-        let block = reused.unwrap_or_else(|| {
-            // SAFETY: the layout is not zero-sized (asserted above).
+        let block = self.spare.borrow_mut().pop().unwrap_or_else(|| {
+            // SAFETY: the layout is not zero-sized (it holds `F`, asserted above).
             let raw = unsafe { std::alloc::alloc(layout) };
             NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
         });
         let ptr = block.cast::<F>();
-        // SAFETY: `block` is valid for writes of `layout` = `Layout::new::<F>()`, and unused:
-        // fresh, or a spare whose previous future was dropped in place.
+        // SAFETY: `block` is valid for writes of `layout`, whose size and alignment are at least
+        // `F`'s, and unused: fresh, or a spare whose previous future was dropped in place.
         unsafe { ptr.as_ptr().write(future) };
         InBlock {
             ptr,
+            layout,
             blocks: self,
             _owns: PhantomData,
         }
@@ -79,7 +91,8 @@ impl Blocks {
         if self.layout.get() == Some(layout) && spare.len() < self.keep {
             spare.push(block);
         } else {
-            // SAFETY: `block` came from `alloc(layout)` (in `place`) and is no longer used.
+            // SAFETY: `block` came from `alloc(layout)` (in `place`) and is no longer used; a
+            // block of a layout since outgrown is freed, not kept.
             unsafe { std::alloc::dealloc(block.as_ptr(), layout) };
         }
     }
@@ -99,6 +112,8 @@ impl Drop for Blocks {
 /// A future living in a block; dropping it drops the future and gives the block back.
 pub struct InBlock<'a, F> {
     ptr: NonNull<F>,
+    /// The block's layout (at least `F`'s).
+    layout: Layout,
     blocks: &'a Blocks,
     _owns: PhantomData<F>,
 }
@@ -120,7 +135,7 @@ impl<F> Drop for InBlock<'_, F> {
     fn drop(&mut self) {
         // SAFETY: `ptr` holds a live `F` written in `place` and not dropped before.
         unsafe { std::ptr::drop_in_place(self.ptr.as_ptr()) };
-        self.blocks.give_back(self.ptr.cast(), Layout::new::<F>());
+        self.blocks.give_back(self.ptr.cast(), self.layout);
     }
 }
 
@@ -205,16 +220,50 @@ mod tests {
     }
 
     #[test]
-    fn spare_blocks_are_capped_and_other_layouts_are_not_kept() {
+    fn spare_blocks_are_capped() {
         let blocks = Blocks::new(2);
         let drops = Rc::new(Cell::new(0));
         let placed: Vec<_> = (0..5).map(|i| blocks.place(probe(i, &drops))).collect();
         drop(placed);
         assert_eq!(drops.get(), 5);
         assert_eq!(blocks.spare(), 2, "the rest were freed");
+    }
 
-        let other = blocks.place(std::future::ready(3u8));
-        drop(other);
-        assert_eq!(blocks.spare(), 2, "a different layout is freed, not kept");
+    /// A larger future than any before, with a stricter alignment.
+    #[repr(align(64))]
+    struct Large(Probe, #[allow(dead_code)] [u64; 32]);
+
+    impl Future for Large {
+        type Output = u64;
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<u64> {
+            // SAFETY (test): the probe is never moved out of the pinned pair.
+            unsafe { self.map_unchecked_mut(|large| &mut large.0) }.poll(cx)
+        }
+    }
+
+    #[test]
+    fn futures_of_several_layouts_share_blocks_whichever_comes_first() {
+        let blocks = Blocks::new(4);
+        let drops = Rc::new(Cell::new(0));
+        // The small kind first, then a larger one: the kept layout grows, old spares go.
+        drop(blocks.place(probe(1, &drops)));
+        assert_eq!(blocks.spare(), 1);
+        let mut large = blocks.place(Large(probe(2, &drops), [0; 32]));
+        assert_eq!(blocks.spare(), 0, "the smaller spare was freed");
+        assert_eq!(large.ptr.cast::<u8>().as_ptr() as usize % 64, 0, "aligned");
+        assert_eq!(run(Pin::new(&mut large)), 2);
+        let large_at = large.ptr.cast::<u8>();
+        drop(large);
+        // Both kinds now reuse the one block, in either order.
+        for i in 0..3 {
+            let small = blocks.place(probe(i, &drops));
+            assert_eq!(small.ptr.cast::<u8>(), large_at, "the small kind reuses it");
+            drop(small);
+            let large = blocks.place(Large(probe(i, &drops), [0; 32]));
+            assert_eq!(large.ptr.cast::<u8>(), large_at, "the large kind reuses it");
+            drop(large);
+        }
+        assert_eq!(blocks.spare(), 1);
+        assert_eq!(drops.get(), 8, "every future dropped once");
     }
 }

@@ -71,9 +71,16 @@ impl ByteStream for TcpStream {
 /// Opens byte streams to pods: the upstream pools dial through one.
 pub trait Connector {
     type Stream: ByteStream;
+    /// What a dial needs to know besides the address: nothing for plain TCP, the TLS settings of
+    /// the pod's revision for TLS.
+    type Target: ?Sized;
 
     /// Opens a connection to `addr`, ready for small writes (heads and frames must not wait).
-    fn connect(&self, addr: SocketAddr) -> impl Future<Output = io::Result<Self::Stream>>;
+    fn connect(
+        &self,
+        addr: SocketAddr,
+        target: &Self::Target,
+    ) -> impl Future<Output = io::Result<Self::Stream>>;
 }
 
 /// Dials plain TCP, with Nagle off.
@@ -82,8 +89,9 @@ pub struct PlainTcp;
 
 impl Connector for PlainTcp {
     type Stream = TcpStream;
+    type Target = ();
 
-    async fn connect(&self, addr: SocketAddr) -> io::Result<TcpStream> {
+    async fn connect(&self, addr: SocketAddr, _: &()) -> io::Result<TcpStream> {
         let stream = TcpStream::connect_addr(addr).await?;
         let _ = stream.set_nodelay(true);
         Ok(stream)

@@ -538,21 +538,36 @@ pub async fn connect(
     Ok(stream)
 }
 
-/// Dials pods over TLS: TCP with Nagle off, then the client handshake.
-#[derive(Clone)]
-pub struct TlsConnector {
+/// How a revision's pods are reached over TLS: what the client verifies (trust, names, versions,
+/// all in `config`) and the name it sends and checks.
+pub struct UpstreamTls {
     pub config: Arc<ClientConfig>,
     /// Sent as SNI and verified against the pod's certificate.
     pub server_name: ServerName<'static>,
 }
 
-impl Connector for TlsConnector {
-    type Stream = ClientTls;
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("server_name", &self.server_name)
+            .field("alpn", &self.config.alpn_protocols)
+            .finish()
+    }
+}
 
-    async fn connect(&self, addr: SocketAddr) -> io::Result<ClientTls> {
+/// Dials pods over TLS: TCP with Nagle off, then the client handshake with the revision's
+/// settings; the one TLS pool of a shard serves every TLS revision.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TlsDialer;
+
+impl Connector for TlsDialer {
+    type Stream = ClientTls;
+    type Target = UpstreamTls;
+
+    async fn connect(&self, addr: SocketAddr, target: &UpstreamTls) -> io::Result<ClientTls> {
         let io = TcpStream::connect_addr(addr).await?;
         let _ = io.set_nodelay(true);
-        connect(self.config.clone(), self.server_name.clone(), io).await
+        connect(target.config.clone(), target.server_name.clone(), io).await
     }
 }
 

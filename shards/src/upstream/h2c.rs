@@ -275,6 +275,7 @@ impl<C: Connector> H2cConnections<C> {
     pub(crate) async fn checkout(
         &self,
         addr: SocketAddr,
+        target: &C::Target,
         stats: &ShardStats,
     ) -> Result<(PodStreams, bool, Lease), UpstreamError> {
         loop {
@@ -330,7 +331,7 @@ impl<C: Connector> H2cConnections<C> {
             dial: &dial,
             result: None,
         };
-        let result = Box::pin(self.dial(addr, stats)).await;
+        let result = Box::pin(self.dial(addr, target, stats)).await;
         settle.result = Some(result.as_ref().map(|_| ()).map_err(Clone::clone));
         let dialled = result.map(|(streams, closed)| {
             let id = self.next_id.get();
@@ -370,6 +371,7 @@ impl<C: Connector> H2cConnections<C> {
     async fn dial(
         &self,
         addr: SocketAddr,
+        target: &C::Target,
         stats: &ShardStats,
     ) -> Result<(PodStreams, Rc<Cell<bool>>), UpstreamError> {
         let timeout = self.pool.connect_timeout;
@@ -381,7 +383,7 @@ impl<C: Connector> H2cConnections<C> {
             }
         };
         let started = Instant::now();
-        let stream = connect(&self.connector, addr, timeout, stats).await?;
+        let stream = connect(&self.connector, addr, target, timeout, stats).await?;
         let io = stream
             .try_into_poll_io()
             .map_err(|(error, _)| UpstreamError::Connect {

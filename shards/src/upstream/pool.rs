@@ -13,6 +13,7 @@
 //! the time (issue 37: 10–14 k connects in 5 s at 1 024 client connections over 8 shards).
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -105,14 +106,20 @@ impl Default for PoolConfig {
 pub(crate) async fn connect<C: Connector>(
     connector: &C,
     addr: SocketAddr,
+    target: &C::Target,
     timeout: Duration,
     stats: &ShardStats,
 ) -> Result<C::Stream, UpstreamError> {
     stats.upstream_connects.increment();
-    let stream = match monoio::time::timeout(timeout, connector.connect(addr)).await {
+    let stream = match monoio::time::timeout(timeout, connector.connect(addr, target)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(error)) => {
             stats.upstream_connect_errors.increment();
+            if error.kind() == std::io::ErrorKind::InvalidData {
+                // A TLS handshake refused by either side: the cause's class says too little
+                // (a certificate without the name asked for, an untrusted issuer).
+                tracing::warn!(pod = %addr, "TLS to the pod failed: {error}");
+            }
             return Err(UpstreamError::Connect {
                 addr,
                 cause: TransportCause::of(&error),
@@ -145,27 +152,45 @@ impl<D: Connector> Pool<D> {
         }
     }
 
-    /// An idle connection to `addr` if a live one exists, else a new one.
-    pub async fn checkout(
-        &self,
+    /// An idle connection to `addr` if a live one exists, else a new one. The idle one is taken
+    /// when this is called, not when it is awaited: the common case is then plain code that
+    /// inlines into the caller, whose future only carries the rare dial.
+    #[inline(always)]
+    pub fn checkout<'a>(
+        &'a self,
         addr: SocketAddr,
-        stats: &ShardStats,
-    ) -> Result<UpstreamConn<D::Stream>, UpstreamError> {
-        if let Some(conn) = self.take_idle(addr, stats) {
+        target: &'a D::Target,
+        stats: &'a ShardStats,
+    ) -> impl Future<Output = Result<UpstreamConn<D::Stream>, UpstreamError>> + 'a {
+        let idle = self.take_idle(addr, stats);
+        if idle.is_some() {
             stats.upstream_reuses.increment();
-            return Ok(conn);
         }
-        // A dial (and its timer) is far larger than the rest of a checkout; boxed, it does not
-        // widen every connection's future, and it costs a syscall and a handshake anyway.
-        Box::pin(self.dial(addr, stats)).await
+        async move {
+            match idle {
+                Some(conn) => Ok(conn),
+                // A dial (and its timer) is far larger than the rest of a checkout; boxed, it
+                // does not widen every connection's future, and it costs a syscall and a
+                // handshake anyway.
+                None => Box::pin(self.dial(addr, target, stats)).await,
+            }
+        }
     }
 
     async fn dial(
         &self,
         addr: SocketAddr,
+        target: &D::Target,
         stats: &ShardStats,
     ) -> Result<UpstreamConn<D::Stream>, UpstreamError> {
-        let stream = connect(&self.connector, addr, self.config.connect_timeout, stats).await?;
+        let stream = connect(
+            &self.connector,
+            addr,
+            target,
+            self.config.connect_timeout,
+            stats,
+        )
+        .await?;
         Ok(UpstreamConn::new(addr, stream))
     }
 
@@ -294,12 +319,12 @@ mod tests {
             let stats = ShardStats::new(0);
             let pool = Pool::new(PoolConfig::default(), SealedConnector::default());
 
-            let first = pool.checkout(addr, &stats).await.unwrap();
+            let first = pool.checkout(addr, &(), &stats).await.unwrap();
             assert!(!first.reused);
             let (pods_end, _) = pod.accept().unwrap();
             let socket = first.socket();
             pool.checkin(first);
-            let again = pool.checkout(addr, &stats).await.unwrap();
+            let again = pool.checkout(addr, &(), &stats).await.unwrap();
             assert!(again.reused, "the idle connection is taken again");
             assert_eq!(pool.connector.dials.get(), 1);
             pool.checkin(again);
@@ -310,7 +335,7 @@ mod tests {
                 assert!(Instant::now() < until, "the pod's close never arrived");
                 std::thread::yield_now();
             }
-            let fresh = pool.checkout(addr, &stats).await.unwrap();
+            let fresh = pool.checkout(addr, &(), &stats).await.unwrap();
             assert!(
                 !fresh.reused,
                 "a connection the pod closed is not handed out"

@@ -174,6 +174,7 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
             Protocol::H2c => DEFAULT_H2C_SERVING_PORT,
         },
         cluster_ip: None,
+        tls: None,
     })
 }
 

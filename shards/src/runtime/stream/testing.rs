@@ -126,8 +126,9 @@ pub(crate) struct SealedConnector {
 
 impl Connector for SealedConnector {
     type Stream = Sealed;
+    type Target = ();
 
-    async fn connect(&self, addr: SocketAddr) -> io::Result<Sealed> {
+    async fn connect(&self, addr: SocketAddr, _: &()) -> io::Result<Sealed> {
         self.dials.set(self.dials.get() + 1);
         let inner = TcpStream::connect_addr(addr).await?;
         Ok(Sealed::new(inner, self.written.clone()))
