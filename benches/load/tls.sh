@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# TLS termination, kactivator against nginx with OpenSSL, on this machine (issue 38).
+#
+# Layout (as run.sh's L1): the proxy under test on cpu0 with one worker or shard; an nginx
+# backend (plain HTTP, `return 200 "ok"`) and wrk on cpu1. Both proxies terminate TLS 1.3 with
+# the same ECDSA P-256 certificate, X25519, no session resumption (kactivator has none; nginx's
+# tickets and cache are off), and proxy in plain HTTP/1.1 with keep-alive to the backend.
+#
+# Figures, each the median of --rounds rounds in alternating order:
+#   keep-alive    wrk -c50 over HTTPS keep-alive: requests/s and the proxy's CPU time per
+#                 request (utime + stime of its process over the run / requests)
+#   handshakes    wrk -c50 with `Connection: close`: every request a new connection and a full
+#                 handshake; handshakes/s and the proxy's CPU time per handshake
+#   idle memory   1000 TLS connections opened, one request each, then left idle: the proxy's
+#                 resident set grown, per connection
+#
+# Usage: bash benches/load/tls.sh [--rounds N] [--duration SECS] [--idle N]
+#   KACTIVATOR_BIN=/path/to/kactivator measures that binary (default: a release build)
+set -euo pipefail
+
+rounds=3
+duration=10
+idle=1000
+while (($#)); do
+  case $1 in
+    --rounds) rounds=$2; shift 2 ;;
+    --duration) duration=$2; shift 2 ;;
+    --idle) idle=$2; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+cd "$(dirname "$0")/../.."
+for tool in wrk nginx openssl python3 taskset curl; do
+  command -v "$tool" >/dev/null || { echo "tls.sh needs $tool" >&2; exit 1; }
+done
+if [[ -z ${KACTIVATOR_BIN:-} ]]; then
+  cargo build --release --quiet --bin kactivator
+  KACTIVATOR_BIN=target/release/kactivator
+fi
+
+work=$(mktemp -d /tmp/kactivator-tls-bench.XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+log() { printf '[tls %s] %s\n' "$(date +%T)" "$*" >&2; }
+
+BACKEND=18301
+NGINX=18302
+KACT=18303
+KACT_PLAIN=18304
+KACT_ADMIN=18305
+
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+  -subj /CN=bench.test -addext subjectAltName=DNS:bench.test \
+  -addext basicConstraints=critical,CA:FALSE \
+  -keyout "$work/tls.key" -out "$work/tls.crt" 2>/dev/null
+
+nginx_conf() {
+  local name=$1 body=$2
+  mkdir -p "$work/$name-temp"
+  cat >"$work/$name.conf" <<EOF
+daemon off;
+master_process off;
+worker_processes 1;
+pid $work/$name.pid;
+error_log $work/$name.err warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  keepalive_requests 10000000;
+  client_body_temp_path $work/$name-temp/body;
+  proxy_temp_path $work/$name-temp/proxy;
+  fastcgi_temp_path $work/$name-temp/fastcgi;
+  uwsgi_temp_path $work/$name-temp/uwsgi;
+  scgi_temp_path $work/$name-temp/scgi;
+  upstream be { server 127.0.0.1:$BACKEND; keepalive 128; keepalive_requests 10000000; }
+  $body
+}
+EOF
+}
+
+nginx_conf backend "server { listen 127.0.0.1:$BACKEND reuseport backlog=4096; location / { return 200 \"ok\"; } }"
+nginx_conf proxy "server {
+    listen 127.0.0.1:$NGINX ssl reuseport backlog=4096;
+    ssl_certificate $work/tls.crt;
+    ssl_certificate_key $work/tls.key;
+    ssl_protocols TLSv1.3;
+    ssl_session_tickets off;
+    ssl_session_cache off;
+    location / { proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection \"\"; }
+  }"
+cat >"$work/kactivator.toml" <<EOF
+[listen]
+http = "127.0.0.1:$KACT_PLAIN"
+http2 = "127.0.0.1:0"
+admin = "127.0.0.1:$KACT_ADMIN"
+https = "127.0.0.1:$KACT"
+[listen.tls]
+certificates = [{ chain = "$work/tls.crt", key = "$work/tls.key" }]
+alpn = ["http/1.1"]
+
+[features]
+"activator.pod-quarantine" = "disabled"
+
+[[revisions]]
+namespace = "default"
+name = "bench"
+container_concurrency = 0
+pods = ["127.0.0.1:$BACKEND"]
+EOF
+
+taskset -c 1 nginx -p "$work" -e "$work/backend.err" -c "$work/backend.conf" &
+pids+=($!)
+taskset -c 0 nginx -p "$work" -e "$work/proxy.err" -c "$work/proxy.conf" &
+nginx_pid=$!
+pids+=($nginx_pid)
+taskset -c 0 "$KACTIVATOR_BIN" --config "$work/kactivator.toml" --shards 1 --drain-grace-seconds 0 \
+  2>"$work/kactivator.log" &
+kact_pid=$!
+pids+=($kact_pid)
+
+ROUTE=(-H "Knative-Serving-Namespace: default" -H "Knative-Serving-Revision: bench")
+for port in $NGINX $KACT; do
+  for _ in $(seq 100); do
+    curl -sk --max-time 1 "${ROUTE[@]}" "https://127.0.0.1:$port/" 2>/dev/null | grep -q ok && break
+    sleep 0.1
+  done
+  curl -sk "${ROUTE[@]}" "https://127.0.0.1:$port/" | grep -q ok || { log "port $port does not answer"; exit 1; }
+done
+for port in $NGINX $KACT; do
+  log "$port: $(openssl s_client -connect 127.0.0.1:$port -servername bench.test -brief </dev/null 2>&1 |
+    grep -E 'Protocol version|Ciphersuite|Server Temp Key|Negotiated TLS1.3 group' | tr '\n' ' ')"
+done
+
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+# run NAME PID PORT MODE: one wrk run; prints "rate cpu_us_per_request".
+run() {
+  local pid=$2 port=$3 mode=$4 before after out rate requests extra=()
+  [[ $mode == handshakes ]] && extra=(-H "Connection: close")
+  before=$(cpu_ticks "$pid")
+  out=$(taskset -c 1 wrk -t1 -c50 -d"${duration}s" "${ROUTE[@]}" "${extra[@]}" "https://127.0.0.1:$port/")
+  after=$(cpu_ticks "$pid")
+  rate=$(awk '/^Requests\/sec:/ { print $2 }' <<<"$out")
+  requests=$(awk '/requests in/ { print $1 }' <<<"$out")
+  if grep -q "Socket errors\|Non-2xx" <<<"$out"; then log "$1 $mode: $(grep -E 'Socket errors|Non-2xx' <<<"$out")"; fi
+  awk -v r="$rate" -v n="$requests" -v t=$((after - before)) -v hz="$hz" \
+    'BEGIN { printf "%.0f %.1f\n", r, t / hz * 1e6 / n }'
+}
+
+median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+declare -A rates cpus
+for mode in keepalive handshakes; do
+  for round in $(seq "$rounds"); do
+    order=(nginx kactivator)
+    ((round % 2 == 0)) && order=(kactivator nginx)
+    for who in "${order[@]}"; do
+      if [[ $who == nginx ]]; then read -r rate cpu < <(run nginx $nginx_pid $NGINX $mode)
+      else read -r rate cpu < <(run kactivator $kact_pid $KACT $mode); fi
+      log "$mode round $round $who: $rate /s, $cpu us CPU each"
+      rates[$who-$mode]+="$rate "
+      cpus[$who-$mode]+="$cpu "
+    done
+  done
+done
+
+# Idle connections: the resident set before and after $idle TLS connections that made one
+# request each and then wait.
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+idle_kib() {
+  local pid=$1 port=$2 before after
+  before=$(rss_kib "$pid")
+  python3 - "$port" "$idle" "$work/idle-$port.ready" <<'EOF' &
+import socket, ssl, sys, time, os
+port, count, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+context = ssl.create_default_context()
+context.check_hostname = False
+context.verify_mode = ssl.CERT_NONE
+context.set_alpn_protocols(["http/1.1"])
+conns = []
+for _ in range(count):
+    s = context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="bench.test")
+    s.sendall(b"GET / HTTP/1.1\r\nHost: bench\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: bench\r\n\r\n")
+    got = b""
+    while not got.endswith(b"ok"):
+        got += s.recv(4096)
+    conns.append(s)
+open(ready, "w").close()
+time.sleep(30)
+EOF
+  local client=$!
+  for _ in $(seq 600); do [[ -e $work/idle-$port.ready ]] && break; sleep 0.1; done
+  sleep 2 # the idle buffers are given back after a second
+  after=$(rss_kib "$pid")
+  kill "$client" 2>/dev/null || true
+  wait "$client" 2>/dev/null || true
+  awk -v a="$after" -v b="$before" -v n="$idle" 'BEGIN { printf "%.1f\n", (a - b) / n }'
+}
+nginx_idle=$(idle_kib $nginx_pid $NGINX)
+kact_idle=$(idle_kib $kact_pid $KACT)
+
+printf '\n%-12s %-11s %12s %14s\n' mode proxy "rate (/s)" "CPU us each"
+for mode in keepalive handshakes; do
+  for who in nginx kactivator; do
+    printf '%-12s %-11s %12s %14s\n' "$mode" "$who" \
+      "$(tr ' ' '\n' <<<"${rates[$who-$mode]}" | grep . | median)" \
+      "$(tr ' ' '\n' <<<"${cpus[$who-$mode]}" | grep . | median)"
+  done
+done
+printf '%-12s %-11s %12s\n' "idle KiB" nginx "$nginx_idle"
+printf '%-12s %-11s %12s\n' "idle KiB" kactivator "$kact_idle"
