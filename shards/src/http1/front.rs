@@ -26,8 +26,8 @@ use crate::routing::replica::LocalPod;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
 use crate::runtime::stream::ByteStream;
-use crate::shard::{PodStream, Shard};
 use crate::runtime::tls::UpstreamTls;
+use crate::shard::{PodStream, Shard};
 use crate::upstream::error::UpstreamError;
 use crate::upstream::pool::UpstreamConn;
 
