@@ -399,3 +399,48 @@ fn a_port_that_offers_only_http1_serves_clients_that_prefer_http2_in_http1() {
     assert!(out.contains("x-http-version: HTTP/1.1"), "{out}");
     assert!(out.ends_with("version=1.1"), "{out}");
 }
+
+/// The drain closes an idle TLS keep-alive connection as TLS closes: close_notify, then the
+/// TCP close. Python's `ssl` tells a clean close (an empty read) from a ragged one (an error,
+/// with `suppress_ragged_eofs` off).
+#[test]
+fn the_drain_closes_idle_tls_connections_with_close_notify() {
+    let dir = scratch_dir();
+    let ca = TestCa::new("drain");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let pair = ca.issue(&["d.test"]).write(&dir, "d");
+    let tls = start(&[pair], "", "");
+    let script = r#"
+import socket, ssl, sys
+context = ssl.create_default_context(cafile=sys.argv[2])
+raw = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s = context.wrap_socket(raw, server_hostname="d.test", suppress_ragged_eofs=False)
+s.sendall(b"GET / HTTP/1.1\r\nHost: d\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: hello\r\n\r\n")
+got = b""
+while b"hello from pod-a" not in got:
+    got += s.recv(4096)
+print("answered", flush=True)
+s.settimeout(30)
+try:
+    while s.recv(4096):
+        pass
+    print("clean")
+except ssl.SSLEOFError as error:
+    print("ragged", error)
+"#;
+    let mut client = Command::new("python3")
+        .args(["-c", script, &tls.https.port().to_string()])
+        .arg(&ca_file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut stdout = std::io::BufReader::new(client.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line.trim(), "answered");
+    tls.activator.send_signal("TERM");
+    line.clear();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line.trim(), "clean", "{}", tls.activator.stderr());
+    let _ = client.wait();
+}
