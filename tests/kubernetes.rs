@@ -1033,3 +1033,38 @@ fn the_priority_annotation_orders_the_revisions_waiting_requests() {
     );
     assert_eq!(pod.stats().max_in_flight, 1);
 }
+
+/// Knative's `system-internal-tls` asks the activator for TLS on 8112 (from the
+/// `routing-serving-certs` Secret) and for TLS to queue-proxies; that side is not built, so an
+/// activator in such a cluster does not come up serving plain as though nothing were asked:
+/// it stops, saying so, as upstream stops on a value it cannot read. Off, it serves.
+#[test]
+fn system_internal_tls_on_stops_the_activator_naming_what_is_not_built() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    let network = |data: &str| {
+        cluster.api.apply_yaml(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-network\n  namespace: knative-serving\ndata:\n{data}"
+        ))
+    };
+    for (data, said) in [
+        (
+            "  system-internal-tls: Enabled\n",
+            "turns system-internal-tls on: the activator's side of it",
+        ),
+        ("  internal-encryption: \"true\"\n", "turns system-internal-tls on"),
+        (
+            "  system-internal-tls: sometimes\n",
+            "system-internal-tls with value: \"sometimes\" in config-network ConfigMap is not supported",
+        ),
+    ] {
+        network(data);
+        let mut activator = cluster.spawn_activator(None, "");
+        assert!(
+            activator.wait_exit(Duration::from_secs(15)).is_some_and(|code| code != 0),
+            "{data}: it started"
+        );
+        assert!(activator.stderr().contains(said), "{data}: {}", activator.stderr());
+    }
+    network("  system-internal-tls: Disabled\n  internal-encryption: \"false\"\n");
+    let _serving = cluster.activator();
+}

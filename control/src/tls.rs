@@ -22,6 +22,38 @@ pub mod settings;
 
 pub use settings::{Curve, TlsSettings, TlsVersion};
 
+/// `config-network`'s `system-internal-tls`, as Knative reads it (`networking/pkg/config/config.go`,
+/// `reference/tls.md` §1): `enabled` or `disabled` in any case, empty or absent for disabled,
+/// anything else an error in upstream's words; the legacy `internal-encryption`, a Go boolean,
+/// turns it on when `system-internal-tls` is empty or disabled.
+pub fn system_internal_tls(
+    system_internal_tls: Option<&str>,
+    internal_encryption: Option<&str>,
+) -> Result<bool, String> {
+    let value = system_internal_tls.unwrap_or_default();
+    let enabled = match value.to_ascii_lowercase().as_str() {
+        "enabled" => true,
+        "disabled" | "" => false,
+        _ => {
+            return Err(format!(
+                "system-internal-tls with value: {value:?} in config-network ConfigMap is not supported"
+            ))
+        }
+    };
+    if enabled {
+        return Ok(true);
+    }
+    match internal_encryption {
+        None => Ok(false),
+        // Go's strconv.ParseBool.
+        Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
+        Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
+        Some(other) => Err(format!(
+            "failed to parse \"internal-encryption\": strconv.ParseBool: parsing {other:?}: invalid syntax"
+        )),
+    }
+}
+
 /// ALPN protocols a TLS data port offers by default, in order of preference: HTTP/2, then
 /// HTTP/1.1 (as Go's `net/http` server does). A client that offers neither, or none, gets
 /// HTTP/1.1 or HTTP/2 by prior knowledge, as on a plain port.

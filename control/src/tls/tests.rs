@@ -394,3 +394,37 @@ fn pods_are_dialled_as_knatives_activator_dials_its_queue_proxies() {
     assert_eq!(a, b);
     assert!(PodTls::new("bad", b"not pem", "data-plane.knative.dev", None).is_err());
 }
+
+#[test]
+fn system_internal_tls_is_read_as_knative_reads_it() {
+    let table: &[(Option<&str>, Option<&str>, Result<bool, &str>)] = &[
+        (None, None, Ok(false)),
+        (Some(""), None, Ok(false)),
+        (Some("Disabled"), None, Ok(false)),
+        (Some("enabled"), None, Ok(true)),
+        (Some("ENABLED"), Some("false"), Ok(true)),
+        (Some(""), Some("true"), Ok(true)),
+        (Some("disabled"), Some("1"), Ok(true)),
+        (None, Some("False"), Ok(false)),
+        (
+            Some("on"),
+            None,
+            Err("system-internal-tls with value: \"on\" in config-network ConfigMap is not supported"),
+        ),
+        (
+            None,
+            Some("yes"),
+            Err("failed to parse \"internal-encryption\""),
+        ),
+    ];
+    for (tls, encryption, expected) in table {
+        let got = system_internal_tls(*tls, *encryption);
+        match expected {
+            Ok(on) => assert_eq!(got, Ok(*on), "{tls:?} {encryption:?}"),
+            Err(said) => {
+                let error = got.expect_err(said);
+                assert!(error.contains(said), "{error}");
+            }
+        }
+    }
+}

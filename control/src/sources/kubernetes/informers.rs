@@ -59,6 +59,10 @@ pub const FEATURES_CONFIG_MAP: &str = "config-features";
 pub const NETWORK_CONFIG_MAP: &str = "config-network";
 /// Its key.
 pub const MESH_COMPATIBILITY_MODE: &str = "mesh-compatibility-mode";
+/// `config-network`'s switch for TLS between the ingress, the activator and the queue-proxies.
+pub const SYSTEM_INTERNAL_TLS: &str = "system-internal-tls";
+/// Its legacy boolean, read when `system-internal-tls` is empty or disabled.
+pub const INTERNAL_ENCRYPTION: &str = "internal-encryption";
 /// The activators' Service, whose endpoints are the registration relay's peers.
 pub const ACTIVATOR_SERVICE: &str = "activator-service";
 /// The label EndpointSlices name their Service by.
@@ -111,9 +115,31 @@ impl KubeSource {
         let network: Api<ConfigMap> = Api::namespaced(client.clone(), &system_namespace);
         let mesh = match network.get_opt(NETWORK_CONFIG_MAP).await {
             Ok(map) => {
-                let value = map
-                    .and_then(|map| map.data)
-                    .and_then(|data| data.get(MESH_COMPATIBILITY_MODE).cloned())
+                let data = map.and_then(|map| map.data).unwrap_or_default();
+                // Refuse what is not built: with system-internal-tls the ingress sends TLS to
+                // the activator's 8112 and upstream dials queue-proxies over TLS; serving plain
+                // would look healthy and carry none of it. A bad value stops upstream too.
+                match crate::tls::system_internal_tls(
+                    data.get(SYSTEM_INTERNAL_TLS).map(String::as_str),
+                    data.get(INTERNAL_ENCRYPTION).map(String::as_str),
+                ) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        return Err(format!(
+                            "{system_namespace}/{NETWORK_CONFIG_MAP} turns {SYSTEM_INTERNAL_TLS} \
+                             on: the activator's side of it (TLS on 8112 with the \
+                             routing-serving-certs Secret, TLS to queue-proxies) is not built in \
+                             kactivator yet (README: TLS); turn it off or run Knative's \
+                             activator. kactivator's queue-proxy serves its TLS port."
+                        ))
+                    }
+                    Err(error) => {
+                        return Err(format!("{system_namespace}/{NETWORK_CONFIG_MAP}: {error}"))
+                    }
+                }
+                let value = data
+                    .get(MESH_COMPATIBILITY_MODE)
+                    .cloned()
                     .unwrap_or_default();
                 MeshMode::parse(&value).unwrap_or_else(|| {
                     tracing::warn!(
