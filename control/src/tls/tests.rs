@@ -397,7 +397,13 @@ fn pods_are_dialled_as_knatives_activator_dials_its_queue_proxies() {
 
 #[test]
 fn system_internal_tls_is_read_as_knative_reads_it() {
-    let table: &[(Option<&str>, Option<&str>, Result<bool, &str>)] = &[
+    /// `system-internal-tls`, `internal-encryption`, and what they mean.
+    type Row = (
+        Option<&'static str>,
+        Option<&'static str>,
+        Result<bool, &'static str>,
+    );
+    let table: &[Row] = &[
         (None, None, Ok(false)),
         (Some(""), None, Ok(false)),
         (Some("Disabled"), None, Ok(false)),
