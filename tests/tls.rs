@@ -444,3 +444,54 @@ except ssl.SSLEOFError as error:
     assert_eq!(line.trim(), "clean", "{}", tls.activator.stderr());
     let _ = client.wait();
 }
+
+/// Handshakes that stall give way at the connection cap, as idle connections do: with the cap
+/// full of clients that connected and said nothing (or half a hello), a new client is served at
+/// once, not after the head timeout.
+#[test]
+fn stalled_handshakes_give_way_at_the_connection_cap() {
+    let dir = scratch_dir();
+    let ca = TestCa::new("cap");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let (chain, key) = ca.issue(&["cap.test"]).write(&dir, "cap");
+    let pod = spawn_grpc(BackendConfig::named("pod-a")).unwrap();
+    let https: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let activator = Activator::prepare_listen(
+        &support::revision("default", "hello", &[pod.addr()], ""),
+        "max_connections_per_shard = 3",
+        &format!(
+            "https = \"{https}\"\n[listen.tls]\ncertificates = [{{ chain = {:?}, key = {:?} }}]\n",
+            chain.display().to_string(),
+            key.display().to_string()
+        ),
+    )
+    .spawn_args(&["--shards", "1"], &[])
+    .until_ready();
+    let tls = Tls {
+        activator,
+        https,
+        _pod: pod,
+    };
+    let mut stalled: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(https).unwrap()).collect();
+    stalled[0]
+        .write_all(&[0x16, 0x03, 0x01, 0x02, 0x00])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let (ok, _, err) = curl_https(&tls, "cap.test", &ca_file, &["--max-time", "10"]);
+    assert!(
+        ok,
+        "a new client is served while the cap is full of stalled handshakes: {err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The longest-stalled gave way: its connection was closed.
+    stalled[0]
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(matches!(stalled[0].read(&mut byte), Ok(0) | Err(_)));
+}

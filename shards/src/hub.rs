@@ -426,8 +426,16 @@ fn serve_tls(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::
     let open = OpenConnection::count(shard);
     let front_shard = shard.clone();
     let head_timeout = shard.settings.head_timeout;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let connection = async move {
-        let stream = match monoio::time::timeout(head_timeout, tls::accept(config, stream)).await {
+        // Until its handshake ends, the connection gives way at the connection cap as an idle
+        // one does (the longest waiting first; its read side shut down, the handshake ends):
+        // clients that stall their handshakes cannot hold the cap against new ones.
+        let idle = front_shard.idle.enter(fd);
+        front_shard.wake_paused_accept();
+        let handshake = monoio::time::timeout(head_timeout, tls::accept(config, stream)).await;
+        drop(idle);
+        let stream = match handshake {
             Ok(Ok(stream)) => stream,
             Ok(Err(error)) => {
                 front_shard.stats().tls_handshake_failures.increment();
