@@ -14,15 +14,23 @@
 #   idle memory   1000 TLS connections opened, one request each, then left idle: the proxy's
 #                 resident set grown, per connection
 #
-# Usage: bash benches/load/tls.sh [--rounds N] [--duration SECS] [--idle N]
+#   instructions  (--callgrind, instead of the above) callgrind's instructions per request in
+#                 user space, (I(N2) - I(N1)) / (N2 - N1), for kactivator (--driver epoll:
+#                 valgrind does not follow io_uring) over TLS and over plain HTTP, and nginx over
+#                 TLS; the client is Python's ssl module, 10 keep-alive connections, requests one
+#                 at a time (the client's own work is not counted)
+#
+# Usage: bash benches/load/tls.sh [--rounds N] [--duration SECS] [--idle N] [--callgrind]
 #   KACTIVATOR_BIN=/path/to/kactivator measures that binary (default: a release build)
 set -euo pipefail
 
 rounds=3
 duration=10
 idle=1000
+callgrind=0
 while (($#)); do
   case $1 in
+    --callgrind) callgrind=1; shift ;;
     --rounds) rounds=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --idle) idle=$2; shift 2 ;;
@@ -116,6 +124,69 @@ EOF
 
 taskset -c 1 nginx -p "$work" -e "$work/backend.err" -c "$work/backend.conf" &
 pids+=($!)
+
+# === instructions per request (--callgrind) ===
+if ((callgrind)); then
+  command -v valgrind >/dev/null || { log "--callgrind needs valgrind"; exit 1; }
+  N1=2000
+  N2=10000
+  # client.py SCHEME PORT N: N requests over 10 keep-alive connections, one at a time.
+  cat >"$work/client.py" <<'PYEOF'
+import socket, ssl, sys
+scheme, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+context = ssl.create_default_context()
+context.check_hostname = False
+context.verify_mode = ssl.CERT_NONE
+context.set_alpn_protocols(["http/1.1"])
+def connect():
+    raw = socket.create_connection(("127.0.0.1", port))
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return context.wrap_socket(raw, server_hostname="bench.test") if scheme == "https" else raw
+conns = [connect() for _ in range(10)]
+request = b"GET / HTTP/1.1\r\nHost: bench\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: bench\r\n\r\n"
+for i in range(n):
+    s = conns[i % 10]
+    s.sendall(request)
+    got = b""
+    while not (b"\r\n\r\n" in got and got.endswith(b"ok")):
+        chunk = s.recv(65536)
+        if not chunk:
+            sys.exit("closed")
+        got += chunk
+PYEOF
+  # total NAME N SCHEME PORT CMD...: I(N) of CMD under callgrind on cpu0 after N requests.
+  total() {
+    local name=$1 n=$2 scheme=$3 port=$4 pid out="$work/$1-$2.callgrind"
+    shift 4
+    taskset -c 0 valgrind --tool=callgrind "--callgrind-out-file=$out" "$@" 2>"$work/$name-$n.log" &
+    pid=$!
+    for _ in $(seq 600); do
+      curl -sk --max-time 2 -o /dev/null "${ROUTE[@]}" "$scheme://127.0.0.1:$port/" && break
+      sleep 0.2
+    done
+    taskset -c 1 python3 "$work/client.py" "$scheme" "$port" "$n" || { log "$name: the client failed"; exit 1; }
+    if [[ $name == nginx* ]]; then kill -QUIT "$pid"; else
+      curl -s -o /dev/null --max-time 120 -X POST "http://127.0.0.1:$KACT_ADMIN/quitquitquit" || true
+    fi
+    wait "$pid" || true
+    awk '/^totals:/ { print $2 }' "$out"
+  }
+  ROUTE=(-H "Knative-Serving-Namespace: default" -H "Knative-Serving-Revision: bench")
+  kact=("$KACTIVATOR_BIN" --config "$work/kactivator.toml" --shards 1 --driver epoll --drain-grace-seconds 0)
+  printf '\n%-20s %14s %14s %12s\n' proxy "I(N1=$N1)" "I(N2=$N2)" "per request"
+  for row in "kactivator https" "kactivator http" "nginx https"; do
+    counts=()
+    for n in $N1 $N2; do
+      case $row in
+        "kactivator https") counts+=("$(total kact-tls "$n" https $KACT "${kact[@]}")") ;;
+        "kactivator http") counts+=("$(total kact-plain "$n" http $KACT_PLAIN "${kact[@]}")") ;;
+        "nginx https") counts+=("$(total nginx-tls "$n" https $NGINX nginx -p "$work" -e "$work/proxy.err" -c "$work/proxy.conf")") ;;
+      esac
+    done
+    printf '%-20s %14s %14s %12s\n' "$row" "${counts[0]}" "${counts[1]}" $(((counts[1] - counts[0]) / (N2 - N1)))
+  done
+  exit 0
+fi
 taskset -c 0 nginx -p "$work" -e "$work/proxy.err" -c "$work/proxy.conf" &
 nginx_pid=$!
 pids+=($nginx_pid)
