@@ -117,7 +117,7 @@ pub(super) async fn exchange<S: ByteStream, U: PodStream>(
     let upstream_writer = Cell::new(Some(upstream.writer));
     // Late (`LATE_AFTER` in), the client is read ahead and the first-byte deadline armed; an
     // exchange done sooner arms no timer at all.
-    let ticket = shard.late.enter(Instant::now());
+    let ticket = shard.late.enter::<S>(Instant::now());
     let (received, sent, tail_written, mut upstream) = {
         let send = send_request(
             request_out,
@@ -202,7 +202,7 @@ pub(super) async fn exchange<S: ByteStream, U: PodStream>(
             // A connection told the request ended early is not clean.
             let reusable = done.upstream_reusable && !client_left.get();
             if let Some(upstream) = upstream.take_if(|_| reusable) {
-                U::pool(shard).checkin(upstream);
+                U::pool(shard).checkin::<S>(upstream);
             }
             if held.take().is_some_and(Held::give_back) {
                 // The slot went to a request queued on this shard: its bytes reach the pod

@@ -73,7 +73,7 @@ impl<'c, S: ByteStream> H1Front<'c, S> {
 
 impl<S: ByteStream> Front for H1Front<'_, S> {
     type Headers<'h>
-        = H1Headers<'h>
+        = H1Headers<'h, S>
     where
         Self: 'h;
     type Watch<'w>
@@ -82,11 +82,8 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
         Self: 'w;
 
     #[inline]
-    fn headers(&self) -> H1Headers<'_> {
-        H1Headers {
-            head: &self.conn.head,
-            buf: self.conn.inbuf.data(),
-        }
+    fn headers(&self) -> H1Headers<'_, S> {
+        H1Headers::new(&self.conn.head, self.conn.inbuf.data())
     }
 
     #[inline]
@@ -141,16 +138,13 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
     fn prepare(&mut self, edits: Edits) {
         let conn = &mut *self.conn;
         let buf = conn.inbuf.data();
-        let fields = H1Headers {
-            head: &conn.head,
-            buf,
-        };
+        let fields = H1Headers::<S>::new(&conn.head, buf);
         conn.request_id.clear();
         if let Some(id) = policy::run_id(&fields).or_else(|| fields.get(headers::REQUEST_ID)) {
             conn.request_id.push_str(&String::from_utf8_lossy(id));
         }
         conn.request_out.clear();
-        self.host_at = rewrite::write_request_head(
+        self.host_at = rewrite::write_request_head::<S>(
             &conn.head,
             buf,
             &conn.peer.ip,
@@ -194,7 +188,7 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
         });
         match pod.tls() {
             None => {
-                let upstream = shard.pool.checkout(addr, &(), shard.stats()).await;
+                let upstream = shard.pool.checkout::<S>(addr, &(), shard.stats()).await;
                 exchange_on(shard, conn, upstream, host_line, meta, deadlines, held).await
             }
             // Boxed and out of line: the plain path's future and code stay as they were
@@ -222,7 +216,10 @@ async fn attempt_tls<S: ByteStream>(
     deadlines: &Deadlines,
     held: &mut Option<Held<'_>>,
 ) -> Attempt {
-    let upstream = shard.tls_pool.checkout(addr, &tls, shard.stats()).await;
+    let upstream = shard
+        .tls_pool
+        .checkout::<S>(addr, &tls, shard.stats())
+        .await;
     exchange_on(shard, conn, upstream, host_line, meta, deadlines, held).await
 }
 

@@ -3,6 +3,7 @@
 //! a caller's buffer, so the steady state allocates nothing.
 
 use std::io::Write;
+use std::marker::PhantomData;
 
 use kactivator_api::headers;
 use kactivator_h1::{name_eq, BodyKind, HeaderSpan, RequestHead, ResponseHead, Version};
@@ -11,13 +12,28 @@ use crate::fields::RequestHeaders;
 use crate::request::answer::Answer;
 use crate::request::policy::{self, AddedField, Edits, WaitNote};
 
-/// An HTTP/1 request head as the request path reads it.
-pub(super) struct H1Headers<'a> {
+/// An HTTP/1 request head as the request path reads it. `S`, the client's stream, is only a
+/// name: the helpers generic over the headers (the roles' hooks, the probe answers, the
+/// priority class) get one copy per kind of client connection, so the plain path's copies keep
+/// a single caller and LLVM keeps inlining them there (BENCHMARKS.md, issue 38).
+pub(super) struct H1Headers<'a, S = ()> {
     pub(super) head: &'a RequestHead,
     pub(super) buf: &'a [u8],
+    pub(super) stream: PhantomData<fn() -> S>,
 }
 
-impl RequestHeaders for H1Headers<'_> {
+impl<'a, S> H1Headers<'a, S> {
+    #[inline]
+    pub(super) fn new(head: &'a RequestHead, buf: &'a [u8]) -> H1Headers<'a, S> {
+        H1Headers {
+            head,
+            buf,
+            stream: PhantomData,
+        }
+    }
+}
+
+impl<S> RequestHeaders for H1Headers<'_, S> {
     #[inline]
     fn get(&self, name: &str) -> Option<&[u8]> {
         self.head.header(self.buf, name)
@@ -47,8 +63,11 @@ const PROXY_REQUEST_LINE: &[u8] = b"K-Proxy-Request: activator\r\n";
 /// * the queue-proxy's: the revision headers removed; `Host` the client's, or
 ///   `K-Original-Host`'s (which goes); `X-Forwarded-For` with the client appended; the
 ///   `Forwarded` shim. The head is whole: `None` is returned.
+///
+/// `S`: the client's stream, only a name (see [`H1Headers`]).
 #[inline]
-pub fn write_request_head(
+#[allow(clippy::extra_unused_type_parameters)] // a name per kind of client connection
+pub fn write_request_head<S>(
     head: &RequestHead,
     buf: &[u8],
     client_ip: &[u8],
@@ -56,9 +75,9 @@ pub fn write_request_head(
     out: &mut Vec<u8>,
 ) -> Option<usize> {
     match edits {
-        Edits::Activator => Some(write_head::<false>(head, buf, client_ip, out)),
+        Edits::Activator => Some(write_head::<false, S>(head, buf, client_ip, out)),
         Edits::QueueProxy => {
-            write_head::<true>(head, buf, client_ip, out);
+            write_head::<true, S>(head, buf, client_ip, out);
             None
         }
     }
@@ -68,7 +87,7 @@ pub fn write_request_head(
 /// the request line, the fields by the one writer of the edits (`policy::write_fields`), then
 /// HTTP/1's own framing.
 #[inline]
-fn write_head<const QUEUE_PROXY: bool>(
+fn write_head<const QUEUE_PROXY: bool, S>(
     head: &RequestHead,
     buf: &[u8],
     client_ip: &[u8],
@@ -80,7 +99,7 @@ fn write_head<const QUEUE_PROXY: bool>(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let host_at = out.len();
     // Its authority is the codec's: an absolute-form target's, else Host.
-    let view = H1Headers { head, buf };
+    let view = H1Headers::<S>::new(head, buf);
     let mut sink = HeadSink {
         out,
         connection_named: connection_tokens(head, buf),
@@ -530,7 +549,7 @@ mod tests {
             Ok(Parsed::Complete)
         ));
         let mut out = Vec::new();
-        let host_at = write_request_head(
+        let host_at = write_request_head::<()>(
             &head,
             raw.as_bytes(),
             b"192.168.1.9",
@@ -550,7 +569,7 @@ mod tests {
             Ok(Parsed::Complete)
         ));
         let mut out = Vec::new();
-        let host_at = write_request_head(
+        let host_at = write_request_head::<()>(
             &head,
             raw.as_bytes(),
             b"127.0.0.1",

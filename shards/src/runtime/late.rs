@@ -53,7 +53,10 @@ struct Slot {
 
 impl Lateness {
     /// A ticket for an exchange starting `now`; it becomes late at `now + LATE_AFTER`.
-    pub fn enter(&self, now: Instant) -> Ticket<'_> {
+    /// `C`: the client's stream, only a name: one copy per kind of client connection, so the
+    /// plain path's keeps a single caller (`http1::rewrite::H1Headers`).
+    #[allow(clippy::extra_unused_type_parameters)] // a name per kind of client connection
+    pub fn enter<C>(&self, now: Instant) -> Ticket<'_> {
         let due = now + LATE_AFTER;
         let mut inner = self.inner.borrow_mut();
         let slot = match inner.free.pop() {
@@ -226,7 +229,7 @@ mod tests {
     fn a_ticket_becomes_late_at_its_due_time_and_not_before() {
         let set = Lateness::default();
         let start = Instant::now();
-        let ticket = set.enter(start);
+        let ticket = set.enter::<()>(start);
         let (woken, waker) = counter();
         assert_eq!(poll_late(&ticket, &waker), Poll::Pending);
         assert_eq!(set.next_due(), Some(start + LATE_AFTER));
@@ -242,8 +245,8 @@ mod tests {
     fn tickets_become_late_in_the_order_they_were_taken() {
         let set = Lateness::default();
         let start = Instant::now();
-        let first = set.enter(start);
-        let second = set.enter(start + Duration::from_millis(2));
+        let first = set.enter::<()>(start);
+        let second = set.enter::<()>(start + Duration::from_millis(2));
         let (_, waker) = counter();
         assert_eq!(poll_late(&first, &waker), Poll::Pending);
         assert_eq!(poll_late(&second, &waker), Poll::Pending);
@@ -261,13 +264,13 @@ mod tests {
         let set = Lateness::default();
         let start = Instant::now();
         let (woken, waker) = counter();
-        let early = set.enter(start);
+        let early = set.enter::<()>(start);
         assert_eq!(poll_late(&early, &waker), Poll::Pending);
-        let behind = set.enter(start + Duration::from_millis(1));
+        let behind = set.enter::<()>(start + Duration::from_millis(1));
         drop(early);
         // The slot is reused by a later ticket; the old place in the queue must not make it
         // late at the old time.
-        let reuser = set.enter(start + Duration::from_millis(3));
+        let reuser = set.enter::<()>(start + Duration::from_millis(3));
         assert_eq!(poll_late(&reuser, &waker), Poll::Pending);
         assert_eq!(
             set.expire(start + LATE_AFTER),
@@ -288,7 +291,7 @@ mod tests {
         let set = Lateness::default();
         let start = Instant::now();
         for step in 0..10_000u64 {
-            let ticket = set.enter(start + Duration::from_micros(step));
+            let ticket = set.enter::<()>(start + Duration::from_micros(step));
             drop(ticket);
         }
         assert_eq!(set.queued(), 0);

@@ -155,14 +155,17 @@ impl<D: Connector> Pool<D> {
     /// An idle connection to `addr` if a live one exists, else a new one. The idle one is taken
     /// when this is called, not when it is awaited: the common case is then plain code that
     /// inlines into the caller, whose future only carries the rare dial.
+    ///
+    /// `C`: the client's stream, only a name: each kind of client connection gets its own
+    /// copy, so the plain path's keeps one caller and stays inlined (`http1::rewrite::H1Headers`).
     #[inline(always)]
-    pub fn checkout<'a>(
+    pub fn checkout<'a, C>(
         &'a self,
         addr: SocketAddr,
         target: &'a D::Target,
         stats: &'a ShardStats,
     ) -> impl Future<Output = Result<UpstreamConn<D::Stream>, UpstreamError>> + 'a {
-        let idle = self.take_idle(addr, stats);
+        let idle = self.take_idle::<C>(addr, stats);
         if idle.is_some() {
             stats.upstream_reuses.increment();
         }
@@ -194,7 +197,12 @@ impl<D: Connector> Pool<D> {
         Ok(UpstreamConn::new(addr, stream))
     }
 
-    fn take_idle(&self, addr: SocketAddr, stats: &ShardStats) -> Option<UpstreamConn<D::Stream>> {
+    #[allow(clippy::extra_unused_type_parameters)] // a name per kind of client connection
+    fn take_idle<C>(
+        &self,
+        addr: SocketAddr,
+        stats: &ShardStats,
+    ) -> Option<UpstreamConn<D::Stream>> {
         let mut idle = self.idle.borrow_mut();
         let conns = idle.get_mut(&addr)?;
         let now = Instant::now();
@@ -211,7 +219,9 @@ impl<D: Connector> Pool<D> {
 
     /// Returns a connection whose exchange finished cleanly. It is kept whatever the number
     /// idle: a request that comes while the others are busy finds it rather than dialing.
-    pub fn checkin(&self, mut conn: UpstreamConn<D::Stream>) {
+    /// `C`: the client's stream, only a name (see [`Pool::checkout`]).
+    #[allow(clippy::extra_unused_type_parameters)] // a name per kind of client connection
+    pub fn checkin<C>(&self, mut conn: UpstreamConn<D::Stream>) {
         if !conn.inbuf.is_empty() {
             // Unconsumed bytes mean we lost track of framing: never reuse.
             return;
@@ -319,15 +329,15 @@ mod tests {
             let stats = ShardStats::new(0);
             let pool = Pool::new(PoolConfig::default(), SealedConnector::default());
 
-            let first = pool.checkout(addr, &(), &stats).await.unwrap();
+            let first = pool.checkout::<()>(addr, &(), &stats).await.unwrap();
             assert!(!first.reused);
             let (pods_end, _) = pod.accept().unwrap();
             let socket = first.socket();
-            pool.checkin(first);
-            let again = pool.checkout(addr, &(), &stats).await.unwrap();
+            pool.checkin::<()>(first);
+            let again = pool.checkout::<()>(addr, &(), &stats).await.unwrap();
             assert!(again.reused, "the idle connection is taken again");
             assert_eq!(pool.connector.dials.get(), 1);
-            pool.checkin(again);
+            pool.checkin::<()>(again);
 
             drop(pods_end);
             let until = Instant::now() + Duration::from_secs(1);
@@ -335,7 +345,7 @@ mod tests {
                 assert!(Instant::now() < until, "the pod's close never arrived");
                 std::thread::yield_now();
             }
-            let fresh = pool.checkout(addr, &(), &stats).await.unwrap();
+            let fresh = pool.checkout::<()>(addr, &(), &stats).await.unwrap();
             assert!(
                 !fresh.reused,
                 "a connection the pod closed is not handed out"
