@@ -357,6 +357,25 @@ where
         }
     }
 
+    /// A vectored read: into the first iovec, as monoio's own streams without `readv` do.
+    async fn readv_into<T: IoVecBufMut>(
+        &mut self,
+        mut buf: T,
+        cancel: Option<CancelHandle>,
+    ) -> BufResult<usize, T> {
+        // SAFETY: the raw buffer is the first iovec of `buf`, which is held here until the read
+        // has returned.
+        let Some(raw) = (unsafe { RawBuf::new_from_iovec_mut(&mut buf) }) else {
+            return (Ok(0), buf);
+        };
+        let (result, _) = self.read_into(raw, cancel).await;
+        if let Ok(n) = result {
+            // SAFETY: `n` bytes of the first iovec were written.
+            unsafe { buf.set_init(n) };
+        }
+        (result, buf)
+    }
+
     async fn write_slices(&mut self, slices: &[io::IoSlice<'_>]) -> io::Result<usize> {
         let n = self.engine.session.writer().write_vectored(slices)?;
         self.flush_records().await?;
@@ -390,18 +409,8 @@ where
         self.read_into(buf, None)
     }
 
-    async fn readv<T: IoVecBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
-        // SAFETY: the raw buffer is the first iovec of `buf`, which is held here until the read
-        // has returned.
-        let Some(raw) = (unsafe { RawBuf::new_from_iovec_mut(&mut buf) }) else {
-            return (Ok(0), buf);
-        };
-        let (result, _) = self.read_into(raw, None).await;
-        if let Ok(n) = result {
-            // SAFETY: `n` bytes of the first iovec were written.
-            unsafe { buf.set_init(n) };
-        }
-        (result, buf)
+    fn readv<T: IoVecBufMut>(&mut self, buf: T) -> impl Future<Output = BufResult<usize, T>> {
+        self.readv_into(buf, None)
     }
 }
 
@@ -418,21 +427,12 @@ where
         self.read_into(buf, Some(cancel))
     }
 
-    async fn cancelable_readv<T: IoVecBufMut>(
+    fn cancelable_readv<T: IoVecBufMut>(
         &mut self,
-        mut buf: T,
+        buf: T,
         cancel: CancelHandle,
-    ) -> BufResult<usize, T> {
-        // SAFETY: as in `readv`.
-        let Some(raw) = (unsafe { RawBuf::new_from_iovec_mut(&mut buf) }) else {
-            return (Ok(0), buf);
-        };
-        let (result, _) = self.read_into(raw, Some(cancel)).await;
-        if let Ok(n) = result {
-            // SAFETY: as in `readv`.
-            unsafe { buf.set_init(n) };
-        }
-        (result, buf)
+    ) -> impl Future<Output = BufResult<usize, T>> {
+        self.readv_into(buf, Some(cancel))
     }
 }
 
