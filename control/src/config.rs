@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_shards::http2::{
@@ -636,10 +635,10 @@ pub struct RevisionTls {
     /// Default: none.
     #[serde(default)]
     pub require_name: Option<String>,
-    /// `ca`'s bytes, read when the file is loaded ([`Config::load`]); a changed CA file is read
-    /// with the next change of the configuration file.
+    /// The client built from `ca` when the file is loaded ([`Config::load`]), once; a changed
+    /// CA file is read with the next change of the configuration file.
     #[serde(skip)]
-    pub ca_pem: Option<Arc<[u8]>>,
+    pub loaded: Option<crate::tls::PodTls>,
 }
 
 /// `[revisions.priority]`: how a revision's waiting requests are ordered.
@@ -929,13 +928,14 @@ impl Config {
                 position: None,
                 message: format!("{what}: cannot read: {error}"),
             })?;
-            crate::tls::PodTls::new(&what, &pem, &tls.server_name, tls.require_name.as_deref())
-                .map_err(|error| ConfigError {
-                    source: None,
-                    position: None,
-                    message: error.to_string(),
-                })?;
-            tls.ca_pem = Some(Arc::from(pem));
+            let loaded =
+                crate::tls::PodTls::new(&what, &pem, &tls.server_name, tls.require_name.as_deref())
+                    .map_err(|error| ConfigError {
+                        source: None,
+                        position: None,
+                        message: error.to_string(),
+                    })?;
+            tls.loaded = Some(loaded);
         }
         Ok(())
     }

@@ -652,7 +652,10 @@ fn revision_tls_needs_quarantine_off_and_a_ca_that_loads() {
     std::fs::write(&file, format!("{off}{}", revision(&ca_file))).unwrap();
     let config = Config::load(&file).unwrap();
     let tls = config.revisions[0].tls.as_ref().unwrap();
-    assert_eq!(tls.ca_pem.as_deref(), Some(ca.pem().as_bytes()));
+    assert_eq!(
+        tls.loaded.as_ref().map(|pod| &*pod.ca_pem),
+        Some(ca.pem().as_bytes())
+    );
     let spec = crate::sources::file::revision_spec(&config.revisions[0]).unwrap();
     assert_eq!(
         spec.tls.as_ref().map(|tls| tls.require_name.as_deref()),

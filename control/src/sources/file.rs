@@ -18,11 +18,10 @@ use kactivator_api::RevisionKey;
 use kactivator_shards::routing::RevisionLabels;
 
 use super::ControlMetrics;
-use crate::config::{Config, ConfigError, RevisionConfig, RevisionTls};
+use crate::config::{Config, ConfigError, RevisionConfig};
 use crate::features;
 use crate::pod_state::Gates;
 use crate::state::{Activators, OmissionScope, Op, RevisionSpec};
-use crate::tls::PodTls;
 use crate::worker::WorkerHandle;
 
 /// The activator set the configuration describes; `pod_ip` (`POD_IP`) is this activator's
@@ -43,7 +42,9 @@ pub fn revision_spec(revision: &RevisionConfig) -> Option<RevisionSpec> {
     let key = RevisionKey::new(&revision.namespace, &revision.name).ok()?;
     let tls = match &revision.tls {
         None => None,
-        Some(tls) => Some(Box::new(pod_tls(tls)?)),
+        // Built by `Config::load`; a configuration that did not come through it has none, and
+        // its TLS revisions are refused (by `view`), never dialled in plain.
+        Some(tls) => Some(Box::new(tls.loaded.clone()?)),
     };
     Some(RevisionSpec {
         labels: RevisionLabels {
@@ -63,20 +64,6 @@ pub fn revision_spec(revision: &RevisionConfig) -> Option<RevisionSpec> {
         cluster_ip: revision.cluster_ip,
         tls,
     })
-}
-
-/// The client a `[revisions.tls]` makes; `Config::load` read its CA and built it once already,
-/// so it builds. A configuration that did not come through `load` has no CA bytes: its TLS
-/// revisions are refused (by `view`), never dialled in plain.
-fn pod_tls(tls: &RevisionTls) -> Option<PodTls> {
-    let pem = tls.ca_pem.as_ref()?;
-    PodTls::new(
-        &tls.ca.display().to_string(),
-        pem,
-        &tls.server_name,
-        tls.require_name.as_deref(),
-    )
-    .ok()
 }
 
 /// The file's view as one batch, and the revisions it declares. Revisions in
