@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
@@ -17,7 +16,7 @@ use kactivator_testkit::backend::BackendConfig;
 use kactivator_testkit::certs::TestCa;
 use kactivator_testkit::grpc::{spawn_grpc_on, GrpcHandle};
 use kactivator_testkit::ports::free_port;
-use support::queue_proxy::{knative_env, QueueProxy};
+use support::queue_proxy::{knative_env, start_with_certs};
 use support::{eventually, exit_within};
 
 /// The name Knative's activator puts in SNI and verifies.
@@ -56,10 +55,6 @@ fn curl_tls(port: u16, ca: &Path, extra: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn tls_port(env: &HashMap<String, String>) -> u16 {
-    env["QUEUE_SERVING_TLS_PORT"].parse().unwrap()
-}
-
 #[test]
 fn with_the_certificate_mounted_the_tls_port_serves_beside_the_plain_one_and_follows_rotation() {
     let certs = support::scratch_dir();
@@ -68,19 +63,7 @@ fn with_the_certificate_mounted_the_tls_port_serves_beside_the_plain_one_and_fol
     mount(&ca, &certs);
     let user_port = free_port();
     let _user = user_container(user_port);
-    let env = knative_env(user_port, free_port(), 0);
-    let port = tls_port(&env);
-    let proxy = QueueProxy::start_with(
-        env,
-        &[
-            "--drain-grace-seconds",
-            "1",
-            "--certs-dir",
-            certs.to_str().unwrap(),
-            "--certs-reload-seconds",
-            "1",
-        ],
-    );
+    let (proxy, port) = start_with_certs(user_port, &certs, &["--certs-reload-seconds", "1"]);
     // HTTP/1.1, h2 by ALPN, and h2 by prior knowledge without ALPN (Knative's activator).
     for (extra, reached_over) in [
         (&["--http1.1"][..], "HTTP/1.1"),
@@ -165,17 +148,7 @@ fn the_activator_reaches_a_queue_proxy_over_tls_as_knative_does() {
     mount(&ca, &certs);
     let user_port = free_port();
     let _user = user_container(user_port);
-    let env = knative_env(user_port, free_port(), 0);
-    let port = tls_port(&env);
-    let _proxy = QueueProxy::start_with(
-        env,
-        &[
-            "--drain-grace-seconds",
-            "1",
-            "--certs-dir",
-            certs.to_str().unwrap(),
-        ],
-    );
+    let (_proxy, port) = start_with_certs(user_port, &certs, &[]);
     let pod: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let tls = |require: &str| {
         format!(

@@ -13,7 +13,7 @@ use kactivator_testkit::backend::BackendConfig;
 use kactivator_testkit::certs::TestCa;
 use kactivator_testkit::grpc::spawn_grpc_on;
 use kactivator_testkit::ports::free_port;
-use support::queue_proxy::{knative_env, QueueProxy};
+use support::queue_proxy::{start_with_certs, QueueProxy};
 
 /// Builds the Go peer into `dir` (Go's standard library only).
 fn go_peer(dir: &Path) -> PathBuf {
@@ -55,18 +55,7 @@ fn queue_proxy(certs: &Path, ca: &TestCa) -> (QueueProxy, u16) {
         )
         .expect("user container"),
     );
-    let env = knative_env(user_port, free_port(), 0);
-    let port: u16 = env["QUEUE_SERVING_TLS_PORT"].parse().unwrap();
-    let proxy = QueueProxy::start_with(
-        env,
-        &[
-            "--drain-grace-seconds",
-            "1",
-            "--certs-dir",
-            certs.to_str().unwrap(),
-        ],
-    );
-    (proxy, port)
+    start_with_certs(user_port, certs, &[])
 }
 
 #[test]

@@ -288,3 +288,23 @@ exec "$@""#;
         .arg(env!("CARGO_BIN_EXE_kactivator"));
     command
 }
+
+/// The queue-proxy with Knative's environment for a user container on `user_port` and `certs`
+/// as the directory Knative mounts `serving-certs` in (a one-second quiet period, then `extra`
+/// flags); with the pair there, it serves TLS on the port this returns.
+pub fn start_with_certs(
+    user_port: u16,
+    certs: &std::path::Path,
+    extra: &[&str],
+) -> (QueueProxy, u16) {
+    let env = knative_env(user_port, free_port(), 0);
+    let tls_port = env["QUEUE_SERVING_TLS_PORT"].parse().unwrap();
+    let mut args = vec![
+        "--drain-grace-seconds",
+        "1",
+        "--certs-dir",
+        certs.to_str().expect("a UTF-8 path"),
+    ];
+    args.extend_from_slice(extra);
+    (QueueProxy::start_with(env, &args), tls_port)
+}
