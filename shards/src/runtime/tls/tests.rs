@@ -159,59 +159,52 @@ fn requests_and_answers_cross_both_ways_with_the_halves_apart_and_bodies_across_
     );
 }
 
-#[test]
-fn a_client_that_does_not_trust_the_certificate_fails_the_handshake_on_both_sides() {
-    let pki_ = pki("pod.test");
-    let other = pki("pod.test");
-    let server = server_config(&pki_, &[]);
+/// Both sides of a handshake on loopback, ours each: the client trusting `ca` and naming `name`.
+fn handshake_both(
+    server: Arc<ServerConfig>,
+    ca: &CertificateDer<'static>,
+    name: &'static str,
+) -> (
+    std::io::Result<super::ClientTls>,
+    std::io::Result<super::ServerTls>,
+) {
+    let client = client_config(ca);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     reactor().block_on(async move {
         let dialed = TcpStream::connect_addr(addr).await.unwrap();
         let socket = accepted(&listener).await;
-        let (client, server) = futures_util::future::join(
-            connect(
-                client_config(&other.ca),
-                ServerName::try_from("pod.test").unwrap(),
-                dialed,
-            ),
+        futures_util::future::join(
+            connect(client, ServerName::try_from(name).unwrap(), dialed),
             accept(server, socket),
         )
-        .await;
-        let client = client.err().expect("an untrusted certificate is refused");
-        assert!(
-            client.to_string().contains("UnknownIssuer"),
-            "the client names why: {client}"
-        );
-        let server = server.err().expect("the server sees the client's alert");
-        assert!(
-            server.to_string().contains("UnknownCA") || server.to_string().contains("alert"),
-            "{server}"
-        );
-    });
+        .await
+    })
+}
+
+#[test]
+fn a_client_that_does_not_trust_the_certificate_fails_the_handshake_on_both_sides() {
+    let pki_ = pki("pod.test");
+    let other = pki("pod.test");
+    let (client, server) = handshake_both(server_config(&pki_, &[]), &other.ca, "pod.test");
+    let client = client.err().expect("an untrusted certificate is refused");
+    assert!(
+        client.to_string().contains("UnknownIssuer"),
+        "the client names why: {client}"
+    );
+    let server = server.err().expect("the server sees the client's alert");
+    assert!(
+        server.to_string().contains("UnknownCA") || server.to_string().contains("alert"),
+        "{server}"
+    );
 }
 
 #[test]
 fn a_certificate_for_another_name_is_refused() {
     let pki = pki("pod.test");
-    let server = server_config(&pki, &[]);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    reactor().block_on(async move {
-        let dialed = TcpStream::connect_addr(addr).await.unwrap();
-        let socket = accepted(&listener).await;
-        let (client, _) = futures_util::future::join(
-            connect(
-                client_config(&pki.ca),
-                ServerName::try_from("other.test").unwrap(),
-                dialed,
-            ),
-            accept(server, socket),
-        )
-        .await;
-        let error = client.err().expect("the name is checked");
-        assert!(error.to_string().contains("not valid for name"), "{error}");
-    });
+    let (client, _) = handshake_both(server_config(&pki, &[]), &pki.ca, "other.test");
+    let error = client.err().expect("the name is checked");
+    assert!(error.to_string().contains("not valid for name"), "{error}");
 }
 
 #[test]
