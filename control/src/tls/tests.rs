@@ -64,28 +64,29 @@ fn handshake(
     .unwrap();
     let mut server = ServerConnection::new(server).unwrap();
     for _ in 0..10 {
-        let mut wire = Vec::new();
-        client.write_tls(&mut wire).unwrap();
-        server
-            .read_tls(&mut &wire[..])
-            .map_err(|e| format!("server: {e}"))?;
-        server
-            .process_new_packets()
-            .map_err(|e| format!("server: {e}"))?;
-        let mut wire = Vec::new();
-        server.write_tls(&mut wire).unwrap();
-        client
-            .read_tls(&mut &wire[..])
-            .map_err(|e| format!("client: {e}"))?;
-        client
-            .process_new_packets()
-            .map_err(|e| format!("client: {e}"))?;
+        pump(&mut client, &mut server, "server")?;
+        pump(&mut server, &mut client, "client")?;
         if !client.is_handshaking() && !server.is_handshaking() {
             let leaf = client.peer_certificates().unwrap()[0].clone().into_owned();
             return Ok((leaf, client));
         }
     }
     Err("the handshake did not finish".into())
+}
+
+/// Moves what `from` has to send into `to`; an error is `to`'s, named `side`.
+fn pump<A, B>(
+    from: &mut rustls::ConnectionCommon<A>,
+    to: &mut rustls::ConnectionCommon<B>,
+    side: &str,
+) -> Result<(), String> {
+    let mut wire = Vec::new();
+    from.write_tls(&mut wire).unwrap();
+    to.read_tls(&mut &wire[..])
+        .map_err(|e| format!("{side}: {e}"))?;
+    to.process_new_packets()
+        .map_err(|e| format!("{side}: {e}"))?;
+    Ok(())
 }
 
 fn alpn() -> Vec<String> {
