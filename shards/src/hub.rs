@@ -465,15 +465,7 @@ fn serve_tls(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::
             http2::server::take_over(front_shard, stream, read, peer).await;
         }
     };
-    // The plain path's spawn (`serve`), written out again rather than shared: a shared generic
-    // helper cost the plain connection task its inlined poll (BENCHMARKS.md, issue 38).
-    let shard = shard.clone();
-    monoio::spawn(contain::catching(connection).map(move |served| {
-        drop(open);
-        if let Err(panic) = served {
-            contain::record(shard.stats(), "a TLS connection", &*panic);
-        }
-    }));
+    spawn_connection(shard, open, connection);
 }
 
 /// Serves one accepted connection with its front, its panics contained to it: HTTP/1, or
@@ -505,6 +497,17 @@ fn serve(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::Sock
             Served::Closed => None,
         })
     });
+    spawn_connection(shard, open, connection);
+}
+
+/// Runs a connection's future as a task of its own, its panics contained to it, counted among
+/// the open connections until it ends.
+#[inline(always)]
+fn spawn_connection<T: 'static>(
+    shard: &Rc<Shard>,
+    open: OpenConnection,
+    connection: impl Future<Output = T> + 'static,
+) {
     let shard = shard.clone();
     monoio::spawn(contain::catching(connection).map(move |served| {
         // Counted out when the task ends (or is dropped).
