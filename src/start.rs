@@ -112,6 +112,11 @@ fn check_kubernetes_config(config: &Config) -> Result<(), ConfigError> {
             "cluster.peers",
             "the endpoints of knative-serving's activator-service",
         ),
+        (
+            config.listen.tls.is_some(),
+            "[listen.tls]",
+            "the routing-serving-certs Secret when config-network turns system-internal-tls on",
+        ),
     ];
     for (set, what, owner) in owned {
         if set {
@@ -459,21 +464,26 @@ pub fn run_as(
             shard.push(listener);
         }
     }
-    // The TLS data port: its certificates load before anything listens (a first load that
-    // fails stops start-up, as upstream's queue-proxy does), then one listener per shard.
+    // The control thread's runtime exists before the shards: the configuration's first view
+    // goes through the state worker like every later change, and is in every shard's channel
+    // before a shard starts. Watching Kubernetes, the cluster is asked first what it wants of
+    // the TLS data port.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("control")
+        .build()?;
+    let pod_ip = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());
+    let kubernetes = if kubernetes {
+        let tunables = default_tunables(&config)?;
+        Some(runtime.block_on(connect_kubernetes(&config, pod_ip, tunables))?)
+    } else {
+        None
+    };
     let files = setup
         .server_tls
         .take()
         .or_else(|| config.listen.tls.as_ref().map(server_files));
-    let server_tls = match (config.listen.https, files) {
-        (Some(addr), Some(files)) => {
-            let (server_config, contents) = files.load()?;
-            let bound = reactor::bind_listeners(addr, placement.shards)
-                .map_err(|source| StartError::Bind { addr, source })?;
-            Some((files, server_config, contents, bound))
-        }
-        _ => None,
-    };
+    let tls_port = tls_port(&mut config, files, kubernetes.as_ref(), placement.shards)?;
     let admin_listener =
         reactor::bind_listener(config.listen.admin).map_err(|source| StartError::Bind {
             addr: config.listen.admin,
@@ -495,7 +505,10 @@ pub fn run_as(
     }
     // What readiness waits for (the autoscaler link when there is one), written by the control
     // thread and read by /readyz and by kubelet probes on the data port.
-    let readiness = Arc::new(Readiness::new(config.autoscaler.url.is_some(), kubernetes));
+    let readiness = Arc::new(Readiness::new(
+        config.autoscaler.url.is_some(),
+        kubernetes.is_some(),
+    ));
     let settings = Arc::new(ShardSettings {
         report_load: config.autoscaler.url.is_some(),
         readiness: readiness.clone(),
@@ -522,33 +535,23 @@ pub fn run_as(
         (0..placement.shards).map(|_| flume::unbounded()).unzip();
     let publisher = Publisher::new(senders);
     // Queued before the shards start: their first TLS handshake already has certificates.
-    let (tls_watch, mut tls_listeners) = match server_tls {
-        Some((files, server_config, contents, bound)) => {
-            publisher.broadcast(ShardCommand::ServerTls(Some(server_config)));
-            let watch = kactivator_control::tls::files::watch(files, contents, publisher.clone());
-            (
-                Some(watch),
-                bound.into_iter().map(|listener| vec![listener]).collect(),
-            )
+    // From the cluster, they come when its Secret is listed.
+    let (tls_watch, mut tls_listeners) = match tls_port {
+        TlsPort::Files {
+            files,
+            first,
+            contents,
+            bound,
+        } => {
+            publisher.broadcast(first);
+            let watch = kactivator_control::tls::files::watch(*files, contents, publisher.clone());
+            (Some(watch), per_shard(bound))
         }
-        None => (None, Vec::new()),
+        TlsPort::Cluster { bound } => (None, per_shard(bound)),
+        TlsPort::None => (None, Vec::new()),
     };
     let (control_link, from_shards) = ControlLink::channel();
     let process_queue = Arc::new(ProcessQueue::new(config.proxy.max_queued_requests));
-    // The control thread's runtime exists before the shards: the configuration's first view
-    // goes through the state worker like every later change, and is in every shard's channel
-    // before a shard starts.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .thread_name("control")
-        .build()?;
-    let pod_ip = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());
-    let kubernetes = if kubernetes {
-        let tunables = default_tunables(&config)?;
-        Some(runtime.block_on(connect_kubernetes(&config, pod_ip, tunables))?)
-    } else {
-        None
-    };
     let mut control = ControlPlane::new(ControlInputs {
         shards: placement.shards,
         config: config.clone(),
@@ -662,6 +665,77 @@ pub fn run_as(
     }
     tracing::info!("drained; bye");
     Ok(())
+}
+
+/// The TLS data port, as start-up leaves it for the shards.
+enum TlsPort {
+    None,
+    /// Certificates from files, looked at again every so often.
+    Files {
+        files: Box<ServerFiles>,
+        /// The shards' first command: the certificates loaded.
+        first: ShardCommand,
+        contents: kactivator_control::tls::files::Contents,
+        bound: Vec<std::net::TcpListener>,
+    },
+    /// Knative's `system-internal-tls`: the certificate comes from the cluster.
+    Cluster {
+        bound: Vec<std::net::TcpListener>,
+    },
+}
+
+/// One listener in each shard's list.
+fn per_shard(bound: Vec<std::net::TcpListener>) -> Vec<Vec<std::net::TcpListener>> {
+    bound.into_iter().map(|listener| vec![listener]).collect()
+}
+
+/// Decides and binds the TLS data port:
+/// * certificates in files (`[listen.tls]`, or the queue-proxy's mounted pair) are loaded before
+///   anything listens (a first load that fails stops start-up, as upstream's queue-proxy does);
+/// * watching a cluster whose `config-network` turns `system-internal-tls` on, the port is
+///   `listen.https`, by default Knative's 8112, and its certificate comes from the
+///   `routing-serving-certs` Secret;
+/// * `listen.https` with neither is refused.
+fn tls_port(
+    config: &mut Config,
+    files: Option<ServerFiles>,
+    kubernetes: Option<&KubeSource>,
+    shards: usize,
+) -> Result<TlsPort, StartError> {
+    let bind = |addr| {
+        reactor::bind_listeners(addr, shards).map_err(|source| StartError::Bind { addr, source })
+    };
+    let from_cluster = kubernetes.is_some_and(|source| source.internal_tls.is_some());
+    match (config.listen.https, files) {
+        (Some(addr), Some(files)) => {
+            let (server_config, contents) = files.load()?;
+            Ok(TlsPort::Files {
+                files: Box::new(files),
+                first: ShardCommand::ServerTls(Some(server_config)),
+                contents,
+                bound: bind(addr)?,
+            })
+        }
+        (https, _) if from_cluster => {
+            let addr = https.unwrap_or(reactor::any_address(
+                kactivator_control::tls::KNATIVE_POD_TLS_PORT,
+            ));
+            config.listen.https = Some(addr);
+            Ok(TlsPort::Cluster { bound: bind(addr)? })
+        }
+        (Some(_), _) => Err(StartError::Config(ConfigError {
+            source: Some("listen.https".into()),
+            position: None,
+            message: if kubernetes.is_some() {
+                "is served with config-network's system-internal-tls on, which this cluster \
+                 does not turn on; remove it"
+                    .into()
+            } else {
+                "listen.https needs [listen.tls] with its certificates".into()
+            },
+        })),
+        (None, _) => Ok(TlsPort::None),
+    }
 }
 
 /// The TLS data port's files and settings as `[listen.tls]` gives them.

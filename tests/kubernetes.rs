@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use kactivator_testkit::apiserver::ApiServer;
 use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
+use kactivator_testkit::certs;
 use kactivator_testkit::knative::{self, ServiceType};
 use kactivator_testkit::podnet::PodNet;
 use support::ipv6::Ipv6Net;
@@ -1034,37 +1035,415 @@ fn the_priority_annotation_orders_the_revisions_waiting_requests() {
     assert_eq!(pod.stats().max_in_flight, 1);
 }
 
-/// Knative's `system-internal-tls` asks the activator for TLS on 8112 (from the
-/// `routing-serving-certs` Secret) and for TLS to queue-proxies; that side is not built, so an
-/// activator in such a cluster does not come up serving plain as though nothing were asked:
-/// it stops, saying so, as upstream stops on a value it cannot read. Off, it serves.
-#[test]
-fn system_internal_tls_on_stops_the_activator_naming_what_is_not_built() {
-    let cluster = Cluster::start(Listing::Endpoints);
-    let network = |data: &str| {
-        cluster.api.apply_yaml(&format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-network\n  namespace: knative-serving\ndata:\n{data}"
-        ))
-    };
-    for (data, said) in [
+// === system-internal-tls (issue 38, `reference/tls.md` §2, §5) ===
+
+/// The names Knative's certificates carry: the activator's (`kn-routing`, checked by
+/// ingresses) and the one both sides share.
+const ROUTING_NAME: &str = "kn-routing";
+const DATA_PLANE_NAME: &str = "data-plane.knative.dev";
+
+/// A pod under system-internal-tls: kactivator's queue-proxy of revision `default/<revision>`
+/// at a new address of `net`, plain on 8012 (where the activator probes it) and TLS on 8112
+/// with `serving` as Knative mounts `serving-certs`, in front of an app inside the namespace.
+struct TlsPod {
+    ip: IpAddr,
+    proxy: support::queue_proxy::QueueProxy,
+    _app: kactivator_testkit::grpc::GrpcHandle,
+    net_name: String,
+}
+
+fn tls_pod(net: &PodNet, revision: &str, serving: &certs::Issued) -> TlsPod {
+    let ip = net.add_address();
+    let certs = support::scratch_dir();
+    serving.write(&certs, "tls");
+    let user_port = kactivator_testkit::ports::free_port();
+    let mut env = support::queue_proxy::knative_env(user_port, POD_PORT, 0);
+    env.insert("SERVING_REVISION".into(), revision.into());
+    env.insert("SERVING_POD_IP".into(), ip.to_string());
+    env.insert(
+        "QUEUE_SERVING_TLS_PORT".into(),
+        kactivator_control::tls::KNATIVE_POD_TLS_PORT.to_string(),
+    );
+    let (app, proxy) = net.inside(|| {
+        // HTTP/1.1 and h2c on one port: the queue-proxy passes HTTP/2 on as h2c.
+        let app = kactivator_testkit::grpc::spawn_grpc_on(
+            SocketAddr::from(([127, 0, 0, 1], user_port)),
+            BackendConfig::named(format!("{revision}-app")),
+        )
+        .expect("the app");
+        let args = ["--drain-grace-seconds", "1", "--certs-dir"];
+        let mut args: Vec<&str> = args.to_vec();
+        args.push(certs.to_str().expect("UTF-8"));
         (
-            "  system-internal-tls: Enabled\n",
-            "turns system-internal-tls on: the activator's side of it",
-        ),
-        ("  internal-encryption: \"true\"\n", "turns system-internal-tls on"),
-        (
-            "  system-internal-tls: sometimes\n",
-            "system-internal-tls with value: \"sometimes\" in config-network ConfigMap is not supported",
-        ),
-    ] {
-        network(data);
-        let mut activator = cluster.spawn_activator(None, "");
-        assert!(
-            activator.wait_exit(Duration::from_secs(15)).is_some_and(|code| code != 0),
-            "{data}: it started"
-        );
-        assert!(activator.stderr().contains(said), "{data}: {}", activator.stderr());
+            app,
+            support::queue_proxy::QueueProxy::start_with(env, &args),
+        )
+    });
+    TlsPod {
+        ip,
+        proxy,
+        _app: app,
+        net_name: net.namespace().to_string(),
     }
-    network("  system-internal-tls: Disabled\n  internal-encryption: \"false\"\n");
-    let _serving = cluster.activator();
+}
+
+impl TlsPod {
+    /// TLS handshakes the queue-proxy completed on its TLS port.
+    fn handshakes(&self, net: &PodNet) -> f64 {
+        assert_eq!(net.namespace(), self.net_name);
+        net.inside(|| {
+            self.proxy
+                .metric("kactivator_shard_tls_handshakes_total", &[])
+        })
+    }
+}
+
+/// An ingress request over TLS to the activator's TLS port as Kourier sends it for an HTTP/1
+/// revision (verifying `kn-routing` against `ca`, HTTP/1.1), for `default/<revision>`:
+/// `(curl ok, stdout with headers, stderr)`.
+fn ingress(https: SocketAddr, ca: &std::path::Path, revision: &str) -> (bool, String, String) {
+    ingress_with(https, ca, revision, "--http1.1")
+}
+
+fn ingress_with(
+    https: SocketAddr,
+    ca: &std::path::Path,
+    revision: &str,
+    version: &str,
+) -> (bool, String, String) {
+    let port = https.port();
+    let output = std::process::Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "20", version, "--cacert"])
+        .arg(ca)
+        .args([
+            "--resolve",
+            &format!("{ROUTING_NAME}:{port}:{}", https.ip()),
+        ])
+        .args(["-H", "Knative-Serving-Namespace: default"])
+        .args(["-H", &format!("Knative-Serving-Revision: {revision}")])
+        .arg(format!("https://{ROUTING_NAME}:{port}/"))
+        .output()
+        .expect("curl is installed");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+impl Cluster {
+    /// An activator with its TLS data port on a free loopback port (Knative's is 8112).
+    fn spawn_tls_activator(&self) -> (Activator, SocketAddr) {
+        self.spawn_tls_activator_with(&[])
+    }
+
+    /// [`Cluster::spawn_tls_activator`] with more environment.
+    fn spawn_tls_activator_with(&self, env: &[(&str, &str)]) -> (Activator, SocketAddr) {
+        let https = SocketAddr::from(([127, 0, 0, 1], kactivator_testkit::ports::free_port()));
+        let endpoints = match self.listing {
+            Listing::Endpoints => "endpoints",
+            Listing::Slices => "auto",
+        };
+        let settings = format!(
+            "[kubernetes]\nendpoints = \"{endpoints}\"\nprobe_interval_ms = 50\n\n\
+             [health]\nprobe_interval_ms = 100\nsettled_probe_interval_ms = 100\n"
+        );
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let activator = Activator::prepare_listen(&settings, "", &format!("https = \"{https}\""))
+            .spawn_args(
+                &[
+                    "--shards",
+                    "2",
+                    "--source",
+                    "kubernetes",
+                    "--autoscaler-url",
+                    "",
+                ],
+                &[
+                    &[
+                        ("KUBECONFIG", kubeconfig.as_str()),
+                        ("SYSTEM_NAMESPACE", "knative-serving"),
+                    ],
+                    env,
+                ]
+                .concat(),
+            );
+        (activator, https)
+    }
+}
+
+/// Done-when of issue 38: a cluster set up as Knative's system-internal TLS routes ingress →
+/// kactivator's activator (TLS port) → kactivator's queue-proxy (8112) → app. Until
+/// `routing-serving-certs` exists the activator runs, not ready, saying why (upstream crash
+/// loops); the plain ports keep serving; a rotated certificate serves new handshakes with no
+/// request failing meanwhile.
+#[test]
+fn system_internal_tls_routes_ingress_to_activator_to_queue_proxy_over_tls() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    cluster.api.apply_yaml(&knative::config_network(&[(
+        "system-internal-tls",
+        "Enabled",
+    )]));
+    let dir = support::scratch_dir();
+    let ca = certs::TestCa::new("knative-selfsigned-ca");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let pod = tls_pod(
+        &cluster.net,
+        "secure",
+        &ca.issue(&["kn-user-default", DATA_PLANE_NAME]),
+    );
+    cluster.revision("secure", 0);
+    cluster.endpoints("secure", &[pod.ip], &[]);
+
+    let (activator, https) = cluster.spawn_tls_activator();
+    // No Secret yet: up, not ready, and saying why.
+    let said = eventually(Duration::from_secs(15), || {
+        support::admin_get(activator.admin, "/readyz")
+            .is_some_and(|(status, body)| status != 200 && body.contains("no certificate"))
+    });
+    assert!(
+        said,
+        "readiness: {:?}\n{}",
+        support::admin_get(activator.admin, "/readyz"),
+        activator.stderr()
+    );
+    assert!(
+        activator
+            .stderr()
+            .contains("routing-serving-certs not found"),
+        "{}",
+        activator.stderr()
+    );
+
+    let activator_pair = ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
+    cluster.api.apply_yaml(&knative::routing_serving_certs(
+        &activator_pair.chain,
+        &activator_pair.key,
+        ca.pem(),
+    ));
+    let activator = activator.until_ready();
+    let (ok, out, err) = ingress(https, &ca_file, "secure");
+    assert!(ok, "{err}\n{}", activator.stderr());
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("x-backend: secure-app"), "{out}");
+    // HTTP/2 by ALPN too (an ingress in front of an h2c revision).
+    let (ok, out, err) = ingress_with(https, &ca_file, "secure", "--http2");
+    assert!(ok && out.starts_with("HTTP/2 200"), "{out}\n{err}");
+    assert!(out.contains("x-backend: secure-app"), "{out}");
+    // The queue-proxy's leg was TLS: its TLS port completed the activator's handshake.
+    assert!(
+        pod.handshakes(&cluster.net) >= 1.0,
+        "{}",
+        pod.proxy.stderr()
+    );
+    // The plain ports stay (upstream cannot turn them off).
+    assert_eq!(status(&activator, "secure", "/"), 200);
+
+    // Rotation to a certificate of a new CA (cert-manager renews with a new key): while an
+    // ingress trusting both opens a new connection per request, none fails, and the new
+    // certificate is served.
+    let next_ca = certs::TestCa::new("knative-selfsigned-ca-2");
+    let both = dir.join("both.pem");
+    std::fs::write(&both, format!("{}{}", ca.pem(), next_ca.pem())).unwrap();
+    let next_file = next_ca.write(&dir, "next.pem");
+    assert!(
+        !ingress(https, &next_file, "secure").0,
+        "the new CA is not served yet"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (stop, both) = (stop.clone(), both.clone());
+        std::thread::spawn(move || {
+            let mut results = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                results.push(ingress(https, &both, "secure"));
+            }
+            results
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let rotated = next_ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
+    cluster.api.apply_yaml(&knative::routing_serving_certs(
+        &rotated.chain,
+        &rotated.key,
+        ca.pem(),
+    ));
+    let served = eventually(Duration::from_secs(10), || {
+        ingress(https, &next_file, "secure").0
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let results = load.join().unwrap();
+    assert!(
+        served,
+        "the rotated certificate was never served: {}",
+        activator.stderr()
+    );
+    assert!(results.len() >= 3, "{} requests", results.len());
+    for (ok, out, err) in &results {
+        assert!(*ok && out.starts_with("HTTP/1.1 200"), "{out}\n{err}");
+    }
+    assert!(activator
+        .stderr()
+        .contains("the certificate changed; new TLS handshakes use it"));
+}
+
+/// The activator dials queue-proxies as upstream's does: the certificate must chain to the
+/// Secret's `ca.crt` or a `networking.knative.dev/trust-bundle` ConfigMap and carry
+/// `kn-user-<namespace>`; a pod that fails is never reached in plain instead, and the log says
+/// why in upstream's words. A bundle added later is trusted for new connections.
+#[test]
+fn queue_proxies_are_verified_by_namespace_and_trust_bundle() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    cluster.api.apply_yaml(&knative::config_network(&[(
+        "system-internal-tls",
+        "enabled",
+    )]));
+    let dir = support::scratch_dir();
+    let ca = certs::TestCa::new("knative-selfsigned-ca");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let pair = ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
+    cluster.api.apply_yaml(&knative::routing_serving_certs(
+        &pair.chain,
+        &pair.key,
+        ca.pem(),
+    ));
+    // A pod whose certificate names another namespace.
+    let wrong_name = tls_pod(
+        &cluster.net,
+        "elsewhere",
+        &ca.issue(&["kn-user-other", DATA_PLANE_NAME]),
+    );
+    // A pod whose certificate comes from a CA nobody trusts yet.
+    let other_net = PodNet::new();
+    let other_ca = certs::TestCa::new("team-ca");
+    let untrusted = tls_pod(
+        &other_net,
+        "bundled",
+        &other_ca.issue(&["kn-user-default", DATA_PLANE_NAME]),
+    );
+    for (revision, pod) in [("elsewhere", &wrong_name), ("bundled", &untrusted)] {
+        cluster.revision(revision, 0);
+        cluster.endpoints(revision, &[pod.ip], &[]);
+    }
+    let (activator, https) = cluster.spawn_tls_activator();
+    let activator = activator.until_ready();
+
+    let (_, out, _) = ingress(https, &ca_file, "elsewhere");
+    assert!(out.starts_with("HTTP/1.1 502"), "{out}");
+    assert!(out.contains("TLS handshake failed"), "{out}");
+    let log = activator.stderr();
+    assert!(
+        log.contains(
+            "san \"kn-user-default\" does not have a matching name in [\"kn-user-other\", \"data-plane.knative.dev\"]"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("dialled={}:8112", wrong_name.ip)),
+        "{log}"
+    );
+    let (_, out, _) = ingress(https, &ca_file, "bundled");
+    assert!(out.starts_with("HTTP/1.1 502"), "{out}");
+    assert_eq!(wrong_name.handshakes(&cluster.net), 0.0);
+    assert_eq!(untrusted.handshakes(&other_net), 0.0);
+
+    cluster.api.apply_yaml(&knative::trust_bundle(
+        "knative-bundle",
+        &[("team.pem", other_ca.pem())],
+    ));
+    let trusted = eventually(Duration::from_secs(10), || {
+        let (ok, out, _) = ingress(https, &ca_file, "bundled");
+        ok && out.starts_with("HTTP/1.1 200")
+    });
+    assert!(trusted, "{}", activator.stderr());
+    assert!(untrusted.handshakes(&other_net) >= 1.0);
+}
+
+/// `system-internal-tls` and its legacy `internal-encryption` are read as upstream reads them
+/// (a value it cannot read stops start-up in its words); the `ACTIVATOR_TLS_*` settings apply
+/// to the TLS data port, and one upstream refuses stops start-up too, naming it; with TLS off,
+/// a TLS port asked for is refused rather than left without certificates.
+#[test]
+fn system_internal_tls_settings_are_read_as_upstream_reads_them() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    let exits = |network: &[(&str, &str)], env: &[(&str, &str)], said: &str| {
+        cluster.api.apply_yaml(&knative::config_network(network));
+        let (mut activator, _) = cluster.spawn_tls_activator_with(env);
+        assert!(
+            activator
+                .wait_exit(Duration::from_secs(15))
+                .is_some_and(|code| code != 0),
+            "{network:?} {env:?}: it started"
+        );
+        assert!(
+            activator.stderr().contains(said),
+            "{said}: {}",
+            activator.stderr()
+        );
+    };
+    exits(
+        &[("system-internal-tls", "sometimes")],
+        &[],
+        "system-internal-tls with value: \"sometimes\" in config-network ConfigMap is not supported",
+    );
+    exits(
+        &[("system-internal-tls", "Enabled")],
+        &[("ACTIVATOR_TLS_MIN_VERSION", "1.1")],
+        "ACTIVATOR_TLS_MIN_VERSION: \"1.1\" is not a TLS version",
+    );
+    exits(
+        &[("system-internal-tls", "disabled")],
+        &[],
+        "listen.https: is served with config-network's system-internal-tls on",
+    );
+
+    // The legacy key turns it on; TLS 1.2 allowed by ACTIVATOR_TLS_MIN_VERSION is served.
+    let dir = support::scratch_dir();
+    let ca = certs::TestCa::new("knative-selfsigned-ca");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let pair = ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
+    cluster.api.apply_yaml(&knative::routing_serving_certs(
+        &pair.chain,
+        &pair.key,
+        ca.pem(),
+    ));
+    cluster.api.apply_yaml(&knative::config_network(&[
+        ("system-internal-tls", ""),
+        ("internal-encryption", "true"),
+    ]));
+    let tls12 = |https: SocketAddr| {
+        let port = https.port();
+        std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "-o",
+                "/dev/null",
+                "--max-time",
+                "10",
+                "--tlsv1.2",
+                "--tls-max",
+                "1.2",
+            ])
+            .arg("--cacert")
+            .arg(&ca_file)
+            .args(["--resolve", &format!("{ROUTING_NAME}:{port}:127.0.0.1")])
+            .arg(format!("https://{ROUTING_NAME}:{port}/"))
+            .output()
+            .expect("curl is installed")
+    };
+    let (activator, https) = cluster.spawn_tls_activator();
+    let activator = activator.until_ready();
+    let refused = tls12(https);
+    assert!(!refused.status.success(), "TLS 1.2 served by default");
+    drop(activator);
+    let (activator, https) =
+        cluster.spawn_tls_activator_with(&[("ACTIVATOR_TLS_MIN_VERSION", "1.2")]);
+    let _activator = activator.until_ready();
+    let served = tls12(https);
+    assert!(
+        served.status.success(),
+        "{}",
+        String::from_utf8_lossy(&served.stderr)
+    );
 }

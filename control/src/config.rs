@@ -953,12 +953,6 @@ impl Config {
             }
             return Ok(());
         };
-        let Some(tls) = &listen.tls else {
-            return Err(ConfigError::invalid(
-                spans.table_value("listen", "https"),
-                "listen.https needs [listen.tls] with its certificates".to_string(),
-            ));
-        };
         for (name, other) in [("http", listen.http), ("http2", listen.http2)] {
             let overlap = https.ip() == other.ip()
                 || https.ip().is_unspecified()
@@ -970,6 +964,11 @@ impl Config {
                 ));
             }
         }
+        // Without certificates here, start-up decides: watching a cluster with
+        // system-internal-tls, they come from its Secret; otherwise it is refused.
+        let Some(tls) = &listen.tls else {
+            return Ok(());
+        };
         if tls.certificates.is_empty() {
             return Err(ConfigError::invalid(
                 spans.table_value("listen", "tls"),

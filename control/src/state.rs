@@ -1052,7 +1052,10 @@ impl ControlState {
             gate: entry.gate.clone(),
             queue_depth: spec.queue_depth,
             priority: spec.priority.as_deref().cloned(),
-            upstream_tls: spec.tls.as_ref().map(|tls| tls.built.clone()),
+            upstream_tls: spec
+                .tls
+                .as_ref()
+                .map(|tls| tls.upstream(spec.cluster_ip.is_some())),
         };
         self.effects.journal.push(Journal::Route {
             revision: key.clone(),

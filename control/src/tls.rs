@@ -337,27 +337,60 @@ fn apply(base: &CryptoProvider, settings: &TlsSettings) -> Result<CryptoProvider
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
+
+/// Knative's queue-proxy TLS port (`networking.BackendHTTPSPort`), where its activator dials a
+/// pod listed at its plain serving port (`reference/tls.md` §2.3).
+pub const KNATIVE_POD_TLS_PORT: u16 = 8112;
+/// Where Knative's activator dials a revision's private Service over TLS (its `https` port).
+pub const KNATIVE_SERVICE_TLS_PORT: u16 = 443;
+/// The name Knative's activator sends as SNI and verifies (`certificates.LegacyFakeDnsName`).
+pub const KNATIVE_SERVER_NAME: &str = "data-plane.knative.dev";
+/// The name a namespace's queue-proxy certificates carry besides: `kn-user-<namespace>`.
+pub const KNATIVE_USER_NAME_PREFIX: &str = "kn-user-";
+
+/// Ports TLS is dialled on instead of the listed ones (`None`: as listed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsPorts {
+    /// For a pod.
+    pub pod: Option<u16>,
+    /// For a revision's private Service (cluster-IP mode).
+    pub service: Option<u16>,
+}
+
+/// Knative's: pods on 8112, Services on 443.
+pub const KNATIVE_TLS_PORTS: TlsPorts = TlsPorts {
+    pod: Some(KNATIVE_POD_TLS_PORT),
+    service: Some(KNATIVE_SERVICE_TLS_PORT),
+};
 
 /// How a revision's pods are dialled over TLS, as a source describes it (compared by that
 /// description, so a source that says the same again changes nothing), with the client
 /// configuration built from it.
 #[derive(Clone, Debug)]
 pub struct PodTls {
-    /// The trust, as PEM (every certificate in it is a root).
+    /// The trust, as PEM (every certificate in it is a root); empty when nothing is trusted.
     pub ca_pem: Arc<[u8]>,
+    /// Why nothing is trusted, said by every dial (then `ca_pem` is empty).
+    pub untrusted: Option<String>,
     /// Sent as SNI and verified as the certificate's name.
     pub server_name: String,
     /// A DNS name the certificate must carry besides (Knative: `kn-user-<namespace>`).
     pub require_name: Option<String>,
+    pub ports: TlsPorts,
+    /// For dialling a pod.
     pub built: Arc<kactivator_shards::runtime::tls::UpstreamTls>,
+    /// For dialling the revision's private Service.
+    pub built_for_service: Arc<kactivator_shards::runtime::tls::UpstreamTls>,
 }
 
 impl PartialEq for PodTls {
     fn eq(&self, other: &PodTls) -> bool {
         self.ca_pem == other.ca_pem
+            && self.untrusted == other.untrusted
             && self.server_name == other.server_name
             && self.require_name == other.require_name
+            && self.ports == other.ports
     }
 }
 
@@ -366,54 +399,225 @@ impl Eq for PodTls {}
 impl PodTls {
     /// TLS 1.3 (Knative's activator dials its queue-proxies with TLS 1.3 only), no ALPN (as
     /// upstream, which sends HTTP/2 by prior knowledge inside TLS), trusting only `ca_pem`,
-    /// verifying `server_name` and, when given, `require_name` too.
+    /// verifying `server_name` and, when given, `require_name` too; dialled at the listed
+    /// address ([`PodTls::with_ports`] changes that).
     pub fn new(
         source: &str,
         ca_pem: &[u8],
         server_name: &str,
         require_name: Option<&str>,
     ) -> Result<PodTls, TlsError> {
-        let roots = Arc::new(trust(&[(source.to_string(), ca_pem.to_vec())])?);
-        let name = ServerName::try_from(server_name.to_string()).map_err(|_| {
-            TlsError::Settings(format!("{source}: {server_name:?} is not a server name"))
-        })?;
+        let trust = PodTrust::from_pem(source, ca_pem)?;
+        PodTls::trusting(&trust, server_name, require_name)
+    }
+
+    /// As [`PodTls::new`], with a trust already built (shared by many revisions).
+    pub fn trusting(
+        trust: &PodTrust,
+        server_name: &str,
+        require_name: Option<&str>,
+    ) -> Result<PodTls, TlsError> {
+        PodTls::build(trust, server_name, require_name, TlsPorts::default())
+    }
+
+    /// The same, dialled on `ports`.
+    pub fn with_ports(self, ports: TlsPorts) -> PodTls {
+        let at = |port: Option<u16>| {
+            Arc::new(kactivator_shards::runtime::tls::UpstreamTls {
+                config: self.built.config.clone(),
+                server_name: self.built.server_name.clone(),
+                port,
+            })
+        };
+        PodTls {
+            built: at(ports.pod),
+            built_for_service: at(ports.service),
+            ports,
+            ..self
+        }
+    }
+
+    /// What a route dials: the pods, or the revision's private Service.
+    pub fn upstream(&self, to_service: bool) -> Arc<kactivator_shards::runtime::tls::UpstreamTls> {
+        if to_service {
+            self.built_for_service.clone()
+        } else {
+            self.built.clone()
+        }
+    }
+
+    fn build(
+        trust: &PodTrust,
+        server_name: &str,
+        require_name: Option<&str>,
+        ports: TlsPorts,
+    ) -> Result<PodTls, TlsError> {
+        let name = ServerName::try_from(server_name.to_string())
+            .map_err(|_| TlsError::Settings(format!("{server_name:?} is not a server name")))?;
         let required = require_name
             .map(|required| {
-                ServerName::try_from(required.to_string()).map_err(|_| {
-                    TlsError::Settings(format!("{source}: {required:?} is not a DNS name"))
-                })
+                ServerName::try_from(required.to_string())
+                    .map_err(|_| TlsError::Settings(format!("{required:?} is not a DNS name")))
             })
             .transpose()?;
-        let provider = provider();
-        let webpki =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
-                .build()
-                .map_err(|error| TlsError::BadTrust {
-                    what: source.to_string(),
-                    reason: error.to_string(),
-                })?;
-        let verifier: Arc<dyn rustls::client::danger::ServerCertVerifier> = match required {
-            None => webpki,
-            Some(required) => Arc::new(RequireName {
-                inner: webpki,
-                required,
-            }),
-        };
-        let config = rustls::ClientConfig::builder_with_provider(provider)
+        let verifier: Arc<dyn rustls::client::danger::ServerCertVerifier> =
+            match (&trust.verifier, required) {
+                (Ok(webpki), None) => webpki.clone(),
+                (Ok(webpki), Some(required)) => Arc::new(RequireName {
+                    inner: webpki.clone(),
+                    required,
+                }),
+                (Err(reason), _) => Arc::new(TrustNothing {
+                    reason: reason.clone(),
+                    schemes: provider()
+                        .signature_verification_algorithms
+                        .supported_schemes(),
+                }),
+            };
+        let config = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|error| TlsError::Settings(error.to_string()))?
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_no_client_auth();
+        let built = Arc::new(kactivator_shards::runtime::tls::UpstreamTls {
+            config: Arc::new(config),
+            server_name: name,
+            port: None,
+        });
         Ok(PodTls {
-            ca_pem: Arc::from(ca_pem),
+            ca_pem: trust.id.clone(),
+            untrusted: trust.verifier.as_ref().err().cloned(),
             server_name: server_name.to_string(),
             require_name: require_name.map(str::to_string),
-            built: Arc::new(kactivator_shards::runtime::tls::UpstreamTls {
-                config: Arc::new(config),
-                server_name: name,
-            }),
+            ports: TlsPorts::default(),
+            built_for_service: built.clone(),
+            built,
+        }
+        .with_ports(ports))
+    }
+}
+
+/// What pods' certificates must chain to, built once and shared by every revision dialled
+/// with it.
+#[derive(Clone)]
+pub struct PodTrust {
+    /// What it was built from (PEM as a file holds it, or each root's DER), compared to tell a
+    /// change.
+    pub id: Arc<[u8]>,
+    /// The standard verification, or why nothing is trusted.
+    verifier: Result<Arc<rustls::client::WebPkiServerVerifier>, String>,
+}
+
+impl fmt::Debug for PodTrust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PodTrust")
+            .field("untrusted", &self.verifier.as_ref().err())
+            .finish()
+    }
+}
+
+impl PodTrust {
+    /// Every certificate of a PEM bundle is a root; a bundle without one is an error.
+    pub fn from_pem(source: &str, pem: &[u8]) -> Result<PodTrust, TlsError> {
+        let roots = trust(&[(source.to_string(), pem.to_vec())])?;
+        Ok(PodTrust {
+            id: Arc::from(pem),
+            verifier: Ok(webpki_verifier(source, roots)?),
         })
+    }
+
+    /// These roots; none at all trusts nothing, and every dial says `reason_if_none`.
+    pub fn from_roots(
+        roots: &[CertificateDer<'static>],
+        reason_if_none: &str,
+    ) -> Result<PodTrust, TlsError> {
+        let id: Vec<u8> = roots
+            .iter()
+            .flat_map(|root| {
+                let len = (root.len() as u32).to_be_bytes();
+                len.into_iter().chain(root.iter().copied())
+            })
+            .collect();
+        if roots.is_empty() {
+            return Ok(PodTrust {
+                id: Arc::from(id),
+                verifier: Err(reason_if_none.to_string()),
+            });
+        }
+        let mut store = RootCertStore::empty();
+        for root in roots {
+            store
+                .add(root.clone())
+                .map_err(|error| TlsError::BadTrust {
+                    what: "a trusted certificate".into(),
+                    reason: format!("not a usable CA certificate: {error}"),
+                })?;
+        }
+        Ok(PodTrust {
+            id: Arc::from(id),
+            verifier: Ok(webpki_verifier("the trusted certificates", store)?),
+        })
+    }
+
+    /// Why nothing is trusted, if nothing is.
+    pub fn untrusted(&self) -> Option<&str> {
+        self.verifier.as_ref().err().map(String::as_str)
+    }
+}
+
+/// rustls' standard verification against `roots`.
+fn webpki_verifier(
+    source: &str,
+    roots: RootCertStore,
+) -> Result<Arc<rustls::client::WebPkiServerVerifier>, TlsError> {
+    rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|error| TlsError::BadTrust {
+            what: source.to_string(),
+            reason: error.to_string(),
+        })
+}
+
+/// Trusts no certificate, saying why.
+#[derive(Debug)]
+struct TrustNothing {
+    reason: String,
+    schemes: Vec<rustls::SignatureScheme>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for TrustNothing {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Err(rustls::Error::General(self.reason.clone()))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General(self.reason.clone()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General(self.reason.clone()))
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.schemes.clone()
     }
 }
 

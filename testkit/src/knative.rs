@@ -182,3 +182,47 @@ pub fn endpoint_slice(
     yaml.push_str("---\n");
     yaml
 }
+
+/// `config-network` in `knative-serving` with these keys (values quoted).
+pub fn config_network(data: &[(&str, &str)]) -> String {
+    let data: String = data
+        .iter()
+        .map(|(key, value)| format!("  {key}: \"{value}\"\n"))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-network\n  namespace: knative-serving\ndata:\n{data}---\n"
+    )
+}
+
+/// A PEM text as a YAML block scalar, indented by `indent` spaces.
+fn block(text: &str, indent: usize) -> String {
+    let pad = " ".repeat(indent);
+    let mut out = String::from("|\n");
+    for line in text.lines() {
+        let _ = writeln!(out, "{pad}{line}");
+    }
+    out
+}
+
+/// The Secret `knative-serving/routing-serving-certs` as cert-manager writes it for Knative's
+/// system-internal TLS (`reference/tls.md` §5): the activator's chain and key, and the CA.
+pub fn routing_serving_certs(chain: &str, key: &str, ca: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: routing-serving-certs\n  namespace: knative-serving\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: {}  tls.key: {}  ca.crt: {}---\n",
+        block(chain, 4),
+        block(key, 4),
+        block(ca, 4)
+    )
+}
+
+/// A ConfigMap of `knative-serving` labelled `networking.knative.dev/trust-bundle` (value
+/// `"true"`, as upstream's e2e test labels `knative-bundle`), one key per PEM bundle.
+pub fn trust_bundle(name: &str, bundles: &[(&str, &str)]) -> String {
+    let data: String = bundles
+        .iter()
+        .map(|(key, pem)| format!("  {key}: {}", block(pem, 4)))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: knative-serving\n  labels:\n    networking.knative.dev/trust-bundle: \"true\"\ndata:\n{data}---\n"
+    )
+}

@@ -6,12 +6,12 @@ use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConnection};
 use super::*;
 
 /// A CA (with a name of its own) and what it issues.
-struct Ca {
-    cert: rcgen::Certificate,
+pub(crate) struct Ca {
+    pub(crate) cert: rcgen::Certificate,
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
 }
 
-fn ca(name: &str) -> Ca {
+pub(crate) fn ca(name: &str) -> Ca {
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -27,7 +27,7 @@ fn ca(name: &str) -> Ca {
 
 impl Ca {
     /// A leaf for `names` as PEM chain and PEM (PKCS#8) key.
-    fn issue(&self, names: &[&str]) -> (String, String) {
+    pub(crate) fn issue(&self, names: &[&str]) -> (String, String) {
         let key = rcgen::KeyPair::generate().unwrap();
         let params =
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
@@ -36,14 +36,14 @@ impl Ca {
         (leaf.pem(), key.serialize_pem())
     }
 
-    fn roots(&self) -> RootCertStore {
+    pub(crate) fn roots(&self) -> RootCertStore {
         let mut roots = RootCertStore::empty();
         roots.add(self.cert.der().clone()).unwrap();
         roots
     }
 }
 
-fn client(roots: RootCertStore) -> ClientConfig {
+pub(crate) fn client(roots: RootCertStore) -> ClientConfig {
     ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .unwrap()
@@ -52,7 +52,7 @@ fn client(roots: RootCertStore) -> ClientConfig {
 }
 
 /// Runs a handshake in memory; the client's view of the server's leaf, or the first error.
-fn handshake(
+pub(crate) fn handshake(
     client: ClientConfig,
     name: &str,
     server: Arc<rustls::ServerConfig>,

@@ -470,6 +470,7 @@ impl LocalRevision {
             Rc::new(UpstreamTls {
                 config: tls.config.clone(),
                 server_name: tls.server_name.clone(),
+                port: tls.port,
             })
         });
         *self.pods.borrow_mut() = route

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 pub const AUTOSCALER_NOT_CONNECTED: &str = kactivator_api::messages::AUTOSCALER_NOT_CONNECTED;
 /// Said while a Kubernetes informer has not applied its first list.
 pub const INFORMERS_SYNCING: &str = "informers have not synced yet";
+/// Said while the TLS data port has no certificate to serve (Knative's `system-internal-tls`
+/// without a usable `routing-serving-certs`).
+pub const NO_CERTIFICATE: &str = "the TLS data port has no certificate to serve yet (see the log)";
 /// Said, by readiness and liveness alike, once a shard thread has died.
 pub const SHARD_DIED: &str = "a shard thread died (see the log); this process must be restarted";
 
@@ -31,6 +34,10 @@ pub struct Readiness {
     /// The Kubernetes source runs: every informer must have applied its first list.
     informers_required: bool,
     informers_synced: AtomicBool,
+    /// The TLS data port's certificate comes from a source that may not have one yet: one
+    /// must be served.
+    certificate_required: AtomicBool,
+    certificate_served: AtomicBool,
     /// Shard threads that ended while they should have been serving (a panic outside the work
     /// `runtime::contain` keeps it to). Their listeners are gone and their connections with
     /// them; the process is not what it claims to be, so liveness fails too.
@@ -60,6 +67,20 @@ impl Readiness {
         self.informers_synced.store(true, Ordering::Release);
     }
 
+    /// From now on, ready needs a served certificate.
+    pub fn require_certificate(&self) {
+        self.certificate_required.store(true, Ordering::Release);
+    }
+
+    /// A certificate is served (from now on: a later bad one keeps this one).
+    pub fn set_certificate_served(&self) {
+        self.certificate_served.store(true, Ordering::Release);
+    }
+
+    pub fn certificate_served(&self) -> bool {
+        self.certificate_served.load(Ordering::Acquire)
+    }
+
     /// Shard `index`'s thread ended by a panic.
     pub fn shard_died(&self, index: usize) {
         self.dead_shards.fetch_add(1, Ordering::AcqRel);
@@ -86,6 +107,9 @@ impl Readiness {
         if self.informers_required && !self.informers_synced.load(Ordering::Acquire) {
             return Some(INFORMERS_SYNCING);
         }
+        if self.certificate_required.load(Ordering::Acquire) && !self.certificate_served() {
+            return Some(NO_CERTIFICATE);
+        }
         if self.autoscaler_required && !self.autoscaler_up.load(Ordering::Acquire) {
             return Some(AUTOSCALER_NOT_CONNECTED);
         }
@@ -108,6 +132,11 @@ mod tests {
         assert_eq!(both.not_ready(), None);
         both.set_autoscaler_up(false);
         assert_eq!(both.not_ready(), Some(AUTOSCALER_NOT_CONNECTED));
+        both.set_autoscaler_up(true);
+        both.require_certificate();
+        assert_eq!(both.not_ready(), Some(NO_CERTIFICATE));
+        both.set_certificate_served();
+        assert_eq!(both.not_ready(), None);
     }
 
     #[test]

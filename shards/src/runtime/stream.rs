@@ -81,6 +81,11 @@ pub trait Connector {
         addr: SocketAddr,
         target: &Self::Target,
     ) -> impl Future<Output = io::Result<Self::Stream>>;
+
+    /// Where a target listed at `addr` is dialled (for logs).
+    fn dial_addr(&self, addr: SocketAddr, _target: &Self::Target) -> SocketAddr {
+        addr
+    }
 }
 
 /// Dials plain TCP, with Nagle off.

@@ -544,6 +544,20 @@ pub struct UpstreamTls {
     pub config: Arc<ClientConfig>,
     /// Sent as SNI and verified against the pod's certificate.
     pub server_name: ServerName<'static>,
+    /// The port TLS is dialled on when it is not the listed one: Knative lists a queue-proxy
+    /// at its plain serving port (8012/8013, where it is probed) and takes TLS on 8112, and a
+    /// private Service at 80 with TLS on 443 (`reference/tls.md` §2.3).
+    pub port: Option<u16>,
+}
+
+impl UpstreamTls {
+    /// Where a target listed at `addr` is dialled.
+    pub fn dial_addr(&self, addr: SocketAddr) -> SocketAddr {
+        match self.port {
+            Some(port) => SocketAddr::new(addr.ip(), port),
+            None => addr,
+        }
+    }
 }
 
 impl std::fmt::Debug for UpstreamTls {
@@ -551,6 +565,7 @@ impl std::fmt::Debug for UpstreamTls {
         f.debug_struct("UpstreamTls")
             .field("server_name", &self.server_name)
             .field("alpn", &self.config.alpn_protocols)
+            .field("port", &self.port)
             .finish()
     }
 }
@@ -565,9 +580,13 @@ impl Connector for TlsDialer {
     type Target = UpstreamTls;
 
     async fn connect(&self, addr: SocketAddr, target: &UpstreamTls) -> io::Result<ClientTls> {
-        let io = TcpStream::connect_addr(addr).await?;
+        let io = TcpStream::connect_addr(target.dial_addr(addr)).await?;
         let _ = io.set_nodelay(true);
         connect(target.config.clone(), target.server_name.clone(), io).await
+    }
+
+    fn dial_addr(&self, addr: SocketAddr, target: &UpstreamTls) -> SocketAddr {
+        target.dial_addr(addr)
     }
 }
 

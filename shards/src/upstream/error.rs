@@ -67,6 +67,9 @@ pub enum TransportCause {
     Unreachable,
     TimedOut,
     BrokenPipe,
+    /// A TLS handshake one side refused (a certificate without the name asked for, an issuer
+    /// not trusted, no common version): the cause is in the log, with the address dialled.
+    TlsHandshake,
     Other(io::ErrorKind),
 }
 
@@ -98,6 +101,7 @@ impl fmt::Display for TransportCause {
             TransportCause::Unreachable => f.write_str("host unreachable"),
             TransportCause::TimedOut => f.write_str("timed out"),
             TransportCause::BrokenPipe => f.write_str("broken pipe"),
+            TransportCause::TlsHandshake => f.write_str("TLS handshake failed (the log says why)"),
             TransportCause::Other(kind) => write!(f, "{kind}"),
         }
     }

@@ -115,15 +115,16 @@ pub(crate) async fn connect<C: Connector>(
         Ok(Ok(stream)) => stream,
         Ok(Err(error)) => {
             stats.upstream_connect_errors.increment();
-            if error.kind() == std::io::ErrorKind::InvalidData {
-                // A TLS handshake refused by either side: the cause's class says too little
-                // (a certificate without the name asked for, an untrusted issuer).
-                tracing::warn!(pod = %addr, "TLS to the pod failed: {error}");
-            }
-            return Err(UpstreamError::Connect {
-                addr,
-                cause: TransportCause::of(&error),
-            });
+            // A dial that connected and then failed on its data is a TLS handshake refused by
+            // either side: its class says too little, so the cause goes to the log.
+            let cause = if error.kind() == std::io::ErrorKind::InvalidData {
+                let dialled = connector.dial_addr(addr, target);
+                tracing::warn!(pod = %addr, %dialled, "TLS to the pod failed: {error}");
+                TransportCause::TlsHandshake
+            } else {
+                TransportCause::of(&error)
+            };
+            return Err(UpstreamError::Connect { addr, cause });
         }
         Err(_elapsed) => {
             stats.upstream_connect_errors.increment();

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, BoxStream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Secret, Service};
 use kactivator_api::RevisionKey;
 use kactivator_shards::metrics::AllShardStats;
 use kactivator_shards::runtime::readiness::Readiness;
@@ -40,7 +40,8 @@ use tokio::sync::{mpsc, Semaphore};
 
 use super::backends::{MeshMode, Outcome, ProbeJob};
 use super::backoff::WatchBackoff;
-use super::model::{EndpointsSeen, MissingSlices, Model, ObjectId};
+use super::internal_tls::{InternalTls, Served, ROUTING_SERVING_CERTS, TRUST_BUNDLE_LABEL};
+use super::model::{EndpointsSeen, MissingSlices, Model, ObjectId, TlsChanged};
 use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL};
 use crate::config::EndpointsKind;
 use crate::features::Tunables;
@@ -51,7 +52,9 @@ use crate::sources::probe::{self, ProbeResult};
 use crate::sources::prober::PROBE_CONCURRENCY;
 use crate::sources::PeersSender;
 use crate::state::Op;
+use crate::tls::TlsSettings;
 use crate::worker::WorkerHandle;
+use kactivator_shards::routing::ShardCommand;
 
 /// The ConfigMap holding the feature gates and tunables.
 pub const FEATURES_CONFIG_MAP: &str = "config-features";
@@ -99,6 +102,8 @@ pub struct KubeSource {
     pub gates: Gates,
     /// The tunables' values when `config-features` does not set them.
     pub tunables: Tunables,
+    /// `system-internal-tls` is on: the TLS data port's settings (`ACTIVATOR_TLS_*`).
+    pub internal_tls: Option<TlsSettings>,
 }
 
 impl KubeSource {
@@ -113,41 +118,33 @@ impl KubeSource {
     ) -> Result<KubeSource, String> {
         let endpoints = resolve_endpoints(&client, endpoints).await?;
         let network: Api<ConfigMap> = Api::namespaced(client.clone(), &system_namespace);
-        let mesh = match network.get_opt(NETWORK_CONFIG_MAP).await {
+        let (mesh, internal_tls) = match network.get_opt(NETWORK_CONFIG_MAP).await {
             Ok(map) => {
                 let data = map.and_then(|map| map.data).unwrap_or_default();
-                // Refuse what is not built: with system-internal-tls the ingress sends TLS to
-                // the activator's 8112 and upstream dials queue-proxies over TLS; serving plain
-                // would look healthy and carry none of it. A bad value stops upstream too.
-                match crate::tls::system_internal_tls(
+                // Read once, as upstream reads it: turning it on or off needs a restart. A bad
+                // value stops upstream too.
+                let internal_tls = match crate::tls::system_internal_tls(
                     data.get(SYSTEM_INTERNAL_TLS).map(String::as_str),
                     data.get(INTERNAL_ENCRYPTION).map(String::as_str),
                 ) {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        return Err(format!(
-                            "{system_namespace}/{NETWORK_CONFIG_MAP} turns {SYSTEM_INTERNAL_TLS} \
-                             on: the activator's side of it (TLS on 8112 with the \
-                             routing-serving-certs Secret, TLS to queue-proxies) is not built in \
-                             kactivator yet (README: TLS); turn it off or run Knative's \
-                             activator. kactivator's queue-proxy serves its TLS port."
-                        ))
-                    }
+                    Ok(false) => None,
+                    Ok(true) => Some(activator_tls_settings()?),
                     Err(error) => {
                         return Err(format!("{system_namespace}/{NETWORK_CONFIG_MAP}: {error}"))
                     }
-                }
+                };
                 let value = data
                     .get(MESH_COMPATIBILITY_MODE)
                     .cloned()
                     .unwrap_or_default();
-                MeshMode::parse(&value).unwrap_or_else(|| {
+                let mesh = MeshMode::parse(&value).unwrap_or_else(|| {
                     tracing::warn!(
                         "{system_namespace}/{NETWORK_CONFIG_MAP}: {MESH_COMPATIBILITY_MODE} \
                          {value:?} is not auto, enabled or disabled; using auto"
                     );
                     MeshMode::Auto
-                })
+                });
+                (mesh, internal_tls)
             }
             Err(error) => {
                 return Err(format!(
@@ -158,6 +155,7 @@ impl KubeSource {
         tracing::info!(
             endpoints = %endpoints.describe(),
             mesh_compatibility_mode = ?mesh,
+            system_internal_tls = internal_tls.is_some(),
             %system_namespace,
             "watching the cluster"
         );
@@ -169,8 +167,30 @@ impl KubeSource {
             pod_ip,
             gates: Gates::default(),
             tunables,
+            internal_tls,
         })
     }
+
+    /// The watches this source runs, in the order their first lists are applied.
+    fn informers(&self) -> Vec<Informer> {
+        let mut informers = BASE_INFORMERS.to_vec();
+        if self.internal_tls.is_some() {
+            informers.extend([Informer::TlsSecret, Informer::TrustBundles]);
+        }
+        informers
+    }
+}
+
+/// The TLS data port's `ACTIVATOR_TLS_*` settings (Knative 1.21.2+), which upstream reads only
+/// with `system-internal-tls` on, and where a bad one stops start-up.
+fn activator_tls_settings() -> Result<TlsSettings, String> {
+    let settings = crate::tls::settings::read(crate::tls::settings::ACTIVATOR, |key| {
+        std::env::var(key).ok()
+    });
+    if let Some((key, problem)) = settings.problems.first() {
+        return Err(format!("{key}: {problem}"));
+    }
+    Ok(settings)
 }
 
 /// A client from the kubeconfig (`KUBECONFIG`, `~/.kube/config`), else the in-cluster service
@@ -229,7 +249,7 @@ async fn resolve_endpoints(client: &Client, kind: EndpointsKind) -> Result<Endpo
     }
 }
 
-/// The five watches, in the order their first lists are applied.
+/// The watches, in the order their first lists are applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Informer {
     Features,
@@ -237,9 +257,14 @@ enum Informer {
     Services,
     Endpoints,
     Activators,
+    /// With `system-internal-tls`: the `routing-serving-certs` Secret.
+    TlsSecret,
+    /// With `system-internal-tls`: ConfigMaps labelled `networking.knative.dev/trust-bundle`.
+    TrustBundles,
 }
 
-const INFORMERS: [Informer; 5] = [
+/// The watches every Kubernetes source runs.
+const BASE_INFORMERS: [Informer; 5] = [
     Informer::Features,
     Informer::Revisions,
     Informer::Services,
@@ -255,6 +280,8 @@ impl Informer {
             Informer::Services => "services",
             Informer::Endpoints => "endpoints",
             Informer::Activators => ACTIVATOR_SERVICE,
+            Informer::TlsSecret => ROUTING_SERVING_CERTS,
+            Informer::TrustBundles => "trust-bundles",
         }
     }
 }
@@ -282,6 +309,13 @@ enum Item {
         id: ObjectId,
         addresses: objects::Addresses,
         problems: Vec<String>,
+    },
+    /// The `routing-serving-certs` Secret's data.
+    TlsSecret(BTreeMap<String, Vec<u8>>),
+    /// A trust-bundle ConfigMap's data; `None` once it lost the label.
+    TrustBundle {
+        name: String,
+        data: Option<BTreeMap<String, String>>,
     },
 }
 
@@ -410,6 +444,30 @@ fn read_activator_slice(object: DynamicObject) -> Item {
     }
 }
 
+fn read_tls_secret(object: Secret) -> Item {
+    Item::TlsSecret(
+        object
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(key, value)| (key, value.0))
+            .collect(),
+    )
+}
+
+fn read_trust_bundle(object: ConfigMap) -> Item {
+    let labelled = object
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|labels| labels.contains_key(TRUST_BUNDLE_LABEL));
+    Item::TrustBundle {
+        name: object.name_any(),
+        // `data` only, as upstream (`binaryData` is not read).
+        data: labelled.then(|| object.data.unwrap_or_default().into_iter().collect()),
+    }
+}
+
 fn read_features(object: ConfigMap) -> Item {
     Item::Features(object.data.unwrap_or_default().into_iter().collect())
 }
@@ -476,7 +534,7 @@ fn watch_streams(source: &KubeSource) -> BoxStream<'static, Incoming> {
             )
         }
     };
-    stream::select_all([
+    let mut streams = vec![
         changes(
             Informer::Features,
             watcher::watcher(
@@ -503,8 +561,29 @@ fn watch_streams(source: &KubeSource) -> BoxStream<'static, Incoming> {
         ),
         endpoints,
         activators,
-    ])
-    .boxed()
+    ];
+    if source.internal_tls.is_some() {
+        streams.push(changes(
+            Informer::TlsSecret,
+            watcher::watcher(
+                Api::<Secret>::namespaced(client.clone(), &source.system_namespace),
+                watcher::Config::default()
+                    .fields(&format!("metadata.name={ROUTING_SERVING_CERTS}")),
+            )
+            .backoff(WatchBackoff::new()),
+            read_tls_secret,
+        ));
+        streams.push(changes(
+            Informer::TrustBundles,
+            watcher::watcher(
+                Api::<ConfigMap>::namespaced(client.clone(), &source.system_namespace),
+                watcher::Config::default().labels(TRUST_BUNDLE_LABEL),
+            )
+            .backoff(WatchBackoff::new()),
+            read_trust_bundle,
+        ));
+    }
+    stream::select_all(streams).boxed()
 }
 
 /// The source's metrics.
@@ -597,6 +676,8 @@ struct InformerState {
 /// ops and peers go.
 struct InformerLoop {
     model: Model,
+    /// The watches run, in the order their first lists are applied.
+    expected: Vec<Informer>,
     informers: BTreeMap<Informer, InformerState>,
     /// Until every watch has listed: the ops, by informer, for the start-up batch.
     startup: Option<BTreeMap<Informer, Vec<Op>>>,
@@ -738,7 +819,62 @@ impl InformerLoop {
                     .unwrap_or_default();
                 self.features(&data)
             }
+            Informer::TlsSecret => {
+                let data = items.into_iter().find_map(|item| match item {
+                    Item::TlsSecret(data) => Some(data),
+                    _ => None,
+                });
+                if data.is_none() {
+                    tracing::warn!(
+                        "{ROUTING_SERVING_CERTS} not found in the system namespace: \
+                         system-internal-tls needs it with tls.crt, tls.key and ca.crt; no \
+                         TLS handshake succeeds and readiness says so until it is there"
+                    );
+                }
+                let changed = self.model.tls_secret(data.as_ref());
+                self.tls(changed)
+            }
+            Informer::TrustBundles => {
+                let all = items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        Item::TrustBundle {
+                            name,
+                            data: Some(data),
+                        } => Some((name, data)),
+                        _ => None,
+                    })
+                    .collect();
+                let changed = self.model.tls_bundles_listed(all);
+                self.tls(changed)
+            }
         }
+    }
+
+    /// A TLS object's outcome: what the TLS data port serves now, and the ops.
+    fn tls(&self, changed: TlsChanged) -> Vec<Op> {
+        for warning in &changed.warnings {
+            tracing::warn!("system-internal-tls: {warning}");
+        }
+        match changed.served {
+            Served::Unchanged => {}
+            Served::New(config) => {
+                let reloaded = self.readiness.certificate_served();
+                self.publisher
+                    .broadcast(ShardCommand::ServerTls(Some(config)));
+                self.readiness.set_certificate_served();
+                if reloaded {
+                    tracing::info!(
+                        "{ROUTING_SERVING_CERTS}: the certificate changed; new TLS handshakes \
+                         use it"
+                    );
+                } else {
+                    tracing::info!("{ROUTING_SERVING_CERTS}: certificate loaded; TLS is served");
+                }
+            }
+            Served::Kept(problem) => tracing::warn!("system-internal-tls: {problem}"),
+        }
+        changed.ops
     }
 
     fn applied(&mut self, informer: Informer, item: Item) -> Vec<Op> {
@@ -769,6 +905,14 @@ impl InformerLoop {
                 self.set_peers(peers);
                 Vec::new()
             }
+            Item::TlsSecret(data) => {
+                let changed = self.model.tls_secret(Some(&data));
+                self.tls(changed)
+            }
+            Item::TrustBundle { name, data } => {
+                let changed = self.model.tls_bundle(&name, data.as_ref());
+                self.tls(changed)
+            }
         }
     }
 
@@ -797,6 +941,14 @@ impl InformerLoop {
                 self.set_peers(peers);
                 Vec::new()
             }
+            Item::TlsSecret(_) => {
+                let changed = self.model.tls_secret(None);
+                self.tls(changed)
+            }
+            Item::TrustBundle { name, .. } => {
+                let changed = self.model.tls_bundle(&name, None);
+                self.tls(changed)
+            }
         }
     }
 
@@ -814,17 +966,22 @@ impl InformerLoop {
         if let Some(startup) = &mut self.startup {
             startup.entry(informer).or_default().extend(ops);
             if !self.informers.values().all(|state| state.synced)
-                || self.informers.len() < INFORMERS.len()
+                || self.informers.len() < self.expected.len()
             {
                 return;
             }
-            let batch: Vec<Op> = self
-                .startup
-                .take()
-                .unwrap_or_default()
-                .into_values()
-                .flatten()
-                .collect();
+            let mut startup = self.startup.take().unwrap_or_default();
+            // Each revision's spec as the model sees it now, where the revisions' list goes: a
+            // spec made before a later list changed it (config-features' tunables, the TLS
+            // trust) is not the one applied.
+            for ops in startup.values_mut() {
+                ops.retain(|op| !matches!(op, Op::UpsertRevision(_)));
+            }
+            startup
+                .entry(Informer::Revisions)
+                .or_default()
+                .extend(self.model.specs());
+            let batch: Vec<Op> = startup.into_values().flatten().collect();
             let count = batch.len();
             self.apply(batch).await;
             // Ready once every shard serves the first view, not once it is sent: a request let
@@ -864,7 +1021,7 @@ impl InformerLoop {
     }
 
     fn progress(&self) {
-        for informer in INFORMERS {
+        for &informer in &self.expected {
             let state = self.informers.get(&informer);
             if state.is_some_and(|state| state.synced) {
                 continue;
@@ -880,7 +1037,7 @@ impl InformerLoop {
 
     fn gauges(&self) {
         let now = Instant::now();
-        for informer in INFORMERS {
+        for &informer in &self.expected {
             if let Some(at) = self
                 .informers
                 .get(&informer)
@@ -917,9 +1074,15 @@ impl KubeSource {
         stats: AllShardStats,
     ) {
         let mut events = watch_streams(&self);
-        let model = Model::new(self.mesh, self.pod_ip, self.gates, self.tunables);
+        let mut model = Model::new(self.mesh, self.pod_ip, self.gates, self.tunables);
+        if let Some(settings) = &self.internal_tls {
+            model =
+                model.with_internal_tls(InternalTls::new(&self.system_namespace, settings.clone()));
+            readiness.require_certificate();
+        }
         let mut informer_loop = InformerLoop {
             model,
+            expected: self.informers(),
             informers: BTreeMap::new(),
             startup: Some(BTreeMap::new()),
             metrics: KubeMetrics::new(&registry),

@@ -3,5 +3,6 @@
 pub mod backends;
 pub mod backoff;
 pub mod informers;
+pub mod internal_tls;
 pub mod model;
 pub mod objects;

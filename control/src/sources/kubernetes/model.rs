@@ -11,6 +11,7 @@ use kactivator_api::RevisionKey;
 use serde_json::Value;
 
 use super::backends::{Backends, MeshMode, Outcome, ProbeJob, Target};
+use super::internal_tls::{self, InternalTls, Served};
 use super::objects::{self, Addresses, ServiceType, SERVICE_TYPE_LABEL};
 use crate::features::{self, Tunables};
 use crate::pod_state::Gates;
@@ -59,6 +60,26 @@ pub struct Model {
     /// `config-features`' `activator.*` tunables now, and their defaults (absent keys).
     tunables: Tunables,
     default_tunables: Tunables,
+    /// With `system-internal-tls`: the served certificate and the trust for pods.
+    internal_tls: Option<InternalTls>,
+}
+
+/// What a TLS object changed: the ops (every revision's spec again when the trust changed),
+/// what the TLS data port serves, and problems to log.
+pub struct TlsChanged {
+    pub ops: Vec<Op>,
+    pub served: Served,
+    pub warnings: Vec<String>,
+}
+
+impl TlsChanged {
+    fn none() -> TlsChanged {
+        TlsChanged {
+            ops: Vec::new(),
+            served: Served::Unchanged,
+            warnings: Vec::new(),
+        }
+    }
 }
 
 impl Model {
@@ -76,7 +97,75 @@ impl Model {
             gates,
             tunables,
             default_tunables: tunables,
+            internal_tls: None,
         }
+    }
+
+    /// Pods are dialled over TLS as `tls` says, which also serves the TLS data port.
+    pub fn with_internal_tls(mut self, tls: InternalTls) -> Model {
+        self.internal_tls = Some(tls);
+        self
+    }
+
+    /// With `system-internal-tls`, whether a certificate is served.
+    pub fn tls_serving(&self) -> Option<bool> {
+        self.internal_tls.as_ref().map(InternalTls::serving)
+    }
+
+    /// The `routing-serving-certs` Secret as listed or changed (`None`: deleted or absent).
+    pub fn tls_secret(&mut self, data: Option<&BTreeMap<String, Vec<u8>>>) -> TlsChanged {
+        let change = match &mut self.internal_tls {
+            Some(tls) => tls.secret(data),
+            None => return TlsChanged::none(),
+        };
+        self.tls_changed(change)
+    }
+
+    /// Every trust-bundle ConfigMap, as (re)listed.
+    pub fn tls_bundles_listed(
+        &mut self,
+        all: Vec<(String, BTreeMap<String, String>)>,
+    ) -> TlsChanged {
+        let change = match &mut self.internal_tls {
+            Some(tls) => tls.bundles_listed(all),
+            None => return TlsChanged::none(),
+        };
+        self.tls_changed(change)
+    }
+
+    /// One trust-bundle ConfigMap changed (`None`: deleted).
+    pub fn tls_bundle(
+        &mut self,
+        name: &str,
+        data: Option<&BTreeMap<String, String>>,
+    ) -> TlsChanged {
+        let change = match &mut self.internal_tls {
+            Some(tls) => tls.bundle(name, data),
+            None => return TlsChanged::none(),
+        };
+        self.tls_changed(change)
+    }
+
+    fn tls_changed(&mut self, change: internal_tls::Change) -> TlsChanged {
+        // New trust reaches new connections only: each revision's spec is made again.
+        let ops = if change.retrusted {
+            self.specs()
+        } else {
+            Vec::new()
+        };
+        TlsChanged {
+            ops,
+            served: change.served,
+            warnings: change.warnings,
+        }
+    }
+
+    /// Every revision's spec as the model sees it now.
+    pub fn specs(&self) -> Vec<Op> {
+        self.revisions
+            .values()
+            .map(|seen| Op::UpsertRevision(self.routed_spec(seen)))
+            .collect()
     }
 
     pub fn tunables(&self) -> &Tunables {
@@ -123,6 +212,9 @@ impl Model {
         }
         if self.through_service(&seen.spec.key) {
             routed.cluster_ip = self.services.get(&seen.spec.key).copied();
+        }
+        if let Some(tls) = &self.internal_tls {
+            routed.tls = Some(tls.pod_tls(seen.spec.key.namespace()));
         }
         routed
     }
@@ -414,11 +506,7 @@ impl Model {
             || tunables.lb_policy != self.tunables.lb_policy;
         self.tunables = tunables;
         if respec {
-            ops.extend(
-                self.revisions
-                    .values()
-                    .map(|seen| Op::UpsertRevision(self.routed_spec(seen))),
-            );
+            ops.extend(self.specs());
         }
         (ops, warnings)
     }
