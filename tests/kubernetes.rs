@@ -1053,17 +1053,30 @@ struct TlsPod {
 }
 
 fn tls_pod(net: &PodNet, revision: &str, serving: &certs::Issued) -> TlsPod {
-    let ip = net.add_address();
+    tls_pod_at(
+        net,
+        net.add_address(),
+        kactivator_control::tls::KNATIVE_POD_TLS_PORT,
+        revision,
+        serving,
+    )
+}
+
+/// [`tls_pod`] at `ip`, with TLS on `tls_port`.
+fn tls_pod_at(
+    net: &PodNet,
+    ip: IpAddr,
+    tls_port: u16,
+    revision: &str,
+    serving: &certs::Issued,
+) -> TlsPod {
     let certs = support::scratch_dir();
     serving.write(&certs, "tls");
     let user_port = kactivator_testkit::ports::free_port();
     let mut env = support::queue_proxy::knative_env(user_port, POD_PORT, 0);
     env.insert("SERVING_REVISION".into(), revision.into());
     env.insert("SERVING_POD_IP".into(), ip.to_string());
-    env.insert(
-        "QUEUE_SERVING_TLS_PORT".into(),
-        kactivator_control::tls::KNATIVE_POD_TLS_PORT.to_string(),
-    );
+    env.insert("QUEUE_SERVING_TLS_PORT".into(), tls_port.to_string());
     let (app, proxy) = net.inside(|| {
         // HTTP/1.1 and h2c on one port: the queue-proxy passes HTTP/2 on as h2c.
         let app = kactivator_testkit::grpc::spawn_grpc_on(
@@ -1446,4 +1459,50 @@ fn system_internal_tls_settings_are_read_as_upstream_reads_them() {
         "{}",
         String::from_utf8_lossy(&served.stderr)
     );
+}
+
+/// In cluster-IP mode (`mesh-compatibility-mode: enabled`) the activator dials the revision's
+/// private Service over TLS on 443, as upstream does (`pkg/http/proxy.go`); here the Service's
+/// address leads straight to a queue-proxy taking TLS on 443 (kube-proxy's 443 → 8112).
+#[test]
+fn in_mesh_mode_the_private_service_is_dialled_over_tls_on_443() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    cluster.api.apply_yaml(&knative::config_network(&[
+        ("system-internal-tls", "Enabled"),
+        ("mesh-compatibility-mode", "enabled"),
+    ]));
+    let dir = support::scratch_dir();
+    let ca = certs::TestCa::new("knative-selfsigned-ca");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let pair = ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
+    cluster.api.apply_yaml(&knative::routing_serving_certs(
+        &pair.chain,
+        &pair.key,
+        ca.pem(),
+    ));
+    let service_ip = cluster.net.add_service_address();
+    let service = tls_pod_at(
+        &cluster.net,
+        service_ip,
+        kactivator_control::tls::KNATIVE_SERVICE_TLS_PORT,
+        "meshed",
+        &ca.issue(&["kn-user-default", DATA_PLANE_NAME]),
+    );
+    let pod_ip = cluster.net.add_address();
+    cluster.api.apply_yaml(&format!(
+        "{}{}",
+        knative::revision("default", "meshed", 0),
+        knative::private_service_at("default", "meshed", POD_PORT, Some(service_ip))
+    ));
+    cluster.endpoints("meshed", &[pod_ip], &[]);
+    let (activator, https) = cluster.spawn_tls_activator();
+    let activator = activator.until_ready();
+    let (ok, out, err) = ingress(https, &ca_file, "meshed");
+    assert!(
+        ok && out.starts_with("HTTP/1.1 200"),
+        "{out}\n{err}\n{}",
+        activator.stderr()
+    );
+    assert!(out.contains("x-backend: meshed-app"), "{out}");
+    assert!(service.handshakes(&cluster.net) >= 1.0);
 }
