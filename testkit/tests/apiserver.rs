@@ -244,7 +244,8 @@ subsets: []
         ),
         (&["get", "services", "-A"][..], "kubernetes"),
         (&["get", "endpointslices.discovery.k8s.io", "-A"][..], ""),
-        // ConfigMaps only by name, as the source reads them (rbac.yaml's resourceNames).
+        // ConfigMaps of knative-serving, as the source reads them: `config-features` by name,
+        // and (with system-internal-tls) those labelled as trust bundles.
         (
             &[
                 "get",
@@ -253,6 +254,29 @@ subsets: []
                 "knative-serving",
                 "--field-selector",
                 "metadata.name=config-features",
+            ][..],
+            "",
+        ),
+        (
+            &[
+                "get",
+                "configmaps",
+                "-n",
+                "knative-serving",
+                "-l",
+                "networking.knative.dev/trust-bundle",
+            ][..],
+            "",
+        ),
+        // One Secret, by name (rbac.yaml's resourceNames), listed as the watch lists it.
+        (
+            &[
+                "get",
+                "secrets",
+                "-n",
+                "knative-serving",
+                "--field-selector",
+                "metadata.name=routing-serving-certs",
             ][..],
             "",
         ),
@@ -278,8 +302,9 @@ subsets: []
             "--from-literal=a=b",
         ][..],
         &["get", "secrets", "-n", "knative-serving"][..],
+        &["get", "secret", "webhook-certs", "-n", "knative-serving"][..],
+        &["get", "secrets", "-n", "default"][..],
         &["get", "configmaps", "-n", "default"][..],
-        &["get", "configmaps", "-n", "knative-serving"][..],
         &["get", "pods", "-A"][..],
         &[
             "delete",
