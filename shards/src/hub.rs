@@ -29,6 +29,7 @@ use crate::runtime::late;
 use crate::runtime::memory;
 use crate::runtime::reactor::{self, DriverChoice, DriverKind, Reactor};
 use crate::runtime::readiness::Readiness;
+use crate::runtime::stream::ByteStream;
 use crate::runtime::tls;
 use crate::shard::{OpenConnection, Shard, ShardSettings};
 
@@ -427,7 +428,10 @@ fn serve_tls(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::
     let front_shard = shard.clone();
     let head_timeout = shard.settings.head_timeout;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-    let connection = async move {
+    // Boxed, and the rest chained after it: the handshake's state (the accept future, with the
+    // session inside) is given back once it ends instead of sizing the task every open
+    // connection keeps; an HTTP/2 one's state is boxed as on a plain port.
+    let handshake = Box::pin(async move {
         // Until its handshake ends, the connection gives way at the connection cap as an idle
         // one does (the longest waiting first; its read side shut down, the handshake ends):
         // clients that stall their handshakes cannot hold the cap against new ones.
@@ -435,36 +439,46 @@ fn serve_tls(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::
         front_shard.wake_paused_accept();
         let handshake = monoio::time::timeout(head_timeout, tls::accept(config, stream)).await;
         drop(idle);
-        let stream = match handshake {
-            Ok(Ok(stream)) => stream,
+        let stats = front_shard.stats();
+        match handshake {
+            Ok(Ok(stream)) => {
+                stats.tls_handshakes.increment();
+                Some((front_shard, stream))
+            }
             Ok(Err(error)) => {
-                front_shard.stats().tls_handshake_failures.increment();
+                stats.tls_handshake_failures.increment();
                 tracing::debug!(shard = front_shard.index, %peer, "TLS handshake failed: {error}");
-                return;
+                None
             }
             Err(_) => {
-                front_shard.stats().tls_handshake_failures.increment();
+                stats.tls_handshake_failures.increment();
                 tracing::debug!(
                     shard = front_shard.index,
                     %peer,
                     "TLS handshake not done within the head timeout"
                 );
-                return;
+                None
             }
-        };
-        front_shard.stats().tls_handshakes.increment();
-        if stream.session().alpn_protocol() == Some(&b"h2"[..]) {
-            front_shard.stats().connections_accepted.increment();
-            let peer = Rc::new(Peer::of(peer));
-            http2::server::take_over(front_shard, stream, bytes::Bytes::new(), peer).await;
-            return;
         }
-        if let Served::Http2 { stream, read, peer } =
-            http1::serve_connection(front_shard.clone(), stream, peer).await
-        {
-            http2::server::take_over(front_shard, stream, read, peer).await;
-        }
-    };
+    });
+    let connection = handshake.then(move |accepted| {
+        OptionFuture::from(accepted.map(|(front_shard, stream)| {
+            if stream.session().alpn_protocol() == Some(&b"h2"[..]) {
+                front_shard.stats().connections_accepted.increment();
+                let peer = Rc::new(Peer::of(peer));
+                futures_util::future::Either::Left(Box::pin(http2::server::take_over(
+                    front_shard,
+                    stream,
+                    bytes::Bytes::new(),
+                    peer,
+                )))
+            } else {
+                futures_util::future::Either::Right(
+                    serve_http1(front_shard, stream, peer).map(drop),
+                )
+            }
+        }))
+    });
     spawn_connection(shard, open, connection);
 }
 
@@ -475,7 +489,18 @@ fn serve(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::Sock
     // Small writes (heads, frames) must not wait for more.
     let _ = stream.set_nodelay(true);
     let open = OpenConnection::count(shard);
-    let front_shard = shard.clone();
+    let connection = serve_http1(shard.clone(), stream, peer);
+    spawn_connection(shard, open, connection);
+}
+
+/// A connection's HTTP/1 front, and HTTP/2 when it opens with the preface (the front recognises
+/// it and hands the connection back with what it read).
+#[inline(always)]
+fn serve_http1<S: ByteStream>(
+    shard: Rc<Shard>,
+    stream: S,
+    peer: std::net::SocketAddr,
+) -> impl Future<Output = Option<()>> {
     // Combinators rather than `async` blocks: a block that awaits a future it owns keeps it
     // twice (as its capture and as the future it polls), and every open connection pays for
     // that state, idle or not. Tried and measured (issue 37): the HTTP/1 future as the task
@@ -484,20 +509,16 @@ fn serve(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::Sock
     // generic), but an idle HTTP/2 connection then holds 1.4 KB more (17.2 against 15.8 KB:
     // the HTTP/1 task's freed block fragments the pages the idle buffers would give back), and
     // `an_idle_h2c_connection_gives_its_buffers_back_and_serves_on` failed on it.
-    let connection = http1::serve_connection(shard.clone(), stream, peer).then(move |served| {
+    http1::serve_connection(shard.clone(), stream, peer).then(move |served| {
         // Boxed: an HTTP/2 connection's state is far larger than an HTTP/1 one's, and only the
         // connections that turn out to be HTTP/2 pay for it.
         OptionFuture::from(match served {
             Served::Http2 { stream, read, peer } => Some(Box::pin(http2::server::take_over(
-                front_shard,
-                stream,
-                read,
-                peer,
+                shard, stream, read, peer,
             ))),
             Served::Closed => None,
         })
-    });
-    spawn_connection(shard, open, connection);
+    })
 }
 
 /// Runs a connection's future as a task of its own, its panics contained to it, counted among

@@ -3,11 +3,13 @@
 //! [`rustls::ClientConnection`]); this module moves its records through the reactor.
 //!
 //! The shape, in both directions:
-//! * Reading: ciphertext is read from the socket into `Engine::incoming`, fed to rustls a
-//!   piece at a time (rustls takes at most a few KiB per call and stops at 16 KiB of decrypted
-//!   bytes), and decrypted bytes are copied out only when the caller asks. Nothing read is ever
-//!   lost: bytes not yet fed stay in `incoming`, and the whole engine moves with the stream into
-//!   its poll-style form when a connection turns out to speak HTTP/2 ([`poll::TlsPoll`]).
+//! * Reading: once the socket is readable, ciphertext is received straight into rustls' own
+//!   record buffer (a few KiB per call; rustls stops at 16 KiB of decrypted bytes), and
+//!   decrypted bytes are copied out only when the caller asks. A read that must be interruptible
+//!   (monoio's cancelable reads) and the poll-style form go through `Engine::incoming` instead,
+//!   fed to rustls a piece at a time. Nothing read is ever lost: bytes not yet fed stay in
+//!   `incoming`, and the whole engine moves with the stream into its poll-style form when a
+//!   connection turns out to speak HTTP/2 ([`poll::TlsPoll`]).
 //! * Writing: the caller's bytes are sealed into records by rustls and written out whole before
 //!   the write returns, so that the order of records on the wire is the order of writes.
 //!
@@ -16,9 +18,9 @@
 //! holds a borrow of the session across an await. What reading makes rustls want to send after
 //! the handshake (a key update's answer) goes out with the next write.
 //!
-//! Memory: an idle connection holds rustls' session (its 4 KiB record buffer), the small read
-//! buffer of the read in flight, and a small write buffer; larger ones are given back after use
-//! ([`READ_SMALL`], [`READ_LARGE`], [`KEEP_WRITE_BUFFER`]).
+//! Memory: an idle connection holds rustls' session (its 4 KiB record buffer) and a small write
+//! buffer, and waits for its peer with no read buffer of ours; larger ones are given back after
+//! use ([`READ_SMALL`], [`READ_LARGE`] for the buffered reads, [`KEEP_WRITE_BUFFER`]).
 
 // Slices over the caller's rent buffers (see each SAFETY).
 #![allow(unsafe_code)]
@@ -91,6 +93,8 @@ pub(crate) struct Engine<C> {
     closed: bool,
     /// The socket reached its end.
     eof: bool,
+    /// rustls was given bytes (or the end) straight from the socket, not yet processed.
+    unprocessed: bool,
     /// The next socket read asks for this many bytes.
     read_size: usize,
 }
@@ -108,6 +112,7 @@ where
             plaintext: 0,
             closed: false,
             eof: false,
+            unprocessed: false,
             read_size: READ_SMALL,
         }
     }
@@ -122,6 +127,11 @@ where
             }
             if self.closed {
                 return Ok(Next::End);
+            }
+            if self.unprocessed {
+                self.unprocessed = false;
+                self.process()?;
+                continue;
             }
             if self.fed < self.incoming.len() {
                 let mut unread = &self.incoming[self.fed..];
@@ -189,6 +199,23 @@ where
         Ok(())
     }
 
+    /// Gives rustls what the socket `fd` has now, read into rustls' own record buffer;
+    /// `WouldBlock` when it has nothing yet. Only when everything read before was fed.
+    fn receive_now(&mut self, fd: std::os::fd::RawFd) -> io::Result<()> {
+        debug_assert!(self.fed >= self.incoming.len());
+        // Nothing of ours is held while waiting (the buffered path's one is given back).
+        self.incoming = Vec::new();
+        self.fed = 0;
+        let n = self.session.read_tls(&mut ReceiveNow(fd))?;
+        if n == 0 {
+            // rustls saw the end of the stream too: a close without close_notify is seen.
+            self.eof = true;
+        }
+        // Processed by the next `advance`, whose errors send the alert rustls has.
+        self.unprocessed = true;
+        Ok(())
+    }
+
     /// Copies up to `out.len()` decrypted bytes out.
     fn copy_plaintext(&mut self, out: &mut [u8]) -> io::Result<usize> {
         match self.session.reader().read(out) {
@@ -218,6 +245,33 @@ where
             self.session.write_tls(out)?;
         }
         Ok(())
+    }
+}
+
+/// A socket read that does not wait: `recv(2)` with `MSG_DONTWAIT`.
+struct ReceiveNow(std::os::fd::RawFd);
+
+impl Read for ReceiveNow {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            // SAFETY: `buf` is valid for writes of `buf.len()` bytes for this call; the socket
+            // is the stream's, open for as long as the stream is.
+            let n = unsafe {
+                libc::recv(
+                    self.0,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let error = io::Error::last_os_error();
+            if error.kind() != io::ErrorKind::Interrupted {
+                return Err(error);
+            }
+        }
     }
 }
 
@@ -287,12 +341,25 @@ where
         }
     }
 
+    /// Reads more of the peer's records for rustls. Without a cancel handle (an idle
+    /// connection waiting for its next request, a request head, the handshake) the socket is
+    /// read straight into rustls' own record buffer once it is readable: no buffer of ours is
+    /// held while the peer says nothing, and the bytes are copied once. A read that must be
+    /// interruptible without losing data goes through a buffer of ours, as monoio's own reads.
     async fn read_socket(&mut self, cancel: Option<CancelHandle>) -> io::Result<()> {
-        let buffer = self.engine.take_read_buffer();
-        let (result, buffer) = match cancel {
-            Some(cancel) => self.io.cancelable_read(buffer, cancel).await,
-            None => self.io.read(buffer).await,
+        let Some(cancel) = cancel else {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&self.io);
+            loop {
+                match self.engine.receive_now(fd) {
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                        self.io.readable(false).await?
+                    }
+                    done => return done,
+                }
+            }
         };
+        let buffer = self.engine.take_read_buffer();
+        let (result, buffer) = self.io.cancelable_read(buffer, cancel).await;
         result?;
         self.engine.put_read_buffer(buffer)
     }
