@@ -170,22 +170,47 @@ fn the_activator_reaches_a_queue_proxy_over_tls_as_knative_does() {
         "Knative-Serving-Revision: hello",
         "-i",
     ];
-    for (flag, pod_saw) in [
-        ("--http1.1", "HTTP/1.1"),
-        ("--http2-prior-knowledge", "HTTP/2.0"),
-    ] {
-        let url = format!("http://{}/", activator.http);
-        let mut args = route.to_vec();
-        args.extend([flag, url.as_str()]);
-        let (ok, out) = support::curl(&args);
-        let out = String::from_utf8_lossy(&out);
-        assert!(ok, "{flag}: {}", activator.stderr());
-        assert!(
-            out.contains("x-backend: user-container")
-                && out.contains(&format!("x-http-version: {pod_saw}")),
-            "{flag}: {out}"
-        );
-    }
+    let serves = |activator: &support::Activator| {
+        for (flag, pod_saw) in [
+            ("--http1.1", "HTTP/1.1"),
+            ("--http2-prior-knowledge", "HTTP/2.0"),
+        ] {
+            let url = format!("http://{}/", activator.http);
+            let mut args = route.to_vec();
+            args.extend([flag, url.as_str()]);
+            let (ok, out) = support::curl(&args);
+            let out = String::from_utf8_lossy(&out);
+            assert!(ok, "{flag}: {}", activator.stderr());
+            assert!(
+                out.contains("x-backend: user-container")
+                    && out.contains(&format!("x-http-version: {pod_saw}")),
+                "{flag}: {out}\n{}",
+                activator.stderr()
+            );
+        }
+    };
+    serves(&activator);
+    // The file is looked at again (every second) and, changed, read with each revision's TLS
+    // built again: a look that dropped it removed the revision (404 from the first look on).
+    std::thread::sleep(Duration::from_millis(2500));
+    serves(&activator);
+    activator.write_config(
+        &format!(
+            "{quarantine_off}{}{}{}",
+            support::revision("default", "hello", &[pod], ""),
+            tls("kn-user-default"),
+            support::revision("default", "other", &[pod], ""),
+        ),
+        "",
+    );
+    assert!(
+        support::eventually(Duration::from_secs(10), || activator
+            .stderr()
+            .contains("configuration reloaded path")),
+        "{}",
+        activator.stderr()
+    );
+    serves(&activator);
 
     // The same pod for another namespace: its certificate lacks `kn-user-elsewhere`.
     let strict = support::Activator::start(&format!(

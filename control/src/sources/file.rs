@@ -218,7 +218,11 @@ impl FilePoller {
                     position: None,
                     message: format!("not UTF-8: {error}"),
                 })
-                .and_then(Config::parse);
+                .and_then(Config::parse)
+                // As at start-up (`Config::load`): a `[revisions.tls]` revision's client is
+                // built from its CA file, or the file is refused; one without it would be
+                // refused by the state worker and removed.
+                .and_then(|mut config| config.read_revision_tls().map(|()| config));
             match parsed {
                 Ok(config)
                     if std::mem::take(&mut first)
