@@ -154,13 +154,6 @@ alpn = ["http/1.1"]
 [features]
 "activator.pod-quarantine" = "disabled"
 
-# No reload during the run (the first poll is an hour away): a reload reads the file with
-# Config::parse, which does not build [revisions.tls]'s client, and so drops bench-tls as a
-# revision "with TLS to its pods that does not load" (seen 2026-11-29 with 0bd0dc9: the check
-# below passed, then every request to it was a 404 within a second).
-[control]
-watch_interval_ms = 3600000
-
 [[revisions]]
 namespace = "default"
 name = "bench"
