@@ -495,3 +495,100 @@ fn stalled_handshakes_give_way_at_the_connection_cap() {
     let mut byte = [0u8; 1];
     assert!(matches!(stalled[0].read(&mut byte), Ok(0) | Err(_)));
 }
+
+/// Large bodies both ways and a websocket cross the TLS port (HTTP/1.1 to an HTTP/1.1 pod):
+/// reads of a body stream through rustls' record buffer a few KiB at a time, and an upgraded
+/// connection copies both ways over TLS.
+#[test]
+fn large_bodies_and_a_websocket_cross_the_tls_port() {
+    const SIZE: u64 = 24 * 1024 * 1024;
+    let dir = scratch_dir();
+    let ca = TestCa::new("https");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let (chain, key) = ca.issue(&["models.test"]).write(&dir, "models");
+    let pod = kactivator_testkit::backend::spawn(BackendConfig::named("big-pod")).unwrap();
+    let https: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let listen = format!(
+        "https = \"{https}\"\n[listen.tls]\ncertificates = [{{ chain = {chain:?}, key = {key:?} }}]\nalpn = [\"http/1.1\"]\n"
+    );
+    let activator = Activator::prepare_listen(
+        &support::revision("default", "big", &[pod.addr()], ""),
+        "",
+        &listen,
+    )
+    .launch();
+    let port = https.port();
+    let curl = |extra: &[&str], path: &str| {
+        let output = Command::new("curl")
+            .args(["-sS", "--max-time", "60", "--http1.1", "--cacert"])
+            .arg(&ca_file)
+            .args(["--resolve", &format!("models.test:{port}:127.0.0.1")])
+            .args(["-H", "Knative-Serving-Namespace: default"])
+            .args(["-H", "Knative-Serving-Revision: big"])
+            .args(extra)
+            .arg(format!("https://models.test:{port}{path}"))
+            .output()
+            .expect("curl is installed");
+        assert!(
+            output.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            activator.stderr()
+        );
+        output.stdout
+    };
+    // Upload: the pod counts what arrived.
+    let upload = dir.join("upload.bin");
+    let body: Vec<u8> = (0..SIZE).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&upload, &body).unwrap();
+    let sink = curl(
+        &["--data-binary", &format!("@{}", upload.display())],
+        "/sink",
+    );
+    let sink: serde_json::Value = serde_json::from_slice(&sink).unwrap();
+    assert_eq!(sink["bytes"].as_u64(), Some(SIZE), "{sink}");
+    // Download, whole.
+    let downloaded = curl(&[], &format!("/bytes/{SIZE}"));
+    assert_eq!(downloaded.len() as u64, SIZE);
+    // A websocket over TLS: Python's `ssl` as the client, one masked text frame each way.
+    let script = r#"
+import base64, os, socket, ssl, sys
+port, ca = int(sys.argv[1]), sys.argv[2]
+context = ssl.create_default_context(cafile=ca)
+s = context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="models.test")
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall(("GET /ws HTTP/1.1\r\nHost: models.test\r\nKnative-Serving-Namespace: default\r\n"
+           "Knative-Serving-Revision: big\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+           "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key + "\r\n\r\n").encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    chunk = s.recv(4096)
+    if not chunk: sys.exit("closed before the 101: " + repr(head))
+    head += chunk
+if not head.startswith(b"HTTP/1.1 101"): sys.exit("no 101: " + repr(head))
+rest = head.split(b"\r\n\r\n", 1)[1]
+payload = b"hello over tls " * 100
+mask = os.urandom(4)
+frame = bytes([0x81, 0xFE]) + len(payload).to_bytes(2, "big") + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+s.sendall(frame)
+data = rest
+while len(data) < 4 + len(payload):
+    chunk = s.recv(65536)
+    if not chunk: sys.exit("closed before the echo")
+    data += chunk
+if data[0] != 0x81 or data[1] != 126 or data[4:4 + len(payload)] != payload: sys.exit("bad echo: " + repr(data[:40]))
+print("echoed")
+"#;
+    let output = Command::new("python3")
+        .args(["-c", script, &port.to_string()])
+        .arg(&ca_file)
+        .output()
+        .expect("python3 is installed");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("echoed"),
+        "{}{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        activator.stderr()
+    );
+}
