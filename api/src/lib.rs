@@ -15,5 +15,7 @@ pub mod messages;
 pub mod probe;
 pub mod registration;
 mod revision;
+/// Trace context (W3C `traceparent`/`tracestate`, B3), ids, sampling: what goes to the pod.
+pub mod trace;
 
 pub use revision::{RevisionKey, RevisionKeyError, DEFAULT_CLUSTER_DOMAIN};

@@ -8,6 +8,7 @@
 //! * [`h2_front`] — HTTP/2 frames into a live client connection on a shard.
 //! * [`request_log`] — a request log template, and a client's request rendered with it.
 //! * [`tls_material`] — a certificate chain, a key, a server name and TLS settings.
+//! * [`trace_context`] — `traceparent`, `tracestate` and B3 headers, and what goes to the pod.
 
 // Unsafe code only where `h2_front` ignores SIGPIPE, as Rust's own start-up does.
 #![deny(unsafe_code)]
@@ -18,6 +19,7 @@ mod kubernetes;
 mod registration;
 mod request_log;
 mod tls_material;
+mod trace_context;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -28,6 +30,7 @@ pub use kubernetes::kubernetes;
 pub use registration::registration;
 pub use request_log::request_log;
 pub use tls_material::tls_material;
+pub use trace_context::trace_context;
 
 /// Entry point of the targets when not built by cargo-fuzz: run `check` over every file named
 /// on the command line, and every file inside every directory named there.
@@ -76,13 +79,14 @@ mod tests {
     fn seeds() {
         let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
         type Check = fn(&[u8]);
-        let targets: [(&str, Check); 6] = [
+        let targets: [(&str, Check); 7] = [
             ("registration", registration),
             ("request_log", request_log),
             ("config", config),
             ("kubernetes", kubernetes),
             ("h2_front", h2_front),
             ("tls_material", tls_material),
+            ("trace_context", trace_context),
         ];
         for (name, check) in targets {
             let count = replay(&seeds.join(name), check).unwrap();
