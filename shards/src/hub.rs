@@ -131,9 +131,12 @@ async fn run(
     monoio::spawn(async move {
         while !sweep_shard.stopping.is_set() {
             monoio::time::sleep(SWEEP_INTERVAL).await;
-            sweep_shard.pool.sweep();
+            let now = std::time::Instant::now();
+            sweep_shard.replica.for_each_pod(|pod| {
+                sweep_shard.pool.sweep(&pod.idle_plain, now);
+                sweep_shard.tls_pool.sweep(&pod.idle_tls, now);
+            });
             sweep_shard.h2c.sweep();
-            sweep_shard.tls_pool.sweep();
             sweep_shard.tls_h2c.sweep();
             memory::trim_if_released();
         }
@@ -232,9 +235,11 @@ async fn run(
         // The grace period is over and no listener takes new connections: idle keep-alive
         // clients now reconnect elsewhere.
         shard.idle.close_all();
-        shard.pool.clear();
+        shard.replica.for_each_pod(|pod| {
+            pod.idle_plain.clear();
+            pod.idle_tls.clear();
+        });
         shard.h2c.clear();
-        shard.tls_pool.clear();
         shard.tls_h2c.clear();
     };
     // All run until the listeners are shut; then the accept loops have a moment to hand over a

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::request::log::RequestLog;
 use crate::role::Roles;
-use crate::routing::replica::{LocalRevision, Outbox, Outgoing, Replica};
+use crate::routing::replica::{LocalPod, LocalRevision, Outbox, Outgoing, Replica};
 use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm::Alarms;
 use crate::runtime::blocks::Blocks;
@@ -24,7 +24,7 @@ use crate::runtime::stream::{ByteStream, Connector, PlainTcp};
 use crate::runtime::tls::{ClientTls, TlsDialer};
 use crate::throttle::gate::RevisionGate;
 use crate::upstream::h2c::{H2Settings, H2cConnections};
-use crate::upstream::pool::{Pool, PoolConfig};
+use crate::upstream::pool::{IdleConns, Pool, PoolConfig};
 use kactivator_api::{RevisionKey, DEFAULT_CLUSTER_DOMAIN};
 
 /// Once every listener is closed, how long a connection accepted before that has to send its
@@ -400,6 +400,8 @@ impl Drop for OpenConnection {
 pub(crate) trait PodStream: ByteStream + Sized {
     type Dialer: Connector<Stream = Self>;
     fn pool(shard: &Shard) -> &Pool<Self::Dialer>;
+    /// The pod's idle connections of this kind.
+    fn idle(pod: &LocalPod) -> &IdleConns<Self>;
 }
 
 impl PodStream for monoio::net::TcpStream {
@@ -408,6 +410,10 @@ impl PodStream for monoio::net::TcpStream {
     fn pool(shard: &Shard) -> &Pool<PlainTcp> {
         &shard.pool
     }
+    #[inline(always)]
+    fn idle(pod: &LocalPod) -> &IdleConns<Self> {
+        &pod.idle_plain
+    }
 }
 
 impl PodStream for ClientTls {
@@ -415,5 +421,9 @@ impl PodStream for ClientTls {
     #[inline(always)]
     fn pool(shard: &Shard) -> &Pool<TlsDialer> {
         &shard.tls_pool
+    }
+    #[inline(always)]
+    fn idle(pod: &LocalPod) -> &IdleConns<Self> {
+        &pod.idle_tls
     }
 }

@@ -33,7 +33,7 @@ use crate::runtime::race::{race, Either};
 use crate::runtime::stream::{ByteStream, Socket};
 use crate::shard::{PodStream, Shard};
 use crate::upstream::error::{TransportCause, UpstreamError};
-use crate::upstream::pool::UpstreamConn;
+use crate::upstream::pool::{IdleConns, UpstreamConn};
 
 /// While waiting for a response, read ahead at most this much of a pipelined next request.
 pub(super) const WATCH_LIMIT: usize = 64 * 1024;
@@ -85,6 +85,7 @@ struct Received {
 pub(super) async fn exchange<S: ByteStream, U: PodStream>(
     shard: &Rc<Shard>,
     conn: &mut ClientConn<S>,
+    idle: &IdleConns<U>,
     mut upstream: UpstreamConn<U>,
     meta: RequestMeta,
     deadlines: Deadlines,
@@ -202,7 +203,7 @@ pub(super) async fn exchange<S: ByteStream, U: PodStream>(
             // A connection told the request ended early is not clean.
             let reusable = done.upstream_reusable && !client_left.get();
             if let Some(upstream) = upstream.take_if(|_| reusable) {
-                U::pool(shard).checkin::<S>(upstream);
+                U::pool(shard).checkin::<S>(idle, upstream);
             }
             if held.take().is_some_and(Held::give_back) {
                 // The slot went to a request queued on this shard: its bytes reach the pod

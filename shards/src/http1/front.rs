@@ -188,14 +188,17 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
         });
         match pod.tls() {
             None => {
-                let upstream = shard.pool.checkout::<S>(addr, &(), shard.stats()).await;
-                exchange_on(shard, conn, upstream, host_line, meta, deadlines, held).await
+                let upstream = shard
+                    .pool
+                    .checkout::<S>(&pod.idle_plain, addr, &(), shard.stats())
+                    .await;
+                exchange_on(shard, conn, pod, upstream, host_line, meta, deadlines, held).await
             }
             // Boxed and out of line: the plain path's future and code stay as they were
             // (BENCHMARKS.md, issue 38).
             Some(tls) => {
                 Box::pin(attempt_tls(
-                    shard, conn, tls, addr, host_line, meta, deadlines, held,
+                    shard, conn, pod, tls, host_line, meta, deadlines, held,
                 ))
                 .await
             }
@@ -209,8 +212,8 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
 async fn attempt_tls<S: ByteStream>(
     shard: &Rc<Shard>,
     conn: &mut ClientConn<S>,
+    pod: &LocalPod,
     tls: Rc<UpstreamTls>,
-    addr: std::net::SocketAddr,
     host_line: Option<(usize, usize)>,
     meta: RequestMeta,
     deadlines: &Deadlines,
@@ -218,17 +221,19 @@ async fn attempt_tls<S: ByteStream>(
 ) -> Attempt {
     let upstream = shard
         .tls_pool
-        .checkout::<S>(addr, &tls, shard.stats())
+        .checkout::<S>(&pod.idle_tls, pod.tracker.addr, &tls, shard.stats())
         .await;
-    exchange_on(shard, conn, upstream, host_line, meta, deadlines, held).await
+    exchange_on(shard, conn, pod, upstream, host_line, meta, deadlines, held).await
 }
 
 /// The exchange over a pod connection checked out of the pool of its kind (plain or TLS), or
 /// the attempt unreached when none could be had.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 async fn exchange_on<S: ByteStream, U: PodStream>(
     shard: &Rc<Shard>,
     conn: &mut ClientConn<S>,
+    pod: &LocalPod,
     upstream: Result<UpstreamConn<U>, UpstreamError>,
     host_line: Option<(usize, usize)>,
     meta: RequestMeta,
@@ -250,7 +255,15 @@ async fn exchange_on<S: ByteStream, U: PodStream>(
     // own so that waiting and idle connections do not carry its size (see `blocks`).
     let ended = shard
         .exchanges
-        .place(exchange(shard, conn, upstream, meta, *deadlines, held))
+        .place(exchange(
+            shard,
+            conn,
+            U::idle(pod),
+            upstream,
+            meta,
+            *deadlines,
+            held,
+        ))
         .await;
     Attempt::Ended { ended, fresh }
 }

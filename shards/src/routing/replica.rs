@@ -16,11 +16,12 @@ use rustc_hash::{FxHashMap, FxHasher};
 use crate::fields::RequestHeaders;
 use crate::metrics::{Counter, RevisionCounters, ShardStats};
 use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
-use crate::runtime::tls::UpstreamTls;
+use crate::runtime::tls::{ClientTls, UpstreamTls};
 use crate::throttle::gate::{
     Admission, Class, Effect, LocalQueue, Placement, QueueLimits, RevisionGate, WaiterId,
 };
 use crate::throttle::lb::{Balancer, Slots};
+use crate::upstream::pool::IdleConns;
 
 /// One pod as seen by one shard. Protocol-neutral: what a front needs of a pod's address in its
 /// own terms (HTTP/1's `Host` line, HTTP/2's `:authority`) is its own business.
@@ -40,6 +41,10 @@ pub struct LocalPod {
     /// How the pod is reached over TLS, or plain TCP (`None`): its revision's current setting,
     /// kept shard-local so a request takes it without touching a counter other shards share.
     tls: RefCell<Option<Rc<UpstreamTls>>>,
+    /// This shard's idle keep-alive connections to the pod, plain and TLS: found with the pod,
+    /// with no lookup by address, and closed when the shard stops routing to it.
+    pub idle_plain: IdleConns<monoio::net::TcpStream>,
+    pub idle_tls: IdleConns<ClientTls>,
 }
 
 impl LocalPod {
@@ -49,6 +54,8 @@ impl LocalPod {
             tracker,
             held_off: Cell::new(false),
             tls: RefCell::new(None),
+            idle_plain: IdleConns::default(),
+            idle_tls: IdleConns::default(),
         }
     }
 
@@ -524,6 +531,16 @@ pub struct Replica {
 }
 
 impl Replica {
+    /// Calls `each` with every pod the shard routes to (the idle connections' sweep and the
+    /// drain's close).
+    pub fn for_each_pod(&self, mut each: impl FnMut(&LocalPod)) {
+        for revision in self.revisions.borrow().values() {
+            for pod in revision.pods.borrow().iter() {
+                each(pod);
+            }
+        }
+    }
+
     /// Looks a revision up by `namespace/name`.
     pub fn get(&self, key: &str) -> Option<Rc<LocalRevision>> {
         self.revisions.borrow().get(key).cloned()

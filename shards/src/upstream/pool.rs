@@ -1,4 +1,6 @@
-//! Per-shard pool of idle keep-alive connections to pods.
+//! Per-shard pool of idle keep-alive connections to pods: each pod's kept with the shard's view
+//! of the pod ([`IdleConns`] in `routing::replica::LocalPod`), dialled and trimmed by rules kept
+//! here ([`Pool`]).
 //!
 //! Checkout takes the most recently used connection (warmest, least likely to have been closed
 //! by the pod) and checks with a non-blocking `MSG_PEEK` that the pod has not closed it while it
@@ -19,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use monoio::io::{OwnedReadHalf, OwnedWriteHalf, Splitable};
 use monoio::net::TcpStream;
-use rustc_hash::FxHashMap;
 
 use crate::metrics::ShardStats;
 use crate::runtime::buffer::InBuf;
@@ -137,20 +138,54 @@ pub(crate) async fn connect<C: Connector>(
     Ok(stream)
 }
 
-/// One shard's idle connections, by pod address, and what dials new ones.
+/// One pod's idle connections of one kind on one shard, the most recently used last. Kept
+/// with the shard's own view of the pod (`routing::replica::LocalPod`), so a request finds
+/// them without looking its pod's address up, and they go when the shard stops routing to the
+/// pod.
+pub struct IdleConns<S: ByteStream> {
+    conns: RefCell<Vec<UpstreamConn<S>>>,
+}
+
+impl<S: ByteStream> Default for IdleConns<S> {
+    fn default() -> Self {
+        IdleConns {
+            conns: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl<S: ByteStream> std::fmt::Debug for IdleConns<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = self.conns.try_borrow().map(|conns| conns.len()).ok();
+        f.debug_struct("IdleConns").field("len", &len).finish()
+    }
+}
+
+impl<S: ByteStream> IdleConns<S> {
+    /// Closes them all (the drain).
+    pub fn clear(&self) {
+        self.conns.borrow_mut().clear();
+    }
+
+    /// How many are kept.
+    pub fn len(&self) -> usize {
+        self.conns.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.conns.borrow().is_empty()
+    }
+}
+
+/// What dials a shard's pod connections of one kind, and the rules their idle ones are kept by.
 pub struct Pool<D: Connector = PlainTcp> {
     config: PoolConfig,
     connector: D,
-    idle: RefCell<FxHashMap<SocketAddr, Vec<UpstreamConn<D::Stream>>>>,
 }
 
 impl<D: Connector> Pool<D> {
     pub fn new(config: PoolConfig, connector: D) -> Pool<D> {
-        Pool {
-            config,
-            connector,
-            idle: RefCell::new(FxHashMap::default()),
-        }
+        Pool { config, connector }
     }
 
     /// An idle connection to `addr` if a live one exists, else a new one. The idle one is taken
@@ -162,11 +197,12 @@ impl<D: Connector> Pool<D> {
     #[inline(always)]
     pub fn checkout<'a, C>(
         &'a self,
+        idle: &IdleConns<D::Stream>,
         addr: SocketAddr,
         target: &'a D::Target,
         stats: &'a ShardStats,
     ) -> impl Future<Output = Result<UpstreamConn<D::Stream>, UpstreamError>> + 'a {
-        let idle = self.take_idle::<C>(addr, stats);
+        let idle = self.take_idle::<C>(idle, stats);
         if idle.is_some() {
             stats.upstream_reuses.increment();
         }
@@ -201,11 +237,10 @@ impl<D: Connector> Pool<D> {
     #[allow(clippy::extra_unused_type_parameters)] // a name per kind of client connection
     fn take_idle<C>(
         &self,
-        addr: SocketAddr,
+        idle: &IdleConns<D::Stream>,
         stats: &ShardStats,
     ) -> Option<UpstreamConn<D::Stream>> {
-        let mut idle = self.idle.borrow_mut();
-        let conns = idle.get_mut(&addr)?;
+        let mut conns = idle.conns.borrow_mut();
         let now = Instant::now();
         while let Some(mut conn) = conns.pop() {
             if now.duration_since(conn.idle_since) >= self.config.idle_timeout || conn.is_stale() {
@@ -222,34 +257,26 @@ impl<D: Connector> Pool<D> {
     /// idle: a request that comes while the others are busy finds it rather than dialing.
     /// `C`: the client's stream, only a name (see [`Pool::checkout`]).
     #[allow(clippy::extra_unused_type_parameters)] // a name per kind of client connection
-    pub fn checkin<C>(&self, mut conn: UpstreamConn<D::Stream>) {
+    pub fn checkin<C>(&self, idle: &IdleConns<D::Stream>, mut conn: UpstreamConn<D::Stream>) {
         if !conn.inbuf.is_empty() {
             // Unconsumed bytes mean we lost track of framing: never reuse.
             return;
         }
         conn.idle_since = Instant::now();
-        self.idle
-            .borrow_mut()
-            .entry(conn.addr)
-            .or_default()
-            .push(conn);
+        idle.conns.borrow_mut().push(conn);
     }
 
-    /// Closes the connections time has trimmed ([`expired`]). Run periodically.
-    pub fn sweep(&self) {
-        let now = Instant::now();
-        self.idle.borrow_mut().retain(|_, conns| {
-            // Oldest first: each checkin pushes on top, so the stack is in idle order.
-            let ages = conns.iter().map(|conn| now.duration_since(conn.idle_since));
-            let closing = expired(ages, &self.config);
-            conns.drain(..closing);
-            !conns.is_empty()
-        });
-    }
-
-    /// Closes every idle connection (drain).
-    pub fn clear(&self) {
-        self.idle.borrow_mut().clear();
+    /// Closes the pod's connections time has trimmed ([`expired`]). Run periodically.
+    pub fn sweep(&self, idle: &IdleConns<D::Stream>, now: Instant) {
+        let mut conns = idle.conns.borrow_mut();
+        // Oldest first: each checkin pushes on top, so the stack is in idle order.
+        let ages = conns.iter().map(|conn| now.duration_since(conn.idle_since));
+        let closing = expired(ages, &self.config);
+        conns.drain(..closing);
+        if conns.is_empty() && conns.capacity() > 0 {
+            // A pod with nothing idle holds no allocation for it.
+            *conns = Vec::new();
+        }
     }
 }
 
@@ -329,16 +356,17 @@ mod tests {
             let addr = pod.local_addr().unwrap();
             let stats = ShardStats::new(0);
             let pool = Pool::new(PoolConfig::default(), SealedConnector::default());
+            let idle = IdleConns::default();
 
-            let first = pool.checkout::<()>(addr, &(), &stats).await.unwrap();
+            let first = pool.checkout::<()>(&idle, addr, &(), &stats).await.unwrap();
             assert!(!first.reused);
             let (pods_end, _) = pod.accept().unwrap();
             let socket = first.socket();
-            pool.checkin::<()>(first);
-            let again = pool.checkout::<()>(addr, &(), &stats).await.unwrap();
+            pool.checkin::<()>(&idle, first);
+            let again = pool.checkout::<()>(&idle, addr, &(), &stats).await.unwrap();
             assert!(again.reused, "the idle connection is taken again");
             assert_eq!(pool.connector.dials.get(), 1);
-            pool.checkin::<()>(again);
+            pool.checkin::<()>(&idle, again);
 
             drop(pods_end);
             let until = Instant::now() + Duration::from_secs(1);
@@ -346,7 +374,7 @@ mod tests {
                 assert!(Instant::now() < until, "the pod's close never arrived");
                 std::thread::yield_now();
             }
-            let fresh = pool.checkout::<()>(addr, &(), &stats).await.unwrap();
+            let fresh = pool.checkout::<()>(&idle, addr, &(), &stats).await.unwrap();
             assert!(
                 !fresh.reused,
                 "a connection the pod closed is not handed out"
