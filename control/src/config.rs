@@ -899,14 +899,17 @@ impl Config {
             position: None,
             message: format!("cannot read: {error}"),
         })?;
-        let mut config = Config::parse_bytes(&bytes).map_err(|mut error| {
+        Config::from_file(&bytes).map_err(|mut error| {
             error.source = Some(path.display().to_string());
             error
-        })?;
-        config.read_revision_tls().map_err(|mut error| {
-            error.source = Some(path.display().to_string());
-            error
-        })?;
+        })
+    }
+
+    /// The configuration a file's bytes make, as start-up and every reload take it: parsed,
+    /// validated, and each `[revisions.tls]` client built from its CA file.
+    pub fn from_file(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let mut config = Config::parse_bytes(bytes)?;
+        config.read_revision_tls()?;
         Ok(config)
     }
 

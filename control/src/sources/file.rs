@@ -18,7 +18,7 @@ use kactivator_api::RevisionKey;
 use kactivator_shards::routing::RevisionLabels;
 
 use super::ControlMetrics;
-use crate::config::{Config, ConfigError, RevisionConfig};
+use crate::config::{Config, RevisionConfig};
 use crate::features;
 use crate::pod_state::Gates;
 use crate::state::{Activators, OmissionScope, Op, RevisionSpec};
@@ -212,17 +212,7 @@ impl FilePoller {
                 continue;
             }
             last_text = Some(text.clone());
-            let parsed = std::str::from_utf8(&text)
-                .map_err(|error| ConfigError {
-                    source: None,
-                    position: None,
-                    message: format!("not UTF-8: {error}"),
-                })
-                .and_then(Config::parse)
-                // As at start-up (`Config::load`): a `[revisions.tls]` revision's client is
-                // built from its CA file, or the file is refused; one without it would be
-                // refused by the state worker and removed.
-                .and_then(|mut config| config.read_revision_tls().map(|()| config));
+            let parsed = Config::from_file(&text);
             match parsed {
                 Ok(config)
                     if std::mem::take(&mut first)
