@@ -586,6 +586,12 @@ struct TrustNothing {
     schemes: Vec<rustls::SignatureScheme>,
 }
 
+impl TrustNothing {
+    fn refused(&self) -> rustls::Error {
+        rustls::Error::General(self.reason.clone())
+    }
+}
+
 impl rustls::client::danger::ServerCertVerifier for TrustNothing {
     fn verify_server_cert(
         &self,
@@ -595,7 +601,7 @@ impl rustls::client::danger::ServerCertVerifier for TrustNothing {
         _: &[u8],
         _: rustls::pki_types::UnixTime,
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Err(rustls::Error::General(self.reason.clone()))
+        Err(self.refused())
     }
 
     fn verify_tls12_signature(
@@ -604,7 +610,7 @@ impl rustls::client::danger::ServerCertVerifier for TrustNothing {
         _: &CertificateDer<'_>,
         _: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General(self.reason.clone()))
+        Err(self.refused())
     }
 
     fn verify_tls13_signature(
@@ -613,7 +619,7 @@ impl rustls::client::danger::ServerCertVerifier for TrustNothing {
         _: &CertificateDer<'_>,
         _: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General(self.reason.clone()))
+        Err(self.refused())
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
