@@ -1144,7 +1144,26 @@ fn ingress_with(
     )
 }
 
+/// The CA Knative's certificates come from (`knative-selfsigned-ca`), and its certificate
+/// written to a scratch file for clients to trust.
+fn knative_ca() -> (certs::TestCa, std::path::PathBuf) {
+    let ca = certs::TestCa::new("knative-selfsigned-ca");
+    let file = ca.write(&support::scratch_dir(), "ca.pem");
+    (ca, file)
+}
+
 impl Cluster {
+    /// `routing-serving-certs` as cert-manager writes it: the activator's certificate (SANs
+    /// `kn-routing`, `data-plane.knative.dev`) issued by `ca`, and `ca` as `ca.crt`.
+    fn routing_serving_certs(&self, ca: &certs::TestCa) {
+        let pair = ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
+        self.api.apply_yaml(&knative::routing_serving_certs(
+            &pair.chain,
+            &pair.key,
+            ca.pem(),
+        ));
+    }
+
     /// An activator with its TLS data port on a free loopback port (Knative's is 8112).
     fn spawn_tls_activator(&self) -> (Activator, SocketAddr) {
         self.spawn_tls_activator_with(&[])
@@ -1197,9 +1216,8 @@ fn system_internal_tls_routes_ingress_to_activator_to_queue_proxy_over_tls() {
         "system-internal-tls",
         "Enabled",
     )]));
-    let dir = support::scratch_dir();
-    let ca = certs::TestCa::new("knative-selfsigned-ca");
-    let ca_file = ca.write(&dir, "ca.pem");
+    let (ca, ca_file) = knative_ca();
+    let dir = ca_file.parent().expect("a scratch directory").to_path_buf();
     let pod = tls_pod(
         &cluster.net,
         "secure",
@@ -1228,12 +1246,7 @@ fn system_internal_tls_routes_ingress_to_activator_to_queue_proxy_over_tls() {
         activator.stderr()
     );
 
-    let activator_pair = ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
-    cluster.api.apply_yaml(&knative::routing_serving_certs(
-        &activator_pair.chain,
-        &activator_pair.key,
-        ca.pem(),
-    ));
+    cluster.routing_serving_certs(&ca);
     let activator = activator.until_ready();
     let (ok, out, err) = ingress(https, &ca_file, "secure");
     assert!(ok, "{err}\n{}", activator.stderr());
@@ -1312,15 +1325,8 @@ fn queue_proxies_are_verified_by_namespace_and_trust_bundle() {
         "system-internal-tls",
         "enabled",
     )]));
-    let dir = support::scratch_dir();
-    let ca = certs::TestCa::new("knative-selfsigned-ca");
-    let ca_file = ca.write(&dir, "ca.pem");
-    let pair = ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
-    cluster.api.apply_yaml(&knative::routing_serving_certs(
-        &pair.chain,
-        &pair.key,
-        ca.pem(),
-    ));
+    let (ca, ca_file) = knative_ca();
+    cluster.routing_serving_certs(&ca);
     // A pod whose certificate names another namespace.
     let wrong_name = tls_pod(
         &cluster.net,
@@ -1412,15 +1418,8 @@ fn system_internal_tls_settings_are_read_as_upstream_reads_them() {
     );
 
     // The legacy key turns it on; TLS 1.2 allowed by ACTIVATOR_TLS_MIN_VERSION is served.
-    let dir = support::scratch_dir();
-    let ca = certs::TestCa::new("knative-selfsigned-ca");
-    let ca_file = ca.write(&dir, "ca.pem");
-    let pair = ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
-    cluster.api.apply_yaml(&knative::routing_serving_certs(
-        &pair.chain,
-        &pair.key,
-        ca.pem(),
-    ));
+    let (ca, ca_file) = knative_ca();
+    cluster.routing_serving_certs(&ca);
     cluster.api.apply_yaml(&knative::config_network(&[
         ("system-internal-tls", ""),
         ("internal-encryption", "true"),
@@ -1471,15 +1470,8 @@ fn in_mesh_mode_the_private_service_is_dialled_over_tls_on_443() {
         ("system-internal-tls", "Enabled"),
         ("mesh-compatibility-mode", "enabled"),
     ]));
-    let dir = support::scratch_dir();
-    let ca = certs::TestCa::new("knative-selfsigned-ca");
-    let ca_file = ca.write(&dir, "ca.pem");
-    let pair = ca.issue(&[ROUTING_NAME, DATA_PLANE_NAME]);
-    cluster.api.apply_yaml(&knative::routing_serving_certs(
-        &pair.chain,
-        &pair.key,
-        ca.pem(),
-    ));
+    let (ca, ca_file) = knative_ca();
+    cluster.routing_serving_certs(&ca);
     let service_ip = cluster.net.add_service_address();
     let service = tls_pod_at(
         &cluster.net,
