@@ -261,9 +261,17 @@ impl InternalTls {
             .entry(namespace.to_string())
             .or_insert_with(|| {
                 let required = format!("{KNATIVE_USER_NAME_PREFIX}{}", namespace.to_lowercase());
-                // Both names are valid DNS names (a namespace is a DNS label), so this builds.
+                // A namespace is a DNS label, so the name builds; one that is not (no API
+                // server lets it through) gets a client that refuses every dial, saying why.
                 let tls = PodTls::trusting(&self.trust, KNATIVE_SERVER_NAME, Some(&required))
-                    .expect("Knative's names are DNS names");
+                    .or_else(|error| {
+                        let refused = PodTrust::from_roots(
+                            &[],
+                            &format!("namespace {namespace:?}: {error}"),
+                        )?;
+                        PodTls::trusting(&refused, KNATIVE_SERVER_NAME, None)
+                    })
+                    .expect("data-plane.knative.dev is a DNS name");
                 Box::new(tls.with_ports(KNATIVE_TLS_PORTS))
             })
             .clone()

@@ -195,3 +195,13 @@ fn with_nothing_trusted_every_dial_fails_saying_why() {
     assert!(change.retrusted);
     dial(&tls, "default", by_ca).unwrap();
 }
+
+#[test]
+fn a_namespace_that_is_no_dns_label_gets_a_client_that_refuses_rather_than_a_panic() {
+    let ca = ca("ca");
+    let mut tls = tls();
+    served(&tls.secret(Some(&secret(&ca, &ca.cert.pem()))));
+    let server = queue_proxy(&ca, &["kn-user-default", KNATIVE_SERVER_NAME]);
+    let refused = dial(&tls, "not a label", server).unwrap_err();
+    assert!(refused.contains("namespace \"not a label\""), "{refused}");
+}
