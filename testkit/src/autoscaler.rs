@@ -62,8 +62,9 @@ pub struct TestAutoscaler {
 impl TestAutoscaler {
     /// Starts one on a free loopback port.
     pub fn start() -> io::Result<TestAutoscaler> {
-        let port = crate::ports::free_port();
-        TestAutoscaler::start_on(SocketAddr::from(([127, 0, 0, 1], port)))
+        // Port 0: the kernel picks a port no one holds. A port checked free and bound a moment
+        // later could be taken in between by a parallel test binary (CI saw AddrInUse here).
+        TestAutoscaler::start_on(SocketAddr::from(([127, 0, 0, 1], 0)))
     }
 
     /// Starts one on `addr`; it listens before this returns.
@@ -75,6 +76,8 @@ impl TestAutoscaler {
             let _entered = runtime.enter();
             bind(addr)?
         };
+        // The address bound (its port chosen by the kernel when `addr` asked for 0).
+        let addr = listener.local_addr()?;
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (serving, watch) = watch::channel(true);
         let thread_seen = seen.clone();
