@@ -1348,9 +1348,16 @@ fn queue_proxies_are_verified_by_namespace_and_trust_bundle() {
     let (activator, https) = cluster.spawn_tls_activator();
     let activator = activator.until_ready();
 
+    let asked = std::time::Instant::now();
     let (_, out, _) = ingress(https, &ca_file, "elsewhere");
     assert!(out.starts_with("HTTP/1.1 502"), "{out}");
     assert!(out.contains("TLS handshake failed"), "{out}");
+    // As upstream, at once: the pod would refuse a second handshake alike (no retries).
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "the 502 took {:?}",
+        asked.elapsed()
+    );
     let log = activator.stderr();
     assert!(
         log.contains(

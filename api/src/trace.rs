@@ -15,6 +15,8 @@
 
 use std::fmt;
 
+pub mod span;
+
 #[cfg(test)]
 mod tests;
 
@@ -881,6 +883,31 @@ pub struct Forward<'a> {
 }
 
 impl<'a> Forward<'a> {
+    /// The decision `decide` made before, written again for the same request sent anew (an
+    /// HTTP/2 stream the pod refused): the same `context`, `parent_span_id` and `source`, and
+    /// the received `tracestate` kept as `decide` keeps it (only after a Trace Context parent).
+    pub fn again(
+        incoming: &Incoming<'a>,
+        context: SpanContext,
+        parent_span_id: Option<SpanId>,
+        source: Source,
+    ) -> Self {
+        let tracestate = match source {
+            Source::TraceContext => incoming
+                .tracestate
+                .and_then(|value| keep_tracestate(value).ok().flatten()),
+            _ => None,
+        };
+        Forward {
+            context,
+            parent_span_id,
+            source,
+            traceparent: format_traceparent(&context),
+            tracestate,
+            b3: format_b3_multi(&context),
+        }
+    }
+
     pub fn traceparent(&self) -> &[u8; TRACEPARENT_LEN] {
         &self.traceparent
     }

@@ -127,6 +127,15 @@ async fn run(
     monoio::spawn(async move { alarm::run_timer(&timer_shard.alarms).await });
     let late_shard = shard.clone();
     monoio::spawn(async move { late::run_sweeper(&late_shard.late).await });
+    if shard.settings.spans.is_some() {
+        let tracer_shard = shard.clone();
+        monoio::spawn(async move {
+            loop {
+                monoio::time::sleep(crate::tracer::FLUSH_INTERVAL).await;
+                tracer_shard.tracer.flush();
+            }
+        });
+    }
     let sweep_shard = shard.clone();
     monoio::spawn(async move {
         while !sweep_shard.stopping.is_set() {
@@ -273,6 +282,8 @@ async fn run(
     while shard.stats().connections_open.get() > 0 {
         shard.connection_closed.notified().await;
     }
+    // The last requests' spans go out with the shard.
+    shard.tracer.flush();
 }
 
 /// Everything a shard thread needs.

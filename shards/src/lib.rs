@@ -50,6 +50,7 @@ pub mod routing;
 pub mod runtime;
 pub mod shard;
 pub mod throttle;
+pub mod tracer;
 pub mod upstream;
 
 #[cfg(feature = "fuzzing")]

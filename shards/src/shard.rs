@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::request::log::RequestLog;
-use crate::role::Roles;
+use crate::request::policy::Edits;
+use crate::request::trace::SpanNames;
+use crate::role::{Role, Roles};
 use crate::routing::replica::{LocalPod, LocalRevision, Outbox, Outgoing, Replica};
 use crate::routing::{Handoff, ShardCommand};
 use crate::runtime::alarm::Alarms;
@@ -23,6 +25,7 @@ use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
 use crate::runtime::stream::{ByteStream, Connector, PlainTcp};
 use crate::runtime::tls::{ClientTls, TlsDialer};
 use crate::throttle::gate::RevisionGate;
+use crate::tracer::ShardTracer;
 use crate::upstream::h2c::{H2Settings, H2cConnections};
 use crate::upstream::pool::{IdleConns, Pool, PoolConfig};
 use kactivator_api::{RevisionKey, DEFAULT_CLUSTER_DOMAIN};
@@ -75,6 +78,9 @@ pub struct ShardSettings {
     pub role: Roles,
     /// Knative's request log, one line per request; `None` (the default): none.
     pub request_log: Option<Arc<RequestLog>>,
+    /// Where the shards' finished spans go (the control thread's exporter, issue 39), in
+    /// batches; `None` (the default): nowhere, and tracing stays off whatever it is told.
+    pub spans: Option<flume::Sender<kactivator_api::trace::span::SpanBatch>>,
 }
 
 /// Default of `proxy.head_timeout_seconds`: 60 s, the `ReadHeaderTimeout` of upstream's server
@@ -103,6 +109,7 @@ impl Default for ShardSettings {
             head_timeout: DEFAULT_HEAD_TIMEOUT,
             role: Roles::default(),
             request_log: None,
+            spans: None,
         }
     }
 }
@@ -153,6 +160,8 @@ pub struct Shard {
     pub back_of_queue: BackOfQueue,
     /// The TLS data port's certificates and settings (`ShardCommand::ServerTls`).
     server_tls: RefCell<Option<Arc<rustls::ServerConfig>>>,
+    /// Tracing: on or off (`ShardCommand::Tracing`), ids, the spans not yet sent.
+    pub tracer: ShardTracer,
 }
 
 /// Spare exchange blocks a shard keeps (each a few KiB) once its concurrency drops.
@@ -173,6 +182,13 @@ impl Shard {
             settings.h2,
             all_stats.clone(),
             index,
+        );
+        let tracer = ShardTracer::new(
+            match settings.role.edits() {
+                Edits::Activator => SpanNames::Activator,
+                Edits::QueueProxy => SpanNames::QueueProxy,
+            },
+            settings.spans.clone(),
         );
         let tls_pool = Pool::new(settings.pool, TlsDialer);
         let tls_h2c = H2cConnections::new(
@@ -205,6 +221,7 @@ impl Shard {
             exchanges: Blocks::new(SPARE_EXCHANGES),
             back_of_queue: BackOfQueue::default(),
             server_tls: RefCell::new(None),
+            tracer,
         }
     }
 
@@ -367,6 +384,7 @@ impl Shard {
                 self.stop_accepting.set();
             }
             ShardCommand::ServerTls(config) => *self.server_tls.borrow_mut() = config,
+            ShardCommand::Tracing(sampler) => self.tracer.set_sampler(sampler),
         }
     }
 

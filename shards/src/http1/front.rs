@@ -22,6 +22,7 @@ use crate::request::headers::RequestHeaders;
 use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::Next;
 use crate::request::policy::{self, Edits, WaitNote};
+use crate::request::trace::Decider;
 use crate::routing::replica::LocalPod;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
@@ -135,7 +136,7 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
         read_small_body(shard, self.conn, self.meta.body, limit, deadline).await
     }
 
-    fn prepare(&mut self, edits: Edits) {
+    fn prepare(&mut self, edits: Edits, trace: Option<&mut Decider<'_>>) {
         let conn = &mut *self.conn;
         let buf = conn.inbuf.data();
         let fields = H1Headers::<S>::new(&conn.head, buf);
@@ -150,12 +151,31 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
             &conn.peer.ip,
             edits,
             &mut conn.request_out,
+            trace,
         );
         self.consume_head();
     }
 
     fn request_id(&self) -> &str {
         &self.conn.request_id
+    }
+
+    fn method_and_path(&self) -> (&str, &str) {
+        // The head going out starts with the request line: `METHOD SP target SP HTTP/1.1`.
+        let line = self
+            .conn
+            .request_out
+            .split(|&b| b == b'\r')
+            .next()
+            .unwrap_or_default();
+        let mut parts = line.splitn(3, |&b| b == b' ');
+        let method = parts.next().unwrap_or_default();
+        let target = parts.next().unwrap_or_default();
+        let path = target.split(|&b| b == b'?').next().unwrap_or_default();
+        fn text(bytes: &[u8]) -> &str {
+            std::str::from_utf8(bytes).unwrap_or_default()
+        }
+        (text(method), text(path))
     }
 
     fn watch(&mut self) -> Watch<'_, S> {

@@ -11,6 +11,7 @@ use kactivator_h1::{name_eq, BodyKind, HeaderSpan, RequestHead, ResponseHead, Ve
 use crate::fields::RequestHeaders;
 use crate::request::answer::Answer;
 use crate::request::policy::{self, AddedField, Edits, WaitNote};
+use crate::request::trace::Decider;
 
 /// An HTTP/1 request head as the request path reads it. `S`, the client's stream, is only a
 /// name: the helpers generic over the headers (the roles' hooks, the probe answers, the
@@ -73,11 +74,12 @@ pub fn write_request_head<S>(
     client_ip: &[u8],
     edits: Edits,
     out: &mut Vec<u8>,
+    trace: Option<&mut Decider<'_>>,
 ) -> Option<usize> {
     match edits {
-        Edits::Activator => Some(write_head::<false, S>(head, buf, client_ip, out)),
+        Edits::Activator => Some(write_head::<false, S>(head, buf, client_ip, out, trace)),
         Edits::QueueProxy => {
-            write_head::<true, S>(head, buf, client_ip, out);
+            write_head::<true, S>(head, buf, client_ip, out, trace);
             None
         }
     }
@@ -92,6 +94,7 @@ fn write_head<const QUEUE_PROXY: bool, S>(
     buf: &[u8],
     client_ip: &[u8],
     out: &mut Vec<u8>,
+    trace: Option<&mut Decider<'_>>,
 ) -> usize {
     out.extend_from_slice(head.method_span.of(buf));
     out.push(b' ');
@@ -110,6 +113,7 @@ fn write_head<const QUEUE_PROXY: bool, S>(
         || head.headers(buf),
         client_ip,
         &mut sink,
+        trace,
     );
     if head.body == BodyKind::Chunked {
         out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
@@ -170,6 +174,7 @@ impl<'b> policy::FieldSink<'b> for HeadSink<'_, 'b> {
             AddedField::RequestId => headers::REQUEST_ID,
             AddedField::Forwarded => "Forwarded",
             AddedField::Te => "TE",
+            AddedField::Trace(field) => field.name(),
         };
         put_header(self.out, name.as_bytes(), value);
     }
@@ -555,6 +560,7 @@ mod tests {
             b"192.168.1.9",
             Edits::Activator,
             &mut out,
+            None,
         )
         .expect("the activator's edits leave the Host line to the pod");
         insert_host(&mut out, host_at, b"10.0.0.5:8012");
@@ -575,6 +581,7 @@ mod tests {
             b"127.0.0.1",
             Edits::QueueProxy,
             &mut out,
+            None,
         );
         assert_eq!(host_at, None, "the head is whole");
         String::from_utf8(out).unwrap()

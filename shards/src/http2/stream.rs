@@ -35,6 +35,7 @@ use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::{Ended, Next, RequestShape};
 use crate::request::peer::Peer;
 use crate::request::policy::{self, AddedField, Edits, WaitNote};
+use crate::request::trace::{Decided, Decider, PropagationField};
 use crate::routing::replica::LocalPod;
 use crate::runtime::contain;
 use crate::runtime::race::{race, Either};
@@ -163,6 +164,8 @@ struct H2Front<'r> {
     authority: Option<http::uri::Authority>,
     /// The edits the request goes out under (`request::policy::Edits`).
     edits: Edits,
+    /// The trace context decided when prepared, written again if the request goes out again.
+    trace: Option<Decided>,
     grpc: bool,
     request_id: String,
 }
@@ -194,6 +197,7 @@ impl<'r> H2Front<'r> {
             outbound: Request::new(()),
             authority: None,
             edits: Edits::Activator,
+            trace: None,
             grpc: false,
             request_id: String::new(),
         }
@@ -275,7 +279,7 @@ impl Front for H2Front<'_> {
         }
     }
 
-    fn prepare(&mut self, edits: Edits) {
+    fn prepare(&mut self, edits: Edits, mut trace: Option<&mut Decider<'_>>) {
         self.edits = edits;
         let fields = H2Headers { parts: &self.parts };
         self.request_id = policy::run_id(&fields)
@@ -283,13 +287,19 @@ impl Front for H2Front<'_> {
             .map(|id| String::from_utf8_lossy(id).into_owned())
             .unwrap_or_default();
         self.grpc = is_grpc(&self.parts.headers);
-        let (outbound, authority) = outbound_request(&self.parts, &self.peer.ip, edits);
+        let (outbound, authority) =
+            outbound_request(&self.parts, &self.peer.ip, edits, trace.as_deref_mut());
+        self.trace = trace.and_then(|decider| decider.decided);
         self.outbound = outbound;
         self.authority = authority;
     }
 
     fn request_id(&self) -> &str {
         &self.request_id
+    }
+
+    fn method_and_path(&self) -> (&str, &str) {
+        (self.parts.method.as_str(), self.parts.uri.path())
     }
 
     fn watch(&mut self) -> ResetWatch<'_> {
@@ -364,7 +374,9 @@ impl Front for H2Front<'_> {
                 }
             }
             Exchanged::NotTaken { error, replayable } => {
-                self.outbound = outbound_request(&self.parts, &self.peer.ip, self.edits).0;
+                let mut again = self.trace.map(Decider::again);
+                self.outbound =
+                    outbound_request(&self.parts, &self.peer.ip, self.edits, again.as_mut()).0;
                 // The connection went away under us: the next stream gets another one.
                 forget(&lease);
                 Attempt::NotTaken { error, replayable }
@@ -444,6 +456,7 @@ fn outbound_request(
     parts: &http::request::Parts,
     client_ip: &[u8],
     edits: Edits,
+    trace: Option<&mut Decider<'_>>,
 ) -> (Request<()>, Option<http::uri::Authority>) {
     let mut request = Request::new(());
     *request.method_mut() = parts.method.clone();
@@ -455,10 +468,10 @@ fn outbound_request(
     let fields = || parts.headers.iter();
     let host = match edits {
         Edits::Activator => {
-            policy::write_fields::<_, _, _, false>(&client, fields, client_ip, &mut sink)
+            policy::write_fields::<_, _, _, false>(&client, fields, client_ip, &mut sink, trace)
         }
         Edits::QueueProxy => {
-            policy::write_fields::<_, _, _, true>(&client, fields, client_ip, &mut sink)
+            policy::write_fields::<_, _, _, true>(&client, fields, client_ip, &mut sink, trace)
         }
     };
     let authority = host.and_then(|host| http::uri::Authority::try_from(host).ok());
@@ -502,6 +515,7 @@ impl<'a> policy::FieldSink<'a> for MapSink<'_> {
             AddedField::RequestId => names::REQUEST_ID,
             AddedField::Forwarded => http::header::FORWARDED,
             AddedField::Te => http::header::TE,
+            AddedField::Trace(name) => trace_header_name(name),
         };
         if let Ok(value) = HeaderValue::from_bytes(value) {
             self.out.append(name, value);
@@ -525,6 +539,20 @@ impl<'a> policy::FieldSink<'a> for MapSink<'_> {
             self.out.append(names::FORWARDED_FOR, value);
         }
     }
+}
+
+/// A propagation header's name as HTTP/2 spells it, lower-case (`h2` refuses capitals).
+fn trace_header_name(field: PropagationField) -> HeaderName {
+    HeaderName::from_static(match field {
+        PropagationField::TraceParent => "traceparent",
+        PropagationField::TraceState => "tracestate",
+        PropagationField::B3 => "b3",
+        PropagationField::B3TraceId => "x-b3-traceid",
+        PropagationField::B3SpanId => "x-b3-spanid",
+        PropagationField::B3ParentSpanId => "x-b3-parentspanid",
+        PropagationField::B3Sampled => "x-b3-sampled",
+        PropagationField::B3Flags => "x-b3-flags",
+    })
 }
 
 /// Points the request at a pod (`:authority` = the pod's address, as HTTP/1's `Host`).
@@ -990,7 +1018,8 @@ mod tests {
             .header("x-run-id", "run-7")
             .body(())
             .unwrap();
-        let (out, authority) = outbound_request(&parts(request), b"127.0.0.1", Edits::QueueProxy);
+        let (out, authority) =
+            outbound_request(&parts(request), b"127.0.0.1", Edits::QueueProxy, None);
         assert_eq!(authority.unwrap().as_str(), "hello.example.com");
         let names: Vec<&str> = out.headers().keys().map(|name| name.as_str()).collect();
         assert_eq!(
@@ -1020,7 +1049,7 @@ mod tests {
             .uri("http://hello.example.com/")
             .body(())
             .unwrap();
-        let (_, authority) = outbound_request(&parts(plain), b"127.0.0.1", Edits::QueueProxy);
+        let (_, authority) = outbound_request(&parts(plain), b"127.0.0.1", Edits::QueueProxy, None);
         assert_eq!(authority.unwrap().as_str(), "hello.example.com");
     }
 
@@ -1040,7 +1069,7 @@ mod tests {
             .header("connection", "close")
             .body(())
             .unwrap();
-        let (out, _) = outbound_request(&parts(request), b"10.1.2.3", Edits::Activator);
+        let (out, _) = outbound_request(&parts(request), b"10.1.2.3", Edits::Activator, None);
         let get = |name: &str| {
             out.headers()
                 .get_all(name)
@@ -1071,7 +1100,7 @@ mod tests {
             .header("k-original-host", "first.example")
             .body(())
             .unwrap();
-        let (out, _) = outbound_request(&parts(request), b"10.1.2.3", Edits::Activator);
+        let (out, _) = outbound_request(&parts(request), b"10.1.2.3", Edits::Activator, None);
         assert!(out.headers().get("te").is_none());
         assert_eq!(out.headers()["k-original-host"], "first.example");
         assert_eq!(out.headers()["x-forwarded-for"], "10.1.2.3");

@@ -36,6 +36,7 @@ use crate::request::outcome::{
 };
 use crate::request::policy::{Edits, WaitNote};
 use crate::request::retry::may_retry;
+use crate::request::trace::{Decider, Described, Timeline};
 use crate::role::Role;
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
@@ -111,10 +112,13 @@ pub(crate) trait Front {
     ) -> Result<Vec<u8>, SmallBody>;
     /// The request is going to a pod: rewrite it for one (the header policy,
     /// `request::policy`, under the role's `edits`; the pod's address comes with each attempt)
-    /// and let go of what only the local answers read.
-    fn prepare(&mut self, edits: Edits);
+    /// and let go of what only the local answers read. With a `trace` (tracing on), the trace
+    /// context it decides replaces the request's propagation headers (`request::trace`).
+    fn prepare(&mut self, edits: Edits, trace: Option<&mut Decider<'_>>);
     /// The request's id for log lines (`X-Run-Id`, else `X-Request-Id`), once prepared.
     fn request_id(&self) -> &str;
+    /// The request's method and path (no query), once prepared: what its spans are named by.
+    fn method_and_path(&self) -> (&str, &str);
     fn watch(&mut self) -> Self::Watch<'_>;
     /// One attempt on `pod`, whose slot `held` is: its connection and the exchange. The slot
     /// may be given back before the end (the response is complete while its tail is relayed).
@@ -220,24 +224,32 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
     // Read before `prepare`, which lets go of the fields; the default class without a policy.
     let class = revision.classify(&front.headers(), &shard.stats().priority_invalid);
     let marks = role.marks(&front.headers(), &revision.counters);
-    front.prepare(role.edits());
+    // A sampled request keeps its decision and timeline in a box of its own: one pointer in
+    // every request's state, one branch per step while none is sampled.
+    let mut traced = shard
+        .tracer
+        .decide(|trace| front.prepare(role.edits(), trace))
+        .filter(|decided| decided.context.sampled)
+        .map(|decided| Box::new((decided, Timeline::default())));
     let tally = Tally::arrive(shard, &revision, arrival, marks);
-    let mut note = None;
-    let mut reached_app = None;
-    let ended = proxy(
-        shard,
-        front,
-        &revision,
-        class,
-        arrival,
-        &mut note,
-        &mut reached_app,
-    )
-    .await;
+    let mut noted = Noted {
+        note: None,
+        reached_app: None,
+        timeline: traced.as_deref_mut().map(|(_, timeline)| timeline),
+    };
+    let ended = proxy(shard, front, &revision, class, arrival, &mut noted).await;
+    let Noted {
+        note, reached_app, ..
+    } = noted;
+    if let (Some((_, timeline)), Some(note)) = (traced.as_deref_mut(), &note) {
+        timeline.waited_us = Some(note.waited_us);
+        timeline.cold_start = note.cold_start;
+    }
     // What the client is told of its waits, if the role tells it.
     let note = note.filter(|_| role.tells_waits());
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
+    let mut failure = None;
     let served = match conclude(shape.request, ended) {
         Concluded::Done {
             status,
@@ -255,6 +267,9 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
                 fault = error.fault().label(),
                 "answered by the activator: {error}"
             );
+            if traced.is_some() {
+                failure = Some(error.to_string());
+            }
             let body = role.error_body(&error);
             let answer = Answer {
                 wait: note.as_ref(),
@@ -264,7 +279,34 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
         }
     };
     tally.end(arrival, served.status, reached_app);
+    if let Some(traced) = traced {
+        let (decided, timeline) = *traced;
+        let (method, path) = front.method_and_path();
+        let described = Described {
+            method,
+            path,
+            namespace: revision.key().namespace(),
+            revision: revision.key().name(),
+            status: served.status,
+            error: failure,
+            shard: shard.index,
+        };
+        shard
+            .tracer
+            .record(&decided, &timeline, &described, arrival.elapsed());
+    }
     served
+}
+
+/// What the request path notes while a request is proxied ([`proxy`]), for its answer, its
+/// metrics and its spans.
+struct Noted<'t> {
+    /// Its waits for a slot (`policy::WaitNote`), once it queued.
+    note: Option<WaitNote>,
+    /// When its last attempt was let through to the app (the queue-proxy role).
+    reached_app: Option<Instant>,
+    /// A sampled request's admissions and attempts (`request::trace`).
+    timeline: Option<&'t mut Timeline>,
 }
 
 /// Waits for a pod and has it serve the request, and says how that ended.
@@ -276,9 +318,9 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
 /// be sent again.
 /// Otherwise a failure is a 502 naming the problem.
 ///
-/// Its waits in the queue are added to `note` (`Some` once the request queued); the pod's
+/// Its waits in the queue are added to `noted.note` (`Some` once the request queued); the pod's
 /// response carries them in the activator role (`policy::WaitNote`). In the queue-proxy role,
-/// `reached_app` is when the last attempt was let through to the user container (the
+/// `noted.reached_app` is when the last attempt was let through to the user container (the
 /// app-side metrics' start, as upstream's app handler sits behind its breaker).
 async fn proxy<F: Front>(
     shard: &Rc<Shard>,
@@ -286,9 +328,13 @@ async fn proxy<F: Front>(
     revision: &Rc<LocalRevision>,
     class: Class,
     arrival: Instant,
-    note: &mut Option<WaitNote>,
-    reached_app: &mut Option<Instant>,
+    noted: &mut Noted<'_>,
 ) -> Ended {
+    let Noted {
+        note,
+        reached_app,
+        timeline,
+    } = noted;
     let role = &shard.settings.role;
     let tells = role.tells_waits();
     let times_admitted = role.times_admitted();
@@ -319,6 +365,13 @@ async fn proxy<F: Front>(
         };
         if times_admitted {
             *reached_app = Some(Instant::now());
+        }
+        if let Some(timeline) = timeline.as_deref_mut() {
+            let now = arrival.elapsed();
+            timeline.admitted = Some(now);
+            timeline.first_attempt.get_or_insert(now);
+            timeline.attempts += 1;
+            timeline.pod = Some(pod.tracker.addr);
         }
         let mut held = Some(Held::new(&pod, revision, shard));
         let told = note.as_ref().filter(|_| tells);

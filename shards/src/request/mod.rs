@@ -20,3 +20,4 @@ pub mod peer;
 pub mod policy;
 pub mod probes;
 pub mod retry;
+pub mod trace;

@@ -15,6 +15,7 @@ use kactivator_api::headers;
 use kactivator_h1::name_eq;
 
 use super::headers::RequestHeaders;
+use super::trace::{propagation_field, Decider, Gathered, PropagationField};
 
 /// Whose edits a request gets on its way out: the activator's, to a pod (above), or the
 /// queue-proxy's, to its user container (upstream's `mainHandler` in
@@ -245,6 +246,9 @@ pub enum AddedField {
     Forwarded,
     /// `TE: trailers`, when the client's `TE` allows it.
     Te,
+    /// A propagation header of the trace context going to the pod (`request::trace`); only
+    /// while tracing is on.
+    Trace(PropagationField),
 }
 
 /// One of the client's fields as a front holds it: HTTP/1 bytes, an `h2` header pair.
@@ -284,7 +288,9 @@ pub trait FieldSink<'a> {
 /// `X-Forwarded-For` with `client_ip` appended and `TE: trailers` when the client's `TE`
 /// allows it. `view` is the front's own view of the same fields, for what is looked up by
 /// name (`X-Run-Id`, the authority); `fields` is called again for the earlier
-/// `X-Forwarded-For` values. Returns the request's `Host` for the user container under the
+/// `X-Forwarded-For` values. With a `trace` (tracing on) every propagation header is taken out
+/// and the trace context it decides goes in instead (`request::trace`); without one they pass
+/// as they came. Returns the request's `Host` for the user container under the
 /// queue-proxy's edits (`K-Original-Host`, else the authority); `None` under the activator's,
 /// where the pod's address is the writer's once one is picked.
 ///
@@ -296,6 +302,7 @@ pub fn write_fields<'a, V, S, I, const QUEUE_PROXY: bool>(
     fields: impl Fn() -> I,
     client_ip: &[u8],
     sink: &mut S,
+    mut trace: Option<&mut Decider<'_>>,
 ) -> Option<&'a [u8]>
 where
     V: RequestHeaders + ?Sized,
@@ -307,8 +314,15 @@ where
     let mut has_original_host = false;
     let mut wants_trailers = false;
     let mut seen = QueueProxySeen::default();
+    let mut gathered = Gathered::default();
     for field in fields() {
         let (name, value) = (field.name(), field.value());
+        if trace.is_some() {
+            if let Some(propagation) = propagation_field(name) {
+                gathered.note(propagation, value);
+                continue;
+            }
+        }
         let kind = if QUEUE_PROXY {
             queue_proxy_field(name)
         } else {
@@ -371,6 +385,13 @@ where
     sink.forwarded_for(earlier.into_iter().flatten(), client_ip);
     if wants_trailers {
         sink.add(AddedField::Te, b"trailers");
+    }
+    if let Some(decider) = trace.as_mut() {
+        decider.decide(&gathered, |name, value| {
+            if let Some(field) = propagation_field(name.as_bytes()) {
+                sink.add(AddedField::Trace(field), value);
+            }
+        });
     }
     host
 }
@@ -513,6 +534,7 @@ mod tests {
             || pairs.iter().copied(),
             b"10.0.0.9",
             &mut lines,
+            None,
         );
         (
             lines.0,
@@ -729,6 +751,77 @@ mod tests {
             });
             let expected: Vec<_> = expected.iter().map(|&(n, v)| (n, v.to_string())).collect();
             assert_eq!(fields, expected, "{waits:?}");
+        }
+    }
+
+    /// What the writer makes of `fields` with tracing on (every trace sampled).
+    fn written_traced<const QUEUE_PROXY: bool>(fields: &[(&str, &str)]) -> Vec<String> {
+        use kactivator_api::trace::{IdGenerator, Sampler};
+        let pairs: Vec<(&[u8], &[u8])> = fields
+            .iter()
+            .map(|(name, value)| (name.as_bytes(), value.as_bytes()))
+            .collect();
+        let mut lines = Lines::default();
+        let mut ids = IdGenerator::new(1);
+        let mut decider = Decider::new(&mut ids, Sampler::new(1.0).unwrap());
+        write_fields::<_, _, _, QUEUE_PROXY>(
+            fields,
+            || pairs.iter().copied(),
+            b"10.0.0.9",
+            &mut lines,
+            Some(&mut decider),
+        );
+        assert!(decider.decided.is_some());
+        lines.0
+    }
+
+    #[test]
+    fn with_tracing_on_every_propagation_header_is_replaced_in_both_roles_and_off_none_is() {
+        let fields = [
+            ("Host", "hello.example.com"),
+            (
+                "TraceParent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+            ("tracestate", "vendor=1"),
+            ("X-B3-TraceId", "ffffffffffffffffffffffffffffffff"),
+            ("X-B3-SpanId", "not-hex"),
+            ("x-b3-sampled", "1"),
+            ("X-B3-Flags", "1"),
+            ("x-b3-parentspanid", "0000000000000001"),
+            ("b3", "garbage"),
+            ("Accept", "*/*"),
+        ];
+        for lines in [
+            written_traced::<false>(&fields),
+            written_traced::<true>(&fields),
+        ] {
+            let passed: Vec<&String> = lines.iter().filter(|l| !l.starts_with('+')).collect();
+            assert_eq!(passed, ["Accept: */*"], "{lines:?}");
+            let traceparent = lines
+                .iter()
+                .find_map(|l| l.strip_prefix("+Trace(TraceParent): "))
+                .expect("a traceparent goes on");
+            assert!(
+                traceparent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"),
+                "the client's trace continues: {traceparent}"
+            );
+            assert!(!traceparent.contains("b7ad6b7169203331"), "with a new span");
+            assert!(lines.contains(&"+Trace(TraceState): vendor=1".to_string()));
+            assert!(
+                lines.contains(&"+Trace(B3TraceId): 0af7651916cd43dd8448eb211c80319c".to_string())
+            );
+            assert!(lines.contains(&"+Trace(B3Sampled): 1".to_string()));
+            assert!(!lines.iter().any(|l| l.contains("Flags")
+                || l.contains("ParentSpanId")
+                || l.contains("garbage")));
+        }
+        let (untouched, _) = written::<false>(&fields);
+        for (name, value) in &fields[1..9] {
+            assert!(
+                untouched.contains(&format!("{name}: {value}")),
+                "tracing off passes {name} as it came: {untouched:?}"
+            );
         }
     }
 }

@@ -6,12 +6,16 @@
 //! * ★ **The connection to the pod could not be made** (refused, unreachable, connect timeout):
 //!   nothing was sent anywhere, body included (it is still with the client), so the request goes
 //!   back to admission whatever its shape. `UpstreamError::Connect` and `ConnectTimeout` come
-//!   only from a dial, before any byte is written (`upstream::pool::Pool::dial`).
+//!   only from a dial, before any byte is written (`upstream::pool::Pool::dial`). Not a TLS
+//!   handshake the pod and we could not agree on (`TransportCause::TlsHandshake`: a certificate
+//!   not trusted or for another name, no common version): the pod answered, and would answer
+//!   the next attempt alike, so the client hears it at once, as upstream's activator answers 502
+//!   without a retry (its `ReverseProxy` has none).
 //! * **A pod's HTTP/2 connection refused the stream** (GOAWAY before it, REFUSED_STREAM): the
 //!   pod processed none of it (RFC 9113 §8.7), so a request whose body the activator has not
 //!   started to forward goes to another pod, or to a new connection to the same one.
 
-use crate::upstream::error::UpstreamError;
+use crate::upstream::error::{TransportCause, UpstreamError};
 
 /// Most further pods a request is offered to after its first attempt.
 pub const MAX_RETRIES: u32 = 3;
@@ -20,7 +24,8 @@ pub const MAX_RETRIES: u32 = 3;
 /// followed by another. `replayable`: the request can be sent again as it was.
 pub fn may_retry(attempt: u32, error: &UpstreamError, replayable: bool) -> bool {
     let reached_no_pod = match error {
-        UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. } => true,
+        UpstreamError::Connect { cause, .. } => *cause != TransportCause::TlsHandshake,
+        UpstreamError::ConnectTimeout { .. } => true,
         UpstreamError::StreamRefused { .. } => replayable,
         _ => false,
     };
@@ -30,7 +35,6 @@ pub fn may_retry(attempt: u32, error: &UpstreamError, replayable: bool) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::error::TransportCause;
 
     #[test]
     fn a_request_that_reached_no_pod_goes_to_another_a_bounded_number_of_times() {
@@ -48,6 +52,10 @@ mod tests {
             after_ms: 5000,
         };
         let dropped = UpstreamError::ClosedBeforeResponse { addr };
+        let tls_refused = UpstreamError::Connect {
+            addr,
+            cause: TransportCause::TlsHandshake,
+        };
         let reset_while_sending = UpstreamError::Send {
             addr,
             cause: TransportCause::Reset,
@@ -98,6 +106,13 @@ mod tests {
             ),
             ("dial timed out", 3, &timed_out, false, true),
             ("pod dropped the request: never", 1, &dropped, true, false),
+            (
+                "TLS handshake refused: the pod would refuse again",
+                1,
+                &tls_refused,
+                true,
+                false,
+            ),
             (
                 "reset while sending: never",
                 1,

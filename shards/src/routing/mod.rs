@@ -205,4 +205,7 @@ pub enum ShardCommand {
     /// The TLS data port's certificates and settings from now on: new handshakes use them,
     /// connections already open keep theirs. `None`: none to offer (a TLS connection is closed).
     ServerTls(Option<std::sync::Arc<rustls::ServerConfig>>),
+    /// Tracing from now on (issue 39): `None` off (propagation headers pass untouched, no
+    /// span recorded); else new requests are traced, new traces sampled by the sampler.
+    Tracing(Option<kactivator_api::trace::Sampler>),
 }
