@@ -47,12 +47,15 @@ if ((${#need_packages[@]})); then
 fi
 
 # grpcio's wheels carry their C core; grpcio-tools generates the test stubs at run time;
-# grpcio-health-checking is the standard health service of the HTTP/2-only test pods.
+# grpcio-health-checking is the standard health service of the HTTP/2-only test pods;
+# opentelemetry-proto is OpenTelemetry's own Python build of the OTLP messages and TraceService,
+# which the trace collector of telemetry/tests/otel_receiver.py is made of (1.45.2 takes the
+# protobuf 5-7 that grpcio-tools brings).
 venv=target/venv
-if ! "$venv/bin/python3" -c 'import grpc, grpc_tools, grpc_health' >/dev/null 2>&1; then
-  echo "== installing grpcio, grpcio-tools and grpcio-health-checking (Python) in $venv for tests/grpc.rs"
+if ! "$venv/bin/python3" -c 'import grpc, grpc_tools, grpc_health; from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc' >/dev/null 2>&1; then
+  echo "== installing grpcio, grpcio-tools, grpcio-health-checking and opentelemetry-proto (Python) in $venv for tests/grpc.rs and telemetry/tests/collectors.rs"
   python3 -m venv "$venv"
-  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check 'grpcio==1.85.3' 'grpcio-tools==1.85.1' 'grpcio-health-checking==1.85.1'
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check 'grpcio==1.85.3' 'grpcio-tools==1.85.1' 'grpcio-health-checking==1.85.1' 'opentelemetry-proto==1.45.2'
 fi
 export KACTIVATOR_PYTHON=$PWD/$venv/bin/python3
 

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_api::RevisionKey;
-use kactivator_control::config::{Config, MetricNames, MetricsComponent, RevisionConfig};
+use kactivator_control::config::{
+    trace, Config, MetricNames, MetricsComponent, RevisionConfig, TracingSettings,
+};
 use kactivator_control::drain::DrainRule;
 use kactivator_control::features;
 use kactivator_control::queue_proxy::env::{self, EnvError};
@@ -65,6 +67,10 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
             );
         }
     }
+    for (key, what) in &env.warnings {
+        tracing::warn!(key, "{what}");
+    }
+    tracing::info!("tracing: {}", trace::describe(&env.tracing));
     let mut config = config_of(&env, cli.drain_grace_seconds);
     // Knative's system-internal-tls: TLS on QUEUE_SERVING_TLS_PORT beside the plain port, with
     // the mounted pair (the admin port stays plain, as 1.20+).
@@ -112,6 +118,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         drain_rule: DrainRule::QuietPeriod,
         unmap_start_up_code: args.unmap_start_up_code,
         server_tls,
+        trace_resource: trace_resource(&env),
         spawn_extra: Some(Box::new(move |runtime, drain, shards| {
             let listener = bind(admin_addr)?;
             let stats_listener = bind(stats_addr)?;
@@ -248,6 +255,8 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
             }
         }
     }
+    // Start-up's one tracing channel begins with it (`start::run_as`).
+    config.tracing = TracingSettings::of(&env.tracing);
     config.proxy.drain_grace_seconds = drain_grace.unwrap_or(QUIET_PERIOD.as_secs());
     config.metrics.component = MetricsComponent::QueueProxy {
         queue_depth: env.container_concurrency > 0,
@@ -273,4 +282,33 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
         ..RevisionConfig::new(&env.namespace, &env.revision)
     });
     config
+}
+
+/// Who the queue-proxy's spans come from, as upstream's resource names it
+/// (`pkg/queue/sharedmain/otel.go` `res`, release-1.23): the service is the first set of
+/// `OTEL_SERVICE_NAME`, `SERVING_SERVICE`, `SERVING_CONFIGURATION`, `SERVING_REVISION` and the
+/// pod's name; the instance is the pod; the container, namespace and pod as Kubernetes'
+/// semantic conventions name them.
+fn trace_resource(env: &env::QueueProxyEnv) -> kactivator_telemetry::Resource {
+    let otel_service_name = std::env::var("OTEL_SERVICE_NAME").unwrap_or_default();
+    let service_name = [
+        otel_service_name.as_str(),
+        &env.service,
+        &env.configuration,
+        &env.revision,
+        &env.pod,
+    ]
+    .into_iter()
+    .find(|name| !name.is_empty())
+    .unwrap_or_default()
+    .to_string();
+    kactivator_telemetry::Resource {
+        service_name,
+        instance_id: Some(env.pod.clone()).filter(|pod| !pod.is_empty()),
+        attributes: vec![
+            ("k8s.container.name".into(), "queue-proxy".into()),
+            ("k8s.namespace.name".into(), env.namespace.clone()),
+            ("k8s.pod.name".into(), env.pod.clone()),
+        ],
+    }
 }

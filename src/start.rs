@@ -12,6 +12,7 @@ use kactivator_control::features::{self, Tunables};
 use kactivator_control::publisher::Publisher;
 use kactivator_control::sources::kubernetes::informers::{self, KubeSource};
 use kactivator_control::tls::files::ServerFiles;
+use kactivator_control::trace_export;
 use kactivator_control::{ControlInputs, ControlPlane, DrainPhase};
 use kactivator_shards::hub::{self, ShardSpec};
 use kactivator_shards::metrics::{AllShardStats, ShardStats};
@@ -116,6 +117,11 @@ fn check_kubernetes_config(config: &Config) -> Result<(), ConfigError> {
             config.listen.tls.is_some(),
             "[listen.tls]",
             "the routing-serving-certs Secret when config-network turns system-internal-tls on",
+        ),
+        (
+            config.tracing.is_some(),
+            "[tracing]",
+            "config-observability (Knative 1.19+) or config-tracing (1.18)",
         ),
     ];
     for (set, what, owner) in owned {
@@ -372,6 +378,8 @@ pub struct RoleSetup {
     /// The TLS data port's certificates when the role has its own (the queue-proxy's mounted
     /// pair); otherwise the file's `[listen.tls]`. Served on `listen.https`.
     pub server_tls: Option<ServerFiles>,
+    /// Who exports the spans: OpenTelemetry's resource on every batch.
+    pub trace_resource: kactivator_telemetry::Resource,
 }
 
 /// A request log for the shards, and its writer thread, finished once the shards are.
@@ -379,6 +387,9 @@ pub struct RequestLogSetup {
     pub log: Arc<RequestLog>,
     pub writer: sink::Writer,
 }
+
+/// How long the end of a drain waits for the last spans to be exported.
+pub const TRACE_EXPORT_AT_EXIT: Duration = Duration::from_secs(5);
 
 /// How long the end of a drain waits for the request log's last lines to reach stdout.
 pub const REQUEST_LOG_FINISH: Duration = Duration::from_secs(5);
@@ -400,6 +411,12 @@ impl RoleSetup {
             // the code layout").
             unmap_start_up_code: false,
             server_tls: None,
+            // Upstream's activator is the `activator` service, one instance per pod.
+            trace_resource: kactivator_telemetry::Resource {
+                service_name: "activator".into(),
+                instance_id: Some(cli.pod_name.clone()).filter(|name| !name.is_empty()),
+                attributes: Vec::new(),
+            },
         }
     }
 }
@@ -509,6 +526,8 @@ pub fn run_as(
         config.autoscaler.url.is_some(),
         kubernetes.is_some(),
     ));
+    // Every shard's spans, to the exporters on the control thread.
+    let (span_sender, spans) = trace_export::span_channel();
     let settings = Arc::new(ShardSettings {
         report_load: config.autoscaler.url.is_some(),
         readiness: readiness.clone(),
@@ -525,6 +544,7 @@ pub fn run_as(
         head_timeout: Duration::from_secs(config.proxy.head_timeout_seconds),
         role: setup.role,
         request_log: setup.request_log.as_ref().map(|setup| setup.log.clone()),
+        spans: Some(span_sender),
     });
     let log_writer = setup.request_log.map(|setup| setup.writer);
     let stats: AllShardStats = (0..placement.shards)
@@ -552,6 +572,9 @@ pub fn run_as(
     };
     let (control_link, from_shards) = ControlLink::channel();
     let process_queue = Arc::new(ProcessQueue::new(config.proxy.max_queued_requests));
+    // The tracing in force: the file's `[tracing]` (the queue-proxy's environment, through its
+    // preset), then what the file poller or the Kubernetes source reads.
+    let (tracing_tx, tracing_rx) = tokio::sync::watch::channel(config.tracing_config());
     let mut control = ControlPlane::new(ControlInputs {
         shards: placement.shards,
         config: config.clone(),
@@ -562,7 +585,7 @@ pub fn run_as(
         } else {
             cli.config.clone()
         },
-        publisher,
+        publisher: publisher.clone(),
         stats: stats.clone(),
         pod_name: setup.pod_name,
         pod_ip,
@@ -572,6 +595,21 @@ pub fn run_as(
         readiness,
         kubernetes,
         drain_rule: setup.drain_rule,
+        tracing: tracing_tx,
+    });
+    // Before the revisions load: the shards learn the tracing in force before any request.
+    let exporting = runtime.spawn({
+        let registry = control.registry().clone();
+        async move {
+            trace_export::run(
+                tracing_rx,
+                spans,
+                setup.trace_resource,
+                publisher,
+                &registry,
+            )
+            .await
+        }
     });
     let revisions = runtime
         .block_on(control.start())
@@ -654,6 +692,18 @@ pub fn run_as(
         let _ = joined.await;
         tokio::task::yield_now().await;
     });
+    // The shards are gone and their last spans sent: with the channel closed, the exporters
+    // send what is left and stop (each export bounded by its timeout).
+    drop(settings);
+    if runtime
+        .block_on(tokio::time::timeout(TRACE_EXPORT_AT_EXIT, exporting))
+        .is_err()
+    {
+        tracing::warn!(
+            "tracing: the last spans were not exported within {} s; they are lost",
+            TRACE_EXPORT_AT_EXIT.as_secs()
+        );
+    }
     // Every request has ended: its line is queued, and written before the process exits.
     if let Some(writer) = log_writer {
         if !writer.finish(REQUEST_LOG_FINISH) {
@@ -800,6 +850,7 @@ mod tests {
             ),
             ("[cluster]\nself_ip = \"10.0.0.1\"\n", "cluster.self_ip"),
             ("[cluster]\npeers = [\"10.0.0.2:8012\"]\n", "cluster.peers"),
+            ("[tracing]\nprotocol = \"stdout\"\n", "[tracing]"),
         ];
         for (text, what) in owned {
             let config = Config::parse(text).unwrap_or_else(|error| panic!("{text}: {error}"));

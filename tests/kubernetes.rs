@@ -190,14 +190,19 @@ impl Cluster {
     }
 
     fn features(&self, data: &[(&str, &str)]) {
-        let data: String = data
-            .iter()
-            .map(|(key, value)| format!("  {key}: \"{value}\"\n"))
-            .collect();
-        self.api.apply_yaml(&format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: config-features\n  namespace: knative-serving\ndata:\n{data}"
-        ));
+        self.api.apply_yaml(&config_map("config-features", data));
     }
+}
+
+/// A ConfigMap of `knative-serving` holding `data`.
+fn config_map(name: &str, data: &[(&str, &str)]) -> String {
+    let data: String = data
+        .iter()
+        .map(|(key, value)| format!("  {key}: \"{value}\"\n"))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: knative-serving\ndata:\n{data}"
+    )
 }
 
 fn ip(pod: &BackendHandle) -> IpAddr {
@@ -711,6 +716,93 @@ fn config_features_flip_under_load_without_a_failure() {
     assert!(load.flows(50));
     let (ok, failures) = load.finish();
     assert!(failures.is_empty(), "{failures:?} of {ok}");
+}
+
+/// Tracing as a 1.18 cluster and then a 1.19+ one configure it: config-tracing decides until
+/// config-observability names a `tracing-*` key, a change applies live, a value upstream would
+/// refuse keeps the tracing in force (one line naming the map and the key), and a deleted
+/// config-observability hands the decision back. Each `tracing:` line is written when, and
+/// only when, the tracing channel's value changed (`informers.rs`, `tracing_map`).
+#[test]
+fn tracing_follows_config_observability_over_config_tracing_and_a_bad_value_keeps_it() {
+    let cluster = Cluster::start(Listing::Endpoints);
+    let zipkin = "http://zipkin.istio-system.svc.cluster.local:9411/api/v2/spans";
+    cluster.api.apply_yaml(&config_map(
+        "config-tracing",
+        &[
+            ("backend", "zipkin"),
+            ("zipkin-endpoint", zipkin),
+            ("sample-rate", "0.5"),
+        ],
+    ));
+    let observability_1_18 = config_map(
+        "config-observability",
+        &[("metrics.backend-destination", "prometheus")],
+    );
+    cluster.api.apply_yaml(&observability_1_18);
+    let activator = cluster.activator();
+    let said = |line: &str, times: usize| {
+        eventually(Duration::from_secs(10), || {
+            activator.stderr().matches(line).count() == times
+        })
+    };
+    let from_zipkin = format!(
+        "tracing: zipkin to {zipkin}, sampling 0.5, from knative-serving/config-tracing \
+         (config-observability names no tracing-* key)"
+    );
+    assert!(said(&from_zipkin, 1), "{}", activator.stderr());
+
+    let otlp = |rate: &str| {
+        config_map(
+            "config-observability",
+            &[
+                ("tracing-protocol", "grpc"),
+                (
+                    "tracing-endpoint",
+                    "http://otel-collector.observability:4317",
+                ),
+                ("tracing-sampling-rate", rate),
+            ],
+        )
+    };
+    cluster.api.apply_yaml(&otlp("0.25"));
+    let from_otlp = |rate: &str| {
+        format!(
+            "tracing: grpc to http://otel-collector.observability:4317, sampling {rate}, from \
+             knative-serving/config-observability's tracing-* keys"
+        )
+    };
+    assert!(said(&from_otlp("0.25"), 1), "{}", activator.stderr());
+
+    cluster.api.apply_yaml(&otlp("lots"));
+    assert!(
+        said(
+            "tracing settings not applied: knative-serving/config-observability: \
+             tracing-sampling-rate: \"lots\" is not a number; keeping the tracing in force \
+             (grpc to http://otel-collector.observability:4317, sampling 0.25)",
+            1
+        ),
+        "{}",
+        activator.stderr()
+    );
+    assert!(eventually(Duration::from_secs(3), || activator.metric_sum(
+        "kactivator_kubernetes_invalid_objects_total",
+        &["informer=\"config-observability\""]
+    ) == 1.0));
+
+    cluster.api.apply_yaml(&otlp("1"));
+    assert!(said(&from_otlp("1"), 1), "{}", activator.stderr());
+
+    // Back to what 1.18 has: config-tracing decides again.
+    cluster.api.apply_yaml(&observability_1_18);
+    assert!(said(&from_zipkin, 2), "{}", activator.stderr());
+    assert!(
+        !activator
+            .stderr()
+            .contains("tracing settings not applied: knative-serving/config-tracing"),
+        "{}",
+        activator.stderr()
+    );
 }
 
 /// `activator.max-queued-requests` caps the requests waiting over every revision, from the

@@ -36,6 +36,7 @@ fn a_missing_or_bad_environment_exits_2_naming_every_key() {
     env.remove("SERVING_REVISION");
     env.remove("USER_PORT");
     env.insert("CONTAINER_CONCURRENCY".into(), "ten".into());
+    env.insert("TRACING_CONFIG_SAMPLE_RATE".into(), "ten percent".into());
     let output = Command::new(env!("CARGO_BIN_EXE_kactivator"))
         .arg("queue-proxy")
         .env_clear()
@@ -46,7 +47,8 @@ fn a_missing_or_bad_environment_exits_2_naming_every_key() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("missing SERVING_REVISION, USER_PORT")
-            && stderr.contains("CONTAINER_CONCURRENCY: \"ten\" is not an integer"),
+            && stderr.contains("CONTAINER_CONCURRENCY: \"ten\" is not an integer")
+            && stderr.contains("TRACING_CONFIG_SAMPLE_RATE: \"ten percent\" is not a number"),
         "{stderr}"
     );
     assert_eq!(

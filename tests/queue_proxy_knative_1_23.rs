@@ -123,10 +123,11 @@ fn knative_1_23s_environment_writes_the_configured_request_log_and_serves_its_me
 }
 
 /// The defaults (an empty config-observability) with tracing over OTLP and profiling asked for:
-/// no request log and no upstream request metrics, as 1.23's queue-proxy; tracing and
-/// profiling are not built, which start-up says, naming each field, and then serves.
+/// no request log and no upstream request metrics, as 1.23's queue-proxy; the tracing is taken
+/// (start-up says which), profiling is not built, which start-up says, naming the field, and
+/// then serves.
 #[test]
-fn unbuilt_tracing_is_said_at_start_up_and_the_defaults_log_and_export_nothing() {
+fn tracing_is_taken_unbuilt_profiling_is_said_and_the_defaults_log_and_export_nothing() {
     let user_port = free_port();
     let _user = user_container(user_port);
     let mut config: serde_json::Value = serde_json::from_str(KNATIVE_1_23_DEFAULTS).unwrap();
@@ -148,15 +149,27 @@ fn unbuilt_tracing_is_said_at_start_up_and_the_defaults_log_and_export_nothing()
     );
     assert!(text.contains("kactivator_shard_requests_total"), "{text}");
     let stderr = proxy.stderr();
-    for field in ["tracing.protocol", "runtime.profiling"] {
-        assert!(
-            stderr.lines().any(|line| line.contains("WARN")
-                && line.contains("OBSERVABILITY_CONFIG")
-                && line.contains(field)
-                && line.contains("not built")),
-            "{field}: {stderr}"
-        );
-    }
+    assert!(
+        stderr.lines().any(|line| line.contains("WARN")
+            && line.contains("OBSERVABILITY_CONFIG")
+            && line.contains("runtime.profiling")
+            && line.contains("not built")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.lines().any(|line| line.contains("INFO")
+            && line.contains(
+                "tracing: http/protobuf to \
+                 http://jaeger-collector.observability:4318/v1/traces, sampling 1"
+            )),
+        "{stderr}"
+    );
+    assert!(
+        !stderr
+            .lines()
+            .any(|line| line.contains("tracing") && line.contains("not built")),
+        "{stderr}"
+    );
     stop(&mut proxy);
     assert_eq!(proxy.stdout(), "", "enableRequestLog is false");
 }
@@ -212,6 +225,10 @@ fn a_bad_observability_config_exits_2_naming_the_field() {
         (
             r#"{"requestMetrics":{"protocol":"prometheus","endpoint":":80"}}"#,
             &["requestMetrics.endpoint", "below 1024"],
+        ),
+        (
+            r#"{"tracing":{"protocol":"grpc","samplingRate":"0.5"}}"#,
+            &["tracing.samplingRate", "a number"],
         ),
         (
             r#"{"enableRequestLog":true,"requestLogTemplate":"{{.Request.Body}}"}"#,

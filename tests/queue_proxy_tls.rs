@@ -3,7 +3,9 @@
 //! port, with a certificate as Knative issues it (SANs `kn-user-<namespace>` and
 //! `data-plane.knative.dev`); HTTP/2 with and without ALPN (Knative's activator sends h2 over TLS
 //! without ALPN); the pair looked at again and a changed one served; a pair that does not load
-//! stops start-up, as upstream's does.
+//! stops start-up, as upstream's does. And the activator's side of it standalone
+//! (`[revisions.tls]`): requests over TLS to such pods, and with quarantine on the health
+//! prober dialling them with the same TLS client.
 
 mod support;
 
@@ -16,7 +18,7 @@ use kactivator_testkit::backend::BackendConfig;
 use kactivator_testkit::certs::TestCa;
 use kactivator_testkit::grpc::{spawn_grpc_on, GrpcHandle};
 use kactivator_testkit::ports::free_port;
-use support::queue_proxy::{knative_env, start_with_certs};
+use support::queue_proxy::{knative_env, start_with_certs, REVISION};
 use support::{eventually, exit_within};
 
 /// The name Knative's activator puts in SNI and verifies.
@@ -156,7 +158,10 @@ fn the_activator_reaches_a_queue_proxy_over_tls_as_knative_does() {
             ca_file.display().to_string()
         )
     };
-    // Health probes over TLS are not built; the file refuses TLS revisions with quarantine on.
+    // Quarantine off: the pod is listed for revision `hello` while its queue-proxy serves
+    // `hello-00001` (a probe would take it for a reused IP), and the wrong-named pod below
+    // must stay routable for its request to show the 502. Probes over TLS with quarantine on:
+    // `with_quarantine_on_tls_pods_are_probed_over_tls_and_a_wrong_named_one_is_quarantined`.
     let quarantine_off = "[features]\n\"activator.pod-quarantine\" = \"disabled\"\n";
     let activator = support::Activator::start(&format!(
         "{quarantine_off}{}{}",
@@ -232,4 +237,120 @@ fn the_activator_reaches_a_queue_proxy_over_tls_as_knative_does() {
         strict.stderr()
     );
     std::fs::remove_dir_all(certs).unwrap();
+}
+
+/// Issue 38's last gap: with quarantine on, a standalone `[revisions.tls]` revision (a file
+/// refused before) loads, and the health prober dials its pods with the data plane's TLS client
+/// for it, in the revision's protocol (HTTP/1.1, or HTTP/2 by prior knowledge inside TLS): a
+/// queue-proxy whose certificate carries the names is probed healthy over TLS at its TLS port
+/// (nothing plain listens there), stays routable and serves every request; one whose
+/// certificate names another host fails its probes saying `TLS handshake: …` and why, is
+/// quarantined, and no request goes to it.
+#[test]
+fn with_quarantine_on_tls_pods_are_probed_over_tls_and_a_wrong_named_one_is_quarantined() {
+    let ca = TestCa::new("serving-certs");
+    let good_certs = support::scratch_dir();
+    let ca_file = ca.write(&good_certs, "ca.pem");
+    mount(&ca, &good_certs);
+    // Trusted, and `kn-user-default`, but not `data-plane.knative.dev`.
+    let bad_certs = support::scratch_dir();
+    ca.issue(&["kn-user-default", "wrong.example"])
+        .write(&bad_certs, "tls");
+    let good_user = free_port();
+    let _good_user = user_container(good_user);
+    let bad_user = free_port();
+    let _bad_user = spawn_grpc_on(
+        SocketAddr::from(([127, 0, 0, 1], bad_user)),
+        BackendConfig::named("wrong-named-pod"),
+    )
+    .expect("user container");
+    let (_good_proxy, good_port) = start_with_certs(good_user, &good_certs, &[]);
+    let (_bad_proxy, bad_port) = start_with_certs(bad_user, &bad_certs, &[]);
+    let good: SocketAddr = format!("127.0.0.1:{good_port}").parse().unwrap();
+    let bad: SocketAddr = format!("127.0.0.1:{bad_port}").parse().unwrap();
+    for protocol in ["http1", "h2c"] {
+        // Quarantine on, said (it is also the default), and probes often.
+        let config = format!(
+            "[features]\n\"activator.pod-quarantine\" = \"enabled\"\n\n[health]\nprobe_interval_ms = 100\nsettled_probe_interval_ms = 100\n\n{}[revisions.tls]\nca = {:?}\nserver_name = \"{SERVER_NAME}\"\nrequire_name = \"kn-user-default\"\n",
+            support::revision(
+                "default",
+                REVISION,
+                &[good, bad],
+                &format!("protocol = \"{protocol}\""),
+            ),
+            ca_file.display().to_string()
+        );
+        // (3) It loads: before, a TLS revision with quarantine on stopped start-up.
+        let activator = support::Activator::start(&config);
+        let quarantined =
+            || activator.metric_sum("activator_pod_trackers", &["state=\"quarantined\""]) == 1.0;
+        assert!(
+            support::eventually(Duration::from_secs(10), quarantined),
+            "{protocol}: the wrong-named pod is quarantined: {}\n{}",
+            activator.metrics(),
+            activator.stderr()
+        );
+        // (2) Its probe failed on the handshake, saying so and why.
+        let log = activator.stderr();
+        let failed: Vec<&str> = log
+            .lines()
+            .filter(|line| line.contains("health check failed"))
+            .collect();
+        assert!(
+            failed.iter().any(|line| line.contains(&bad.to_string())
+                && line.contains("TLS handshake: invalid peer certificate: certificate not valid for name \"data-plane.knative.dev\"")),
+            "{protocol}: {log}"
+        );
+        // (1) The good pod, probed over TLS at its TLS port, passed and stays routable.
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            activator.metric_sum("activator_pod_probes_total", &["result=\"healthy\""]) >= 2.0,
+            "{protocol}: {}",
+            activator.metrics()
+        );
+        assert_eq!(
+            activator.metric_sum("activator_pod_trackers", &["state=\"ready\""]),
+            1.0,
+            "{protocol}: {}",
+            activator.metrics()
+        );
+        let log = activator.stderr();
+        assert!(
+            !log.lines().any(
+                |line| line.contains("health check failed") && line.contains(&good.to_string())
+            ),
+            "{protocol}: {log}"
+        );
+        // Every request goes to the good pod, in either protocol, over TLS.
+        for _ in 0..5 {
+            for (flag, pod_saw) in [
+                ("--http1.1", "HTTP/1.1"),
+                ("--http2-prior-knowledge", "HTTP/2.0"),
+            ] {
+                let url = format!("http://{}/", activator.http);
+                let revision = format!("Knative-Serving-Revision: {REVISION}");
+                let (ok, out) = support::curl(&[
+                    "-i",
+                    "-H",
+                    "Knative-Serving-Namespace: default",
+                    "-H",
+                    &revision,
+                    flag,
+                    &url,
+                ]);
+                let out = String::from_utf8_lossy(&out);
+                assert!(ok, "{protocol} {flag}: {}", activator.stderr());
+                assert!(
+                    out.contains(" 200")
+                        && out.contains("x-backend: user-container")
+                        && out.contains(&format!("x-http-version: {pod_saw}")),
+                    "{protocol} {flag}: {out}\n{}",
+                    activator.stderr()
+                );
+            }
+        }
+        assert!(quarantined(), "{protocol}: {}", activator.metrics());
+    }
+    std::fs::remove_dir_all(good_certs).unwrap();
+    std::fs::remove_dir_all(bad_certs).unwrap();
 }

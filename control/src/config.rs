@@ -1,4 +1,5 @@
-//! The standalone configuration file: listeners, proxy settings, feature gates and revisions.
+//! The standalone configuration file: listeners, proxy settings, feature gates, tracing and
+//! revisions.
 //!
 //! TOML, parsed with the maintained `toml` crate. Unknown keys are errors (a typo must not be
 //! silently ignored), and every error, the parser's or validation's, names the line and column
@@ -32,6 +33,7 @@ use kactivator_shards::upstream::pool::{
 use serde::Deserialize;
 use toml::de::DeTable;
 
+use self::trace::{TraceProtocol, TracingConfig};
 use crate::pod_state::{DEFAULT_QP_FRESHNESS, DEFAULT_QP_STALENESS};
 use crate::state::{
     DEFAULT_H2C_SERVING_PORT, DEFAULT_MAX_TRACKERS_PER_REVISION, DEFAULT_SERVING_PORT,
@@ -39,6 +41,8 @@ use crate::state::{
 #[cfg(doc)]
 use kactivator_shards::request::identity::DEFAULT_CLUSTER_DOMAIN;
 use kactivator_shards::runtime::reactor;
+
+pub mod trace;
 
 // Each default is one named constant. Those a consumer also falls back to live with it (the
 // pool's, the routing's, the state worker's) and are referenced here; the ones only this file
@@ -67,8 +71,104 @@ pub struct Config {
     pub metrics: MetricsSettings,
     #[serde(default)]
     pub kubernetes: KubernetesSettings,
+    /// Where spans are exported. Standalone only (watching a cluster, its config-observability
+    /// or config-tracing decides). Default: none, tracing off.
+    #[serde(default)]
+    pub tracing: Option<TracingSettings>,
     #[serde(default)]
     pub revisions: Vec<RevisionConfig>,
+}
+
+// === [tracing] ===
+
+/// Default of `tracing.sampling_rate`: 1, every new trace, as the OpenTelemetry SDK's own
+/// default sampler (`parentbased_always_on`). Knative's defaults differ (1.18's config-tracing
+/// 0.1, `config/tracing.go:66-73`; 1.19+'s config-observability 0, which samples nothing,
+/// `observability/tracing/config.go:61-65`): a table written to export traces exports some.
+pub const DEFAULT_SAMPLING_RATE: f64 = 1.0;
+
+/// `[tracing]`: the span exporter, the settings meaning what config-observability's mean
+/// ([`trace`]). Applied without a restart when the file changes.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSettings {
+    /// `none`, `http/protobuf`, `grpc`, `stdout` (one line per span) or `zipkin` (Zipkin's v2
+    /// JSON, what Knative 1.18 exports). Required.
+    #[serde(deserialize_with = "trace_protocol")]
+    pub protocol: TraceProtocol,
+    /// The collector, as Knative's `tracing-endpoint` is written and read
+    /// (`kactivator_telemetry::endpoint`): an `http://` URL (`http://otel-collector:4317`,
+    /// `http://otel-collector:4318/v1/traces`, `http://zipkin:9411/api/v2/spans`). `https://`,
+    /// and a bare `host:port`, which Knative reads as `https://`, are refused: TLS to collectors
+    /// is not built. Required for `grpc`, `http/protobuf` and `zipkin`; empty for `none` and
+    /// `stdout`. Default empty.
+    #[serde(default)]
+    pub endpoint: String,
+    /// The ratio of new traces sampled, 0 to 1 (a parent's decision is kept); `stdout` samples
+    /// every trace. Default: [`DEFAULT_SAMPLING_RATE`] (1).
+    #[serde(default = "default_sampling_rate")]
+    pub sampling_rate: f64,
+}
+
+fn default_sampling_rate() -> f64 {
+    DEFAULT_SAMPLING_RATE
+}
+
+/// `tracing.protocol`, by [`trace::file_protocol`]; an unknown name is refused at its value.
+fn trace_protocol<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<TraceProtocol, D::Error> {
+    let name = String::deserialize(deserializer)?;
+    trace::file_protocol(&name).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "unknown tracing protocol {name:?}, expected \"none\", \"http/protobuf\", \"grpc\", \
+             \"stdout\" or \"zipkin\""
+        ))
+    })
+}
+
+impl TracingSettings {
+    /// What the table means, or the key at fault and why: a rate outside 0 to 1, an endpoint
+    /// where none is used (config-observability refuses that too,
+    /// `observability/tracing/config.go:39-51`), or one the exporters cannot use
+    /// ([`TracingConfig::validate`]).
+    pub fn config(&self) -> Result<TracingConfig, (&'static str, String)> {
+        if !trace::rate_in_range(self.sampling_rate) {
+            return Err((
+                "sampling_rate",
+                format!("{} is not a number from 0 to 1", self.sampling_rate),
+            ));
+        }
+        if !self.protocol.needs_endpoint() && !self.endpoint.is_empty() {
+            return Err((
+                "endpoint",
+                format!(
+                    "must be empty with protocol {:?}, which sends nowhere",
+                    self.protocol.label()
+                ),
+            ));
+        }
+        let config =
+            trace::opentelemetry(self.protocol.clone(), &self.endpoint, self.sampling_rate);
+        config.validate().map_err(|error| {
+            let key = match error {
+                trace::TracingConfigError::SamplingRate(_) => "sampling_rate",
+                _ => "endpoint",
+            };
+            (key, error.to_string())
+        })?;
+        Ok(config)
+    }
+
+    /// The table that means `config` (`None`: tracing off): how a role that is configured
+    /// otherwise (the queue-proxy, by its environment) hands its tracing to start-up.
+    pub fn of(config: &TracingConfig) -> Option<TracingSettings> {
+        config.enabled().then(|| TracingSettings {
+            protocol: config.protocol.clone(),
+            endpoint: config.endpoint.clone(),
+            sampling_rate: config.sampling_rate,
+        })
+    }
 }
 
 // === [kubernetes] ===
@@ -877,6 +977,15 @@ impl Config {
         Ok(config)
     }
 
+    /// The tracing the file asks for: its `[tracing]`, or off without one. A table that does
+    /// not validate (only one built in code can get here) is off too.
+    pub fn tracing_config(&self) -> TracingConfig {
+        self.tracing
+            .as_ref()
+            .and_then(|tracing| tracing.config().ok())
+            .unwrap_or(TracingConfig::OFF)
+    }
+
     /// Parses and validates the bytes of a file. Bytes that are not UTF-8 are an error at the
     /// first one that is not, like any other in the file.
     pub fn parse_bytes(bytes: &[u8]) -> Result<Config, ConfigError> {
@@ -1263,26 +1372,15 @@ impl Config {
             ));
         }
         self.validate_tls(spans)?;
-        // Refuse what is not built: the health prober speaks plain HTTP, and a TLS pod that a
-        // failed dial quarantined would never be probed back to ready.
-        let quarantine_off = self
-            .features
-            .get(crate::features::POD_QUARANTINE)
-            .is_some_and(|value| value.trim().eq_ignore_ascii_case("disabled"));
-        if let Some((index, _)) = self
-            .revisions
-            .iter()
-            .enumerate()
-            .find(|(_, revision)| revision.tls.is_some())
-            .filter(|_| !quarantine_off)
-        {
-            return Err(ConfigError::invalid(
-                spans.revision_value(index, "tls"),
-                format!(
-                    "[revisions.tls] needs [features] \"{}\" = \"disabled\": health probes over TLS are not built",
-                    crate::features::POD_QUARANTINE
-                ),
-            ));
+        if let Some(tracing) = &self.tracing {
+            tracing.config().map_err(|(key, problem)| {
+                ConfigError::invalid(
+                    spans
+                        .table_value("tracing", key)
+                        .or_else(|| spans.table("tracing")),
+                    format!("tracing.{key}: {problem}"),
+                )
+            })?;
         }
         let mut seen = HashSet::new();
         for (index, revision) in self.revisions.iter().enumerate() {
@@ -1381,6 +1479,14 @@ impl Spans<'_> {
     /// Line and column of `[table]`'s `key` value, when the file sets it.
     fn table_value(&self, table: &str, key: &str) -> Option<(usize, usize)> {
         self.value_in(self.root.get(table)?.get_ref().as_table()?, key)
+    }
+
+    /// Line and column of `[table]` itself, when the file has it.
+    fn table(&self, table: &str) -> Option<(usize, usize)> {
+        Some(line_and_column(
+            self.text,
+            self.root.get(table)?.span().start,
+        ))
     }
 
     /// Line and column of `key`'s value in the `index`th `[[revisions]]` table, when set.

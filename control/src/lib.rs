@@ -28,6 +28,7 @@ pub mod sources;
 pub mod state;
 pub mod subsetting;
 pub mod tls;
+pub mod trace_export;
 pub mod worker;
 
 use std::collections::BTreeSet;
@@ -45,6 +46,7 @@ use kactivator_shards::throttle::gate::ProcessQueue;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::admin::AdminState;
+use crate::config::trace::TracingConfig;
 use crate::config::Config;
 pub use crate::drain::DrainPhase;
 use crate::drain::{DrainRule, QuietPeriod};
@@ -76,6 +78,8 @@ pub struct ControlPlane {
     /// Where the drain is; read by whoever waits for it (the queue-proxy's `/wait-for-drain`).
     drain: tokio::sync::watch::Sender<DrainPhase>,
     drain_rule: DrainRule,
+    /// The tracing in force, for the source that owns it to update.
+    tracing: tokio::sync::watch::Sender<TracingConfig>,
 }
 
 /// What the control plane is started with.
@@ -104,6 +108,10 @@ pub struct ControlInputs {
     pub kubernetes: Option<KubeSource>,
     /// What ends the drain's grace period (`proxy.drain_grace_seconds`).
     pub drain_rule: DrainRule,
+    /// Where the tracing in force goes when it changes: the Kubernetes source writes it from
+    /// config-observability and config-tracing, the file poller from a reloaded `[tracing]`;
+    /// a configuration given once (the queue-proxy's) never changes it.
+    pub tracing: tokio::sync::watch::Sender<TracingConfig>,
 }
 
 impl ControlPlane {
@@ -124,6 +132,7 @@ impl ControlPlane {
             readiness,
             kubernetes,
             drain_rule,
+            tracing,
         } = inputs;
         let registry = prometheus::Registry::new();
         let (gates, warnings) = features::resolve(&config.features, Gates::default());
@@ -180,6 +189,7 @@ impl ControlPlane {
             declared: BTreeSet::new(),
             pod_ip,
             kubernetes,
+            tracing,
         }
     }
 
@@ -208,6 +218,11 @@ impl ControlPlane {
     /// SIGTERM/SIGINT (or `POST /quitquitquit`); then drains: readiness fails at once,
     /// requests keep being served for the grace period, then the shards stop accepting.
     /// Returns when the shards have been told to stop; the caller joins them.
+    /// The metrics page's registry, for what other control-thread tasks count.
+    pub fn registry(&self) -> &prometheus::Registry {
+        &self.admin.registry
+    }
+
     pub async fn run(self, admin_listener: std::net::TcpListener) -> std::io::Result<()> {
         admin_listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(admin_listener)?;
@@ -241,6 +256,7 @@ impl ControlPlane {
             gates: self.gates,
             declared: self.declared.clone(),
             pod_ip: self.pod_ip,
+            tracing: self.tracing.clone(),
         });
         // The relay's peers: the file's `cluster.peers`, or what the Kubernetes source finds
         // in `activator-service`'s endpoints (start-up refuses the file's in that mode).
@@ -265,6 +281,7 @@ impl ControlPlane {
                 peers_sender,
                 self.publisher.clone(),
                 self.admin.stats.clone(),
+                self.tracing.clone(),
             ));
         }
         self.admin.ready.store(true, Ordering::Release);

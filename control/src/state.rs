@@ -367,6 +367,8 @@ struct Revision {
     probe_set: Vec<ProbePod>,
     /// The protocol it was sent with.
     probe_protocol: Protocol,
+    /// The TLS it was sent with.
+    probe_tls: Option<Arc<crate::tls::PodTls>>,
 }
 
 impl Revision {
@@ -385,6 +387,7 @@ impl Revision {
             published: None,
             probe_set: Vec::new(),
             probe_protocol: Protocol::default(),
+            probe_tls: None,
         }
     }
 }
@@ -399,16 +402,27 @@ pub struct ProbePod {
     pub recovering: bool,
 }
 
+/// A revision's probe set as [`ControlState::recount_probe_sets`] recounts it: the protocol,
+/// the TLS (if probed over TLS) and the pods.
+#[cfg(test)]
+pub type RecountedProbes = (Protocol, Option<Arc<crate::tls::PodTls>>, Vec<ProbePod>);
+
 /// A revision's probe set, sent to the prober when it changed: the pods the active health
-/// check watches (quarantine on, pod mode: Ready and Recovering pods), and the protocol they
-/// are probed in. Empty when none is to be probed any more (the revision is gone, moved to
-/// cluster-IP mode, or quarantine is off).
+/// check watches (quarantine on, pod mode: Ready and Recovering pods), and the protocol and
+/// the TLS they are probed in. Empty when none is to be probed any more (the revision is gone,
+/// moved to cluster-IP mode, or quarantine is off).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeUpdate {
     pub revision: RevisionKey,
     /// The revision's protocol (HTTP/1 while no source declared it): h2c pods are probed over
     /// h2c, the others over HTTP/1.1.
     pub protocol: Protocol,
+    /// The revision's TLS to its pods when the pods are probed over it
+    /// ([`crate::tls::PodTls::probes_over_tls`]: dialled over TLS at the address listed, as
+    /// standalone `[revisions.tls]` does); `None`: plain, Knative's TLS on another port
+    /// included. The spec's `PodTls`, the one the route carries, cloned: its client (`built`)
+    /// is shared, not rebuilt, so the prober dials with the data plane's very configuration.
+    pub tls: Option<Arc<crate::tls::PodTls>>,
     /// Sorted by address.
     pub pods: Vec<ProbePod>,
 }
@@ -505,11 +519,15 @@ impl ControlState {
     /// Every revision's probe set, recounted from scratch. Production derives only the
     /// revisions an op touched ([`Effects::probe_updates`]); tests check the two agree.
     #[cfg(test)]
-    pub fn recount_probe_sets(&self) -> BTreeMap<RevisionKey, (Protocol, Vec<ProbePod>)> {
+    pub fn recount_probe_sets(&self) -> BTreeMap<RevisionKey, RecountedProbes> {
         self.revisions
             .values()
-            .map(|revision| (revision.key.clone(), derive_probes(revision, self.gates)))
-            .filter(|(_, (_, pods))| !pods.is_empty())
+            .map(|revision| {
+                let (protocol, tls, pods) = derive_probes(revision, self.gates);
+                let tls = tls.cloned().map(Arc::new);
+                (revision.key.clone(), (protocol, tls, pods))
+            })
+            .filter(|(_, (_, _, pods))| !pods.is_empty())
             .collect()
     }
 
@@ -730,6 +748,7 @@ impl ControlState {
             self.effects.probe_updates.push(ProbeUpdate {
                 revision: key.clone(),
                 protocol: entry.probe_protocol,
+                tls: entry.probe_tls,
                 pods: Vec::new(),
             });
         }
@@ -999,15 +1018,22 @@ impl ControlState {
         let Some(entry) = self.revisions.get_mut(key) else {
             return;
         };
-        let (protocol, pods) = derive_probes(entry, self.gates);
-        // An empty set is empty in any protocol.
-        let protocol_changed = protocol != entry.probe_protocol && !pods.is_empty();
-        if pods != entry.probe_set || protocol_changed {
+        let (protocol, tls, pods) = derive_probes(entry, self.gates);
+        // Copied (the `Arc`s inside, a few names) only when it changed.
+        let new_tls = (tls != entry.probe_tls.as_deref()).then(|| tls.cloned().map(Arc::new));
+        // An empty set is empty in any protocol and over any TLS.
+        let dial_changed =
+            (protocol != entry.probe_protocol || new_tls.is_some()) && !pods.is_empty();
+        if pods != entry.probe_set || dial_changed {
             entry.probe_set = pods.clone();
             entry.probe_protocol = protocol;
+            if let Some(tls) = new_tls {
+                entry.probe_tls = tls;
+            }
             self.effects.probe_updates.push(ProbeUpdate {
                 revision: key.clone(),
                 protocol,
+                tls: entry.probe_tls.clone(),
                 pods,
             });
         }
@@ -1222,18 +1248,30 @@ fn decide_capacities(
 /// The pods of `revision` the prober watches: with quarantine on and in pod mode, the Ready ones
 /// and those on probation (Recovering: a passing probe makes them Ready). Quarantined pods wait
 /// for their quarantine to end; NotReady ones are their queue-proxy's and the informer's. With
-/// them, the protocol to probe them in: the revision's (HTTP/1 until a source declares it).
-fn derive_probes(revision: &Revision, gates: Gates) -> (Protocol, Vec<ProbePod>) {
+/// them, the protocol to probe them in: the revision's (HTTP/1 until a source declares it);
+/// and the TLS to probe them over: the revision's, where its pods are dialled over TLS at the
+/// address listed (standalone `[revisions.tls]`), none where TLS goes to another port and the
+/// listed one is plain (Knative's `system-internal-tls`: probed plain, as upstream's activator
+/// probes them).
+fn derive_probes(
+    revision: &Revision,
+    gates: Gates,
+) -> (Protocol, Option<&crate::tls::PodTls>, Vec<ProbePod>) {
     let protocol = revision
         .spec
         .as_ref()
         .map_or(Protocol::default(), |spec| spec.protocol);
+    let tls = revision
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.tls.as_deref())
+        .filter(|tls| tls.probes_over_tls());
     let cluster_ip = revision
         .spec
         .as_ref()
         .is_some_and(|spec| spec.cluster_ip.is_some());
     if !gates.pod_quarantine || cluster_ip {
-        return (protocol, Vec::new());
+        return (protocol, tls, Vec::new());
     }
     let pods = revision
         .pods
@@ -1251,7 +1289,7 @@ fn derive_probes(revision: &Revision, gates: Gates) -> (Protocol, Vec<ProbePod>)
             })
         })
         .collect();
-    (protocol, pods)
+    (protocol, tls, pods)
 }
 
 /// Decides `slots` for `tracker`, whose capacity was last decided as `decided`: a change for

@@ -437,6 +437,14 @@ impl PodTls {
         }
     }
 
+    /// Whether the health prober speaks this TLS to a pod at its listed address: when the pods
+    /// are dialled over TLS at that very address (standalone `[revisions.tls]`: nothing there
+    /// speaks plain). Where TLS goes to another port (Knative's 8112, [`TlsPorts::pod`]) the
+    /// listed port is the pod's plain one, probed plain, as upstream's activator probes it.
+    pub fn probes_over_tls(&self) -> bool {
+        self.ports.pod.is_none()
+    }
+
     /// What a route dials: the pods, or the revision's private Service.
     pub fn upstream(&self, to_service: bool) -> Arc<kactivator_shards::runtime::tls::UpstreamTls> {
         if to_service {

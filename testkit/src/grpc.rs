@@ -14,7 +14,8 @@
 //!
 //! Every answer carries `X-Backend: <name>`, the revision headers when configured, and
 //! `X-Http-Version: HTTP/1.1` or `HTTP/2.0`, the protocol the request reached the pod over, and
-//! `X-Request-Authority`, the `:authority` (HTTP/2) or `Host` (HTTP/1.1) it arrived with.
+//! `X-Request-Authority`, the `:authority` (HTTP/2) or `Host` (HTTP/1.1) it arrived with, and
+//! `X-Received-Traceparent`, the `traceparent` it arrived with, when it had one.
 //!
 //! A test drives it like this (through the proxy, `addr` would be the proxy's):
 //!
@@ -550,6 +551,8 @@ async fn handle(
     let shared = &connection.shared;
     let version = request.version();
     let authority = request_authority(&request);
+    // What trace context reached the pod, for the tracing tests.
+    let traceparent = request.headers().get(TRACEPARENT).cloned();
     if version == Version::HTTP_2 && !connection.spoke_h2.swap(true, Ordering::SeqCst) {
         shared.extra.h2_connections.fetch_add(1, Ordering::SeqCst);
     }
@@ -582,8 +585,17 @@ async fn handle(
     if let Some(authority) = authority {
         headers.insert(AUTHORITY_HEADER, authority);
     }
+    if let Some(traceparent) = traceparent {
+        headers.insert(RECEIVED_TRACEPARENT_HEADER, traceparent);
+    }
     response
 }
+
+/// The request's `traceparent`, as the pod received it.
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+/// Where each answer says what `traceparent` its request carried.
+pub const RECEIVED_TRACEPARENT_HEADER: HeaderName =
+    HeaderName::from_static("x-received-traceparent");
 
 /// What the request was addressed to: HTTP/2's `:authority` (hyper puts it in the URI), else
 /// the `Host` header.

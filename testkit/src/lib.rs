@@ -20,6 +20,7 @@ pub mod apiserver;
 pub mod autoscaler;
 pub mod backend;
 pub mod certs;
+pub mod collector;
 pub mod grpc;
 pub mod grpcio;
 pub mod knative;

@@ -629,7 +629,7 @@ fn the_tls_port_needs_its_table_a_port_of_its_own_and_settings_in_gos_words() {
 }
 
 #[test]
-fn revision_tls_needs_quarantine_off_and_a_ca_that_loads() {
+fn revision_tls_loads_with_quarantine_on_and_needs_a_ca_that_loads() {
     let dir = std::env::temp_dir().join(format!("kactivator-revision-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let ca = rcgen::CertificateParams::new(Vec::<String>::new())
@@ -644,15 +644,14 @@ fn revision_tls_needs_quarantine_off_and_a_ca_that_loads() {
             ca.display().to_string()
         )
     };
-    let off = "[features]\n\"activator.pod-quarantine\" = \"disabled\"\n";
-    let error = Config::parse(&revision(&ca_file)).unwrap_err().to_string();
-    assert!(
-        error.contains("health probes over TLS are not built"),
-        "{error}"
-    );
-
+    // Quarantine on (the default, and said): the prober speaks the revision's TLS.
+    let on = "[features]\n\"activator.pod-quarantine\" = \"enabled\"\n";
     let file = dir.join("kactivator.toml");
-    std::fs::write(&file, format!("{off}{}", revision(&ca_file))).unwrap();
+    for features in ["", on] {
+        std::fs::write(&file, format!("{features}{}", revision(&ca_file))).unwrap();
+        let config = Config::load(&file).unwrap();
+        assert!(config.revisions[0].tls.as_ref().unwrap().loaded.is_some());
+    }
     let config = Config::load(&file).unwrap();
     let tls = config.revisions[0].tls.as_ref().unwrap();
     assert_eq!(
@@ -666,11 +665,7 @@ fn revision_tls_needs_quarantine_off_and_a_ca_that_loads() {
     );
 
     // A CA file that does not read or parse refuses the file, naming the revision.
-    std::fs::write(
-        &file,
-        format!("{off}{}", revision(&dir.join("missing.pem"))),
-    )
-    .unwrap();
+    std::fs::write(&file, format!("{on}{}", revision(&dir.join("missing.pem")))).unwrap();
     let error = Config::load(&file).unwrap_err().to_string();
     assert!(
         error.contains("revision d/r: tls.ca") && error.contains("cannot read"),
@@ -681,10 +676,181 @@ fn revision_tls_needs_quarantine_off_and_a_ca_that_loads() {
         "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n",
     )
     .unwrap();
-    std::fs::write(&file, format!("{off}{}", revision(&dir.join("bad.pem")))).unwrap();
+    std::fs::write(&file, format!("{on}{}", revision(&dir.join("bad.pem")))).unwrap();
     assert!(Config::load(&file).is_err());
     // Parsed without loading, a TLS revision has no CA bytes and is not applied (never plain).
-    let parsed = Config::parse(&format!("{off}{}", revision(&ca_file))).unwrap();
+    let parsed = Config::parse(&format!("{on}{}", revision(&ca_file))).unwrap();
     assert!(crate::sources::file::revision_spec(&parsed.revisions[0]).is_none());
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_tracing_table_reads_with_config_observabilitys_meanings_and_a_default_rate_of_one() {
+    assert_eq!(
+        Config::parse("").unwrap().tracing_config(),
+        TracingConfig::OFF
+    );
+    let with = |table: &str| Config::parse(&format!("[tracing]\n{table}"));
+    let grpc = with("protocol = \"grpc\"\nendpoint = \"http://otel-collector:4317\"\n").unwrap();
+    assert_eq!(
+        grpc.tracing_config(),
+        TracingConfig {
+            protocol: TraceProtocol::Grpc,
+            endpoint: "http://otel-collector:4317".into(),
+            sampling_rate: DEFAULT_SAMPLING_RATE,
+        }
+    );
+    assert_eq!(DEFAULT_SAMPLING_RATE, 1.0);
+    for (table, protocol, endpoint, rate) in [
+        (
+            "protocol = \"http/protobuf\"\nendpoint = \"http://otel:4318/v1/traces\"\nsampling_rate = 0.25\n",
+            TraceProtocol::HttpProtobuf,
+            "http://otel:4318/v1/traces",
+            0.25,
+        ),
+        (
+            "protocol = \"grpc\"\nendpoint = \"http://otel:4317\"\nsampling_rate = 0\n",
+            TraceProtocol::Grpc,
+            "http://otel:4317",
+            0.0,
+        ),
+        (
+            "protocol = \"zipkin\"\nendpoint = \"http://zipkin:9411/api/v2/spans\"\nsampling_rate = 1\n",
+            TraceProtocol::Zipkin,
+            "http://zipkin:9411/api/v2/spans",
+            1.0,
+        ),
+        (
+            "protocol = \"stdout\"\nsampling_rate = 0.5\n",
+            TraceProtocol::Stdout,
+            "",
+            1.0,
+        ),
+    ] {
+        let config = with(table).unwrap_or_else(|error| panic!("{table}: {error}"));
+        assert_eq!(
+            config.tracing_config(),
+            TracingConfig {
+                protocol,
+                endpoint: endpoint.into(),
+                sampling_rate: rate,
+            },
+            "{table}"
+        );
+    }
+    let none = with("protocol = \"none\"\nsampling_rate = 0.5\n").unwrap();
+    assert_eq!(none.tracing_config(), TracingConfig::OFF);
+}
+
+#[test]
+fn a_bad_tracing_value_is_refused_at_its_position() {
+    let table: &[(&str, (usize, usize), &str)] = &[
+        (
+            "protocol = \"otlp\"\n",
+            (2, 12),
+            "unknown tracing protocol \"otlp\"",
+        ),
+        ("protocol = \"Grpc\"\n", (2, 12), "unknown tracing protocol"),
+        (
+            "protocol = \"grpc\"\nendpoint = \"http://otel:4317\"\nsample_rate = 0.5\n",
+            (4, 1),
+            "unknown field `sample_rate`",
+        ),
+        (
+            "endpoint = \"http://otel:4317\"\n",
+            (1, 1),
+            "missing field `protocol`",
+        ),
+        (
+            "protocol = \"grpc\"\nendpoint = \"http://otel:4317\"\nsampling_rate = 1.5\n",
+            (4, 17),
+            "tracing.sampling_rate: 1.5 is not a number from 0 to 1",
+        ),
+        (
+            "protocol = \"grpc\"\nendpoint = \"http://otel:4317\"\nsampling_rate = -0.1\n",
+            (4, 17),
+            "tracing.sampling_rate",
+        ),
+        (
+            "protocol = \"grpc\"\nendpoint = \"http://otel:4317\"\nsampling_rate = nan\n",
+            (4, 17),
+            "tracing.sampling_rate: NaN",
+        ),
+        (
+            "protocol = \"grpc\"\nendpoint = \"http://otel:4317\"\nsampling_rate = \"0.5\"\n",
+            (4, 17),
+            "invalid type",
+        ),
+        // No endpoint to point at: the table.
+        (
+            "protocol = \"grpc\"\n",
+            (1, 1),
+            "tracing.endpoint: tracing protocol \"grpc\" needs an endpoint",
+        ),
+        (
+            "protocol = \"zipkin\"\nendpoint = \"zipkin:9411\"\n",
+            (3, 12),
+            "tracing.endpoint: tracing endpoint \"zipkin:9411\" has no scheme",
+        ),
+        (
+            "protocol = \"grpc\"\nendpoint = \"https://otel:4317\"\n",
+            (3, 12),
+            "TLS to trace collectors is not built",
+        ),
+        (
+            "protocol = \"http/protobuf\"\nendpoint = \"collector\"\n",
+            (3, 12),
+            "tracing.endpoint: tracing endpoint \"collector\": no host",
+        ),
+        (
+            "protocol = \"none\"\nendpoint = \"http://otel:4317\"\n",
+            (3, 12),
+            "tracing.endpoint: must be empty with protocol \"none\"",
+        ),
+        (
+            "protocol = \"stdout\"\nendpoint = \"http://otel:4317\"\n",
+            (3, 12),
+            "must be empty",
+        ),
+    ];
+    for (text, at, said) in table {
+        let (position, message) = error_at(&format!("[tracing]\n{text}"));
+        assert!(message.contains(said), "{text}: {message}");
+        assert_eq!(position, Some(*at), "{text}: {message}");
+    }
+}
+
+#[test]
+fn the_readmes_tracing_example_reads_with_the_documented_default() {
+    let readme = include_str!("../../../README.md");
+    let section = &readme[readme.find("## Configuration file").expect("the section")..];
+    let start = section.find("# [tracing]").expect("the [tracing] example");
+    let end = start + section[start..].find("\n\n").expect("the end of [tracing]");
+    let lines: String = section[start..end]
+        .lines()
+        .map(|line| format!("{}\n", line.trim_start_matches("# ")))
+        .collect();
+    let config = Config::parse(&lines).unwrap_or_else(|error| panic!("{lines}: {error}"));
+    let tracing = config.tracing.as_ref().expect("[tracing]");
+    assert_eq!(tracing.sampling_rate, DEFAULT_SAMPLING_RATE);
+    assert!(config.tracing_config().enabled());
+}
+
+#[test]
+fn a_role_configured_otherwise_hands_its_tracing_over_as_the_table_that_means_it() {
+    assert_eq!(TracingSettings::of(&TracingConfig::OFF), None);
+    for config in [
+        trace::opentelemetry(TraceProtocol::Grpc, "http://otel:4317", 0.5),
+        trace::opentelemetry(TraceProtocol::HttpProtobuf, "http://otel:4318", 0.0),
+        trace::opentelemetry(TraceProtocol::Stdout, "", 0.0),
+        trace::opencensus(true, "http://zipkin:9411/api/v2/spans", false, 0.1),
+    ] {
+        let table = TracingSettings::of(&config).expect("on");
+        assert_eq!(table.config(), Ok(config.clone()));
+        let preset = Config {
+            tracing: Some(table),
+            ..Config::default()
+        };
+        assert_eq!(preset.tracing_config(), config);
+    }
 }

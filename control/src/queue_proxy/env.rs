@@ -27,6 +27,25 @@
 //! absent (1.23's queue-proxy skips an empty one too). 1.21.2+ adds
 //! `QUEUE_PROXY_TLS_*` ([`tls::settings`](crate::tls::settings)).
 //!
+//! Tracing, either way, becomes one [`TracingConfig`] ([`QueueProxyEnv::tracing`], meanings in
+//! [`crate::config::trace`]). From 1.18's keys as its queue-proxy reads them
+//! (release-1.18 `pkg/queue/sharedmain/main.go:106-110,196-205`): `TRACING_CONFIG_DEBUG` a
+//! boolean and `TRACING_CONFIG_SAMPLE_RATE` a float (Go's `ParseFloat`; absent, 0), either one
+//! that does not parse exits 2 naming it, as envconfig fails; `TRACING_CONFIG_BACKEND`
+//! `zipkin` exports to `TRACING_CONFIG_ZIPKIN_ENDPOINT` (every trace with `DEBUG`, else the rate
+//! clamped to 0..=1 as OpenCensus' sampler clamps it), `none` is off. Upstream tests
+//! `backend != none` (`main.go:196`, `handlers.go:56`), so an absent, empty or unknown backend
+//! builds a tracer there too, but one with no exporter (only `zipkin` registers one,
+//! `vendor/knative.dev/pkg/tracing/opencensus.go:160-186`): requests are sampled and the app
+//! is sent trace headers (`traceparent` and B3, `main.go:354-361`) of spans that go nowhere.
+//! Here that is tracing off: nothing is exported either, and the headers pass through as the
+//! client sent them (★; an unknown backend is warned about). The reconciler always sets the
+//! key, `none` or `zipkin` from config-tracing (`pkg/reconciler/revision/resources/
+//! queue.go:417-427`), so only a hand-written environment meets the difference. `zipkin` with
+//! an endpoint the exporter cannot use ([`TracingConfig::validate`]: empty, not an `http://`
+//! URL; `https://` is not built) is off too, with a warning naming the key, and the pod
+//! starts: upstream starts with a bad one too, and its reporter fails every export.
+//!
 //! Keys present that this binary does not act on are returned in
 //! [`QueueProxyEnv::not_acted_on`] so start-up can say so; unknown keys are ignored, as envconfig
 //! ignores them, so a newer reconciler's additions do not stop the container.
@@ -36,6 +55,7 @@ use std::net::IpAddr;
 use kactivator_shards::routing::MAX_TIMEOUT_SECONDS;
 
 use crate::budget;
+use crate::config::trace::{self, TracingConfig};
 use crate::queue_proxy::observability::{ObservabilityConfig, RequestMetricsExport};
 use crate::tls::settings::{self as tls_settings, TlsSettings};
 
@@ -57,23 +77,25 @@ pub const REQUIRED: [&str; 10] = [
 /// Keys Knative sets that are read and checked but change nothing here (yet): each is named in
 /// the log at start-up when present with a non-default value, and in the README. (`ROOT_CA` is
 /// for queue-proxy extensions; upstream's queue-proxy does not read it either.)
-pub const NOT_ACTED_ON: [&str; 15] = [
+pub const NOT_ACTED_ON: [&str; 11] = [
     "SERVING_LOGGING_CONFIG",
     "SERVING_LOGGING_LEVEL",
     "SERVING_REQUEST_METRICS_BACKEND",
     "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS",
     "METRICS_COLLECTOR_ADDRESS",
     "METRICS_DOMAIN",
-    "TRACING_CONFIG_BACKEND",
-    "TRACING_CONFIG_ZIPKIN_ENDPOINT",
-    "TRACING_CONFIG_DEBUG",
-    "TRACING_CONFIG_SAMPLE_RATE",
     "ENABLE_PROFILING",
     "ENABLE_HTTP2_AUTO_DETECTION",
     "ENABLE_HTTP_FULL_DUPLEX",
     "SYSTEM_NAMESPACE",
     "ROOT_CA",
 ];
+
+/// Knative 1.18's tracing keys (`main.go:106-110`).
+pub const TRACING_CONFIG_BACKEND: &str = "TRACING_CONFIG_BACKEND";
+pub const TRACING_CONFIG_ZIPKIN_ENDPOINT: &str = "TRACING_CONFIG_ZIPKIN_ENDPOINT";
+pub const TRACING_CONFIG_DEBUG: &str = "TRACING_CONFIG_DEBUG";
+pub const TRACING_CONFIG_SAMPLE_RATE: &str = "TRACING_CONFIG_SAMPLE_RATE";
 
 /// Knative 1.18's observability keys, which 1.19+'s queue-proxy no longer reads: with a
 /// non-empty `OBSERVABILITY_CONFIG` they are not read here either (module docs).
@@ -96,8 +118,9 @@ pub const SUPERSEDED: [&str; 12] = [
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ObservabilitySource {
     /// Knative 1.18's keys: the request log from `SERVING_ENABLE_REQUEST_LOG` and
-    /// `SERVING_REQUEST_LOG_TEMPLATE`; upstream's request metrics served under both name sets
-    /// (the metrics and tracing keys are read and checked, not acted on).
+    /// `SERVING_REQUEST_LOG_TEMPLATE`, tracing from `TRACING_CONFIG_*`; upstream's request
+    /// metrics served under both name sets (the metrics keys are read and checked, not acted
+    /// on).
     Knative118,
     /// `OBSERVABILITY_CONFIG` (Knative 1.19+).
     ObservabilityConfig {
@@ -112,7 +135,7 @@ pub enum ObservabilitySource {
 pub const MAX_CONCURRENCY: u64 = 1 << 20;
 
 /// The queue-proxy's settings, as read from the environment.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct QueueProxyEnv {
     pub namespace: String,
     pub configuration: String,
@@ -153,6 +176,11 @@ pub struct QueueProxyEnv {
     /// `SERVING_ENABLE_PROBE_REQUEST_LOG` or `enableProbeRequestLog`: probes get lines too.
     /// Default false.
     pub probe_request_log: bool,
+    /// `TRACING_CONFIG_*` or `OBSERVABILITY_CONFIG`'s `tracing` (module docs). Default off.
+    pub tracing: TracingConfig,
+    /// Settings taken otherwise than asked, `(key, what happens instead)`, for start-up to
+    /// warn about (a tracing endpoint no exporter could use, an unknown 1.18 backend).
+    pub warnings: Vec<(&'static str, String)>,
     /// `QUEUE_PROXY_TLS_*`: read and checked; applied once TLS is served.
     pub tls: TlsSettings,
     /// Keys of [`NOT_ACTED_ON`] that are present with a value.
@@ -343,47 +371,59 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
         },
     };
     let observability_config = lookup("OBSERVABILITY_CONFIG").filter(|text| !text.is_empty());
-    let (observability, request_log_template, probe_request_log) = match &observability_config {
-        None => (
-            ObservabilitySource::Knative118,
-            lookup("SERVING_ENABLE_REQUEST_LOG")
-                .and_then(|value| go_bool(&value))
-                .unwrap_or(false)
-                .then(|| reader.string("SERVING_REQUEST_LOG_TEMPLATE"))
-                .filter(|template| !template.is_empty()),
-            lookup("SERVING_ENABLE_PROBE_REQUEST_LOG")
-                .and_then(|value| go_bool(&value))
-                .unwrap_or(false),
-        ),
-        Some(text) => {
-            let plan = ObservabilityConfig::decode(text)
-                .map_err(|error| vec![format!("not as upstream's queue-proxy decodes it: {error}")])
-                .and_then(|config| config.plan());
-            match plan {
-                Ok(plan) => (
-                    ObservabilitySource::ObservabilityConfig {
-                        request_metrics: plan.request_metrics,
-                        not_built: plan.not_built,
-                    },
-                    plan.request_log_template,
-                    plan.probe_request_log,
-                ),
-                Err(problems) => {
-                    for problem in problems {
-                        reader.invalid("OBSERVABILITY_CONFIG", problem);
+    let mut warnings = Vec::new();
+    let (observability, request_log_template, probe_request_log, tracing) =
+        match &observability_config {
+            None => (
+                ObservabilitySource::Knative118,
+                lookup("SERVING_ENABLE_REQUEST_LOG")
+                    .and_then(|value| go_bool(&value))
+                    .unwrap_or(false)
+                    .then(|| reader.string("SERVING_REQUEST_LOG_TEMPLATE"))
+                    .filter(|template| !template.is_empty()),
+                lookup("SERVING_ENABLE_PROBE_REQUEST_LOG")
+                    .and_then(|value| go_bool(&value))
+                    .unwrap_or(false),
+                reader.tracing_1_18(&mut warnings),
+            ),
+            Some(text) => {
+                let plan = ObservabilityConfig::decode(text)
+                    .map_err(|error| {
+                        vec![format!("not as upstream's queue-proxy decodes it: {error}")]
+                    })
+                    .and_then(|config| config.plan());
+                match plan {
+                    Ok(plan) => {
+                        warnings.extend(plan.warnings.into_iter().map(|(field, what)| {
+                            ("OBSERVABILITY_CONFIG", format!("{field}: {what}"))
+                        }));
+                        (
+                            ObservabilitySource::ObservabilityConfig {
+                                request_metrics: plan.request_metrics,
+                                not_built: plan.not_built,
+                            },
+                            plan.request_log_template,
+                            plan.probe_request_log,
+                            plan.tracing,
+                        )
                     }
-                    (
-                        ObservabilitySource::ObservabilityConfig {
-                            request_metrics: RequestMetricsExport::Off,
-                            not_built: Vec::new(),
-                        },
-                        None,
-                        false,
-                    )
+                    Err(problems) => {
+                        for problem in problems {
+                            reader.invalid("OBSERVABILITY_CONFIG", problem);
+                        }
+                        (
+                            ObservabilitySource::ObservabilityConfig {
+                                request_metrics: RequestMetricsExport::Off,
+                                not_built: Vec::new(),
+                            },
+                            None,
+                            false,
+                            TracingConfig::OFF,
+                        )
+                    }
                 }
             }
-        }
-    };
+        };
     let superseded_keys: &[&str] = if observability_config.is_some() {
         &SUPERSEDED
     } else {
@@ -412,6 +452,8 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
         observability,
         request_log_template,
         probe_request_log,
+        tracing,
+        warnings,
         tls: tls_settings::read(tls_settings::QUEUE_PROXY, &lookup),
         not_acted_on: NOT_ACTED_ON
             .into_iter()
@@ -427,7 +469,7 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
         "ENABLE_HTTP2_AUTO_DETECTION",
         "ENABLE_HTTP_FULL_DUPLEX",
         "ENABLE_MULTI_CONTAINER_PROBES",
-        "TRACING_CONFIG_DEBUG",
+        TRACING_CONFIG_DEBUG,
     ] {
         if superseded_keys.contains(&key) {
             continue;
@@ -499,6 +541,53 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
             self.invalid(key, format!("{value:?} is not an integer"));
         }
         parsed
+    }
+
+    /// Knative 1.18's `TRACING_CONFIG_*` (module docs). A `DEBUG` that does not parse is
+    /// reported with the other booleans; a `SAMPLE_RATE` that does not parse here.
+    fn tracing_1_18(&mut self, warnings: &mut Vec<(&'static str, String)>) -> TracingConfig {
+        let debug = (self.lookup)(TRACING_CONFIG_DEBUG)
+            .and_then(|value| go_bool(&value))
+            .unwrap_or(false);
+        let rate = match (self.lookup)(TRACING_CONFIG_SAMPLE_RATE) {
+            None => 0.0,
+            Some(text) => trace::go_float(&text).unwrap_or_else(|| {
+                self.invalid(
+                    TRACING_CONFIG_SAMPLE_RATE,
+                    format!("{text:?} is not a number"),
+                );
+                0.0
+            }),
+        };
+        let backend = (self.lookup)(TRACING_CONFIG_BACKEND).unwrap_or_default();
+        match backend.as_str() {
+            trace::ZIPKIN => {
+                let endpoint = self.string(TRACING_CONFIG_ZIPKIN_ENDPOINT);
+                let tracing = trace::opencensus(true, &endpoint, debug, rate);
+                match tracing.validate() {
+                    Ok(()) => tracing,
+                    Err(error) => {
+                        warnings.push((
+                            TRACING_CONFIG_ZIPKIN_ENDPOINT,
+                            format!("{error}; tracing is off"),
+                        ));
+                        TracingConfig::OFF
+                    }
+                }
+            }
+            // Upstream: no exporter (module docs).
+            trace::NONE | "" => TracingConfig::OFF,
+            other => {
+                warnings.push((
+                    TRACING_CONFIG_BACKEND,
+                    format!(
+                        "{other:?} is neither \"zipkin\" nor \"none\": upstream exports nothing \
+                         for it either, so tracing is off"
+                    ),
+                ));
+                TracingConfig::OFF
+            }
+        }
     }
 
     /// `ACTIVATOR_SERVICE_URL`; absent = the fork's default; empty or blank = no push.

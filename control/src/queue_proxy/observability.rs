@@ -46,8 +46,16 @@
 //!   empty; `grpc` and `http/protobuf` push over OTLP every `exportInterval`; anything else is
 //!   fatal. Acted on for `none` and `prometheus`; an OTLP push is not built (start-up warns).
 //! * `tracing`: the span exporter (`otel.go:75-85`, `vendor/.../tracing/provider.go:54-100`):
-//!   `none`, `grpc`, `http/protobuf`, `stdout`; anything else is fatal. Not built: anything
-//!   but `none` is warned about at start-up, and no span is exported.
+//!   `none`, `grpc`, `http/protobuf`, `stdout`; anything else is fatal. Acted on: read into the
+//!   [`TracingConfig`] the exporters take, with upstream's meanings ([`trace::opentelemetry`]:
+//!   `stdout` samples every trace, and the endpoint matters only to `grpc` and
+//!   `http/protobuf`). The rate is clamped to 0..=1, as upstream's sampler treats it
+//!   (`provider.go:188-194`). An endpoint the exporters cannot use
+//!   ([`TracingConfig::validate`]: empty, not a URL, or `https://` and a bare `host:port`, which
+//!   upstream reads as `https://`, since TLS to collectors is not built) turns tracing off with
+//!   a warning naming the field, and the pod starts: a missing exporter loses spans, not
+//!   requests (upstream starts with an empty or hostless endpoint too, its exports going
+//!   nowhere; it exits on one Go's `url.Parse` refuses, `provider.go:153-157`).
 //! * `runtime.profiling`: `enabled` serves pprof on :8008 (`main.go:261-266`). Not built
 //!   (warned about). `runtime.exportInterval` paces Go's runtime metrics: nothing to pace here.
 //! * `metrics`, `EnableVarLogCollection`, `LoggingURLTemplate`: the controllers' settings; the
@@ -65,7 +73,8 @@
 //!
 //! Upstream's queue-proxy checks nothing the reconciler's own validation checks (`Validate` is
 //! not called on this path), and this one follows it: a value config-observability would refuse
-//! but the queue-proxy can run with (a negative interval, a sampling rate of 2) starts. What the
+//! but the queue-proxy can run with (a negative interval, a sampling rate of 2, taken as 1)
+//! starts. What the
 //! queue-proxy itself fails on exits 2 here, naming the field: JSON that does not decode, a
 //! request-metrics or tracing protocol it does not know, a Prometheus endpoint it cannot listen
 //! on. The request-log template is parsed at start too (README: request logs).
@@ -74,6 +83,8 @@ use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Unexpected, Visitor};
+
+use crate::config::trace::{self, TracingConfig};
 
 /// What the 1.23 reconciler sets with an empty `config-observability`: `DefaultConfig()`
 /// marshalled (produced with `encoding/json` from the structs above).
@@ -189,9 +200,14 @@ pub struct Plan {
     pub request_log_template: Option<String>,
     pub probe_request_log: bool,
     pub request_metrics: RequestMetricsExport,
+    /// The tracing asked for (`tracing.*`).
+    pub tracing: TracingConfig,
     /// Settings asked for that are not built here, each `(field, what happens instead)`, for
     /// start-up to warn about.
     pub not_built: Vec<(&'static str, String)>,
+    /// Settings taken otherwise than asked, each `(field, what happens instead)`, for start-up
+    /// to warn about.
+    pub warnings: Vec<(&'static str, String)>,
 }
 
 impl ObservabilityConfig {
@@ -244,20 +260,28 @@ impl ObservabilityConfig {
                 RequestMetricsExport::Off
             }
         };
-        match self.tracing.protocol.as_str() {
-            PROTOCOL_NONE => {}
-            PROTOCOL_GRPC | PROTOCOL_HTTP_PROTOBUF | PROTOCOL_STDOUT => not_built.push((
-                "tracing.protocol",
-                format!(
-                    "{:?}: tracing is not built; no span is exported and trace headers pass \
-                     through untouched (README: As Knative's queue-proxy)",
-                    self.tracing.protocol
-                ),
-            )),
-            other => problems.push(format!(
-                "tracing.protocol: {other:?} is not one of none, grpc, http/protobuf, stdout"
-            )),
-        }
+        let mut warnings = Vec::new();
+        let tracing = match trace::opentelemetry_protocol(&self.tracing.protocol) {
+            Some(protocol) => {
+                let rate = trace::clamped_rate(self.tracing.sampling_rate);
+                let tracing = trace::opentelemetry(protocol, &self.tracing.endpoint, rate);
+                match tracing.validate() {
+                    Ok(()) => tracing,
+                    Err(error) => {
+                        warnings.push(("tracing.endpoint", format!("{error}; tracing is off")));
+                        TracingConfig::OFF
+                    }
+                }
+            }
+            None => {
+                problems.push(format!(
+                    "tracing.protocol: {:?} is not one of {}",
+                    self.tracing.protocol,
+                    trace::OPENTELEMETRY_PROTOCOLS.join(", ")
+                ));
+                TracingConfig::OFF
+            }
+        };
         // Upstream: only the exact word turns profiling on (`runtime/config.go:50-52`).
         if self.runtime.profiling == "enabled" {
             not_built.push((
@@ -274,7 +298,9 @@ impl ObservabilityConfig {
             .then(|| self.request_log_template.clone()),
             probe_request_log: self.enable_probe_request_log,
             request_metrics,
+            tracing,
             not_built,
+            warnings,
         })
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! The file's whole view goes to the state worker as one [`Op::Batch`] (so shards never see half
 //! of a reload): the gates, the activators, each revision's spec and listed pods, and the
-//! removal of revisions the previous view declared and this one does not. The file is polled
+//! removal of revisions the previous view declared and this one does not. A changed
+//! `[tracing]` goes to its own channel, read by the exporters. The file is polled
 //! (a `stat` per poll; content compared when that changed, so an editor's rename-over and a
 //! ConfigMap's symlink swap both work); a
 //! file that does not parse keeps the last good view and the log says where it is broken.
@@ -18,6 +19,7 @@ use kactivator_api::RevisionKey;
 use kactivator_shards::routing::RevisionLabels;
 
 use super::ControlMetrics;
+use crate::config::trace::{self, TracingConfig};
 use crate::config::{Config, RevisionConfig};
 use crate::features;
 use crate::pod_state::Gates;
@@ -113,6 +115,8 @@ pub struct FilePoller {
     pub declared: BTreeSet<RevisionKey>,
     /// `POD_IP`, the default for `cluster.self_ip`.
     pub pod_ip: Option<IpAddr>,
+    /// Where `[tracing]` goes when a reload changes it.
+    pub tracing: tokio::sync::watch::Sender<TracingConfig>,
 }
 
 /// How long a changed file must keep the same content before it is applied (see
@@ -268,6 +272,17 @@ impl FilePoller {
                 to = gates.mode_label(),
                 "feature gates changed"
             );
+        }
+        // Tracing is not the state worker's: the exporters read it from its channel.
+        let asked = config.tracing_config();
+        if self.tracing.send_if_modified(|current| {
+            let changed = *current != asked;
+            if changed {
+                *current = asked.clone();
+            }
+            changed
+        }) {
+            tracing::info!("tracing: {} ([tracing] reloaded)", trace::describe(&asked));
         }
         let activators = activators_of(&config, self.pod_ip);
         let (batch, declared) = view(&config, gates, activators, &self.declared);

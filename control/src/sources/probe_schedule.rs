@@ -19,11 +19,13 @@
 //!
 //! Entries are keyed by an id the schedule hands out when a pod enters it: a result for a pod
 //! that has since left the schedule (or left and came back) carries an old id and is ignored.
-//! Each job says the protocol to probe in, its revision's: when a revision's protocol changes,
-//! its pods get new entries, since a probe in the old protocol says nothing of the new one.
+//! Each job says the protocol to probe in and the TLS to probe over, its revision's: when
+//! either changes, the revision's pods get new entries, since a probe in the old protocol, or
+//! over the old TLS (another trust, another name), says nothing of the new one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kactivator_api::RevisionKey;
@@ -31,6 +33,7 @@ use kactivator_shards::routing::Protocol;
 
 use crate::pod_state::Timestamp;
 pub use crate::state::{ProbePod, ProbeUpdate};
+use crate::tls::PodTls;
 
 /// Passes in a row after which a suspect pod is settled again.
 pub const SETTLE_PASSES: u32 = 3;
@@ -92,6 +95,8 @@ pub struct ProbeJob {
     pub addr: SocketAddr,
     /// What to probe in: the revision's protocol.
     pub protocol: Protocol,
+    /// What to probe over: the revision's TLS to its pods ([`ProbeUpdate::tls`]), or plain.
+    pub tls: Option<Arc<PodTls>>,
     /// The pod was on probation when the probe went out.
     pub recovering: bool,
     pub class: ProbeClass,
@@ -107,6 +112,7 @@ struct Entry {
     revision: RevisionKey,
     addr: SocketAddr,
     protocol: Protocol,
+    tls: Option<Arc<PodTls>>,
     tracker: u64,
     recovering: bool,
     class: ProbeClass,
@@ -117,12 +123,20 @@ struct Entry {
     passes: u32,
 }
 
+/// A revision's pods in the schedule, and how they are probed.
+struct Probed {
+    protocol: Protocol,
+    tls: Option<Arc<PodTls>>,
+    /// Address → entry id.
+    pods: BTreeMap<SocketAddr, u64>,
+}
+
 /// Which pods to probe when. See the module doc.
 pub struct ProbeSchedule {
     settings: ScheduleSettings,
     entries: HashMap<u64, Entry>,
-    /// Each revision's protocol and pods (address → entry id).
-    revisions: HashMap<RevisionKey, (Protocol, BTreeMap<SocketAddr, u64>)>,
+    /// Each revision's protocol, TLS and pods (address → entry id).
+    revisions: HashMap<RevisionKey, Probed>,
     /// Entries waiting for their next probe, per class, by due time.
     queues: [BTreeSet<(Timestamp, u64)>; 4],
     /// Entries per class, in flight or not (the gauge).
@@ -160,14 +174,14 @@ impl ProbeSchedule {
     }
 
     /// Replaces a revision's probe set. Returns the addresses whose kept connections can go:
-    /// those that left the schedule, and every one of a revision whose protocol changed.
+    /// those that left the schedule, and every one of a revision whose protocol or TLS changed.
     pub fn update(&mut self, update: ProbeUpdate, now: Timestamp) -> Vec<SocketAddr> {
         let mut gone = Vec::new();
         let mut old = match self.revisions.remove(&update.revision) {
-            Some((protocol, old)) if protocol == update.protocol => old,
-            Some((_, old)) => {
-                // Another protocol: every pod starts over as a new entry.
-                for (addr, id) in old {
+            Some(old) if old.protocol == update.protocol && old.tls == update.tls => old.pods,
+            Some(old) => {
+                // Another protocol or TLS: every pod starts over as a new entry.
+                for (addr, id) in old.pods {
                     self.remove(id);
                     gone.push(addr);
                 }
@@ -193,7 +207,7 @@ impl ProbeSchedule {
                     if let Some(id) = replaced {
                         self.remove(id);
                     }
-                    self.insert(&update.revision, update.protocol, pod, now)
+                    self.insert(&update, pod, now)
                 }
             };
             current.insert(pod.addr, id);
@@ -203,8 +217,14 @@ impl ProbeSchedule {
             gone.push(addr);
         }
         if !current.is_empty() {
-            self.revisions
-                .insert(update.revision, (update.protocol, current));
+            self.revisions.insert(
+                update.revision,
+                Probed {
+                    protocol: update.protocol,
+                    tls: update.tls,
+                    pods: current,
+                },
+            );
         }
         gone
     }
@@ -296,13 +316,8 @@ impl ProbeSchedule {
 
     // === internals ===
 
-    fn insert(
-        &mut self,
-        revision: &RevisionKey,
-        protocol: Protocol,
-        pod: &ProbePod,
-        now: Timestamp,
-    ) -> u64 {
+    /// A new entry for `pod` of `update`'s revision, probed as `update` says.
+    fn insert(&mut self, update: &ProbeUpdate, pod: &ProbePod, now: Timestamp) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let (class, due) = if pod.recovering {
@@ -316,9 +331,10 @@ impl ProbeSchedule {
         self.entries.insert(
             id,
             Entry {
-                revision: revision.clone(),
+                revision: update.revision.clone(),
                 addr: pod.addr,
-                protocol,
+                protocol: update.protocol,
+                tls: update.tls.clone(),
                 tracker: pod.tracker,
                 recovering: pod.recovering,
                 class,
@@ -415,6 +431,7 @@ impl ProbeSchedule {
                 revision: entry.revision.clone(),
                 addr: entry.addr,
                 protocol: entry.protocol,
+                tls: entry.tls.clone(),
                 recovering: entry.recovering,
                 class,
                 ticket: Ticket(id),
@@ -504,6 +521,7 @@ mod tests {
         ProbeUpdate {
             revision: revision(),
             protocol: Protocol::Http1,
+            tls: None,
             pods,
         }
     }
@@ -768,5 +786,43 @@ mod tests {
         assert!(schedule
             .update(set(vec![pod(1, true), pod(2, false)]), ms(1_001))
             .is_empty());
+    }
+
+    /// A revision's TLS to its pods, as `[revisions.tls]` loads it, trusting `ca`.
+    fn tls(ca: &crate::tls::tests::Ca, server_name: &str) -> Arc<PodTls> {
+        Arc::new(PodTls::new("ca.pem", ca.cert.pem().as_bytes(), server_name, None).unwrap())
+    }
+
+    #[test]
+    fn jobs_carry_the_revisions_tls_and_another_tls_starts_its_pods_over() {
+        let ca = crate::tls::tests::ca("pods");
+        let over = |tls: &Arc<PodTls>, pods: Vec<ProbePod>| ProbeUpdate {
+            tls: Some(tls.clone()),
+            ..set(pods)
+        };
+        let first_tls = tls(&ca, "data-plane.knative.dev");
+        let mut schedule = ProbeSchedule::new(settings());
+        schedule.update(over(&first_tls, vec![pod(1, true), pod(2, false)]), ms(0));
+        let first = schedule.due(ms(0), usize::MAX).remove(0);
+        assert_eq!(first.tls.as_ref(), Some(&first_tls));
+        // The same TLS said again (the file read again: another `PodTls`, the same
+        // description) keeps the entries and their kept connections.
+        let same = tls(&ca, "data-plane.knative.dev");
+        assert!(schedule
+            .update(over(&same, vec![pod(1, true), pod(2, false)]), ms(1))
+            .is_empty());
+        // Another server name: a probe over the old TLS says nothing of the new one.
+        let renamed = tls(&ca, "models.example");
+        let gone = schedule.update(over(&renamed, vec![pod(1, true), pod(2, false)]), ms(5));
+        assert_eq!(gone, [pod(1, true).addr, pod(2, false).addr]);
+        assert!(!schedule.complete(first.ticket, true, ms(10)));
+        let again = schedule.due(ms(10), usize::MAX).remove(0);
+        assert_eq!(again.tls.as_ref(), Some(&renamed));
+        // Plain again: started over too, and its jobs dial plain.
+        let gone = schedule.update(set(vec![pod(1, true), pod(2, false)]), ms(20));
+        assert_eq!(gone.len(), 2);
+        let plain = schedule.due(ms(2_000), usize::MAX);
+        assert_eq!(plain.len(), 2);
+        assert!(plain.iter().all(|job| job.tls.is_none()));
     }
 }

@@ -2,9 +2,10 @@
 //! the schedule's view of every revision's probe set from the state worker's
 //! [`ProbeUpdate`]s, makes the probes the schedule says are due — at most
 //! [`PROBE_CONCURRENCY`] at once, all in this one task on the control thread — in each
-//! revision's protocol (h2c pods over h2c), over a kept connection to each healthy pod, and
-//! hands the results back to the schedule. Only what changes a pod becomes an op: a failure,
-//! an IP reuse, a probation pod's pass.
+//! revision's protocol (h2c pods over h2c) and over its TLS where its pods are dialled over TLS
+//! at their listed address (with the data plane's own client for the revision), over a kept
+//! connection to each healthy pod, and hands the results back to the schedule. Only what
+//! changes a pod becomes an op: a failure, an IP reuse, a probation pod's pass.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -51,11 +52,14 @@ pub async fn run(
         for job in schedule.due(clock(), PROBE_CONCURRENCY - probes.len()) {
             let connection = kept.remove(&job.addr);
             probes.push(async move {
+                // The route's own client to the pods (`PodTls::upstream`), not a copy of it.
+                let tls = job.tls.as_ref().map(|tls| tls.upstream(false));
                 let (result, connection) = probe::probe_on(
                     connection,
                     job.addr,
                     &job.revision,
                     job.protocol,
+                    tls.as_deref(),
                     timeout,
                     true,
                 )

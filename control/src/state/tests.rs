@@ -645,6 +645,63 @@ fn a_probe_set_carries_its_revisions_protocol_and_is_sent_again_when_it_changes(
     assert!(sent[0].pods.is_empty());
 }
 
+/// A revision's TLS to its pods, made once: standalone `[revisions.tls]`'s (dialled at the
+/// listed address), and the same dialled on Knative's ports (`system-internal-tls`: TLS on
+/// 8112, the listed 8012 plain).
+fn pod_tls(knative_ports: bool) -> Box<crate::tls::PodTls> {
+    static BUILT: std::sync::OnceLock<(crate::tls::PodTls, crate::tls::PodTls)> =
+        std::sync::OnceLock::new();
+    let (standalone, knative) = BUILT.get_or_init(|| {
+        let ca = crate::tls::tests::ca("pods").cert.pem();
+        let tls = crate::tls::PodTls::new("ca.pem", ca.as_bytes(), "data-plane.knative.dev", None)
+            .unwrap();
+        (tls.clone(), tls.with_ports(crate::tls::KNATIVE_TLS_PORTS))
+    });
+    Box::new(if knative_ports { knative } else { standalone }.clone())
+}
+
+#[test]
+fn a_probe_set_carries_the_revisions_tls_only_where_its_listed_address_is_dialled_over_tls() {
+    let mut state = fresh_state();
+    let pod = "10.0.0.1:8012";
+    state
+        .apply(declare(&[("a", 1, &[pod])], Gates::HYBRID), at(0))
+        .unwrap();
+    assert_eq!(state.take_probe_updates()[0].tls, None);
+    // Standalone `[revisions.tls]`: nothing at the listed address speaks plain, so the pods
+    // are probed over the revision's TLS, the route's own client (the same `Arc`, not a copy).
+    let standalone = RevisionSpec {
+        tls: Some(pod_tls(false)),
+        ..spec("a", 1)
+    };
+    state
+        .apply(Op::UpsertRevision(standalone.clone()), at(1))
+        .unwrap();
+    let sent = state.take_probe_updates();
+    assert_eq!(sent.len(), 1);
+    let probed = sent[0].tls.as_deref().expect("probed over TLS");
+    assert_eq!(Some(probed), standalone.tls.as_deref());
+    assert!(Arc::ptr_eq(
+        &probed.upstream(false),
+        &standalone.tls.as_ref().unwrap().upstream(false)
+    ));
+    let pods: Vec<SocketAddr> = sent[0].pods.iter().map(|pod| pod.addr).collect();
+    assert_eq!(pods, [addr(pod)]);
+    // The same again (the file read again): nothing sent.
+    state.apply(Op::UpsertRevision(standalone), at(2)).unwrap();
+    assert!(state.take_probe_updates().is_empty());
+    // Knative's `system-internal-tls`: TLS on 8112, the listed port plain, where upstream's
+    // activator probes it plain: so does the prober.
+    let knative = RevisionSpec {
+        tls: Some(pod_tls(true)),
+        ..spec("a", 1)
+    };
+    state.apply(Op::UpsertRevision(knative), at(3)).unwrap();
+    let sent = state.take_probe_updates();
+    assert_eq!(sent.len(), 1);
+    assert_eq!((sent[0].tls.as_ref(), sent[0].pods.len()), (None, 1));
+}
+
 #[test]
 fn turning_quarantine_off_releases_quarantined_pods_and_stops_probing() {
     let mut state = fresh_state();
@@ -1166,11 +1223,13 @@ fn any_op() -> impl Strategy<Value = (Op, u64)> {
         name.clone().prop_map(|name| Op::RemoveRevision {
             revision: key(name)
         }),
-        // The same revision in the other protocol: its probe set is sent again.
-        (name.clone(), any::<bool>()).prop_map(|(name, h2c)| {
+        // The same revision in the other protocol, or over TLS (probed over it or not): its
+        // probe set is sent again.
+        (name.clone(), any::<bool>(), 0..3u8).prop_map(|(name, h2c, tls)| {
             let protocol = if h2c { Protocol::H2c } else { Protocol::Http1 };
             Op::UpsertRevision(RevisionSpec {
                 protocol,
+                tls: (tls > 0).then(|| pod_tls(tls == 2)),
                 ..spec(name, 2)
             })
         }),
@@ -1232,7 +1291,7 @@ proptest! {
     fn probe_sets_sent_incrementally_equal_a_recount(ops in prop::collection::vec(any_op(), 1..60)) {
         let mut state = fresh_state();
         let mut now = 0;
-        let mut sent: BTreeMap<RevisionKey, (Protocol, Vec<ProbePod>)> = BTreeMap::new();
+        let mut sent: BTreeMap<RevisionKey, crate::state::RecountedProbes> = BTreeMap::new();
         for (op, step) in ops {
             now += step;
             let _ = state.apply(op, at(now));
@@ -1241,7 +1300,7 @@ proptest! {
                 if update.pods.is_empty() {
                     sent.remove(&update.revision);
                 } else {
-                    sent.insert(update.revision, (update.protocol, update.pods));
+                    sent.insert(update.revision, (update.protocol, update.tls, update.pods));
                 }
             }
             prop_assert_eq!(&sent, &state.recount_probe_sets());

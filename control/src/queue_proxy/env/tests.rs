@@ -519,3 +519,201 @@ fn a_sidecar_sized_limit_holds_the_breaker_or_is_refused_naming_containerconcurr
         }
     }
 }
+
+/// What 1.18's reconciler sets from config-tracing (`queue.go:417-427`).
+fn knative_tracing(
+    backend: &str,
+    endpoint: &str,
+    debug: &str,
+    rate: &str,
+) -> HashMap<&'static str, String> {
+    let mut env = knative();
+    env.insert("TRACING_CONFIG_BACKEND", backend.into());
+    env.insert("TRACING_CONFIG_ZIPKIN_ENDPOINT", endpoint.into());
+    env.insert("TRACING_CONFIG_DEBUG", debug.into());
+    env.insert("TRACING_CONFIG_SAMPLE_RATE", rate.into());
+    env
+}
+
+const ZIPKIN: &str = "http://zipkin.istio-system.svc.cluster.local:9411/api/v2/spans";
+
+#[test]
+fn the_1_18_tracing_keys_are_acted_on() {
+    use crate::config::trace::TraceProtocol;
+
+    let zipkin = |rate| TracingConfig {
+        protocol: TraceProtocol::Zipkin,
+        endpoint: ZIPKIN.into(),
+        sampling_rate: rate,
+    };
+    let table = [
+        (
+            knative_tracing("zipkin", ZIPKIN, "false", "0.1"),
+            zipkin(0.1),
+        ),
+        (
+            knative_tracing("zipkin", ZIPKIN, "true", "0.1"),
+            zipkin(1.0),
+        ),
+        (
+            knative_tracing("zipkin", ZIPKIN, "false", "1e-05"),
+            zipkin(1e-5),
+        ),
+        // Outside 0..=1: as OpenCensus' sampler takes it (config-tracing would refuse it).
+        (knative_tracing("zipkin", ZIPKIN, "false", "2"), zipkin(1.0)),
+        (
+            knative_tracing("zipkin", ZIPKIN, "false", "NaN"),
+            zipkin(0.0),
+        ),
+        // What an empty config-tracing makes the reconciler set.
+        (
+            knative_tracing("none", "", "false", "0.1"),
+            TracingConfig::OFF,
+        ),
+        // Upstream builds a tracer without an exporter: nothing exported (module docs).
+        (
+            knative_tracing("", ZIPKIN, "false", "1"),
+            TracingConfig::OFF,
+        ),
+        (knative(), TracingConfig::OFF),
+    ];
+    for (env, expected) in table {
+        let parsed = parse_map(&env).unwrap_or_else(|error| panic!("{env:?}: {error}"));
+        assert_eq!(parsed.tracing, expected, "{env:?}");
+        assert!(parsed.warnings.is_empty(), "{env:?}: {:?}", parsed.warnings);
+        assert!(
+            !parsed
+                .not_acted_on
+                .iter()
+                .any(|key| key.starts_with("TRACING_CONFIG_")),
+            "{:?}",
+            parsed.not_acted_on
+        );
+    }
+    // An absent rate is Go's zero value.
+    let mut env = knative_tracing("zipkin", ZIPKIN, "false", "");
+    env.remove("TRACING_CONFIG_SAMPLE_RATE");
+    env.remove("TRACING_CONFIG_DEBUG");
+    assert_eq!(parse_map(&env).unwrap().tracing, zipkin(0.0));
+}
+
+#[test]
+fn a_1_18_tracing_key_that_does_not_parse_exits_naming_it() {
+    for (env, key) in [
+        (
+            knative_tracing("zipkin", ZIPKIN, "false", "ten percent"),
+            "TRACING_CONFIG_SAMPLE_RATE",
+        ),
+        (
+            knative_tracing("zipkin", ZIPKIN, "false", ""),
+            "TRACING_CONFIG_SAMPLE_RATE",
+        ),
+        (
+            knative_tracing("zipkin", ZIPKIN, "false", " 0.1"),
+            "TRACING_CONFIG_SAMPLE_RATE",
+        ),
+        (
+            knative_tracing("zipkin", ZIPKIN, "maybe", "0.1"),
+            "TRACING_CONFIG_DEBUG",
+        ),
+        (
+            knative_tracing("none", "", "", "0.1"),
+            "TRACING_CONFIG_DEBUG",
+        ),
+    ] {
+        let error = parse_map(&env).unwrap_err();
+        let keys: Vec<&str> = error.invalid.iter().map(|(key, _)| *key).collect();
+        assert_eq!(keys, [key], "{env:?}: {error}");
+        assert!(error.to_string().contains(key), "{error}");
+    }
+}
+
+#[test]
+fn a_1_18_tracing_backend_or_endpoint_no_exporter_can_use_is_off_with_a_warning() {
+    for (env, key, said) in [
+        (
+            knative_tracing("jaeger", ZIPKIN, "false", "0.1"),
+            "TRACING_CONFIG_BACKEND",
+            "\"jaeger\" is neither",
+        ),
+        (
+            knative_tracing("zipkin", "", "false", "0.1"),
+            "TRACING_CONFIG_ZIPKIN_ENDPOINT",
+            "needs an endpoint",
+        ),
+        (
+            knative_tracing("zipkin", "https://zipkin:9411/api/v2/spans", "false", "0.1"),
+            "TRACING_CONFIG_ZIPKIN_ENDPOINT",
+            "TLS to trace collectors is not built",
+        ),
+        (
+            knative_tracing("zipkin", "zipkin:9411", "false", "0.1"),
+            "TRACING_CONFIG_ZIPKIN_ENDPOINT",
+            "has no scheme",
+        ),
+    ] {
+        let parsed = parse_map(&env).expect("starts");
+        assert_eq!(parsed.tracing, TracingConfig::OFF, "{env:?}");
+        assert_eq!(parsed.warnings.len(), 1, "{:?}", parsed.warnings);
+        assert_eq!(parsed.warnings[0].0, key);
+        assert!(parsed.warnings[0].1.contains(said), "{:?}", parsed.warnings);
+    }
+}
+
+#[test]
+fn observability_configs_tracing_is_acted_on_and_the_1_18_keys_are_not_read() {
+    use crate::config::trace::TraceProtocol;
+
+    let mut env = knative_1_23();
+    env.insert(
+        "OBSERVABILITY_CONFIG",
+        r#"{"tracing":{"protocol":"grpc","endpoint":"http://otel:4317","samplingRate":0.5}}"#
+            .into(),
+    );
+    // Not read: no error for the rate that does not parse, no Zipkin.
+    env.insert("TRACING_CONFIG_BACKEND", "zipkin".into());
+    env.insert("TRACING_CONFIG_SAMPLE_RATE", "lots".into());
+    let parsed = parse_map(&env).expect("the 1.18 keys are not read");
+    assert_eq!(
+        parsed.tracing,
+        TracingConfig {
+            protocol: TraceProtocol::Grpc,
+            endpoint: "http://otel:4317".into(),
+            sampling_rate: 0.5,
+        }
+    );
+    assert!(parsed.superseded.contains(&"TRACING_CONFIG_SAMPLE_RATE"));
+    assert_eq!(
+        parsed.observability,
+        ObservabilitySource::ObservabilityConfig {
+            request_metrics: RequestMetricsExport::Off,
+            not_built: Vec::new(),
+        },
+        "nothing unbuilt asked for"
+    );
+
+    env.insert(
+        "OBSERVABILITY_CONFIG",
+        r#"{"tracing":{"protocol":"http/protobuf","endpoint":"https://otel:4318"}}"#.into(),
+    );
+    let parsed = parse_map(&env).expect("starts");
+    assert_eq!(parsed.tracing, TracingConfig::OFF);
+    assert_eq!(parsed.warnings.len(), 1);
+    assert_eq!(parsed.warnings[0].0, "OBSERVABILITY_CONFIG");
+    assert!(
+        parsed.warnings[0].1.starts_with("tracing.endpoint: "),
+        "{:?}",
+        parsed.warnings
+    );
+
+    env.insert(
+        "OBSERVABILITY_CONFIG",
+        r#"{"tracing":{"protocol":"zipkin"}}"#.into(),
+    );
+    let error = parse_map(&env).unwrap_err();
+    assert_eq!(error.invalid[0].0, "OBSERVABILITY_CONFIG");
+    assert!(
+        error.invalid[0].1.contains("tracing.protocol: \"zipkin\""),
+        "{error}"
+    );
+}

@@ -22,7 +22,9 @@ fn the_1_23_defaults_decode_to_the_defaults_and_turn_everything_off() {
             request_log_template: None,
             probe_request_log: false,
             request_metrics: RequestMetricsExport::Off,
+            tracing: TracingConfig::OFF,
             not_built: Vec::new(),
+            warnings: Vec::new(),
         }
     );
     assert_eq!(
@@ -45,7 +47,9 @@ fn a_request_log_and_prometheus_as_configured_in_1_23() {
             request_log_template: Some(DEFAULT_REQUEST_LOG_TEMPLATE.into()),
             probe_request_log: true,
             request_metrics: RequestMetricsExport::Prometheus { listen: None },
+            tracing: TracingConfig::OFF,
             not_built: Vec::new(),
+            warnings: Vec::new(),
         }
     );
 }
@@ -277,22 +281,115 @@ fn protocols_upstream_does_not_know_are_refused_naming_the_field() {
 }
 
 #[test]
-fn tracing_and_an_otlp_push_are_read_and_said_to_be_not_built() {
-    for protocol in ["grpc", "http/protobuf", "stdout"] {
-        let text = format!(
-            r#"{{"tracing":{{"protocol":"{protocol}","endpoint":"http://otel:4318/v1/traces","samplingRate":0.1}}}}"#
-        );
-        let plan = plan(&text);
-        assert_eq!(plan.not_built.len(), 1, "{protocol}");
-        assert_eq!(plan.not_built[0].0, "tracing.protocol");
-        assert!(plan.not_built[0].1.contains("tracing is not built"));
+fn tracing_is_read_with_upstreams_meanings() {
+    use crate::config::trace::TraceProtocol;
+
+    let tracing = |json: &str| {
+        let plan = plan(&format!(r#"{{"tracing":{json}}}"#));
+        assert!(plan.not_built.is_empty(), "{json}: {:?}", plan.not_built);
+        assert!(plan.warnings.is_empty(), "{json}: {:?}", plan.warnings);
+        plan.tracing
+    };
+    let otlp = "http://otel:4318/v1/traces";
+    let table: &[(String, TracingConfig)] = &[
+        (r#"{}"#.into(), TracingConfig::OFF),
+        (
+            r#"{"protocol":"none","endpoint":"ignored","samplingRate":1}"#.into(),
+            TracingConfig::OFF,
+        ),
+        (
+            format!(r#"{{"protocol":"http/protobuf","endpoint":"{otlp}","samplingRate":0.1}}"#),
+            TracingConfig {
+                protocol: TraceProtocol::HttpProtobuf,
+                endpoint: otlp.into(),
+                sampling_rate: 0.1,
+            },
+        ),
+        (
+            r#"{"protocol":"grpc","endpoint":"http://otel:4317","samplingRate":0.5}"#.into(),
+            TracingConfig {
+                protocol: TraceProtocol::Grpc,
+                endpoint: "http://otel:4317".into(),
+                sampling_rate: 0.5,
+            },
+        ),
+        // The rate's default, 0: exported, nothing sampled (upstream's NeverSample).
+        (
+            r#"{"protocol":"grpc","endpoint":"http://otel:4317"}"#.into(),
+            TracingConfig {
+                protocol: TraceProtocol::Grpc,
+                endpoint: "http://otel:4317".into(),
+                sampling_rate: 0.0,
+            },
+        ),
+        // What config-observability would refuse but the queue-proxy runs with: the rate as
+        // upstream's sampler takes it.
+        (
+            r#"{"protocol":"grpc","endpoint":"http://otel:4317","samplingRate":2}"#.into(),
+            TracingConfig {
+                protocol: TraceProtocol::Grpc,
+                endpoint: "http://otel:4317".into(),
+                sampling_rate: 1.0,
+            },
+        ),
+        (
+            r#"{"protocol":"grpc","endpoint":"http://otel:4317","samplingRate":-3}"#.into(),
+            TracingConfig {
+                protocol: TraceProtocol::Grpc,
+                endpoint: "http://otel:4317".into(),
+                sampling_rate: 0.0,
+            },
+        ),
+        // stdout samples every trace and sends nowhere.
+        (
+            r#"{"protocol":"stdout","endpoint":"ignored","samplingRate":0.1}"#.into(),
+            TracingConfig {
+                protocol: TraceProtocol::Stdout,
+                endpoint: String::new(),
+                sampling_rate: 1.0,
+            },
+        ),
+    ];
+    for (json, expected) in table {
+        assert_eq!(tracing(json), *expected, "{json}");
     }
+}
+
+#[test]
+fn an_endpoint_no_exporter_can_use_turns_tracing_off_with_a_warning_and_starts() {
+    for (endpoint, said) in [
+        ("", "needs an endpoint"),
+        ("collector", "no host"),
+        ("otel:4317", "has no scheme"),
+        ("https://otel:4317", "TLS to trace collectors is not built"),
+    ] {
+        for protocol in ["grpc", "http/protobuf"] {
+            let text = format!(
+                r#"{{"tracing":{{"protocol":"{protocol}","endpoint":"{endpoint}","samplingRate":1}}}}"#
+            );
+            let plan = plan(&text);
+            assert_eq!(plan.tracing, TracingConfig::OFF, "{text}");
+            assert_eq!(plan.warnings.len(), 1, "{text}");
+            assert_eq!(plan.warnings[0].0, "tracing.endpoint", "{text}");
+            assert!(
+                plan.warnings[0].1.contains(said),
+                "{text}: {:?}",
+                plan.warnings
+            );
+            assert!(plan.warnings[0].1.ends_with("tracing is off"), "{text}");
+        }
+    }
+}
+
+#[test]
+fn an_otlp_push_of_request_metrics_is_read_and_said_to_be_not_built() {
     for protocol in ["grpc", "http/protobuf"] {
         let text = format!(
             r#"{{"requestMetrics":{{"protocol":"{protocol}","endpoint":"http://otel:4318","exportInterval":60000000000}}}}"#
         );
         let plan = plan(&text);
         assert_eq!(plan.request_metrics, RequestMetricsExport::Off);
+        assert_eq!(plan.not_built.len(), 1);
         assert_eq!(plan.not_built[0].0, "requestMetrics.protocol");
     }
     // Upstream turns profiling on only for the exact word.

@@ -1,4 +1,4 @@
-//! The Kubernetes source's I/O: five informers (kube-runtime watchers, each a list then a
+//! The Kubernetes source's I/O: seven informers (kube-runtime watchers, each a list then a
 //! Kubernetes watch) on the control thread, their events through the [`Model`] into
 //! state-worker ops (the same ops the file source sends), and the backend probes the model asks
 //! for.
@@ -11,9 +11,12 @@
 //! * the **`config-features`** ConfigMap in `SYSTEM_NAMESPACE` (gates and tunables);
 //! * the endpoints of **`activator-service`** in `SYSTEM_NAMESPACE`: the other activators,
 //!   to which queue-proxy registrations are relayed (not state-worker ops: the registrations
-//!   task reads them from a [`PeersReceiver`](crate::sources::PeersReceiver)).
+//!   task reads them from a [`PeersReceiver`](crate::sources::PeersReceiver));
+//! * the **`config-observability`** and **`config-tracing`** ConfigMaps in `SYSTEM_NAMESPACE`:
+//!   the tracing settings ([`trace_config`]), not state-worker ops either: what they decide is
+//!   sent on a `watch` channel the exporters read.
 //!
-//! Start-up: every watch's first list is buffered, and once all five have listed, everything is
+//! Start-up: every watch's first list is buffered, and once all seven have listed, everything is
 //! applied as one batch (features, revisions, Services, endpoints, in that order) and readiness
 //! is told. Until then a line every few seconds says which watches are still listing and why.
 //! Afterwards each event is applied as it comes. A watch that fails is retried with a short
@@ -36,13 +39,15 @@ use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde_json::Value;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use super::backends::{MeshMode, Outcome, ProbeJob};
 use super::backoff::WatchBackoff;
 use super::internal_tls::{InternalTls, Served, ROUTING_SERVING_CERTS, TRUST_BUNDLE_LABEL};
 use super::model::{EndpointsSeen, MissingSlices, Model, ObjectId, TlsChanged};
 use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL};
+use super::trace_config::{self, ClusterTracing, TRACING_CONFIG_MAP};
+use crate::config::trace::{self, TracingConfig};
 use crate::config::EndpointsKind;
 use crate::features::Tunables;
 use crate::metrics;
@@ -104,6 +109,9 @@ pub struct KubeSource {
     pub tunables: Tunables,
     /// `system-internal-tls` is on: the TLS data port's settings (`ACTIVATOR_TLS_*`).
     pub internal_tls: Option<TlsSettings>,
+    /// config-observability's name: `CONFIG_OBSERVABILITY_NAME`, else
+    /// [`trace_config::OBSERVABILITY_CONFIG_MAP`], as upstream names it.
+    pub observability_config_map: String,
 }
 
 impl KubeSource {
@@ -168,6 +176,10 @@ impl KubeSource {
             gates: Gates::default(),
             tunables,
             internal_tls,
+            observability_config_map: std::env::var(trace_config::OBSERVABILITY_CONFIG_MAP_ENV)
+                .ok()
+                .filter(|name| !name.is_empty())
+                .unwrap_or_else(|| trace_config::OBSERVABILITY_CONFIG_MAP.into()),
         })
     }
 
@@ -257,6 +269,10 @@ enum Informer {
     Services,
     Endpoints,
     Activators,
+    /// config-observability (Knative 1.19+): its `tracing-*` keys.
+    ObservabilityConfig,
+    /// config-tracing (Knative 1.18).
+    TracingConfig,
     /// With `system-internal-tls`: the `routing-serving-certs` Secret.
     TlsSecret,
     /// With `system-internal-tls`: ConfigMaps labelled `networking.knative.dev/trust-bundle`.
@@ -264,12 +280,14 @@ enum Informer {
 }
 
 /// The watches every Kubernetes source runs.
-const BASE_INFORMERS: [Informer; 5] = [
+const BASE_INFORMERS: [Informer; 7] = [
     Informer::Features,
     Informer::Revisions,
     Informer::Services,
     Informer::Endpoints,
     Informer::Activators,
+    Informer::ObservabilityConfig,
+    Informer::TracingConfig,
 ];
 
 impl Informer {
@@ -280,6 +298,8 @@ impl Informer {
             Informer::Services => "services",
             Informer::Endpoints => "endpoints",
             Informer::Activators => ACTIVATOR_SERVICE,
+            Informer::ObservabilityConfig => trace_config::OBSERVABILITY_CONFIG_MAP,
+            Informer::TracingConfig => TRACING_CONFIG_MAP,
             Informer::TlsSecret => ROUTING_SERVING_CERTS,
             Informer::TrustBundles => "trust-bundles",
         }
@@ -310,6 +330,8 @@ enum Item {
         addresses: objects::Addresses,
         problems: Vec<String>,
     },
+    /// config-observability's or config-tracing's data (which: the informer).
+    TracingMap(BTreeMap<String, String>),
     /// The `routing-serving-certs` Secret's data.
     TlsSecret(BTreeMap<String, Vec<u8>>),
     /// A trust-bundle ConfigMap's data; `None` once it lost the label.
@@ -472,7 +494,11 @@ fn read_features(object: ConfigMap) -> Item {
     Item::Features(object.data.unwrap_or_default().into_iter().collect())
 }
 
-/// The streams of the five watches, merged.
+fn read_tracing_map(object: ConfigMap) -> Item {
+    Item::TracingMap(object.data.unwrap_or_default().into_iter().collect())
+}
+
+/// The streams of the watches, merged.
 fn watch_streams(source: &KubeSource) -> BoxStream<'static, Incoming> {
     let client = &source.client;
     let revisions = ApiResource::from_gvk_with_plural(
@@ -562,6 +588,23 @@ fn watch_streams(source: &KubeSource) -> BoxStream<'static, Incoming> {
         endpoints,
         activators,
     ];
+    for (informer, name) in [
+        (
+            Informer::ObservabilityConfig,
+            source.observability_config_map.as_str(),
+        ),
+        (Informer::TracingConfig, TRACING_CONFIG_MAP),
+    ] {
+        streams.push(changes(
+            informer,
+            watcher::watcher(
+                Api::<ConfigMap>::namespaced(client.clone(), &source.system_namespace),
+                watcher::Config::default().fields(&format!("metadata.name={name}")),
+            )
+            .backoff(WatchBackoff::new()),
+            read_tracing_map,
+        ));
+    }
     if source.internal_tls.is_some() {
         streams.push(changes(
             Informer::TlsSecret,
@@ -690,6 +733,12 @@ struct InformerLoop {
     /// To wait until the shards serve the start-up batch before saying ready.
     publisher: Publisher,
     stats: AllShardStats,
+    /// `SYSTEM_NAMESPACE`, for the log.
+    system_namespace: String,
+    /// What config-observability and config-tracing said last.
+    tracing: ClusterTracing,
+    /// Where the tracing in force goes: written on each change.
+    tracing_sender: watch::Sender<TracingConfig>,
 }
 
 /// Longest wait for the shards to serve the start-up batch before readiness says ready anyway
@@ -744,7 +793,7 @@ impl InformerLoop {
                 self.listed(informer, items)
             }
             Change::Applied(item) => self.applied(informer, item),
-            Change::Deleted(item) => self.deleted(item),
+            Change::Deleted(item) => self.deleted(informer, item),
         };
         let timed = self.synced() && !ops.is_empty();
         self.emit(informer, ops).await;
@@ -818,6 +867,13 @@ impl InformerLoop {
                     })
                     .unwrap_or_default();
                 self.features(&data)
+            }
+            Informer::ObservabilityConfig | Informer::TracingConfig => {
+                let data = items.into_iter().find_map(|item| match item {
+                    Item::TracingMap(data) => Some(data),
+                    _ => None,
+                });
+                self.tracing_map(informer, data.as_ref())
             }
             Informer::TlsSecret => {
                 let data = items.into_iter().find_map(|item| match item {
@@ -900,6 +956,7 @@ impl InformerLoop {
             } => self.model.service_applied(revision, address),
             Item::Service { revision: None, .. } => Vec::new(),
             Item::Features(data) => self.features(&data),
+            Item::TracingMap(data) => self.tracing_map(informer, Some(&data)),
             Item::Activators { id, addresses, .. } => {
                 let peers = self.model.activators_applied(id, Some(addresses));
                 self.set_peers(peers);
@@ -924,7 +981,7 @@ impl InformerLoop {
         }
     }
 
-    fn deleted(&mut self, item: Item) -> Vec<Op> {
+    fn deleted(&mut self, informer: Informer, item: Item) -> Vec<Op> {
         match item {
             Item::Revision { key: Some(key), .. } => self.model.revision_deleted(&key),
             Item::Revision { key: None, .. } => Vec::new(),
@@ -936,6 +993,7 @@ impl InformerLoop {
             Item::Service { revision: None, .. } => Vec::new(),
             // Deleted: every key takes its default again.
             Item::Features(_) => self.features(&BTreeMap::new()),
+            Item::TracingMap(_) => self.tracing_map(informer, None),
             Item::Activators { id, .. } => {
                 let peers = self.model.activators_applied(id, None);
                 self.set_peers(peers);
@@ -950,6 +1008,48 @@ impl InformerLoop {
                 self.tls(changed)
             }
         }
+    }
+
+    /// config-observability or config-tracing as listed, changed (`Some`) or deleted (`None`):
+    /// the tracing in force is sent when it changed; a refused value keeps it, said in one
+    /// line naming the map and the key. No state-worker op.
+    fn tracing_map(
+        &mut self,
+        informer: Informer,
+        data: Option<&BTreeMap<String, String>>,
+    ) -> Vec<Op> {
+        let seen = match informer {
+            Informer::ObservabilityConfig => self.tracing.observability_seen(data),
+            _ => self.tracing.tracing_seen(data),
+        };
+        let (config, decider) = self.tracing.effective();
+        if let Err(refused) = seen {
+            self.invalid(
+                informer,
+                "tracing settings not applied",
+                &format!(
+                    "{}/{refused}; keeping the tracing in force ({})",
+                    self.system_namespace,
+                    trace::describe(&config)
+                ),
+            );
+            return Vec::new();
+        }
+        let changed = self.tracing_sender.send_if_modified(|current| {
+            let changed = *current != config;
+            if changed {
+                *current = config.clone();
+            }
+            changed
+        });
+        if changed {
+            tracing::info!(
+                "tracing: {}, from {}",
+                trace::describe(&config),
+                decider.describe(&self.tracing, &self.system_namespace)
+            );
+        }
+        Vec::new()
     }
 
     fn features(&mut self, data: &BTreeMap<String, String>) -> Vec<Op> {
@@ -1001,6 +1101,7 @@ impl InformerLoop {
                 endpoints = self.model.endpoints_count(),
                 services = self.model.service_count(),
                 ops = count,
+                tracing = %trace::describe(&self.tracing.effective().0),
                 "every watch has listed; the first view is published"
             );
             return;
@@ -1063,7 +1164,9 @@ impl InformerLoop {
 }
 
 impl KubeSource {
-    /// Runs the watches until the process ends.
+    /// Runs the watches until the process ends. `tracing_sender`: where the tracing the cluster
+    /// asks for goes, each time it changes.
+    #[allow(clippy::too_many_arguments)]
     pub async fn run(
         self,
         worker: WorkerHandle,
@@ -1072,6 +1175,7 @@ impl KubeSource {
         peers: PeersSender,
         publisher: Publisher,
         stats: AllShardStats,
+        tracing_sender: watch::Sender<TracingConfig>,
     ) {
         let mut events = watch_streams(&self);
         let mut model = Model::new(self.mesh, self.pod_ip, self.gates, self.tunables);
@@ -1091,6 +1195,9 @@ impl KubeSource {
             peers,
             publisher,
             stats,
+            system_namespace: self.system_namespace.clone(),
+            tracing: ClusterTracing::new(&self.observability_config_map),
+            tracing_sender,
         };
         let limit = Arc::new(Semaphore::new(PROBE_CONCURRENCY));
         let (probed_tx, mut probed) = mpsc::unbounded_channel::<(ProbeJob, Outcome)>();

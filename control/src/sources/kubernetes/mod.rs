@@ -6,3 +6,4 @@ pub mod informers;
 pub mod internal_tls;
 pub mod model;
 pub mod objects;
+pub mod trace_config;

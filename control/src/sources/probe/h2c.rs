@@ -5,7 +5,9 @@
 //! queue-proxy takes any request with that user agent as a probe, whatever its path, and
 //! answers 200 `queue`; a plain gRPC server answers the call. [`super::judge`] decides.
 //!
-//! The connection is h2's client on tokio's `TcpStream` (the control thread runs tokio). h2
+//! The connection is h2's client on tokio's `TcpStream`, or on TLS over it for a revision whose
+//! pods are dialled over TLS (HTTP/2 by prior knowledge inside TLS, no ALPN, as the data plane
+//! and Knative's activator dial them); the control thread runs tokio. h2
 //! moves no stream unless its connection future is polled, so each connection has a driver
 //! task; the [`Connection`] owns it and aborts it when dropped, which closes the socket. A
 //! kept connection carries one probe at a time, like the HTTP/1 one.
@@ -21,18 +23,19 @@ use kactivator_api::headers::{
     NETWORK_PROBE, SERVING_REVISION_NAME, SERVING_REVISION_NAMESPACE, USER_AGENT,
 };
 use kactivator_api::probe::{HEALTH_USER_AGENT, QUEUE};
-use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
+use super::stream::PodStream;
 use super::{Answer, Failure, GrpcStatus, BODY_LIMIT};
 
 /// Largest response head (or trailers) accepted, decoded: far above any probe answer's, and
 /// a bound on what a pod can make the prober hold.
 const HEAD_LIMIT: u32 = 64 * 1024;
 
-/// An h2c connection to a pod, idle between probes.
+/// An h2c connection to a pod, plain or TLS, idle between probes.
 pub(super) struct Connection {
     sender: SendRequest<Bytes>,
+    tls: bool,
     /// Polls h2's connection future; aborted on drop.
     driver: JoinHandle<()>,
 }
@@ -46,7 +49,8 @@ impl Drop for Connection {
 impl Connection {
     /// Opens HTTP/2 on `stream` (the preface and our SETTINGS; a pod that does not speak
     /// HTTP/2 is found out by the first request).
-    pub(super) async fn handshake(stream: TcpStream) -> Result<Connection, Failure> {
+    pub(super) async fn handshake(stream: PodStream) -> Result<Connection, Failure> {
+        let tls = stream.is_tls();
         let (sender, connection) = h2::client::Builder::new()
             .max_header_list_size(HEAD_LIMIT)
             // A probe wants one answer, nothing pushed.
@@ -59,7 +63,16 @@ impl Connection {
                 tracing::debug!("h2c probe connection ended: {error}");
             }
         });
-        Ok(Connection { sender, driver })
+        Ok(Connection {
+            sender,
+            tls,
+            driver,
+        })
+    }
+
+    /// Whether it speaks TLS.
+    pub(super) fn is_tls(&self) -> bool {
+        self.tls
     }
 }
 

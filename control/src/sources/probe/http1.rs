@@ -11,26 +11,32 @@ use kactivator_api::headers::{
 use kactivator_api::probe::{HEALTH_PATH, HEALTH_USER_AGENT, QUEUE};
 use kactivator_h1::{parse_response, BodyDecoder, BodyEvent, Method, Parsed, ResponseHead};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
+use super::stream::PodStream;
 use super::{Answer, Failure, BODY_LIMIT};
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// An HTTP/1.1 connection to a pod, clean (nothing unread) and idle between probes.
+/// An HTTP/1.1 connection to a pod, plain or TLS, clean (nothing unread) and idle between
+/// probes.
 pub(super) struct Connection {
-    stream: TcpStream,
+    stream: PodStream,
     buffer: Vec<u8>,
 }
 
 impl Connection {
     /// A fresh connection.
-    pub(super) fn new(stream: TcpStream) -> Connection {
+    pub(super) fn new(stream: PodStream) -> Connection {
         Connection {
             stream,
             buffer: Vec::new(),
         }
+    }
+
+    /// Whether it speaks TLS.
+    pub(super) fn is_tls(&self) -> bool {
+        self.stream.is_tls()
     }
 }
 
@@ -62,10 +68,12 @@ pub(super) async fn round_trip(
 ) -> Result<(Answer, Option<Connection>), Failure> {
     let Connection { stream, buffer } = &mut connection;
     buffer.clear();
-    stream
-        .write_all(request)
-        .await
-        .map_err(|error| Failure::new(format!("request: {error}"), false))?;
+    // The flush sends what TLS still holds (a no-op for plain TCP).
+    let written = match stream.write_all(request).await {
+        Ok(()) => stream.flush().await,
+        Err(error) => Err(error),
+    };
+    written.map_err(|error| Failure::new(format!("request: {error}"), false))?;
     let mut head = ResponseHead::default();
     loop {
         match parse_response(buffer, Method::Get, &mut head) {
@@ -139,7 +147,7 @@ pub(super) async fn round_trip(
     Ok((answer, (reusable && clean).then_some(connection)))
 }
 
-async fn read_more(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> std::io::Result<usize> {
+async fn read_more(stream: &mut PodStream, buffer: &mut Vec<u8>) -> std::io::Result<usize> {
     buffer.reserve(READ_CHUNK);
     stream.read_buf(buffer).await
 }

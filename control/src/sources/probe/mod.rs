@@ -9,6 +9,9 @@
 //!   same `K-Network-Probe` and `User-Agent`, so that a queue-proxy in front of the pod answers
 //!   it as a probe (200 `queue`) and a plain gRPC server answers it as a call. A pod that
 //!   speaks only HTTP/2 (grpcio refuses HTTP/1.1) would fail any HTTP/1.1 probe.
+//! * Either goes over TLS when asked ([`stream`]): a pod the data plane dials over TLS at its
+//!   listed address (standalone `[revisions.tls]`) is probed with that same client, and a
+//!   handshake it fails is an unhealthy probe saying `TLS handshake: …` and why.
 //!
 //! [`probe_on`] runs one probe, on a connection kept from the pod's last probe or on a new one,
 //! everything under one timeout; a healthy pod's connection comes back for its next probe.
@@ -17,6 +20,7 @@
 
 mod h2c;
 mod http1;
+mod stream;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -25,7 +29,10 @@ use kactivator_api::grpc_health::{self, code, ServingStatus};
 use kactivator_api::probe::QUEUE;
 use kactivator_api::RevisionKey;
 use kactivator_shards::routing::Protocol;
+use kactivator_shards::runtime::tls::UpstreamTls;
 use tokio::net::TcpStream;
+
+use self::stream::PodStream;
 
 /// At most this much of a response body is read; a healthy one is five bytes (`queue`), or
 /// seven (one gRPC message frame holding a `HealthCheckResponse`).
@@ -120,7 +127,7 @@ pub struct GrpcStatus {
 }
 
 /// A connection to a pod kept from its last probe, clean (nothing unread) and idle, in the
-/// protocol it was probed in.
+/// protocol it was probed in, plain or over TLS as it was dialled.
 pub struct Connection(Kept);
 
 enum Kept {
@@ -135,35 +142,48 @@ impl Connection {
             Kept::H2c(_) => Protocol::H2c,
         }
     }
+
+    /// Whether it speaks TLS.
+    fn is_tls(&self) -> bool {
+        match &self.0 {
+            Kept::Http1(connection) => connection.is_tls(),
+            Kept::H2c(connection) => connection.is_tls(),
+        }
+    }
 }
 
-/// Probes the pod at `addr` for `revision`, speaking `protocol`, on a new connection, closed
-/// afterwards whatever happened. Connecting, writing and reading all count against `timeout`.
+/// Probes the pod at `addr` for `revision`, speaking `protocol` over plain TCP, on a new
+/// connection, closed afterwards whatever happened. Connecting, writing and reading all count
+/// against `timeout`. (The Kubernetes source's backend probes: a pod's listed port is its plain
+/// one even when the data plane dials it over TLS elsewhere, as upstream probes it.)
 pub async fn probe(
     addr: SocketAddr,
     revision: &RevisionKey,
     protocol: Protocol,
     timeout: Duration,
 ) -> ProbeResult {
-    probe_on(None, addr, revision, protocol, timeout, false)
+    probe_on(None, addr, revision, protocol, None, timeout, false)
         .await
         .0
 }
 
-/// Probes the pod at `addr` for `revision`, speaking `protocol`, on `kept` when given (and of
-/// that protocol), else on a new connection; with `keep_alive`, returns the connection when it
-/// can carry the next probe. A kept connection that fails before any answer (the pod closed it
-/// while it was idle) is not the pod's fault: the probe is made again on a new connection.
-/// Connecting, writing and reading all count against `timeout`.
+/// Probes the pod at `addr` for `revision`, speaking `protocol`, over `tls` when given (the
+/// client the data plane dials the revision's pods with) or plain TCP, on `kept` when given
+/// (and of that protocol and transport), else on a new connection; with `keep_alive`, returns
+/// the connection when it can carry the next probe. A kept connection that fails before any
+/// answer (the pod closed it while it was idle) is not the pod's fault: the probe is made
+/// again on a new connection. Connecting, the TLS handshake, writing and reading all count
+/// against `timeout`.
 pub async fn probe_on(
     kept: Option<Connection>,
     addr: SocketAddr,
     revision: &RevisionKey,
     protocol: Protocol,
+    tls: Option<&UpstreamTls>,
     timeout: Duration,
     keep_alive: bool,
 ) -> (ProbeResult, Option<Connection>) {
-    match tokio::time::timeout(timeout, attempt(kept, addr, protocol, keep_alive)).await {
+    match tokio::time::timeout(timeout, attempt(kept, addr, protocol, tls, keep_alive)).await {
         Err(_) => (
             ProbeResult::Unhealthy(format!("timed out after {timeout:?}")),
             None,
@@ -222,7 +242,7 @@ pub async fn connect(addr: SocketAddr) -> Result<TcpStream, Failure> {
 /// whole `GET` request head (blank line included), the [`Answer`] holds the status and at most
 /// [`BODY_LIMIT`] bytes of the body (the rest is not read). No timeout: the caller bounds it.
 pub async fn http1_get(addr: SocketAddr, request: &[u8]) -> Result<Answer, Failure> {
-    let stream = dial(addr).await?;
+    let stream = PodStream::Plain(dial(addr).await?);
     let (answer, _) = http1::round_trip(http1::Connection::new(stream), request, false).await?;
     Ok(answer)
 }
@@ -236,7 +256,7 @@ pub async fn grpc_health_check(
     service: &str,
     headers: &[(&str, &str)],
 ) -> Result<Answer, Failure> {
-    let stream = dial(addr).await?;
+    let stream = PodStream::Plain(dial(addr).await?);
     let connection = h2c::Connection::handshake(stream).await?;
     let request = grpc_health::frame(&grpc_health::HealthCheckRequest {
         service: service.to_owned(),
@@ -249,10 +269,14 @@ async fn attempt(
     kept: Option<Connection>,
     addr: SocketAddr,
     protocol: Protocol,
+    tls: Option<&UpstreamTls>,
     keep_alive: bool,
 ) -> Result<(Answer, Option<Connection>), Failure> {
-    // A connection of the other protocol (the revision's changed) is closed here.
-    if let Some(connection) = kept.filter(|connection| connection.protocol() == protocol) {
+    // A connection of the other protocol, or plain where TLS is asked or the other way round
+    // (the revision's changed), is closed here.
+    if let Some(connection) = kept.filter(|connection| {
+        connection.protocol() == protocol && connection.is_tls() == tls.is_some()
+    }) {
         match exchange(connection, addr, keep_alive).await {
             Err(failure) if !failure.answered => {
                 tracing::debug!(pod = %addr, "kept probe connection closed: {}", failure.reason);
@@ -260,7 +284,7 @@ async fn attempt(
             done => return done,
         }
     }
-    let stream = dial(addr).await?;
+    let stream = stream::open(addr, tls).await?;
     let connection = match protocol {
         Protocol::Http1 => Connection(Kept::Http1(http1::Connection::new(stream))),
         Protocol::H2c => Connection(Kept::H2c(h2c::Connection::handshake(stream).await?)),

@@ -338,7 +338,8 @@ async fn a_healthy_pods_h2_connection_carries_its_next_probes() {
     let (addr, accepted, _) = h2_pod(grpc(12, None), usize::MAX).await;
     let mut kept = None;
     for _ in 0..3 {
-        let (result, connection) = probe_on(kept, addr, &key(), Protocol::H2c, TIMEOUT, true).await;
+        let (result, connection) =
+            probe_on(kept, addr, &key(), Protocol::H2c, None, TIMEOUT, true).await;
         assert_eq!(result, ProbeResult::Healthy);
         assert!(connection.is_some(), "kept for the next probe");
         kept = connection;
@@ -350,11 +351,11 @@ async fn a_healthy_pods_h2_connection_carries_its_next_probes() {
 async fn a_kept_h2_connection_the_pod_closed_is_retried_on_a_new_one_without_blame() {
     // One stream per connection, then GOAWAY and close.
     let (addr, accepted, _) = h2_pod(grpc(12, None), 1).await;
-    let (result, kept) = probe_on(None, addr, &key(), Protocol::H2c, TIMEOUT, true).await;
+    let (result, kept) = probe_on(None, addr, &key(), Protocol::H2c, None, TIMEOUT, true).await;
     assert_eq!(result, ProbeResult::Healthy);
     assert!(kept.is_some());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let (result, kept) = probe_on(kept, addr, &key(), Protocol::H2c, TIMEOUT, true).await;
+    let (result, kept) = probe_on(kept, addr, &key(), Protocol::H2c, None, TIMEOUT, true).await;
     assert_eq!(result, ProbeResult::Healthy);
     assert!(kept.is_some());
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
@@ -363,10 +364,19 @@ async fn a_kept_h2_connection_the_pod_closed_is_retried_on_a_new_one_without_bla
 #[tokio::test]
 async fn a_kept_connection_of_the_other_protocol_is_not_used() {
     let (addr, accepted, _) = h2_pod(grpc(12, None), usize::MAX).await;
-    let (_, kept) = probe_on(None, addr, &key(), Protocol::H2c, TIMEOUT, true).await;
+    let (_, kept) = probe_on(None, addr, &key(), Protocol::H2c, None, TIMEOUT, true).await;
     let kept = kept.expect("kept");
     // The revision became HTTP/1: its probe does not go over the h2 connection.
-    let (result, _) = probe_on(Some(kept), addr, &key(), Protocol::Http1, TIMEOUT, true).await;
+    let (result, _) = probe_on(
+        Some(kept),
+        addr,
+        &key(),
+        Protocol::Http1,
+        None,
+        TIMEOUT,
+        true,
+    )
+    .await;
     assert_eq!(result.label(), "unhealthy", "{result:?}");
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }
@@ -374,11 +384,11 @@ async fn a_kept_connection_of_the_other_protocol_is_not_used() {
 #[tokio::test]
 async fn an_unhealthy_pods_h2_connection_is_not_kept_nor_a_one_shot_probes() {
     let (addr, _, _) = h2_pod(grpc(14, None), usize::MAX).await;
-    let (result, kept) = probe_on(None, addr, &key(), Protocol::H2c, TIMEOUT, true).await;
+    let (result, kept) = probe_on(None, addr, &key(), Protocol::H2c, None, TIMEOUT, true).await;
     assert_eq!(result.label(), "unhealthy");
     assert!(kept.is_none());
     let (addr, _, _) = h2_pod(grpc(12, None), usize::MAX).await;
-    let (result, kept) = probe_on(None, addr, &key(), Protocol::H2c, TIMEOUT, false).await;
+    let (result, kept) = probe_on(None, addr, &key(), Protocol::H2c, None, TIMEOUT, false).await;
     assert_eq!(result, ProbeResult::Healthy);
     assert!(kept.is_none());
 }

@@ -28,7 +28,16 @@ async fn probe_on(
     timeout: Duration,
     keep_alive: bool,
 ) -> (ProbeResult, Option<Connection>) {
-    super::super::probe_on(kept, addr, revision, Protocol::Http1, timeout, keep_alive).await
+    super::super::probe_on(
+        kept,
+        addr,
+        revision,
+        Protocol::Http1,
+        None,
+        timeout,
+        keep_alive,
+    )
+    .await
 }
 
 // === probe against real sockets ===
