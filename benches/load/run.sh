@@ -44,6 +44,9 @@ usage: bash benches/load/run.sh [options]
                      concurrency 0) instead of the activator; the peers are unchanged
   --request-log      with --queue-proxy: request logs on, in Knative 1.18's default template
                      (SERVING_ENABLE_REQUEST_LOG; the lines go to the run's log file)
+  --tracing          the activator traces every request ([tracing] over OTLP/HTTP at sampling
+                     rate 1, to a closed port: the spans are made, encoded and their export
+                     fails, counted; what tracing costs a request, collector aside)
 
 Environment: KACTIVATOR_BIN=PATH measures that kactivator binary instead of building
 target/release/kactivator. Results go to target/bench-results/load-<timestamp>.txt.
@@ -91,6 +94,7 @@ while (($#)); do
     --no-callgrind) want_callgrind=0 ;;
     --no-kactivator) want_kactivator=0 ;;
     --queue-proxy) role=queue-proxy ;;
+    --tracing) tracing_table=$'[tracing]\nprotocol = "http/protobuf"\nendpoint = "http://127.0.0.1:9/v1/traces"\nsampling_rate = 1.0\n' ;;
     --request-log)
       # Knative 1.18's `logging.request-log-template` (config-observability).
       request_log_env=(SERVING_ENABLE_REQUEST_LOG=true
@@ -101,6 +105,10 @@ while (($#)); do
   esac
   shift
 done
+if [[ -n ${tracing_table:-} && $role == queue-proxy ]]; then
+  echo "run.sh: --tracing measures the activator role (the file's [tracing])" >&2
+  exit 2
+fi
 if ((${#request_log_env[@]})) && [[ $role != queue-proxy ]]; then
   echo "run.sh: --request-log needs --queue-proxy (the activator role writes no request log)" >&2
   exit 2
@@ -500,6 +508,7 @@ admin = "127.0.0.1:$admin"
 [features]
 "activator.pod-quarantine" = "disabled"
 
+${tracing_table:-}
 [[revisions]]
 namespace = "default"
 name = "bench"
