@@ -695,10 +695,10 @@ pub fn run_as(
     // The shards are gone and their last spans sent: with the channel closed, the exporters
     // send what is left and stop (each export bounded by its timeout).
     drop(settings);
-    if runtime
-        .block_on(tokio::time::timeout(TRACE_EXPORT_AT_EXIT, exporting))
-        .is_err()
-    {
+    // The timer is made inside the runtime: a tokio timer needs one to exist.
+    let exported =
+        runtime.block_on(async { tokio::time::timeout(TRACE_EXPORT_AT_EXIT, exporting).await });
+    if exported.is_err() {
         tracing::warn!(
             "tracing: the last spans were not exported within {} s; they are lost",
             TRACE_EXPORT_AT_EXIT.as_secs()
