@@ -598,6 +598,7 @@ pub fn run_as(
         tracing: tracing_tx,
     });
     // Before the revisions load: the shards learn the tracing in force before any request.
+    let (shards_ended, tracing_finish) = tokio::sync::oneshot::channel();
     let exporting = runtime.spawn({
         let registry = control.registry().clone();
         async move {
@@ -607,6 +608,7 @@ pub fn run_as(
                 setup.trace_resource,
                 publisher,
                 &registry,
+                tracing_finish,
             )
             .await
         }
@@ -692,9 +694,9 @@ pub fn run_as(
         let _ = joined.await;
         tokio::task::yield_now().await;
     });
-    // The shards are gone and their last spans sent: with the channel closed, the exporters
-    // send what is left and stop (each export bounded by its timeout).
-    drop(settings);
+    // The shards are gone and their last spans sent: the exporters send what is left and stop
+    // (each export bounded by its timeout).
+    let _ = shards_ended.send(());
     // The timer is made inside the runtime: a tokio timer needs one to exist.
     let exported =
         runtime.block_on(async { tokio::time::timeout(TRACE_EXPORT_AT_EXIT, exporting).await });

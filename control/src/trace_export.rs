@@ -40,32 +40,63 @@ pub fn sampler(config: &TracingConfig) -> Option<Sampler> {
     Sampler::new(rate).ok()
 }
 
-/// Exports the shards' spans as `config` says, for as long as the shards send any; each
-/// tracing in force goes to every shard first. `registry` gets the export counters.
+/// Exports the shards' spans as `config` says until `finish` fires (the shards have ended and
+/// sent their last spans), then exports what is left and returns; each tracing in force goes
+/// to every shard first. `registry` gets the export counters.
+///
+/// `finish` rather than the channel's end: a shard's sender lives in its settings and its
+/// tracer, and the end of the process does not wait for every one of them to be dropped.
 pub async fn run(
     config: tokio::sync::watch::Receiver<TracingConfig>,
     spans: flume::Receiver<SpanBatch>,
     resource: Resource,
     publisher: Publisher,
     registry: &prometheus::Registry,
+    finish: tokio::sync::oneshot::Receiver<()>,
 ) {
     let counters = Arc::new(ExportCounters::default());
     if let Err(error) = registry.register(Box::new(ExportMetrics::new(counters.clone()))) {
         tracing::warn!("the trace export counters are not on the metrics page: {error}");
     }
-    kactivator_telemetry::run(config, spans, resource, counters, move |config| {
-        publisher.broadcast(ShardCommand::Tracing(sampler(config)));
-        match config.enabled() {
-            true => tracing::info!(
-                protocol = config.protocol.label(),
-                endpoint = %config.endpoint,
-                sampling_rate = config.sampling_rate,
-                "tracing on"
-            ),
-            false => tracing::info!("tracing off"),
+    // The exporters read their own channel, which ends when `finish` fires.
+    let (to_exporters, for_exporters) = flume::bounded(SPAN_CHANNEL_BATCHES);
+    let forward = async move {
+        let mut finish = finish;
+        loop {
+            tokio::select! {
+                batch = spans.recv_async() => match batch {
+                    Ok(batch) => {
+                        if to_exporters.send_async(batch).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                },
+                _ = &mut finish => {
+                    while let Ok(batch) = spans.try_recv() {
+                        if to_exporters.send_async(batch).await.is_err() {
+                            return;
+                        }
+                    }
+                    return;
+                }
+            }
         }
-    })
-    .await
+    };
+    let export =
+        kactivator_telemetry::run(config, for_exporters, resource, counters, move |config| {
+            publisher.broadcast(ShardCommand::Tracing(sampler(config)));
+            match config.enabled() {
+                true => tracing::info!(
+                    protocol = config.protocol.label(),
+                    endpoint = %config.endpoint,
+                    sampling_rate = config.sampling_rate,
+                    "tracing on"
+                ),
+                false => tracing::info!("tracing off"),
+            }
+        });
+    tokio::join!(forward, export);
 }
 
 /// The export counters as Prometheus counters, read at each scrape:
