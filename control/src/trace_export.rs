@@ -32,12 +32,7 @@ pub fn sampler(config: &TracingConfig) -> Option<Sampler> {
     if !config.enabled() {
         return None;
     }
-    let rate = if config.sampling_rate.is_nan() {
-        0.0
-    } else {
-        config.sampling_rate.clamp(0.0, 1.0)
-    };
-    Sampler::new(rate).ok()
+    Sampler::new(crate::config::trace::clamped_rate(config.sampling_rate)).ok()
 }
 
 /// Exports the shards' spans as `config` says until `finish` fires (the shards have ended and

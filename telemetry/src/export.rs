@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use kactivator_api::grpc_health;
 use kactivator_api::trace::span::FinishedSpan;
 use prost::Message;
 use tokio::net::TcpStream;
@@ -38,7 +39,6 @@ const ERROR_EXCERPT_LIMIT: usize = 256;
 
 const CONTENT_TYPE_PROTOBUF: &str = "application/x-protobuf";
 const CONTENT_TYPE_JSON: &str = "application/json";
-const CONTENT_TYPE_GRPC: &str = "application/grpc";
 
 /// What a collector answered to a batch it took.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -105,7 +105,7 @@ impl fmt::Display for ExportFailure {
             Self::Grpc { code, message } => write!(
                 f,
                 "answered gRPC status {code} ({}): {message}",
-                grpc_code_name(*code)
+                grpc_health::code_name(*code)
             ),
             Self::Protocol(what) => f.write_str(what),
             Self::TimedOut(after) => write!(f, "no answer within {after:?}"),
@@ -416,8 +416,8 @@ impl GrpcClient {
             .await
             .map_err(ExportFailure::Http)?;
         let request = Request::post(self.uri.clone())
-            .header(CONTENT_TYPE, CONTENT_TYPE_GRPC)
-            .header(TE, "trailers")
+            .header(CONTENT_TYPE, grpc_health::CONTENT_TYPE)
+            .header(TE, grpc_health::TRAILERS)
             .header("grpc-timeout", self.timeout.as_str())
             .header(USER_AGENT, EXPORTER_USER_AGENT)
             .body(Full::new(grpc_frame(&message)))
@@ -495,19 +495,16 @@ fn grpc_message(mut body: Bytes) -> Result<Bytes, ExportFailure> {
 /// `grpc-status` (and `grpc-message`) from `headers`: `None` when absent, `Some(Ok)` for
 /// OK, `Some(Err)` for any other status.
 fn grpc_status(headers: &HeaderMap) -> Result<Option<Result<(), ExportFailure>>, ExportFailure> {
-    let Some(value) = headers.get("grpc-status") else {
+    let Some(value) = headers.get(grpc_health::STATUS) else {
         return Ok(None);
     };
-    let code: u32 = value
-        .to_str()
-        .ok()
-        .and_then(|value| value.parse().ok())
+    let code = grpc_health::parse_status(value.as_bytes())
         .ok_or_else(|| ExportFailure::Protocol(format!("grpc-status {value:?}")))?;
     if code == 0 {
         return Ok(Some(Ok(())));
     }
     let message = headers
-        .get("grpc-message")
+        .get(grpc_health::MESSAGE)
         .map(|value| percent_decode(value.as_bytes()))
         .unwrap_or_default();
     Ok(Some(Err(ExportFailure::Grpc { code, message })))
@@ -534,30 +531,6 @@ fn percent_decode(value: &[u8]) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// gRPC's status codes' names, for messages.
-fn grpc_code_name(code: u32) -> &'static str {
-    const NAMES: [&str; 17] = [
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
-    NAMES.get(code as usize).copied().unwrap_or("unknown code")
 }
 
 // === stdout ===
