@@ -126,16 +126,23 @@ impl<'a> Gathered<'a> {
 /// and sampler, and where the decision is left for the rest of the request. Or, for a request
 /// sent again, the decision made the first time ([`Decider::again`]).
 pub struct Decider<'t> {
-    ids: Option<&'t mut IdGenerator>,
-    sampler: Option<Sampler>,
+    how: How<'t>,
     pub decided: Option<Decided>,
+}
+
+/// Whether a [`Decider`] decides anew or writes a decision again.
+enum How<'t> {
+    New {
+        ids: &'t mut IdGenerator,
+        sampler: Sampler,
+    },
+    Again(Decided),
 }
 
 impl<'t> Decider<'t> {
     pub fn new(ids: &'t mut IdGenerator, sampler: Sampler) -> Self {
         Self {
-            ids: Some(ids),
-            sampler: Some(sampler),
+            how: How::New { ids, sampler },
             decided: None,
         }
     }
@@ -143,8 +150,7 @@ impl<'t> Decider<'t> {
     /// Writes `decided` again: the same ids, the same sampling.
     pub fn again(decided: Decided) -> Decider<'static> {
         Decider {
-            ids: None,
-            sampler: None,
+            how: How::Again(decided),
             decided: Some(decided),
         }
     }
@@ -153,15 +159,14 @@ impl<'t> Decider<'t> {
     /// `put` (name, value).
     pub fn decide(&mut self, gathered: &Gathered<'_>, mut put: impl FnMut(&'static str, &[u8])) {
         let incoming = gathered.incoming();
-        let forward = match (&mut self.ids, &self.sampler, self.decided) {
-            (Some(ids), Some(sampler), _) => match trace::decide(&incoming, true, ids, sampler) {
+        let forward = match &mut self.how {
+            How::New { ids, sampler } => match trace::decide(&incoming, true, ids, sampler) {
                 Propagation::Replace(forward) => forward,
                 Propagation::Untouched => return,
             },
-            (_, _, Some(decided)) => {
+            How::Again(decided) => {
                 Forward::again(&incoming, decided.context, decided.parent, decided.source)
             }
-            _ => return,
         };
         for (name, value) in forward.fields() {
             put(name, value);
