@@ -22,8 +22,6 @@ pub struct AdminState {
     pub registry: prometheus::Registry,
     /// False until every shard is up, and again from SIGTERM on.
     pub ready: AtomicBool,
-    /// Set on SIGTERM.
-    pub draining: AtomicBool,
     /// The state worker, whose health `/healthz` reports.
     pub worker: Option<crate::worker::WorkerHandle>,
     /// The conditions of readiness besides start-up and draining (shared with the shards).
@@ -147,7 +145,7 @@ async fn handle(
             }
         }
         (&Method::GET, "/readyz") => {
-            if state.draining.load(Ordering::Acquire) {
+            if state.readiness.draining() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
             } else if !state.ready.load(Ordering::Acquire) {
                 text(StatusCode::SERVICE_UNAVAILABLE, "starting\n".into())
@@ -227,7 +225,6 @@ mod tests {
             pod_name: "test".into(),
             registry,
             ready: true.into(),
-            draining: false.into(),
             worker: None,
             readiness: Arc::new(Readiness::new(false, false)),
             metric_names: crate::config::MetricNames::default(),

@@ -19,6 +19,7 @@ pub mod config;
 pub mod drain;
 pub mod features;
 pub mod http_client;
+pub mod keda;
 pub mod metrics;
 pub mod pod_state;
 pub mod publisher;
@@ -165,7 +166,6 @@ impl ControlPlane {
             pod_name,
             registry,
             ready: false.into(),
-            draining: false.into(),
             worker: Some(worker.clone()),
             reported_concurrency: config.autoscaler.url.as_ref().map(|_| Arc::default()),
             readiness,
@@ -304,7 +304,7 @@ impl ControlPlane {
                 DrainRule::QuietPeriod => " until a grace period passes with no new request",
             }
         );
-        self.admin.draining.store(true, Ordering::Release);
+        self.admin.readiness.begin_drain();
         self.admin.ready.store(false, Ordering::Release);
         self.drain.send_replace(DrainPhase::Draining);
         self.publisher.broadcast(ShardCommand::BeginDrain);

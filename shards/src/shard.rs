@@ -351,9 +351,24 @@ impl Shard {
         }
     }
 
+    /// Whether the drain began: told by `ShardCommand::BeginDrain`, or already in the shared
+    /// readiness that the control thread writes before it sends the command (a request that
+    /// arrives in between is served as in the drain, and wakes the shard's waiters for it).
+    #[inline]
+    pub(crate) fn is_draining(&self) -> bool {
+        if self.draining.is_set() {
+            return true;
+        }
+        if self.settings.readiness.draining() {
+            self.draining.set();
+            return true;
+        }
+        false
+    }
+
     /// Health as the kubelet's probes see it.
     pub(crate) fn health(&self) -> Health {
-        if self.draining.is_set() {
+        if self.is_draining() {
             Health::Draining
         } else if let Some(reason) = self.settings.readiness.not_ready() {
             Health::NotReady(reason)

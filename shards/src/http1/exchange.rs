@@ -535,7 +535,7 @@ async fn receive_response<C: ByteStream, U: ByteStream>(
     let framing = client_framing(head.body, meta.version);
     let upstream_reusable = head.keep_alive() && head.body != BodyKind::UntilClose;
     let client_keep_alive =
-        meta.keep_alive && framing != ClientFraming::UntilClose && !shard.draining.is_set();
+        meta.keep_alive && framing != ClientFraming::UntilClose && !shard.is_draining();
     out.clear();
     rewrite::write_response_head(
         head,

@@ -189,7 +189,7 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
         shard.stats().local_responses.increment();
         return answered(shard, front, &Answer::connect_refused(), false).await;
     }
-    let draining = || shard.draining.is_set();
+    let draining = || shard.is_draining();
     // A probe's body is never read: closing keeps the stream in sync without reading it.
     let local_keep_alive = shape.request.keep_alive && shape.request.bodiless && !draining();
     let role = &shard.settings.role;
@@ -444,7 +444,7 @@ async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> S
         {
             Ok(body) => {
                 let reply = shard.control.register(body, relayed).await;
-                let keep_alive = shape.request.keep_alive && !shard.draining.is_set();
+                let keep_alive = shape.request.keep_alive && !shard.is_draining();
                 let answer = Answer {
                     status: reply.status,
                     body: &reply.body,

@@ -44,6 +44,11 @@ pub struct Readiness {
     dead_shards: AtomicUsize,
     /// The index of the first shard that died, plus one (0: none has).
     first_dead: AtomicUsize,
+    /// The drain began (SIGTERM, `POST /quitquitquit`): written once, by the control thread,
+    /// before it tells the shards; a shard reads it on the request path, so a request that
+    /// arrives after readiness failed is told to close even when the shard has not yet taken
+    /// the command.
+    draining: AtomicBool,
 }
 
 impl Readiness {
@@ -79,6 +84,17 @@ impl Readiness {
 
     pub fn certificate_served(&self) -> bool {
         self.certificate_served.load(Ordering::Acquire)
+    }
+
+    /// The drain begins: readiness fails from now on.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether the drain began.
+    #[inline]
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 
     /// Shard `index`'s thread ended by a panic.
