@@ -61,7 +61,7 @@ fi
 created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
 
 # Exported only after the build: cargo reruns the build scripts that watch SOURCE_DATE_EPOCH
-# (cc's, so ring's and psm's, and what depends on them) whenever it changes, and it changes with
+# (cc's, so aws-lc-sys's and psm's, and what depends on them) whenever it changes, and it changes with
 # every commit, so exporting it first rebuilt those crates on every run.
 if [ -z "${KACTIVATOR_BINARY:-}" ]; then
   echo "== cargo rustc --profile dist, the code serving runs first (reused when target/dist is current)"

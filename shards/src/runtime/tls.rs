@@ -55,13 +55,13 @@ pub const READ_LARGE: usize = 17 * 1024;
 /// records) is given back once written.
 pub const KEEP_WRITE_BUFFER: usize = 4 * 1024;
 
-/// The cryptography every TLS configuration of the process is built with (rustls' `ring`
+/// The cryptography every TLS configuration of the process is built with (rustls' aws-lc-rs
 /// provider; `benches/tls-provider` measures the choice).
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     static PROVIDER: std::sync::OnceLock<Arc<rustls::crypto::CryptoProvider>> =
         std::sync::OnceLock::new();
     PROVIDER
-        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .get_or_init(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
         .clone()
 }
 

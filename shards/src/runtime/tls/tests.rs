@@ -47,13 +47,14 @@ fn pki(name: &str) -> Pki {
 }
 
 fn server_config(pki: &Pki, alpn: &[&[u8]]) -> Arc<ServerConfig> {
-    let mut config =
-        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(pki.chain.clone(), pki.key.clone_key())
-            .unwrap();
+    let mut config = ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(pki.chain.clone(), pki.key.clone_key())
+    .unwrap();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Arc::new(config)
 }
@@ -62,11 +63,13 @@ fn client_config(ca: &CertificateDer<'static>) -> Arc<ClientConfig> {
     let mut roots = RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
     Arc::new(
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
+        ClientConfig::builder_with_provider(
+            Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
+        )
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
     )
 }
 
