@@ -7,6 +7,7 @@
 
 pub mod priority;
 pub mod replica;
+pub mod rules;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
