@@ -1,9 +1,11 @@
-//! Finished spans into what each protocol sends: pure functions, no I/O.
+//! Finished spans and metric snapshots into what each protocol sends: pure functions, no I/O.
 //!
 //! * [`otlp`]: an `ExportTraceServiceRequest` (OTLP/HTTP's body, OTLP/gRPC's message);
+//! * [`metrics`]: an `ExportMetricsServiceRequest`, from a [`crate::metrics::Snapshot`];
 //! * [`zipkin`]: Zipkin's v2 JSON list of spans;
 //! * [`stdout`]: one JSON object per span, one per line.
 
+pub mod metrics;
 pub mod otlp;
 pub mod stdout;
 pub mod zipkin;

@@ -1,6 +1,6 @@
-//! What a configured tracing endpoint means: the collector's address, the path posted to, and
-//! the endpoints refused, read as Knative 1.19–1.23 reads `tracing-endpoint` and 1.18 reads
-//! `zipkin-endpoint`.
+//! What a configured collector endpoint means: the collector's address, the path posted to, and
+//! the endpoints refused, read as Knative 1.19–1.23 reads `tracing-endpoint` (and the
+//! queue-proxy's `requestMetrics.endpoint`) and 1.18 reads `zipkin-endpoint`.
 //!
 //! What upstream does (knative.dev/pkg, branches release-1.19 to release-1.23, whose
 //! `observability/tracing/provider.go` is the same file in all five; line numbers from
@@ -30,20 +30,80 @@
 //! * Zipkin (1.18, knative.dev/pkg release-1.18 `tracing/opencensus.go` line 180):
 //!   `httpreporter.NewReporter(zipkin-endpoint)` posts to the URL exactly as written.
 //!
+//! Metrics (knative.dev/pkg `observability/metrics/provider.go`, release-1.23, `buildGRPC` and
+//! `buildHTTP`, lines 85-129, and its own `endpointFor`, lines 144-169) read the endpoint the
+//! same way through otlpmetricgrpc's and otlpmetrichttp's `WithEndpointURL`; only the defaults
+//! differ: OTLP/HTTP posts to `/v1/metrics` when the endpoint has no path
+//! (`DefaultMetricsPath`), and OTLP/gRPC calls `MetricsService/Export` ([`Signal`]).
+//!
 //! kactivator follows all of that, and refuses what it cannot do: every `https://` endpoint,
 //! and so every bare `host:port` (TLS to collectors is not built), with a message that says to
 //! write `http://`.
 
 use std::fmt;
 
-use crate::TraceProtocol;
+use crate::{MetricsProtocol, TraceProtocol};
 
-/// The path OTLP/HTTP posts to when the endpoint has none (otlptracehttp's `DefaultTracesPath`).
+/// The path OTLP/HTTP posts spans to when the endpoint has none (otlptracehttp's
+/// `DefaultTracesPath`).
 pub const DEFAULT_OTLP_HTTP_PATH: &str = "/v1/traces";
+/// The path OTLP/HTTP posts metrics to when the endpoint has none (otlpmetrichttp's
+/// `DefaultMetricsPath`).
+pub const DEFAULT_OTLP_HTTP_METRICS_PATH: &str = "/v1/metrics";
 /// The port an `http://` endpoint without one means for OTLP/HTTP and Zipkin (HTTP's).
 pub const DEFAULT_HTTP_PORT: u16 = 80;
 /// The port an endpoint without one means for OTLP/gRPC (grpc-go's resolver default).
 pub const DEFAULT_GRPC_PORT: u16 = 443;
+
+/// Which of OpenTelemetry's signals an endpoint is for: the default path and the gRPC method
+/// differ, and so does how messages name the setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    Traces,
+    Metrics,
+}
+
+impl Signal {
+    /// Where OTLP/HTTP posts when the endpoint has no path.
+    pub const fn default_http_path(self) -> &'static str {
+        match self {
+            Self::Traces => DEFAULT_OTLP_HTTP_PATH,
+            Self::Metrics => DEFAULT_OTLP_HTTP_METRICS_PATH,
+        }
+    }
+
+    /// The gRPC method OTLP/gRPC calls.
+    pub const fn grpc_path(self) -> &'static str {
+        match self {
+            Self::Traces => crate::proto::TRACE_SERVICE_EXPORT_PATH,
+            Self::Metrics => crate::proto::METRICS_SERVICE_EXPORT_PATH,
+        }
+    }
+
+    /// The setting, in messages: `tracing endpoint`, `metrics endpoint`.
+    const fn setting(self) -> &'static str {
+        match self {
+            Self::Traces => "tracing",
+            Self::Metrics => "metrics",
+        }
+    }
+
+    /// The collectors, in messages.
+    const fn collectors(self) -> &'static str {
+        match self {
+            Self::Traces => "trace collectors",
+            Self::Metrics => "metrics collectors",
+        }
+    }
+}
+
+/// How a collector is spoken to, which decides the defaults an endpoint leaves out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    OtlpGrpc,
+    OtlpHttp,
+    Zipkin,
+}
 
 /// A collector the exporters can reach: plaintext, by host and port.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,13 +123,14 @@ pub struct Collector {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EndpointError {
     /// `https://`: TLS to collectors is not built.
-    Tls { endpoint: String },
+    Tls { signal: Signal, endpoint: String },
     /// `host:port` with no scheme, which Knative reads as `https://host:port`.
-    NoScheme { endpoint: String },
+    NoScheme { signal: Signal, endpoint: String },
     /// A scheme other than `http` for Zipkin, which posts with an HTTP client.
     Scheme { endpoint: String, scheme: String },
     /// Not a URL with a host (Go's `url.Parse` refuses it, or it names no host).
     Malformed {
+        signal: Signal,
         endpoint: String,
         reason: &'static str,
     },
@@ -78,23 +139,31 @@ pub enum EndpointError {
 impl fmt::Display for EndpointError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Tls { endpoint } => write!(
+            Self::Tls { signal, endpoint } => write!(
                 f,
-                "tracing endpoint {endpoint:?}: TLS to trace collectors is not built; use an \
-                 http:// endpoint (a plaintext collector)"
+                "{} endpoint {endpoint:?}: TLS to {} is not built; use an http:// endpoint (a \
+                 plaintext collector)",
+                signal.setting(),
+                signal.collectors()
             ),
-            Self::NoScheme { endpoint } => write!(
+            Self::NoScheme { signal, endpoint } => write!(
                 f,
-                "tracing endpoint {endpoint:?} has no scheme, which Knative reads as \
-                 https://{endpoint} (TLS to trace collectors is not built); write \
-                 http://{endpoint} for a plaintext collector"
+                "{} endpoint {endpoint:?} has no scheme, which Knative reads as \
+                 https://{endpoint} (TLS to {} is not built); write http://{endpoint} for a \
+                 plaintext collector",
+                signal.setting(),
+                signal.collectors()
             ),
             Self::Scheme { endpoint, scheme } => write!(
                 f,
                 "tracing endpoint {endpoint:?}: scheme {scheme:?} is not http"
             ),
-            Self::Malformed { endpoint, reason } => {
-                write!(f, "tracing endpoint {endpoint:?}: {reason}")
+            Self::Malformed {
+                signal,
+                endpoint,
+                reason,
+            } => {
+                write!(f, "{} endpoint {endpoint:?}: {reason}", signal.setting())
             }
         }
     }
@@ -103,10 +172,36 @@ impl fmt::Display for EndpointError {
 impl std::error::Error for EndpointError {}
 
 impl Collector {
-    /// Reads `endpoint` as the exporter for `protocol` would (the module's doc says how).
+    /// Reads `endpoint` as the span exporter for `protocol` would (the module's doc says how).
     /// `protocol` must be one that sends to a collector.
     pub fn parse(protocol: &TraceProtocol, endpoint: &str) -> Result<Collector, EndpointError> {
+        let transport = match protocol {
+            TraceProtocol::Grpc => Transport::OtlpGrpc,
+            TraceProtocol::Zipkin => Transport::Zipkin,
+            _ => Transport::OtlpHttp,
+        };
+        Self::parse_as(transport, Signal::Traces, endpoint)
+    }
+
+    /// Reads `endpoint` as the metrics exporter for `protocol` would.
+    pub fn parse_metrics(
+        protocol: MetricsProtocol,
+        endpoint: &str,
+    ) -> Result<Collector, EndpointError> {
+        let transport = match protocol {
+            MetricsProtocol::Grpc => Transport::OtlpGrpc,
+            MetricsProtocol::HttpProtobuf => Transport::OtlpHttp,
+        };
+        Self::parse_as(transport, Signal::Metrics, endpoint)
+    }
+
+    fn parse_as(
+        transport: Transport,
+        signal: Signal,
+        endpoint: &str,
+    ) -> Result<Collector, EndpointError> {
         let malformed = |reason| EndpointError::Malformed {
+            signal,
             endpoint: endpoint.to_owned(),
             reason,
         };
@@ -126,16 +221,18 @@ impl Collector {
                 Err(malformed("no host (write http://host:port)"))
             } else {
                 Err(EndpointError::NoScheme {
+                    signal,
                     endpoint: endpoint.to_owned(),
                 })
             };
         };
         if scheme.eq_ignore_ascii_case("https") {
             return Err(EndpointError::Tls {
+                signal,
                 endpoint: endpoint.to_owned(),
             });
         }
-        if *protocol == TraceProtocol::Zipkin && !scheme.eq_ignore_ascii_case("http") {
+        if transport == Transport::Zipkin && !scheme.eq_ignore_ascii_case("http") {
             return Err(EndpointError::Scheme {
                 endpoint: endpoint.to_owned(),
                 scheme: scheme.to_owned(),
@@ -151,8 +248,8 @@ impl Collector {
                 "user information in the endpoint is not supported",
             ));
         }
-        let default_port = match protocol {
-            TraceProtocol::Grpc => DEFAULT_GRPC_PORT,
+        let default_port = match transport {
+            Transport::OtlpGrpc => DEFAULT_GRPC_PORT,
             _ => DEFAULT_HTTP_PORT,
         };
         let (host, port) = split_host_port(authority, default_port).map_err(malformed)?;
@@ -163,11 +260,9 @@ impl Collector {
         if !path.is_empty() && http::uri::PathAndQuery::try_from(path).is_err() {
             return Err(malformed("the path is not valid in a URL"));
         }
-        let path = match protocol {
-            TraceProtocol::Grpc => crate::proto::TRACE_SERVICE_EXPORT_PATH.to_owned(),
-            TraceProtocol::HttpProtobuf if path.trim().is_empty() => {
-                DEFAULT_OTLP_HTTP_PATH.to_owned()
-            }
+        let path = match transport {
+            Transport::OtlpGrpc => signal.grpc_path().to_owned(),
+            Transport::OtlpHttp if path.trim().is_empty() => signal.default_http_path().to_owned(),
             _ if path.is_empty() => "/".to_owned(),
             _ => path.to_owned(),
         };
@@ -328,6 +423,52 @@ mod tests {
                  built); write http://collector.observability:4317 for a plaintext collector"
             );
         }
+    }
+
+    #[test]
+    fn metrics_endpoints_follow_the_same_rules_with_their_own_defaults() {
+        // (endpoint, protocol, path): otlpmetrichttp's DefaultMetricsPath, otlpmetricgrpc's
+        // method; a path written is kept (HTTP) or ignored (gRPC), as for spans.
+        let table = [
+            (
+                "http://collector:4318",
+                MetricsProtocol::HttpProtobuf,
+                "/v1/metrics",
+            ),
+            (
+                "http://collector:4318/otlp/v1/metrics",
+                MetricsProtocol::HttpProtobuf,
+                "/otlp/v1/metrics",
+            ),
+            (
+                "http://collector:4317/v1/metrics",
+                MetricsProtocol::Grpc,
+                "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+            ),
+        ];
+        for (endpoint, protocol, path) in table {
+            let collector = Collector::parse_metrics(protocol, endpoint).unwrap();
+            assert_eq!(collector.path, path, "{endpoint}");
+        }
+        assert_eq!(
+            Collector::parse_metrics(MetricsProtocol::Grpc, "http://collector")
+                .unwrap()
+                .port,
+            443
+        );
+        let error =
+            Collector::parse_metrics(MetricsProtocol::HttpProtobuf, "otel:4318").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "metrics endpoint \"otel:4318\" has no scheme, which Knative reads as \
+             https://otel:4318 (TLS to metrics collectors is not built); write http://otel:4318 \
+             for a plaintext collector"
+        );
+        let error = Collector::parse_metrics(MetricsProtocol::Grpc, "http://").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "metrics endpoint \"http://\": no host (write http://host:port)"
+        );
     }
 
     #[test]

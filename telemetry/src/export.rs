@@ -1,9 +1,11 @@
 //! The exporters: one per applied config, each sending one batch at a time and saying whether
 //! the collector took it. OTLP/HTTP and Zipkin post over HTTP/1.1, OTLP/gRPC calls
-//! `TraceService/Export` over HTTP/2 with prior knowledge (no TLS: `endpoint` refuses
-//! `https://`), stdout writes lines on the blocking pool. Each keeps one connection and
-//! reuses it while the collector keeps it open; a failure drops it and the next batch dials
-//! again. Nothing here retries or times out: the driver owns the timeout.
+//! `TraceService/Export` (or, for metrics, `MetricsService/Export`) over HTTP/2 with prior
+//! knowledge (no TLS: `endpoint` refuses `https://`), stdout writes lines on the blocking pool.
+//! Spans and metrics go through the same OTLP client ([`OtlpClient`]) and the same connection
+//! handling ([`Link`]: one connection, reused while the collector keeps it open; a failure
+//! drops it and the next export dials again). Nothing here retries or times out: the drivers
+//! own the timeout.
 
 use std::fmt;
 use std::future::Future;
@@ -13,7 +15,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::header::{CONTENT_TYPE, HOST, TE, USER_AGENT};
-use http::{HeaderMap, Request, StatusCode, Uri};
+use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
@@ -27,6 +29,7 @@ use tokio::task::JoinHandle;
 use crate::encode;
 use crate::endpoint::Collector;
 use crate::proto::collector::ExportTraceServiceResponse;
+use crate::proto::metrics_collector::ExportMetricsServiceResponse;
 use crate::{Resource, TraceProtocol, TracingConfig, TracingConfigError};
 
 /// The `User-Agent` the exporters send.
@@ -141,9 +144,8 @@ pub(crate) type LineSink = Arc<Mutex<dyn Write + Send>>;
 
 /// The exporter for one config.
 pub(crate) enum Exporter {
-    OtlpHttp(HttpPost),
+    Otlp(OtlpClient),
     Zipkin(HttpPost),
-    Grpc(GrpcClient),
     Stdout(StdoutWriter),
 }
 
@@ -164,15 +166,18 @@ impl Exporter {
             TraceProtocol::Stdout => Some(Exporter::Stdout(StdoutWriter::new(Arc::new(
                 Mutex::new(io::stdout()),
             )))),
-            TraceProtocol::HttpProtobuf => Some(Exporter::OtlpHttp(HttpPost::new(
+            TraceProtocol::HttpProtobuf => Some(Exporter::Otlp(OtlpClient::Http(HttpPost::new(
                 collector()?,
                 CONTENT_TYPE_PROTOBUF,
-            ))),
+            )))),
+            TraceProtocol::Grpc => Some(Exporter::Otlp(OtlpClient::Grpc(GrpcClient::new(
+                collector()?,
+                timeout,
+            )))),
             TraceProtocol::Zipkin => Some(Exporter::Zipkin(HttpPost::new(
                 collector()?,
                 CONTENT_TYPE_JSON,
             ))),
-            TraceProtocol::Grpc => Some(Exporter::Grpc(GrpcClient::new(collector()?, timeout))),
         })
     }
 }
@@ -180,8 +185,8 @@ impl Exporter {
 impl Export for Exporter {
     fn target(&self) -> &str {
         match self {
-            Self::OtlpHttp(post) | Self::Zipkin(post) => &post.collector.url,
-            Self::Grpc(client) => &client.collector.url,
+            Self::Otlp(client) => client.target(),
+            Self::Zipkin(post) => &post.link.collector.url,
             Self::Stdout(_) => "stdout",
         }
     }
@@ -192,22 +197,101 @@ impl Export for Exporter {
         resource: &Resource,
     ) -> Result<Exported, ExportFailure> {
         match self {
-            Self::OtlpHttp(post) => {
-                let body = encode::otlp::request(spans, resource).encode_to_vec();
-                let answer = post.post(body).await?;
-                otlp_http_answer(answer)
+            Self::Otlp(client) => {
+                let message = encode::otlp::request(spans, resource).encode_to_vec();
+                client.export::<ExportTraceServiceResponse>(message).await
             }
             Self::Zipkin(post) => {
                 post.post(encode::zipkin::body(spans, resource)).await?;
                 Ok(Exported::default())
             }
-            Self::Grpc(client) => {
-                let message = encode::otlp::request(spans, resource).encode_to_vec();
-                client.export(message).await
-            }
             Self::Stdout(writer) => writer.write(encode::stdout::lines(spans, resource)).await,
         }
     }
+}
+
+// === OTLP, either transport, either signal ===
+
+/// One OTLP collector over HTTP/1.1 (`application/x-protobuf` posts) or gRPC: what the span
+/// exporter and the metrics exporter both send through. The message is encoded by the caller;
+/// `R` is the signal's answer, whose partial success says what was rejected.
+pub(crate) enum OtlpClient {
+    Http(HttpPost),
+    Grpc(GrpcClient),
+}
+
+impl OtlpClient {
+    /// A client for `collector` (as [`Collector::parse`] or [`Collector::parse_metrics`] read
+    /// it); `timeout` is announced to a gRPC server.
+    pub(crate) fn new(collector: Collector, grpc: bool, timeout: Duration) -> OtlpClient {
+        if grpc {
+            OtlpClient::Grpc(GrpcClient::new(collector, timeout))
+        } else {
+            OtlpClient::Http(HttpPost::new(collector, CONTENT_TYPE_PROTOBUF))
+        }
+    }
+
+    /// The collector's URL, for messages.
+    pub(crate) fn target(&self) -> &str {
+        match self {
+            Self::Http(post) => &post.link.collector.url,
+            Self::Grpc(client) => &client.link.collector.url,
+        }
+    }
+
+    /// Sends one encoded `Export…ServiceRequest` and reads the collector's answer as `R`.
+    pub(crate) async fn export<R: OtlpResponse>(
+        &mut self,
+        message: Vec<u8>,
+    ) -> Result<Exported, ExportFailure> {
+        match self {
+            Self::Http(post) => {
+                let answer = post.post(message).await?;
+                // otlp*http's clients read a protobuf answer, and fail on one that does not
+                // decode; any other answer is taken as a plain success.
+                if answer.body.is_empty() || content_type(&answer.headers) != CONTENT_TYPE_PROTOBUF
+                {
+                    return Ok(Exported::default());
+                }
+                partial_success::<R>(&answer.body)
+            }
+            Self::Grpc(client) => partial_success::<R>(&client.call(message).await?),
+        }
+    }
+}
+
+/// A signal's `Export…ServiceResponse`: its partial success says how many items the
+/// collector rejected, and why.
+pub(crate) trait OtlpResponse: Message + Default {
+    fn rejected(self) -> Exported;
+}
+
+impl OtlpResponse for ExportTraceServiceResponse {
+    fn rejected(self) -> Exported {
+        self.partial_success
+            .map(|partial| Exported {
+                rejected: u64::try_from(partial.rejected_spans).unwrap_or(0),
+                message: partial.error_message,
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl OtlpResponse for ExportMetricsServiceResponse {
+    fn rejected(self) -> Exported {
+        self.partial_success
+            .map(|partial| Exported {
+                rejected: u64::try_from(partial.rejected_data_points).unwrap_or(0),
+                message: partial.error_message,
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn partial_success<R: OtlpResponse>(message: &[u8]) -> Result<Exported, ExportFailure> {
+    let response = R::decode(message)
+        .map_err(|error| ExportFailure::Protocol(format!("the answer does not decode: {error}")))?;
+    Ok(response.rejected())
 }
 
 // === connections ===
@@ -225,6 +309,134 @@ struct AbortOnDrop(JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// What differs between an HTTP/1.1 connection and an HTTP/2 one to the exporters: how it is
+/// opened. Sending and readiness are hyper's, the same for both.
+trait Sender: Sized + Send {
+    /// Opens the connection over `io`; the returned task drives it.
+    fn handshake(
+        io: TokioIo<TcpStream>,
+    ) -> impl Future<Output = Result<(Self, JoinHandle<()>), hyper::Error>> + Send;
+    fn is_closed(&self) -> bool;
+    fn ready(&mut self) -> impl Future<Output = Result<(), hyper::Error>> + Send;
+    fn send(
+        &mut self,
+        request: Request<Full<Bytes>>,
+    ) -> impl Future<Output = Result<Response<Incoming>, hyper::Error>> + Send;
+}
+
+impl Sender for http1::SendRequest<Full<Bytes>> {
+    async fn handshake(io: TokioIo<TcpStream>) -> Result<(Self, JoinHandle<()>), hyper::Error> {
+        let (sender, connection) = http1::handshake(io).await?;
+        // How it ended shows in the exchange that used it.
+        let task = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok((sender, task))
+    }
+
+    fn is_closed(&self) -> bool {
+        http1::SendRequest::is_closed(self)
+    }
+
+    async fn ready(&mut self) -> Result<(), hyper::Error> {
+        http1::SendRequest::ready(self).await
+    }
+
+    fn send(
+        &mut self,
+        request: Request<Full<Bytes>>,
+    ) -> impl Future<Output = Result<Response<Incoming>, hyper::Error>> + Send {
+        self.send_request(request)
+    }
+}
+
+impl Sender for http2::SendRequest<Full<Bytes>> {
+    async fn handshake(io: TokioIo<TcpStream>) -> Result<(Self, JoinHandle<()>), hyper::Error> {
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .handshake(io)
+            .await?;
+        let task = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok((sender, task))
+    }
+
+    fn is_closed(&self) -> bool {
+        http2::SendRequest::is_closed(self)
+    }
+
+    async fn ready(&mut self) -> Result<(), hyper::Error> {
+        http2::SendRequest::ready(self).await
+    }
+
+    fn send(
+        &mut self,
+        request: Request<Full<Bytes>>,
+    ) -> impl Future<Output = Result<Response<Incoming>, hyper::Error>> + Send {
+        self.send_request(request)
+    }
+}
+
+/// A collector's whole answer.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+}
+
+/// One collector and the connection to it, kept while the collector keeps it open; a failed
+/// exchange drops it and the next one dials again.
+struct Link<S> {
+    collector: Collector,
+    connection: Option<Connection<S>>,
+}
+
+impl<S: Sender> Link<S> {
+    fn new(collector: Collector) -> Self {
+        Self {
+            collector,
+            connection: None,
+        }
+    }
+
+    /// Sends `request` on the kept connection, or a new one, and reads the whole answer (at
+    /// most [`RESPONSE_BODY_LIMIT`]).
+    async fn exchange(&mut self, request: Request<Full<Bytes>>) -> Result<Answer, ExportFailure> {
+        let mut connection = match self.connection.take() {
+            Some(connection) if !connection.sender.is_closed() => connection,
+            _ => {
+                let io = dial(&self.collector).await?;
+                let (sender, task) = S::handshake(io).await.map_err(ExportFailure::Http)?;
+                Connection {
+                    sender,
+                    _task: AbortOnDrop(task),
+                }
+            }
+        };
+        connection
+            .sender
+            .ready()
+            .await
+            .map_err(ExportFailure::Http)?;
+        let response = connection
+            .sender
+            .send(request)
+            .await
+            .map_err(ExportFailure::Http)?;
+        let (parts, body) = response.into_parts();
+        let (body, trailers) = read_body(body).await?;
+        // The whole answer was read: the connection can carry the next export.
+        self.connection = Some(connection);
+        Ok(Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            trailers,
+        })
     }
 }
 
@@ -271,110 +483,48 @@ fn content_type(headers: &HeaderMap) -> &str {
 
 // === HTTP/1.1 posts: OTLP/HTTP, Zipkin ===
 
-/// A successful answer to a post.
-pub(crate) struct Answer {
-    headers: HeaderMap,
-    body: Bytes,
-}
-
 /// Posts bodies of one content type to one collector over HTTP/1.1.
 pub(crate) struct HttpPost {
-    collector: Collector,
+    link: Link<http1::SendRequest<Full<Bytes>>>,
     content_type: &'static str,
-    connection: Option<Connection<http1::SendRequest<Full<Bytes>>>>,
 }
 
 impl HttpPost {
     fn new(collector: Collector, content_type: &'static str) -> Self {
         Self {
-            collector,
+            link: Link::new(collector),
             content_type,
-            connection: None,
         }
     }
 
     /// Posts `body`; a 2xx answer is a success.
     async fn post(&mut self, body: Vec<u8>) -> Result<Answer, ExportFailure> {
-        let mut connection = match self.connection.take() {
-            Some(connection) if !connection.sender.is_closed() => connection,
-            _ => {
-                let io = dial(&self.collector).await?;
-                let (sender, connection) =
-                    http1::handshake(io).await.map_err(ExportFailure::Http)?;
-                let task = tokio::spawn(async move {
-                    // How it ended shows in the exchange that used it.
-                    let _ = connection.await;
-                });
-                Connection {
-                    sender,
-                    _task: AbortOnDrop(task),
-                }
-            }
-        };
-        connection
-            .sender
-            .ready()
-            .await
-            .map_err(ExportFailure::Http)?;
-        let request = Request::post(self.collector.path.as_str())
-            .header(HOST, self.collector.authority.as_str())
+        let collector = &self.link.collector;
+        let request = Request::post(collector.path.as_str())
+            .header(HOST, collector.authority.as_str())
             .header(CONTENT_TYPE, self.content_type)
             .header(USER_AGENT, EXPORTER_USER_AGENT)
             .body(Full::new(Bytes::from(body)))
             .map_err(|error| ExportFailure::Protocol(format!("building the request: {error}")))?;
-        let response = connection
-            .sender
-            .send_request(request)
-            .await
-            .map_err(ExportFailure::Http)?;
-        let (parts, body) = response.into_parts();
-        let (body, _) = read_body(body).await?;
-        // The whole answer was read: the connection can carry the next batch.
-        self.connection = Some(connection);
-        if !parts.status.is_success() {
+        let answer = self.link.exchange(request).await?;
+        if !answer.status.is_success() {
             return Err(ExportFailure::Status {
-                status: parts.status,
-                body: excerpt(&parts.headers, &body),
+                status: answer.status,
+                body: excerpt(&answer.headers, &answer.body),
             });
         }
-        Ok(Answer {
-            headers: parts.headers,
-            body,
-        })
+        Ok(answer)
     }
-}
-
-/// OTLP/HTTP's answer: a protobuf `ExportTraceServiceResponse` may say some spans were
-/// rejected (otlptracehttp's client reads it the same way, and fails on one that does not
-/// decode).
-fn otlp_http_answer(answer: Answer) -> Result<Exported, ExportFailure> {
-    if answer.body.is_empty() || content_type(&answer.headers) != CONTENT_TYPE_PROTOBUF {
-        return Ok(Exported::default());
-    }
-    partial_success(&answer.body)
-}
-
-fn partial_success(message: &[u8]) -> Result<Exported, ExportFailure> {
-    let response = ExportTraceServiceResponse::decode(message)
-        .map_err(|error| ExportFailure::Protocol(format!("the answer does not decode: {error}")))?;
-    Ok(response
-        .partial_success
-        .map(|partial| Exported {
-            rejected: u64::try_from(partial.rejected_spans).unwrap_or(0),
-            message: partial.error_message,
-        })
-        .unwrap_or_default())
 }
 
 // === OTLP/gRPC ===
 
-/// Calls `TraceService/Export` on one collector over HTTP/2 with prior knowledge.
+/// Calls a signal's `…Service/Export` on one collector over HTTP/2 with prior knowledge.
 pub(crate) struct GrpcClient {
-    collector: Collector,
+    link: Link<http2::SendRequest<Full<Bytes>>>,
     uri: Uri,
     /// `grpc-timeout`: the export timeout, in milliseconds.
     timeout: String,
-    connection: Option<Connection<http2::SendRequest<Full<Bytes>>>>,
 }
 
 impl GrpcClient {
@@ -385,36 +535,14 @@ impl GrpcClient {
         // At most 8 digits (the gRPC spec); 99999999 ms is over a day.
         let millis = timeout.as_millis().clamp(1, 99_999_999);
         Self {
-            collector,
+            link: Link::new(collector),
             uri,
             timeout: format!("{millis}m"),
-            connection: None,
         }
     }
 
-    async fn export(&mut self, message: Vec<u8>) -> Result<Exported, ExportFailure> {
-        let mut connection = match self.connection.take() {
-            Some(connection) if !connection.sender.is_closed() => connection,
-            _ => {
-                let io = dial(&self.collector).await?;
-                let (sender, connection) = http2::Builder::new(TokioExecutor::new())
-                    .handshake(io)
-                    .await
-                    .map_err(ExportFailure::Http)?;
-                let task = tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                Connection {
-                    sender,
-                    _task: AbortOnDrop(task),
-                }
-            }
-        };
-        connection
-            .sender
-            .ready()
-            .await
-            .map_err(ExportFailure::Http)?;
+    /// Calls the method with `message`; the answer's message when the status is OK.
+    async fn call(&mut self, message: Vec<u8>) -> Result<Bytes, ExportFailure> {
         let request = Request::post(self.uri.clone())
             .header(CONTENT_TYPE, grpc_health::CONTENT_TYPE)
             .header(TE, grpc_health::TRAILERS)
@@ -422,26 +550,19 @@ impl GrpcClient {
             .header(USER_AGENT, EXPORTER_USER_AGENT)
             .body(Full::new(grpc_frame(&message)))
             .map_err(|error| ExportFailure::Protocol(format!("building the request: {error}")))?;
-        let response = connection
-            .sender
-            .send_request(request)
-            .await
-            .map_err(ExportFailure::Http)?;
-        let (parts, body) = response.into_parts();
-        if parts.status != StatusCode::OK {
+        let answer = self.link.exchange(request).await?;
+        if answer.status != StatusCode::OK {
             return Err(ExportFailure::Status {
-                status: parts.status,
+                status: answer.status,
                 body: String::new(),
             });
         }
         // A trailers-only answer carries its status in the headers, and no message.
-        if let Some(status) = grpc_status(&parts.headers)? {
-            self.connection = Some(connection);
-            return status.map(|()| Exported::default());
+        if let Some(status) = grpc_status(&answer.headers)? {
+            return status.map(|()| Bytes::new());
         }
-        let (body, trailers) = read_body(body).await?;
-        self.connection = Some(connection);
-        let status = trailers
+        let status = answer
+            .trailers
             .as_ref()
             .map(grpc_status)
             .transpose()?
@@ -450,8 +571,7 @@ impl GrpcClient {
                 ExportFailure::Protocol("the gRPC answer ended without grpc-status".to_owned())
             })?;
         status?;
-        let message = grpc_message(body)?;
-        partial_success(&message)
+        grpc_message(answer.body)
     }
 }
 
@@ -612,19 +732,34 @@ mod tests {
     }
 
     #[test]
-    fn partial_success_counts_rejected_spans() {
+    fn partial_success_counts_rejected_spans_and_data_points() {
         use crate::proto::collector::ExportTracePartialSuccess;
+        use crate::proto::metrics_collector::ExportMetricsPartialSuccess;
         let answer = ExportTraceServiceResponse {
             partial_success: Some(ExportTracePartialSuccess {
                 rejected_spans: 2,
                 error_message: "too old".into(),
             }),
         };
-        let exported = partial_success(&answer.encode_to_vec()).unwrap();
+        let exported =
+            partial_success::<ExportTraceServiceResponse>(&answer.encode_to_vec()).unwrap();
         assert_eq!(exported.rejected, 2);
         assert_eq!(exported.message, "too old");
-        assert_eq!(partial_success(&[]).unwrap(), Exported::default());
-        assert!(partial_success(&[0xff, 0xff]).is_err());
+        let answer = ExportMetricsServiceResponse {
+            partial_success: Some(ExportMetricsPartialSuccess {
+                rejected_data_points: 3,
+                error_message: "unknown unit".into(),
+            }),
+        };
+        let exported =
+            partial_success::<ExportMetricsServiceResponse>(&answer.encode_to_vec()).unwrap();
+        assert_eq!(exported.rejected, 3);
+        assert_eq!(exported.message, "unknown unit");
+        assert_eq!(
+            partial_success::<ExportTraceServiceResponse>(&[]).unwrap(),
+            Exported::default()
+        );
+        assert!(partial_success::<ExportMetricsServiceResponse>(&[0xff, 0xff]).is_err());
     }
 
     #[test]

@@ -10,12 +10,17 @@
 //! * [`endpoint`]: what a configured endpoint means, as Knative reads it;
 //! * [`run`]: the driver on the control thread: batches, one export at a time, counters.
 //!
+//! And metrics pushed over OTLP (the queue-proxy's `requestMetrics` with `grpc` or
+//! `http/protobuf`): [`metrics`] (the settings, the snapshot a caller hands over, the periodic
+//! driver), encoded by [`encode::metrics`] and sent through the same OTLP client as spans.
+//!
 //! The OTLP messages are compiled from OpenTelemetry's own definitions ([`proto`]).
 
 use std::fmt;
 
 pub mod encode;
 pub mod endpoint;
+pub mod metrics;
 pub mod proto;
 
 mod batch;
@@ -27,8 +32,9 @@ pub use driver::{
     DEFAULT_FAILURE_LOG_INTERVAL, DEFAULT_MAX_EXPORT_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE,
     DEFAULT_SCHEDULE_DELAY,
 };
-pub use endpoint::{Collector, EndpointError};
+pub use endpoint::{Collector, EndpointError, Signal};
 pub use export::{ExportError, ExportFailure, EXPORTER_USER_AGENT, RESPONSE_BODY_LIMIT};
+pub use metrics::{MetricsConfig, MetricsProtocol};
 
 /// The instrumentation scope every exported span carries (OTLP's `InstrumentationScope.name`,
 /// Zipkin's `otel.scope.name` tag).

@@ -1,8 +1,10 @@
 //! The real exporters against real receivers built from the official definitions
-//! (`kactivator_testkit::collector`, `otel_receiver.py`: grpcio with the `opentelemetry-proto` package's TraceService, an
+//! (`kactivator_testkit::collector`, `otel_receiver.py`: grpcio with the `opentelemetry-proto`
+//! package's TraceService and MetricsService, an
 //! OTLP/HTTP server decoding with the same package, and a Zipkin server that checks every span
-//! against Zipkin's v2 model). The driver runs on a thread of its own with a current-thread
-//! runtime, as on the control thread; the test feeds it as a shard would (`try_send`).
+//! against Zipkin's v2 model). The drivers run on a thread of their own with a current-thread
+//! runtime, as on the control thread; the tests feed the span driver as a shard would
+//! (`try_send`), and hand the metrics driver a function that reads made-up counters.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -13,8 +15,12 @@ use kactivator_api::trace::span::{
     Attribute, AttributeValue, FinishedSpan, SpanBatch, SpanKind, SpanStatus,
 };
 use kactivator_api::trace::{SpanId, TraceId};
+use kactivator_telemetry::metrics::{
+    GaugePoint, HistogramPoint, Metric, MetricData, MetricsCountersSnapshot, MetricsExportCounters,
+};
 use kactivator_telemetry::{
-    run_with, BatchConfig, CountersSnapshot, ExportCounters, Resource, TraceProtocol, TracingConfig,
+    run_with, BatchConfig, CountersSnapshot, ExportCounters, MetricsConfig, MetricsProtocol,
+    Resource, TraceProtocol, TracingConfig,
 };
 use kactivator_testkit::collector::Collector as Receiver;
 use serde_json::{json, Value};
@@ -510,4 +516,255 @@ fn an_otlp_http_collector_that_never_answers_costs_nothing_and_later_batches_arr
 #[test]
 fn an_otlp_grpc_collector_that_never_answers_costs_nothing_and_later_batches_arrive() {
     collector_never_answering(TraceProtocol::Grpc);
+}
+
+// === metrics ===
+
+/// The metrics driver on its own thread, as on the control thread; `collect` returns a gauge
+/// whose value counts the collections, and a histogram.
+struct Pushing {
+    counters: Arc<MetricsExportCounters>,
+    collections: Arc<std::sync::atomic::AtomicU64>,
+    finish: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+const BOUNDS: [f64; 2] = [0.005, 0.01];
+
+impl Pushing {
+    fn to(protocol: MetricsProtocol, endpoint: String, interval: Duration) -> Pushing {
+        let config = MetricsConfig {
+            protocol,
+            endpoint,
+            interval,
+        };
+        config.collector().unwrap();
+        let counters = Arc::new(MetricsExportCounters::default());
+        let collections = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (finish, finish_rx) = tokio::sync::oneshot::channel();
+        let thread = thread::spawn({
+            let counters = Arc::clone(&counters);
+            let collections = Arc::clone(&collections);
+            move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let collect = move || {
+                    let n = collections.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    vec![
+                        Metric {
+                            name: "kn.serving.queue.depth",
+                            description: "Number of current requests in the queue",
+                            unit: "{request}",
+                            data: MetricData::Gauge(vec![GaugePoint {
+                                attributes: Vec::new(),
+                                value: n as i64,
+                            }]),
+                        },
+                        Metric {
+                            name: "http.server.request.duration",
+                            description: "Duration of HTTP server requests.",
+                            unit: "s",
+                            data: MetricData::Histogram(vec![HistogramPoint {
+                                attributes: vec![Attribute::int("http.response.status_code", 200)],
+                                sum: 0.02,
+                                bounds: &BOUNDS,
+                                bucket_counts: vec![1, 0, 1],
+                            }]),
+                        },
+                    ]
+                };
+                runtime.block_on(kactivator_telemetry::metrics::run_with(
+                    config,
+                    EXPORT_TIMEOUT,
+                    resource(),
+                    collect,
+                    counters,
+                    finish_rx,
+                ));
+            }
+        });
+        Pushing {
+            counters,
+            collections,
+            finish: Some(finish),
+            thread: Some(thread),
+        }
+    }
+
+    /// Tells the driver to finish and waits until it has; answers how long that took.
+    fn finish(&mut self) -> Duration {
+        let started = Instant::now();
+        let _ = self.finish.take().unwrap().send(());
+        self.thread.take().unwrap().join().unwrap();
+        started.elapsed()
+    }
+
+    fn wait_until(
+        &self,
+        what: &str,
+        condition: impl Fn(&MetricsCountersSnapshot) -> bool,
+    ) -> MetricsCountersSnapshot {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let counters = self.counters.snapshot();
+            if condition(&counters) {
+                return counters;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited {WAIT:?} for {what}; counters: {counters:?}"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Pushing {
+    fn drop(&mut self) {
+        if let Some(finish) = self.finish.take() {
+            let _ = finish.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn gauge_value(event: &Value) -> u64 {
+    event["points"][0]["value"].as_u64().unwrap()
+}
+
+#[test]
+fn metrics_are_pushed_every_interval_over_otlp_http_and_grpc() {
+    let mut receiver = Receiver::start();
+    let cases = [
+        (
+            MetricsProtocol::HttpProtobuf,
+            format!("http://127.0.0.1:{}", receiver.http),
+            "otlp-http",
+            "/v1/metrics",
+        ),
+        (
+            MetricsProtocol::Grpc,
+            format!("http://127.0.0.1:{}", receiver.grpc),
+            "grpc",
+            "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+        ),
+    ];
+    for (protocol, endpoint, transport, path) in cases {
+        let pushing = Pushing::to(protocol, endpoint, Duration::from_millis(50));
+        // Two periods, two collections, in order: one export each (the previous case's last
+        // export may still be on its way: this transport's only).
+        let mut next = |name: &str| {
+            receiver.wait_for(name, |event| {
+                event["event"] == "metric"
+                    && event["name"] == name
+                    && event["transport"] == transport
+            })
+        };
+        let first = next("kn.serving.queue.depth");
+        let second = next("kn.serving.queue.depth");
+        let histogram = next("http.server.request.duration");
+        assert_eq!((gauge_value(&first), gauge_value(&second)), (1, 2));
+        assert_eq!(first["transport"], transport);
+        assert_eq!(first["path"], path);
+        assert_eq!(first["type"], "gauge");
+        assert_eq!(first["unit"], "{request}");
+        assert_eq!(
+            first["resource"],
+            json!({
+                "service.name": {"string_value": "activator"},
+                "service.instance.id": {"string_value": "activator-5d4c7b9f8-x2x7q"},
+                "k8s.namespace.name": {"string_value": "knative-serving"},
+            })
+        );
+        assert_eq!(first["scope"]["name"], "kactivator");
+        let (start, time) = (
+            first["points"][0]["start_time_unix_nano"].as_u64().unwrap(),
+            second["points"][0]["time_unix_nano"].as_u64().unwrap(),
+        );
+        assert_eq!(
+            second["points"][0]["start_time_unix_nano"]
+                .as_u64()
+                .unwrap(),
+            start,
+            "cumulative: one start for every export"
+        );
+        assert!(time > start);
+        assert_eq!(histogram["type"], "histogram");
+        assert_eq!(
+            histogram["temporality"],
+            "AGGREGATION_TEMPORALITY_CUMULATIVE"
+        );
+        let point = &histogram["points"][0];
+        assert_eq!(
+            point["attributes"],
+            json!({"http.response.status_code": {"int_value": 200}})
+        );
+        assert_eq!(point["count"], 2);
+        assert_eq!(point["sum"], 0.02);
+        assert_eq!(point["bucket_counts"], json!([1, 0, 1]));
+        assert_eq!(point["explicit_bounds"], json!([0.005, 0.01]));
+        pushing.wait_until("two exports", |now| now.exports >= 2);
+        assert_eq!(pushing.counters.snapshot().failures, 0);
+    }
+}
+
+#[test]
+fn finishing_collects_and_exports_once_more() {
+    let mut receiver = Receiver::start();
+    let endpoint = format!("http://127.0.0.1:{}/v1/metrics", receiver.http);
+    // An interval no test reaches: the only export is the last one.
+    let mut pushing = Pushing::to(
+        MetricsProtocol::HttpProtobuf,
+        endpoint,
+        Duration::from_secs(3600),
+    );
+    assert!(receiver
+        .within(Duration::from_millis(200), |event| event["event"]
+            == "metric")
+        .is_none());
+    pushing.finish();
+    let last = receiver.metric("kn.serving.queue.depth");
+    assert_eq!(gauge_value(&last), 1);
+    assert_eq!(
+        pushing
+            .collections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    assert_eq!(pushing.counters.snapshot().exports, 1);
+}
+
+#[test]
+fn a_failing_or_silent_collector_is_counted_and_finishing_stays_bounded() {
+    let mut receiver = Receiver::start();
+    receiver.mode("http", "fail");
+    let endpoint = format!("http://127.0.0.1:{}/v1/metrics", receiver.http);
+    let mut pushing = Pushing::to(
+        MetricsProtocol::HttpProtobuf,
+        endpoint,
+        Duration::from_millis(20),
+    );
+    // Every period is tried again with the totals; none is retried in between.
+    let failed = pushing.wait_until("three failed exports", |now| now.failures >= 3);
+    assert_eq!(failed.exports, 0);
+    // A collector that never answers: the last export gives up after the export timeout.
+    receiver.mode("http", "hang");
+    let took = pushing.finish();
+    assert!(
+        took < EXPORT_TIMEOUT * 3,
+        "finishing took {took:?} with a silent collector"
+    );
+    assert_eq!(pushing.counters.snapshot().exports, 0);
+
+    // A collector that is down: a refused connection, counted.
+    receiver.stop("grpc");
+    let endpoint = format!("http://127.0.0.1:{}", receiver.grpc);
+    let mut pushing = Pushing::to(MetricsProtocol::Grpc, endpoint, Duration::from_millis(20));
+    pushing.wait_until("two failed exports", |now| now.failures >= 2);
+    assert!(pushing.finish() < EXPORT_TIMEOUT);
+    assert_eq!(pushing.counters.snapshot().exports, 0);
 }

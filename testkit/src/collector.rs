@@ -1,7 +1,8 @@
-//! A trace collector for the tests, built from the official definitions: the Python receiver
-//! `otel_receiver.py` (grpcio with the `opentelemetry-proto` package's TraceService, an
-//! OTLP/HTTP server decoding with the same package, and a Zipkin v2 server that checks every
-//! span against Zipkin's model), started as a child process and read line by line.
+//! A trace and metrics collector for the tests, built from the official definitions: the Python
+//! receiver `otel_receiver.py` (grpcio with the `opentelemetry-proto` package's TraceService and
+//! MetricsService, an OTLP/HTTP server decoding with the same package (`…/v1/metrics` as
+//! metrics, any other path as spans), and a Zipkin v2 server that checks every span against
+//! Zipkin's model), started as a child process and read line by line.
 //!
 //! Python: [`crate::grpcio::python`] (`$KACTIVATOR_PYTHON`, else `target/venv`); it needs
 //! grpcio and opentelemetry-proto (scripts/test.sh installs both).
@@ -130,6 +131,14 @@ impl Collector {
         (0..count)
             .map(|_| self.wait_for("a span", |event| event["event"] == "span"))
             .collect()
+    }
+
+    /// The next metric named `name` received (an `{"event": "metric"}` line: its resource,
+    /// scope, type, temporality and points).
+    pub fn metric(&mut self, name: &str) -> Value {
+        self.wait_for(&format!("metric {name}"), |event| {
+            event["event"] == "metric" && event["name"] == name
+        })
     }
 
     /// Spans received until `done` says the list is complete (or [`WAIT`] runs out: a panic).

@@ -15,28 +15,37 @@ pub const SAMPLED: u32 = 0x01;
 
 /// The request that exports `spans` on behalf of `resource`.
 pub fn request(spans: &[FinishedSpan], resource: &Resource) -> ExportTraceServiceRequest {
-    let resource = ProtoResource {
-        attributes: resource
-            .all_attributes()
-            .map(|(key, value)| string_attribute(key, value))
-            .collect(),
-        ..Default::default()
-    };
-    let scope = InstrumentationScope {
-        name: SCOPE_NAME.to_owned(),
-        version: SCOPE_VERSION.to_owned(),
-        ..Default::default()
-    };
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
-            resource: Some(resource),
+            resource: Some(resource_of(resource)),
             scope_spans: vec![ScopeSpans {
-                scope: Some(scope),
+                scope: Some(scope()),
                 spans: spans.iter().map(span).collect(),
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
         }],
+    }
+}
+
+/// The process's resource, as every OTLP message carries it: string attributes, `service.name`
+/// first.
+pub fn resource_of(resource: &Resource) -> ProtoResource {
+    ProtoResource {
+        attributes: resource
+            .all_attributes()
+            .map(|(key, value)| string_attribute(key, value))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// kactivator as the instrumentation scope.
+pub fn scope() -> InstrumentationScope {
+    InstrumentationScope {
+        name: SCOPE_NAME.to_owned(),
+        version: SCOPE_VERSION.to_owned(),
+        ..Default::default()
     }
 }
 
@@ -76,7 +85,7 @@ pub fn kind(kind: SpanKind) -> span::SpanKind {
     }
 }
 
-fn attribute(attribute: &Attribute) -> KeyValue {
+pub fn attribute(attribute: &Attribute) -> KeyValue {
     let value = match &attribute.value {
         AttributeValue::Str(value) => any_value::Value::StringValue(value.clone().into_owned()),
         AttributeValue::Int(value) => any_value::Value::IntValue(*value),
