@@ -1,5 +1,6 @@
 //! Prometheus text for `/metrics`: shard counters summed at scrape time, plus the control
-//! plane's own registry.
+//! plane's own registry; and the same sums as OTLP metrics for the queue-proxy's push
+//! ([`queue_proxy_otlp`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -11,8 +12,11 @@ use kactivator_shards::metrics::{
 };
 use kactivator_shards::routing::RevisionLabels;
 
-use crate::config::MetricsComponent;
+use kactivator_api::trace::span::Attribute;
+use kactivator_telemetry::metrics as otlp;
 use prometheus::{Encoder, TextEncoder};
+
+use crate::config::MetricsComponent;
 
 /// A revision's priority counters summed over shards.
 #[derive(Default)]
@@ -48,6 +52,10 @@ impl HistogramTotals {
     }
 }
 
+/// `kn.route.tag`'s values for a request without a named tag (disabled, default, undefined,
+/// other).
+const OTEL_RESERVED_TAGS: [&str; 4] = ["kn:disabled", "kn:default", "kn:undefined", "kn:other"];
+
 /// A request's route tag as a label, its name resolved (each shard numbers its own names).
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 enum TagLabel {
@@ -81,24 +89,32 @@ impl TagLabel {
     /// Knative 1.19+'s `kn.route.tag` attribute (`pkg/queue/routetag_handler.go`) in
     /// Prometheus form, or nothing.
     fn opentelemetry(&self) -> String {
-        self.label(
-            "kn_route_tag",
-            ["kn:disabled", "kn:default", "kn:undefined", "kn:other"],
-        )
+        self.label("kn_route_tag", OTEL_RESERVED_TAGS)
+    }
+
+    /// The `kn.route.tag` attribute's value, or `None` without a tag.
+    fn opentelemetry_value(&self) -> Option<&str> {
+        self.value(OTEL_RESERVED_TAGS)
     }
 
     /// `,name="value"`, the value of a tag without a name taken from `reserved` (disabled,
     /// default, undefined, other); nothing without a tag.
     fn label(&self, name: &str, reserved: [&str; 4]) -> String {
-        let value = match self {
-            TagLabel::None => return String::new(),
+        match self.value(reserved) {
+            Some(value) => format!(",{name}=\"{}\"", escape(value)),
+            None => String::new(),
+        }
+    }
+
+    fn value<'a>(&'a self, reserved: [&'a str; 4]) -> Option<&'a str> {
+        Some(match self {
+            TagLabel::None => return None,
             TagLabel::Disabled => reserved[0],
             TagLabel::Default => reserved[1],
             TagLabel::Undefined => reserved[2],
             TagLabel::Other => reserved[3],
             TagLabel::Named(tag) => tag,
-        };
-        format!(",{name}=\"{}\"", escape(value))
+        })
     }
 }
 
@@ -122,6 +138,11 @@ struct RevisionTotals {
     in_flight: u64,
     queued: u64,
 }
+
+/// The control plane's registry of its own metrics, rendered after the shards' on `/metrics`;
+/// named here so that the binary can hand it to a role's tasks without depending on the
+/// `prometheus` crate itself.
+pub type Registry = prometheus::Registry;
 
 /// The autoscaler reporter's last concurrency of each revision (what upstream records in its
 /// concurrency gauge at every report): written once a second by the reporter, read by scrapes.
@@ -397,6 +418,59 @@ fn render_queue_proxy(
     }
 }
 
+// === Knative 1.19+'s OpenTelemetry instruments: one description, two renderings ===
+
+/// An OpenTelemetry duration histogram upstream records per response code, and which of a
+/// revision's code tables it reads. Both `/metrics` ([`render_otel_code_histograms`]) and the
+/// OTLP push ([`queue_proxy_otlp`]) read these, from the same totals.
+struct OtelHistogram {
+    /// The instrument's name (OTLP).
+    name: &'static str,
+    /// The name upstream's Prometheus exporter gives it: dots to underscores, `_seconds`.
+    prometheus: &'static str,
+    description: &'static str,
+    codes: fn(&RevisionTotals) -> &CodeTotals,
+}
+
+/// otelhttp's server duration: every request the queue-proxy (or activator) answered
+/// (`http.server.request.duration`, unit `s`).
+const SERVER_DURATION: OtelHistogram = OtelHistogram {
+    name: "http.server.request.duration",
+    prometheus: "http_server_request_duration_seconds",
+    description: "Duration of HTTP server requests.",
+    codes: |totals| &totals.codes,
+};
+
+/// The queue-proxy's requests that reached the user container (`pkg/queue/request_metric.go`,
+/// unit `s`).
+const INVOCATION_DURATION: OtelHistogram = OtelHistogram {
+    name: "kn.serving.invocation.duration",
+    prometheus: "kn_serving_invocation_duration_seconds",
+    description: "The duration of task execution",
+    codes: |totals| &totals.app_codes,
+};
+
+/// The queue-proxy's requests in it, waiting or at the app, with a breaker
+/// (`pkg/queue/request_metric.go`, an `Int64Gauge`).
+const QUEUE_DEPTH: (&str, &str, &str, &str) = (
+    "kn.serving.queue.depth",
+    "kn_serving_queue_depth",
+    "Number of current requests in the queue",
+    "{request}",
+);
+
+/// [`LATENCY_BUCKETS_MS`] in seconds: the bounds of every OpenTelemetry duration histogram,
+/// the same numbers `/metrics` writes in its `le` labels.
+const LATENCY_BOUNDS_SECONDS: [f64; LATENCY_BUCKETS_MS.len()] = {
+    let mut bounds = [0.0; LATENCY_BUCKETS_MS.len()];
+    let mut i = 0;
+    while i < bounds.len() {
+        bounds[i] = LATENCY_BUCKETS_MS[i] as f64 / 1000.0;
+        i += 1;
+    }
+    bounds
+};
+
 /// Knative 1.19+'s queue-proxy metrics as its Prometheus exporter names them: the server
 /// duration of the `queue` handler and, with a breaker, the queue depth.
 fn render_queue_proxy_otel(
@@ -405,24 +479,76 @@ fn render_queue_proxy_otel(
     queue_depth: bool,
 ) {
     if queue_depth {
-        out.push_str("# HELP kn_serving_queue_depth Number of current requests in the queue\n# TYPE kn_serving_queue_depth gauge\n");
+        let (_, name, help, _) = QUEUE_DEPTH;
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         for totals in revisions.values() {
             let _ = writeln!(
                 out,
-                "kn_serving_queue_depth{{{}}} {}",
+                "{name}{{{}}} {}",
                 otel_labels(&totals.labels),
                 totals.in_flight
             );
         }
     }
-    render_server_duration(out, revisions);
-    render_otel_code_histograms(
-        out,
-        revisions,
-        "kn_serving_invocation_duration_seconds",
-        "The duration of task execution",
-        |totals| &totals.app_codes,
-    );
+    render_otel_code_histograms(out, revisions, &SERVER_DURATION);
+    render_otel_code_histograms(out, revisions, &INVOCATION_DURATION);
+}
+
+/// The same metrics as [`render_queue_proxy_otel`], for the OTLP push: read from the shards'
+/// counters now, summed per revision as a scrape sums them. The revision's names are the
+/// push's resource (one revision per queue-proxy), so a point carries only what upstream's
+/// instruments add: the response code and, on the server duration, the route tag. A histogram
+/// nothing was recorded in yet is left out, as OpenTelemetry's SDK leaves it out.
+pub fn queue_proxy_otlp(stats: &AllShardStats, queue_depth: bool) -> Vec<otlp::Metric> {
+    let revisions = revision_totals(stats);
+    let mut metrics = Vec::with_capacity(3);
+    if queue_depth {
+        let (name, _, description, unit) = QUEUE_DEPTH;
+        metrics.push(otlp::Metric {
+            name,
+            description,
+            unit,
+            data: otlp::MetricData::Gauge(
+                revisions
+                    .values()
+                    .map(|totals| otlp::GaugePoint {
+                        attributes: Vec::new(),
+                        value: i64::try_from(totals.in_flight).unwrap_or(i64::MAX),
+                    })
+                    .collect(),
+            ),
+        });
+    }
+    for histogram in [&SERVER_DURATION, &INVOCATION_DURATION] {
+        let points: Vec<_> = revisions
+            .values()
+            .flat_map(|totals| (histogram.codes)(totals))
+            .map(|((code, tag), totals)| {
+                let mut attributes = vec![Attribute::int(
+                    "http.response.status_code",
+                    i64::from(*code),
+                )];
+                if let Some(tag) = tag.opentelemetry_value() {
+                    attributes.push(Attribute::str("kn.route.tag", tag.to_owned()));
+                }
+                otlp::HistogramPoint {
+                    attributes,
+                    sum: totals.sum_us as f64 / 1_000_000.0,
+                    bounds: &LATENCY_BOUNDS_SECONDS,
+                    bucket_counts: totals.buckets.to_vec(),
+                }
+            })
+            .collect();
+        if !points.is_empty() {
+            metrics.push(otlp::Metric {
+                name: histogram.name,
+                description: histogram.description,
+                unit: "s",
+                data: otlp::MetricData::Histogram(points),
+            });
+        }
+    }
+    metrics
 }
 
 /// Knative 1.19+'s OpenTelemetry request metrics, named as its Prometheus exporter names them:
@@ -459,35 +585,20 @@ fn render_requests_otel(
             totals.in_flight.saturating_sub(totals.queued)
         );
     }
-    render_server_duration(out, revisions);
+    render_otel_code_histograms(out, revisions, &SERVER_DURATION);
 }
 
-/// The OpenTelemetry HTTP server duration (`otelhttp`), per revision and response code.
-fn render_server_duration(
-    out: &mut String,
-    revisions: &BTreeMap<(String, String), RevisionTotals>,
-) {
-    render_otel_code_histograms(
-        out,
-        revisions,
-        "http_server_request_duration_seconds",
-        "Duration of HTTP server requests.",
-        |totals| &totals.codes,
-    );
-}
-
-/// An OpenTelemetry duration histogram (seconds) per revision and response code, from one of
-/// a revision's code tables.
+/// An OpenTelemetry duration histogram (seconds) per revision and response code, as upstream's
+/// Prometheus exporter names it.
 fn render_otel_code_histograms(
     out: &mut String,
     revisions: &BTreeMap<(String, String), RevisionTotals>,
-    name: &str,
-    help: &str,
-    codes: fn(&RevisionTotals) -> &CodeTotals,
+    histogram: &OtelHistogram,
 ) {
+    let (name, help) = (histogram.prometheus, histogram.description);
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
     for totals in revisions.values() {
-        for ((code, tag), code_totals) in codes(totals) {
+        for ((code, tag), code_totals) in (histogram.codes)(totals) {
             let labels = format!(
                 "{},http_response_status_code=\"{code}\"{}",
                 otel_labels(&totals.labels),
@@ -639,15 +750,17 @@ fn write_histogram(
     histogram: &HistogramTotals,
     seconds: bool,
 ) {
-    let scale = if seconds { 1000.0 } else { 1.0 };
     let mut cumulative = 0;
-    for (bound, count) in LATENCY_BUCKETS_MS.iter().zip(&histogram.buckets) {
+    for (index, count) in histogram.buckets[..LATENCY_BUCKETS_MS.len()]
+        .iter()
+        .enumerate()
+    {
         cumulative += count;
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}",
-            *bound as f64 / scale
-        );
+        let bound = match seconds {
+            true => LATENCY_BOUNDS_SECONDS[index],
+            false => LATENCY_BUCKETS_MS[index] as f64,
+        };
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
     }
     cumulative += histogram.buckets[LATENCY_BUCKETS_MS.len()];
     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
@@ -1079,6 +1192,92 @@ mod tests {
         assert!(
             !otel.contains("revision_request_count") && otel.contains("kn_serving_queue_depth{")
         );
+    }
+
+    #[test]
+    fn the_otlp_push_carries_what_the_scrape_shows_summed_over_shards() {
+        use kactivator_api::trace::span::AttributeValue;
+        let stats: AllShardStats = Arc::from(vec![
+            CachePadded::new(ShardStats::new(0)),
+            CachePadded::new(ShardStats::new(1)),
+        ]);
+        let labels = RevisionLabels {
+            namespace: "ns".into(),
+            revision: "rev-1".into(),
+            service: "svc".into(),
+            configuration: "cfg".into(),
+        };
+        let blocks = [
+            stats[0].register_revision(labels.clone(), false),
+            stats[1].register_revision(labels, false),
+        ];
+        blocks[0].record(200, 3_000);
+        blocks[1].record(200, 30_000);
+        blocks[1].record(503, 70_000);
+        blocks[0].app.record(200, 2_000);
+        blocks[1].app.record(200, 25_000);
+        blocks[0].load.arrive(0);
+        let metrics = queue_proxy_otlp(&stats, true);
+        let names: Vec<_> = metrics.iter().map(|metric| metric.name).collect();
+        assert_eq!(
+            names,
+            [
+                "kn.serving.queue.depth",
+                "http.server.request.duration",
+                "kn.serving.invocation.duration"
+            ]
+        );
+        let otlp::MetricData::Gauge(depth) = &metrics[0].data else {
+            panic!("{:?}", metrics[0])
+        };
+        assert_eq!(depth[0].value, 1);
+        assert_eq!(metrics[0].unit, "{request}");
+        let points = |index: usize| match &metrics[index].data {
+            otlp::MetricData::Histogram(points) => points.clone(),
+            other => panic!("{other:?}"),
+        };
+        let code = |point: &otlp::HistogramPoint| match &point.attributes[0] {
+            Attribute {
+                key: "http.response.status_code",
+                value: AttributeValue::Int(code),
+            } => *code,
+            other => panic!("{other:?}"),
+        };
+        let server = points(1);
+        assert_eq!(server.iter().map(code).collect::<Vec<_>>(), [200, 503]);
+        assert_eq!(server[0].count(), 2, "both shards' 200s");
+        assert_eq!(server[0].sum, 0.033);
+        assert_eq!(server[0].bounds, LATENCY_BOUNDS_SECONDS);
+        assert_eq!(server[0].bucket_counts.len(), LATENCY_BUCKETS_MS.len() + 1);
+        assert_eq!(server[0].bucket_counts[0], 1, "3 ms: at most 5 ms");
+        assert_eq!(server[1].count(), 1);
+        let invocation = points(2);
+        assert_eq!(invocation.len(), 1, "the 503 never reached the app");
+        assert_eq!(invocation[0].count(), 2);
+        assert_eq!(invocation[0].sum, 0.027);
+        // The same totals as the scrape shows under upstream's Prometheus names.
+        let text = render(
+            &stats,
+            "pod-1",
+            &prometheus::Registry::new(),
+            RenderOptions {
+                names: crate::config::MetricNames::Opentelemetry,
+                component: MetricsComponent::QueueProxy { queue_depth: true },
+                reported_concurrency: None,
+            },
+        );
+        let attributes = "k8s_namespace_name=\"ns\",kn_configuration_name=\"cfg\",kn_revision_name=\"rev-1\",kn_service_name=\"svc\"";
+        for line in [
+            format!("http_server_request_duration_seconds_count{{{attributes},http_response_status_code=\"200\"}} 2\n"),
+            format!("http_server_request_duration_seconds_sum{{{attributes},http_response_status_code=\"200\"}} 0.033\n"),
+            format!("kn_serving_invocation_duration_seconds_sum{{{attributes},http_response_status_code=\"200\"}} 0.027\n"),
+            format!("http_server_request_duration_seconds_bucket{{{attributes},http_response_status_code=\"200\",le=\"{}\"}} 1\n", server[0].bounds[0]),
+        ] {
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        // No breaker, no depth; nothing recorded, no histogram.
+        let idle: AllShardStats = Arc::from(vec![CachePadded::new(ShardStats::new(0))]);
+        assert!(queue_proxy_otlp(&idle, false).is_empty());
     }
 
     #[test]
