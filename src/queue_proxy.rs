@@ -26,20 +26,25 @@ use kactivator_control::features;
 use kactivator_control::queue_proxy::env::{self, EnvError};
 use kactivator_control::queue_proxy::observability::RequestMetricsExport;
 use kactivator_control::queue_proxy::push::{PodIdentity, Pusher};
-use kactivator_control::queue_proxy::{admin, certs, readiness, stat_server};
+use kactivator_control::queue_proxy::{admin, certs, readiness, request_metrics, stat_server};
 use kactivator_shards::request::log::{sink, RequestLog};
 use kactivator_shards::role::{QueueProxy, Roles};
 use kactivator_shards::runtime::reactor;
 use kactivator_template::{Revision, Template};
 
 use crate::cli::{Cli, QueueProxyArgs};
-use crate::start::{self, RequestLogSetup, RoleSetup, StartError};
+use crate::start::{self, AtExit, RequestLogSetup, RoleSetup, StartError};
 
 /// Upstream's user-metrics port (`http-usermetric`); here `/metrics` (upstream's queue-proxy
 /// names and kactivator's own), `/healthz` and `/readyz`.
 pub const METRICS_PORT: u16 = 9091;
 /// Upstream's quiet period: how long a draining queue-proxy keeps serving (`main.go`).
 pub const QUIET_PERIOD: Duration = Duration::from_secs(30);
+/// How long the end of a drain waits for the request metrics' last push (upstream gives its
+/// meter provider's `Shutdown` 10 s, `main.go:210-215`; this one waits as long as for the last
+/// spans, [`start::TRACE_EXPORT_AT_EXIT`]: a collector that does not answer holds exit no
+/// longer than that).
+pub const METRICS_PUSH_AT_EXIT: Duration = start::TRACE_EXPORT_AT_EXIT;
 
 pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let env = env::parse(|key| std::env::var(key).ok())?;
@@ -107,6 +112,16 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
     let admin_addr = args.drain_admin;
     let stats_addr = args.autoscaler_metrics;
     let pod_name = env.pod.clone();
+    // One resource for the process: the spans and the pushed request metrics name the same pod.
+    let resource = telemetry_resource(&env);
+    let push_metrics = match &env.observability {
+        env::ObservabilitySource::ObservabilityConfig {
+            request_metrics: RequestMetricsExport::Otlp(config),
+            ..
+        } => Some((config.clone(), resource.clone())),
+        _ => None,
+    };
+    let queue_depth = env.container_concurrency > 0;
     let setup = RoleSetup {
         role,
         second_data_port: false,
@@ -118,8 +133,8 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         drain_rule: DrainRule::QuietPeriod,
         unmap_start_up_code: args.unmap_start_up_code,
         server_tls,
-        trace_resource: trace_resource(&env),
-        spawn_extra: Some(Box::new(move |runtime, drain, shards| {
+        trace_resource: resource,
+        spawn_extra: Some(Box::new(move |runtime, drain, shards, registry| {
             let listener = bind(admin_addr)?;
             let stats_listener = bind(stats_addr)?;
             let _entered = runtime.enter();
@@ -127,14 +142,29 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
             runtime.spawn(admin::serve(listener, drain.clone(), pre_stop));
             stat_server::spawn(
                 tokio::net::TcpListener::from_std(stats_listener)?,
-                shards,
+                shards.clone(),
                 pod_name,
             );
+            let mut at_exit = Vec::new();
+            if let Some((config, resource)) = push_metrics {
+                let (finish, finished) = tokio::sync::oneshot::channel();
+                let registry = registry.clone();
+                let done = runtime.spawn(async move {
+                    request_metrics::run(config, shards, queue_depth, resource, &registry, finished)
+                        .await
+                });
+                at_exit.push(AtExit {
+                    what: "request metrics: the last push",
+                    finish,
+                    done,
+                    within: METRICS_PUSH_AT_EXIT,
+                });
+            }
             runtime.spawn(prober.run());
             if let Some(pusher) = pusher {
                 runtime.spawn(pusher.run(edges, drain));
             }
-            Ok(())
+            Ok(at_exit)
         })),
     };
     start::run_as(cli, Some(config), setup, || {})
@@ -246,7 +276,10 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
     } = &env.observability
     {
         match request_metrics {
-            RequestMetricsExport::Off => config.metrics.names = MetricNames::Neither,
+            // Pushed over OTLP (or not at all): upstream serves none of its names then.
+            RequestMetricsExport::Off | RequestMetricsExport::Otlp(_) => {
+                config.metrics.names = MetricNames::Neither
+            }
             RequestMetricsExport::Prometheus { listen } => {
                 config.metrics.names = MetricNames::Opentelemetry;
                 if let Some(listen) = listen {
@@ -284,12 +317,15 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
     config
 }
 
-/// Who the queue-proxy's spans come from, as upstream's resource names it
+/// Who the queue-proxy's spans and pushed metrics come from, as upstream's resource names it
 /// (`pkg/queue/sharedmain/otel.go` `res`, release-1.23): the service is the first set of
 /// `OTEL_SERVICE_NAME`, `SERVING_SERVICE`, `SERVING_CONFIGURATION`, `SERVING_REVISION` and the
 /// pod's name; the instance is the pod; the container, namespace and pod as Kubernetes'
-/// semantic conventions name them.
-fn trace_resource(env: &env::QueueProxyEnv) -> kactivator_telemetry::Resource {
+/// semantic conventions name them; the version is the build's commit (upstream's `changeset`:
+/// seven hex digits, or `unknown`); and the revision's Knative names, each when set. Upstream
+/// merges OpenTelemetry Go's default resource in too (`telemetry.sdk.*`); this one does not
+/// claim to be Go's SDK.
+fn telemetry_resource(env: &env::QueueProxyEnv) -> kactivator_telemetry::Resource {
     let otel_service_name = std::env::var("OTEL_SERVICE_NAME").unwrap_or_default();
     let service_name = [
         otel_service_name.as_str(),
@@ -302,13 +338,51 @@ fn trace_resource(env: &env::QueueProxyEnv) -> kactivator_telemetry::Resource {
     .find(|name| !name.is_empty())
     .unwrap_or_default()
     .to_string();
+    let mut attributes = vec![
+        ("k8s.container.name".into(), "queue-proxy".into()),
+        ("k8s.namespace.name".into(), env.namespace.clone()),
+        ("k8s.pod.name".into(), env.pod.clone()),
+        (
+            "service.version".into(),
+            changeset(env!("KACTIVATOR_GIT_COMMIT")),
+        ),
+    ];
+    for (key, value) in [
+        ("kn.service.name", &env.service),
+        ("kn.configuration.name", &env.configuration),
+        ("kn.revision.name", &env.revision),
+    ] {
+        if !value.is_empty() {
+            attributes.push((key.into(), value.clone()));
+        }
+    }
     kactivator_telemetry::Resource {
         service_name,
         instance_id: Some(env.pod.clone()).filter(|pod| !pod.is_empty()),
-        attributes: vec![
-            ("k8s.container.name".into(), "queue-proxy".into()),
-            ("k8s.namespace.name".into(), env.namespace.clone()),
-            ("k8s.pod.name".into(), env.pod.clone()),
-        ],
+        attributes,
+    }
+}
+
+/// knative.dev/pkg's `changeset.Get()` of a commit: its first seven characters when it is a
+/// full SHA-1 (40 hex digits), else as given (`unknown` outside a git checkout).
+fn changeset(commit: &str) -> String {
+    if commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+        commit[..7].to_owned()
+    } else {
+        commit.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::changeset;
+
+    #[test]
+    fn the_service_version_is_the_commit_as_knatives_changeset_shortens_it() {
+        assert_eq!(
+            changeset("0f6ec4270f1a0c3b0e6b0f7c2d1e9a8b7c6d5e4f"),
+            "0f6ec42"
+        );
+        assert_eq!(changeset("unknown"), "unknown");
     }
 }

@@ -343,15 +343,28 @@ pub fn run_with(
     run_as(cli, preset, RoleSetup::activator(cli), on_ready)
 }
 
-/// Runs on the control thread's runtime before it serves: a role's own servers, given the drain
-/// and the shards' counters.
+/// Runs on the control thread's runtime before it serves: a role's own servers and tasks, given
+/// the drain, the shards' counters and the metrics page's registry. Answers the tasks that
+/// finish after the shards ([`AtExit`]).
 pub type SpawnExtra = Box<
     dyn FnOnce(
         &tokio::runtime::Runtime,
         tokio::sync::watch::Receiver<DrainPhase>,
         AllShardStats,
-    ) -> Result<(), StartError>,
+        &kactivator_control::metrics::Registry,
+    ) -> Result<Vec<AtExit>, StartError>,
 >;
+
+/// A role's task with a last thing to do once the shards have ended (the queue-proxy's last
+/// push of its request metrics): told through `finish`, then waited for at most `within`, as
+/// the span exporters are ([`TRACE_EXPORT_AT_EXIT`]), so that exit is never held long.
+pub struct AtExit {
+    /// What it does, for the warning when it does not finish in time.
+    pub what: &'static str,
+    pub finish: tokio::sync::oneshot::Sender<()>,
+    pub done: tokio::task::JoinHandle<()>,
+    pub within: Duration,
+}
 
 /// What differs between kactivator's roles at start-up.
 pub struct RoleSetup {
@@ -669,9 +682,15 @@ pub fn run_as(
     );
     on_ready();
 
-    if let Some(spawn_extra) = setup.spawn_extra {
-        spawn_extra(&runtime, control.drain_phase(), stats.clone())?;
-    }
+    let at_exit = match setup.spawn_extra {
+        Some(spawn_extra) => spawn_extra(
+            &runtime,
+            control.drain_phase(),
+            stats.clone(),
+            control.registry(),
+        )?,
+        None => Vec::new(),
+    };
     // Start-up's code leaves the resident set once the control thread's tasks have started too.
     if setup.unmap_start_up_code {
         runtime.spawn(async {
@@ -695,17 +714,37 @@ pub fn run_as(
         tokio::task::yield_now().await;
     });
     // The shards are gone and their last spans sent: the exporters send what is left and stop
-    // (each export bounded by its timeout).
+    // (each export bounded by its timeout); the role's tasks do their last thing alongside.
     let _ = shards_ended.send(());
-    // The timer is made inside the runtime: a tokio timer needs one to exist.
-    let exported =
-        runtime.block_on(async { tokio::time::timeout(TRACE_EXPORT_AT_EXIT, exporting).await });
-    if exported.is_err() {
-        tracing::warn!(
-            "tracing: the last spans were not exported within {} s; they are lost",
-            TRACE_EXPORT_AT_EXIT.as_secs()
-        );
-    }
+    let at_exit: Vec<_> = at_exit
+        .into_iter()
+        .map(|task| {
+            let _ = task.finish.send(());
+            (task.what, task.done, task.within)
+        })
+        .collect();
+    // The timers are made inside the runtime: a tokio timer needs one to exist. Every task runs
+    // at once; each is given its own time from now.
+    runtime.block_on(async move {
+        let started = tokio::time::Instant::now();
+        if tokio::time::timeout_at(started + TRACE_EXPORT_AT_EXIT, exporting)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "tracing: the last spans were not exported within {} s; they are lost",
+                TRACE_EXPORT_AT_EXIT.as_secs()
+            );
+        }
+        for (what, done, within) in at_exit {
+            if tokio::time::timeout_at(started + within, done)
+                .await
+                .is_err()
+            {
+                tracing::warn!("{what}: not done within {} s; given up", within.as_secs());
+            }
+        }
+    });
     // Every request has ended: its line is queued, and written before the process exits.
     if let Some(writer) = log_writer {
         if !writer.finish(REQUEST_LOG_FINISH) {

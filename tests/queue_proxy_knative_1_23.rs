@@ -1,6 +1,8 @@
 //! `kactivator queue-proxy` under Knative 1.23's contract: exactly the environment 1.23's
 //! reconciler sets (`support::queue_proxy::knative_1_23_env`), where the request log, request
-//! metrics and tracing come from one `OBSERVABILITY_CONFIG` and the 1.18 keys are gone.
+//! metrics and tracing come from one `OBSERVABILITY_CONFIG` and the 1.18 keys are gone. Request
+//! metrics pushed over OTLP go to a collector built from the official OpenTelemetry definitions
+//! (`kactivator_testkit::collector`).
 
 mod support;
 
@@ -10,8 +12,10 @@ use std::time::Duration;
 
 use kactivator_control::queue_proxy::observability::KNATIVE_1_23_DEFAULTS;
 use kactivator_testkit::backend::{self, BackendConfig};
+use kactivator_testkit::collector::Collector;
 use kactivator_testkit::ports::free_port;
-use support::queue_proxy::{knative_1_23_env, QueueProxy};
+use serde_json::{json, Value};
+use support::queue_proxy::{knative_1_23_env, QueueProxy, POD, REVISION};
 use support::{admin_get, eventually, exit_within};
 
 /// config-observability with `logging.enable-request-log: "true"` and
@@ -230,6 +234,15 @@ fn a_bad_observability_config_exits_2_naming_the_field() {
             r#"{"tracing":{"protocol":"grpc","samplingRate":"0.5"}}"#,
             &["tracing.samplingRate", "a number"],
         ),
+        // Read as https:// upstream; TLS to collectors is not built.
+        (
+            r#"{"requestMetrics":{"protocol":"grpc","endpoint":"otel-collector.observability:4317"}}"#,
+            &["requestMetrics.endpoint", "has no scheme"],
+        ),
+        (
+            r#"{"requestMetrics":{"protocol":"http/protobuf","endpoint":"http://otel:port/v1/metrics"}}"#,
+            &["requestMetrics.endpoint", "not a number"],
+        ),
         (
             r#"{"enableRequestLog":true,"requestLogTemplate":"{{.Request.Body}}"}"#,
             &["requestLogTemplate", "Body"],
@@ -290,4 +303,224 @@ fn a_bad_tls_setting_exits_2_when_the_certificate_is_mounted_and_is_warned_about
         "{stderr}"
     );
     std::fs::remove_dir_all(certs).unwrap();
+}
+
+// === request metrics pushed over OTLP ===
+
+/// An empty config-observability but `request-metrics-protocol: protocol` to `endpoint`, every
+/// `interval_nanos`, as 1.23's reconciler marshals it.
+fn otlp_request_metrics(protocol: &str, endpoint: &str, interval_nanos: u64) -> String {
+    let mut config: Value = serde_json::from_str(KNATIVE_1_23_DEFAULTS).unwrap();
+    config["requestMetrics"] = json!({
+        "protocol": protocol,
+        "endpoint": endpoint,
+        "exportInterval": interval_nanos,
+    });
+    config.to_string()
+}
+
+const SECOND: u64 = 1_000_000_000;
+
+/// The point of a pushed histogram for status 200, if any.
+fn ok_point(metric: &Value) -> Option<&Value> {
+    metric["points"]
+        .as_array()?
+        .iter()
+        .find(|point| point["attributes"]["http.response.status_code"] == json!({"int_value": 200}))
+}
+
+/// The next push from `transport` of histogram `name` whose 200s number `count`.
+fn histogram_with(collector: &mut Collector, transport: &str, name: &str, count: u64) -> Value {
+    collector.wait_for(
+        &format!("{name} with {count} requests over {transport}"),
+        |event| {
+            event["event"] == "metric"
+                && event["transport"] == transport
+                && event["name"] == name
+                && ok_point(event).is_some_and(|point| point["count"] == count)
+        },
+    )
+}
+
+/// Requests through the queue-proxy are pushed under upstream's names (otelhttp's server
+/// duration, the queue's invocation duration and depth) with upstream's resource, every
+/// `exportInterval` and once more after SIGTERM; over OTLP/HTTP and OTLP/gRPC.
+#[test]
+fn request_metrics_are_pushed_over_otlp_every_interval_and_once_more_at_exit() {
+    let mut collector = Collector::start();
+    let cases = [
+        (
+            "http/protobuf",
+            format!("http://127.0.0.1:{}/v1/metrics", collector.http),
+            "otlp-http",
+            SECOND,
+        ),
+        // An hour: nothing is pushed before the last push, which SIGTERM brings.
+        (
+            "grpc",
+            format!("http://127.0.0.1:{}", collector.grpc),
+            "grpc",
+            3600 * SECOND,
+        ),
+    ];
+    for (protocol, endpoint, transport, interval) in cases {
+        let user_port = free_port();
+        let _user = user_container(user_port);
+        let config = otlp_request_metrics(protocol, &endpoint, interval);
+        let env = knative_1_23_env(user_port, free_port(), 4, &config);
+        let mut proxy = QueueProxy::start_with(env, &["--drain-grace-seconds", "1"]);
+        const REQUESTS: u64 = 7;
+        for _ in 0..REQUESTS {
+            assert_eq!(proxy.get("/").status, 200);
+        }
+        // Pushed, so not served for scraping (as upstream, which serves only one or the other).
+        let text = metrics_text(&proxy);
+        assert!(
+            !text.contains("http_server_request_duration_seconds") && !text.contains("kn_serving_"),
+            "{text}"
+        );
+        if interval == SECOND {
+            let server = histogram_with(
+                &mut collector,
+                transport,
+                "http.server.request.duration",
+                REQUESTS,
+            );
+            assert_eq!(server["unit"], "s");
+            assert_eq!(server["type"], "histogram");
+            assert_eq!(server["temporality"], "AGGREGATION_TEMPORALITY_CUMULATIVE");
+            let point = ok_point(&server).unwrap();
+            // otelhttp's labeler carries the route tag upstream's handler adds: none was asked
+            // for (no `Knative-Serving-Tag`), so `kn:disabled`.
+            assert_eq!(
+                point["attributes"],
+                json!({
+                    "http.response.status_code": {"int_value": 200},
+                    "kn.route.tag": {"string_value": "kn:disabled"},
+                })
+            );
+            assert_eq!(point["explicit_bounds"][0], 0.005);
+            let resource = server["resource"].as_object().unwrap();
+            let string = |value: &str| json!({ "string_value": value });
+            for (key, value) in [
+                ("service.name", "hello"),
+                ("service.instance.id", POD),
+                ("k8s.container.name", "queue-proxy"),
+                ("k8s.namespace.name", "default"),
+                ("k8s.pod.name", POD),
+                ("kn.service.name", "hello"),
+                ("kn.configuration.name", "hello"),
+                ("kn.revision.name", REVISION),
+            ] {
+                assert_eq!(resource.get(key), Some(&string(value)), "{key}: {server}");
+            }
+            assert!(resource["service.version"]["string_value"].is_string());
+            let invocation = histogram_with(
+                &mut collector,
+                transport,
+                "kn.serving.invocation.duration",
+                REQUESTS,
+            );
+            assert_eq!(invocation["unit"], "s");
+            let depth = collector.wait_for("the queue depth", |event| {
+                event["event"] == "metric"
+                    && event["transport"] == transport
+                    && event["name"] == "kn.serving.queue.depth"
+            });
+            assert_eq!(depth["type"], "gauge");
+            assert_eq!(depth["points"][0]["value"], 0, "nothing in flight");
+            assert!(
+                eventually(Duration::from_secs(5), || proxy
+                    .metric("kactivator_metrics_exports_total", &[])
+                    >= 1.0),
+                "{}",
+                metrics_text(&proxy)
+            );
+        } else {
+            assert!(
+                collector
+                    .within(Duration::from_millis(500), |event| {
+                        event["event"] == "metric" && event["transport"] == transport
+                    })
+                    .is_none(),
+                "pushed before its interval"
+            );
+        }
+        assert_eq!(
+            proxy.metric("kactivator_metrics_export_failures_total", &[]),
+            0.0
+        );
+        // Three more, then SIGTERM: the last push carries every request.
+        for _ in 0..3 {
+            assert_eq!(proxy.get("/").status, 200);
+        }
+        let started = std::time::Instant::now();
+        stop(&mut proxy);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        histogram_with(
+            &mut collector,
+            transport,
+            "http.server.request.duration",
+            REQUESTS + 3,
+        );
+        histogram_with(
+            &mut collector,
+            transport,
+            "kn.serving.invocation.duration",
+            REQUESTS + 3,
+        );
+    }
+}
+
+/// A metrics collector that answers 500, never answers, or is gone costs no request anything:
+/// every request is answered 200, the failures are counted, and exit after SIGTERM waits at
+/// most the last push's bound.
+#[test]
+fn a_failing_silent_or_absent_metrics_collector_costs_no_request_and_holds_exit_briefly() {
+    let mut collector = Collector::start();
+    let endpoint = format!("http://127.0.0.1:{}/v1/metrics", collector.http);
+    for (mode, what) in [
+        ("fail", "answers 500"),
+        ("hang", "never answers"),
+        ("down", "is gone"),
+    ] {
+        match mode {
+            "down" => collector.stop("http"),
+            mode => collector.mode("http", mode),
+        }
+        let user_port = free_port();
+        let _user = user_container(user_port);
+        let config = otlp_request_metrics("http/protobuf", &endpoint, SECOND / 10);
+        let env = knative_1_23_env(user_port, free_port(), 4, &config);
+        let mut proxy = QueueProxy::start_with(env, &["--drain-grace-seconds", "1"]);
+        for _ in 0..20 {
+            assert_eq!(proxy.get("/").status, 200, "{what}");
+        }
+        if mode != "hang" {
+            assert!(
+                eventually(Duration::from_secs(5), || proxy
+                    .metric("kactivator_metrics_export_failures_total", &[])
+                    >= 2.0),
+                "{what}: {}",
+                metrics_text(&proxy)
+            );
+        }
+        assert_eq!(
+            proxy.metric("kactivator_metrics_exports_total", &[]),
+            0.0,
+            "{what}"
+        );
+        // The drain (1 s), then at most the last push's 5 s, whatever the collector does.
+        let started = std::time::Instant::now();
+        stop(&mut proxy);
+        assert!(
+            started.elapsed() < Duration::from_secs(9),
+            "{what}: exit took {:?}",
+            started.elapsed()
+        );
+    }
 }

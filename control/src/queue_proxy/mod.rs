@@ -11,6 +11,8 @@
 //! * [`push`]: the Cerebrium fork's push of this pod's events to the activator.
 //! * [`stats`]: the autoscaler's `Stat` of the pod's load, window by window (sans-IO), and
 //!   [`stat_server`]: the ticker that makes it and the `:9090/metrics` that serves it.
+//! * [`request_metrics`]: upstream's request metrics pushed over OTLP, when
+//!   `requestMetrics.protocol` is `grpc` or `http/protobuf`.
 
 pub mod admin;
 pub mod certs;
@@ -18,5 +20,6 @@ pub mod env;
 pub mod observability;
 pub mod push;
 pub mod readiness;
+pub mod request_metrics;
 pub mod stat_server;
 pub mod stats;

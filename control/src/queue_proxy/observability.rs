@@ -44,7 +44,16 @@
 //!   `prometheus` serves them at `endpoint` (`host:port`, port 1024–65535, empty host: every
 //!   interface; `prometheus_enabled.go:42-55`, `prometheus/server.go:154-163`), `:9091` when
 //!   empty; `grpc` and `http/protobuf` push over OTLP every `exportInterval`; anything else is
-//!   fatal. Acted on for `none` and `prometheus`; an OTLP push is not built (start-up warns).
+//!   fatal. Acted on: `grpc` and `http/protobuf` push upstream's instruments
+//!   ([`crate::queue_proxy::request_metrics`]) to the endpoint, read as the tracing endpoint is
+//!   read (`vendor/.../metrics/provider.go:144-169`, [`kactivator_telemetry::endpoint`]), every
+//!   `exportInterval`, or 60 s when it is 0 or negative (OpenTelemetry Go's `WithInterval`
+//!   ignores a duration that is not positive, `vendor/go.opentelemetry.io/otel/sdk/metric/
+//!   periodic_reader.go:92-100`). An endpoint the exporter cannot use is fatal (exit 2 naming
+//!   the field): one Go's `url.Parse` refuses is fatal upstream too; an empty one, or
+//!   `https://` and a bare `host:port` (read as `https://`), which upstream would use, are
+//!   refused because TLS to collectors is not built and a pod whose metrics silently go
+//!   nowhere is worse than one that says why it will not start.
 //! * `tracing`: the span exporter (`otel.go:75-85`, `vendor/.../tracing/provider.go:54-100`):
 //!   `none`, `grpc`, `http/protobuf`, `stdout`; anything else is fatal. Acted on: read into the
 //!   [`TracingConfig`] the exporters take, with upstream's meanings ([`trace::opentelemetry`]:
@@ -74,13 +83,16 @@
 //! Upstream's queue-proxy checks nothing the reconciler's own validation checks (`Validate` is
 //! not called on this path), and this one follows it: a value config-observability would refuse
 //! but the queue-proxy can run with (a negative interval, a sampling rate of 2, taken as 1)
-//! starts. What the
-//! queue-proxy itself fails on exits 2 here, naming the field: JSON that does not decode, a
-//! request-metrics or tracing protocol it does not know, a Prometheus endpoint it cannot listen
-//! on. The request-log template is parsed at start too (README: request logs).
+//! starts. What the queue-proxy itself fails on exits 2 here, naming the field: JSON that does
+//! not decode, a request-metrics or tracing protocol it does not know, a Prometheus endpoint it
+//! cannot listen on, an OTLP metrics endpoint it cannot push to. The request-log template is
+//! parsed at start too (README: request logs).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use kactivator_telemetry::{MetricsConfig, MetricsProtocol};
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Unexpected, Visitor};
 
@@ -184,13 +196,15 @@ impl Default for ObservabilityConfig {
 }
 
 /// Where upstream's request metrics go, decided by `requestMetrics`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RequestMetricsExport {
-    /// `none`, or an OTLP push (not built): upstream's names are not served.
+    /// `none`: upstream's names are neither served nor pushed.
     Off,
     /// `prometheus`: served for scraping, on `listen` (`None`: [`USER_METRICS_PORT`] on every
     /// interface, the queue-proxy's usual metrics port).
     Prometheus { listen: Option<SocketAddr> },
+    /// `grpc` or `http/protobuf`: pushed over OTLP; upstream's names are not served.
+    Otlp(MetricsConfig),
 }
 
 /// What this queue-proxy does with a decoded [`ObservabilityConfig`].
@@ -242,15 +256,21 @@ impl ObservabilityConfig {
                 }
             },
             PROTOCOL_GRPC | PROTOCOL_HTTP_PROTOBUF => {
-                not_built.push((
-                    "requestMetrics.protocol",
-                    format!(
-                        "{:?}: pushing request metrics over OTLP is not built; they are not \
-                         exported (README: As Knative's queue-proxy)",
-                        metrics.protocol
-                    ),
-                ));
-                RequestMetricsExport::Off
+                let config = MetricsConfig {
+                    protocol: match metrics.protocol.as_str() {
+                        PROTOCOL_GRPC => MetricsProtocol::Grpc,
+                        _ => MetricsProtocol::HttpProtobuf,
+                    },
+                    endpoint: metrics.endpoint.clone(),
+                    interval: export_interval(metrics.export_interval_nanos),
+                };
+                match config.collector() {
+                    Ok(_) => RequestMetricsExport::Otlp(config),
+                    Err(error) => {
+                        problems.push(format!("requestMetrics.endpoint: {error}"));
+                        RequestMetricsExport::Off
+                    }
+                }
             }
             other => {
                 problems.push(format!(
@@ -302,6 +322,15 @@ impl ObservabilityConfig {
             not_built,
             warnings,
         })
+    }
+}
+
+/// `requestMetrics.exportInterval` as OpenTelemetry Go's periodic reader takes it: a positive
+/// duration as is, anything else its default (60 s).
+fn export_interval(nanos: i64) -> Duration {
+    match u64::try_from(nanos) {
+        Ok(nanos) if nanos > 0 => Duration::from_nanos(nanos),
+        _ => kactivator_telemetry::metrics::DEFAULT_EXPORT_INTERVAL,
     }
 }
 

@@ -1,3 +1,7 @@
+use std::time::Duration;
+
+use kactivator_telemetry::{MetricsConfig, MetricsProtocol};
+
 use super::*;
 
 fn decode(text: &str) -> ObservabilityConfig {
@@ -114,12 +118,19 @@ fn the_reconcilers_test_values_read_as_upstreams_queue_proxy_reads_them() {
     );
     assert_eq!(plan1.not_built.len(), 1);
     assert_eq!(plan1.not_built[0].0, "runtime.profiling");
-    let plan2 = plan(
+    // The reconciler's own example endpoint is a bare host:port, which upstream reads as
+    // https://: TLS to collectors is not built, so the queue-proxy refuses it, naming the field.
+    let problems = decode(
         r#"{"tracing":{},"metrics":{},"runtime":{},"requestMetrics":{"protocol":"http/protobuf","endpoint":"otel:55678"}}"#,
+    )
+    .plan()
+    .unwrap_err();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0]
+            .starts_with("requestMetrics.endpoint: metrics endpoint \"otel:55678\" has no scheme"),
+        "{problems:?}"
     );
-    assert_eq!(plan2.request_metrics, RequestMetricsExport::Off);
-    assert_eq!(plan2.not_built[0].0, "requestMetrics.protocol");
-    assert!(plan2.not_built[0].1.contains("OTLP is not built"));
 }
 
 /// Outcomes of Go's `json.Unmarshal` over `DefaultConfig()` (run with go1.19 on the structs
@@ -382,20 +393,94 @@ fn an_endpoint_no_exporter_can_use_turns_tracing_off_with_a_warning_and_starts()
 }
 
 #[test]
-fn an_otlp_push_of_request_metrics_is_read_and_said_to_be_not_built() {
-    for protocol in ["grpc", "http/protobuf"] {
+fn an_otlp_push_of_request_metrics_is_planned_with_upstreams_interval() {
+    // (protocol, endpoint, exportInterval in ns, the interval pushed at).
+    let table = [
+        (
+            "grpc",
+            MetricsProtocol::Grpc,
+            "http://otel:4317",
+            "60000000000",
+            Duration::from_secs(60),
+        ),
+        (
+            "http/protobuf",
+            MetricsProtocol::HttpProtobuf,
+            "http://otel:4318/v1/metrics",
+            "1000000000",
+            Duration::from_secs(1),
+        ),
+        // Unset, 0 and negative: OpenTelemetry Go's default, 60 s.
+        (
+            "grpc",
+            MetricsProtocol::Grpc,
+            "http://otel:4317",
+            "0",
+            Duration::from_secs(60),
+        ),
+        (
+            "grpc",
+            MetricsProtocol::Grpc,
+            "http://otel:4317",
+            "-5",
+            Duration::from_secs(60),
+        ),
+        (
+            "http/protobuf",
+            MetricsProtocol::HttpProtobuf,
+            "http://otel:4318",
+            "null",
+            Duration::from_secs(60),
+        ),
+    ];
+    for (name, protocol, endpoint, interval_nanos, interval) in table {
         let text = format!(
-            r#"{{"requestMetrics":{{"protocol":"{protocol}","endpoint":"http://otel:4318","exportInterval":60000000000}}}}"#
+            r#"{{"requestMetrics":{{"protocol":"{name}","endpoint":"{endpoint}","exportInterval":{interval_nanos}}}}}"#
         );
         let plan = plan(&text);
-        assert_eq!(plan.request_metrics, RequestMetricsExport::Off);
-        assert_eq!(plan.not_built.len(), 1);
-        assert_eq!(plan.not_built[0].0, "requestMetrics.protocol");
+        assert_eq!(
+            plan.request_metrics,
+            RequestMetricsExport::Otlp(MetricsConfig {
+                protocol,
+                endpoint: endpoint.into(),
+                interval,
+            }),
+            "{text}"
+        );
+        assert!(plan.not_built.is_empty(), "{text}: {:?}", plan.not_built);
     }
     // Upstream turns profiling on only for the exact word.
     assert!(plan(r#"{"runtime":{"profiling":"Enabled"}}"#)
         .not_built
         .is_empty());
+}
+
+#[test]
+fn an_otlp_metrics_endpoint_the_exporter_cannot_use_is_refused_naming_the_field() {
+    let table = [
+        ("", "no host"),
+        ("otel-collector:4317", "has no scheme"),
+        (
+            "https://otel:4318",
+            "TLS to metrics collectors is not built",
+        ),
+        ("http://otel:port", "the port is not a number"),
+        ("http://", "no host"),
+    ];
+    for protocol in ["grpc", "http/protobuf"] {
+        for (endpoint, why) in table {
+            let text = format!(
+                r#"{{"requestMetrics":{{"protocol":"{protocol}","endpoint":"{endpoint}"}}}}"#
+            );
+            let problems = decode(&text).plan().unwrap_err();
+            assert_eq!(problems.len(), 1, "{text}: {problems:?}");
+            assert!(
+                problems[0].starts_with("requestMetrics.endpoint: metrics endpoint")
+                    && problems[0].contains(why),
+                "{text}: {problems:?}"
+            );
+        }
+    }
 }
 
 #[test]
