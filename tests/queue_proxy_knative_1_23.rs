@@ -66,16 +66,21 @@ fn knative_1_23s_environment_writes_the_configured_request_log_and_serves_its_me
     }
 
     // `request-metrics-protocol: prometheus`: 1.19+'s names, as 1.23's queue-proxy serves
-    // them, and not 1.18's, which it no longer has.
+    // them, and not 1.18's, which it no longer has. A request is counted when it ends, after
+    // its last byte went to the client, so a scrape right after the answer may not have it
+    // yet: wait for the count to reach what was sent, then hold it to exactly that.
+    let ok = || {
+        proxy.metric(
+            "http_server_request_duration_seconds_count",
+            &[
+                "kn_revision_name=\"hello-00001\"",
+                "http_response_status_code=\"200\"",
+            ],
+        )
+    };
+    eventually(Duration::from_secs(5), || ok() >= 2.0);
     let text = metrics_text(&proxy);
-    let ok = proxy.metric(
-        "http_server_request_duration_seconds_count",
-        &[
-            "kn_revision_name=\"hello-00001\"",
-            "http_response_status_code=\"200\"",
-        ],
-    );
-    assert_eq!(ok, 2.0, "{text}");
+    assert_eq!(ok(), 2.0, "{text}");
     assert_eq!(
         proxy.metric(
             "kn_serving_invocation_duration_seconds_count",
