@@ -233,7 +233,7 @@ fn request_log_of(env: &env::QueueProxyEnv) -> Result<Option<RequestLogSetup>, S
         invalid: vec![(
             env.request_log_key(),
             match env.observability {
-                env::ObservabilitySource::Knative118 => error.to_string(),
+                env::ObservabilitySource::Knative118 { .. } => error.to_string(),
                 _ => format!("requestLogTemplate: {error}"),
             },
         )],
@@ -267,10 +267,17 @@ fn config_of(env: &env::QueueProxyEnv, drain_grace: Option<u64>) -> Config {
     let mut config = Config::default();
     config.listen.http = reactor::any_address(env.serving_port);
     config.listen.admin = reactor::any_address(METRICS_PORT);
-    // Upstream's request metrics: 1.18 serves its names (both sets here, as before); 1.19+
+    // Upstream's request metrics: 1.18 serves its names (both sets here, as before) when
+    // `SERVING_REQUEST_METRICS_BACKEND` is `prometheus`; 1.19+
     // serves its own names only with `requestMetrics.protocol` prometheus, on its endpoint when
     // one is given. Otherwise only kactivator's own names are served (the port also answers
     // `/healthz` and `/readyz`).
+    if let env::ObservabilitySource::Knative118 {
+        request_metrics: false,
+    } = &env.observability
+    {
+        config.metrics.names = MetricNames::Neither;
+    }
     if let env::ObservabilitySource::ObservabilityConfig {
         request_metrics, ..
     } = &env.observability

@@ -223,6 +223,7 @@ fn the_user_metrics_port_serves_upstreams_queue_proxy_names() {
         assert_eq!(request(proxy.serving, "/delay/30", proxied), 200);
     }
     assert_eq!(request(proxy.serving, "/status/404", false), 404);
+    proxy.counted("revision_request_count", &[], 4.0);
 
     let base = [
         "configuration_name=\"hello\"",
@@ -307,6 +308,7 @@ fn requests_are_counted_by_the_route_tag_the_ingress_set_as_upstream_counts_them
             assert_eq!(request_with(proxy.serving, "/", fields), 200);
         }
     }
+    proxy.counted("revision_request_count", &[], 7.0);
     let count = |tag: &str| {
         proxy.metric(
             "revision_request_count",
@@ -357,6 +359,7 @@ fn the_app_metrics_count_the_time_at_the_user_container_not_in_the_breaker() {
     assert_eq!(request(proxy.serving, "/delay/30", false), 200);
     assert_eq!(first.join().unwrap(), 200);
     assert_eq!(request(proxy.serving, "/status/404", false), 404);
+    proxy.counted("revision_request_count", &[], 3.0);
 
     let labels = |code: &str, le: Option<&str>| -> Vec<String> {
         let mut labels = vec![
@@ -407,4 +410,32 @@ fn the_app_metrics_count_the_time_at_the_user_container_not_in_the_breaker() {
         ),
         2.0
     );
+}
+
+#[test]
+fn knative_1_18_without_a_request_metrics_backend_serves_none_of_upstreams_names() {
+    for backend in [None, Some(""), Some("opencensus")] {
+        let user_port = free_port();
+        let _user = backend::spawn_on(
+            SocketAddr::from(([127, 0, 0, 1], user_port)),
+            BackendConfig::named("user-container"),
+        )
+        .expect("user container");
+        let mut env = knative_env(user_port, free_port(), 0);
+        match backend {
+            Some(backend) => env.insert("SERVING_REQUEST_METRICS_BACKEND".into(), backend.into()),
+            None => env.remove("SERVING_REQUEST_METRICS_BACKEND"),
+        };
+        let proxy = QueueProxy::start(env);
+        assert_eq!(request(proxy.serving, "/", false), 200);
+        // kactivator's own count shows the request; upstream's names are not served.
+        proxy.counted("kactivator_shard_requests_total", &[], 1.0);
+        let text = admin_get(proxy.metrics, "/metrics").unwrap().1;
+        for name in [
+            "revision_request_count",
+            "http_server_request_duration_seconds",
+        ] {
+            assert!(!text.contains(name), "{backend:?}: {name} in {text}");
+        }
+    }
 }

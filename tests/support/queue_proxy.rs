@@ -244,6 +244,14 @@ impl QueueProxy {
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
+
+    /// Waits (5 s at most) until the series of `name` with `labels` sum to at least `sent`,
+    /// for a test to then hold them to exact figures. A request is counted when it ends, after
+    /// its last byte went to the client, so a scrape right after the client read the answer
+    /// may not have it yet (Knative's queue-proxy records after its handler returns, alike).
+    pub fn counted(&self, name: &str, labels: &[&str], sent: f64) {
+        eventually(Duration::from_secs(5), || self.metric(name, labels) >= sent);
+    }
 }
 
 impl Drop for QueueProxy {

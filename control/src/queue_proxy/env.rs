@@ -77,10 +77,9 @@ pub const REQUIRED: [&str; 10] = [
 /// Keys Knative sets that are read and checked but change nothing here (yet): each is named in
 /// the log at start-up when present with a non-default value, and in the README. (`ROOT_CA` is
 /// for queue-proxy extensions; upstream's queue-proxy does not read it either.)
-pub const NOT_ACTED_ON: [&str; 11] = [
+pub const NOT_ACTED_ON: [&str; 10] = [
     "SERVING_LOGGING_CONFIG",
     "SERVING_LOGGING_LEVEL",
-    "SERVING_REQUEST_METRICS_BACKEND",
     "SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS",
     "METRICS_COLLECTOR_ADDRESS",
     "METRICS_DOMAIN",
@@ -118,10 +117,10 @@ pub const SUPERSEDED: [&str; 12] = [
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ObservabilitySource {
     /// Knative 1.18's keys: the request log from `SERVING_ENABLE_REQUEST_LOG` and
-    /// `SERVING_REQUEST_LOG_TEMPLATE`, tracing from `TRACING_CONFIG_*`; upstream's request
-    /// metrics served under both name sets (the metrics keys are read and checked, not acted
-    /// on).
-    Knative118,
+    /// `SERVING_REQUEST_LOG_TEMPLATE`, tracing from `TRACING_CONFIG_*`, and upstream's request
+    /// metrics served under both name sets when `request_metrics`
+    /// (`SERVING_REQUEST_METRICS_BACKEND`, [`Reader::request_metrics_1_18`]).
+    Knative118 { request_metrics: bool },
     /// `OBSERVABILITY_CONFIG` (Knative 1.19+).
     ObservabilityConfig {
         request_metrics: RequestMetricsExport,
@@ -202,7 +201,7 @@ impl QueueProxyEnv {
     /// The key the request log's template came from, for errors about it.
     pub fn request_log_key(&self) -> &'static str {
         match self.observability {
-            ObservabilitySource::Knative118 => "SERVING_REQUEST_LOG_TEMPLATE",
+            ObservabilitySource::Knative118 { .. } => "SERVING_REQUEST_LOG_TEMPLATE",
             ObservabilitySource::ObservabilityConfig { .. } => "OBSERVABILITY_CONFIG",
         }
     }
@@ -375,7 +374,9 @@ pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<QueueProxyEnv, E
     let (observability, request_log_template, probe_request_log, tracing) =
         match &observability_config {
             None => (
-                ObservabilitySource::Knative118,
+                ObservabilitySource::Knative118 {
+                    request_metrics: reader.request_metrics_1_18(&mut warnings),
+                },
                 lookup("SERVING_ENABLE_REQUEST_LOG")
                     .and_then(|value| go_bool(&value))
                     .unwrap_or(false)
@@ -541,6 +542,39 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
             self.invalid(key, format!("{value:?} is not an integer"));
         }
         parsed
+    }
+
+    /// Whether Knative 1.18's request metrics are served, from `SERVING_REQUEST_METRICS_BACKEND`
+    /// as upstream's `supportsMetrics` takes it (release-1.18 `pkg/queue/sharedmain/main.go:381-392`):
+    /// empty or unset serves none; `prometheus` serves them on `:9091`; `opencensus` would push
+    /// them to `METRICS_COLLECTOR_ADDRESS`'s OpenCensus agent, which is not built: none, with a
+    /// warning; any other backend: none, with a warning, as upstream logs its exporter's error
+    /// and runs on without request metrics. (Knative's reconciler sets it from
+    /// config-observability's `metrics.request-metrics-backend-destination`, `prometheus`
+    /// unless changed.)
+    fn request_metrics_1_18(&mut self, warnings: &mut Vec<(&'static str, String)>) -> bool {
+        const KEY: &str = "SERVING_REQUEST_METRICS_BACKEND";
+        match (self.lookup)(KEY).as_deref() {
+            None | Some("") => false,
+            Some("prometheus") => true,
+            Some("opencensus") => {
+                warnings.push((
+                    KEY,
+                    "opencensus: pushing request metrics to an OpenCensus agent is not built;                      they are not exported (README: As Knative's queue-proxy)"
+                        .into(),
+                ));
+                false
+            }
+            Some(other) => {
+                warnings.push((
+                    KEY,
+                    format!(
+                        "{other:?} is not a backend Knative 1.18 has (prometheus, opencensus);                          request metrics are not exported, as upstream's queue-proxy runs on                          without them"
+                    ),
+                ));
+                false
+            }
+        }
     }
 
     /// Knative 1.18's `TRACING_CONFIG_*` (module docs). A `DEBUG` that does not parse is

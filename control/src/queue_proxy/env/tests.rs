@@ -57,12 +57,62 @@ fn knatives_environment_reads_as_set() {
     );
     assert_eq!(
         env.not_acted_on,
-        vec![
-            "SERVING_LOGGING_CONFIG",
-            "SERVING_REQUEST_METRICS_BACKEND",
-            "ENABLE_HTTP2_AUTO_DETECTION"
-        ]
+        vec!["SERVING_LOGGING_CONFIG", "ENABLE_HTTP2_AUTO_DETECTION"]
     );
+}
+
+#[test]
+fn knative_1_18s_request_metrics_are_served_only_by_the_prometheus_backend() {
+    let rows: &[(Option<&str>, bool, Option<&str>)] = &[
+        (Some("prometheus"), true, None),
+        (None, false, None),
+        (Some(""), false, None),
+        (
+            Some("opencensus"),
+            false,
+            Some("OpenCensus agent is not built"),
+        ),
+        (
+            Some("Prometheus"),
+            false,
+            Some("not a backend Knative 1.18 has"),
+        ),
+        (
+            Some("stackdriver"),
+            false,
+            Some("not a backend Knative 1.18 has"),
+        ),
+    ];
+    for (backend, served, warned) in rows {
+        let mut env = knative();
+        match backend {
+            Some(backend) => env.insert("SERVING_REQUEST_METRICS_BACKEND", backend.to_string()),
+            None => env.remove("SERVING_REQUEST_METRICS_BACKEND"),
+        };
+        let parsed = parse_map(&env).expect("valid");
+        assert_eq!(
+            parsed.observability,
+            ObservabilitySource::Knative118 {
+                request_metrics: *served
+            },
+            "{backend:?}"
+        );
+        let warnings: Vec<_> = parsed
+            .warnings
+            .iter()
+            .filter(|(key, _)| *key == "SERVING_REQUEST_METRICS_BACKEND")
+            .collect();
+        match warned {
+            None => assert!(warnings.is_empty(), "{backend:?}: {warnings:?}"),
+            Some(said) => {
+                assert_eq!(warnings.len(), 1, "{backend:?}");
+                assert!(warnings[0].1.contains(said), "{backend:?}: {warnings:?}");
+            }
+        }
+        assert!(!parsed
+            .not_acted_on
+            .contains(&"SERVING_REQUEST_METRICS_BACKEND"));
+    }
 }
 
 #[test]
@@ -218,7 +268,13 @@ fn with_observability_config_the_1_18_keys_are_not_read() {
     env.insert("SERVING_ENABLE_REQUEST_LOG", "true".into());
     env.remove("SERVING_REQUEST_METRICS_REPORTING_PERIOD_SECONDS");
     let parsed = parse_map(&env).unwrap();
-    assert_eq!(parsed.observability, ObservabilitySource::Knative118);
+    // 1.23's environment has no SERVING_REQUEST_METRICS_BACKEND: read as 1.18 reads it, none.
+    assert_eq!(
+        parsed.observability,
+        ObservabilitySource::Knative118 {
+            request_metrics: false
+        }
+    );
     assert_eq!(
         parsed.request_log_template.as_deref(),
         Some("{{.Request.Host}}")
