@@ -434,3 +434,46 @@ fn without_tracing_trace_headers_pass_untouched() {
     assert_eq!(one(&at_app, "x-b3-flags"), "1");
     assert!(!at_app.contains_key("x-b3-traceid"));
 }
+
+/// The spans of the last requests before SIGTERM reach the collector before the process ends:
+/// the shards hand over what they buffer when they end, and the exporter sends what it holds
+/// then, well before its 5 s batch timer would have (nothing was exported before the signal).
+#[test]
+fn the_last_spans_are_exported_when_the_process_exits() {
+    let mut collector = Collector::start();
+    let (_app, user_port) = app();
+    let tracing = format!(
+        "[tracing]\nprotocol = \"http/protobuf\"\nendpoint = \"http://127.0.0.1:{}/v1/traces\"\nsampling_rate = 1.0",
+        collector.http
+    );
+    let pod = SocketAddr::from(([127, 0, 0, 1], user_port));
+    let mut activator = Activator::start_with(
+        &format!("{tracing}\n\n{}", revision("default", REVISION, &[pod], "")),
+        "",
+        &["--shards", "2", "--drain-grace-seconds", "0"],
+        &[],
+    );
+    for _ in 0..3 {
+        let at_app = through(activator.http, &[&traceparent("01")], &[]);
+        assert_eq!(parts(one(&at_app, "traceparent")).0, CLIENT_TRACE);
+    }
+    assert!(
+        collector
+            .within(Duration::from_millis(500), |event| event["event"] == "span")
+            .is_none(),
+        "a span was exported before the exit: this test no longer shows the exit's flush"
+    );
+    activator.send_signal("TERM");
+    assert_eq!(
+        activator.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        activator.stderr()
+    );
+    // Four spans for each request: handle, throttler_try, activator_proxy, the client's.
+    let spans = collector.spans_until(|spans| spans.len() >= 12);
+    assert_eq!(spans.len(), 12, "{spans:#?}");
+    assert!(spans.iter().all(|span| span["trace_id"] == CLIENT_TRACE));
+    let handles = spans.iter().filter(|span| span["name"] == "handle").count();
+    assert_eq!(handles, 3, "{spans:#?}");
+}

@@ -97,15 +97,16 @@ pub async fn run(
 /// The export counters as Prometheus counters, read at each scrape:
 /// `kactivator_trace_spans_exported_total`, `kactivator_trace_spans_dropped_total` by `reason`
 /// (`shard_buffer`, `queue_full`, `export_failed`, `rejected`, `tracing_off`) and
-/// `kactivator_trace_export_failures_total`.
+/// `kactivator_trace_export_failures_total`, and `kactivator_trace_export_bytes_total`.
 pub struct ExportMetrics {
     counters: Arc<ExportCounters>,
-    descs: [Desc; 3],
+    descs: [Desc; 4],
 }
 
 const EXPORTED: &str = "kactivator_trace_spans_exported_total";
 const DROPPED: &str = "kactivator_trace_spans_dropped_total";
 const FAILURES: &str = "kactivator_trace_export_failures_total";
+const BYTES: &str = "kactivator_trace_export_bytes_total";
 
 impl ExportMetrics {
     pub fn new(counters: Arc<ExportCounters>) -> Self {
@@ -129,6 +130,11 @@ impl ExportMetrics {
                 desc(
                     FAILURES,
                     "Exports that failed (one per batch): refused, timed out or answered with an error.",
+                    Vec::new(),
+                ),
+                desc(
+                    BYTES,
+                    "Bytes of span payload in exports that succeeded (OTLP protobuf, Zipkin JSON or stdout lines, before HTTP or gRPC framing).",
                     Vec::new(),
                 ),
             ],
@@ -177,6 +183,7 @@ impl Collector for ExportMetrics {
                 ],
             ),
             family(&self.descs[2], &[(None, now.export_failures)]),
+            family(&self.descs[3], &[(None, now.bytes_exported)]),
         ]
     }
 }
@@ -218,6 +225,7 @@ mod tests {
             .spans_dropped_queue_full
             .store(3, Ordering::Relaxed);
         counters.export_failures.store(2, Ordering::Relaxed);
+        counters.bytes_exported.store(4096, Ordering::Relaxed);
         let mut text = Vec::new();
         TextEncoder::new()
             .encode(&registry.gather(), &mut text)
@@ -228,6 +236,7 @@ mod tests {
             "kactivator_trace_spans_dropped_total{reason=\"queue_full\"} 3",
             "kactivator_trace_spans_dropped_total{reason=\"shard_buffer\"} 0",
             "kactivator_trace_export_failures_total 2",
+            "kactivator_trace_export_bytes_total 4096",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in {text}");
         }

@@ -91,6 +91,8 @@ pub struct ExportCounters {
     pub spans_dropped_tracing_off: AtomicU64,
     /// Exports that failed: one per batch, whatever its size.
     pub export_failures: AtomicU64,
+    /// Bytes of the exports that succeeded: the encoded payloads, before HTTP or gRPC framing.
+    pub bytes_exported: AtomicU64,
 }
 
 /// The counters' values at one moment.
@@ -103,6 +105,7 @@ pub struct CountersSnapshot {
     pub spans_dropped_export_failed: u64,
     pub spans_dropped_tracing_off: u64,
     pub export_failures: u64,
+    pub bytes_exported: u64,
 }
 
 impl ExportCounters {
@@ -116,6 +119,7 @@ impl ExportCounters {
             spans_dropped_export_failed: read(&self.spans_dropped_export_failed),
             spans_dropped_tracing_off: read(&self.spans_dropped_tracing_off),
             export_failures: read(&self.export_failures),
+            bytes_exported: read(&self.bytes_exported),
         }
     }
 }
@@ -401,6 +405,7 @@ where
                 let rejected = exported.rejected.min(done.spans);
                 add(&self.counters.spans_exported, done.spans - rejected);
                 add(&self.counters.spans_rejected, rejected);
+                add(&self.counters.bytes_exported, exported.bytes);
                 if rejected > 0 {
                     if let Some(unlogged) = self.failures.failed(now) {
                         tracing::warn!(

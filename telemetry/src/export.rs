@@ -50,6 +50,9 @@ pub(crate) struct Exported {
     pub rejected: u64,
     /// Why, in its words.
     pub message: String,
+    /// The payload's size: the encoded message, the Zipkin body, the stdout lines (before any
+    /// HTTP or gRPC framing).
+    pub bytes: u64,
 }
 
 /// A batch's export failed; its spans are dropped.
@@ -199,13 +202,25 @@ impl Export for Exporter {
         match self {
             Self::Otlp(client) => {
                 let message = encode::otlp::request(spans, resource).encode_to_vec();
-                client.export::<ExportTraceServiceResponse>(message).await
+                let bytes = message.len() as u64;
+                let exported = client.export::<ExportTraceServiceResponse>(message).await?;
+                Ok(Exported { bytes, ..exported })
             }
             Self::Zipkin(post) => {
-                post.post(encode::zipkin::body(spans, resource)).await?;
-                Ok(Exported::default())
+                let body = encode::zipkin::body(spans, resource);
+                let bytes = body.len() as u64;
+                post.post(body).await?;
+                Ok(Exported {
+                    bytes,
+                    ..Exported::default()
+                })
             }
-            Self::Stdout(writer) => writer.write(encode::stdout::lines(spans, resource)).await,
+            Self::Stdout(writer) => {
+                let lines = encode::stdout::lines(spans, resource);
+                let bytes = lines.len() as u64;
+                let exported = writer.write(lines).await?;
+                Ok(Exported { bytes, ..exported })
+            }
         }
     }
 }
@@ -272,6 +287,7 @@ impl OtlpResponse for ExportTraceServiceResponse {
             .map(|partial| Exported {
                 rejected: u64::try_from(partial.rejected_spans).unwrap_or(0),
                 message: partial.error_message,
+                bytes: 0,
             })
             .unwrap_or_default()
     }
@@ -283,6 +299,7 @@ impl OtlpResponse for ExportMetricsServiceResponse {
             .map(|partial| Exported {
                 rejected: u64::try_from(partial.rejected_data_points).unwrap_or(0),
                 message: partial.error_message,
+                bytes: 0,
             })
             .unwrap_or_default()
     }

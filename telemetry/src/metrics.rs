@@ -353,6 +353,7 @@ mod tests {
             &Ok(Exported {
                 rejected: 2,
                 message: "bad unit".into(),
+                bytes: 0,
             }),
             &counters,
         );

@@ -312,7 +312,12 @@ fn otlp_http_delivers_trace_ids_parents_names_kinds_attributes_and_status() {
     assert_otlp_request_received(&spans, "otlp-http");
     // No path in the endpoint: OTLP's default path, as Knative's exporter posts.
     assert!(spans.iter().all(|span| span["path"] == "/v1/traces"));
-    exporting.wait_until("the export counted", |c| c.spans_exported == 4);
+    let counted = exporting.wait_until("the export counted", |c| c.spans_exported == 4);
+    assert_eq!(
+        Some(counted.bytes_exported),
+        first["bytes"].as_u64(),
+        "the bytes counted are the body the collector read"
+    );
     // The next post goes over the same kept-alive connection.
     exporting.send(numbered(1, 3));
     let second = receiver.wait_for("the second post", |e| e["event"] == "request");

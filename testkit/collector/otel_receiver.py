@@ -12,7 +12,9 @@ It listens on 127.0.0.1 with
 
 It prints one JSON object per line on stdout, flushed at once:
   {"event": "listening", "grpc": PORT, "http": PORT}               first, once
-  {"event": "request", "transport": T, "path": P, "mode": M, "spans": N, "peer": ADDRESS}
+  {"event": "request", "transport": T, "path": P, "mode": M, "spans": N, "peer": ADDRESS,
+   "bytes": B}                                       B: the payload's size (the body, or the
+                                                     gRPC message)
                                                      each request, before it is answered;
                                                      the peer's address shows which
                                                      connection carried it
@@ -157,6 +159,7 @@ class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
                 "mode": mode,
                 "spans": span_count(request),
                 "peer": context.peer(),
+                "bytes": request.ByteSize(),
             }
         )
         if mode == "hang":
@@ -477,6 +480,7 @@ class Handler(BaseHTTPRequestHandler):
                 "mode": mode,
                 "spans": count,
                 "peer": "%s:%d" % self.client_address[:2],
+                "bytes": len(body),
             }
         )
         if mode == "hang":

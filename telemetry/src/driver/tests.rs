@@ -63,6 +63,7 @@ impl Export for Fake {
             Behaviour::Reject(rejected) => Ok(Exported {
                 rejected,
                 message: "too old".into(),
+                bytes: 0,
             }),
         }
     }
