@@ -1,0 +1,245 @@
+use serde_json::json;
+
+use super::*;
+
+/// An HTTPScaledObject as a user writes it for the add-on (its README's example), as the API
+/// server serves it: the CRD's defaults applied, status and managed fields beside.
+fn served() -> serde_json::Value {
+    json!({
+        "apiVersion": "http.keda.sh/v1alpha1",
+        "kind": "HTTPScaledObject",
+        "metadata": {
+            "name": "xkcd",
+            "namespace": "apps",
+            "creationTimestamp": "2026-11-29T12:00:00Z",
+            "uid": "6c2c1f43-0a44-4fb6-9b0c-1ab2c1d3e4f5",
+            "finalizers": ["httpscaledobject.http.keda.sh"],
+            "annotations": {"kactivator.dev/container-concurrency": "1"}
+        },
+        "spec": {
+            "hosts": ["myhost.com"],
+            "pathPrefixes": ["/test"],
+            "scaleTargetRef": {
+                "name": "xkcd",
+                "kind": "Deployment",
+                "apiVersion": "apps/v1",
+                "service": "xkcd",
+                "port": 8080
+            },
+            "replicas": {"min": 0, "max": 10},
+            "scaledownPeriod": 300,
+            "scalingMetric": {"requestRate": {"granularity": "1s", "targetValue": 100, "window": "1m"}}
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "Reconciled"}]}
+    })
+}
+
+fn read(value: serde_json::Value) -> Result<HttpScaledObject, ObjectError> {
+    HttpScaledObject::from_json(&value)
+}
+
+#[test]
+fn the_add_ons_example_reads_as_a_route_with_our_limit() {
+    let object = read(served()).unwrap();
+    assert_eq!(
+        (object.namespace.as_str(), object.name.as_str()),
+        ("apps", "xkcd")
+    );
+    assert_eq!(
+        object.order,
+        RouteOrder {
+            created: 1_795_953_600,
+            namespace: "apps".into(),
+            name: "xkcd".into()
+        }
+    );
+    assert_eq!(object.rule.hosts, ["myhost.com"]);
+    assert_eq!(object.rule.paths, ["/test"]);
+    assert!(object.rule.headers.is_empty());
+    assert_eq!(
+        object.target,
+        ServiceRef {
+            service: "xkcd".into(),
+            port: PortRef::Number(8080)
+        }
+    );
+    assert_eq!(object.failover, None);
+    assert_eq!(object.scaling.rate, Some(100));
+    assert_eq!(object.scaling.concurrency, None);
+    assert_eq!(
+        object.rate,
+        Some(RateWindow {
+            window: Duration::from_secs(60),
+            granularity: Duration::from_secs(1)
+        })
+    );
+    assert_eq!(object.readiness_timeout, None);
+    assert_eq!(object.response_header_timeout, None);
+    assert_eq!(object.container_concurrency, Some(1));
+}
+
+#[test]
+fn headers_timeouts_and_a_named_port_are_read_as_the_add_on_converts_them() {
+    let mut value = served();
+    value["spec"]["scaleTargetRef"] = json!({"service": "web", "portName": "http"});
+    value["spec"]["headers"] = json!([{"name": "X-Tenant", "value": "a"}, {"name": "X-Debug"}]);
+    value["spec"]["timeouts"] = json!({"conditionWait": "20s", "responseHeader": "0s"});
+    value["spec"]["scalingMetric"] = json!({"concurrency": {}});
+    value["spec"]["targetPendingRequests"] = json!(7);
+    value["metadata"]["annotations"] = json!({});
+    let object = read(value).unwrap();
+    assert_eq!(object.target.port, PortRef::Name("http".into()));
+    assert_eq!(
+        object.rule.headers,
+        vec![
+            HeaderMatch {
+                name: "X-Tenant".into(),
+                value: Some("a".into())
+            },
+            HeaderMatch {
+                name: "X-Debug".into(),
+                value: None
+            },
+        ]
+    );
+    assert_eq!(object.readiness_timeout, Some(Duration::from_secs(20)));
+    assert_eq!(object.response_header_timeout, None, "0s: the default");
+    assert_eq!(
+        object.scaling.concurrency,
+        Some(100),
+        "the CRD's default target"
+    );
+    assert_eq!(object.scaling.target_pending_requests, Some(7));
+    assert_eq!(object.rate, None);
+    assert_eq!(object.container_concurrency, None);
+}
+
+#[test]
+fn a_failovers_wait_is_the_readiness_timeout_over_condition_wait() {
+    let mut value = served();
+    value["spec"]["timeouts"] = json!({"conditionWait": "20s"});
+    value["spec"]["coldStartTimeoutFailoverRef"] =
+        json!({"service": "static", "port": 80, "timeoutSeconds": 45});
+    let object = read(value.clone()).unwrap();
+    assert_eq!(
+        object.failover,
+        Some(Failover {
+            to: ServiceRef {
+                service: "static".into(),
+                port: PortRef::Number(80)
+            }
+        })
+    );
+    assert_eq!(object.readiness_timeout, Some(Duration::from_secs(45)));
+    value["spec"]["coldStartTimeoutFailoverRef"] = json!({"service": "static", "portName": "http"});
+    assert_eq!(
+        read(value.clone()).unwrap().readiness_timeout,
+        Some(DEFAULT_FAILOVER_TIMEOUT),
+        "the CRD's default when the API server did not apply it"
+    );
+    value["spec"]["coldStartTimeoutFailoverRef"] =
+        json!({"service": "static", "port": 80, "timeoutSeconds": 0});
+    assert_eq!(
+        read(value).unwrap().readiness_timeout,
+        Some(Duration::from_secs(20)),
+        "0 leaves conditionWait's"
+    );
+}
+
+#[test]
+fn objects_a_route_cannot_come_from_are_refused_naming_the_field() {
+    let rows: &[(&str, serde_json::Value, &str)] = &[
+        ("/metadata/namespace", json!(null), "metadata.namespace"),
+        ("/metadata/name", json!(""), "metadata.name"),
+        ("/spec", json!(null), "spec"),
+        ("/spec/scaleTargetRef", json!(null), "spec.scaleTargetRef"),
+        (
+            "/spec/scaleTargetRef",
+            json!({"service": "x"}),
+            "spec.scaleTargetRef",
+        ),
+        (
+            "/spec/scaleTargetRef",
+            json!({"service": "x", "port": 80, "portName": "http"}),
+            "spec.scaleTargetRef",
+        ),
+        (
+            "/spec/scaleTargetRef",
+            json!({"service": "", "port": 80}),
+            "spec.scaleTargetRef.service",
+        ),
+        (
+            "/spec/scaleTargetRef",
+            json!({"service": "x", "port": 70000}),
+            "spec.scaleTargetRef.port",
+        ),
+        (
+            "/spec/scaleTargetRef",
+            json!({"service": "x", "port": 0}),
+            "spec.scaleTargetRef.port",
+        ),
+        (
+            "/spec/scalingMetric",
+            json!({"concurrency": {}, "requestRate": {}}),
+            "spec.scalingMetric",
+        ),
+        (
+            "/spec/scalingMetric",
+            json!({"requestRate": {"window": "a while"}}),
+            "spec.scalingMetric.requestRate.window",
+        ),
+        (
+            "/spec/scalingMetric",
+            json!({"requestRate": {"granularity": "500ms"}}),
+            "spec.scalingMetric.requestRate",
+        ),
+        (
+            "/spec/timeouts",
+            json!({"conditionWait": "soon"}),
+            "spec.timeouts.conditionWait",
+        ),
+        (
+            "/spec/headers",
+            json!([{"name": ""}]),
+            "spec.headers[0].name",
+        ),
+        (
+            "/spec/coldStartTimeoutFailoverRef",
+            json!({"service": "s", "port": 80, "timeoutSeconds": -1}),
+            "spec.coldStartTimeoutFailoverRef.timeoutSeconds",
+        ),
+        (
+            "/metadata/annotations",
+            json!({"kactivator.dev/container-concurrency": "one"}),
+            "metadata.annotations[\"kactivator.dev/container-concurrency\"]",
+        ),
+        (
+            "/metadata/annotations",
+            json!({"kactivator.dev/container-concurrency": "4294967295"}),
+            "metadata.annotations[\"kactivator.dev/container-concurrency\"]",
+        ),
+        ("/spec/hosts", json!("myhost.com"), "object"),
+        ("/spec/targetPendingRequests", json!(1u64 << 40), "object"),
+    ];
+    for (pointer, replacement, field) in rows {
+        let mut value = served();
+        let (parent, key) = pointer.rsplit_once('/').unwrap();
+        value
+            .pointer_mut(parent)
+            .unwrap_or_else(|| panic!("{pointer}"))[key] = replacement.clone();
+        let refused = read(value).expect_err(pointer);
+        assert_eq!(
+            &refused.field, field,
+            "{pointer} = {replacement}: {refused}"
+        );
+    }
+}
+
+#[test]
+fn a_limit_of_zero_is_unlimited_and_unknown_fields_are_ignored() {
+    let mut value = served();
+    value["metadata"]["annotations"] = json!({"kactivator.dev/container-concurrency": "0"});
+    value["spec"]["someFutureField"] = json!({"x": 1});
+    let object = read(value).unwrap();
+    assert_eq!(object.container_concurrency, None);
+}
