@@ -142,7 +142,9 @@ impl ExportMetrics {
     }
 }
 
-fn family(desc: &Desc, samples: &[(Option<&str>, u64)]) -> MetricFamily {
+/// A counter family of `desc`: one sample per `(reason label, value)`, without the label when
+/// `None`. Also the request-metrics export counters' (`queue_proxy::request_metrics`).
+pub(crate) fn family(desc: &Desc, samples: &[(Option<&str>, u64)]) -> MetricFamily {
     let mut family = MetricFamily::default();
     family.set_name(desc.fq_name.clone());
     family.set_help(desc.help.clone());

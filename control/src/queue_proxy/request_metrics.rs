@@ -11,8 +11,10 @@ use kactivator_shards::metrics::AllShardStats;
 use kactivator_telemetry::metrics::{MetricsCountersSnapshot, MetricsExportCounters};
 use kactivator_telemetry::{MetricsConfig, Resource};
 use prometheus::core::{Collector, Desc};
-use prometheus::proto::{Counter, Metric, MetricFamily, MetricType};
+use prometheus::proto::MetricFamily;
 use tokio::sync::oneshot;
+
+use crate::trace_export::family;
 
 /// Pushes the request metrics as `config` says until `finish` fires (the shards have ended),
 /// then pushes them once more and returns; the caller bounds how long it waits for that.
@@ -83,18 +85,7 @@ impl Collector for ExportMetrics {
         self.descs
             .iter()
             .zip(COUNTERS)
-            .map(|(desc, (_, _, read))| {
-                let mut counter = Counter::default();
-                counter.set_value(read(&now) as f64);
-                let mut metric = Metric::default();
-                metric.set_counter(counter);
-                let mut family = MetricFamily::default();
-                family.set_name(desc.fq_name.clone());
-                family.set_help(desc.help.clone());
-                family.set_field_type(MetricType::COUNTER);
-                family.mut_metric().push(metric);
-                family
-            })
+            .map(|(desc, (_, _, read))| family(desc, &[(None, read(&now))]))
             .collect()
     }
 }
