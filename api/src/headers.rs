@@ -52,3 +52,6 @@ pub const SERVER_TIMING_METRIC: &str = "activator";
 /// ★ On a response whose request waited for a revision with no routable pod (a cold start):
 /// `true`. Our name; KEDA's HTTP add-on marks the same with `X-KEDA-HTTP-Cold-Start`.
 pub const COLD_START: &str = "X-Activator-Cold-Start";
+/// KEDA's HTTP add-on's response field: `true` when the request waited for its route's first
+/// ready endpoint, `false` when one was ready (`pkg/http/headers.go` at v0.15.0).
+pub const KEDA_COLD_START: &str = "X-KEDA-HTTP-Cold-Start";

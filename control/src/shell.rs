@@ -324,6 +324,7 @@ mod tests {
             cluster_ip: None,
             priority: None,
             tls: None,
+            rules: None,
         };
         Op::Batch(vec![
             Op::UpsertRevision(spec),

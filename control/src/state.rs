@@ -51,7 +51,8 @@ use std::sync::Arc;
 use kactivator_api::RevisionKey;
 use kactivator_shards::routing::priority::PriorityPolicy;
 use kactivator_shards::routing::{
-    LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RoutingUpdate, Timeouts,
+    LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RouteRules, RoutingUpdate,
+    Timeouts,
 };
 use kactivator_shards::runtime::control_link::EvidenceKind;
 use kactivator_shards::throttle::gate::{ProcessQueue, RevisionGate};
@@ -96,6 +97,9 @@ pub struct RevisionSpec {
     pub cluster_ip: Option<SocketAddr>,
     /// TLS to the pods; `None`: plain TCP. Boxed as `priority` is.
     pub tls: Option<Box<crate::tls::PodTls>>,
+    /// The rules that route requests to the revision (an HTTPScaledObject's, issue 40);
+    /// `None`: requests name it (Knative, the file).
+    pub rules: Option<Arc<RouteRules>>,
 }
 
 /// Which pods a source's omission speaks for.
@@ -1082,6 +1086,7 @@ impl ControlState {
                 .tls
                 .as_ref()
                 .map(|tls| tls.upstream(spec.cluster_ip.is_some())),
+            rules: spec.rules.clone(),
         };
         self.effects.journal.push(Journal::Route {
             revision: key.clone(),

@@ -118,6 +118,7 @@ async fn run(selector: u8, seed: u8, stream: Vec<u8>) {
             gate: gate.clone(),
             queue_depth: 4,
             upstream_tls: None,
+            rules: None,
         };
         shard.apply(ShardCommand::Routing(RoutingUpdate::Upsert {
             version: 1,

@@ -65,6 +65,7 @@ pub fn revision_spec(revision: &RevisionConfig) -> Option<RevisionSpec> {
         serving_port: revision.serving_port(),
         cluster_ip: revision.cluster_ip,
         tls,
+        rules: None,
     })
 }
 

@@ -33,6 +33,7 @@ fn spec(name: &str, cc: u32) -> RevisionSpec {
         serving_port: DEFAULT_SERVING_PORT,
         cluster_ip: None,
         tls: None,
+        rules: None,
     }
 }
 

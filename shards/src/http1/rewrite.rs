@@ -45,6 +45,17 @@ impl<S> RequestHeaders for H1Headers<'_, S> {
     fn authority(&self) -> Option<&[u8]> {
         self.head.authority.map(|authority| authority.of(self.buf))
     }
+
+    #[inline]
+    fn target(&self) -> &[u8] {
+        self.head.target.of(self.buf)
+    }
+
+    fn has(&self, name: &str, value: Option<&[u8]>) -> bool {
+        self.head.headers(self.buf).any(|(field, field_value)| {
+            name_eq(field, name.as_bytes()) && value.is_none_or(|v| field_value == v)
+        })
+    }
 }
 
 /// `K-Proxy-Request: activator` as a head line (see its test).

@@ -65,6 +65,21 @@ impl RequestHeaders for H2Headers<'_> {
             None => self.get(headers::HOST),
         }
     }
+
+    fn target(&self) -> &[u8] {
+        self.parts
+            .uri
+            .path_and_query()
+            .map_or(b"/", |target| target.as_str().as_bytes())
+    }
+
+    fn has(&self, name: &str, value: Option<&[u8]>) -> bool {
+        let mut values = self.parts.headers.get_all(name).iter();
+        match value {
+            None => values.next().is_some(),
+            Some(value) => values.any(|field| field.as_bytes() == value),
+        }
+    }
 }
 
 /// Header names the request path reads, made once (at compile time): a lookup by `&str` parses

@@ -246,7 +246,7 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
         timeline.cold_start = note.cold_start;
     }
     // What the client is told of its waits, if the role tells it.
-    let note = note.filter(|_| role.tells_waits());
+    let note = role.tell(note);
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
     let mut failure = None;
@@ -271,6 +271,7 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
                 failure = Some(error.to_string());
             }
             let body = role.error_body(&error);
+            let note = note.and_then(WaitNote::for_error);
             let answer = Answer {
                 wait: note.as_ref(),
                 ..Answer::of_error(&error, &body)
@@ -336,7 +337,6 @@ async fn proxy<F: Front>(
         timeline,
     } = noted;
     let role = &shard.settings.role;
-    let tells = role.tells_waits();
     let times_admitted = role.times_admitted();
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
     let mut attempt = 0;
@@ -374,9 +374,9 @@ async fn proxy<F: Front>(
             timeline.pod = Some(pod.tracker.addr);
         }
         let mut held = Some(Held::new(&pod, revision, shard));
-        let told = note.as_ref().filter(|_| tells);
+        let told = role.tell(*note);
         let outcome = front
-            .attempt(shard, &pod, &deadlines, &mut held, told)
+            .attempt(shard, &pod, &deadlines, &mut held, told.as_ref())
             .await;
         let addr = pod.tracker.addr;
         match outcome {

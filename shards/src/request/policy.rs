@@ -407,13 +407,19 @@ pub fn run_id<H: RequestHeaders + ?Sized>(request: &H) -> Option<&[u8]> {
 /// ★ What the activator says on a response about its own part in it (issue 27): a request that
 /// waited for a slot gets `Server-Timing: activator;dur=<ms>`, and one that waited for a
 /// revision with no routable pod (a cold start) also `X-Activator-Cold-Start: true`. Requests
-/// that took a slot at once get neither, and neither does the queue-proxy role.
+/// that took a slot at once get neither, and neither does the queue-proxy role. In KEDA's HTTP
+/// add-on's role (`keda_field`) the cold start is told in the add-on's own field instead,
+/// `X-KEDA-HTTP-Cold-Start: true` or `false`, on every response from a pod.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WaitNote {
     /// Time spent waiting for a slot, summed over the request's admissions, in microseconds.
     pub waited_us: u64,
     /// Some wait found the revision without a routable pod.
     pub cold_start: bool,
+    /// The request waited in the queue at least once.
+    pub queued: bool,
+    /// The cold start is told as KEDA's HTTP add-on tells it.
+    pub keda_field: bool,
 }
 
 impl WaitNote {
@@ -421,6 +427,22 @@ impl WaitNote {
     pub fn add(&mut self, waited_us: u64, cold_start: bool) {
         self.waited_us = self.waited_us.saturating_add(waited_us);
         self.cold_start |= cold_start;
+        self.queued = true;
+    }
+
+    /// What an answer of the proxy's own (an error) is told: the waits, but not the add-on's
+    /// field, which it sets only on a response that reached a pod.
+    pub fn for_error(self) -> Option<WaitNote> {
+        if self.keda_field {
+            Some(WaitNote {
+                keda_field: false,
+                cold_start: false,
+                ..self
+            })
+            .filter(|note| note.queued)
+        } else {
+            Some(self)
+        }
     }
 
     /// The fields a response gets, each handed to `put` as (name, value): the writer's own
@@ -439,8 +461,13 @@ impl WaitNote {
             self.waited_us % 1000
         );
         let len = cursor.position() as usize;
-        put(headers::SERVER_TIMING, &value[..len]);
-        if self.cold_start {
+        if self.queued {
+            put(headers::SERVER_TIMING, &value[..len]);
+        }
+        if self.keda_field {
+            let told: &[u8] = if self.cold_start { b"true" } else { b"false" };
+            put(headers::KEDA_COLD_START, told);
+        } else if self.cold_start {
             put(headers::COLD_START, b"true");
         }
     }

@@ -10,7 +10,7 @@ use super::{Marks, Role};
 use crate::fields::RequestHeaders;
 use crate::metrics::RevisionCounters;
 use crate::request::identity;
-use crate::request::policy::Edits;
+use crate::request::policy::{Edits, WaitNote};
 use crate::request::probes::{self, Health, LocalAnswer};
 use crate::routing::replica::{LocalRevision, Replica};
 
@@ -57,8 +57,8 @@ impl Role for Activator {
         Edits::Activator
     }
 
-    fn tells_waits(&self) -> bool {
-        true
+    fn tell(&self, noted: Option<WaitNote>) -> Option<WaitNote> {
+        noted
     }
 
     fn times_admitted(&self) -> bool {

@@ -1,5 +1,6 @@
 //! The roles kactivator plays on the one request path, as hooks the path calls: Knative's
-//! activator ([`Activator`]) and its queue-proxy sidecar ([`QueueProxy`]). The path
+//! activator ([`Activator`]), its queue-proxy sidecar ([`QueueProxy`]), and KEDA's HTTP
+//! add-on's interceptor ([`Interceptor`]). The path
 //! (`lifecycle`) never asks which role it serves; a role decides what the path leaves
 //! to it. (The shape is pingora's `ProxyHttp`, a trait of hooks a proxy's lifecycle calls at
 //! fixed points; the hooks are ours.)
@@ -19,15 +20,17 @@ use std::rc::Rc;
 use crate::fields::RequestHeaders;
 use crate::metrics::{RevisionCounters, RouteTag};
 use crate::request::error::RequestError;
-use crate::request::policy::Edits;
+use crate::request::policy::{Edits, WaitNote};
 use crate::request::probes::{Health, LocalAnswer};
 use crate::routing::replica::{LocalRevision, Replica};
 use crate::upstream::error::UpstreamError;
 
 mod activator;
+mod interceptor;
 mod queue_proxy;
 
 pub use activator::Activator;
+pub use interceptor::Interceptor;
 pub use queue_proxy::{QueueProxy, UserContainer};
 
 /// What a role decides on the request path, in the order the path asks.
@@ -56,8 +59,9 @@ pub trait Role: Send + Sync + std::fmt::Debug {
     /// The header edits the request goes out under.
     fn edits(&self) -> Edits;
 
-    /// Whether the client is told of the request's waits for a slot (`policy::WaitNote`).
-    fn tells_waits(&self) -> bool;
+    /// What the client is told of the request's waits for a slot (`policy::WaitNote`), given
+    /// what the path noted (`None`: it never queued); `None`: nothing.
+    fn tell(&self, noted: Option<WaitNote>) -> Option<WaitNote>;
 
     /// Whether the request is also timed from its admission to its end, as the requests that
     /// reached the app behind a breaker (`RevisionCounters::app`).
@@ -78,6 +82,7 @@ pub trait Role: Send + Sync + std::fmt::Debug {
 pub enum Roles {
     Activator(Activator),
     QueueProxy(QueueProxy),
+    Interceptor(Interceptor),
 }
 
 impl Default for Roles {
@@ -92,6 +97,7 @@ macro_rules! each_role {
         match $roles {
             Roles::Activator($role) => $call,
             Roles::QueueProxy($role) => $call,
+            Roles::Interceptor($role) => $call,
         }
     };
 }
@@ -128,8 +134,8 @@ impl Role for Roles {
     }
 
     #[inline]
-    fn tells_waits(&self) -> bool {
-        each_role!(self, role => role.tells_waits())
+    fn tell(&self, noted: Option<WaitNote>) -> Option<WaitNote> {
+        each_role!(self, role => role.tell(noted))
     }
 
     #[inline]

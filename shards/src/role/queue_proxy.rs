@@ -15,7 +15,7 @@ use super::{Marks, Role};
 use crate::fields::RequestHeaders;
 use crate::metrics::{RevisionCounters, TagHeaders};
 use crate::request::error::RequestError;
-use crate::request::policy::Edits;
+use crate::request::policy::{Edits, WaitNote};
 use crate::request::probes::{self, Health, LocalAnswer};
 use crate::routing::replica::{LocalRevision, Replica};
 use crate::upstream::error::UpstreamError;
@@ -87,8 +87,8 @@ impl Role for QueueProxy {
     }
 
     /// The queue-proxy role tells nothing of its waits.
-    fn tells_waits(&self) -> bool {
-        false
+    fn tell(&self, _noted: Option<WaitNote>) -> Option<WaitNote> {
+        None
     }
 
     /// Upstream's app-side metrics start behind the breaker.

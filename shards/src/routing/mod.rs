@@ -171,6 +171,17 @@ pub struct RevisionRoute {
     /// TLS to the revision's pods (Knative's `system-internal-tls`, or the file's per-revision
     /// setting); `None`: plain TCP.
     pub upstream_tls: Option<Arc<crate::runtime::tls::UpstreamTls>>,
+    /// The rules that route a request here (KEDA's HTTP add-on role, issue 40: an
+    /// HTTPScaledObject's hosts, path prefixes and headers); `None`: a request names the
+    /// revision itself (the Knative roles).
+    pub rules: Option<Arc<RouteRules>>,
+}
+
+/// A route's rules and what orders it among routes whose rules tie ([`rules::RuleTable`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteRules {
+    pub order: rules::RouteOrder,
+    pub rules: Vec<rules::Rule>,
 }
 
 /// One change to the routing table.

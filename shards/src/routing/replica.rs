@@ -15,6 +15,7 @@ use rustc_hash::{FxHashMap, FxHasher};
 
 use crate::fields::RequestHeaders;
 use crate::metrics::{Counter, RevisionCounters, ShardStats};
+use crate::routing::rules::RuleTable;
 use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
 use crate::runtime::tls::{ClientTls, UpstreamTls};
 use crate::throttle::gate::{
@@ -528,6 +529,9 @@ pub struct Replica {
     version: Cell<u64>,
     /// Where `find` spells the key, so that a connection keeps no key of its own.
     scratch: RefCell<String>,
+    /// The routes that have rules ([`RevisionRoute::rules`]), for a role that routes by them;
+    /// built again whenever a route's rules change or such a route goes.
+    rules: RefCell<RuleTable<RevisionKey>>,
 }
 
 impl Replica {
@@ -553,6 +557,36 @@ impl Replica {
         self.get(&key)
     }
 
+    /// The revision whose rules a request with these fields matches, in the precedence of KEDA's
+    /// HTTP add-on ([`RuleTable::route`]); `None`: no rule matches.
+    pub fn route_by_rules<H: RequestHeaders + ?Sized>(
+        &self,
+        fields: &H,
+    ) -> Option<Rc<LocalRevision>> {
+        let rules = self.rules.borrow();
+        let key = rules.route(
+            fields.authority().unwrap_or_default(),
+            fields.target(),
+            fields,
+        )?;
+        self.get(key.as_str())
+    }
+
+    /// Builds the rule table again from every route that has rules.
+    fn rebuild_rules(&self) {
+        let revisions = self.revisions.borrow();
+        let routes: Vec<Arc<RevisionRoute>> = revisions
+            .values()
+            .map(|revision| revision.route.borrow().clone())
+            .filter(|route| route.rules.is_some())
+            .collect();
+        let table = RuleTable::build(routes.iter().filter_map(|route| {
+            let rules = route.rules.as_deref()?;
+            Some((route.key.clone(), rules.order.clone(), &rules.rules[..]))
+        }));
+        *self.rules.borrow_mut() = table;
+    }
+
     /// Applies one update from the control thread on the shard whose counters are `stats`
     /// (`report_load`: an autoscaler reporter reads revisions' load). New pods or capacity may
     /// serve requests already waiting: what that hands to other shards comes back with the
@@ -568,6 +602,10 @@ impl Replica {
         match update {
             RoutingUpdate::Upsert { route, .. } => {
                 let existing = self.revisions.borrow().get(&route.key).cloned();
+                let rules_changed = match &existing {
+                    Some(revision) => revision.route.borrow().rules != route.rules,
+                    None => route.rules.is_some(),
+                };
                 let revision = match existing {
                     Some(revision) => {
                         revision.apply(route);
@@ -603,6 +641,9 @@ impl Replica {
                         revision
                     }
                 };
+                if rules_changed {
+                    self.rebuild_rules();
+                }
                 // New pods or capacity may serve requests already waiting.
                 let outbox = revision.dispatch();
                 handed_on = Some((revision, outbox));
@@ -611,6 +652,9 @@ impl Replica {
                 let removed = self.revisions.borrow_mut().remove(&key);
                 if let Some(revision) = removed {
                     revision.remove();
+                    if revision.route.borrow().rules.is_some() {
+                        self.rebuild_rules();
+                    }
                 }
             }
         }

@@ -17,6 +17,8 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use crate::fields::RequestHeaders;
+
 #[cfg(test)]
 mod tests;
 
@@ -48,22 +50,6 @@ pub struct RouteOrder {
     pub name: String,
 }
 
-/// What a request offers a rule's header matches.
-pub trait HeaderLookup {
-    /// Whether header `name` (any case) is present (`value: None`) or has a value equal to
-    /// `value`.
-    fn has(&self, name: &str, value: Option<&[u8]>) -> bool;
-}
-
-/// Headers as `(name, value)` pairs, one per field line: the tests' form.
-impl HeaderLookup for [(&str, &str)] {
-    fn has(&self, name: &str, value: Option<&[u8]>) -> bool {
-        self.iter().any(|(field, field_value)| {
-            field.eq_ignore_ascii_case(name) && value.is_none_or(|v| field_value.as_bytes() == v)
-        })
-    }
-}
-
 /// The routes of one host form, by trimmed path prefix (`api/v1` for `/api/v1/`; empty for
 /// the root).
 struct Prefixes<T> {
@@ -91,6 +77,16 @@ pub struct RuleTable<T> {
     /// `*.example.com`, by `example.com`.
     wildcard: HashMap<Box<[u8]>, Prefixes<T>>,
     catch_all: Prefixes<T>,
+}
+
+impl<T> std::fmt::Debug for RuleTable<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuleTable")
+            .field("exact_hosts", &self.exact.len())
+            .field("wildcard_hosts", &self.wildcard.len())
+            .field("catch_all_prefixes", &self.catch_all.by_prefix.len())
+            .finish()
+    }
 }
 
 impl<T> Default for RuleTable<T> {
@@ -180,7 +176,7 @@ impl<T> RuleTable<T> {
     /// The route of a request addressed to `authority` (`Host`, `:authority`; a port is
     /// ignored) with request target `target` (origin or absolute form), or `None`: nothing
     /// matches (the add-on's 404).
-    pub fn route<H: HeaderLookup + ?Sized>(
+    pub fn route<H: RequestHeaders + ?Sized>(
         &self,
         authority: &[u8],
         target: &[u8],
@@ -214,7 +210,7 @@ impl<T> RuleTable<T> {
 impl<T> Prefixes<T> {
     /// The first route, in precedence order, at the longest stored prefix of `path` (trimmed)
     /// whose headers all match.
-    fn route<H: HeaderLookup + ?Sized>(&self, path: &[u8], headers: &H) -> Option<&T> {
+    fn route<H: RequestHeaders + ?Sized>(&self, path: &[u8], headers: &H) -> Option<&T> {
         let entries = self.longest(path)?;
         entries
             .iter()

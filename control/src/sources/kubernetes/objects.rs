@@ -175,6 +175,7 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
         },
         cluster_ip: None,
         tls: None,
+        rules: None,
     })
 }
 
@@ -354,7 +355,7 @@ pub fn activator_endpoints_addresses(endpoints: &Endpoints) -> Listing {
 
 /// An `activator-service` EndpointSlice → the activators' addresses at their port named `http`.
 pub fn activator_slice_addresses(slice: &Value) -> Listing {
-    slice_addresses_at(slice, is_http_port)
+    slice_addresses_where(slice, is_http_port)
 }
 
 fn endpoints_addresses_at(endpoints: &Endpoints, accept: fn(Option<&str>) -> bool) -> Listing {
@@ -407,10 +408,12 @@ fn endpoints_addresses_at(endpoints: &Endpoints, accept: fn(Option<&str>) -> boo
 /// `http2`. An endpoint is ready unless `conditions.ready` is false (nil means ready, as the
 /// API documents).
 pub fn slice_addresses(slice: &Value) -> Listing {
-    slice_addresses_at(slice, is_serving_port)
+    slice_addresses_where(slice, is_serving_port)
 }
 
-fn slice_addresses_at(slice: &Value, accept: fn(Option<&str>) -> bool) -> Listing {
+/// An EndpointSlice's addresses at its first port whose name `accept`s (an unnamed port's name
+/// is `None`).
+pub fn slice_addresses_where(slice: &Value, accept: impl Fn(Option<&str>) -> bool) -> Listing {
     let mut listing = Listing::default();
     let Some((port_index, port)) = slice["ports"]
         .as_array()

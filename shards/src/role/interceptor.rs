@@ -1,0 +1,109 @@
+//! KEDA's HTTP add-on's interceptor (`kactivator keda-http`, issue 40): a request's route is
+//! the first whose rules match its host, path and headers, in the add-on's precedence
+//! (`routing::rules`); it goes to one of the route's ready endpoints, or waits for one. The
+//! add-on's probes live on the admin port, so every request on a data port is routed; errors
+//! are answered as the add-on answers them (Go's `http.Error` with the status text), and a
+//! response from a pod says whether the request waited for a cold start
+//! (`X-KEDA-HTTP-Cold-Start`).
+
+use std::borrow::Cow;
+use std::rc::Rc;
+
+use super::{Marks, Role};
+use crate::fields::RequestHeaders;
+use crate::metrics::RevisionCounters;
+use crate::request::error::RequestError;
+use crate::request::policy::{Edits, WaitNote};
+use crate::request::probes::{Health, LocalAnswer};
+use crate::routing::replica::{LocalRevision, Replica};
+
+/// The body of the add-on's 404 when no route matches (`http.Error` with the status text).
+pub const NOT_FOUND: &str = "Not Found\n";
+
+/// The interceptor role.
+#[derive(Clone, Copy, Debug)]
+pub struct Interceptor {
+    /// Responses from pods carry `X-KEDA-HTTP-Cold-Start` (the add-on's
+    /// `KEDA_HTTP_ENABLE_COLD_START_HEADER`, on by default).
+    pub cold_start_field: bool,
+}
+
+impl Default for Interceptor {
+    fn default() -> Self {
+        Interceptor {
+            cold_start_field: true,
+        }
+    }
+}
+
+impl Role for Interceptor {
+    /// The add-on answers no probe on its proxy port: `/livez` and `/readyz` are the admin
+    /// port's.
+    #[inline]
+    fn probe<H: RequestHeaders + ?Sized>(
+        &self,
+        _fields: &H,
+        _health: Health,
+    ) -> Option<LocalAnswer> {
+        None
+    }
+
+    fn takes_registrations(&self) -> bool {
+        false
+    }
+
+    #[inline]
+    fn revision<H: RequestHeaders + ?Sized>(
+        &self,
+        fields: &H,
+        replica: &Replica,
+        _cluster_domain: &str,
+    ) -> Result<Rc<LocalRevision>, String> {
+        replica
+            .route_by_rules(fields)
+            .ok_or_else(|| NOT_FOUND.to_owned())
+    }
+
+    /// Requests are counted by route only, as the add-on counts them.
+    #[inline]
+    fn marks<H: RequestHeaders + ?Sized>(
+        &self,
+        _fields: &H,
+        _counters: &RevisionCounters,
+    ) -> Marks {
+        Marks::default()
+    }
+
+    /// The client's `Host` goes on to the pod, `X-Forwarded-For` gets the client appended, hop-by-
+    /// hop fields go: what Go's `ReverseProxy` does for the add-on. These are the queue-proxy's
+    /// edits, which also prune Knative's revision headers and add the `Forwarded` shim.
+    fn edits(&self) -> Edits {
+        Edits::QueueProxy
+    }
+
+    /// Every response from a pod says whether it waited for a cold start, in the add-on's
+    /// field when that is on; a wait for a slot is told in `Server-Timing` as the activator
+    /// tells it.
+    fn tell(&self, noted: Option<WaitNote>) -> Option<WaitNote> {
+        let note = WaitNote {
+            keda_field: self.cold_start_field,
+            ..noted.unwrap_or_default()
+        };
+        Some(note).filter(|note| note.queued || note.keda_field)
+    }
+
+    fn times_admitted(&self) -> bool {
+        false
+    }
+
+    /// The add-on's errors are Go's `http.Error` with the status text; a full queue (ours: the
+    /// add-on's is unbounded) keeps its own words.
+    fn error_body<'e>(&self, error: &'e RequestError) -> Cow<'e, [u8]> {
+        match error {
+            RequestError::TimedOut => Cow::Borrowed(b"Gateway Timeout\n"),
+            RequestError::Upstream(_) => Cow::Borrowed(b"Bad Gateway\n"),
+            RequestError::RevisionGone => Cow::Borrowed(b"Service Unavailable\n"),
+            _ => error.body(),
+        }
+    }
+}
