@@ -109,6 +109,11 @@ pub enum Command {
     /// reconciler sets (SERVING_NAMESPACE, SERVING_REVISION, USER_PORT, ...; README: As
     /// Knative's queue-proxy). Missing or bad keys: exit 2, naming each.
     QueueProxy(QueueProxyArgs),
+    /// Run as KEDA's HTTP add-on's interceptor and external scaler in one process, for plain
+    /// Deployments scaled by KEDA: routes from the cluster's HTTPScaledObjects, configured by
+    /// the add-on's environment (KEDA_HTTP_PROXY_PORT, KEDA_HTTP_ADMIN_PORT, ...; README: As
+    /// KEDA's HTTP add-on). Bad keys: exit 2, naming each.
+    KedaHttp,
 }
 
 /// Whether the queue-proxy unmaps the code start-up ran (`--unmap-start-up-code`). On: it is what

@@ -5,6 +5,7 @@
 
 mod cli;
 mod demo;
+mod keda_http;
 mod queue_proxy;
 mod start;
 
@@ -17,6 +18,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Some(cli::Command::Demo(ref demo_args)) => demo::run(&cli, demo_args),
         Some(cli::Command::QueueProxy(ref args)) => queue_proxy::run(&cli, args),
+        Some(cli::Command::KedaHttp) => keda_http::run(&cli),
         None => start::run(&cli, None),
     };
     match result {

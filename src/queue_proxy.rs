@@ -134,6 +134,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         unmap_start_up_code: args.unmap_start_up_code,
         server_tls,
         trace_resource: resource,
+        keda: None,
         spawn_extra: Some(Box::new(move |runtime, drain, shards, registry| {
             let listener = bind(admin_addr)?;
             let stats_listener = bind(stats_addr)?;

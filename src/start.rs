@@ -9,6 +9,8 @@ use kactivator_control::budget;
 use kactivator_control::config::{AutoscalerSettings, Config, ConfigError, ListenTls};
 use kactivator_control::drain::DrainRule;
 use kactivator_control::features::{self, Tunables};
+use kactivator_control::keda::source::KedaSource;
+use kactivator_control::keda::KedaRun;
 use kactivator_control::publisher::Publisher;
 use kactivator_control::sources::kubernetes::informers::{self, KubeSource};
 use kactivator_control::tls::files::ServerFiles;
@@ -37,6 +39,8 @@ pub enum StartError {
     Config(#[from] ConfigError),
     #[error("{0}")]
     QueueProxyEnv(#[from] kactivator_control::queue_proxy::env::EnvError),
+    #[error("keda-http: {0}")]
+    KedaEnv(#[from] kactivator_control::keda::env::EnvErrors),
     #[error("queue-proxy: {0}")]
     QueueProxyCerts(#[from] kactivator_control::queue_proxy::certs::CertsError),
     #[error("cannot listen on {addr}: {source}")]
@@ -60,6 +64,7 @@ impl StartError {
             StartError::Config(_)
             | StartError::Tls(_)
             | StartError::QueueProxyEnv(_)
+            | StartError::KedaEnv(_)
             | StartError::QueueProxyCerts(_) => 2,
             _ => 1,
         }
@@ -284,6 +289,28 @@ async fn connect_kubernetes(
     .map_err(StartError::Kubernetes)
 }
 
+/// Connects to the cluster for the KEDA HTTP add-on role and binds its scaler's port.
+async fn connect_keda(keda: KedaSetup) -> Result<KedaRun, StartError> {
+    let client = informers::client().await.map_err(|error| {
+        StartError::Config(ConfigError {
+            source: Some("keda-http".into()),
+            position: None,
+            message: format!(
+                "no Kubernetes configuration ({error}); set KUBECONFIG or run in a pod with a \
+                 service account"
+            ),
+        })
+    })?;
+    let source = KedaSource::resolve(client, keda.namespace, keda.defaults)
+        .await
+        .map_err(StartError::Kubernetes)?;
+    let scaler = reactor::bind_listener(keda.scaler).map_err(|source| StartError::Bind {
+        addr: keda.scaler,
+        source,
+    })?;
+    Ok(KedaRun { source, scaler })
+}
+
 /// Fits the connection, head and queue caps to the memory limit (see `budget`), and says what
 /// they are and what they cost at worst. Returns the most queued requests the limit holds
 /// beside the other caps (`None` without a limit), the ceiling the state worker holds a queue
@@ -393,6 +420,17 @@ pub struct RoleSetup {
     pub server_tls: Option<ServerFiles>,
     /// Who exports the spans: OpenTelemetry's resource on every batch.
     pub trace_resource: kactivator_telemetry::Resource,
+    /// KEDA's HTTP add-on role: its routes come from the cluster's HTTPScaledObjects (not from
+    /// Knative's objects or the file), and it serves the external scaler.
+    pub keda: Option<KedaSetup>,
+}
+
+/// What the KEDA HTTP add-on role watches and where its scaler listens.
+pub struct KedaSetup {
+    /// `KEDA_HTTP_WATCH_NAMESPACE`; `None`: every namespace.
+    pub namespace: Option<String>,
+    pub defaults: kactivator_control::keda::model::Defaults,
+    pub scaler: std::net::SocketAddr,
 }
 
 /// A request log for the shards, and its writer thread, finished once the shards are.
@@ -408,7 +446,7 @@ pub const TRACE_EXPORT_AT_EXIT: Duration = Duration::from_secs(5);
 pub const REQUEST_LOG_FINISH: Duration = Duration::from_secs(5);
 
 impl RoleSetup {
-    fn activator(cli: &Cli) -> RoleSetup {
+    pub fn activator(cli: &Cli) -> RoleSetup {
         RoleSetup {
             role: Roles::Activator(Activator),
             second_data_port: true,
@@ -430,6 +468,7 @@ impl RoleSetup {
                 instance_id: Some(cli.pod_name.clone()).filter(|name| !name.is_empty()),
                 attributes: Vec::new(),
             },
+            keda: None,
         }
     }
 }
@@ -442,7 +481,9 @@ pub fn run_as(
     on_ready: impl FnOnce(),
 ) -> Result<(), StartError> {
     let preset_given = preset.is_some();
-    let kubernetes = watches_kubernetes(cli.source, preset_given || cli.config.is_some());
+    let keda = setup.keda.take();
+    let kubernetes =
+        keda.is_none() && watches_kubernetes(cli.source, preset_given || cli.config.is_some());
     if cli.source == SourceChoice::File && cli.config.is_none() && !preset_given {
         return Err(StartError::Config(ConfigError {
             source: Some("--source file".into()),
@@ -509,6 +550,10 @@ pub fn run_as(
     } else {
         None
     };
+    let keda = match keda {
+        Some(keda) => Some(runtime.block_on(connect_keda(keda))?),
+        None => None,
+    };
     let files = setup
         .server_tls
         .take()
@@ -537,7 +582,7 @@ pub fn run_as(
     // thread and read by /readyz and by kubelet probes on the data port.
     let readiness = Arc::new(Readiness::new(
         config.autoscaler.url.is_some(),
-        kubernetes.is_some(),
+        kubernetes.is_some() || keda.is_some(),
     ));
     // Every shard's spans, to the exporters on the control thread.
     let (span_sender, spans) = trace_export::span_channel();
@@ -607,6 +652,7 @@ pub fn run_as(
         queue_ceiling,
         readiness,
         kubernetes,
+        keda,
         drain_rule: setup.drain_rule,
         tracing: tracing_tx,
     });

@@ -3,7 +3,8 @@
 //! * the autoscaler's stat messages from the repository's `.proto` (the one kactivator is
 //!   built from), so the test autoscaler decodes frames with its own generated code rather
 //!   than with kactivator's;
-//! * the gRPC Echo service of `proto/echo.proto`, client and server, for the gRPC backend.
+//! * the gRPC Echo service of `proto/echo.proto`, client and server, for the gRPC backend;
+//! * KEDA's external scaler (`api/proto/externalscaler.proto`), client only: the tests' KEDA.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stat_proto = "../api/proto/stat.proto";
@@ -20,6 +21,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_transport(false)
         // `bytes` fields as `Bytes`, so large payloads are shared instead of copied.
         .bytes(".")
+        .compile_fds(descriptors)?;
+
+    // KEDA's external-scaler contract, client side: the tests play KEDA against the KEDA HTTP
+    // add-on role with code generated from KEDA's own file.
+    let scaler_proto = "../api/proto/externalscaler.proto";
+    println!("cargo:rerun-if-changed={scaler_proto}");
+    let descriptors = protox::compile([scaler_proto], ["../api/proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(false)
+        .build_transport(false)
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -76,6 +76,7 @@ pub struct ControlPlane {
     declared: BTreeSet<RevisionKey>,
     pod_ip: Option<std::net::IpAddr>,
     kubernetes: Option<KubeSource>,
+    keda: Option<keda::KedaRun>,
     /// Where the drain is; read by whoever waits for it (the queue-proxy's `/wait-for-drain`).
     drain: tokio::sync::watch::Sender<DrainPhase>,
     drain_rule: DrainRule,
@@ -107,6 +108,8 @@ pub struct ControlInputs {
     /// The Kubernetes source, when kactivator watches a cluster (then the file declares no
     /// revisions and is not polled).
     pub kubernetes: Option<KubeSource>,
+    /// KEDA's HTTP add-on role: its source of HTTPScaledObjects and its scaler's port.
+    pub keda: Option<keda::KedaRun>,
     /// What ends the drain's grace period (`proxy.drain_grace_seconds`).
     pub drain_rule: DrainRule,
     /// Where the tracing in force goes when it changes: the Kubernetes source writes it from
@@ -132,6 +135,7 @@ impl ControlPlane {
             queue_ceiling,
             readiness,
             kubernetes,
+            keda,
             drain_rule,
             tracing,
         } = inputs;
@@ -189,6 +193,7 @@ impl ControlPlane {
             declared: BTreeSet::new(),
             pod_ip,
             kubernetes,
+            keda,
             tracing,
         }
     }
@@ -283,6 +288,14 @@ impl ControlPlane {
                 self.admin.stats.clone(),
                 self.tracing.clone(),
             ));
+        }
+        if let Some(keda) = self.keda {
+            keda.spawn(
+                self.worker.clone(),
+                self.admin.readiness.clone(),
+                self.publisher.clone(),
+                self.admin.stats.clone(),
+            )?;
         }
         self.admin.ready.store(true, Ordering::Release);
 

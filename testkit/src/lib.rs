@@ -23,6 +23,7 @@ pub mod certs;
 pub mod collector;
 pub mod grpc;
 pub mod grpcio;
+pub mod keda;
 pub mod knative;
 pub mod pattern;
 pub mod podnet;

@@ -230,7 +230,10 @@ async fn labelled_endpoints(client: Client) -> Option<usize> {
 }
 
 /// `auto` picks EndpointSlices when the server serves them (v1, else v1beta1).
-async fn resolve_endpoints(client: &Client, kind: EndpointsKind) -> Result<EndpointsApi, String> {
+pub async fn resolve_endpoints(
+    client: &Client,
+    kind: EndpointsKind,
+) -> Result<EndpointsApi, String> {
     if kind == EndpointsKind::Endpoints {
         return Ok(EndpointsApi::Endpoints);
     }
@@ -743,7 +746,7 @@ struct InformerLoop {
 
 /// Longest wait for the shards to serve the start-up batch before readiness says ready anyway
 /// (with a warning): they apply it between requests, within milliseconds.
-const SERVED_WITHIN: Duration = Duration::from_secs(5);
+pub const SERVED_WITHIN: Duration = Duration::from_secs(5);
 
 impl InformerLoop {
     /// One event: the model's ops, applied now or kept for the start-up batch.

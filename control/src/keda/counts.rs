@@ -1,0 +1,103 @@
+//! A route's counts over the whole fleet, as KEDA's HTTP add-on's scaler sums them
+//! (`scaler/queue_pinger.go` at v0.15.0): each replica's requests in the route now (held or at
+//! a pod) summed; its request rate from each replica's monotonic request count, whose
+//! increases since the last look go into the route's buckets (`keda::rate`). A count seen for
+//! the first time adds nothing; one that went down is a restarted replica, whose whole count is
+//! new. Pure: the time and every replica's counts are passed in.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::object::{RateWindow, DEFAULT_RATE_GRANULARITY, DEFAULT_RATE_WINDOW};
+use super::rate::RequestBuckets;
+use super::scaler::RouteCount;
+
+#[cfg(test)]
+mod tests;
+
+/// A route, by namespace and name.
+pub type RouteId = (String, String);
+
+/// One replica's counts of one route: requests in it now, and requests since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaCount {
+    pub concurrency: i64,
+    pub requests: u64,
+}
+
+/// Every replica's last request counts, and every route's buckets.
+#[derive(Debug, Default)]
+pub struct FleetTally {
+    /// By replica, then route: the request count last seen.
+    seen: BTreeMap<String, BTreeMap<RouteId, u64>>,
+    buckets: BTreeMap<RouteId, RequestBuckets>,
+}
+
+impl FleetTally {
+    /// Takes in what every replica answered at `now` (time since the Unix epoch), by replica;
+    /// `windows`: each route's rate window (`None`: the add-on's default). Returns each route's
+    /// fleet-wide count. A replica that did not answer is left out of `replicas`, and its last
+    /// counts are kept for when it answers again.
+    pub fn observe(
+        &mut self,
+        now: Duration,
+        replicas: &BTreeMap<String, BTreeMap<RouteId, ReplicaCount>>,
+        windows: &BTreeMap<RouteId, Option<RateWindow>>,
+    ) -> BTreeMap<RouteId, RouteCount> {
+        let mut concurrency: BTreeMap<RouteId, i64> = BTreeMap::new();
+        let mut increase: BTreeMap<RouteId, i64> = BTreeMap::new();
+        for (replica, counts) in replicas {
+            let seen = self.seen.entry(replica.clone()).or_default();
+            for (route, count) in counts {
+                *concurrency.entry(route.clone()).or_default() += count.concurrency;
+                let added = match seen.insert(route.clone(), count.requests) {
+                    None => 0,
+                    Some(before) if count.requests >= before => count.requests - before,
+                    Some(_) => count.requests,
+                };
+                *increase.entry(route.clone()).or_default() +=
+                    i64::try_from(added).unwrap_or(i64::MAX);
+            }
+            seen.retain(|route, _| counts.contains_key(route));
+        }
+        self.buckets.retain(|route, _| windows.contains_key(route));
+        let mut out = BTreeMap::new();
+        for (route, window) in windows {
+            let window = window.unwrap_or(RateWindow {
+                window: DEFAULT_RATE_WINDOW,
+                granularity: DEFAULT_RATE_GRANULARITY,
+            });
+            let buckets = self.buckets.entry(route.clone());
+            let buckets = match buckets {
+                std::collections::btree_map::Entry::Occupied(entry)
+                    if entry.get().window() == window.window
+                        && entry.get().granularity() == window.granularity =>
+                {
+                    entry.into_mut()
+                }
+                entry => {
+                    let Ok(fresh) = RequestBuckets::new(window.window, window.granularity) else {
+                        // The object's window was refused where it was read.
+                        continue;
+                    };
+                    match entry {
+                        std::collections::btree_map::Entry::Occupied(mut entry) => {
+                            entry.insert(fresh);
+                            entry.into_mut()
+                        }
+                        std::collections::btree_map::Entry::Vacant(entry) => entry.insert(fresh),
+                    }
+                }
+            };
+            buckets.record(now, increase.get(route).copied().unwrap_or(0));
+            out.insert(
+                route.clone(),
+                RouteCount {
+                    concurrency: concurrency.get(route).copied().unwrap_or(0),
+                    rate: buckets.window_average(now),
+                },
+            );
+        }
+        out
+    }
+}

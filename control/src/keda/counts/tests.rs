@@ -1,0 +1,85 @@
+//! The fleet's sums on a clock we pass in, against what the add-on's scaler would report.
+
+use super::*;
+
+fn route() -> RouteId {
+    ("apps".into(), "app".into())
+}
+
+fn replicas(counts: &[(&str, i64, u64)]) -> BTreeMap<String, BTreeMap<RouteId, ReplicaCount>> {
+    counts
+        .iter()
+        .map(|(replica, concurrency, requests)| {
+            let count = ReplicaCount {
+                concurrency: *concurrency,
+                requests: *requests,
+            };
+            (replica.to_string(), BTreeMap::from([(route(), count)]))
+        })
+        .collect()
+}
+
+fn windows() -> BTreeMap<RouteId, Option<RateWindow>> {
+    BTreeMap::from([(route(), None)])
+}
+
+fn at(seconds: u64) -> Duration {
+    Duration::from_secs(1_800_000_000 + seconds)
+}
+
+#[test]
+fn concurrency_is_summed_over_replicas_and_a_first_count_adds_no_rate() {
+    let mut tally = FleetTally::default();
+    let counts = tally.observe(at(0), &replicas(&[("a", 3, 100), ("b", 2, 50)]), &windows());
+    assert_eq!(counts[&route()].concurrency, 5);
+    assert_eq!(
+        counts[&route()].rate,
+        0.0,
+        "the first look sees no increase"
+    );
+}
+
+#[test]
+fn increases_go_into_the_buckets_and_a_restart_counts_its_whole_count() {
+    let mut tally = FleetTally::default();
+    tally.observe(at(0), &replicas(&[("a", 0, 100), ("b", 0, 50)]), &windows());
+    // One second later: a served 10 more, b 20 more: 30 in the second bucket.
+    let counts = tally.observe(at(1), &replicas(&[("a", 0, 110), ("b", 0, 70)]), &windows());
+    // Two buckets used (0 and 30): the add-on's per-bucket average.
+    assert_eq!(counts[&route()].rate, 15.0);
+    // b restarted and has served 4 since: 4 new, not a fall of 66.
+    let counts = tally.observe(at(2), &replicas(&[("a", 0, 110), ("b", 0, 4)]), &windows());
+    assert_eq!(
+        counts[&route()].rate,
+        11.333,
+        "34 over three buckets, to three digits"
+    );
+}
+
+#[test]
+fn a_replica_that_does_not_answer_keeps_its_last_count_for_when_it_does() {
+    let mut tally = FleetTally::default();
+    tally.observe(at(0), &replicas(&[("a", 1, 100), ("b", 1, 50)]), &windows());
+    let counts = tally.observe(at(1), &replicas(&[("a", 1, 100)]), &windows());
+    assert_eq!(
+        counts[&route()].concurrency,
+        1,
+        "b is not counted while it is silent"
+    );
+    let counts = tally.observe(at(2), &replicas(&[("a", 1, 100), ("b", 1, 56)]), &windows());
+    assert_eq!(counts[&route()].concurrency, 2);
+    assert_eq!(counts[&route()].rate, 2.0, "6 over three buckets");
+}
+
+#[test]
+fn a_route_no_replica_mentions_counts_zero_and_a_gone_route_is_forgotten() {
+    let mut tally = FleetTally::default();
+    let other: RouteId = ("apps".into(), "other".into());
+    let mut both = windows();
+    both.insert(other.clone(), None);
+    let counts = tally.observe(at(0), &replicas(&[("a", 2, 1)]), &both);
+    assert_eq!(counts[&other], RouteCount::default());
+    let counts = tally.observe(at(1), &replicas(&[("a", 2, 1)]), &windows());
+    assert!(!counts.contains_key(&other));
+    assert!(!tally.buckets.contains_key(&other));
+}

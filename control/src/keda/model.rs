@@ -1,0 +1,366 @@
+//! What KEDA's HTTP add-on role sees of the cluster, as state-worker ops (issue 40): each
+//! HTTPScaledObject a revision of its own, named by the object's namespace and name, routed by
+//! its rules; its pods the ready endpoints of its `scaleTargetRef` Service's EndpointSlices at
+//! the Service port it names. Sans-IO: the informers hand it objects as JSON, it answers the
+//! ops that bring the state worker to its view, only for what changed.
+//!
+//! Requests go straight to the pods (the add-on 0.16's direct pod routing, its chart's
+//! default): that is what lets a per-pod concurrency limit be kept. A Service port with
+//! `appProtocol: kubernetes.io/h2c` is spoken to in h2c, as the add-on does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kactivator_api::RevisionKey;
+use kactivator_shards::routing::{
+    LbPolicy, Protocol, RevisionLabels, RouteRules, Timeouts, DEFAULT_QUEUE_DEPTH,
+    MAX_TIMEOUT_SECONDS,
+};
+use serde_json::Value;
+
+use super::object::{HttpScaledObject, ObjectError, PortRef};
+use super::scaler::Scaling;
+use crate::sources::kubernetes::objects::{slice_addresses_where, Listing};
+use crate::state::{OmissionScope, Op, RevisionSpec};
+
+#[cfg(test)]
+mod tests;
+
+/// The `appProtocol` that makes the add-on speak h2c to a Service's port.
+pub const H2C_APP_PROTOCOL: &str = "kubernetes.io/h2c";
+/// The label an EndpointSlice names its Service by.
+pub const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
+
+/// The add-on's process-wide timeouts (its interceptor's environment), which an object's own
+/// override.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Defaults {
+    /// `KEDA_HTTP_REQUEST_TIMEOUT`; `None` (the add-on's 0): no bound on the whole request.
+    pub request: Option<Duration>,
+    /// `KEDA_HTTP_RESPONSE_HEADER_TIMEOUT`: until the response's head.
+    pub response_header: Duration,
+}
+
+/// The add-on's response-header timeout when its environment sets none (0.14 and later).
+pub const DEFAULT_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults {
+            request: None,
+            response_header: DEFAULT_RESPONSE_HEADER_TIMEOUT,
+        }
+    }
+}
+
+/// One Service port, as routing needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ServicePort {
+    name: String,
+    port: u16,
+    app_protocol: Option<String>,
+}
+
+/// The kinds of object the model keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Object,
+    Service,
+    Slice,
+}
+
+/// What the scaler needs of a route: what it scales on, and its rate window.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScaledRoute {
+    pub scaling: Scaling,
+    pub rate: Option<super::object::RateWindow>,
+}
+
+/// The source's view, and what it last sent the state worker.
+#[derive(Default)]
+pub struct Model {
+    defaults: Defaults,
+    /// Every HTTPScaledObject by namespace and name: read, or why it could not be.
+    objects: BTreeMap<(String, String), Result<HttpScaledObject, ObjectError>>,
+    /// Services by namespace and name: their ports.
+    services: BTreeMap<(String, String), Vec<ServicePort>>,
+    /// EndpointSlices by namespace and name: the Service each names, and the slice itself.
+    slices: BTreeMap<(String, String), (String, Value)>,
+    /// Per revision, the spec and the ready pods last sent.
+    sent: BTreeMap<RevisionKey, (RevisionSpec, Vec<SocketAddr>)>,
+}
+
+/// Why an object routes nothing, for the log: its name and the reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub object: String,
+    pub reason: String,
+}
+
+impl Model {
+    pub fn new(defaults: Defaults) -> Model {
+        Model {
+            defaults,
+            ..Model::default()
+        }
+    }
+
+    /// An HTTPScaledObject added or changed (`Some`, as the API serves it) or deleted.
+    pub fn object(&mut self, namespace: &str, name: &str, object: Option<&Value>) {
+        let id = (namespace.to_owned(), name.to_owned());
+        match object {
+            Some(object) => {
+                self.objects.insert(id, HttpScaledObject::from_json(object));
+            }
+            None => {
+                self.objects.remove(&id);
+            }
+        }
+    }
+
+    /// A Service added, changed or deleted.
+    pub fn service(&mut self, namespace: &str, name: &str, service: Option<&Value>) {
+        let id = (namespace.to_owned(), name.to_owned());
+        match service {
+            Some(service) => {
+                let ports = service["spec"]["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|port| {
+                        Some(ServicePort {
+                            name: port["name"].as_str().unwrap_or_default().to_owned(),
+                            port: u16::try_from(port["port"].as_i64()?).ok()?,
+                            app_protocol: port["appProtocol"].as_str().map(str::to_owned),
+                        })
+                    })
+                    .collect();
+                self.services.insert(id, ports);
+            }
+            None => {
+                self.services.remove(&id);
+            }
+        }
+    }
+
+    /// An EndpointSlice added, changed or deleted.
+    pub fn slice(&mut self, namespace: &str, name: &str, slice: Option<&Value>) {
+        let id = (namespace.to_owned(), name.to_owned());
+        match slice {
+            Some(slice) => {
+                let Some(service) = slice["metadata"]["labels"][SLICE_SERVICE_LABEL].as_str()
+                else {
+                    self.slices.remove(&id);
+                    return;
+                };
+                self.slices.insert(id, (service.to_owned(), slice.clone()));
+            }
+            None => {
+                self.slices.remove(&id);
+            }
+        }
+    }
+
+    /// The namespace and name of every object of `kind` the model has.
+    pub fn ids(&self, kind: Kind) -> Vec<(String, String)> {
+        match kind {
+            Kind::Object => self.objects.keys().cloned().collect(),
+            Kind::Service => self.services.keys().cloned().collect(),
+            Kind::Slice => self.slices.keys().cloned().collect(),
+        }
+    }
+
+    /// How many HTTPScaledObjects route, and how many are refused.
+    pub fn counts(&self) -> (usize, usize) {
+        let routed = self
+            .objects
+            .values()
+            .filter(|object| object.is_ok())
+            .count();
+        (routed, self.objects.len() - routed)
+    }
+
+    /// What each route scales on, for the external scaler, by namespace and name.
+    pub fn scaled_routes(&self) -> BTreeMap<(String, String), ScaledRoute> {
+        self.objects
+            .iter()
+            .filter_map(|(id, object)| {
+                let object = object.as_ref().ok()?;
+                Some((
+                    id.clone(),
+                    ScaledRoute {
+                        scaling: object.scaling,
+                        rate: object.rate,
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// The ops that bring the state worker from what it was last sent to the current view, and
+    /// the objects that route nothing and why (every time: the caller says what is new).
+    pub fn ops(&mut self) -> (Vec<Op>, Vec<Refusal>) {
+        let mut ops = Vec::new();
+        let mut refusals = Vec::new();
+        let mut wanted: BTreeMap<RevisionKey, (RevisionSpec, Vec<SocketAddr>)> = BTreeMap::new();
+        for ((namespace, name), object) in &self.objects {
+            let refuse = |reason: String| Refusal {
+                object: format!("{namespace}/{name}"),
+                reason,
+            };
+            let object = match object {
+                Ok(object) => object,
+                Err(error) => {
+                    refusals.push(refuse(error.to_string()));
+                    continue;
+                }
+            };
+            let Ok(key) = RevisionKey::new(namespace, name) else {
+                refusals.push(refuse("not a valid name".into()));
+                continue;
+            };
+            let (spec, ready, problems) = self.route(key.clone(), object);
+            refusals.extend(problems.into_iter().map(refuse));
+            wanted.insert(key, (spec, ready));
+        }
+        for key in self.sent.keys() {
+            if !wanted.contains_key(key) {
+                ops.push(Op::RemoveRevision {
+                    revision: key.clone(),
+                });
+            }
+        }
+        for (key, (spec, ready)) in &wanted {
+            let before = self.sent.get(key);
+            if before.is_none_or(|(sent, _)| sent != spec) {
+                ops.push(Op::UpsertRevision(spec.clone()));
+            }
+            if before.is_none_or(|(_, sent)| sent != ready) {
+                ops.push(Op::SetEndpoints {
+                    revision: key.clone(),
+                    ready: ready.clone(),
+                    scope: OmissionScope::AllPods,
+                });
+            }
+        }
+        self.sent = wanted;
+        (ops, refusals)
+    }
+
+    /// One object's spec and ready pods, and what keeps it from having pods (for the log).
+    fn route(
+        &self,
+        key: RevisionKey,
+        object: &HttpScaledObject,
+    ) -> (RevisionSpec, Vec<SocketAddr>, Vec<String>) {
+        let mut problems = Vec::new();
+        let namespace = key.namespace().to_owned();
+        let port = self.service_port(&namespace, &object.target.service, &object.target.port);
+        let (protocol, ready, serving_port) = match port {
+            Err(problem) => {
+                problems.push(problem);
+                (Protocol::Http1, Vec::new(), 0)
+            }
+            Ok(port) => {
+                let protocol = if port.app_protocol.as_deref() == Some(H2C_APP_PROTOCOL) {
+                    Protocol::H2c
+                } else {
+                    Protocol::Http1
+                };
+                let listing = self.ready_endpoints(&namespace, &object.target.service, &port);
+                for problem in listing.problems {
+                    problems.push(format!(
+                        "EndpointSlice of Service {}: {problem}",
+                        object.target.service
+                    ));
+                }
+                let ready: Vec<SocketAddr> = listing.addresses.ready.into_iter().collect();
+                (protocol, ready, port.port)
+            }
+        };
+        let container_concurrency = object.container_concurrency.unwrap_or(0);
+        let response_header = object
+            .response_header_timeout
+            .unwrap_or(self.defaults.response_header);
+        let spec = RevisionSpec {
+            labels: RevisionLabels {
+                namespace: namespace.clone(),
+                revision: key.name().to_owned(),
+                ..RevisionLabels::default()
+            },
+            key,
+            container_concurrency,
+            protocol,
+            timeouts: Timeouts {
+                total: self
+                    .defaults
+                    .request
+                    .unwrap_or(Duration::from_secs(MAX_TIMEOUT_SECONDS)),
+                response_start: Some(response_header),
+                idle: None,
+            },
+            lb_policy: LbPolicy::default_for(container_concurrency),
+            queue_depth: DEFAULT_QUEUE_DEPTH,
+            priority: None,
+            serving_port,
+            cluster_ip: None,
+            tls: None,
+            rules: Some(Arc::new(RouteRules {
+                order: object.order.clone(),
+                rules: vec![object.rule.clone()],
+            })),
+        };
+        (spec, ready, problems)
+    }
+
+    /// The Service's port the object names, by number or name.
+    fn service_port(
+        &self,
+        namespace: &str,
+        service: &str,
+        port: &PortRef,
+    ) -> Result<ServicePort, String> {
+        let ports = self
+            .services
+            .get(&(namespace.to_owned(), service.to_owned()))
+            .ok_or_else(|| format!("Service {namespace}/{service} not found"))?;
+        let found = ports.iter().find(|candidate| match port {
+            PortRef::Number(number) => candidate.port == *number,
+            PortRef::Name(name) => candidate.name == *name,
+        });
+        found.cloned().ok_or_else(|| match port {
+            PortRef::Number(number) => {
+                format!("Service {namespace}/{service} has no port {number}")
+            }
+            PortRef::Name(name) => {
+                format!("Service {namespace}/{service} has no port named {name:?}")
+            }
+        })
+    }
+
+    /// The endpoints of `service`'s slices at the pods' side of `port` (the slice port of the
+    /// same name), ready or not.
+    fn ready_endpoints(&self, namespace: &str, service: &str, port: &ServicePort) -> Listing {
+        let mut listing = Listing::default();
+        let slices = self
+            .slices
+            .iter()
+            .filter(|((slice_namespace, _), (slice_service, _))| {
+                slice_namespace == namespace && slice_service == service
+            });
+        for (_, (_, slice)) in slices {
+            let part =
+                slice_addresses_where(slice, |name| name.unwrap_or_default() == port.name.as_str());
+            listing.addresses.merge(&part.addresses);
+            listing.problems.extend(part.problems);
+        }
+        listing
+    }
+
+    /// Every revision this source declares, for a test's or a log's eyes.
+    pub fn revisions(&self) -> BTreeSet<RevisionKey> {
+        self.sent.keys().cloned().collect()
+    }
+}

@@ -1,0 +1,234 @@
+//! The source's view turned into ops: objects, Services and EndpointSlices as the API server
+//! serves them, in any order.
+
+use serde_json::json;
+
+use super::*;
+
+/// An HTTPScaledObject of Service `app-svc` at `port`: a number, or a name (`portName`).
+fn object(name: &str, port: Value, annotations: Value) -> Value {
+    let mut target = json!({"name": "app", "kind": "Deployment", "apiVersion": "apps/v1",
+                            "service": "app-svc"});
+    if port.is_string() {
+        target["portName"] = port;
+    } else {
+        target["port"] = port;
+    }
+    json!({
+        "apiVersion": "http.keda.sh/v1alpha1",
+        "kind": "HTTPScaledObject",
+        "metadata": {
+            "namespace": "apps", "name": name,
+            "creationTimestamp": "2026-11-01T00:00:00Z",
+            "annotations": annotations,
+        },
+        "spec": {
+            "hosts": ["app.example.com"],
+            "pathPrefixes": ["/api"],
+            "scaleTargetRef": target,
+        }
+    })
+}
+
+fn service(app_protocol: Option<&str>) -> Value {
+    let mut port = json!({"name": "web", "port": 8080, "targetPort": 3000});
+    if let Some(protocol) = app_protocol {
+        port["appProtocol"] = json!(protocol);
+    }
+    json!({"metadata": {"namespace": "apps", "name": "app-svc"}, "spec": {"ports": [port]}})
+}
+
+fn slice(endpoints: &[(&str, Option<bool>)]) -> Value {
+    let endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|(ip, ready)| match ready {
+            Some(ready) => json!({"addresses": [ip], "conditions": {"ready": ready}}),
+            None => json!({"addresses": [ip]}),
+        })
+        .collect();
+    json!({
+        "metadata": {"namespace": "apps", "name": "app-svc-x1",
+                     "labels": {SLICE_SERVICE_LABEL: "app-svc"}},
+        "ports": [{"name": "web", "port": 3000}, {"name": "metrics", "port": 9000}],
+        "endpoints": endpoints,
+    })
+}
+
+fn key() -> RevisionKey {
+    RevisionKey::new("apps", "app").unwrap()
+}
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().unwrap()
+}
+
+fn upserts(ops: &[Op]) -> Vec<&RevisionSpec> {
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::UpsertRevision(spec) => Some(spec),
+            _ => None,
+        })
+        .collect()
+}
+
+fn endpoints(ops: &[Op]) -> Vec<Vec<SocketAddr>> {
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::SetEndpoints { ready, scope, .. } => {
+                assert_eq!(*scope, OmissionScope::AllPods);
+                Some(ready.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_object_routes_by_its_rules_to_the_ready_endpoints_at_the_services_target_port() {
+    let mut model = Model::new(Defaults::default());
+    model.object("apps", "app", Some(&object("app", json!(8080), json!({}))));
+    model.service("apps", "app-svc", Some(&service(None)));
+    model.slice(
+        "apps",
+        "app-svc-x1",
+        Some(&slice(&[
+            ("10.0.0.1", Some(true)),
+            ("10.0.0.2", Some(false)),
+            ("10.0.0.3", None),
+        ])),
+    );
+    let (ops, refusals) = model.ops();
+    assert!(refusals.is_empty(), "{refusals:?}");
+    let specs = upserts(&ops);
+    assert_eq!(specs.len(), 1);
+    let spec = specs[0];
+    assert_eq!(spec.key, key());
+    assert_eq!(spec.protocol, Protocol::Http1);
+    assert_eq!(spec.container_concurrency, 0, "unlimited, as the add-on");
+    let rules = spec.rules.as_deref().expect("routed by rules");
+    assert_eq!(rules.rules[0].hosts, vec!["app.example.com".to_string()]);
+    assert_eq!(rules.rules[0].paths, vec!["/api".to_string()]);
+    assert_eq!(
+        spec.timeouts.response_start,
+        Some(DEFAULT_RESPONSE_HEADER_TIMEOUT)
+    );
+    // A ready condition left out means ready; a false one is not.
+    assert_eq!(
+        endpoints(&ops),
+        vec![vec![addr("10.0.0.1:3000"), addr("10.0.0.3:3000")]]
+    );
+    assert!(model.ops().0.is_empty(), "nothing changed: nothing sent");
+}
+
+#[test]
+fn a_change_of_endpoints_sends_only_the_endpoints_and_a_deleted_object_goes() {
+    let mut model = Model::new(Defaults::default());
+    model.object("apps", "app", Some(&object("app", json!("web"), json!({}))));
+    model.service("apps", "app-svc", Some(&service(None)));
+    model.slice("apps", "app-svc-x1", Some(&slice(&[])));
+    let (ops, _) = model.ops();
+    assert_eq!(endpoints(&ops), vec![Vec::<SocketAddr>::new()]);
+
+    model.slice(
+        "apps",
+        "app-svc-x1",
+        Some(&slice(&[("10.0.0.9", Some(true))])),
+    );
+    let (ops, _) = model.ops();
+    assert!(upserts(&ops).is_empty());
+    assert_eq!(endpoints(&ops), vec![vec![addr("10.0.0.9:3000")]]);
+
+    model.slice("apps", "app-svc-x1", None);
+    assert_eq!(endpoints(&model.ops().0), vec![Vec::<SocketAddr>::new()]);
+
+    model.object("apps", "app", None);
+    let (ops, _) = model.ops();
+    assert!(matches!(&ops[..], [Op::RemoveRevision { revision }] if *revision == key()));
+    assert!(model.revisions().is_empty());
+}
+
+#[test]
+fn an_h2c_app_protocol_and_the_concurrency_annotation_shape_the_route() {
+    let mut model = Model::new(Defaults::default());
+    let annotations = json!({"kactivator.dev/container-concurrency": "1"});
+    model.object(
+        "apps",
+        "app",
+        Some(&object("app", json!(8080), annotations)),
+    );
+    model.service("apps", "app-svc", Some(&service(Some(H2C_APP_PROTOCOL))));
+    let (ops, _) = model.ops();
+    let spec = upserts(&ops)[0];
+    assert_eq!(spec.protocol, Protocol::H2c);
+    assert_eq!(spec.container_concurrency, 1);
+    assert_eq!(spec.lb_policy, LbPolicy::default_for(1));
+}
+
+#[test]
+fn a_missing_service_or_port_routes_with_no_pods_and_says_why() {
+    let mut model = Model::new(Defaults::default());
+    model.object(
+        "apps",
+        "app",
+        Some(&object("app", json!("grpc"), json!({}))),
+    );
+    let (ops, refusals) = model.ops();
+    assert_eq!(endpoints(&ops), vec![Vec::<SocketAddr>::new()]);
+    assert_eq!(refusals[0].object, "apps/app");
+    assert!(refusals[0]
+        .reason
+        .contains("Service apps/app-svc not found"));
+
+    model.service("apps", "app-svc", Some(&service(None)));
+    let (_, refusals) = model.ops();
+    assert!(
+        refusals[0].reason.contains("no port named \"grpc\""),
+        "{refusals:?}"
+    );
+}
+
+#[test]
+fn an_object_that_cannot_be_read_is_refused_naming_the_field_and_routes_nothing() {
+    let mut model = Model::new(Defaults::default());
+    let mut broken = object("app", json!(8080), json!({}));
+    broken["spec"]["scaleTargetRef"]
+        .as_object_mut()
+        .unwrap()
+        .remove("service");
+    model.object("apps", "app", Some(&broken));
+    let (ops, refusals) = model.ops();
+    assert!(ops.is_empty());
+    assert!(
+        refusals[0].reason.contains("spec.scaleTargetRef"),
+        "{refusals:?}"
+    );
+    assert_eq!(model.counts(), (0, 1));
+}
+
+#[test]
+fn the_process_timeouts_apply_unless_the_object_sets_its_own() {
+    let defaults = Defaults {
+        request: Some(Duration::from_secs(40)),
+        response_header: Duration::from_secs(20),
+    };
+    let mut model = Model::new(defaults);
+    let mut own = object("app", json!(8080), json!({}));
+    own["spec"]["timeouts"] = json!({"responseHeader": "5s"});
+    model.object("apps", "app", Some(&own));
+    model.object(
+        "apps",
+        "other",
+        Some(&object("other", json!(8080), json!({}))),
+    );
+    let (ops, _) = model.ops();
+    let specs = upserts(&ops);
+    assert_eq!(specs[0].timeouts.total, Duration::from_secs(40));
+    assert_eq!(
+        specs[0].timeouts.response_start,
+        Some(Duration::from_secs(5))
+    );
+    assert_eq!(
+        specs[1].timeouts.response_start,
+        Some(Duration::from_secs(20))
+    );
+}

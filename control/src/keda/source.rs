@@ -1,0 +1,301 @@
+//! The KEDA HTTP add-on role's source (issue 40): three watches on the control thread, the
+//! HTTPScaledObjects (`http.keda.sh/v1alpha1`), the Services and the EndpointSlices (in every
+//! namespace, or the one `KEDA_HTTP_WATCH_NAMESPACE` names, as the add-on's interceptor), their
+//! objects through the [`Model`] into state-worker ops, as the Knative source does.
+//!
+//! Start-up: once every watch has listed, the first view goes to the worker as one batch, and
+//! readiness is told once every shard serves it (the add-on's `/readyz` waits for its first
+//! sync too). Until then a line every few seconds says which watches are still listing and why.
+//! A watch that fails is retried with a short backoff while the shards keep serving the last
+//! snapshot; a relist replaces what that watch had listed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{self, BoxStream, StreamExt};
+use kactivator_shards::metrics::AllShardStats;
+use kactivator_shards::runtime::readiness::Readiness;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Client;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::model::{Defaults, Model, Refusal, ScaledRoute, SLICE_SERVICE_LABEL};
+use crate::config::EndpointsKind;
+use crate::publisher::{until_served, Publisher};
+use crate::sources::kubernetes::backoff::WatchBackoff;
+use crate::sources::kubernetes::informers::{resolve_endpoints, EndpointsApi, SERVED_WITHIN};
+use crate::state::Op;
+use crate::worker::WorkerHandle;
+
+/// How often the start-up says which watches are still listing.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// What each route scales on, by namespace and name: the external scaler's view of the routes.
+pub type ScaledRoutes = Arc<BTreeMap<(String, String), ScaledRoute>>;
+
+/// The three watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Watch {
+    HttpScaledObjects,
+    Services,
+    EndpointSlices,
+}
+
+impl Watch {
+    const ALL: [Watch; 3] = [
+        Watch::HttpScaledObjects,
+        Watch::Services,
+        Watch::EndpointSlices,
+    ];
+
+    fn describe(self) -> &'static str {
+        match self {
+            Watch::HttpScaledObjects => "http.keda.sh/v1alpha1 HTTPScaledObjects",
+            Watch::Services => "core/v1 Services",
+            Watch::EndpointSlices => "discovery.k8s.io EndpointSlices",
+        }
+    }
+}
+
+/// Everything the source starts from.
+pub struct KedaSource {
+    pub client: Client,
+    /// `KEDA_HTTP_WATCH_NAMESPACE`; `None`: every namespace.
+    pub namespace: Option<String>,
+    /// The EndpointSlices' API version the server serves (`v1` or `v1beta1`).
+    slices_version: &'static str,
+    pub defaults: Defaults,
+}
+
+impl KedaSource {
+    /// Asks the server which EndpointSlice API it serves; an error says what to fix.
+    pub async fn resolve(
+        client: Client,
+        namespace: Option<String>,
+        defaults: Defaults,
+    ) -> Result<KedaSource, String> {
+        let slices_version = match resolve_endpoints(&client, EndpointsKind::Endpointslices).await?
+        {
+            EndpointsApi::Slices(version) => version,
+            EndpointsApi::Endpoints => {
+                return Err("the API server serves no discovery.k8s.io EndpointSlices".into())
+            }
+        };
+        Ok(KedaSource {
+            client,
+            namespace,
+            slices_version,
+            defaults,
+        })
+    }
+
+    /// Runs the watches until the process ends: the worker gets the ops, `routes` what the
+    /// scaler answers for, `readiness` the first sync.
+    pub async fn run(
+        self,
+        worker: WorkerHandle,
+        readiness: Arc<Readiness>,
+        publisher: Publisher,
+        stats: AllShardStats,
+        routes: watch::Sender<ScaledRoutes>,
+    ) {
+        let mut streams = self.streams();
+        let mut model = Model::new(self.defaults);
+        // Per watch: its objects while it (re)lists, `None` once listed.
+        let mut listing: BTreeMap<Watch, Vec<Value>> = BTreeMap::new();
+        let mut listed: BTreeSet<Watch> = BTreeSet::new();
+        let mut errors: BTreeMap<Watch, String> = BTreeMap::new();
+        let mut synced = false;
+        let mut refused: Vec<Refusal> = Vec::new();
+        let mut progress = tokio::time::interval(PROGRESS_EVERY);
+        progress.tick().await;
+        loop {
+            let (watch, event) = tokio::select! {
+                next = streams.next() => match next {
+                    Some(next) => next,
+                    None => return,
+                },
+                _ = progress.tick(), if !synced => {
+                    for watch in Watch::ALL {
+                        if !listed.contains(&watch) {
+                            let why = errors.get(&watch).map_or("", String::as_str);
+                            tracing::info!("keda-http: still listing {}{}{why}", watch.describe(),
+                                if why.is_empty() { "" } else { ": " });
+                        }
+                    }
+                    continue;
+                }
+            };
+            match event {
+                Ok(Event::Init) => {
+                    listing.insert(watch, Vec::new());
+                }
+                Ok(Event::InitApply(object)) => {
+                    listing.entry(watch).or_default().push(value(object));
+                }
+                Ok(Event::InitDone) => {
+                    let objects = listing.remove(&watch).unwrap_or_default();
+                    relisted(&mut model, watch, &objects);
+                    listed.insert(watch);
+                    errors.remove(&watch);
+                }
+                Ok(Event::Apply(object)) => {
+                    let object = value(object);
+                    let (namespace, name) = id(&object);
+                    changed(&mut model, watch, &namespace, &name, Some(&object));
+                }
+                Ok(Event::Delete(object)) => {
+                    let object = value(object);
+                    let (namespace, name) = id(&object);
+                    changed(&mut model, watch, &namespace, &name, None);
+                }
+                Err(error) => {
+                    tracing::warn!("keda-http: watching {}: {error}", watch.describe());
+                    errors.insert(watch, error.to_string());
+                    continue;
+                }
+            }
+            if listed.len() < Watch::ALL.len() {
+                continue;
+            }
+            let (ops, refusals) = model.ops();
+            for refusal in &refusals {
+                if !refused.contains(refusal) {
+                    tracing::warn!(
+                        "keda-http: HTTPScaledObject {}: {}",
+                        refusal.object,
+                        refusal.reason
+                    );
+                }
+            }
+            refused = refusals;
+            routes.send_if_modified(|current| {
+                let next = model.scaled_routes();
+                let changed = **current != next;
+                if changed {
+                    *current = Arc::new(next);
+                }
+                changed
+            });
+            if !ops.is_empty() {
+                if let Err(error) = worker.apply(Op::Batch(ops)).await {
+                    tracing::error!("keda-http: the state worker refused a change: {error}");
+                }
+            }
+            if !synced {
+                synced = true;
+                let version = publisher.published_version();
+                let dead = {
+                    let readiness = readiness.clone();
+                    move || readiness.dead_shards()
+                };
+                if !until_served(&stats, dead, version, SERVED_WITHIN).await {
+                    tracing::warn!(
+                        version,
+                        "keda-http: the shards did not all serve the first view within \
+                         {SERVED_WITHIN:?}"
+                    );
+                }
+                readiness.set_informers_synced();
+                let (routed, refused) = model.counts();
+                tracing::info!(
+                    routed,
+                    refused,
+                    "keda-http: every watch has listed; the first view is published"
+                );
+            }
+        }
+    }
+
+    /// The three watches, merged.
+    fn streams(&self) -> BoxStream<'static, (Watch, Result<Event<DynamicObject>, watcher::Error>)> {
+        let objects = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("http.keda.sh", "v1alpha1", "HTTPScaledObject"),
+            "httpscaledobjects",
+        );
+        let services = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("", "v1", "Service"),
+            "services",
+        );
+        let slices = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("discovery.k8s.io", self.slices_version, "EndpointSlice"),
+            "endpointslices",
+        );
+        let api = |resource: &ApiResource| match &self.namespace {
+            Some(namespace) => {
+                Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, resource)
+            }
+            None => Api::<DynamicObject>::all_with(self.client.clone(), resource),
+        };
+        let watched = |watch: Watch, api: Api<DynamicObject>, config: watcher::Config| {
+            watcher::watcher(api, config)
+                .backoff(WatchBackoff::new())
+                .map(move |event| (watch, event))
+                .boxed()
+        };
+        stream::select_all([
+            watched(
+                Watch::HttpScaledObjects,
+                api(&objects),
+                watcher::Config::default(),
+            ),
+            watched(Watch::Services, api(&services), watcher::Config::default()),
+            watched(
+                Watch::EndpointSlices,
+                api(&slices),
+                watcher::Config::default().labels(SLICE_SERVICE_LABEL),
+            ),
+        ])
+        .boxed()
+    }
+}
+
+fn value(object: DynamicObject) -> Value {
+    serde_json::to_value(object).unwrap_or(Value::Null)
+}
+
+fn id(object: &Value) -> (String, String) {
+    let text = |field: &str| {
+        object["metadata"][field]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    (text("namespace"), text("name"))
+}
+
+fn changed(model: &mut Model, watch: Watch, namespace: &str, name: &str, object: Option<&Value>) {
+    match watch {
+        Watch::HttpScaledObjects => model.object(namespace, name, object),
+        Watch::Services => model.service(namespace, name, object),
+        Watch::EndpointSlices => model.slice(namespace, name, object),
+    }
+}
+
+/// A watch listed (again): what it listed replaces what it had.
+fn relisted(model: &mut Model, watch: Watch, objects: &[Value]) {
+    let gone: Vec<(String, String)> = model
+        .ids(model_kind(watch))
+        .into_iter()
+        .filter(|seen| !objects.iter().any(|object| id(object) == *seen))
+        .collect();
+    for (namespace, name) in gone {
+        changed(model, watch, &namespace, &name, None);
+    }
+    for object in objects {
+        let (namespace, name) = id(object);
+        changed(model, watch, &namespace, &name, Some(object));
+    }
+}
+
+fn model_kind(watch: Watch) -> super::model::Kind {
+    match watch {
+        Watch::HttpScaledObjects => super::model::Kind::Object,
+        Watch::Services => super::model::Kind::Service,
+        Watch::EndpointSlices => super::model::Kind::Slice,
+    }
+}

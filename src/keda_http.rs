@@ -1,0 +1,60 @@
+//! `kactivator keda-http`: the same request path as the activator, run as KEDA's HTTP add-on's
+//! interceptor and external scaler in one process (issue 40), configured by the add-on's
+//! environment (`kactivator_control::keda::env`).
+//!
+//! What the role changes (`kactivator_shards::role::Interceptor`): a request's route is the
+//! HTTPScaledObject whose hosts, path prefixes and headers match it, in the add-on's
+//! precedence; it goes straight to one of the route's ready endpoints (its Service's
+//! EndpointSlices), held while there is none; a per-pod concurrency limit from the
+//! `kactivator.dev/container-concurrency` annotation (★). One data port (`KEDA_HTTP_PROXY_PORT`,
+//! HTTP/1.1 and h2c), health and metrics on `KEDA_HTTP_ADMIN_PORT`, KEDA's external scaler and
+//! gRPC health on `KEDA_HTTP_SCALER_PORT`.
+
+use std::net::SocketAddr;
+
+use kactivator_control::config::Config;
+use kactivator_control::drain::DrainRule;
+use kactivator_control::keda::env;
+use kactivator_shards::role::{Interceptor, Roles};
+use kactivator_shards::runtime::reactor;
+
+use crate::cli::Cli;
+use crate::start::{self, KedaSetup, RoleSetup, StartError};
+
+pub fn run(cli: &Cli) -> Result<(), StartError> {
+    let env = env::parse(|key| std::env::var(key).ok())?;
+    if !env.not_acted_on.is_empty() {
+        tracing::warn!(
+            keys = ?env.not_acted_on,
+            "set for KEDA's HTTP add-on but not acted on here (README: As KEDA's HTTP add-on)"
+        );
+    }
+    let mut config = Config::default();
+    config.listen.http = reactor::any_address(env.proxy_port);
+    config.listen.admin = reactor::any_address(env.admin_port);
+    config.proxy.drain_grace_seconds = env.shutdown_delay.as_secs();
+    config.proxy.connect_timeout_ms =
+        u64::try_from(env.connect_timeout.as_millis()).unwrap_or(u64::MAX);
+    let scaler: SocketAddr = reactor::any_address(env.scaler_port);
+    let mut setup = RoleSetup::activator(cli);
+    setup.role = Roles::Interceptor(Interceptor {
+        cold_start_field: env.cold_start_header,
+    });
+    setup.second_data_port = false;
+    setup.finds_autoscaler = false;
+    setup.drain_rule = DrainRule::Grace;
+    setup.trace_resource.service_name = "keda-add-ons-http-interceptor".into();
+    setup.keda = Some(KedaSetup {
+        namespace: env.watch_namespace,
+        defaults: env.defaults,
+        scaler,
+    });
+    tracing::info!(
+        proxy = env.proxy_port,
+        admin = env.admin_port,
+        scaler = env.scaler_port,
+        shutdown_delay_ms = env.shutdown_delay.as_millis() as u64,
+        "keda-http: KEDA's HTTP add-on role"
+    );
+    start::run_as(cli, Some(config), setup, || {})
+}

@@ -1,0 +1,144 @@
+//! KEDA's side of the KEDA HTTP add-on role, for the tests: an external-scaler client generated
+//! from KEDA's `externalscaler.proto` (plaintext HTTP/2, as KEDA dials a `scalerAddress` without
+//! `enableTLS`), the HTTPScaledObject CRD of the add-on's repository, and the objects a user
+//! and the cluster write (HTTPScaledObjects, Services, EndpointSlices).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
+use tonic::transport::{Channel, Endpoint};
+
+/// The generated messages and client.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/externalscaler.rs"));
+}
+
+use pb::external_scaler_client::ExternalScalerClient;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The add-on's HTTPScaledObject CRD, `http.keda.sh/v1alpha1` (from its repository at v0.15.0,
+/// `config/crd/bases/http.keda.sh_httpscaledobjects.yaml`; see the file's first lines).
+pub const HTTP_SCALED_OBJECT_CRD: &str =
+    include_str!("../k8s/keda-http-add-on/http.keda.sh_httpscaledobjects.yaml");
+
+/// A client of the scaler at `addr`, connected.
+pub async fn connect(addr: SocketAddr) -> Result<ExternalScalerClient<Channel>, BoxError> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    Ok(ExternalScalerClient::new(channel))
+}
+
+/// The reference KEDA sends for the ScaledObject the add-on's operator makes of
+/// HTTPScaledObject `namespace/name`: the same name, its one trigger's metadata.
+pub fn scaled_object_ref(namespace: &str, name: &str, scaler: &str) -> pb::ScaledObjectRef {
+    pb::ScaledObjectRef {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        scaler_metadata: HashMap::from([
+            ("httpScaledObject".to_owned(), name.to_owned()),
+            ("scalerAddress".to_owned(), scaler.to_owned()),
+        ]),
+    }
+}
+
+/// An HTTPScaledObject as a user writes it, in namespace `default`: `hosts`, `paths` (its
+/// `pathPrefixes`), to Service `service` at `port`; `annotations`, lines under
+/// `metadata.annotations`, and `extra`, more YAML under `spec`, both indented four spaces.
+#[derive(Clone, Debug)]
+pub struct HttpScaledObject<'a> {
+    pub name: &'a str,
+    pub hosts: &'a [&'a str],
+    pub paths: &'a [&'a str],
+    pub service: &'a str,
+    pub port: u16,
+    pub annotations: &'a str,
+    pub extra: &'a str,
+}
+
+impl HttpScaledObject<'_> {
+    /// The object's YAML.
+    pub fn yaml(&self) -> String {
+        let list = |items: &[&str]| {
+            items
+                .iter()
+                .map(|item| format!("\"{item}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let annotations = if self.annotations.is_empty() {
+            String::new()
+        } else {
+            format!("  annotations:\n{}\n", self.annotations)
+        };
+        format!(
+            "apiVersion: http.keda.sh/v1alpha1\nkind: HTTPScaledObject\nmetadata:\n  \
+             namespace: default\n  name: {name}\n{annotations}spec:\n  hosts: [{hosts}]\n  \
+             pathPrefixes: [{paths}]\n  scaleTargetRef:\n    name: {name}\n    kind: Deployment\n    \
+             apiVersion: apps/v1\n    service: {service}\n    port: {port}\n  replicas:\n    \
+             min: 0\n    max: 10\n{extra}\n---\n",
+            name = self.name,
+            hosts = list(self.hosts),
+            paths = list(self.paths),
+            service = self.service,
+            port = self.port,
+            extra = self.extra,
+        )
+    }
+}
+
+/// A Service with one port `http` (`port` → `target_port`); `app_protocol` for h2c.
+pub fn service(
+    namespace: &str,
+    name: &str,
+    port: u16,
+    target_port: u16,
+    app_protocol: Option<&str>,
+) -> String {
+    let app_protocol = app_protocol
+        .map(|protocol| format!("\n    appProtocol: {protocol}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  namespace: {namespace}\n  name: {name}\n\
+         spec:\n  ports:\n  - name: http\n    port: {port}\n    targetPort: {target_port}{app_protocol}\n---\n"
+    )
+}
+
+/// The EndpointSlice the endpoint controller writes for Service `service`: its pods at
+/// `port` (named `http`), `ready` ones and `not_ready` ones. `version`: `v1beta1` on a 1.20
+/// server.
+pub fn endpoint_slice(
+    version: &str,
+    namespace: &str,
+    service: &str,
+    ready: &[IpAddr],
+    not_ready: &[IpAddr],
+    port: u16,
+) -> String {
+    let mut endpoints = String::new();
+    for (ips, ready) in [(ready, true), (not_ready, false)] {
+        for ip in ips {
+            endpoints.push_str(&format!(
+                "- addresses: [\"{ip}\"]\n  conditions:\n    ready: {ready}\n"
+            ));
+        }
+    }
+    let endpoints = if endpoints.is_empty() {
+        "endpoints: []\n".to_owned()
+    } else {
+        format!("endpoints:\n{endpoints}")
+    };
+    let family = if ready.iter().chain(not_ready).any(IpAddr::is_ipv6) {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    format!(
+        "apiVersion: discovery.k8s.io/{version}\nkind: EndpointSlice\nmetadata:\n  \
+         namespace: {namespace}\n  name: {service}-slice\n  labels:\n    \
+         kubernetes.io/service-name: {service}\naddressType: {family}\nports:\n- name: http\n  \
+         port: {port}\n  protocol: TCP\n{endpoints}---\n"
+    )
+}

@@ -1,0 +1,315 @@
+//! KEDA's HTTP add-on role end to end (issue 40): the real binary (`kactivator keda-http`)
+//! watching a real kube-apiserver (v1.20.2) that serves the add-on's own HTTPScaledObject CRD,
+//! as the ServiceAccount `deploy/keda-http/rbac.yaml` makes, in front of real backends on a pod
+//! network (testkit's `podnet`: EndpointSlices refuse loopback addresses). The test plays
+//! every other part: the user (HTTPScaledObjects and Services as users write them), the
+//! endpoint controller (EndpointSlices, v1beta1 on this server, as it would publish them when
+//! KEDA scales the Deployment), and KEDA (a client generated from KEDA's `externalscaler.proto`:
+//! `StreamIsActive` held open, `GetMetricSpec` and `GetMetrics` polled).
+
+mod support;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kactivator_testkit::apiserver::ApiServer;
+use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
+use kactivator_testkit::keda::{self, pb, HttpScaledObject};
+use kactivator_testkit::podnet::PodNet;
+use kactivator_testkit::ports::free_port;
+use support::{eventually, exchange, Activator};
+
+/// The port the pods serve on (the Service's target port).
+const POD_PORT: u16 = 8080;
+/// The Service's own port, which the HTTPScaledObjects name.
+const SERVICE_PORT: u16 = 80;
+/// The add-on's namespace, where deploy/keda-http/ installs the role.
+const KEDA_NAMESPACE: &str = "keda";
+
+/// An API server with the add-on's CRD and the role's RBAC, and a pod network.
+struct Cluster {
+    api: ApiServer,
+    net: PodNet,
+    /// The role's ServiceAccount's kubeconfig: what kactivator runs as.
+    kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let api = ApiServer::start();
+        api.install_keda_http_crds();
+        api.apply_yaml(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {KEDA_NAMESPACE}\n"
+        ));
+        let rbac = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/keda-http/rbac.yaml"
+        ))
+        .expect("deploy/keda-http/rbac.yaml");
+        // What kustomize's `namespace: keda` does for the namespaced objects.
+        api.kubectl_with_input(["apply", "-n", KEDA_NAMESPACE, "-f", "-"], &rbac);
+        let token = api.service_account_token(KEDA_NAMESPACE, "keda-add-ons-http-interceptor");
+        let kubeconfig = api.kubeconfig_with_token(&token);
+        Cluster {
+            api,
+            net: PodNet::new(),
+            kubeconfig,
+        }
+    }
+
+    /// `kactivator keda-http` watching this cluster, ready; its scaler's address.
+    fn interceptor(&self, env: &[(&str, &str)]) -> (Activator, SocketAddr) {
+        let scaler = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let prepared = Activator::prepare("", "");
+        let http = prepared.http.to_string();
+        let admin = prepared.admin.to_string();
+        let kubeconfig = self.kubeconfig.display().to_string();
+        let scaler_port = scaler.port().to_string();
+        let mut all_env = vec![
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("KEDA_HTTP_SCALER_PORT", scaler_port.as_str()),
+        ];
+        all_env.extend_from_slice(env);
+        let activator = prepared
+            .spawn_args(
+                &[
+                    "keda-http",
+                    "--shards",
+                    "2",
+                    "--http",
+                    &http,
+                    "--admin",
+                    &admin,
+                ],
+                &all_env,
+            )
+            .until_ready();
+        (activator, scaler)
+    }
+
+    /// A pod on a new address of the pod network, served from inside its namespace.
+    fn pod(&self, name: &str) -> (IpAddr, BackendHandle) {
+        let ip = self.net.add_address();
+        let pod = self
+            .net
+            .inside(|| backend::spawn_on(SocketAddr::new(ip, POD_PORT), BackendConfig::named(name)))
+            .expect("pod backend");
+        (ip, pod)
+    }
+
+    /// Service `name` in `default`, port [`SERVICE_PORT`] to the pods' [`POD_PORT`].
+    fn service(&self, name: &str) {
+        self.api.apply_yaml(&keda::service(
+            "default",
+            name,
+            SERVICE_PORT,
+            POD_PORT,
+            None,
+        ));
+    }
+
+    /// The endpoint controller's EndpointSlice of Service `name`.
+    fn endpoints(&self, name: &str, ready: &[IpAddr], not_ready: &[IpAddr]) {
+        self.api.apply_yaml(&keda::endpoint_slice(
+            "v1beta1", "default", name, ready, not_ready, POD_PORT,
+        ));
+    }
+}
+
+fn request(host: &str, path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").into_bytes()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// The one value KEDA reads for HTTPScaledObject `default/app`.
+async fn metric(
+    client: &mut pb::external_scaler_client::ExternalScalerClient<tonic::transport::Channel>,
+    scaler: SocketAddr,
+) -> i64 {
+    let reference = keda::scaled_object_ref("default", "app", &scaler.to_string());
+    let values = client
+        .get_metrics(pb::GetMetricsRequest {
+            scaled_object_ref: Some(reference),
+            metric_name: "s0-http-default_002Fapp".into(),
+        })
+        .await
+        .expect("GetMetrics")
+        .into_inner()
+        .metric_values;
+    assert_eq!(values.len(), 1, "{values:?}");
+    assert_eq!(values[0].metric_name, "http-default_002Fapp");
+    values[0].metric_value
+}
+
+#[test]
+fn an_http_scaled_object_routes_holds_scales_from_zero_and_reports_to_keda() {
+    let cluster = Cluster::start();
+    cluster.service("app");
+    cluster.endpoints("app", &[], &[]);
+    cluster.api.apply_yaml(
+        &HttpScaledObject {
+            name: "app",
+            hosts: &["app.example.com"],
+            paths: &[],
+            service: "app",
+            port: SERVICE_PORT,
+            annotations: "",
+            extra: "",
+        }
+        .yaml(),
+    );
+    let (interceptor, scaler) = cluster.interceptor(&[]);
+    let rt = runtime();
+    let mut client = rt
+        .block_on(keda::connect(scaler))
+        .expect("the scaler answers");
+    let reference = keda::scaled_object_ref("default", "app", &scaler.to_string());
+
+    // What KEDA asks first: the metric's name, byte for byte, and its target (the add-on's
+    // default of 100 when the object sets none).
+    let spec = rt
+        .block_on(client.get_metric_spec(reference.clone()))
+        .expect("GetMetricSpec")
+        .into_inner();
+    assert_eq!(spec.metric_specs.len(), 1);
+    assert_eq!(spec.metric_specs[0].metric_name, "http-default_002Fapp");
+    assert_eq!(spec.metric_specs[0].target_size, 100);
+    assert_eq!(rt.block_on(metric(&mut client, scaler)), 0);
+    let active = rt
+        .block_on(client.is_active(reference.clone()))
+        .expect("IsActive")
+        .into_inner();
+    assert!(!active.result);
+
+    // A host no object routes: the add-on's 404.
+    let unrouted = exchange(interceptor.http, &request("other.example.com", "/"));
+    assert_eq!(unrouted.status, 404);
+    assert_eq!(unrouted.text(), "Not Found\n");
+
+    // KEDA holds the stream open; a request arrives at zero pods and is held.
+    let mut stream = rt
+        .block_on(client.stream_is_active(reference.clone()))
+        .expect("StreamIsActive")
+        .into_inner();
+    let first = rt
+        .block_on(stream.message())
+        .expect("a message")
+        .expect("the stream goes on");
+    assert!(!first.result, "nothing yet");
+    let http = interceptor.http;
+    let sent = Instant::now();
+    let held = std::thread::spawn(move || exchange(http, &request("app.example.com", "/")));
+    let activated = rt.block_on(async {
+        loop {
+            let message = stream.message().await.expect("a message").expect("more");
+            if message.result {
+                return sent.elapsed();
+            }
+        }
+    });
+    eprintln!("StreamIsActive said true {activated:?} after the request was sent");
+    // The add-on's contract is one stream tick (200 ms); generous here for two shared cores.
+    assert!(
+        activated < Duration::from_secs(2),
+        "activity told only after {activated:?}"
+    );
+    assert_eq!(
+        rt.block_on(metric(&mut client, scaler)),
+        1,
+        "the held request counts"
+    );
+    assert!(!held.is_finished(), "held while no endpoint is ready");
+
+    // KEDA scales the Deployment; the endpoint controller publishes the ready pod.
+    let (ip, pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[ip], &[]);
+    let response = held.join().expect("the held request");
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("X-KEDA-HTTP-Cold-Start"), Some("true"));
+    let warm = exchange(interceptor.http, &request("app.example.com", "/"));
+    assert_eq!(warm.status, 200);
+    assert_eq!(warm.header("X-KEDA-HTTP-Cold-Start"), Some("false"));
+    assert_eq!(pod.stats().requests, 2);
+    assert!(
+        eventually(Duration::from_secs(5), || rt
+            .block_on(metric(&mut client, scaler))
+            == 0),
+        "nothing in flight once both are answered"
+    );
+
+    // The object goes: so does its route.
+    cluster.api.kubectl([
+        "delete",
+        "httpscaledobject.http.keda.sh",
+        "-n",
+        "default",
+        "app",
+    ]);
+    assert!(eventually(Duration::from_secs(10), || {
+        exchange(interceptor.http, &request("app.example.com", "/")).status == 404
+    }));
+    let gone = rt.block_on(client.get_metric_spec(reference));
+    assert_eq!(
+        gone.expect_err("no such object").code(),
+        tonic::Code::NotFound
+    );
+}
+
+#[test]
+fn four_pods_with_a_limit_of_one_never_serve_two_requests_at_once_under_64_clients() {
+    const CLIENTS: usize = 64;
+    const EACH: usize = 5;
+    let cluster = Cluster::start();
+    cluster.service("app");
+    let pods: Vec<(IpAddr, BackendHandle)> = (0..4)
+        .map(|index| cluster.pod(&format!("app-{index}")))
+        .collect();
+    let ips: Vec<IpAddr> = pods.iter().map(|(ip, _)| *ip).collect();
+    cluster.endpoints("app", &ips, &[]);
+    cluster.api.apply_yaml(
+        &HttpScaledObject {
+            name: "app",
+            hosts: &["app.example.com"],
+            paths: &["/"],
+            service: "app",
+            port: SERVICE_PORT,
+            annotations: "    kactivator.dev/container-concurrency: \"1\"",
+            extra: "",
+        }
+        .yaml(),
+    );
+    let (interceptor, _scaler) = cluster.interceptor(&[]);
+    let http = interceptor.http;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                (0..EACH)
+                    .map(|_| exchange(http, &request("app.example.com", "/delay/20")).status)
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = clients
+        .into_iter()
+        .flat_map(|client| client.join().expect("a client"))
+        .collect();
+    assert!(statuses.iter().all(|&status| status == 200), "{statuses:?}");
+    let mut served = 0;
+    for (_, pod) in &pods {
+        let stats = pod.stats();
+        assert_eq!(stats.max_in_flight, 1, "a pod had two requests at once");
+        served += stats.requests;
+    }
+    assert_eq!(
+        served,
+        (CLIENTS * EACH) as u64,
+        "every request reached one pod"
+    );
+}
