@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use kactivator_control::config::Config;
 use kactivator_control::drain::DrainRule;
 use kactivator_control::keda::env;
+use kactivator_control::keda::peers::PeerService;
 use kactivator_shards::role::{Interceptor, Roles};
 use kactivator_shards::runtime::reactor;
 
@@ -44,10 +45,32 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
     setup.finds_autoscaler = false;
     setup.drain_rule = DrainRule::Grace;
     setup.trace_resource.service_name = "keda-add-ons-http-interceptor".into();
+    let me = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());
+    let peers = env.peers.map(|(namespace, service, port)| {
+        if me.is_none() {
+            tracing::warn!(
+                "POD_IP not set: this replica cannot tell itself from the others in \
+                 {namespace}/{service}, and counts its own requests twice"
+            );
+        }
+        PeerService {
+            namespace,
+            service,
+            port,
+            me,
+        }
+    });
+    if peers.is_none() {
+        tracing::info!(
+            "KEDA_HTTP_SCALER_TARGET_ADMIN_NAMESPACE not set: the scaler answers with this \
+             replica's counts only (run one replica)"
+        );
+    }
     setup.keda = Some(KedaSetup {
         namespace: env.watch_namespace,
         defaults: env.defaults,
         scaler,
+        peers,
     });
     tracing::info!(
         proxy = env.proxy_port,

@@ -308,7 +308,11 @@ async fn connect_keda(keda: KedaSetup) -> Result<KedaRun, StartError> {
         addr: keda.scaler,
         source,
     })?;
-    Ok(KedaRun { source, scaler })
+    Ok(KedaRun {
+        source,
+        scaler,
+        peers: keda.peers,
+    })
 }
 
 /// Fits the connection, head and queue caps to the memory limit (see `budget`), and says what
@@ -431,6 +435,8 @@ pub struct KedaSetup {
     pub namespace: Option<String>,
     pub defaults: kactivator_control::keda::model::Defaults,
     pub scaler: std::net::SocketAddr,
+    /// Where the other replicas are listed; `None`: this one alone.
+    pub peers: Option<kactivator_control::keda::peers::PeerService>,
 }
 
 /// A request log for the shards, and its writer thread, finished once the shards are.

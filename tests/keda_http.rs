@@ -60,8 +60,28 @@ impl Cluster {
 
     /// `kactivator keda-http` watching this cluster, ready; its scaler's address.
     fn interceptor(&self, env: &[(&str, &str)]) -> (Activator, SocketAddr) {
+        self.interceptor_prepared(Activator::prepare("", ""), env)
+    }
+
+    /// [`Cluster::interceptor`] with its data and admin ports on `ip` (a host address of the
+    /// pod network, where the admin Service's EndpointSlice lists it), the admin port `admin`.
+    fn interceptor_at(
+        &self,
+        ip: IpAddr,
+        admin: u16,
+        env: &[(&str, &str)],
+    ) -> (Activator, SocketAddr) {
+        let mut prepared = Activator::prepare_on(ip, "", "");
+        prepared.admin = SocketAddr::new(ip, admin);
+        self.interceptor_prepared(prepared, env)
+    }
+
+    fn interceptor_prepared(
+        &self,
+        prepared: Activator,
+        env: &[(&str, &str)],
+    ) -> (Activator, SocketAddr) {
         let scaler = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let prepared = Activator::prepare("", "");
         let http = prepared.http.to_string();
         let admin = prepared.admin.to_string();
         let kubeconfig = self.kubeconfig.display().to_string();
@@ -311,5 +331,166 @@ fn four_pods_with_a_limit_of_one_never_serve_two_requests_at_once_under_64_clien
         served,
         (CLIENTS * EACH) as u64,
         "every request reached one pod"
+    );
+}
+
+#[test]
+fn a_websocket_stays_open_past_every_timeout_and_counts_while_it_is_open() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let cluster = Cluster::start();
+    cluster.service("app");
+    let (ip, _pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[ip], &[]);
+    cluster.api.apply_yaml(
+        &HttpScaledObject {
+            name: "app",
+            hosts: &["app.example.com"],
+            paths: &[],
+            service: "app",
+            port: SERVICE_PORT,
+            annotations: "",
+            extra: "",
+        }
+        .yaml(),
+    );
+    // Both of the add-on's request timeouts at one second; the socket lives for four.
+    let (interceptor, scaler) = cluster.interceptor(&[
+        ("KEDA_HTTP_REQUEST_TIMEOUT", "1s"),
+        ("KEDA_HTTP_RESPONSE_HEADER_TIMEOUT", "1s"),
+    ]);
+    let rt = runtime();
+    let mut client = rt
+        .block_on(keda::connect(scaler))
+        .expect("the scaler answers");
+    rt.block_on(async {
+        let mut request = format!("ws://{}/ws", interceptor.http)
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("Host", "app.example.com".parse().unwrap());
+        let (mut socket, response) = tokio_tungstenite::connect_async(request)
+            .await
+            .expect("a websocket handshake through the interceptor");
+        assert_eq!(response.status(), 101);
+        let opened = Instant::now();
+        let mut sent = 0;
+        while opened.elapsed() < Duration::from_secs(4) {
+            let text = format!("message {sent}");
+            socket
+                .send(Message::Text(text.clone().into()))
+                .await
+                .unwrap();
+            let echoed = socket.next().await.expect("open").expect("a message");
+            assert_eq!(
+                echoed,
+                Message::Text(text.into()),
+                "after {:?}",
+                opened.elapsed()
+            );
+            sent += 1;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        // The add-on counts a socket as one request for its whole life: KEDA keeps the
+        // Deployment up while it is open.
+        assert_eq!(
+            metric(&mut client, scaler).await,
+            1,
+            "the open socket counts"
+        );
+        socket.close(None).await.expect("a clean close");
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || rt
+            .block_on(metric(&mut client, scaler))
+            == 0),
+        "a closed socket no longer counts"
+    );
+}
+
+#[test]
+fn every_replica_answers_keda_for_the_whole_fleet() {
+    let cluster = Cluster::start();
+    cluster.service("app");
+    cluster.endpoints("app", &[], &[]);
+    cluster.api.apply_yaml(
+        &HttpScaledObject {
+            name: "app",
+            hosts: &["app.example.com"],
+            paths: &[],
+            service: "app",
+            port: SERVICE_PORT,
+            annotations: "",
+            extra: "",
+        }
+        .yaml(),
+    );
+    // Two replicas, listed by the admin Service's EndpointSlice as the endpoint controller
+    // would list the Deployment's pods.
+    let admin_port = free_port();
+    let (ip_a, ip_b) = (
+        cluster.net.add_host_address(),
+        cluster.net.add_host_address(),
+    );
+    cluster.api.apply_yaml(&keda::endpoint_slice(
+        "v1beta1",
+        KEDA_NAMESPACE,
+        "keda-add-ons-http-interceptor-admin",
+        &[ip_a, ip_b],
+        &[],
+        admin_port,
+    ));
+    let admin_port_text = admin_port.to_string();
+    let replica = |ip: IpAddr| {
+        let ip_text = ip.to_string();
+        cluster.interceptor_at(
+            ip,
+            admin_port,
+            &[
+                ("POD_IP", ip_text.as_str()),
+                ("KEDA_HTTP_SCALER_TARGET_ADMIN_NAMESPACE", KEDA_NAMESPACE),
+                (
+                    "KEDA_HTTP_SCALER_TARGET_ADMIN_PORT",
+                    admin_port_text.as_str(),
+                ),
+            ],
+        )
+    };
+    let (a, scaler_a) = replica(ip_a);
+    let (b, scaler_b) = replica(ip_b);
+    let rt = runtime();
+    let mut client_a = rt.block_on(keda::connect(scaler_a)).expect("a's scaler");
+    let mut client_b = rt.block_on(keda::connect(scaler_b)).expect("b's scaler");
+
+    // One request held at a, two at b.
+    let held: Vec<_> = [a.http, b.http, b.http]
+        .into_iter()
+        .map(|http| std::thread::spawn(move || exchange(http, &request("app.example.com", "/"))))
+        .collect();
+    for (name, client, scaler) in [
+        ("a", &mut client_a, scaler_a),
+        ("b", &mut client_b, scaler_b),
+    ] {
+        assert!(
+            eventually(Duration::from_secs(5), || rt
+                .block_on(metric(client, scaler))
+                == 3),
+            "replica {name} does not answer for the fleet: {}",
+            rt.block_on(metric(client, scaler))
+        );
+    }
+    let (ip, _pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[ip], &[]);
+    for request in held {
+        assert_eq!(request.join().expect("a held request").status, 200);
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || rt
+            .block_on(metric(&mut client_a, scaler_a))
+            == 0),
+        "nothing held once the pod is ready"
     );
 }

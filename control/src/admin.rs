@@ -1,4 +1,5 @@
-//! The admin server on the control thread: `/metrics`, `/healthz`, `/readyz`, `/quitquitquit`.
+//! The admin server on the control thread: `/metrics`, `/healthz`, `/readyz`, `/quitquitquit`, and
+//! in the KEDA HTTP add-on role `/queue` (this replica's counts per route, the add-on's JSON).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +35,9 @@ pub struct AdminState {
     pub reported_concurrency: Option<crate::metrics::ReportedConcurrency>,
     /// `POST /quitquitquit` asks for what SIGTERM does: the drain, then the exit.
     pub quit: tokio::sync::Notify,
+    /// KEDA's HTTP add-on role: `GET /queue` answers this replica's counts per route, as the
+    /// add-on's interceptor does (the other replicas' scalers sum them).
+    pub keda_queue: bool,
 }
 
 /// Serves one connection of an admin port (this one, and the queue-proxy's `:8022` and
@@ -127,6 +131,16 @@ async fn handle(
                     )
                 }
             }
+        }
+        (&Method::GET, "/queue") if state.keda_queue => {
+            let counts = crate::keda::grpc::local_counts(&state.stats);
+            text(StatusCode::OK, crate::keda::counts::queue_json(&counts)).map(|mut response| {
+                response.headers_mut().insert(
+                    "content-type",
+                    hyper::header::HeaderValue::from_static("application/json"),
+                );
+                response
+            })
         }
         // Liveness: the control thread answers, its state worker is healthy and every shard
         // thread lives (one that died took its listeners and connections with it: only a
@@ -231,6 +245,7 @@ mod tests {
             metrics_component: crate::config::MetricsComponent::default(),
             reported_concurrency: None,
             quit: tokio::sync::Notify::new(),
+            keda_queue: false,
         })
     }
 

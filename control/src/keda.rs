@@ -10,6 +10,7 @@ pub mod env;
 pub mod grpc;
 pub mod model;
 pub mod object;
+pub mod peers;
 pub mod rate;
 pub mod scaler;
 pub mod source;
@@ -26,6 +27,8 @@ use crate::worker::WorkerHandle;
 pub struct KedaRun {
     pub source: source::KedaSource,
     pub scaler: std::net::TcpListener,
+    /// Where the other replicas are listed; `None`: this one alone.
+    pub peers: Option<peers::PeerService>,
 }
 
 impl KedaRun {
@@ -45,6 +48,10 @@ impl KedaRun {
             by_route: Arc::default(),
             taken: std::time::Instant::now(),
         });
+        let (peers_sender, peers) = tokio::sync::watch::channel(Vec::new());
+        if let Some(service) = self.peers {
+            tokio::spawn(self.source.watch_peers(service, peers_sender));
+        }
         tokio::spawn(self.source.run(
             worker,
             readiness.clone(),
@@ -52,7 +59,7 @@ impl KedaRun {
             stats.clone(),
             routes_sender,
         ));
-        tokio::spawn(grpc::count(stats, routes.clone(), counts_sender));
+        tokio::spawn(grpc::count(stats, routes.clone(), peers, counts_sender));
         tokio::spawn(grpc::serve(
             listener,
             grpc::Scaler::new(routes, counts, readiness),

@@ -176,6 +176,7 @@ impl ControlPlane {
             metric_names: config.metrics.names,
             metrics_component: config.metrics.component,
             quit: tokio::sync::Notify::new(),
+            keda_queue: keda.is_some(),
         });
         ControlPlane {
             config,

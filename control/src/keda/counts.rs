@@ -15,6 +15,53 @@ use super::scaler::RouteCount;
 #[cfg(test)]
 mod tests;
 
+/// One route's counts as the add-on's interceptor answers `GET /queue`
+/// (`pkg/queue/queue_counts.go`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QueueCount {
+    #[serde(rename = "Concurrency")]
+    pub concurrency: i64,
+    #[serde(rename = "RequestCount")]
+    pub request_count: u64,
+}
+
+/// A replica's counts as the `/queue` JSON: `{"<namespace>/<name>": {"Concurrency": n,
+/// "RequestCount": m}}`.
+pub fn queue_json(counts: &BTreeMap<RouteId, ReplicaCount>) -> String {
+    let wire: BTreeMap<String, QueueCount> = counts
+        .iter()
+        .map(|((namespace, name), count)| {
+            (
+                format!("{namespace}/{name}"),
+                QueueCount {
+                    concurrency: count.concurrency,
+                    request_count: count.requests,
+                },
+            )
+        })
+        .collect();
+    serde_json::to_string(&wire).unwrap_or_else(|_| "{}".into())
+}
+
+/// A replica's `/queue` answer read back; keys that are not `<namespace>/<name>` are skipped.
+pub fn parse_queue(body: &[u8]) -> Result<BTreeMap<RouteId, ReplicaCount>, String> {
+    let wire: BTreeMap<String, QueueCount> =
+        serde_json::from_slice(body).map_err(|error| format!("not the /queue JSON: {error}"))?;
+    Ok(wire
+        .into_iter()
+        .filter_map(|(key, count)| {
+            let (namespace, name) = key.split_once('/')?;
+            Some((
+                (namespace.to_owned(), name.to_owned()),
+                ReplicaCount {
+                    concurrency: count.concurrency,
+                    requests: count.request_count,
+                },
+            ))
+        })
+        .collect())
+}
+
 /// A route, by namespace and name.
 pub type RouteId = (String, String);
 

@@ -50,9 +50,18 @@ pub struct KedaEnv {
     pub defaults: Defaults,
     pub shutdown_delay: Duration,
     pub connect_timeout: Duration,
+    /// Where the other replicas are listed: `KEDA_HTTP_SCALER_TARGET_ADMIN_NAMESPACE`,
+    /// `_SERVICE` (the add-on's admin Service by default) and `_PORT` (the admin port by
+    /// default), as the add-on's scaler reads them; `None` without a namespace: this replica
+    /// answers KEDA with its own counts only.
+    pub peers: Option<(String, String, u16)>,
     /// Keys of [`NOT_ACTED_ON`] that are set.
     pub not_acted_on: Vec<&'static str>,
 }
+
+/// The interceptors' admin Service when `KEDA_HTTP_SCALER_TARGET_ADMIN_SERVICE` is unset (the
+/// chart's name).
+pub const DEFAULT_ADMIN_SERVICE: &str = "keda-add-ons-http-interceptor-admin";
 
 /// Every key that could not be read, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,6 +98,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
     let proxy_port = port("KEDA_HTTP_PROXY_PORT", DEFAULT_PROXY_PORT);
     let admin_port = port("KEDA_HTTP_ADMIN_PORT", DEFAULT_ADMIN_PORT);
     let scaler_port = port("KEDA_HTTP_SCALER_PORT", DEFAULT_SCALER_PORT);
+    let peers_port = port("KEDA_HTTP_SCALER_TARGET_ADMIN_PORT", admin_port);
     let mut duration = |key: &'static str| -> Option<Duration> {
         let text = get(key)?;
         match parse_duration(&text) {
@@ -142,6 +152,11 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
         connect_timeout: connect_timeout
             .filter(|duration| !duration.is_zero())
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        peers: get("KEDA_HTTP_SCALER_TARGET_ADMIN_NAMESPACE").map(|namespace| {
+            let service = get("KEDA_HTTP_SCALER_TARGET_ADMIN_SERVICE")
+                .unwrap_or_else(|| DEFAULT_ADMIN_SERVICE.to_owned());
+            (namespace, service, peers_port)
+        }),
         not_acted_on: NOT_ACTED_ON
             .iter()
             .copied()
@@ -183,6 +198,10 @@ mod tests {
         assert!(env.cold_start_header);
         assert_eq!(env.defaults, Defaults::default());
         assert_eq!(env.shutdown_delay, Duration::from_secs(5));
+        assert_eq!(
+            env.peers, None,
+            "one replica unless told where the others are"
+        );
         assert!(env.not_acted_on.is_empty());
     }
 
@@ -215,6 +234,19 @@ mod tests {
         assert_eq!(env.watch_namespace.as_deref(), Some("apps"));
         assert!(!env.cold_start_header);
         assert_eq!(env.not_acted_on, vec!["KEDA_HTTP_LOG_REQUESTS"]);
+    }
+
+    #[test]
+    fn the_replicas_are_found_where_the_add_ons_scaler_looks() {
+        let env = parsed(&[
+            ("KEDA_HTTP_ADMIN_PORT", "9095"),
+            ("KEDA_HTTP_SCALER_TARGET_ADMIN_NAMESPACE", "keda"),
+        ])
+        .unwrap();
+        assert_eq!(
+            env.peers,
+            Some(("keda".into(), DEFAULT_ADMIN_SERVICE.into(), 9095))
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -26,7 +27,7 @@ use tokio::sync::watch;
 use tonic::codegen::Service;
 use tonic::{Request, Response, Status};
 
-use super::counts::{FleetTally, ReplicaCount, RouteId};
+use super::counts::{parse_queue, FleetTally, ReplicaCount, RouteId};
 use super::scaler::{self, MetricValue, RouteCount, Subject, Target};
 use super::source::ScaledRoutes;
 
@@ -86,13 +87,22 @@ pub fn local_counts(stats: &AllShardStats) -> BTreeMap<RouteId, ReplicaCount> {
     counts
 }
 
-/// Takes the counts every [`COUNT_EVERY`] until the process ends.
+/// How long a replica has to answer `/queue` before this tick goes on without it.
+const PEER_TIMEOUT: Duration = Duration::from_millis(500);
+/// Largest `/queue` answer read from a replica.
+const QUEUE_BODY_LIMIT: usize = 4 << 20;
+
+/// Takes the counts every [`COUNT_EVERY`] until the process ends: this replica's from the
+/// shards, the others' (`peers`) from their `/queue`. A replica that does not answer adds what
+/// it answered last while it is still listed, as the add-on's scaler does (its #1667).
 pub async fn count(
     stats: AllShardStats,
     routes: watch::Receiver<ScaledRoutes>,
+    peers: watch::Receiver<Vec<SocketAddr>>,
     counts: watch::Sender<Counts>,
 ) {
     let mut tally = FleetTally::default();
+    let mut last: BTreeMap<SocketAddr, BTreeMap<RouteId, ReplicaCount>> = BTreeMap::new();
     let mut ticks = tokio::time::interval(COUNT_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -102,11 +112,30 @@ pub async fn count(
             .iter()
             .map(|(route, scaled)| (route.clone(), scaled.rate))
             .collect();
-        let mut replicas = BTreeMap::new();
-        // Only local counts for now: see the closing note of issue 40 on replicas.
-        let mut local = local_counts(&stats);
-        local.retain(|route, _| windows.contains_key(route));
-        replicas.insert(SELF.to_owned(), local);
+        let listed = peers.borrow().clone();
+        let answers = futures_util::future::join_all(
+            listed
+                .iter()
+                .map(|&peer| async move { (peer, ask_queue(peer).await) }),
+        )
+        .await;
+        last.retain(|peer, _| listed.contains(peer));
+        for (peer, answer) in answers {
+            match answer {
+                Ok(counts) => {
+                    last.insert(peer, counts);
+                }
+                Err(error) => tracing::debug!(%peer, "keda-http: /queue: {error}"),
+            }
+        }
+        let mut replicas: BTreeMap<String, BTreeMap<RouteId, ReplicaCount>> = last
+            .iter()
+            .map(|(peer, counts)| (peer.to_string(), counts.clone()))
+            .collect();
+        replicas.insert(SELF.to_owned(), local_counts(&stats));
+        for counts in replicas.values_mut() {
+            counts.retain(|route, _| windows.contains_key(route));
+        }
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
@@ -116,6 +145,26 @@ pub async fn count(
             taken: Instant::now(),
         });
     }
+}
+
+/// One replica's `/queue`.
+async fn ask_queue(peer: SocketAddr) -> Result<BTreeMap<RouteId, ReplicaCount>, String> {
+    let call = crate::http_client::Call {
+        method: hyper::Method::GET,
+        path: "/queue",
+        authority: None,
+        headers: &[],
+        body: bytes::Bytes::new(),
+    };
+    let answer = crate::http_client::send(peer, call, QUEUE_BODY_LIMIT, PEER_TIMEOUT).await?;
+    if answer.status != 200 || answer.body_truncated {
+        return Err(format!(
+            "answered {} ({} bytes)",
+            answer.status,
+            answer.body.len()
+        ));
+    }
+    parse_queue(&answer.body)
 }
 
 /// What the calls answer from.

@@ -93,6 +93,15 @@ impl KedaSource {
         })
     }
 
+    /// Watches where the other replicas are listed, into `peers`, until the process ends.
+    pub fn watch_peers(
+        &self,
+        service: super::peers::PeerService,
+        peers: watch::Sender<Vec<std::net::SocketAddr>>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        super::peers::watch_peers(self.client.clone(), self.slices_version, service, peers)
+    }
+
     /// Runs the watches until the process ends: the worker gets the ops, `routes` what the
     /// scaler answers for, `readiness` the first sync.
     pub async fn run(

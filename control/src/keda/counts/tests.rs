@@ -83,3 +83,23 @@ fn a_route_no_replica_mentions_counts_zero_and_a_gone_route_is_forgotten() {
     assert!(!counts.contains_key(&other));
     assert!(!tally.buckets.contains_key(&other));
 }
+
+#[test]
+fn the_queue_json_is_the_add_ons_and_reads_back() {
+    let counts = BTreeMap::from([(
+        route(),
+        ReplicaCount {
+            concurrency: 2,
+            requests: 7,
+        },
+    )]);
+    let json = queue_json(&counts);
+    assert_eq!(json, r#"{"apps/app":{"Concurrency":2,"RequestCount":7}}"#);
+    assert_eq!(parse_queue(json.as_bytes()).unwrap(), counts);
+    assert!(parse_queue(b"[1]").is_err());
+    assert!(
+        parse_queue(br#"{"no-slash":{"Concurrency":1,"RequestCount":1}}"#)
+            .unwrap()
+            .is_empty()
+    );
+}
