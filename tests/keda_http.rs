@@ -494,3 +494,66 @@ fn every_replica_answers_keda_for_the_whole_fleet() {
         "nothing held once the pod is ready"
     );
 }
+
+#[test]
+fn a_wait_for_a_first_pod_ends_at_the_failover_or_in_a_504() {
+    let cluster = Cluster::start();
+    for service in ["app", "fallback", "lonely"] {
+        cluster.service(service);
+    }
+    cluster.endpoints("app", &[], &[]);
+    cluster.endpoints("lonely", &[], &[]);
+    let (ip, fallback) = cluster.pod("fallback-1");
+    cluster.endpoints("fallback", &[ip], &[]);
+    cluster.api.apply_yaml(
+        &HttpScaledObject {
+            name: "app",
+            hosts: &["app.example.com"],
+            paths: &[],
+            service: "app",
+            port: SERVICE_PORT,
+            annotations: "",
+            extra: "  coldStartTimeoutFailoverRef:\n    service: fallback\n    \
+                    port: 80\n    timeoutSeconds: 1",
+        }
+        .yaml(),
+    );
+    cluster.api.apply_yaml(
+        &HttpScaledObject {
+            name: "lonely",
+            hosts: &["lonely.example.com"],
+            paths: &[],
+            service: "lonely",
+            port: SERVICE_PORT,
+            annotations: "",
+            extra: "  timeouts:\n    conditionWait: 1s",
+        }
+        .yaml(),
+    );
+    let (interceptor, _scaler) = cluster.interceptor(&[]);
+
+    // After its second of waiting, the request goes to the failover Service's pod, and the
+    // response carries no cold-start field (the add-on sets none on a failover).
+    let started = Instant::now();
+    let failed_over = exchange(interceptor.http, &request("app.example.com", "/"));
+    let waited = started.elapsed();
+    assert_eq!(failed_over.status, 200, "{}", failed_over.text());
+    assert_eq!(failed_over.text(), "hello from fallback-1\n");
+    assert_eq!(failed_over.header("X-KEDA-HTTP-Cold-Start"), None);
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(5),
+        "failed over after {waited:?}"
+    );
+    assert_eq!(fallback.stats().requests, 1);
+
+    // With no failover, the add-on's 504 once conditionWait has passed.
+    let started = Instant::now();
+    let timed_out = exchange(interceptor.http, &request("lonely.example.com", "/"));
+    let waited = started.elapsed();
+    assert_eq!(timed_out.status, 504);
+    assert_eq!(timed_out.text(), "Gateway Timeout\n");
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(5),
+        "answered after {waited:?}"
+    );
+}

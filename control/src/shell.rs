@@ -325,6 +325,7 @@ mod tests {
             priority: None,
             tls: None,
             rules: None,
+            cold_start: Default::default(),
         };
         Op::Batch(vec![
             Op::UpsertRevision(spec),

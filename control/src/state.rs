@@ -51,8 +51,8 @@ use std::sync::Arc;
 use kactivator_api::RevisionKey;
 use kactivator_shards::routing::priority::PriorityPolicy;
 use kactivator_shards::routing::{
-    LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RouteRules, RoutingUpdate,
-    Timeouts,
+    ColdStart, LbPolicy, PodTracker, Protocol, RevisionLabels, RevisionRoute, RouteRules,
+    RoutingUpdate, Timeouts,
 };
 use kactivator_shards::runtime::control_link::EvidenceKind;
 use kactivator_shards::throttle::gate::{ProcessQueue, RevisionGate};
@@ -100,6 +100,9 @@ pub struct RevisionSpec {
     /// The rules that route requests to the revision (an HTTPScaledObject's, issue 40);
     /// `None`: requests name it (Knative, the file).
     pub rules: Option<Arc<RouteRules>>,
+    /// The wait for a first pod and the failover after it (an HTTPScaledObject's); `None`:
+    /// the request's own deadline. Boxed as `priority` is.
+    pub cold_start: Option<Box<ColdStart>>,
 }
 
 /// Which pods a source's omission speaks for.
@@ -1087,6 +1090,7 @@ impl ControlState {
                 .as_ref()
                 .map(|tls| tls.upstream(spec.cluster_ip.is_some())),
             rules: spec.rules.clone(),
+            cold_start: spec.cold_start.as_deref().cloned().unwrap_or_default(),
         };
         self.effects.journal.push(Journal::Route {
             revision: key.clone(),

@@ -119,6 +119,7 @@ async fn run(selector: u8, seed: u8, stream: Vec<u8>) {
             queue_depth: 4,
             upstream_tls: None,
             rules: None,
+            cold_start: Default::default(),
         };
         shard.apply(ShardCommand::Routing(RoutingUpdate::Upsert {
             version: 1,

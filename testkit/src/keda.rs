@@ -46,7 +46,8 @@ pub fn scaled_object_ref(namespace: &str, name: &str, scaler: &str) -> pb::Scale
 
 /// An HTTPScaledObject as a user writes it, in namespace `default`: `hosts`, `paths` (its
 /// `pathPrefixes`), to Service `service` at `port`; `annotations`, lines under
-/// `metadata.annotations`, and `extra`, more YAML under `spec`, both indented four spaces.
+/// `metadata.annotations` (indented four spaces), and `extra`, more YAML under `spec`
+/// (indented two).
 #[derive(Clone, Debug)]
 pub struct HttpScaledObject<'a> {
     pub name: &'a str,

@@ -169,8 +169,10 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn every_deploy_manifest_passes_server_side_dry_run() {
     let server = start();
-    // The manifests live in knative-serving, which NamespaceLifecycle wants to exist.
+    // The manifests live in knative-serving, which NamespaceLifecycle wants to exist, and the
+    // KEDA HTTP add-on role's in the add-on's namespace, `keda`.
     server.install_knative_crds();
+    server.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: keda\n");
     let deploy = workspace().join("deploy");
 
     // Each file on its own, and each kustomization as `kubectl apply -k` renders it.

@@ -24,11 +24,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Keys of the add-on this role reads and does not act on (yet); each is said at start-up
 /// when set, so that nothing is silently ignored.
-pub const NOT_ACTED_ON: [&str; 10] = [
+pub const NOT_ACTED_ON: [&str; 8] = [
     "KEDA_HTTP_PROXY_TLS_ENABLED",
     "KEDA_HTTP_TLS_ENABLED",
-    "KEDA_HTTP_READINESS_TIMEOUT",
-    "KEDA_CONDITION_WAIT_TIMEOUT",
     "KEDA_HTTP_LOG_REQUESTS",
     "KEDA_HTTP_DRAIN_TIMEOUT",
     "KEDA_HTTP_MAX_IDLE_CONNS",
@@ -116,6 +114,9 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
     let response_header = duration("KEDA_HTTP_RESPONSE_HEADER_TIMEOUT");
     // The deprecated name wins when above zero, as the add-on reads it.
     let deprecated_response_header = duration("KEDA_RESPONSE_HEADER_TIMEOUT");
+    let readiness = duration("KEDA_HTTP_READINESS_TIMEOUT");
+    // Likewise, the deprecated name of the readiness timeout.
+    let condition_wait = duration("KEDA_CONDITION_WAIT_TIMEOUT");
     let shutdown_delay = duration("KEDA_HTTP_SHUTDOWN_DELAY");
     let connect_timeout = duration("KEDA_HTTP_CONNECT_TIMEOUT");
     let cold_start_header = match get("KEDA_HTTP_ENABLE_COLD_START_HEADER") {
@@ -147,6 +148,9 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
         defaults: Defaults {
             request: request.filter(|duration| !duration.is_zero()),
             response_header,
+            readiness: condition_wait
+                .filter(|duration| !duration.is_zero())
+                .or(readiness.filter(|duration| !duration.is_zero())),
         },
         shutdown_delay: shutdown_delay.unwrap_or(DEFAULT_SHUTDOWN_DELAY),
         connect_timeout: connect_timeout
@@ -203,6 +207,20 @@ mod tests {
             "one replica unless told where the others are"
         );
         assert!(env.not_acted_on.is_empty());
+    }
+
+    #[test]
+    fn the_deprecated_condition_wait_timeout_wins_when_above_zero() {
+        let both = parsed(&[
+            ("KEDA_HTTP_READINESS_TIMEOUT", "10s"),
+            ("KEDA_CONDITION_WAIT_TIMEOUT", "20s"),
+        ])
+        .unwrap();
+        assert_eq!(both.defaults.readiness, Some(Duration::from_secs(20)));
+        let new_only = parsed(&[("KEDA_HTTP_READINESS_TIMEOUT", "10s")]).unwrap();
+        assert_eq!(new_only.defaults.readiness, Some(Duration::from_secs(10)));
+        let zero = parsed(&[("KEDA_HTTP_READINESS_TIMEOUT", "0s")]).unwrap();
+        assert_eq!(zero.defaults.readiness, None, "0 is no readiness bound");
     }
 
     #[test]

@@ -15,18 +15,22 @@ use std::time::Duration;
 
 use kactivator_api::RevisionKey;
 use kactivator_shards::routing::{
-    LbPolicy, Protocol, RevisionLabels, RouteRules, Timeouts, DEFAULT_QUEUE_DEPTH,
+    ColdStart, LbPolicy, Protocol, RevisionLabels, RouteRules, Timeouts, DEFAULT_QUEUE_DEPTH,
     MAX_TIMEOUT_SECONDS,
 };
 use serde_json::Value;
 
-use super::object::{HttpScaledObject, ObjectError, PortRef};
+use super::object::{HttpScaledObject, ObjectError, PortRef, ServiceRef};
 use super::scaler::Scaling;
 use crate::sources::kubernetes::objects::{slice_addresses_where, Listing};
 use crate::state::{OmissionScope, Op, RevisionSpec};
 
 #[cfg(test)]
 mod tests;
+
+/// What a route's failover is named as a revision of its own: the object's name and this,
+/// which no Kubernetes name can end with, so it never meets an object's.
+pub const FAILOVER_SUFFIX: &str = ":failover";
 
 /// The `appProtocol` that makes the add-on speak h2c to a Service's port.
 pub const H2C_APP_PROTOCOL: &str = "kubernetes.io/h2c";
@@ -41,6 +45,9 @@ pub struct Defaults {
     pub request: Option<Duration>,
     /// `KEDA_HTTP_RESPONSE_HEADER_TIMEOUT`: until the response's head.
     pub response_header: Duration,
+    /// `KEDA_HTTP_READINESS_TIMEOUT`: the longest wait for a route's first ready endpoint;
+    /// `None` (the add-on's 0): the request's own deadline.
+    pub readiness: Option<Duration>,
 }
 
 /// The add-on's response-header timeout when its environment sets none (0.14 and later).
@@ -51,6 +58,7 @@ impl Default for Defaults {
         Defaults {
             request: None,
             response_header: DEFAULT_RESPONSE_HEADER_TIMEOUT,
+            readiness: None,
         }
     }
 }
@@ -221,8 +229,29 @@ impl Model {
                 refusals.push(refuse("not a valid name".into()));
                 continue;
             };
-            let (spec, ready, problems) = self.route(key.clone(), object);
+            let (mut spec, ready, problems) = self.route(key.clone(), object);
             refusals.extend(problems.into_iter().map(refuse));
+            let mut cold_start = ColdStart {
+                wait: object.readiness_timeout.or(self.defaults.readiness),
+                failover: None,
+            };
+            if let Some(failover) = &object.failover {
+                let failover_key = RevisionKey::new(namespace, &format!("{name}{FAILOVER_SUFFIX}"));
+                if let Ok(failover_key) = failover_key {
+                    let (failover_spec, failover_ready, problems) =
+                        self.failover_route(failover_key.clone(), object, &failover.to);
+                    refusals.extend(
+                        problems
+                            .into_iter()
+                            .map(|problem| refuse(format!("failover: {problem}"))),
+                    );
+                    cold_start.failover = Some(failover_key.clone());
+                    wanted.insert(failover_key, (failover_spec, failover_ready));
+                }
+            }
+            if cold_start != ColdStart::default() {
+                spec.cold_start = Some(Box::new(cold_start));
+            }
             wanted.insert(key, (spec, ready));
         }
         for key in self.sent.keys() {
@@ -255,9 +284,37 @@ impl Model {
         key: RevisionKey,
         object: &HttpScaledObject,
     ) -> (RevisionSpec, Vec<SocketAddr>, Vec<String>) {
+        let (mut spec, ready, problems) = self.service_route(key, object, &object.target);
+        spec.container_concurrency = object.container_concurrency.unwrap_or(0);
+        spec.lb_policy = LbPolicy::default_for(spec.container_concurrency);
+        spec.rules = Some(Arc::new(RouteRules {
+            order: object.order.clone(),
+            rules: vec![object.rule.clone()],
+        }));
+        (spec, ready, problems)
+    }
+
+    /// An object's failover as a route of its own: the failover Service's ready pods, no
+    /// rules (only a request that waited for the object's route comes here), no limit.
+    fn failover_route(
+        &self,
+        key: RevisionKey,
+        object: &HttpScaledObject,
+        to: &ServiceRef,
+    ) -> (RevisionSpec, Vec<SocketAddr>, Vec<String>) {
+        self.service_route(key, object, to)
+    }
+
+    /// A route to Service `to`'s pods, with the object's timeouts.
+    fn service_route(
+        &self,
+        key: RevisionKey,
+        object: &HttpScaledObject,
+        to: &ServiceRef,
+    ) -> (RevisionSpec, Vec<SocketAddr>, Vec<String>) {
         let mut problems = Vec::new();
         let namespace = key.namespace().to_owned();
-        let port = self.service_port(&namespace, &object.target.service, &object.target.port);
+        let port = self.service_port(&namespace, &to.service, &to.port);
         let (protocol, ready, serving_port) = match port {
             Err(problem) => {
                 problems.push(problem);
@@ -269,18 +326,17 @@ impl Model {
                 } else {
                     Protocol::Http1
                 };
-                let listing = self.ready_endpoints(&namespace, &object.target.service, &port);
+                let listing = self.ready_endpoints(&namespace, &to.service, &port);
                 for problem in listing.problems {
                     problems.push(format!(
                         "EndpointSlice of Service {}: {problem}",
-                        object.target.service
+                        to.service
                     ));
                 }
                 let ready: Vec<SocketAddr> = listing.addresses.ready.into_iter().collect();
                 (protocol, ready, port.port)
             }
         };
-        let container_concurrency = object.container_concurrency.unwrap_or(0);
         let response_header = object
             .response_header_timeout
             .unwrap_or(self.defaults.response_header);
@@ -291,7 +347,7 @@ impl Model {
                 ..RevisionLabels::default()
             },
             key,
-            container_concurrency,
+            container_concurrency: 0,
             protocol,
             timeouts: Timeouts {
                 total: self
@@ -301,16 +357,14 @@ impl Model {
                 response_start: Some(response_header),
                 idle: None,
             },
-            lb_policy: LbPolicy::default_for(container_concurrency),
+            lb_policy: LbPolicy::default_for(0),
             queue_depth: DEFAULT_QUEUE_DEPTH,
             priority: None,
             serving_port,
             cluster_ip: None,
             tls: None,
-            rules: Some(Arc::new(RouteRules {
-                order: object.order.clone(),
-                rules: vec![object.rule.clone()],
-            })),
+            rules: None,
+            cold_start: None,
         };
         (spec, ready, problems)
     }

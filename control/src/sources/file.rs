@@ -66,6 +66,7 @@ pub fn revision_spec(revision: &RevisionConfig) -> Option<RevisionSpec> {
         cluster_ip: revision.cluster_ip,
         tls,
         rules: None,
+        cold_start: Default::default(),
     })
 }
 

@@ -34,6 +34,7 @@ fn spec(name: &str, cc: u32) -> RevisionSpec {
         cluster_ip: None,
         tls: None,
         rules: None,
+        cold_start: Default::default(),
     }
 }
 

@@ -47,6 +47,9 @@ pub(crate) trait ClientWatch {
 /// band took this one's place in it: shed, answered as a full queue), the deadline passed, the
 /// revision left routing, or the client left (its place is given up at once).
 ///
+/// A wait that began without a routable pod ends by the revision's cold-start wait, when it
+/// has one (`LocalRevision::cold_start_wait`), if its own deadline is later.
+///
 /// A wait, however it ends, is added to `note` (`Some` once the request has queued: what the response tells the client) and to the
 /// revision's wait histograms; it is a cold start when the revision had no routable pod as the
 /// request queued.
@@ -69,6 +72,12 @@ pub(crate) async fn acquire<W: ClientWatch>(
             client.parked();
             let queued_at = Instant::now();
             let cold_start = !revision.has_routable_pod();
+            // A wait for a first pod may be bounded more tightly than the request (the add-on's
+            // readiness timeout).
+            let deadline = match revision.cold_start_wait() {
+                Some(wait) if cold_start => deadline.min(queued_at + wait),
+                _ => deadline,
+            };
             // Per band only under a policy, which classified the request (and made the block).
             let band = revision
                 .counters

@@ -340,6 +340,9 @@ async fn proxy<F: Front>(
     let times_admitted = role.times_admitted();
     let deadlines = Deadlines::new(&revision.timeouts(), arrival);
     let mut attempt = 0;
+    // The route the request is at: its own, or once, its failover (`RevisionRoute::cold_start`).
+    let mut revision = revision.clone();
+    let mut failed_over = false;
     // The last pod that could not be reached: if no other pod serves the request before its
     // deadline, the client hears why, not only that time ran out.
     let mut unreached: Option<UpstreamError> = None;
@@ -347,7 +350,7 @@ async fn proxy<F: Front>(
         attempt += 1;
         let admitted = acquire(
             shard,
-            revision,
+            &revision,
             class,
             deadlines.first_byte,
             &mut front.watch(),
@@ -356,6 +359,29 @@ async fn proxy<F: Front>(
         .await;
         let pod = match admitted {
             Ok(pod) => pod,
+            Err(RequestError::TimedOut)
+                if !failed_over
+                    && note.is_some_and(|note| note.cold_start)
+                    && Instant::now() < deadlines.first_byte =>
+            {
+                // The wait for a first pod ran out before the request's own deadline: on to
+                // the failover route, else a 504.
+                let failover = revision
+                    .failover()
+                    .and_then(|key| shard.replica.get(key.as_str()));
+                let Some(failover) = failover else {
+                    return Ended::Failed {
+                        error: admission::not_admitted(RequestError::TimedOut, unreached),
+                        request_complete: false,
+                    };
+                };
+                revision = failover;
+                failed_over = true;
+                if let Some(note) = note.as_mut() {
+                    note.failed_over = true;
+                }
+                continue;
+            }
             Err(error) => {
                 return Ended::Failed {
                     error: admission::not_admitted(error, unreached),
@@ -373,7 +399,7 @@ async fn proxy<F: Front>(
             timeline.attempts += 1;
             timeline.pod = Some(pod.tracker.addr);
         }
-        let mut held = Some(Held::new(&pod, revision, shard));
+        let mut held = Some(Held::new(&pod, &revision, shard));
         let told = role.tell(*note);
         let outcome = front
             .attempt(shard, &pod, &deadlines, &mut held, told.as_ref())
@@ -388,7 +414,7 @@ async fn proxy<F: Front>(
                 {
                     tracing::warn!(request_id = %front.request_id(), pod = %addr, class = failure.class(), "{failure}");
                     if failure.is_pod_failure() && fresh {
-                        admission::report(shard, revision, &pod, EvidenceKind::TransportFailure);
+                        admission::report(shard, &revision, &pod, EvidenceKind::TransportFailure);
                     }
                 }
                 return ended;
@@ -396,7 +422,7 @@ async fn proxy<F: Front>(
             Attempt::Unreached(error) => {
                 tracing::warn!(request_id = %front.request_id(), pod = %addr, class = error.class(), "{error}");
                 role.unreached(&error);
-                admission::dial_failed(shard, revision, &pod);
+                admission::dial_failed(shard, &revision, &pod);
                 drop(held);
                 if !may_retry(attempt, &error, true) {
                     return Ended::Failed {

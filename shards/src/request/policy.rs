@@ -420,6 +420,9 @@ pub struct WaitNote {
     pub queued: bool,
     /// The cold start is told as KEDA's HTTP add-on tells it.
     pub keda_field: bool,
+    /// The request went to its route's failover after waiting for a first pod: the add-on
+    /// then sets no `X-KEDA-HTTP-Cold-Start`.
+    pub failed_over: bool,
 }
 
 impl WaitNote {
@@ -464,7 +467,7 @@ impl WaitNote {
         if self.queued {
             put(headers::SERVER_TIMING, &value[..len]);
         }
-        if self.keda_field {
+        if self.keda_field && !self.failed_over {
             let told: &[u8] = if self.cold_start { b"true" } else { b"false" };
             put(headers::KEDA_COLD_START, told);
         } else if self.cold_start {

@@ -175,6 +175,20 @@ pub struct RevisionRoute {
     /// HTTPScaledObject's hosts, path prefixes and headers); `None`: a request names the
     /// revision itself (the Knative roles).
     pub rules: Option<Arc<RouteRules>>,
+    /// What a request that waits for the route's first pod may do (KEDA's HTTP add-on role);
+    /// the default: wait until its own deadline.
+    pub cold_start: ColdStart,
+}
+
+/// How long a request waits for a route with no routable pod, and where it goes then (KEDA's
+/// HTTP add-on's readiness timeout and `coldStartTimeoutFailoverRef`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ColdStart {
+    /// Longest wait that began without a routable pod; `None`: the request's own deadline.
+    pub wait: Option<Duration>,
+    /// The route a request that waited that long goes to instead (its pods are the failover
+    /// Service's); `None`: it is answered 504.
+    pub failover: Option<RevisionKey>,
 }
 
 /// A route's rules and what orders it among routes whose rules tie ([`rules::RuleTable`]).

@@ -202,6 +202,16 @@ impl LocalRevision {
         self.route.borrow().timeouts
     }
 
+    /// The longest wait that began without a routable pod (`RevisionRoute::cold_start`).
+    pub fn cold_start_wait(&self) -> Option<std::time::Duration> {
+        self.route.borrow().cold_start.wait
+    }
+
+    /// The route a request goes to once its wait for a first pod ran out, if any.
+    pub fn failover(&self) -> Option<RevisionKey> {
+        self.route.borrow().cold_start.failover.clone()
+    }
+
     /// Whether the revision has a pod that takes requests (a share above zero):
     /// a request that queues without one is waiting for a cold start, not for a busy pod. Read
     /// only when a request queues.

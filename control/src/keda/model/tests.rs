@@ -210,6 +210,7 @@ fn the_process_timeouts_apply_unless_the_object_sets_its_own() {
     let defaults = Defaults {
         request: Some(Duration::from_secs(40)),
         response_header: Duration::from_secs(20),
+        readiness: Some(Duration::from_secs(7)),
     };
     let mut model = Model::new(defaults);
     let mut own = object("app", json!(8080), json!({}));
@@ -230,5 +231,70 @@ fn the_process_timeouts_apply_unless_the_object_sets_its_own() {
     assert_eq!(
         specs[1].timeouts.response_start,
         Some(Duration::from_secs(20))
+    );
+    assert_eq!(
+        specs[1].cold_start.as_ref().and_then(|cold| cold.wait),
+        Some(Duration::from_secs(7))
+    );
+}
+
+#[test]
+fn a_failover_is_a_route_of_its_own_the_object_fails_over_to_after_its_timeout() {
+    let mut model = Model::new(Defaults::default());
+    let mut with_failover = object("app", json!(8080), json!({}));
+    with_failover["spec"]["coldStartTimeoutFailoverRef"] =
+        json!({"service": "fallback", "port": 80, "timeoutSeconds": 3});
+    model.object("apps", "app", Some(&with_failover));
+    model.service("apps", "app-svc", Some(&service(None)));
+    model.service(
+        "apps",
+        "fallback",
+        Some(
+            &json!({"metadata": {"namespace": "apps", "name": "fallback"},
+                     "spec": {"ports": [{"name": "", "port": 80}]}}),
+        ),
+    );
+    model.slice(
+        "apps",
+        "fallback-1",
+        Some(&json!({
+            "metadata": {"namespace": "apps", "name": "fallback-1",
+                         "labels": {SLICE_SERVICE_LABEL: "fallback"}},
+            "ports": [{"port": 8081}],
+            "endpoints": [{"addresses": ["10.0.9.9"]}],
+        })),
+    );
+    let (ops, refusals) = model.ops();
+    assert!(refusals.is_empty(), "{refusals:?}");
+    let specs = upserts(&ops);
+    let failover_key = RevisionKey::new("apps", "app:failover").unwrap();
+    let primary = specs.iter().find(|spec| spec.key == key()).unwrap();
+    let cold_start = primary.cold_start.as_deref().expect("a cold start");
+    assert_eq!(cold_start.wait, Some(Duration::from_secs(3)));
+    assert_eq!(cold_start.failover.as_ref(), Some(&failover_key));
+    let failover = specs.iter().find(|spec| spec.key == failover_key).unwrap();
+    assert!(
+        failover.rules.is_none(),
+        "no request is routed to it by rules"
+    );
+    let failover_pods: Vec<_> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::SetEndpoints {
+                revision, ready, ..
+            } if *revision == failover_key => Some(ready),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failover_pods, vec![&vec![addr("10.0.9.9:8081")]]);
+
+    model.object("apps", "app", None);
+    let (ops, _) = model.ops();
+    assert_eq!(
+        ops.iter()
+            .filter(|op| matches!(op, Op::RemoveRevision { .. }))
+            .count(),
+        2,
+        "the failover goes with its object"
     );
 }

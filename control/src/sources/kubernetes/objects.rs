@@ -176,6 +176,7 @@ pub fn revision_spec(object: &Value) -> Result<RevisionSpec, String> {
         cluster_ip: None,
         tls: None,
         rules: None,
+        cold_start: Default::default(),
     })
 }
 
