@@ -3,7 +3,7 @@
 #
 #   fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]
 #
-# Targets: registration config kubernetes h2_front request_log tls_material trace_context (all by default); 20 seconds each by default.
+# Targets: registration config kubernetes keda_http h2_front request_log tls_material trace_context (all by default); 20 seconds each by default.
 # RUNS=N stops a target after N executions instead (whichever comes first); the figures in
 # README.md come from
 #   RUNS=10000000 nice -n 19 fuzz/run.sh 1800 TARGET
@@ -31,7 +31,7 @@ if [ "$#" -gt 0 ]; then
 fi
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-    targets=(registration config kubernetes h2_front request_log tls_material trace_context)
+    targets=(registration config kubernetes keda_http h2_front request_log tls_material trace_context)
 fi
 sanitizer="${SANITIZER:-address}"
 runs="${RUNS:--1}"

@@ -482,7 +482,7 @@ fn every_replica_answers_keda_for_the_whole_fleet() {
             rt.block_on(metric(client, scaler))
         );
     }
-    let (ip, _pod) = cluster.pod("app-1");
+    let (ip, first) = cluster.pod("app-1");
     cluster.endpoints("app", &[ip], &[]);
     for request in held {
         assert_eq!(request.join().expect("a held request").status, 200);
@@ -492,6 +492,66 @@ fn every_replica_answers_keda_for_the_whole_fleet() {
             .block_on(metric(&mut client_a, scaler_a))
             == 0),
         "nothing held once the pod is ready"
+    );
+
+    // ★ A per-pod limit of 1 holds across the replicas: the replicas split the pods between
+    // them as activators do, so two replicas under 32 clients each never give a pod two
+    // requests at once.
+    let (ip_2, second) = cluster.pod("app-2");
+    cluster.endpoints("app", &[ip, ip_2], &[]);
+    cluster.api.apply_yaml(
+        &HttpScaledObject {
+            name: "app",
+            hosts: &["app.example.com"],
+            paths: &[],
+            service: "app",
+            port: SERVICE_PORT,
+            annotations: "    kactivator.dev/container-concurrency: \"1\"",
+            extra: "",
+        }
+        .yaml(),
+    );
+    // Each replica routes to its share: one pod with one slot, of the two pods.
+    for (name, replica) in [("a", &a), ("b", &b)] {
+        let capacity = || {
+            replica.metric_sum(
+                "kactivator_revision_capacity",
+                &["namespace=\"default\"", "revision=\"app\""],
+            )
+        };
+        assert!(
+            eventually(Duration::from_secs(10), || capacity() == 1.0),
+            "replica {name}'s capacity for the route is {}, not its one pod's one slot",
+            capacity()
+        );
+    }
+    first.reset_stats();
+    second.reset_stats();
+    let clients: Vec<_> = (0..64)
+        .map(|index| {
+            let http = if index % 2 == 0 { a.http } else { b.http };
+            std::thread::spawn(move || {
+                (0..4)
+                    .map(|_| exchange(http, &request("app.example.com", "/delay/20")).status)
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = clients
+        .into_iter()
+        .flat_map(|client| client.join().expect("a client"))
+        .collect();
+    assert!(statuses.iter().all(|&status| status == 200), "{statuses:?}");
+    let (one, two) = (first.stats(), second.stats());
+    assert_eq!(
+        one.requests + two.requests,
+        64 * 4,
+        "every request reached a pod"
+    );
+    assert_eq!(
+        (one.max_in_flight, two.max_in_flight),
+        (1, 1),
+        "each pod served one request at a time, from both replicas together"
     );
 }
 

@@ -50,7 +50,10 @@ impl KedaRun {
         });
         let (peers_sender, peers) = tokio::sync::watch::channel(Vec::new());
         if let Some(service) = self.peers {
-            tokio::spawn(self.source.watch_peers(service, peers_sender));
+            tokio::spawn(
+                self.source
+                    .watch_peers(service, peers_sender, worker.clone()),
+            );
         }
         tokio::spawn(self.source.run(
             worker,

@@ -5,6 +5,8 @@
 //! * [`config`] — the configuration file's bytes.
 //! * [`kubernetes`] — a stream of watch events (Revisions, Endpoints, EndpointSlices, Services,
 //!   `config-features`) through the Kubernetes source's model and the state worker.
+//! * [`keda_http`] — HTTPScaledObjects, Services and EndpointSlices through the KEDA HTTP
+//!   add-on role's model, then requests routed by the rules it declares.
 //! * [`h2_front`] — HTTP/2 frames into a live client connection on a shard.
 //! * [`request_log`] — a request log template, and a client's request rendered with it.
 //! * [`tls_material`] — a certificate chain, a key, a server name and TLS settings.
@@ -15,6 +17,7 @@
 
 mod config;
 mod h2_front;
+mod keda_http;
 mod kubernetes;
 mod registration;
 mod request_log;
@@ -26,6 +29,7 @@ use std::process::ExitCode;
 
 pub use config::config;
 pub use h2_front::h2_front;
+pub use keda_http::keda_http;
 pub use kubernetes::kubernetes;
 pub use registration::registration;
 pub use request_log::request_log;
@@ -79,11 +83,12 @@ mod tests {
     fn seeds() {
         let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
         type Check = fn(&[u8]);
-        let targets: [(&str, Check); 7] = [
+        let targets: [(&str, Check); 8] = [
             ("registration", registration),
             ("request_log", request_log),
             ("config", config),
             ("kubernetes", kubernetes),
+            ("keda_http", keda_http),
             ("h2_front", h2_front),
             ("tls_material", tls_material),
             ("trace_context", trace_context),

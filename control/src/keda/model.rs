@@ -413,6 +413,11 @@ impl Model {
         listing
     }
 
+    /// The spec of every revision last sent.
+    pub fn specs(&self) -> Vec<RevisionSpec> {
+        self.sent.values().map(|(spec, _)| spec.clone()).collect()
+    }
+
     /// Every revision this source declares, for a test's or a log's eyes.
     pub fn revisions(&self) -> BTreeSet<RevisionKey> {
         self.sent.keys().cloned().collect()

@@ -3,6 +3,10 @@
 //! (`scaler/queue_pinger.go`: the EndpointSlices of `KEDA_HTTP_SCALER_TARGET_ADMIN_SERVICE` in
 //! `KEDA_HTTP_SCALER_TARGET_ADMIN_NAMESPACE`, each ready address at
 //! `KEDA_HTTP_SCALER_TARGET_ADMIN_PORT`), this replica (`POD_IP`) left out.
+//!
+//! The same replicas share every route's pods (★): they are the state worker's activators
+//! (`Op::SetActivators`), so each pod's per-pod limit is split among them by the activator
+//! role's subsetting, and the limit holds across replicas as it does across shards.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -17,6 +21,8 @@ use tokio::sync::watch;
 
 use super::model::SLICE_SERVICE_LABEL;
 use crate::sources::kubernetes::backoff::WatchBackoff;
+use crate::state::{Activators, Op};
+use crate::worker::WorkerHandle;
 
 /// Where the other replicas are listed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,13 +60,24 @@ pub fn peers_of(
     peers
 }
 
+/// The replicas as the state worker's activators: this one (`me`) and the others.
+pub fn activators_of(peers: &[SocketAddr], me: IpAddr) -> Activators {
+    let mut all: Vec<IpAddr> = peers.iter().map(SocketAddr::ip).collect();
+    all.push(me);
+    all.sort();
+    all.dedup();
+    Activators { me: Some(me), all }
+}
+
 /// Watches the admin Service's EndpointSlices (`slices_version`: `v1` or `v1beta1`) and keeps
-/// `peers` current until the process ends.
+/// `peers` current until the process ends; with this replica's address known, the worker is
+/// told the replicas, which share the pods.
 pub async fn watch_peers(
     client: Client,
     slices_version: &'static str,
     service: PeerService,
     peers: watch::Sender<Vec<SocketAddr>>,
+    worker: WorkerHandle,
 ) {
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("discovery.k8s.io", slices_version, "EndpointSlice"),
@@ -101,14 +118,20 @@ pub async fn watch_peers(
             }
         }
         let now = peers_of(&slices, service.port, service.me);
-        peers.send_if_modified(|current| {
+        let changed = peers.send_if_modified(|current| {
             let changed = *current != now;
             if changed {
                 tracing::info!(peers = ?now, "keda-http: the other replicas");
-                *current = now;
+                *current = now.clone();
             }
             changed
         });
+        if let (true, Some(me)) = (changed, service.me) {
+            let activators = activators_of(&now, me);
+            if let Err(error) = worker.apply(Op::SetActivators(activators)).await {
+                tracing::error!("keda-http: the state worker refused the replicas: {error}");
+            }
+        }
     }
 }
 
@@ -141,5 +164,8 @@ mod tests {
             "10.0.0.4:9090".parse().unwrap(),
         ];
         assert_eq!(peers, expected);
+        let activators = activators_of(&peers, "10.0.0.3".parse().unwrap());
+        assert_eq!(activators.me, me);
+        assert_eq!(activators.all.len(), 3, "the others and this one");
     }
 }

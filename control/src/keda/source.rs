@@ -98,8 +98,15 @@ impl KedaSource {
         &self,
         service: super::peers::PeerService,
         peers: watch::Sender<Vec<std::net::SocketAddr>>,
+        worker: WorkerHandle,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        super::peers::watch_peers(self.client.clone(), self.slices_version, service, peers)
+        super::peers::watch_peers(
+            self.client.clone(),
+            self.slices_version,
+            service,
+            peers,
+            worker,
+        )
     }
 
     /// Runs the watches until the process ends: the worker gets the ops, `routes` what the
