@@ -25,9 +25,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // KEDA's external-scaler contract, client side: the tests play KEDA against the KEDA HTTP
     // add-on role with code generated from KEDA's own file.
-    let scaler_proto = "../api/proto/externalscaler.proto";
-    println!("cargo:rerun-if-changed={scaler_proto}");
-    let descriptors = protox::compile([scaler_proto], ["../api/proto"])?;
+    // With the standard gRPC health check's client, which KEDA's chart probes the scaler with.
+    let scaler_protos = [
+        "../api/proto/externalscaler.proto",
+        "../api/proto/health.proto",
+    ];
+    for proto in scaler_protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptors = protox::compile(scaler_protos, ["../api/proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(false)

@@ -192,6 +192,16 @@ fn an_http_scaled_object_routes_holds_scales_from_zero_and_reports_to_keda() {
         .expect("the scaler answers");
     let reference = keda::scaled_object_ref("default", "app", &scaler.to_string());
 
+    // The chart's gRPC probes: both services serving once ready; an unknown one refused.
+    let serving = keda::health::health_check_response::ServingStatus::Serving as i32;
+    for service in ["liveness", "readiness"] {
+        let status = rt.block_on(keda::health(scaler, service));
+        assert_eq!(status.expect("a health answer"), serving, "{service}");
+    }
+    assert!(rt
+        .block_on(keda::health(scaler, "no-such-service"))
+        .is_err());
+
     // What KEDA asks first: the metric's name, byte for byte, and its target (the add-on's
     // default of 100 when the object sets none).
     let spec = rt

@@ -14,7 +14,28 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/externalscaler.rs"));
 }
 
+/// The standard gRPC health check's messages and client (`api/proto/health.proto`).
+#[allow(clippy::all, missing_docs)]
+pub mod health {
+    include!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs"));
+}
+
 use pb::external_scaler_client::ExternalScalerClient;
+
+/// The health status a scaler gives for `service` (`liveness`, `readiness`), as the chart's
+/// gRPC probes ask; the gRPC error when it refuses.
+pub async fn health(addr: SocketAddr, service: &str) -> Result<i32, BoxError> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    let mut client = health::health_client::HealthClient::new(channel);
+    let answer = client
+        .check(health::HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await?;
+    Ok(answer.into_inner().status)
+}
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
