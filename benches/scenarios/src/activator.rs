@@ -94,9 +94,15 @@ impl Activator {
             std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
 
         let mut command = Command::new(launch.binary);
+        // The ports as flags too: a role that takes its settings from the environment
+        // (`keda-http`) reads no file, and for the others they are the file's own.
         command
             .arg("--config")
             .arg(&config_path)
+            .arg("--http")
+            .arg(http.to_string())
+            .arg("--admin")
+            .arg(admin.to_string())
             .arg("--driver")
             .arg(launch.driver)
             .env("KACTIVATOR_LOG", "warn")

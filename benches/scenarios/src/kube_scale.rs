@@ -116,7 +116,7 @@ impl Cluster {
 }
 
 /// Runs `f`, turning a panic (the testkit panics with an explanation) into an error.
-fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
     std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
         let message = panic
             .downcast_ref::<String>()

@@ -148,6 +148,12 @@ enum Scenario {
         /// Seconds allowed for the queue metric to reach each stage's count.
         #[arg(long, default_value_t = 120)]
         stage_timeout: u64,
+        /// Run `kactivator keda-http` against a real kube-apiserver (KACTIVATOR_KUBE_APISERVER
+        /// or the one scripts/kube-apiserver.sh builds) holding an HTTPScaledObject with no
+        /// ready endpoint, instead of the activator with a revision from the file; COUNT is at
+        /// most the route's queue (10 000).
+        #[arg(long)]
+        keda: bool,
     },
     /// A revision without a routable pod, one request queued, then the pod's queue-proxy
     /// registers `ready`: time from the registration's first byte to the pod reading the queued
@@ -307,6 +313,7 @@ fn main() -> ExitCode {
             proxy,
             queue_depth,
             stage_timeout,
+            keda,
         } => queued_memory::run(
             &cli.kactivator,
             &queued_memory::Options {
@@ -319,6 +326,7 @@ fn main() -> ExitCode {
                 queue_depth,
                 stage_timeout: Duration::from_secs(stage_timeout),
                 settle: Duration::from_secs(1),
+                keda,
             },
         ),
         Scenario::ColdPoke { revisions } => cold_poke::run(

@@ -48,6 +48,44 @@ pub struct Options {
     pub stage_timeout: Duration,
     /// Pause between reaching a count and sampling memory.
     pub settle: Duration,
+    /// KEDA's HTTP add-on role: `kactivator keda-http` against a real API server, the
+    /// requests held for an HTTPScaledObject whose Service has no ready endpoint.
+    pub keda: bool,
+}
+
+/// The host the KEDA role's held requests are for.
+const KEDA_HOST: &str = "queued.example.com";
+
+/// An API server with the add-on's CRD, a Service with an empty EndpointSlice, and an
+/// HTTPScaledObject [`REVISION`] routing [`KEDA_HOST`] to it.
+fn keda_cluster() -> Result<kactivator_testkit::apiserver::ApiServer, String> {
+    use kactivator_testkit::keda;
+    crate::kube_scale::guarded("a kube-apiserver with an HTTPScaledObject", || {
+        let api = kactivator_testkit::apiserver::ApiServer::start();
+        api.install_keda_http_crds();
+        api.apply_yaml(&keda::service("default", REVISION, 80, 8080, None));
+        api.apply_yaml(&keda::endpoint_slice(
+            "v1beta1",
+            "default",
+            REVISION,
+            &[],
+            &[],
+            8080,
+        ));
+        api.apply_yaml(
+            &keda::HttpScaledObject {
+                name: REVISION,
+                hosts: &[KEDA_HOST],
+                paths: &[],
+                service: REVISION,
+                port: 80,
+                annotations: "    kactivator.dev/container-concurrency: \"1\"",
+                extra: "",
+            }
+            .yaml(),
+        );
+        api
+    })
 }
 
 /// One memory sample.
@@ -116,6 +154,28 @@ fn run_driver(
             options.queue_depth.unwrap_or(count + 1000)
         ),
     );
+    // The KEDA role's cluster lives as long as this driver's run.
+    let cluster = if options.keda {
+        Some(keda_cluster()?)
+    } else {
+        None
+    };
+    let kubeconfig = cluster
+        .as_ref()
+        .map(|api| api.admin_kubeconfig().display().to_string())
+        .unwrap_or_default();
+    let scaler_port = kactivator_testkit::ports::free_port().to_string();
+    let keda_env = [
+        ("KUBECONFIG", kubeconfig.as_str()),
+        ("KEDA_HTTP_SCALER_PORT", scaler_port.as_str()),
+        // Held for the whole run, as the file's revision's requests are.
+        ("KEDA_HTTP_RESPONSE_HEADER_TIMEOUT", "86400s"),
+    ];
+    let (args, env): (&[&str], &[(&str, &str)]) = if options.keda {
+        (&["keda-http"], &keda_env)
+    } else {
+        (&[], &[])
+    };
     let activator = Activator::start(&Launch {
         binary,
         driver,
@@ -126,8 +186,8 @@ fn run_driver(
         tables: "",
         revisions: &revisions,
         dir,
-        args: &[],
-        env: &[],
+        args,
+        env,
     })
     .map_err(|e| format!("kactivator --driver {driver}: {e}"))?;
     let queued = || {
@@ -146,7 +206,11 @@ fn run_driver(
         idle.rss
     );
 
-    let request = get_request("/", REVISION);
+    let request = if options.keda {
+        format!("GET / HTTP/1.1\r\nHost: {KEDA_HOST}\r\n\r\n").into_bytes()
+    } else {
+        get_request("/", REVISION)
+    };
     let mut conns: Vec<TcpStream> = Vec::with_capacity(count as usize);
     let mut sources = Sources::new(options.per_source);
     let mut stages = Vec::new();
