@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use super::model::{Defaults, DEFAULT_RESPONSE_HEADER_TIMEOUT};
 use crate::features::parse_duration;
+// Go's `strconv.ParseBool`, which the add-on's `envconfig` uses too.
+use crate::queue_proxy::env::go_bool;
 
 /// The interceptor's proxy port when unset (the chart's).
 pub const DEFAULT_PROXY_PORT: u16 = 8080;
@@ -167,15 +169,6 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
             .filter(|key| get(key).is_some())
             .collect(),
     })
-}
-
-/// Go's `strconv.ParseBool`, which the add-on's `envconfig` uses.
-fn go_bool(text: &str) -> Option<bool> {
-    match text {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

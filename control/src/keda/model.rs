@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use super::object::{HttpScaledObject, ObjectError, PortRef, ServiceRef};
 use super::scaler::Scaling;
+pub use crate::sources::kubernetes::objects::SLICE_SERVICE_LABEL;
 use crate::sources::kubernetes::objects::{slice_addresses_where, Listing};
 use crate::state::{OmissionScope, Op, RevisionSpec};
 
@@ -34,8 +35,6 @@ pub const FAILOVER_SUFFIX: &str = ":failover";
 
 /// The `appProtocol` that makes the add-on speak h2c to a Service's port.
 pub const H2C_APP_PROTOCOL: &str = "kubernetes.io/h2c";
-/// The label an EndpointSlice names its Service by.
-pub const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
 
 /// The add-on's process-wide timeouts (its interceptor's environment), which an object's own
 /// override.

@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream, StreamExt};
 use kactivator_shards::metrics::AllShardStats;
@@ -27,12 +26,11 @@ use super::model::{Defaults, Model, Refusal, ScaledRoute, SLICE_SERVICE_LABEL};
 use crate::config::EndpointsKind;
 use crate::publisher::{until_served, Publisher};
 use crate::sources::kubernetes::backoff::WatchBackoff;
-use crate::sources::kubernetes::informers::{resolve_endpoints, EndpointsApi, SERVED_WITHIN};
+use crate::sources::kubernetes::informers::{
+    resolve_endpoints, EndpointsApi, PROGRESS_EVERY, SERVED_WITHIN,
+};
 use crate::state::Op;
 use crate::worker::WorkerHandle;
-
-/// How often the start-up says which watches are still listing.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// What each route scales on, by namespace and name: the external scaler's view of the routes.
 pub type ScaledRoutes = Arc<BTreeMap<(String, String), ScaledRoute>>;

@@ -45,7 +45,7 @@ use super::backends::{MeshMode, Outcome, ProbeJob};
 use super::backoff::WatchBackoff;
 use super::internal_tls::{InternalTls, Served, ROUTING_SERVING_CERTS, TRUST_BUNDLE_LABEL};
 use super::model::{EndpointsSeen, MissingSlices, Model, ObjectId, TlsChanged};
-use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL};
+use super::objects::{self, ServiceType, SERVICE_TYPE_LABEL, SLICE_SERVICE_LABEL};
 use super::trace_config::{self, ClusterTracing, TRACING_CONFIG_MAP};
 use crate::config::trace::{self, TracingConfig};
 use crate::config::EndpointsKind;
@@ -73,10 +73,8 @@ pub const SYSTEM_INTERNAL_TLS: &str = "system-internal-tls";
 pub const INTERNAL_ENCRYPTION: &str = "internal-encryption";
 /// The activators' Service, whose endpoints are the registration relay's peers.
 pub const ACTIVATOR_SERVICE: &str = "activator-service";
-/// The label EndpointSlices name their Service by.
-const SLICE_SERVICE_LABEL: &str = "kubernetes.io/service-name";
 /// How often the start-up says which watches are still listing.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// The API that lists pods, as resolved against the server.
 #[derive(Clone, Debug, PartialEq, Eq)]
