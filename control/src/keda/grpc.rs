@@ -268,10 +268,7 @@ fn interceptor_routes_not_served(name: &str) -> Status {
 }
 
 fn wire_value(value: MetricValue) -> externalscaler::MetricValue {
-    let (integer, float) = match value.value {
-        Target::Integer(value) => (value, 0.0),
-        Target::Float(value) => (0, value),
-    };
+    let (integer, float) = value.value.fields();
     externalscaler::MetricValue {
         metric_name: value.name,
         metric_value: integer,
@@ -337,10 +334,7 @@ impl ExternalScaler for Scaler {
             },
             Subject::InterceptorRoute { name } => return Err(interceptor_routes_not_served(&name)),
         };
-        let (integer, float) = match spec.target {
-            Target::Integer(value) => (value, 0.0),
-            Target::Float(value) => (0, value),
-        };
+        let (integer, float) = spec.target.fields();
         Ok(Response::new(GetMetricSpecResponse {
             metric_specs: vec![externalscaler::MetricSpec {
                 metric_name: spec.name,

@@ -238,7 +238,7 @@ impl Model {
                 let failover_key = RevisionKey::new(namespace, &format!("{name}{FAILOVER_SUFFIX}"));
                 if let Ok(failover_key) = failover_key {
                     let (failover_spec, failover_ready, problems) =
-                        self.failover_route(failover_key.clone(), object, &failover.to);
+                        self.service_route(failover_key.clone(), object, &failover.to);
                     refusals.extend(
                         problems
                             .into_iter()
@@ -293,18 +293,8 @@ impl Model {
         (spec, ready, problems)
     }
 
-    /// An object's failover as a route of its own: the failover Service's ready pods, no
-    /// rules (only a request that waited for the object's route comes here), no limit.
-    fn failover_route(
-        &self,
-        key: RevisionKey,
-        object: &HttpScaledObject,
-        to: &ServiceRef,
-    ) -> (RevisionSpec, Vec<SocketAddr>, Vec<String>) {
-        self.service_route(key, object, to)
-    }
-
-    /// A route to Service `to`'s pods, with the object's timeouts.
+    /// A route to Service `to`'s pods, with the object's timeouts and no rules or limit: an
+    /// object's failover as it is, its own route once [`Model::route`] adds those.
     fn service_route(
         &self,
         key: RevisionKey,

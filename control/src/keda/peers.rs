@@ -43,14 +43,9 @@ pub fn peers_of(
 ) -> Vec<SocketAddr> {
     let mut peers: Vec<SocketAddr> = slices
         .values()
-        .flat_map(|slice| slice["endpoints"].as_array().cloned().unwrap_or_default())
+        .flat_map(|slice| slice["endpoints"].as_array().into_iter().flatten())
         .filter(|endpoint| endpoint["conditions"]["ready"].as_bool().unwrap_or(true))
-        .flat_map(|endpoint| {
-            endpoint["addresses"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
+        .flat_map(|endpoint| endpoint["addresses"].as_array().into_iter().flatten())
         .filter_map(|address| address.as_str()?.parse::<IpAddr>().ok())
         .filter(|ip| Some(*ip) != me)
         .map(|ip| SocketAddr::new(ip, port))

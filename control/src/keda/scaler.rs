@@ -149,6 +149,15 @@ impl Target {
             Target::Float(value) => value > 0.0,
         }
     }
+
+    /// The message's two fields, the deprecated integer and the float: the one this is, the
+    /// other zero.
+    pub fn fields(self) -> (i64, f64) {
+        match self {
+            Target::Integer(value) => (value, 0.0),
+            Target::Float(value) => (0, value),
+        }
+    }
 }
 
 /// One metric's value (`MetricValue`).
