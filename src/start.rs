@@ -256,14 +256,11 @@ async fn connect_kubernetes(
     tunables: Tunables,
 ) -> Result<KubeSource, StartError> {
     let client = informers::client().await.map_err(|error| {
-        StartError::Config(ConfigError {
-            source: Some("--source kubernetes".into()),
-            position: None,
-            message: format!(
-                "no Kubernetes configuration ({error}); set KUBECONFIG or run in a pod with a \
-                 service account, or run standalone with --config FILE (try `kactivator demo`)"
-            ),
-        })
+        no_kube_config(
+            &error,
+            "--source kubernetes",
+            ", or run standalone with --config FILE (try `kactivator demo`)",
+        )
     })?;
     let system_namespace = std::env::var("SYSTEM_NAMESPACE")
         .ok()
@@ -289,18 +286,24 @@ async fn connect_kubernetes(
     .map_err(StartError::Kubernetes)
 }
 
+/// Why there is no client of the cluster (no kubeconfig, no in-cluster service account): the
+/// error names `source` and ends with `else_hint`.
+fn no_kube_config(error: &str, source: &str, else_hint: &str) -> StartError {
+    StartError::Config(ConfigError {
+        source: Some(source.into()),
+        position: None,
+        message: format!(
+            "no Kubernetes configuration ({error}); set KUBECONFIG or run in a pod with a \
+             service account{else_hint}"
+        ),
+    })
+}
+
 /// Connects to the cluster for the KEDA HTTP add-on role and binds its scaler's port.
 async fn connect_keda(keda: KedaSetup) -> Result<KedaRun, StartError> {
-    let client = informers::client().await.map_err(|error| {
-        StartError::Config(ConfigError {
-            source: Some("keda-http".into()),
-            position: None,
-            message: format!(
-                "no Kubernetes configuration ({error}); set KUBECONFIG or run in a pod with a \
-                 service account"
-            ),
-        })
-    })?;
+    let client = informers::client()
+        .await
+        .map_err(|error| no_kube_config(&error, "keda-http", ""))?;
     let source = KedaSource::resolve(client, keda.namespace, keda.defaults)
         .await
         .map_err(StartError::Kubernetes)?;
