@@ -137,6 +137,21 @@ impl Cluster {
     }
 }
 
+/// HTTPScaledObject `app` for `app.example.com` to Service `app`, with `paths`, `annotations` and
+/// `extra` as [`HttpScaledObject`] takes them.
+fn app_object(paths: &[&str], annotations: &str, extra: &str) -> String {
+    HttpScaledObject {
+        name: "app",
+        hosts: &["app.example.com"],
+        paths,
+        service: "app",
+        port: SERVICE_PORT,
+        annotations,
+        extra,
+    }
+    .yaml()
+}
+
 fn request(host: &str, path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").into_bytes()
 }
@@ -173,18 +188,7 @@ fn an_http_scaled_object_routes_holds_scales_from_zero_and_reports_to_keda() {
     let cluster = Cluster::start();
     cluster.service("app");
     cluster.endpoints("app", &[], &[]);
-    cluster.api.apply_yaml(
-        &HttpScaledObject {
-            name: "app",
-            hosts: &["app.example.com"],
-            paths: &[],
-            service: "app",
-            port: SERVICE_PORT,
-            annotations: "",
-            extra: "",
-        }
-        .yaml(),
-    );
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
     let (interceptor, scaler) = cluster.interceptor(&[]);
     let rt = runtime();
     let mut client = rt
@@ -303,18 +307,11 @@ fn four_pods_with_a_limit_of_one_never_serve_two_requests_at_once_under_64_clien
         .collect();
     let ips: Vec<IpAddr> = pods.iter().map(|(ip, _)| *ip).collect();
     cluster.endpoints("app", &ips, &[]);
-    cluster.api.apply_yaml(
-        &HttpScaledObject {
-            name: "app",
-            hosts: &["app.example.com"],
-            paths: &["/"],
-            service: "app",
-            port: SERVICE_PORT,
-            annotations: "    kactivator.dev/container-concurrency: \"1\"",
-            extra: "",
-        }
-        .yaml(),
-    );
+    cluster.api.apply_yaml(&app_object(
+        &["/"],
+        "    kactivator.dev/container-concurrency: \"1\"",
+        "",
+    ));
     let (interceptor, _scaler) = cluster.interceptor(&[]);
     let http = interceptor.http;
     let clients: Vec<_> = (0..CLIENTS)
@@ -354,18 +351,7 @@ fn a_websocket_stays_open_past_every_timeout_and_counts_while_it_is_open() {
     cluster.service("app");
     let (ip, _pod) = cluster.pod("app-1");
     cluster.endpoints("app", &[ip], &[]);
-    cluster.api.apply_yaml(
-        &HttpScaledObject {
-            name: "app",
-            hosts: &["app.example.com"],
-            paths: &[],
-            service: "app",
-            port: SERVICE_PORT,
-            annotations: "",
-            extra: "",
-        }
-        .yaml(),
-    );
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
     // Both of the add-on's request timeouts at one second; the socket lives for four.
     let (interceptor, scaler) = cluster.interceptor(&[
         ("KEDA_HTTP_REQUEST_TIMEOUT", "1s"),
@@ -426,18 +412,7 @@ fn every_replica_answers_keda_for_the_whole_fleet() {
     let cluster = Cluster::start();
     cluster.service("app");
     cluster.endpoints("app", &[], &[]);
-    cluster.api.apply_yaml(
-        &HttpScaledObject {
-            name: "app",
-            hosts: &["app.example.com"],
-            paths: &[],
-            service: "app",
-            port: SERVICE_PORT,
-            annotations: "",
-            extra: "",
-        }
-        .yaml(),
-    );
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
     // Two replicas, listed by the admin Service's EndpointSlice as the endpoint controller
     // would list the Deployment's pods.
     let admin_port = free_port();
@@ -509,18 +484,11 @@ fn every_replica_answers_keda_for_the_whole_fleet() {
     // requests at once.
     let (ip_2, second) = cluster.pod("app-2");
     cluster.endpoints("app", &[ip, ip_2], &[]);
-    cluster.api.apply_yaml(
-        &HttpScaledObject {
-            name: "app",
-            hosts: &["app.example.com"],
-            paths: &[],
-            service: "app",
-            port: SERVICE_PORT,
-            annotations: "    kactivator.dev/container-concurrency: \"1\"",
-            extra: "",
-        }
-        .yaml(),
-    );
+    cluster.api.apply_yaml(&app_object(
+        &[],
+        "    kactivator.dev/container-concurrency: \"1\"",
+        "",
+    ));
     // Each replica routes to its share: one pod with one slot, of the two pods.
     for (name, replica) in [("a", &a), ("b", &b)] {
         let capacity = || {
@@ -575,19 +543,12 @@ fn a_wait_for_a_first_pod_ends_at_the_failover_or_in_a_504() {
     cluster.endpoints("lonely", &[], &[]);
     let (ip, fallback) = cluster.pod("fallback-1");
     cluster.endpoints("fallback", &[ip], &[]);
-    cluster.api.apply_yaml(
-        &HttpScaledObject {
-            name: "app",
-            hosts: &["app.example.com"],
-            paths: &[],
-            service: "app",
-            port: SERVICE_PORT,
-            annotations: "",
-            extra: "  coldStartTimeoutFailoverRef:\n    service: fallback\n    \
+    cluster.api.apply_yaml(&app_object(
+        &[],
+        "",
+        "  coldStartTimeoutFailoverRef:\n    service: fallback\n    \
                     port: 80\n    timeoutSeconds: 1",
-        }
-        .yaml(),
-    );
+    ));
     cluster.api.apply_yaml(
         &HttpScaledObject {
             name: "lonely",
