@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::model::{Defaults, DEFAULT_RESPONSE_HEADER_TIMEOUT};
 use crate::features::parse_duration;
+use kactivator_shards::routing::MAX_TIMEOUT_SECONDS;
 // Go's `strconv.ParseBool`, which the add-on's `envconfig` uses too.
 use crate::queue_proxy::env::go_bool;
 
@@ -102,6 +103,13 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
     let mut duration = |key: &'static str| -> Option<Duration> {
         let text = get(key)?;
         match parse_duration(&text) {
+            Some(duration) if duration.as_secs() > MAX_TIMEOUT_SECONDS => {
+                errors.push((
+                    key,
+                    format!("{text:?} is more than the {MAX_TIMEOUT_SECONDS} s kactivator accepts"),
+                ));
+                None
+            }
             Some(duration) => Some(duration),
             None => {
                 errors.push((
@@ -266,6 +274,7 @@ mod tests {
             ("KEDA_HTTP_PROXY_PORT", "80800"),
             ("KEDA_HTTP_REQUEST_TIMEOUT", "soon"),
             ("KEDA_HTTP_ENABLE_COLD_START_HEADER", "yes"),
+            ("KEDA_HTTP_READINESS_TIMEOUT", "9999999999h"),
         ])
         .unwrap_err();
         let keys: Vec<&str> = errors.0.iter().map(|(key, _)| *key).collect();
@@ -274,6 +283,7 @@ mod tests {
             vec![
                 "KEDA_HTTP_PROXY_PORT",
                 "KEDA_HTTP_REQUEST_TIMEOUT",
+                "KEDA_HTTP_READINESS_TIMEOUT",
                 "KEDA_HTTP_ENABLE_COLD_START_HEADER"
             ]
         );

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kactivator_shards::routing::rules::{HeaderMatch, RouteOrder, Rule};
+use kactivator_shards::routing::MAX_TIMEOUT_SECONDS;
 use serde::Deserialize;
 
 use super::scaler::Scaling;
@@ -289,7 +290,10 @@ impl HttpScaledObject {
                     Some(0) => {}
                     // The failover's wait is the readiness timeout, over conditionWait.
                     Some(seconds) => {
-                        readiness_timeout = Some(Duration::from_secs(seconds as u64));
+                        readiness_timeout = Some(within_a_year(
+                            &format!("{field}.timeoutSeconds"),
+                            Duration::from_secs(seconds as u64),
+                        )?);
                     }
                     None => readiness_timeout = Some(DEFAULT_FAILOVER_TIMEOUT),
                 }
@@ -360,13 +364,27 @@ fn service_ref(
 }
 
 /// A `metav1.Duration` (Go's duration text); `None` when absent.
+/// A timeout field: a Go duration of at most [`MAX_TIMEOUT_SECONDS`] (one year), refused above
+/// it as the Knative source refuses a Revision's, so that no deadline overflows the clock.
 fn duration(field: &str, text: Option<&str>) -> Result<Option<Duration>, ObjectError> {
     match text {
         None => Ok(None),
-        Some(text) => parse_duration(text)
-            .map(Some)
-            .ok_or_else(|| error(field, format!("{text:?} is not a duration"))),
+        Some(text) => {
+            let duration = parse_duration(text)
+                .ok_or_else(|| error(field, format!("{text:?} is not a duration")))?;
+            within_a_year(field, duration).map(Some)
+        }
     }
+}
+
+fn within_a_year(field: &str, duration: Duration) -> Result<Duration, ObjectError> {
+    if duration.as_secs() > MAX_TIMEOUT_SECONDS {
+        return Err(error(
+            field,
+            format!("{duration:?} is more than the {MAX_TIMEOUT_SECONDS} s kactivator accepts"),
+        ));
+    }
+    Ok(duration)
 }
 
 fn container_concurrency(

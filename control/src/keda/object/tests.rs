@@ -243,3 +243,19 @@ fn a_limit_of_zero_is_unlimited_and_unknown_fields_are_ignored() {
     let object = read(value).unwrap();
     assert_eq!(object.container_concurrency, None);
 }
+
+#[test]
+fn a_timeout_past_a_year_is_refused_naming_the_field_so_no_deadline_overflows() {
+    let mut value = served();
+    value["spec"]["timeouts"] = json!({"conditionWait": "9999999999h"});
+    let refused = read(value).unwrap_err();
+    assert_eq!(refused.field, "spec.timeouts.conditionWait");
+    let mut value = served();
+    value["spec"]["coldStartTimeoutFailoverRef"] =
+        json!({"service": "fallback", "port": 80, "timeoutSeconds": 2_147_483_647});
+    let refused = read(value).unwrap_err();
+    assert_eq!(
+        refused.field,
+        "spec.coldStartTimeoutFailoverRef.timeoutSeconds"
+    );
+}
