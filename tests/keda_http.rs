@@ -270,7 +270,37 @@ fn an_http_scaled_object_routes_holds_scales_from_zero_and_reports_to_keda() {
     let warm = exchange(interceptor.http, &request("app.example.com", "/"));
     assert_eq!(warm.status, 200);
     assert_eq!(warm.header("X-KEDA-HTTP-Cold-Start"), Some("false"));
-    assert_eq!(pod.stats().requests, 2);
+    // What the app sees of the request: the add-on's forwarding edits, and the fields the
+    // activator's and queue-proxy's roles would have read (`K-Original-Host`, Knative's revision
+    // headers) passed on as any other field, never acted on.
+    let seen = exchange(
+        interceptor.http,
+        b"GET /headers HTTP/1.1\r\nHost: app.example.com\r\nK-Original-Host: elsewhere.example\r\n\
+          Knative-Serving-Revision: hello-00001\r\nForwarded: for=6.6.6.6\r\n\
+          X-Forwarded-For: 1.2.3.4\r\nX-Forwarded-Proto: https\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(seen.status, 200, "{}", seen.text());
+    let seen: serde_json::Value = serde_json::from_slice(&seen.body).expect("the app's JSON");
+    let field = |name: &str| -> Vec<String> {
+        seen["headers"]
+            .as_array()
+            .expect("headers")
+            .iter()
+            .filter(|pair| pair[0].as_str().unwrap().eq_ignore_ascii_case(name))
+            .map(|pair| pair[1].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(field("host"), ["app.example.com"]);
+    assert_eq!(field("k-original-host"), ["elsewhere.example"]);
+    assert_eq!(field("knative-serving-revision"), ["hello-00001"]);
+    assert!(
+        field("forwarded").is_empty(),
+        "Go's Rewrite drops Forwarded"
+    );
+    assert_eq!(field("x-forwarded-for"), ["1.2.3.4, 127.0.0.1"]);
+    assert_eq!(field("x-forwarded-host"), ["app.example.com"]);
+    assert_eq!(field("x-forwarded-proto"), ["https"], "the client's kept");
+    assert_eq!(pod.stats().requests, 3);
     assert!(
         eventually(Duration::from_secs(5), || rt
             .block_on(metric(&mut client, scaler))

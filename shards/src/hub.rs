@@ -481,7 +481,7 @@ fn serve_tls(shard: &Rc<Shard>, stream: monoio::net::TcpStream, peer: std::net::
         OptionFuture::from(accepted.map(|(front_shard, stream)| {
             if stream.session().alpn_protocol() == Some(&b"h2"[..]) {
                 front_shard.stats().connections_accepted.increment();
-                let peer = Rc::new(Peer::of(peer));
+                let peer = Rc::new(Peer::of(peer).over_tls(true));
                 futures_util::future::Either::Left(Box::pin(http2::server::take_over(
                     front_shard,
                     stream,

@@ -187,6 +187,7 @@ impl Shard {
             match settings.role.edits() {
                 Edits::Activator => SpanNames::Activator,
                 Edits::QueueProxy => SpanNames::QueueProxy,
+                Edits::Interceptor => SpanNames::Interceptor,
             },
             settings.spans.clone(),
         );

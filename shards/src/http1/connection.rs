@@ -72,7 +72,7 @@ pub(crate) fn serve_connection<S: ByteStream>(
         inbuf: InBuf::default(),
         request_out: Vec::new(),
         response_out: Vec::new(),
-        peer: Peer::of(peer),
+        peer: Peer::of(peer).over_tls(S::TLS),
         canceller: None,
         head: RequestHead::default(),
         response_head: ResponseHead::default(),

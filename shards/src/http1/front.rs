@@ -149,6 +149,7 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
             &conn.head,
             buf,
             &conn.peer.ip,
+            conn.peer.tls,
             edits,
             &mut conn.request_out,
             trace,

@@ -75,6 +75,9 @@ const PROXY_REQUEST_LINE: &[u8] = b"K-Proxy-Request: activator\r\n";
 /// * the queue-proxy's: the revision headers removed; `Host` the client's, or
 ///   `K-Original-Host`'s (which goes); `X-Forwarded-For` with the client appended; the
 ///   `Forwarded` shim. The head is whole: `None` is returned.
+/// * KEDA's interceptor's: `Host` the client's; `Forwarded` removed; `X-Forwarded-For`
+///   appended, `X-Forwarded-Host` and `-Proto` the client's or ours (`secure`: it came over
+///   TLS). The head is whole: `None` is returned.
 ///
 /// `S`: the client's stream, only a name (see [`H1Headers`]).
 #[inline]
@@ -83,27 +86,35 @@ pub fn write_request_head<S>(
     head: &RequestHead,
     buf: &[u8],
     client_ip: &[u8],
+    secure: bool,
     edits: Edits,
     out: &mut Vec<u8>,
     trace: Option<&mut Decider<'_>>,
 ) -> Option<usize> {
     match edits {
-        Edits::Activator => Some(write_head::<false, S>(head, buf, client_ip, out, trace)),
+        Edits::Activator => Some(write_head::<{ policy::ACTIVATOR }, S>(
+            head, buf, client_ip, secure, out, trace,
+        )),
         Edits::QueueProxy => {
-            write_head::<true, S>(head, buf, client_ip, out, trace);
+            write_head::<{ policy::QUEUE_PROXY }, S>(head, buf, client_ip, secure, out, trace);
+            None
+        }
+        Edits::Interceptor => {
+            write_head::<{ policy::INTERCEPTOR }, S>(head, buf, client_ip, secure, out, trace);
             None
         }
     }
 }
 
-/// [`write_request_head`] under the activator's edits, or (`QUEUE_PROXY`) the queue-proxy's:
-/// the request line, the fields by the one writer of the edits (`policy::write_fields`), then
+/// [`write_request_head`] under the edits `EDITS` (`policy::ACTIVATOR` and the others): the
+/// request line, the fields by the one writer of the edits (`policy::write_fields`), then
 /// HTTP/1's own framing.
 #[inline]
-fn write_head<const QUEUE_PROXY: bool, S>(
+fn write_head<const EDITS: u8, S>(
     head: &RequestHead,
     buf: &[u8],
     client_ip: &[u8],
+    secure: bool,
     out: &mut Vec<u8>,
     trace: Option<&mut Decider<'_>>,
 ) -> usize {
@@ -119,10 +130,11 @@ fn write_head<const QUEUE_PROXY: bool, S>(
         connection_named: connection_tokens(head, buf),
         h2c_offered: head.h2c_offered,
     };
-    let host = policy::write_fields::<_, _, _, QUEUE_PROXY>(
+    let host = policy::write_fields::<_, _, _, EDITS>(
         &view,
         || head.headers(buf),
         client_ip,
+        secure,
         &mut sink,
         trace,
     );
@@ -184,6 +196,8 @@ impl<'b> policy::FieldSink<'b> for HeadSink<'_, 'b> {
             AddedField::OriginalHost => headers::ORIGINAL_HOST,
             AddedField::RequestId => headers::REQUEST_ID,
             AddedField::Forwarded => "Forwarded",
+            AddedField::ForwardedHost => "X-Forwarded-Host",
+            AddedField::ForwardedProto => "X-Forwarded-Proto",
             AddedField::Te => "TE",
             AddedField::Trace(field) => field.name(),
         };
@@ -569,6 +583,7 @@ mod tests {
             &head,
             raw.as_bytes(),
             b"192.168.1.9",
+            false,
             Edits::Activator,
             &mut out,
             None,
@@ -590,6 +605,7 @@ mod tests {
             &head,
             raw.as_bytes(),
             b"127.0.0.1",
+            false,
             Edits::QueueProxy,
             &mut out,
             None,

@@ -303,7 +303,7 @@ impl Front for H2Front<'_> {
             .unwrap_or_default();
         self.grpc = is_grpc(&self.parts.headers);
         let (outbound, authority) =
-            outbound_request(&self.parts, &self.peer.ip, edits, trace.as_deref_mut());
+            outbound_request(&self.parts, &self.peer, edits, trace.as_deref_mut());
         self.trace = trace.and_then(|decider| decider.decided);
         self.outbound = outbound;
         self.authority = authority;
@@ -391,7 +391,7 @@ impl Front for H2Front<'_> {
             Exchanged::NotTaken { error, replayable } => {
                 let mut again = self.trace.map(Decider::again);
                 self.outbound =
-                    outbound_request(&self.parts, &self.peer.ip, self.edits, again.as_mut()).0;
+                    outbound_request(&self.parts, &self.peer, self.edits, again.as_mut()).0;
                 // The connection went away under us: the next stream gets another one.
                 forget(&lease);
                 Attempt::NotTaken { error, replayable }
@@ -469,7 +469,7 @@ fn send_answer(respond: &mut SendResponse<Bytes>, answer: &Answer<'_>, head_only
 /// keeps: the client's, or `K-Original-Host`'s.
 fn outbound_request(
     parts: &http::request::Parts,
-    client_ip: &[u8],
+    client_peer: &Peer,
     edits: Edits,
     trace: Option<&mut Decider<'_>>,
 ) -> (Request<()>, Option<http::uri::Authority>) {
@@ -481,13 +481,17 @@ fn outbound_request(
         out: request.headers_mut(),
     };
     let fields = || parts.headers.iter();
+    let (ip, tls) = (&*client_peer.ip, client_peer.tls);
     let host = match edits {
-        Edits::Activator => {
-            policy::write_fields::<_, _, _, false>(&client, fields, client_ip, &mut sink, trace)
-        }
-        Edits::QueueProxy => {
-            policy::write_fields::<_, _, _, true>(&client, fields, client_ip, &mut sink, trace)
-        }
+        Edits::Activator => policy::write_fields::<_, _, _, { policy::ACTIVATOR }>(
+            &client, fields, ip, tls, &mut sink, trace,
+        ),
+        Edits::QueueProxy => policy::write_fields::<_, _, _, { policy::QUEUE_PROXY }>(
+            &client, fields, ip, tls, &mut sink, trace,
+        ),
+        Edits::Interceptor => policy::write_fields::<_, _, _, { policy::INTERCEPTOR }>(
+            &client, fields, ip, tls, &mut sink, trace,
+        ),
     };
     let authority = host.and_then(|host| http::uri::Authority::try_from(host).ok());
     (request, authority)
@@ -529,6 +533,8 @@ impl<'a> policy::FieldSink<'a> for MapSink<'_> {
             AddedField::OriginalHost => names::ORIGINAL_HOST,
             AddedField::RequestId => names::REQUEST_ID,
             AddedField::Forwarded => http::header::FORWARDED,
+            AddedField::ForwardedHost => HeaderName::from_static("x-forwarded-host"),
+            AddedField::ForwardedProto => HeaderName::from_static("x-forwarded-proto"),
             AddedField::Te => http::header::TE,
             AddedField::Trace(name) => trace_header_name(name),
         };
@@ -1017,6 +1023,33 @@ mod tests {
         request.into_parts().0
     }
 
+    fn client(ip: &str) -> Peer {
+        Peer::of(SocketAddr::new(ip.parse().unwrap(), 40_000))
+    }
+
+    #[test]
+    fn a_pod_behind_keda_s_interceptor_gets_the_add_on_s_rewrite_over_tls() {
+        let request = Request::builder()
+            .uri("https://app.example.com/v1/chat")
+            .header("forwarded", "for=6.6.6.6")
+            .header("k-original-host", "elsewhere.example")
+            .header("x-forwarded-for", "1.2.3.4")
+            .body(())
+            .unwrap();
+        let tls = client("10.1.2.3").over_tls(true);
+        let (out, authority) = outbound_request(&parts(request), &tls, Edits::Interceptor, None);
+        assert_eq!(
+            authority.unwrap().as_str(),
+            "app.example.com",
+            "the client's authority, not K-Original-Host"
+        );
+        assert!(out.headers().get("forwarded").is_none());
+        assert_eq!(out.headers()["k-original-host"], "elsewhere.example");
+        assert_eq!(out.headers()["x-forwarded-host"], "app.example.com");
+        assert_eq!(out.headers()["x-forwarded-proto"], "https");
+        assert_eq!(out.headers()["x-forwarded-for"], "1.2.3.4, 10.1.2.3");
+    }
+
     #[test]
     fn the_user_container_gets_the_queue_proxys_rewrite() {
         let request = Request::builder()
@@ -1033,8 +1066,12 @@ mod tests {
             .header("x-run-id", "run-7")
             .body(())
             .unwrap();
-        let (out, authority) =
-            outbound_request(&parts(request), b"127.0.0.1", Edits::QueueProxy, None);
+        let (out, authority) = outbound_request(
+            &parts(request),
+            &client("127.0.0.1"),
+            Edits::QueueProxy,
+            None,
+        );
         assert_eq!(authority.unwrap().as_str(), "hello.example.com");
         let names: Vec<&str> = out.headers().keys().map(|name| name.as_str()).collect();
         assert_eq!(
@@ -1064,7 +1101,8 @@ mod tests {
             .uri("http://hello.example.com/")
             .body(())
             .unwrap();
-        let (_, authority) = outbound_request(&parts(plain), b"127.0.0.1", Edits::QueueProxy, None);
+        let (_, authority) =
+            outbound_request(&parts(plain), &client("127.0.0.1"), Edits::QueueProxy, None);
         assert_eq!(authority.unwrap().as_str(), "hello.example.com");
     }
 
@@ -1084,7 +1122,8 @@ mod tests {
             .header("connection", "close")
             .body(())
             .unwrap();
-        let (out, _) = outbound_request(&parts(request), b"10.1.2.3", Edits::Activator, None);
+        let (out, _) =
+            outbound_request(&parts(request), &client("10.1.2.3"), Edits::Activator, None);
         let get = |name: &str| {
             out.headers()
                 .get_all(name)
@@ -1115,7 +1154,8 @@ mod tests {
             .header("k-original-host", "first.example")
             .body(())
             .unwrap();
-        let (out, _) = outbound_request(&parts(request), b"10.1.2.3", Edits::Activator, None);
+        let (out, _) =
+            outbound_request(&parts(request), &client("10.1.2.3"), Edits::Activator, None);
         assert!(out.headers().get("te").is_none());
         assert_eq!(out.headers()["k-original-host"], "first.example");
         assert_eq!(out.headers()["x-forwarded-for"], "10.1.2.3");

@@ -1,6 +1,7 @@
 //! The client at the other end of a connection, as the request path uses it: its IP as text
 //! (the `X-Forwarded-For` a pod is sent) and its port (with the IP, a request log's
-//! `RemoteAddr`). Formatted once per connection.
+//! `RemoteAddr`), and whether it came over TLS (the scheme KEDA's interceptor edits tell the
+//! pod). Formatted once per connection.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -11,6 +12,8 @@ pub struct Peer {
     /// The IP as text, without brackets (`10.0.0.1`, `::1`).
     pub ip: Box<[u8]>,
     pub port: u16,
+    /// The connection is TLS: the request's scheme is `https`.
+    pub tls: bool,
 }
 
 impl Peer {
@@ -25,7 +28,13 @@ impl Peer {
                 .into_bytes()
                 .into_boxed_slice(),
             port: addr.port(),
+            tls: false,
         }
+    }
+
+    /// The same client, over TLS when `tls`.
+    pub fn over_tls(self, tls: bool) -> Peer {
+        Peer { tls, ..self }
     }
 
     /// `ip:port`, an IPv6 address in brackets: Go's `RemoteAddr`.

@@ -24,12 +24,25 @@ use super::trace::{propagation_field, Decider, Gathered, PropagationField};
 /// headers pruned; `K-Proxy-Request` passed on (the autoscaler stats count it as proxied);
 /// `X-Forwarded-For` with the client appended (Go's `ReverseProxy`); a `Forwarded` field made
 /// from the `X-Forwarded-*` ones when the request has none (`ForwardedShimHandler`); hop-by-hop
-/// fields dropped. Nothing else is added.
+/// fields dropped. Nothing else is added. Or KEDA's HTTP add-on's interceptor's, to a pod (Go's
+/// `ReverseProxy` with the `Rewrite` of `interceptor/handler/upstream.go` at v0.15.0): the
+/// client's `Host` kept; hop-by-hop fields and `Forwarded` dropped; `X-Forwarded-For` with the
+/// client appended; `X-Forwarded-Host` and `X-Forwarded-Proto` the client's first non-empty
+/// ones, else the request's `Host` and `http` (`https` over TLS); every other field as it came.
+///
+/// The discriminants are the writer's const parameter ([`write_fields`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Edits {
-    Activator,
-    QueueProxy,
+    Activator = 0,
+    QueueProxy = 1,
+    Interceptor = 2,
 }
+
+/// [`Edits`] as [`write_fields`]' const parameter.
+pub const ACTIVATOR: u8 = Edits::Activator as u8;
+pub const QUEUE_PROXY: u8 = Edits::QueueProxy as u8;
+pub const INTERCEPTOR: u8 = Edits::Interceptor as u8;
 
 /// What becomes of one field of the client's request on its way to the pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,8 +62,9 @@ pub enum RequestField {
     /// `K-Original-Host`: kept, and the activator adds none. (The queue-proxy's edits: the
     /// request's `Host`, and dropped as a field.)
     OriginalHost,
-    /// The queue-proxy's edits only: kept, and read for the `Forwarded` shim. `Forwarded`
-    /// itself (no shim then), `X-Forwarded-Proto`, `X-Forwarded-Host`.
+    /// The queue-proxy's edits: kept, and read for the `Forwarded` shim. `Forwarded` itself
+    /// (no shim then), `X-Forwarded-Proto`, `X-Forwarded-Host`. The interceptor's: the last two
+    /// read and written again, `Forwarded` dropped.
     Forwarded,
     ForwardedProto,
     ForwardedHost,
@@ -106,6 +120,30 @@ pub fn queue_proxy_field(name: &[u8]) -> RequestField {
         19 if is("proxy-authorization") => RequestField::Drop,
         24 if is(headers::REVISION) => RequestField::Drop,
         25 if is(headers::NAMESPACE) => RequestField::Drop,
+        _ => RequestField::Keep,
+    }
+}
+
+/// What becomes of the field `name` (any case) of a request on its way to a pod under KEDA's
+/// HTTP add-on's edits ([`Edits::Interceptor`]): Go's `ReverseProxy` drops the hop-by-hop
+/// fields and, with a `Rewrite`, every `Forwarded` and `X-Forwarded-*` field before the
+/// rewrite sets its own. `Host` is dropped as a field: the writer writes the request's.
+#[inline]
+pub fn interceptor_field(name: &[u8]) -> RequestField {
+    let is = |known: &str| name_eq(name, known.as_bytes());
+    match name.len() {
+        2 if is("te") => RequestField::Te,
+        4 if is(headers::HOST) => RequestField::Drop,
+        7 if is("trailer") || is("upgrade") => RequestField::Drop,
+        9 if is("forwarded") => RequestField::Drop,
+        10 if is("connection") || is("keep-alive") => RequestField::Drop,
+        15 if is(headers::FORWARDED_FOR) => RequestField::ForwardedFor,
+        16 if is("proxy-connection") => RequestField::Drop,
+        16 if is("x-forwarded-host") => RequestField::ForwardedHost,
+        17 if is("transfer-encoding") => RequestField::Drop,
+        17 if is("x-forwarded-proto") => RequestField::ForwardedProto,
+        18 if is("proxy-authenticate") => RequestField::Drop,
+        19 if is("proxy-authorization") => RequestField::Drop,
         _ => RequestField::Keep,
     }
 }
@@ -246,6 +284,9 @@ pub enum AddedField {
     Forwarded,
     /// `TE: trailers`, when the client's `TE` allows it.
     Te,
+    /// `X-Forwarded-Host` and `X-Forwarded-Proto` (the interceptor's edits).
+    ForwardedHost,
+    ForwardedProto,
     /// A propagation header of the trace context going to the pod (`request::trace`); only
     /// while tracing is on.
     Trace(PropagationField),
@@ -280,27 +321,29 @@ pub trait FieldSink<'a> {
     fn forwarded_for(&mut self, earlier: impl Iterator<Item = &'a [u8]>, client_ip: &[u8]);
 }
 
-/// The one writer of the header edits, for every front and both roles: goes through the
-/// client's `fields` in order, passes on what [`request_field`] (or, `QUEUE_PROXY`,
-/// [`queue_proxy_field`]) keeps, and adds what the edits add, into `sink`: the activator's
-/// `K-Original-Host` (the request's authority, unless it has one), `X-Request-Id` from a
-/// non-empty `X-Run-Id`, and `K-Proxy-Request`; or the queue-proxy's `Forwarded` shim; then
-/// `X-Forwarded-For` with `client_ip` appended and `TE: trailers` when the client's `TE`
-/// allows it. `view` is the front's own view of the same fields, for what is looked up by
-/// name (`X-Run-Id`, the authority); `fields` is called again for the earlier
+/// The one writer of the header edits, for every front and every role: goes through the
+/// client's `fields` in order, passes on what the edits' classifier ([`request_field`],
+/// [`queue_proxy_field`], [`interceptor_field`]) keeps, and adds what the edits add, into
+/// `sink`: the activator's `K-Original-Host` (the request's authority, unless it has one),
+/// `X-Request-Id` from a non-empty `X-Run-Id`, and `K-Proxy-Request`; or the queue-proxy's
+/// `Forwarded` shim; or the interceptor's `X-Forwarded-Host` and `-Proto` (`secure`: the client
+/// came over TLS); then `X-Forwarded-For` with `client_ip` appended and `TE: trailers` when the
+/// client's `TE` allows it. `view` is the front's own view of the same fields, for what is
+/// looked up by name (`X-Run-Id`, the authority); `fields` is called again for the earlier
 /// `X-Forwarded-For` values. With a `trace` (tracing on) every propagation header is taken out
 /// and the trace context it decides goes in instead (`request::trace`); without one they pass
-/// as they came. Returns the request's `Host` for the user container under the
-/// queue-proxy's edits (`K-Original-Host`, else the authority); `None` under the activator's,
-/// where the pod's address is the writer's once one is picked.
+/// as they came. Returns the request's `Host` for the pod under the queue-proxy's edits
+/// (`K-Original-Host`, else the authority) and the interceptor's (the authority); `None` under
+/// the activator's, where the pod's address is the writer's once one is picked.
 ///
-/// A const parameter rather than [`Edits`], so that neither role pays a branch per field for
-/// the other.
+/// `EDITS` is an [`Edits`] as a const ([`ACTIVATOR`], [`QUEUE_PROXY`], [`INTERCEPTOR`]), so
+/// that no role pays a branch per field for another.
 #[inline(always)]
-pub fn write_fields<'a, V, S, I, const QUEUE_PROXY: bool>(
+pub fn write_fields<'a, V, S, I, const EDITS: u8>(
     view: &'a V,
     fields: impl Fn() -> I,
     client_ip: &[u8],
+    secure: bool,
     sink: &mut S,
     mut trace: Option<&mut Decider<'_>>,
 ) -> Option<&'a [u8]>
@@ -309,7 +352,10 @@ where
     S: FieldSink<'a>,
     I: Iterator<Item = S::Field>,
 {
-    let run_id = if QUEUE_PROXY { None } else { run_id(view) };
+    let queue_proxy = EDITS == QUEUE_PROXY;
+    let interceptor = EDITS == INTERCEPTOR;
+    let activator = !queue_proxy && !interceptor;
+    let run_id = if activator { run_id(view) } else { None };
     let mut forwarded_for = false;
     let mut has_original_host = false;
     let mut wants_trailers = false;
@@ -323,8 +369,10 @@ where
                 continue;
             }
         }
-        let kind = if QUEUE_PROXY {
+        let kind = if queue_proxy {
             queue_proxy_field(name)
+        } else if interceptor {
+            interceptor_field(name)
         } else {
             request_field(name)
         };
@@ -334,7 +382,7 @@ where
             RequestField::ForwardedFor => {
                 // Written below as one field with the client appended.
                 forwarded_for = true;
-                if QUEUE_PROXY {
+                if queue_proxy {
                     seen.note(kind, value);
                 }
                 continue;
@@ -345,12 +393,17 @@ where
             }
             RequestField::RequestId if run_id.is_some() => continue,
             RequestField::RequestId => {}
-            RequestField::OriginalHost if QUEUE_PROXY => {
+            RequestField::OriginalHost if queue_proxy => {
                 // The request's Host, which the writer writes.
                 seen.note(kind, value);
                 continue;
             }
             RequestField::OriginalHost => has_original_host = true,
+            RequestField::ForwardedProto | RequestField::ForwardedHost if interceptor => {
+                // Written below, the client's or the interceptor's own.
+                seen.note(kind, value);
+                continue;
+            }
             RequestField::Forwarded
             | RequestField::ForwardedProto
             | RequestField::ForwardedHost => seen.note(kind, value),
@@ -358,11 +411,22 @@ where
         sink.pass(field);
     }
     let authority = view.authority().filter(|host| !host.is_empty());
-    let host = if QUEUE_PROXY {
+    let host = if queue_proxy {
         if let Some(shim) = seen.forwarded_shim() {
             sink.add(AddedField::Forwarded, &shim);
         }
         seen.host(authority)
+    } else if interceptor {
+        // Go's `SetXForwarded`, then the add-on puts back the client's non-empty values.
+        let client = |value: Option<&'a [u8]>| value.filter(|value| !value.is_empty());
+        let host = client(seen.forwarded_host).unwrap_or(authority.unwrap_or_default());
+        sink.add(AddedField::ForwardedHost, host);
+        let proto: &[u8] = if secure { b"https" } else { b"http" };
+        sink.add(
+            AddedField::ForwardedProto,
+            client(seen.forwarded_proto).unwrap_or(proto),
+        );
+        authority
     } else {
         if let Some(host) = authority.filter(|_| !has_original_host) {
             sink.add(AddedField::OriginalHost, host);
@@ -553,16 +617,25 @@ mod tests {
     }
 
     /// What the writer makes of `fields` (their `Host` is the authority).
-    fn written<const QUEUE_PROXY: bool>(fields: &[(&str, &str)]) -> (Vec<String>, Option<String>) {
+    fn written<const EDITS: u8>(fields: &[(&str, &str)]) -> (Vec<String>, Option<String>) {
+        written_over::<EDITS>(fields, false)
+    }
+
+    /// [`written`], for a client that came over TLS (`secure`) or not.
+    fn written_over<const EDITS: u8>(
+        fields: &[(&str, &str)],
+        secure: bool,
+    ) -> (Vec<String>, Option<String>) {
         let pairs: Vec<(&[u8], &[u8])> = fields
             .iter()
             .map(|(name, value)| (name.as_bytes(), value.as_bytes()))
             .collect();
         let mut lines = Lines::default();
-        let host = write_fields::<_, _, _, QUEUE_PROXY>(
+        let host = write_fields::<_, _, _, EDITS>(
             fields,
             || pairs.iter().copied(),
             b"10.0.0.9",
+            secure,
             &mut lines,
             None,
         );
@@ -574,7 +647,7 @@ mod tests {
 
     #[test]
     fn the_activators_edits_in_order() {
-        let (lines, host) = written::<false>(&[
+        let (lines, host) = written::<ACTIVATOR>(&[
             ("Host", "a.b.svc"),
             ("Accept", "*/*"),
             ("X-Request-Id", "old"),
@@ -597,7 +670,7 @@ mod tests {
         );
         assert_eq!(host, None, "the pod's address is the writer's");
 
-        let (lines, _) = written::<false>(&[
+        let (lines, _) = written::<ACTIVATOR>(&[
             ("Host", "a.b.svc"),
             ("K-Original-Host", "first.example"),
             ("X-Run-Id", ""),
@@ -614,13 +687,13 @@ mod tests {
             ],
             "a request's own K-Original-Host stays; an empty X-Run-Id replaces nothing"
         );
-        let (lines, _) = written::<false>(&[("Host", "")]);
+        let (lines, _) = written::<ACTIVATOR>(&[("Host", "")]);
         assert_eq!(lines, ["+ProxyRequest: activator", "+XFF: 10.0.0.9"]);
     }
 
     #[test]
     fn the_queue_proxys_edits_in_order() {
-        let (lines, host) = written::<true>(&[
+        let (lines, host) = written::<QUEUE_PROXY>(&[
             ("Host", "hello.default.example.com"),
             ("K-Original-Host", "app.example.com"),
             ("K-Proxy-Request", "activator"),
@@ -644,9 +717,75 @@ mod tests {
             Some("app.example.com"),
             "K-Original-Host wins"
         );
-        let (_, host) = written::<true>(&[("Host", "client.example"), ("K-Original-Host", "")]);
+        let (_, host) =
+            written::<QUEUE_PROXY>(&[("Host", "client.example"), ("K-Original-Host", "")]);
         assert_eq!(host.as_deref(), Some("client.example"));
         assert!(keeps_te(b"Trailers") && keeps_te(b"gzip, trailers") && !keeps_te(b"gzip"));
+    }
+
+    /// As the add-on's `Rewrite` (`interceptor/handler/upstream.go` at v0.15.0) over Go's
+    /// `ReverseProxy`: every field but the hop-by-hop ones and `Forwarded` as it came, Knative's
+    /// and kactivator's own included; `X-Forwarded-For` appended; the client's first non-empty
+    /// `X-Forwarded-Host`/`-Proto` kept, else the request's `Host` and its scheme.
+    #[test]
+    fn the_interceptors_edits_in_order() {
+        let (lines, host) = written::<INTERCEPTOR>(&[
+            ("Host", "app.example.com"),
+            ("K-Original-Host", "elsewhere.example"),
+            ("Knative-Serving-Revision", "hello-00001"),
+            ("K-Proxy-Request", "activator"),
+            ("Forwarded", "for=6.6.6.6"),
+            ("X-Forwarded-For", "1.1.1.1"),
+            ("X-Forwarded-Host", ""),
+            ("X-Forwarded-Host", "second.example"),
+            ("X-Forwarded-Proto", "wss"),
+            ("X-Run-Id", "run-7"),
+            ("Connection", "keep-alive"),
+            ("TE", "trailers"),
+        ]);
+        assert_eq!(
+            lines,
+            [
+                "K-Original-Host: elsewhere.example",
+                "Knative-Serving-Revision: hello-00001",
+                "K-Proxy-Request: activator",
+                "X-Run-Id: run-7",
+                "+ForwardedHost: app.example.com",
+                "+ForwardedProto: wss",
+                "+XFF: 1.1.1.1, 10.0.0.9",
+                "+Te: trailers",
+            ],
+            "Go's Header.Get reads the first X-Forwarded-Host, which is empty: the Host replaces it"
+        );
+        assert_eq!(
+            host.as_deref(),
+            Some("app.example.com"),
+            "the client's Host, never K-Original-Host's"
+        );
+        let (lines, _) = written_over::<INTERCEPTOR>(
+            &[
+                ("Host", "app.example.com"),
+                ("X-Forwarded-Host", "edge.example"),
+            ],
+            true,
+        );
+        assert_eq!(
+            lines,
+            [
+                "+ForwardedHost: edge.example",
+                "+ForwardedProto: https",
+                "+XFF: 10.0.0.9",
+            ]
+        );
+        let (lines, _) = written::<INTERCEPTOR>(&[("Host", "a.example")]);
+        assert_eq!(
+            lines,
+            [
+                "+ForwardedHost: a.example",
+                "+ForwardedProto: http",
+                "+XFF: 10.0.0.9",
+            ]
+        );
     }
 
     #[test]
@@ -785,7 +924,7 @@ mod tests {
     }
 
     /// What the writer makes of `fields` with tracing on (every trace sampled).
-    fn written_traced<const QUEUE_PROXY: bool>(fields: &[(&str, &str)]) -> Vec<String> {
+    fn written_traced<const EDITS: u8>(fields: &[(&str, &str)]) -> Vec<String> {
         use kactivator_api::trace::{IdGenerator, Sampler};
         let pairs: Vec<(&[u8], &[u8])> = fields
             .iter()
@@ -794,10 +933,11 @@ mod tests {
         let mut lines = Lines::default();
         let mut ids = IdGenerator::new(1);
         let mut decider = Decider::new(&mut ids, Sampler::new(1.0).unwrap());
-        write_fields::<_, _, _, QUEUE_PROXY>(
+        write_fields::<_, _, _, EDITS>(
             fields,
             || pairs.iter().copied(),
             b"10.0.0.9",
+            false,
             &mut lines,
             Some(&mut decider),
         );
@@ -823,8 +963,9 @@ mod tests {
             ("Accept", "*/*"),
         ];
         for lines in [
-            written_traced::<false>(&fields),
-            written_traced::<true>(&fields),
+            written_traced::<ACTIVATOR>(&fields),
+            written_traced::<QUEUE_PROXY>(&fields),
+            written_traced::<INTERCEPTOR>(&fields),
         ] {
             let passed: Vec<&String> = lines.iter().filter(|l| !l.starts_with('+')).collect();
             assert_eq!(passed, ["Accept: */*"], "{lines:?}");
@@ -846,7 +987,7 @@ mod tests {
                 || l.contains("ParentSpanId")
                 || l.contains("garbage")));
         }
-        let (untouched, _) = written::<false>(&fields);
+        let (untouched, _) = written::<ACTIVATOR>(&fields);
         for (name, value) in &fields[1..9] {
             assert!(
                 untouched.contains(&format!("{name}: {value}")),

@@ -205,6 +205,8 @@ impl Decided {
 pub enum SpanNames {
     Activator,
     QueueProxy,
+    /// KEDA's HTTP add-on's interceptor: the activator's spans, under its own role name.
+    Interceptor,
 }
 
 /// What a traced request did, measured as offsets from its arrival (the clock is the
@@ -277,6 +279,7 @@ pub fn spans(
             match names {
                 SpanNames::Activator => "activator",
                 SpanNames::QueueProxy => "queue-proxy",
+                SpanNames::Interceptor => "keda-http",
             },
         ),
         Attribute::int("kactivator.shard", described.shard as i64),
@@ -306,7 +309,9 @@ pub fn spans(
     let admitted = timeline.admitted.map(at);
     let mut out = Vec::with_capacity(4);
     let (server_name, proxy_name, wait_name, wait_parent) = match names {
-        SpanNames::Activator => ("handle", "activator_proxy", "throttler_try", server_id),
+        SpanNames::Activator | SpanNames::Interceptor => {
+            ("handle", "activator_proxy", "throttler_try", server_id)
+        }
         SpanNames::QueueProxy => (
             "queue",
             "kn.queueproxy.proxy",
@@ -342,7 +347,7 @@ pub fn spans(
     // The proxy span: the activator's from the slot to the end; the queue-proxy's covers the
     // whole request but the probe check, as upstream's.
     let proxy_start = match names {
-        SpanNames::Activator => admitted,
+        SpanNames::Activator | SpanNames::Interceptor => admitted,
         SpanNames::QueueProxy => Some(arrival_unix_nanos),
     };
     if let Some(start) = proxy_start {

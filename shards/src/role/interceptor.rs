@@ -74,11 +74,10 @@ impl Role for Interceptor {
         Marks::default()
     }
 
-    /// The client's `Host` goes on to the pod, `X-Forwarded-For` gets the client appended, hop-by-
-    /// hop fields go: what Go's `ReverseProxy` does for the add-on. These are the queue-proxy's
-    /// edits, which also prune Knative's revision headers and add the `Forwarded` shim.
+    /// The add-on's own (`Edits::Interceptor`): the client's `Host` goes on to the pod,
+    /// `X-Forwarded-*` are set as its `Rewrite` sets them, hop-by-hop fields go.
     fn edits(&self) -> Edits {
-        Edits::QueueProxy
+        Edits::Interceptor
     }
 
     /// Every response from a pod says whether it waited for a cold start, in the add-on's

@@ -28,6 +28,9 @@ pub trait ByteStream:
     + IntoPollIo<PollIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static>
     + 'static
 {
+    /// The stream is TLS (the request's scheme is `https`).
+    const TLS: bool = false;
+
     /// The socket beneath, for the shortcuts; taken before the stream is split.
     fn socket(&self) -> Socket;
 

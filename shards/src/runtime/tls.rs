@@ -570,6 +570,8 @@ where
     C: DerefMut + Deref<Target = ConnectionCommon<SD>> + Unpin + 'static,
     SD: rustls::SideData + 'static,
 {
+    const TLS: bool = true;
+
     #[inline]
     fn socket(&self) -> Socket {
         self.io.socket()
