@@ -1,5 +1,6 @@
 //! KEDA's HTTP add-on role end to end (issue 40): the real binary (`kactivator keda-http`)
-//! watching a real kube-apiserver (v1.20.2) that serves the add-on's own HTTPScaledObject CRD,
+//! watching a real kube-apiserver (v1.20.2) that serves the add-on's own CRDs (HTTPScaledObjects,
+//! and InterceptorRoutes but in the first test, which plays an add-on before 0.14),
 //! as the ServiceAccount `deploy/keda-http/rbac.yaml` makes, in front of real backends on a pod
 //! network (testkit's `podnet`: EndpointSlices refuse loopback addresses). The test plays
 //! every other part: the user (HTTPScaledObjects and Services as users write them), the
@@ -27,7 +28,7 @@ const SERVICE_PORT: u16 = 80;
 /// The add-on's namespace, where deploy/keda-http/ installs the role.
 const KEDA_NAMESPACE: &str = "keda";
 
-/// An API server with the add-on's CRD and the role's RBAC, and a pod network.
+/// An API server with the add-on's CRDs and the role's RBAC, and a pod network.
 struct Cluster {
     api: ApiServer,
     net: PodNet,
@@ -37,8 +38,17 @@ struct Cluster {
 
 impl Cluster {
     fn start() -> Cluster {
+        Cluster::start_with(true)
+    }
+
+    /// [`Cluster::start`]; without the InterceptorRoute CRD unless `interceptor_routes`.
+    fn start_with(interceptor_routes: bool) -> Cluster {
         let api = ApiServer::start();
-        api.install_keda_http_crds();
+        if interceptor_routes {
+            api.install_keda_http_crds();
+        } else {
+            api.install_http_scaled_object_crd();
+        }
         api.apply_yaml(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {KEDA_NAMESPACE}\n"
         ));
@@ -185,7 +195,8 @@ async fn metric(
 
 #[test]
 fn an_http_scaled_object_routes_holds_scales_from_zero_and_reports_to_keda() {
-    let cluster = Cluster::start();
+    // An add-on before 0.14: no InterceptorRoutes served, and the role runs on without them.
+    let cluster = Cluster::start_with(false);
     cluster.service("app");
     cluster.endpoints("app", &[], &[]);
     cluster.api.apply_yaml(&app_object(&[], "", ""));
@@ -322,6 +333,186 @@ fn an_http_scaled_object_routes_holds_scales_from_zero_and_reports_to_keda() {
     let gone = rt.block_on(client.get_metric_spec(reference));
     assert_eq!(
         gone.expect_err("no such object").code(),
+        tonic::Code::NotFound
+    );
+}
+
+/// InterceptorRoute `app` (the add-on's 0.14 and later) as a user writes one: two rules (a host
+/// and path; a header on any host), both metrics, a limit of one per pod.
+const APP_ROUTE: &str = "apiVersion: http.keda.sh/v1beta1
+kind: InterceptorRoute
+metadata:
+  namespace: default
+  name: app
+  annotations:
+    kactivator.dev/container-concurrency: \"1\"
+spec:
+  target:
+    service: app
+    port: 80
+  rules:
+  - hosts: [chat.example.com]
+    paths:
+    - value: /v1
+  - headers:
+    - name: X-Model
+      value: llama
+  scalingMetric:
+    concurrency:
+      targetValue: 4
+    requestRate:
+      targetValue: 10
+      window: 1m
+      granularity: 1s
+";
+
+#[test]
+fn an_interceptor_route_routes_by_its_rules_over_its_namesake_and_reports_both_metrics() {
+    let cluster = Cluster::start();
+    cluster.service("app");
+    let (ip, pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[ip], &[]);
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (interceptor, scaler) = cluster.interceptor(&[]);
+    // Whether a request reaches the pod (any answer of the app's, which says so in
+    // `X-Backend`), or gets the add-on's 404.
+    let routed = |host: &str, path: &str, extra: &str| {
+        let head =
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
+        let response = exchange(interceptor.http, head.as_bytes());
+        if response.header("X-Backend").is_some() {
+            return true;
+        }
+        assert_eq!(
+            (response.status, response.text().as_str()),
+            (404, "Not Found\n")
+        );
+        false
+    };
+    assert!(routed("app.example.com", "/", ""), "the object routes");
+
+    // The user adds an InterceptorRoute of the same name: it routes instead (the add-on's
+    // precedence), by each of its rules.
+    cluster.api.apply_yaml(&format!("{APP_ROUTE}---\n"));
+    assert!(
+        eventually(Duration::from_secs(10), || !routed(
+            "app.example.com",
+            "/",
+            ""
+        )),
+        "the object no longer routes"
+    );
+    assert!(routed("chat.example.com", "/v1/chat", ""));
+    assert!(routed("chat.example.com", "/v1", ""));
+    assert!(!routed("chat.example.com", "/v2", ""), "not under /v1");
+    assert!(
+        !routed("chat.example.com", "/v10", ""),
+        "/v1 is a whole segment"
+    );
+    assert!(routed("any.example.org", "/", "X-Model: llama\r\n"));
+    assert!(!routed("any.example.org", "/", "X-Model: gpt\r\n"));
+    let served = pod.stats().requests;
+
+    // KEDA, for a ScaledObject whose trigger names the route: both metrics, by the route's
+    // names, as floats.
+    let rt = runtime();
+    let mut client = rt.block_on(keda::connect(scaler)).expect("the scaler");
+    let reference = keda::interceptor_route_ref("default", "app-so", "app", &scaler.to_string());
+    let specs = rt
+        .block_on(client.get_metric_spec(reference.clone()))
+        .expect("GetMetricSpec")
+        .into_inner()
+        .metric_specs;
+    let specs: Vec<(String, i64, f64)> = specs
+        .into_iter()
+        .map(|spec| (spec.metric_name, spec.target_size, spec.target_size_float))
+        .collect();
+    assert_eq!(
+        specs,
+        [
+            ("http_app_concurrency".to_owned(), 0, 4.0),
+            ("http_app_rate".to_owned(), 0, 10.0)
+        ]
+    );
+    let value = |client: &mut pb::external_scaler_client::ExternalScalerClient<_>, name: &str| {
+        let values = rt
+            .block_on(client.get_metrics(pb::GetMetricsRequest {
+                scaled_object_ref: Some(reference.clone()),
+                metric_name: name.into(),
+            }))
+            .expect("GetMetrics")
+            .into_inner()
+            .metric_values;
+        assert_eq!(values.len(), 1, "{name}: {values:?}");
+        assert_eq!(values[0].metric_name, name);
+        assert_eq!(
+            values[0].metric_value, 0,
+            "an InterceptorRoute's values are floats"
+        );
+        values[0].metric_value_float
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || value(
+            &mut client,
+            "http_app_rate"
+        ) > 0.0),
+        "{served} requests in the window"
+    );
+    assert_eq!(value(&mut client, "http_app_concurrency"), 0.0);
+    let active = rt
+        .block_on(client.is_active(reference.clone()))
+        .expect("IsActive")
+        .into_inner();
+    assert!(active.result, "a rate above zero is activity");
+    // The object it shadows still answers KEDA, from the same route's counts, as the add-on's.
+    let object = keda::scaled_object_ref("default", "app", &scaler.to_string());
+    let spec = rt
+        .block_on(client.get_metric_spec(object))
+        .expect("the shadowed object's spec")
+        .into_inner();
+    assert_eq!(spec.metric_specs[0].metric_name, "http-default_002Fapp");
+
+    // Scaled to zero: a request holds, and counts.
+    cluster.endpoints("app", &[], &[ip]);
+    let labels = ["revision=\"app\""];
+    assert!(eventually(Duration::from_secs(10), || interceptor
+        .metric_sum("kactivator_revision_routable_pods", &labels)
+        == 0.0));
+    let http = interceptor.http;
+    let held = std::thread::spawn(move || {
+        exchange(
+            http,
+            b"GET / HTTP/1.1\r\nHost: chat.example.com\r\nX-Model: llama\r\nConnection: close\r\n\r\n",
+        )
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || value(
+            &mut client,
+            "http_app_concurrency"
+        ) == 1.0),
+        "the held request counts"
+    );
+    cluster.endpoints("app", &[ip], &[]);
+    let response = held.join().expect("the held request");
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("X-KEDA-HTTP-Cold-Start"), Some("true"));
+
+    // The route goes: the object routes again; KEDA's trigger on the route is told so.
+    cluster.api.kubectl([
+        "delete",
+        "interceptorroute.http.keda.sh",
+        "-n",
+        "default",
+        "app",
+    ]);
+    assert!(eventually(Duration::from_secs(10), || routed(
+        "app.example.com",
+        "/",
+        ""
+    )));
+    let gone = rt.block_on(client.get_metric_spec(reference));
+    assert_eq!(
+        gone.expect_err("no such route").code(),
         tonic::Code::NotFound
     );
 }

@@ -1,10 +1,11 @@
-//! KEDA's HTTP add-on role: HTTPScaledObjects, Services and EndpointSlices as the API server
+//! KEDA's HTTP add-on role: HTTPScaledObjects, InterceptorRoutes, Services and EndpointSlices
+//! as the API server
 //! sends them, through the role's model (`keda::model`: objects → state-worker ops) and the
 //! state worker's core, and then requests as clients send them, routed by the rules the shards
 //! would be given (`routing::rules`, what every request of the role goes through).
 //!
 //! Input: one JSON line per event. `{"type":"ADDED"|"MODIFIED"|"DELETED","object":{...}}` with
-//! `kind` `HTTPScaledObject`, `Service` or `EndpointSlice`; `{"type":"REQUEST","authority":"...",
+//! `kind` `HTTPScaledObject`, `InterceptorRoute`, `Service` or `EndpointSlice`; `{"type":"REQUEST","authority":"...",
 //! "target":"...","headers":[["name","value"],...]}` a request (its strings' bytes as a client
 //! sends them).
 //!
@@ -18,6 +19,7 @@ use std::sync::Arc;
 
 use kactivator_api::RevisionKey;
 use kactivator_control::keda::model::{Defaults, Model, FAILOVER_SUFFIX};
+use kactivator_control::keda::object::ObjectKind;
 use kactivator_control::pod_state::{Gates, Timestamp};
 use kactivator_control::state::{ControlState, Limits, Op};
 use kactivator_shards::routing::rules::RuleTable;
@@ -34,7 +36,7 @@ pub fn keda_http(data: &[u8]) {
         Arc::new(ProcessQueue::new(ProcessQueue::UNLIMITED)),
     );
     let now = Timestamp::from_epoch_offset(std::time::Duration::from_secs(1));
-    let mut objects: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut objects: BTreeSet<(ObjectKind, String, String)> = BTreeSet::new();
     let mut table: RuleTable<RevisionKey> = RuleTable::default();
     let mut routed: BTreeSet<RevisionKey> = BTreeSet::new();
     for line in data.split(|&byte| byte == b'\n') {
@@ -53,18 +55,23 @@ pub fn keda_http(data: &[u8]) {
             }
             _ => continue,
         };
-        match object["kind"].as_str() {
-            Some("HTTPScaledObject") => {
-                model.object(namespace, name, present);
-                let id = (namespace.to_owned(), name.to_owned());
+        let kind = match object["kind"].as_str() {
+            Some("HTTPScaledObject") => Some(ObjectKind::HttpScaledObject),
+            Some("InterceptorRoute") => Some(ObjectKind::InterceptorRoute),
+            _ => None,
+        };
+        match (kind, object["kind"].as_str()) {
+            (Some(kind), _) => {
+                model.object(kind, namespace, name, present);
+                let id = (kind, namespace.to_owned(), name.to_owned());
                 if present.is_some() {
                     objects.insert(id);
                 } else {
                     objects.remove(&id);
                 }
             }
-            Some("Service") => model.service(namespace, name, present),
-            Some("EndpointSlice") => model.slice(namespace, name, present),
+            (None, Some("Service")) => model.service(namespace, name, present),
+            (None, Some("EndpointSlice")) => model.slice(namespace, name, present),
             _ => continue,
         }
         let (ops, _refusals) = model.ops();
@@ -74,8 +81,11 @@ pub fn keda_http(data: &[u8]) {
             if let Op::UpsertRevision(spec) = op {
                 let name = spec.key.name();
                 let object = name.strip_suffix(FAILOVER_SUFFIX).unwrap_or(name);
+                let namespace = spec.key.namespace().to_owned();
                 assert!(
-                    objects.contains(&(spec.key.namespace().to_owned(), object.to_owned())),
+                    objects.iter().any(|(_, told_namespace, told_name)| {
+                        *told_namespace == namespace && told_name == object
+                    }),
                     "{} upserted, but no such object",
                     spec.key
                 );

@@ -322,13 +322,27 @@ impl ApiServer {
         );
     }
 
-    /// Installs KEDA's HTTP add-on's own HTTPScaledObject CRD (`crate::keda`) and returns once
-    /// HTTPScaledObjects can be listed. Safe to call again.
+    /// Installs KEDA's HTTP add-on's own CRDs (`crate::keda`), HTTPScaledObjects and
+    /// InterceptorRoutes, as its 0.15 has them, and returns once both can be listed. Safe to
+    /// call again.
     ///
     /// # Panics
     ///
-    /// When the server rejects the CRD or does not serve HTTPScaledObjects in time.
+    /// When the server rejects a CRD or does not serve its objects in time.
     pub fn install_keda_http_crds(&self) {
+        self.install_http_scaled_object_crd();
+        self.kubectl_with_input(
+            ["apply", "--validate=false", "-f", "-"],
+            crate::keda::INTERCEPTOR_ROUTE_CRD,
+        );
+        self.install_crd(
+            "interceptorroutes.http.keda.sh",
+            "interceptorroutes.http.keda.sh",
+        );
+    }
+
+    /// Installs only the HTTPScaledObject CRD, as the add-on before 0.14 had.
+    pub fn install_http_scaled_object_crd(&self) {
         // The CRD carries CEL rules (`x-kubernetes-validations`: exactly one of `port` and
         // `portName`), which came with Kubernetes 1.25: kubectl's own schema check of this
         // 1.20 server refuses the field, and the server drops it. So the check is skipped;

@@ -1,7 +1,7 @@
 //! KEDA's side of the KEDA HTTP add-on role, for the tests: an external-scaler client generated
 //! from KEDA's `externalscaler.proto` (plaintext HTTP/2, as KEDA dials a `scalerAddress` without
-//! `enableTLS`), the HTTPScaledObject CRD of the add-on's repository, and the objects a user
-//! and the cluster write (HTTPScaledObjects, Services, EndpointSlices).
+//! `enableTLS`), the HTTPScaledObject and InterceptorRoute CRDs of the add-on's repository, and
+//! the objects a user and the cluster write (HTTPScaledObjects, Services, EndpointSlices).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -44,6 +44,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub const HTTP_SCALED_OBJECT_CRD: &str =
     include_str!("../k8s/keda-http-add-on/http.keda.sh_httpscaledobjects.yaml");
 
+/// The add-on's InterceptorRoute CRD, `http.keda.sh/v1beta1` (0.14 and later; from its
+/// repository at v0.15.0, `config/crd/bases/http.keda.sh_interceptorroutes.yaml`).
+pub const INTERCEPTOR_ROUTE_CRD: &str =
+    include_str!("../k8s/keda-http-add-on/http.keda.sh_interceptorroutes.yaml");
+
 /// A client of the scaler at `addr`, connected.
 pub async fn connect(addr: SocketAddr) -> Result<ExternalScalerClient<Channel>, BoxError> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))?
@@ -60,6 +65,25 @@ pub fn scaled_object_ref(namespace: &str, name: &str, scaler: &str) -> pb::Scale
         namespace: namespace.to_owned(),
         scaler_metadata: HashMap::from([
             ("httpScaledObject".to_owned(), name.to_owned()),
+            ("scalerAddress".to_owned(), scaler.to_owned()),
+        ]),
+    }
+}
+
+/// The reference KEDA sends for a ScaledObject `name` the user writes for InterceptorRoute
+/// `route` (the add-on's operator makes none for one): its `external-push` trigger names the
+/// route.
+pub fn interceptor_route_ref(
+    namespace: &str,
+    name: &str,
+    route: &str,
+    scaler: &str,
+) -> pb::ScaledObjectRef {
+    pb::ScaledObjectRef {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        scaler_metadata: HashMap::from([
+            ("interceptorRoute".to_owned(), route.to_owned()),
             ("scalerAddress".to_owned(), scaler.to_owned()),
         ]),
     }

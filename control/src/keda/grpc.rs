@@ -28,6 +28,7 @@ use tonic::codegen::Service;
 use tonic::{Request, Response, Status};
 
 use super::counts::{parse_queue, FleetTally, ReplicaCount, RouteId};
+use super::object::ObjectKind;
 use super::scaler::{self, MetricValue, RouteCount, Subject, Target};
 use super::source::ScaledRoutes;
 
@@ -107,11 +108,7 @@ pub async fn count(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let windows: BTreeMap<RouteId, _> = routes
-            .borrow()
-            .iter()
-            .map(|(route, scaled)| (route.clone(), scaled.rate))
-            .collect();
+        let windows = routes.borrow().windows.clone();
         let listed = peers.borrow().clone();
         let answers = futures_util::future::join_all(
             listed
@@ -188,18 +185,28 @@ impl Scaler {
         }
     }
 
-    /// The values a trigger's subject has now, for `GetMetrics` and `IsActive`. An
-    /// HTTPScaledObject has one value whatever metric name is asked for, as the add-on's.
-    fn values(&self, reference: &ScaledObjectRef) -> Result<Vec<MetricValue>, Status> {
+    /// The values a trigger's subject has now, for `GetMetrics` (the metric `asked` for, with
+    /// KEDA's `sN-` taken off) and `IsActive` (`asked` empty). An HTTPScaledObject has one
+    /// value whatever metric name is asked for; an InterceptorRoute one per metric it sets
+    /// that is asked for, as the add-on's.
+    fn values(&self, reference: &ScaledObjectRef, asked: &str) -> Result<Vec<MetricValue>, Status> {
         let counts = self.counts.borrow().by_route.clone();
         match subject(reference)? {
             Subject::HttpScaledObject { name } => {
                 let route = (reference.namespace.clone(), name);
-                let scaling = self.scaling(&route)?;
+                let scaling = self.scaling(ObjectKind::HttpScaledObject, &route)?;
                 let count = counts.get(&route).copied().unwrap_or_default();
                 Ok(vec![scaler::http_scaled_object_value(
                     &route.0, &route.1, &scaling, count,
                 )])
+            }
+            Subject::InterceptorRoute { name } => {
+                let route = (reference.namespace.clone(), name);
+                let scaling = self.scaling(ObjectKind::InterceptorRoute, &route)?;
+                let count = counts.get(&route).copied().unwrap_or_default();
+                Ok(scaler::interceptor_route_values(
+                    &route.1, &scaling, asked, count,
+                ))
             }
             Subject::Fleet { .. } => {
                 let total: i64 = counts.values().map(|count| count.concurrency).sum();
@@ -211,25 +218,28 @@ impl Scaler {
                     value: Target::Integer(total),
                 }])
             }
-            Subject::InterceptorRoute { name } => Err(interceptor_routes_not_served(&name)),
         }
     }
 
-    fn scaling(&self, route: &RouteId) -> Result<scaler::Scaling, Status> {
+    /// What object `kind` `route` scales on; not found as the add-on's cache answers.
+    fn scaling(&self, kind: ObjectKind, route: &RouteId) -> Result<scaler::Scaling, Status> {
         self.routes
             .borrow()
-            .get(route)
-            .map(|scaled| scaled.scaling)
+            .objects
+            .get(&(kind, route.0.clone(), route.1.clone()))
+            .copied()
             .ok_or_else(|| {
                 Status::not_found(format!(
-                    "HTTPScaledObject {}/{} not found",
-                    route.0, route.1
+                    "{} {}/{} not found",
+                    kind.describe(),
+                    route.0,
+                    route.1
                 ))
             })
     }
 
     fn is_active(&self, reference: &ScaledObjectRef) -> Result<bool, Status> {
-        let values = self.values(reference)?;
+        let values = self.values(reference, "")?;
         scaler::is_active(&values).map_err(Status::internal)
     }
 
@@ -257,14 +267,6 @@ fn subject(reference: &ScaledObjectRef) -> Result<Subject, Status> {
         .map(|(key, value)| (key.clone(), value.clone()))
         .collect();
     Subject::of(&metadata).map_err(|error| Status::invalid_argument(error.to_string()))
-}
-
-/// InterceptorRoutes (`http.keda.sh/v1beta1`) are not watched yet: a trigger naming one is
-/// refused, saying so, rather than answered with a zero.
-fn interceptor_routes_not_served(name: &str) -> Status {
-    Status::unimplemented(format!(
-        "InterceptorRoute {name}: kactivator serves HTTPScaledObjects only, not InterceptorRoutes"
-    ))
 }
 
 fn wire_value(value: MetricValue) -> externalscaler::MetricValue {
@@ -323,24 +325,38 @@ impl ExternalScaler for Scaler {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<GetMetricSpecResponse>, Status> {
         let reference = request.get_ref();
-        let spec = match subject(reference)? {
+        let spec: Vec<scaler::MetricSpec> = match subject(reference)? {
             Subject::HttpScaledObject { name } => {
-                let scaling = self.scaling(&(reference.namespace.clone(), name.clone()))?;
-                scaler::http_scaled_object_spec(&reference.namespace, &name, &scaling)
+                let route = (reference.namespace.clone(), name);
+                let scaling = self.scaling(ObjectKind::HttpScaledObject, &route)?;
+                vec![scaler::http_scaled_object_spec(
+                    &reference.namespace,
+                    &route.1,
+                    &scaling,
+                )]
             }
-            Subject::Fleet { target } => scaler::MetricSpec {
+            Subject::InterceptorRoute { name } => {
+                let route = (reference.namespace.clone(), name);
+                let scaling = self.scaling(ObjectKind::InterceptorRoute, &route)?;
+                scaler::interceptor_route_specs(&route.1, &scaling)
+            }
+            Subject::Fleet { target } => vec![scaler::MetricSpec {
                 name: scaler::http_scaled_object_metric_name(&reference.namespace, &reference.name),
                 target: Target::Integer(target),
-            },
-            Subject::InterceptorRoute { name } => return Err(interceptor_routes_not_served(&name)),
-        };
-        let (integer, float) = spec.target.fields();
-        Ok(Response::new(GetMetricSpecResponse {
-            metric_specs: vec![externalscaler::MetricSpec {
-                metric_name: spec.name,
-                target_size: integer,
-                target_size_float: float,
             }],
+        };
+        Ok(Response::new(GetMetricSpecResponse {
+            metric_specs: spec
+                .into_iter()
+                .map(|spec| {
+                    let (integer, float) = spec.target.fields();
+                    externalscaler::MetricSpec {
+                        metric_name: spec.name,
+                        target_size: integer,
+                        target_size_float: float,
+                    }
+                })
+                .collect(),
         }))
     }
 
@@ -352,7 +368,7 @@ impl ExternalScaler for Scaler {
         let reference = request
             .scaled_object_ref
             .ok_or_else(|| Status::invalid_argument("no scaledObjectRef"))?;
-        let values = self.values(&reference)?;
+        let values = self.values(&reference, &request.metric_name)?;
         Ok(Response::new(GetMetricsResponse {
             metric_values: values.into_iter().map(wire_value).collect(),
         }))

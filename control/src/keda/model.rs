@@ -1,7 +1,8 @@
 //! What KEDA's HTTP add-on role sees of the cluster, as state-worker ops (issue 40): each
-//! HTTPScaledObject a revision of its own, named by the object's namespace and name, routed by
-//! its rules; its pods the ready endpoints of its `scaleTargetRef` Service's EndpointSlices at
-//! the Service port it names. Sans-IO: the informers hand it objects as JSON, it answers the
+//! HTTPScaledObject or InterceptorRoute a revision of its own, named by the object's namespace
+//! and name (an InterceptorRoute's over an HTTPScaledObject's, as the add-on's routing table
+//! has it), routed by its rules; its pods the ready endpoints of its target Service's
+//! EndpointSlices at the Service port it names. Sans-IO: the informers hand it objects as JSON, it answers the
 //! ops that bring the state worker to its view, only for what changed.
 //!
 //! Requests go straight to the pods (the add-on 0.16's direct pod routing, its chart's
@@ -20,7 +21,10 @@ use kactivator_shards::routing::{
 };
 use serde_json::Value;
 
-use super::object::{HttpScaledObject, ObjectError, PortRef, ServiceRef};
+use super::counts::RouteId;
+use super::object::{
+    ObjectError, ObjectKind, PortRef, RateWindow, RouteObject, ServiceRef, DEFAULT_FAILOVER_TIMEOUT,
+};
 use super::scaler::Scaling;
 pub use crate::sources::kubernetes::objects::SLICE_SERVICE_LABEL;
 use crate::sources::kubernetes::objects::{slice_addresses_where, Listing};
@@ -73,24 +77,27 @@ struct ServicePort {
 /// The kinds of object the model keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    Object,
+    Object(ObjectKind),
     Service,
     Slice,
 }
 
-/// What the scaler needs of a route: what it scales on, and its rate window.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ScaledRoute {
-    pub scaling: Scaling,
-    pub rate: Option<super::object::RateWindow>,
+/// What the external scaler answers from: what each object scales on (a trigger names one by
+/// kind and name), and the routes counted, each with the rate window of the object that routes
+/// it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScalerView {
+    pub objects: BTreeMap<(ObjectKind, String, String), Scaling>,
+    pub windows: BTreeMap<RouteId, Option<RateWindow>>,
 }
 
 /// The source's view, and what it last sent the state worker.
 #[derive(Default)]
 pub struct Model {
     defaults: Defaults,
-    /// Every HTTPScaledObject by namespace and name: read, or why it could not be.
-    objects: BTreeMap<(String, String), Result<HttpScaledObject, ObjectError>>,
+    /// Every HTTPScaledObject and InterceptorRoute by kind, namespace and name: read, or why it
+    /// could not be.
+    objects: BTreeMap<(ObjectKind, String, String), Result<RouteObject, ObjectError>>,
     /// Services by namespace and name: their ports.
     services: BTreeMap<(String, String), Vec<ServicePort>>,
     /// EndpointSlices by namespace and name: the Service each names, and the slice itself.
@@ -114,12 +121,20 @@ impl Model {
         }
     }
 
-    /// An HTTPScaledObject added or changed (`Some`, as the API serves it) or deleted.
-    pub fn object(&mut self, namespace: &str, name: &str, object: Option<&Value>) {
-        let id = (namespace.to_owned(), name.to_owned());
+    /// An HTTPScaledObject or InterceptorRoute added or changed (`Some`, as the API serves it)
+    /// or deleted.
+    pub fn object(
+        &mut self,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+        object: Option<&Value>,
+    ) {
+        let id = (kind, namespace.to_owned(), name.to_owned());
         match object {
             Some(object) => {
-                self.objects.insert(id, HttpScaledObject::from_json(object));
+                self.objects
+                    .insert(id, RouteObject::from_json(kind, object));
             }
             None => {
                 self.objects.remove(&id);
@@ -173,37 +188,52 @@ impl Model {
     /// The namespace and name of every object of `kind` the model has.
     pub fn ids(&self, kind: Kind) -> Vec<(String, String)> {
         match kind {
-            Kind::Object => self.objects.keys().cloned().collect(),
+            Kind::Object(kind) => self
+                .objects
+                .keys()
+                .filter(|(of, _, _)| *of == kind)
+                .map(|(_, namespace, name)| (namespace.clone(), name.clone()))
+                .collect(),
             Kind::Service => self.services.keys().cloned().collect(),
             Kind::Slice => self.slices.keys().cloned().collect(),
         }
     }
 
-    /// How many HTTPScaledObjects route, and how many are refused.
+    /// How many objects route, and how many are refused or shadowed.
     pub fn counts(&self) -> (usize, usize) {
-        let routed = self
-            .objects
-            .values()
-            .filter(|object| object.is_ok())
-            .count();
+        let routed = self.routing().count();
         (routed, self.objects.len() - routed)
     }
 
-    /// What each route scales on, for the external scaler, by namespace and name.
-    pub fn scaled_routes(&self) -> BTreeMap<(String, String), ScaledRoute> {
+    /// The objects that route: by namespace and name, an InterceptorRoute if there is one (the
+    /// add-on's precedence, even when it is refused), else the HTTPScaledObject.
+    fn routing(&self) -> impl Iterator<Item = &RouteObject> {
         self.objects
             .iter()
-            .filter_map(|(id, object)| {
-                let object = object.as_ref().ok()?;
-                Some((
-                    id.clone(),
-                    ScaledRoute {
-                        scaling: object.scaling,
-                        rate: object.rate,
-                    },
-                ))
+            .filter_map(|((kind, namespace, name), object)| {
+                let shadowed = *kind == ObjectKind::HttpScaledObject
+                    && self.objects.contains_key(&(
+                        ObjectKind::InterceptorRoute,
+                        namespace.clone(),
+                        name.clone(),
+                    ));
+                object.as_ref().ok().filter(|_| !shadowed)
             })
-            .collect()
+    }
+
+    /// What the external scaler answers from.
+    pub fn scaler_view(&self) -> ScalerView {
+        ScalerView {
+            objects: self
+                .objects
+                .iter()
+                .filter_map(|(id, object)| Some((id.clone(), object.as_ref().ok()?.scaling)))
+                .collect(),
+            windows: self
+                .routing()
+                .map(|object| ((object.namespace.clone(), object.name.clone()), object.rate))
+                .collect(),
+        }
     }
 
     /// The ops that bring the state worker from what it was last sent to the current view, and
@@ -212,11 +242,25 @@ impl Model {
         let mut ops = Vec::new();
         let mut refusals = Vec::new();
         let mut wanted: BTreeMap<RevisionKey, (RevisionSpec, Vec<SocketAddr>)> = BTreeMap::new();
-        for ((namespace, name), object) in &self.objects {
+        for ((kind, namespace, name), object) in &self.objects {
             let refuse = |reason: String| Refusal {
-                object: format!("{namespace}/{name}"),
+                object: format!("{} {namespace}/{name}", kind.describe()),
                 reason,
             };
+            if *kind == ObjectKind::HttpScaledObject
+                && self.objects.contains_key(&(
+                    ObjectKind::InterceptorRoute,
+                    namespace.clone(),
+                    name.clone(),
+                ))
+            {
+                refusals.push(refuse(
+                    "the InterceptorRoute of the same name routes instead (the add-on's \
+                     precedence)"
+                        .into(),
+                ));
+                continue;
+            }
             let object = match object {
                 Ok(object) => object,
                 Err(error) => {
@@ -224,14 +268,26 @@ impl Model {
                     continue;
                 }
             };
+            if object.placeholder {
+                refusals.push(refuse(
+                    "spec.coldStart.placeholder: not served by kactivator; requests wait for a \
+                     ready endpoint instead"
+                        .into(),
+                ));
+            }
             let Ok(key) = RevisionKey::new(namespace, name) else {
                 refusals.push(refuse("not a valid name".into()));
                 continue;
             };
             let (mut spec, ready, problems) = self.route(key.clone(), object);
             refusals.extend(problems.into_iter().map(refuse));
+            // A failover with no readiness timeout waits 30 s (`endpoint_resolver.go` L16).
+            let mut wait = object.readiness.or(self.defaults.readiness);
+            if object.failover.is_some() && wait.is_none() {
+                wait = Some(DEFAULT_FAILOVER_TIMEOUT);
+            }
             let mut cold_start = ColdStart {
-                wait: object.readiness_timeout.or(self.defaults.readiness),
+                wait,
                 failover: None,
             };
             if let Some(failover) = &object.failover {
@@ -281,14 +337,14 @@ impl Model {
     fn route(
         &self,
         key: RevisionKey,
-        object: &HttpScaledObject,
+        object: &RouteObject,
     ) -> (RevisionSpec, Vec<SocketAddr>, Vec<String>) {
         let (mut spec, ready, problems) = self.service_route(key, object, &object.target);
         spec.container_concurrency = object.container_concurrency.unwrap_or(0);
         spec.lb_policy = LbPolicy::default_for(spec.container_concurrency);
         spec.rules = Some(Arc::new(RouteRules {
             order: object.order.clone(),
-            rules: vec![object.rule.clone()],
+            rules: object.rules.clone(),
         }));
         (spec, ready, problems)
     }
@@ -298,7 +354,7 @@ impl Model {
     fn service_route(
         &self,
         key: RevisionKey,
-        object: &HttpScaledObject,
+        object: &RouteObject,
         to: &ServiceRef,
     ) -> (RevisionSpec, Vec<SocketAddr>, Vec<String>) {
         let mut problems = Vec::new();
@@ -327,8 +383,8 @@ impl Model {
             }
         };
         let response_header = object
-            .response_header_timeout
-            .unwrap_or(self.defaults.response_header);
+            .response_header
+            .or(Some(self.defaults.response_header));
         let spec = RevisionSpec {
             labels: RevisionLabels {
                 namespace: namespace.clone(),
@@ -339,11 +395,11 @@ impl Model {
             container_concurrency: 0,
             protocol,
             timeouts: Timeouts {
-                total: self
-                    .defaults
+                total: object
                     .request
+                    .or(self.defaults.request)
                     .unwrap_or(Duration::from_secs(MAX_TIMEOUT_SECONDS)),
-                response_start: Some(response_header),
+                response_start: response_header,
                 idle: None,
             },
             lb_policy: LbPolicy::default_for(0),

@@ -1,8 +1,9 @@
-//! An HTTPScaledObject (`http.keda.sh/v1alpha1`) as KEDA's HTTP add-on reads it
-//! (`operator/apis/http/v1alpha1/httpscaledobject_types.go` and its conversion to a route,
-//! `pkg/routing/table.go:71-162`, at v0.15.0), in kactivator's terms: the route's rule, the
-//! Service it goes to, the failover, what it scales on, its timeouts, and ours, the per-pod
-//! concurrency limit its annotation sets. Pure: the object's JSON in, a route or an error that
+//! An HTTPScaledObject (`http.keda.sh/v1alpha1`) or an InterceptorRoute (`http.keda.sh/v1beta1`)
+//! as KEDA's HTTP add-on reads them (`operator/apis/http/v1alpha1/httpscaledobject_types.go`,
+//! `operator/apis/http/v1beta1/interceptorroute_types.go`, and the first's conversion to the
+//! second, `pkg/routing/table.go:71-162`, at v0.15.0), in kactivator's terms: the route's rules,
+//! the Service it goes to, the failover, what it scales on, its timeouts, and ours, the per-pod
+//! concurrency limit an annotation sets. Pure: the object's JSON in, a route or an error that
 //! names the field out.
 
 use std::collections::BTreeMap;
@@ -56,28 +57,78 @@ pub struct RateWindow {
     pub granularity: Duration,
 }
 
-/// One HTTPScaledObject, read.
+/// The two kinds of object that make a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    /// `http.keda.sh/v1alpha1` HTTPScaledObject.
+    HttpScaledObject,
+    /// `http.keda.sh/v1beta1` InterceptorRoute (the add-on's 0.14 and later); one of the same
+    /// namespace and name routes instead of an HTTPScaledObject (`table.go` L81-84).
+    InterceptorRoute,
+}
+
+impl ObjectKind {
+    /// The kind as the API names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ObjectKind::HttpScaledObject => "HTTPScaledObject",
+            ObjectKind::InterceptorRoute => "InterceptorRoute",
+        }
+    }
+}
+
+/// A timeout as an object sets it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Timeout {
+    /// Unset: the process's (the add-on's environment).
+    #[default]
+    Default,
+    /// An InterceptorRoute's `"0s"`: none, whatever the environment says.
+    Off,
+    After(Duration),
+}
+
+impl Timeout {
+    /// The timeout, given the process's.
+    pub fn or(self, default: Option<Duration>) -> Option<Duration> {
+        match self {
+            Timeout::Default => default,
+            Timeout::Off => None,
+            Timeout::After(duration) => Some(duration),
+        }
+    }
+}
+
+/// One HTTPScaledObject or InterceptorRoute, read.
 #[derive(Clone, Debug, PartialEq)]
-pub struct HttpScaledObject {
+pub struct RouteObject {
+    pub kind: ObjectKind,
     pub namespace: String,
     pub name: String,
     /// What orders it among routes of the same host, prefix and headers.
     pub order: RouteOrder,
-    /// `hosts`, `pathPrefixes` and `headers` as one rule.
-    pub rule: Rule,
-    /// `scaleTargetRef`'s Service and port (the Deployment itself is KEDA's to scale).
+    /// An HTTPScaledObject's `hosts`, `pathPrefixes` and `headers` as one rule; an
+    /// InterceptorRoute's `rules`.
+    pub rules: Vec<Rule>,
+    /// `scaleTargetRef`'s (`target`'s) Service and port (the Deployment is KEDA's to scale).
     pub target: ServiceRef,
     pub failover: Option<Failover>,
     pub scaling: Scaling,
     /// With a rate metric: its window.
     pub rate: Option<RateWindow>,
-    /// How long a request waits for a ready endpoint: the failover's `timeoutSeconds`, else
-    /// `timeouts.conditionWait` when above zero; `None`: the process default.
-    pub readiness_timeout: Option<Duration>,
-    /// `timeouts.responseHeader` when above zero; `None`: the process default.
-    pub response_header_timeout: Option<Duration>,
+    /// How long a request waits for a ready endpoint: an HTTPScaledObject's failover's
+    /// `timeoutSeconds`, else its `timeouts.conditionWait` when above zero; an
+    /// InterceptorRoute's `timeouts.readiness`.
+    pub readiness: Timeout,
+    /// An InterceptorRoute's `timeouts.request` (an HTTPScaledObject has none).
+    pub request: Timeout,
+    /// `timeouts.responseHeader` (an HTTPScaledObject's only when above zero).
+    pub response_header: Timeout,
     /// [`CONTAINER_CONCURRENCY_ANNOTATION`]; `None`: unlimited.
     pub container_concurrency: Option<u32>,
+    /// An InterceptorRoute's `coldStart.placeholder`, which kactivator does not serve: its
+    /// requests wait for a ready endpoint instead (the model says so in the log).
+    pub placeholder: bool,
 }
 
 /// Why an object cannot be a route: the field, and what is wrong with it.
@@ -175,23 +226,171 @@ struct TimeoutsWire {
     response_header: Option<String>,
 }
 
+#[derive(Deserialize)]
+struct RouteWire {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    spec: Option<RouteSpecWire>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RouteSpecWire {
+    target: Option<TargetWire>,
+    cold_start: Option<ColdStartWire>,
+    timeouts: Option<RouteTimeoutsWire>,
+    rules: Option<Vec<RuleWire>>,
+    scaling_metric: Option<ScalingMetricWire>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RuleWire {
+    hosts: Option<Vec<String>>,
+    paths: Option<Vec<PathWire>>,
+    headers: Option<Vec<HeaderWire>>,
+}
+
+#[derive(Deserialize)]
+struct PathWire {
+    value: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct ColdStartWire {
+    fallback: Option<FallbackWire>,
+    placeholder: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct FallbackWire {
+    service: Option<ServiceRefWire>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct ServiceRefWire {
+    name: String,
+    port: Option<i32>,
+    port_name: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct RouteTimeoutsWire {
+    readiness: Option<String>,
+    request: Option<String>,
+    response_header: Option<String>,
+}
+
 /// The CRD's default target of a metric that sets none.
 const DEFAULT_TARGET_VALUE: i64 = 100;
 
-impl HttpScaledObject {
-    /// Reads one object as the API server serves it.
-    pub fn from_json(object: &serde_json::Value) -> Result<HttpScaledObject, ObjectError> {
+/// What every object has in its metadata: who it is, what orders it, and our annotation.
+struct Identity {
+    namespace: String,
+    name: String,
+    order: RouteOrder,
+    container_concurrency: Option<u32>,
+}
+
+fn identity(metadata: ObjectMeta) -> Result<Identity, ObjectError> {
+    let namespace = metadata
+        .namespace
+        .filter(|namespace| !namespace.is_empty())
+        .ok_or_else(|| error("metadata.namespace", "missing"))?;
+    let name = metadata
+        .name
+        .filter(|name| !name.is_empty())
+        .ok_or_else(|| error("metadata.name", "missing"))?;
+    let container_concurrency =
+        container_concurrency(metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()))?;
+    let created = metadata
+        .creation_timestamp
+        .map_or(0, |time| time.0.as_second());
+    Ok(Identity {
+        order: RouteOrder {
+            created,
+            namespace: namespace.clone(),
+            name: name.clone(),
+        },
+        namespace,
+        name,
+        container_concurrency,
+    })
+}
+
+/// A rule's header matches; `field` names the list.
+fn header_matches(field: &str, headers: Vec<HeaderWire>) -> Result<Vec<HeaderMatch>, ObjectError> {
+    headers
+        .into_iter()
+        .enumerate()
+        .map(|(index, header)| {
+            if header.name.is_empty() {
+                return Err(error(format!("{field}[{index}].name"), "empty"));
+            }
+            Ok(HeaderMatch {
+                name: header.name.into(),
+                value: header.value.map(Into::into),
+            })
+        })
+        .collect()
+}
+
+/// A metric's target: the CRD's default when `default_target` allows one, else required.
+fn target_value(
+    field: &str,
+    value: Option<i64>,
+    default_target: Option<i64>,
+) -> Result<i64, ObjectError> {
+    match value.or(default_target) {
+        None => Err(error(format!("{field}.targetValue"), "missing")),
+        Some(value) if value < 1 && default_target.is_none() => Err(error(
+            format!("{field}.targetValue"),
+            format!("{value} is below 1"),
+        )),
+        Some(value) => Ok(value),
+    }
+}
+
+/// A rate metric's window and granularity, the CRD's defaults when unset, refused when they
+/// make no buckets.
+fn rate_window(field: &str, rate: &RateWire) -> Result<RateWindow, ObjectError> {
+    let window = duration(&format!("{field}.window"), rate.window.as_deref())?
+        .unwrap_or(DEFAULT_RATE_WINDOW);
+    let granularity = duration(&format!("{field}.granularity"), rate.granularity.as_deref())?
+        .unwrap_or(DEFAULT_RATE_GRANULARITY);
+    super::rate::RequestBuckets::new(window, granularity).map_err(|problem| {
+        error(
+            field,
+            format!("no buckets for that window and granularity: {problem:?}"),
+        )
+    })?;
+    Ok(RateWindow {
+        window,
+        granularity,
+    })
+}
+
+impl RouteObject {
+    /// Reads one object of `kind` as the API server serves it.
+    pub fn from_json(
+        kind: ObjectKind,
+        object: &serde_json::Value,
+    ) -> Result<RouteObject, ObjectError> {
+        match kind {
+            ObjectKind::HttpScaledObject => RouteObject::from_http_scaled_object(object),
+            ObjectKind::InterceptorRoute => RouteObject::from_interceptor_route(object),
+        }
+    }
+
+    /// Reads an HTTPScaledObject, as the add-on makes an InterceptorRoute of it.
+    pub fn from_http_scaled_object(object: &serde_json::Value) -> Result<RouteObject, ObjectError> {
         let wire = Wire::deserialize(object)
             .map_err(|problem| error("object", format!("not an HTTPScaledObject: {problem}")))?;
-        let metadata = wire.metadata;
-        let namespace = metadata
-            .namespace
-            .filter(|namespace| !namespace.is_empty())
-            .ok_or_else(|| error("metadata.namespace", "missing"))?;
-        let name = metadata
-            .name
-            .filter(|name| !name.is_empty())
-            .ok_or_else(|| error("metadata.name", "missing"))?;
+        let identity = identity(wire.metadata)?;
         let spec = wire.spec.ok_or_else(|| error("spec", "missing"))?;
         let target = spec
             .scale_target_ref
@@ -206,21 +405,7 @@ impl HttpScaledObject {
         let rule = Rule {
             hosts: spec.hosts.unwrap_or_default(),
             paths: spec.path_prefixes.unwrap_or_default(),
-            headers: spec
-                .headers
-                .unwrap_or_default()
-                .into_iter()
-                .enumerate()
-                .map(|(index, header)| {
-                    if header.name.is_empty() {
-                        return Err(error(format!("spec.headers[{index}].name"), "empty"));
-                    }
-                    Ok(HeaderMatch {
-                        name: header.name.into(),
-                        value: header.value.map(Into::into),
-                    })
-                })
-                .collect::<Result<_, _>>()?,
+            headers: header_matches("spec.headers", spec.headers.unwrap_or_default())?,
         };
 
         let mut scaling = Scaling {
@@ -237,41 +422,34 @@ impl HttpScaledObject {
                 ));
             }
             if let Some(concurrency) = metric.concurrency {
-                scaling.concurrency =
-                    Some(concurrency.target_value.unwrap_or(DEFAULT_TARGET_VALUE));
+                scaling.concurrency = Some(target_value(
+                    "spec.scalingMetric.concurrency",
+                    concurrency.target_value,
+                    Some(DEFAULT_TARGET_VALUE),
+                )?);
             }
             if let Some(request_rate) = metric.request_rate {
-                scaling.rate = Some(request_rate.target_value.unwrap_or(DEFAULT_TARGET_VALUE));
-                let window = duration(
-                    "spec.scalingMetric.requestRate.window",
-                    request_rate.window.as_deref(),
-                )?
-                .unwrap_or(DEFAULT_RATE_WINDOW);
-                let granularity = duration(
-                    "spec.scalingMetric.requestRate.granularity",
-                    request_rate.granularity.as_deref(),
-                )?
-                .unwrap_or(DEFAULT_RATE_GRANULARITY);
-                super::rate::RequestBuckets::new(window, granularity).map_err(|problem| {
-                    error(
-                        "spec.scalingMetric.requestRate",
-                        format!("no buckets for that window and granularity: {problem:?}"),
-                    )
-                })?;
-                rate = Some(RateWindow {
-                    window,
-                    granularity,
-                });
+                let field = "spec.scalingMetric.requestRate";
+                scaling.rate = Some(target_value(
+                    field,
+                    request_rate.target_value,
+                    Some(DEFAULT_TARGET_VALUE),
+                )?);
+                rate = Some(rate_window(field, &request_rate)?);
             }
         }
 
         let timeouts = spec.timeouts.unwrap_or_default();
-        let positive = |duration: Option<Duration>| duration.filter(|d| !d.is_zero());
-        let mut readiness_timeout = positive(duration(
+        // Only above zero: the add-on's conversion copies nothing else.
+        let positive = |duration: Option<Duration>| match duration {
+            Some(duration) if !duration.is_zero() => Timeout::After(duration),
+            _ => Timeout::Default,
+        };
+        let mut readiness = positive(duration(
             "spec.timeouts.conditionWait",
             timeouts.condition_wait.as_deref(),
         )?);
-        let response_header_timeout = positive(duration(
+        let response_header = positive(duration(
             "spec.timeouts.responseHeader",
             timeouts.response_header.as_deref(),
         )?);
@@ -290,38 +468,146 @@ impl HttpScaledObject {
                     Some(0) => {}
                     // The failover's wait is the readiness timeout, over conditionWait.
                     Some(seconds) => {
-                        readiness_timeout = Some(within_a_year(
+                        readiness = Timeout::After(within_a_year(
                             &format!("{field}.timeoutSeconds"),
                             Duration::from_secs(seconds as u64),
                         )?);
                     }
-                    None => readiness_timeout = Some(DEFAULT_FAILOVER_TIMEOUT),
+                    None => readiness = Timeout::After(DEFAULT_FAILOVER_TIMEOUT),
                 }
                 Some(Failover { to })
             }
         };
 
-        let container_concurrency =
-            container_concurrency(metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()))?;
-        let created = metadata
-            .creation_timestamp
-            .map_or(0, |time| time.0.as_second());
-        Ok(HttpScaledObject {
-            order: RouteOrder {
-                created,
-                namespace: namespace.clone(),
-                name: name.clone(),
-            },
-            namespace,
-            name,
-            rule,
+        Ok(RouteObject {
+            kind: ObjectKind::HttpScaledObject,
+            namespace: identity.namespace,
+            name: identity.name,
+            order: identity.order,
+            rules: vec![rule],
             target,
             failover,
             scaling,
             rate,
-            readiness_timeout,
-            response_header_timeout,
-            container_concurrency,
+            readiness,
+            request: Timeout::Default,
+            response_header,
+            container_concurrency: identity.container_concurrency,
+            placeholder: false,
+        })
+    }
+
+    /// Reads an InterceptorRoute.
+    pub fn from_interceptor_route(object: &serde_json::Value) -> Result<RouteObject, ObjectError> {
+        let wire = RouteWire::deserialize(object)
+            .map_err(|problem| error("object", format!("not an InterceptorRoute: {problem}")))?;
+        let identity = identity(wire.metadata)?;
+        let spec = wire.spec.ok_or_else(|| error("spec", "missing"))?;
+        let target = spec.target.ok_or_else(|| error("spec.target", "missing"))?;
+        let target = service_ref("spec.target", target.service, target.port, target.port_name)?;
+
+        let rules = spec
+            .rules
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(index, rule)| {
+                let field = format!("spec.rules[{index}]");
+                let paths = rule
+                    .paths
+                    .unwrap_or_default()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(at, path)| {
+                        if path.value.is_empty() {
+                            return Err(error(format!("{field}.paths[{at}].value"), "empty"));
+                        }
+                        Ok(path.value)
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(Rule {
+                    hosts: rule.hosts.unwrap_or_default(),
+                    paths,
+                    headers: header_matches(
+                        &format!("{field}.headers"),
+                        rule.headers.unwrap_or_default(),
+                    )?,
+                })
+            })
+            .collect::<Result<Vec<_>, ObjectError>>()?;
+
+        // Both metrics may be set: KEDA takes the larger replica count.
+        let metric = spec
+            .scaling_metric
+            .ok_or_else(|| error("spec.scalingMetric", "missing"))?;
+        let mut scaling = Scaling::default();
+        let mut rate = None;
+        if let Some(concurrency) = metric.concurrency {
+            scaling.concurrency = Some(target_value(
+                "spec.scalingMetric.concurrency",
+                concurrency.target_value,
+                None,
+            )?);
+        }
+        if let Some(request_rate) = metric.request_rate {
+            let field = "spec.scalingMetric.requestRate";
+            scaling.rate = Some(target_value(field, request_rate.target_value, None)?);
+            rate = Some(rate_window(field, &request_rate)?);
+        }
+        if scaling.concurrency.is_none() && scaling.rate.is_none() {
+            // The CRD's own words.
+            return Err(error(
+                "spec.scalingMetric",
+                "at least one of 'concurrency' or 'requestRate' must be set",
+            ));
+        }
+
+        let timeouts = spec.timeouts.unwrap_or_default();
+        let timeout = |field: &str, text: Option<&str>| -> Result<Timeout, ObjectError> {
+            Ok(match duration(field, text)? {
+                None => Timeout::Default,
+                Some(duration) if duration.is_zero() => Timeout::Off,
+                Some(duration) => Timeout::After(duration),
+            })
+        };
+        let readiness = timeout("spec.timeouts.readiness", timeouts.readiness.as_deref())?;
+        let request = timeout("spec.timeouts.request", timeouts.request.as_deref())?;
+        let response_header = timeout(
+            "spec.timeouts.responseHeader",
+            timeouts.response_header.as_deref(),
+        )?;
+
+        let cold_start = spec.cold_start.unwrap_or_default();
+        let failover = match cold_start.fallback.and_then(|fallback| fallback.service) {
+            None => None,
+            Some(service) if service.name.is_empty() => {
+                return Err(error("spec.coldStart.fallback.service.name", "missing"))
+            }
+            Some(service) => Some(Failover {
+                to: service_ref(
+                    "spec.coldStart.fallback.service",
+                    service.name,
+                    service.port,
+                    service.port_name,
+                )?,
+            }),
+        };
+
+        Ok(RouteObject {
+            kind: ObjectKind::InterceptorRoute,
+            namespace: identity.namespace,
+            name: identity.name,
+            order: identity.order,
+            rules,
+            target,
+            failover,
+            scaling,
+            rate,
+            readiness,
+            request,
+            response_header,
+            container_concurrency: identity.container_concurrency,
+            placeholder: cold_start.placeholder.is_some(),
         })
     }
 }

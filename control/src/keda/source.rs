@@ -1,7 +1,10 @@
-//! The KEDA HTTP add-on role's source (issue 40): three watches on the control thread, the
-//! HTTPScaledObjects (`http.keda.sh/v1alpha1`), the Services and the EndpointSlices (in every
-//! namespace, or the one `KEDA_HTTP_WATCH_NAMESPACE` names, as the add-on's interceptor), their
-//! objects through the [`Model`] into state-worker ops, as the Knative source does.
+//! The KEDA HTTP add-on role's source (issue 40): watches on the control thread of the
+//! HTTPScaledObjects (`http.keda.sh/v1alpha1`), the InterceptorRoutes (`http.keda.sh/v1beta1`,
+//! when the server serves them: the add-on's 0.14 and later), the Services and the
+//! EndpointSlices (in every namespace, or the one `KEDA_HTTP_WATCH_NAMESPACE` names, as the
+//! add-on's interceptor), their objects through the [`Model`] into state-worker ops, as the
+//! Knative source does. Whether InterceptorRoutes are served is asked once at start: a CRD
+//! installed later is watched after a restart.
 //!
 //! Start-up: once every watch has listed, the first view goes to the worker as one batch, and
 //! readiness is told once every shard serves it (the add-on's `/readyz` waits for its first
@@ -22,7 +25,8 @@ use kube::Client;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::model::{Defaults, Model, Refusal, ScaledRoute, SLICE_SERVICE_LABEL};
+use super::model::{Defaults, Model, Refusal, ScalerView, SLICE_SERVICE_LABEL};
+use super::object::ObjectKind;
 use crate::config::EndpointsKind;
 use crate::publisher::{until_served, Publisher};
 use crate::sources::kubernetes::backoff::WatchBackoff;
@@ -32,27 +36,26 @@ use crate::sources::kubernetes::informers::{
 use crate::state::Op;
 use crate::worker::WorkerHandle;
 
-/// What each route scales on, by namespace and name: the external scaler's view of the routes.
-pub type ScaledRoutes = Arc<BTreeMap<(String, String), ScaledRoute>>;
+/// What the external scaler answers from, as the model last saw it.
+pub type ScaledRoutes = Arc<ScalerView>;
 
-/// The three watches.
+/// The API group and version of InterceptorRoutes.
+const INTERCEPTOR_ROUTES_VERSION: &str = "http.keda.sh/v1beta1";
+
+/// The watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Watch {
     HttpScaledObjects,
+    InterceptorRoutes,
     Services,
     EndpointSlices,
 }
 
 impl Watch {
-    const ALL: [Watch; 3] = [
-        Watch::HttpScaledObjects,
-        Watch::Services,
-        Watch::EndpointSlices,
-    ];
-
     fn describe(self) -> &'static str {
         match self {
             Watch::HttpScaledObjects => "http.keda.sh/v1alpha1 HTTPScaledObjects",
+            Watch::InterceptorRoutes => "http.keda.sh/v1beta1 InterceptorRoutes",
             Watch::Services => "core/v1 Services",
             Watch::EndpointSlices => "discovery.k8s.io EndpointSlices",
         }
@@ -66,6 +69,8 @@ pub struct KedaSource {
     pub namespace: Option<String>,
     /// The EndpointSlices' API version the server serves (`v1` or `v1beta1`).
     slices_version: &'static str,
+    /// The server serves InterceptorRoutes (the add-on's CRD, 0.14 and later).
+    interceptor_routes: bool,
     pub defaults: Defaults,
 }
 
@@ -83,12 +88,45 @@ impl KedaSource {
                 return Err("the API server serves no discovery.k8s.io EndpointSlices".into())
             }
         };
+        let interceptor_routes = match client
+            .list_api_group_resources(INTERCEPTOR_ROUTES_VERSION)
+            .await
+        {
+            Ok(list) => list
+                .resources
+                .iter()
+                .any(|resource| resource.name == "interceptorroutes"),
+            Err(kube::Error::Api(status)) if status.code == 404 => false,
+            Err(error) => {
+                return Err(format!(
+                    "cannot ask the API server for {INTERCEPTOR_ROUTES_VERSION}: {error}"
+                ))
+            }
+        };
+        if !interceptor_routes {
+            tracing::info!(
+                "keda-http: the API server serves no {INTERCEPTOR_ROUTES_VERSION} \
+                 InterceptorRoutes (the add-on's CRD before 0.14): HTTPScaledObjects only; \
+                 restart once the CRD is installed to watch them"
+            );
+        }
         Ok(KedaSource {
             client,
             namespace,
             slices_version,
+            interceptor_routes,
             defaults,
         })
+    }
+
+    /// The watches this server allows.
+    fn watches(&self) -> Vec<Watch> {
+        let mut watches = vec![Watch::HttpScaledObjects];
+        if self.interceptor_routes {
+            watches.push(Watch::InterceptorRoutes);
+        }
+        watches.extend([Watch::Services, Watch::EndpointSlices]);
+        watches
     }
 
     /// Watches where the other replicas are listed, into `peers`, until the process ends.
@@ -118,6 +156,7 @@ impl KedaSource {
         routes: watch::Sender<ScaledRoutes>,
     ) {
         let mut streams = self.streams();
+        let watches = self.watches();
         let mut model = Model::new(self.defaults);
         // Per watch: its objects while it (re)lists, `None` once listed.
         let mut listing: BTreeMap<Watch, Vec<Value>> = BTreeMap::new();
@@ -134,7 +173,7 @@ impl KedaSource {
                     None => return,
                 },
                 _ = progress.tick(), if !synced => {
-                    for watch in Watch::ALL {
+                    for &watch in &watches {
                         if !listed.contains(&watch) {
                             let why = errors.get(&watch).map_or("", String::as_str);
                             tracing::info!("keda-http: still listing {}{}{why}", watch.describe(),
@@ -173,22 +212,18 @@ impl KedaSource {
                     continue;
                 }
             }
-            if listed.len() < Watch::ALL.len() {
+            if listed.len() < watches.len() {
                 continue;
             }
             let (ops, refusals) = model.ops();
             for refusal in &refusals {
                 if !refused.contains(refusal) {
-                    tracing::warn!(
-                        "keda-http: HTTPScaledObject {}: {}",
-                        refusal.object,
-                        refusal.reason
-                    );
+                    tracing::warn!("keda-http: {}: {}", refusal.object, refusal.reason);
                 }
             }
             refused = refusals;
             routes.send_if_modified(|current| {
-                let next = model.scaled_routes();
+                let next = model.scaler_view();
                 let changed = **current != next;
                 if changed {
                     *current = Arc::new(next);
@@ -225,11 +260,15 @@ impl KedaSource {
         }
     }
 
-    /// The three watches, merged.
+    /// The watches, merged.
     fn streams(&self) -> BoxStream<'static, (Watch, Result<Event<DynamicObject>, watcher::Error>)> {
         let objects = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("http.keda.sh", "v1alpha1", "HTTPScaledObject"),
             "httpscaledobjects",
+        );
+        let routes = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("http.keda.sh", "v1beta1", "InterceptorRoute"),
+            "interceptorroutes",
         );
         let services = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("", "v1", "Service"),
@@ -251,19 +290,16 @@ impl KedaSource {
                 .map(move |event| (watch, event))
                 .boxed()
         };
-        stream::select_all([
-            watched(
-                Watch::HttpScaledObjects,
-                api(&objects),
-                watcher::Config::default(),
-            ),
-            watched(Watch::Services, api(&services), watcher::Config::default()),
-            watched(
-                Watch::EndpointSlices,
+        stream::select_all(self.watches().into_iter().map(|watch| match watch {
+            Watch::HttpScaledObjects => watched(watch, api(&objects), watcher::Config::default()),
+            Watch::InterceptorRoutes => watched(watch, api(&routes), watcher::Config::default()),
+            Watch::Services => watched(watch, api(&services), watcher::Config::default()),
+            Watch::EndpointSlices => watched(
+                watch,
                 api(&slices),
                 watcher::Config::default().labels(SLICE_SERVICE_LABEL),
             ),
-        ])
+        }))
         .boxed()
     }
 }
@@ -284,7 +320,12 @@ fn id(object: &Value) -> (String, String) {
 
 fn changed(model: &mut Model, watch: Watch, namespace: &str, name: &str, object: Option<&Value>) {
     match watch {
-        Watch::HttpScaledObjects => model.object(namespace, name, object),
+        Watch::HttpScaledObjects => {
+            model.object(ObjectKind::HttpScaledObject, namespace, name, object)
+        }
+        Watch::InterceptorRoutes => {
+            model.object(ObjectKind::InterceptorRoute, namespace, name, object)
+        }
         Watch::Services => model.service(namespace, name, object),
         Watch::EndpointSlices => model.slice(namespace, name, object),
     }
@@ -308,7 +349,8 @@ fn relisted(model: &mut Model, watch: Watch, objects: &[Value]) {
 
 fn model_kind(watch: Watch) -> super::model::Kind {
     match watch {
-        Watch::HttpScaledObjects => super::model::Kind::Object,
+        Watch::HttpScaledObjects => super::model::Kind::Object(ObjectKind::HttpScaledObject),
+        Watch::InterceptorRoutes => super::model::Kind::Object(ObjectKind::InterceptorRoute),
         Watch::Services => super::model::Kind::Service,
         Watch::EndpointSlices => super::model::Kind::Slice,
     }

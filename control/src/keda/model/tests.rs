@@ -54,6 +54,28 @@ fn slice(endpoints: &[(&str, Option<bool>)]) -> Value {
     })
 }
 
+const HSO: ObjectKind = ObjectKind::HttpScaledObject;
+const IR: ObjectKind = ObjectKind::InterceptorRoute;
+
+/// An InterceptorRoute `name` to Service `app-svc`'s port `web`, with `spec` merged over it.
+fn route(name: &str, spec: Value) -> Value {
+    let mut route = json!({
+        "apiVersion": "http.keda.sh/v1beta1",
+        "kind": "InterceptorRoute",
+        "metadata": {"namespace": "apps", "name": name,
+                     "creationTimestamp": "2026-11-02T00:00:00Z"},
+        "spec": {
+            "target": {"service": "app-svc", "portName": "web"},
+            "rules": [{"hosts": ["chat.example.com"]}, {"paths": [{"value": "/chat"}]}],
+            "scalingMetric": {"concurrency": {"targetValue": 10}},
+        }
+    });
+    for (field, value) in spec.as_object().unwrap() {
+        route["spec"][field] = value.clone();
+    }
+    route
+}
+
 fn key() -> RevisionKey {
     RevisionKey::new("apps", "app").unwrap()
 }
@@ -86,7 +108,12 @@ fn endpoints(ops: &[Op]) -> Vec<Vec<SocketAddr>> {
 #[test]
 fn an_object_routes_by_its_rules_to_the_ready_endpoints_at_the_services_target_port() {
     let mut model = Model::new(Defaults::default());
-    model.object("apps", "app", Some(&object("app", json!(8080), json!({}))));
+    model.object(
+        HSO,
+        "apps",
+        "app",
+        Some(&object("app", json!(8080), json!({}))),
+    );
     model.service("apps", "app-svc", Some(&service(None)));
     model.slice(
         "apps",
@@ -123,7 +150,12 @@ fn an_object_routes_by_its_rules_to_the_ready_endpoints_at_the_services_target_p
 #[test]
 fn a_change_of_endpoints_sends_only_the_endpoints_and_a_deleted_object_goes() {
     let mut model = Model::new(Defaults::default());
-    model.object("apps", "app", Some(&object("app", json!("web"), json!({}))));
+    model.object(
+        HSO,
+        "apps",
+        "app",
+        Some(&object("app", json!("web"), json!({}))),
+    );
     model.service("apps", "app-svc", Some(&service(None)));
     model.slice("apps", "app-svc-x1", Some(&slice(&[])));
     let (ops, _) = model.ops();
@@ -141,7 +173,7 @@ fn a_change_of_endpoints_sends_only_the_endpoints_and_a_deleted_object_goes() {
     model.slice("apps", "app-svc-x1", None);
     assert_eq!(endpoints(&model.ops().0), vec![Vec::<SocketAddr>::new()]);
 
-    model.object("apps", "app", None);
+    model.object(HSO, "apps", "app", None);
     let (ops, _) = model.ops();
     assert!(matches!(&ops[..], [Op::RemoveRevision { revision }] if *revision == key()));
     assert!(model.revisions().is_empty());
@@ -152,6 +184,7 @@ fn an_h2c_app_protocol_and_the_concurrency_annotation_shape_the_route() {
     let mut model = Model::new(Defaults::default());
     let annotations = json!({"kactivator.dev/container-concurrency": "1"});
     model.object(
+        HSO,
         "apps",
         "app",
         Some(&object("app", json!(8080), annotations)),
@@ -168,13 +201,14 @@ fn an_h2c_app_protocol_and_the_concurrency_annotation_shape_the_route() {
 fn a_missing_service_or_port_routes_with_no_pods_and_says_why() {
     let mut model = Model::new(Defaults::default());
     model.object(
+        HSO,
         "apps",
         "app",
         Some(&object("app", json!("grpc"), json!({}))),
     );
     let (ops, refusals) = model.ops();
     assert_eq!(endpoints(&ops), vec![Vec::<SocketAddr>::new()]);
-    assert_eq!(refusals[0].object, "apps/app");
+    assert_eq!(refusals[0].object, "HTTPScaledObject apps/app");
     assert!(refusals[0]
         .reason
         .contains("Service apps/app-svc not found"));
@@ -195,7 +229,7 @@ fn an_object_that_cannot_be_read_is_refused_naming_the_field_and_routes_nothing(
         .as_object_mut()
         .unwrap()
         .remove("service");
-    model.object("apps", "app", Some(&broken));
+    model.object(HSO, "apps", "app", Some(&broken));
     let (ops, refusals) = model.ops();
     assert!(ops.is_empty());
     assert!(
@@ -215,8 +249,9 @@ fn the_process_timeouts_apply_unless_the_object_sets_its_own() {
     let mut model = Model::new(defaults);
     let mut own = object("app", json!(8080), json!({}));
     own["spec"]["timeouts"] = json!({"responseHeader": "5s"});
-    model.object("apps", "app", Some(&own));
+    model.object(HSO, "apps", "app", Some(&own));
     model.object(
+        HSO,
         "apps",
         "other",
         Some(&object("other", json!(8080), json!({}))),
@@ -244,7 +279,7 @@ fn a_failover_is_a_route_of_its_own_the_object_fails_over_to_after_its_timeout()
     let mut with_failover = object("app", json!(8080), json!({}));
     with_failover["spec"]["coldStartTimeoutFailoverRef"] =
         json!({"service": "fallback", "port": 80, "timeoutSeconds": 3});
-    model.object("apps", "app", Some(&with_failover));
+    model.object(HSO, "apps", "app", Some(&with_failover));
     model.service("apps", "app-svc", Some(&service(None)));
     model.service(
         "apps",
@@ -288,7 +323,7 @@ fn a_failover_is_a_route_of_its_own_the_object_fails_over_to_after_its_timeout()
         .collect();
     assert_eq!(failover_pods, vec![&vec![addr("10.0.9.9:8081")]]);
 
-    model.object("apps", "app", None);
+    model.object(HSO, "apps", "app", None);
     let (ops, _) = model.ops();
     assert_eq!(
         ops.iter()
@@ -297,4 +332,142 @@ fn a_failover_is_a_route_of_its_own_the_object_fails_over_to_after_its_timeout()
         2,
         "the failover goes with its object"
     );
+}
+
+#[test]
+fn an_interceptor_route_routes_by_all_its_rules_and_shadows_the_object_of_its_name() {
+    let mut model = Model::new(Defaults::default());
+    model.object(
+        HSO,
+        "apps",
+        "app",
+        Some(&object("app", json!(8080), json!({}))),
+    );
+    model.service("apps", "app-svc", Some(&service(None)));
+    model.slice(
+        "apps",
+        "app-svc-x1",
+        Some(&slice(&[("10.0.0.1", Some(true))])),
+    );
+    let (ops, _) = model.ops();
+    assert_eq!(upserts(&ops)[0].rules.as_deref().unwrap().rules.len(), 1);
+
+    // The user adds an InterceptorRoute of the same name: it routes, the object is told why it
+    // no longer does; KEDA may still ask about both.
+    model.object(IR, "apps", "app", Some(&route("app", json!({}))));
+    let (ops, refusals) = model.ops();
+    let specs = upserts(&ops);
+    assert_eq!(specs.len(), 1);
+    let rules = specs[0].rules.as_deref().unwrap();
+    assert_eq!(rules.rules.len(), 2);
+    assert_eq!(rules.rules[0].hosts, ["chat.example.com"]);
+    assert_eq!(rules.rules[1].paths, ["/chat"]);
+    assert!(endpoints(&ops).is_empty(), "the same pods: nothing to send");
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert_eq!(refusals[0].object, "HTTPScaledObject apps/app");
+    assert!(
+        refusals[0].reason.contains("InterceptorRoute"),
+        "{refusals:?}"
+    );
+    assert_eq!(model.counts(), (1, 1));
+    let view = model.scaler_view();
+    assert_eq!(view.objects.len(), 2);
+    assert_eq!(
+        view.objects[&(IR, "apps".to_string(), "app".to_string())].concurrency,
+        Some(10)
+    );
+    assert_eq!(
+        view.windows.keys().collect::<Vec<_>>(),
+        [&("apps".to_string(), "app".to_string())],
+        "one route counted"
+    );
+
+    // The route goes: the object routes again, as it did.
+    model.object(IR, "apps", "app", None);
+    let (ops, refusals) = model.ops();
+    assert!(refusals.is_empty(), "{refusals:?}");
+    assert_eq!(upserts(&ops)[0].rules.as_deref().unwrap().rules.len(), 1);
+}
+
+#[test]
+fn a_routes_zero_timeouts_turn_the_process_ones_off_and_a_fallback_waits_30_s_without_one() {
+    let defaults = Defaults {
+        request: Some(Duration::from_secs(40)),
+        response_header: Duration::from_secs(20),
+        readiness: Some(Duration::from_secs(7)),
+    };
+    let mut model = Model::new(defaults);
+    model.object(
+        IR,
+        "apps",
+        "off",
+        Some(&route(
+            "off",
+            json!({"timeouts": {"readiness": "0s", "request": "0s", "responseHeader": "0s"}}),
+        )),
+    );
+    model.object(
+        IR,
+        "apps",
+        "own",
+        Some(&route(
+            "own",
+            json!({"timeouts": {"readiness": "2s", "request": "9s", "responseHeader": "3s"}}),
+        )),
+    );
+    model.object(IR, "apps", "unset", Some(&route("unset", json!({}))));
+    model.object(
+        IR,
+        "apps",
+        "fallback",
+        Some(&route(
+            "fallback",
+            json!({"timeouts": {"readiness": "0s"},
+                   "coldStart": {"fallback": {"service": {"name": "app-svc", "port": 8080}}}}),
+        )),
+    );
+    let (ops, _) = model.ops();
+    let spec = |name: &str| {
+        upserts(&ops)
+            .into_iter()
+            .find(|spec| spec.key.name() == name)
+            .unwrap()
+            .clone()
+    };
+    let wait = |spec: &RevisionSpec| spec.cold_start.as_ref().and_then(|cold| cold.wait);
+    let off = spec("off");
+    assert_eq!(off.timeouts.total, Duration::from_secs(MAX_TIMEOUT_SECONDS));
+    assert_eq!(off.timeouts.response_start, None);
+    assert_eq!(wait(&off), None);
+    let own = spec("own");
+    assert_eq!(own.timeouts.total, Duration::from_secs(9));
+    assert_eq!(own.timeouts.response_start, Some(Duration::from_secs(3)));
+    assert_eq!(wait(&own), Some(Duration::from_secs(2)));
+    let unset = spec("unset");
+    assert_eq!(unset.timeouts.total, Duration::from_secs(40));
+    assert_eq!(unset.timeouts.response_start, Some(Duration::from_secs(20)));
+    assert_eq!(wait(&unset), Some(Duration::from_secs(7)));
+    assert_eq!(
+        wait(&spec("fallback")),
+        Some(DEFAULT_FAILOVER_TIMEOUT),
+        "a fallback never waits forever (endpoint_resolver.go L16)"
+    );
+}
+
+#[test]
+fn a_placeholder_is_said_to_be_unserved_and_the_route_still_routes() {
+    let mut model = Model::new(Defaults::default());
+    model.object(
+        IR,
+        "apps",
+        "app",
+        Some(&route(
+            "app",
+            json!({"coldStart": {"placeholder": {"response": {"body": "soon"}}}}),
+        )),
+    );
+    let (ops, refusals) = model.ops();
+    assert_eq!(upserts(&ops).len(), 1);
+    assert_eq!(refusals[0].object, "InterceptorRoute apps/app");
+    assert!(refusals[0].reason.contains("placeholder"), "{refusals:?}");
 }

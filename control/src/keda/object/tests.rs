@@ -34,8 +34,8 @@ fn served() -> serde_json::Value {
     })
 }
 
-fn read(value: serde_json::Value) -> Result<HttpScaledObject, ObjectError> {
-    HttpScaledObject::from_json(&value)
+fn read(value: serde_json::Value) -> Result<RouteObject, ObjectError> {
+    RouteObject::from_json(ObjectKind::HttpScaledObject, &value)
 }
 
 #[test]
@@ -53,9 +53,9 @@ fn the_add_ons_example_reads_as_a_route_with_our_limit() {
             name: "xkcd".into()
         }
     );
-    assert_eq!(object.rule.hosts, ["myhost.com"]);
-    assert_eq!(object.rule.paths, ["/test"]);
-    assert!(object.rule.headers.is_empty());
+    assert_eq!(object.rules[0].hosts, ["myhost.com"]);
+    assert_eq!(object.rules[0].paths, ["/test"]);
+    assert!(object.rules[0].headers.is_empty());
     assert_eq!(
         object.target,
         ServiceRef {
@@ -73,8 +73,11 @@ fn the_add_ons_example_reads_as_a_route_with_our_limit() {
             granularity: Duration::from_secs(1)
         })
     );
-    assert_eq!(object.readiness_timeout, None);
-    assert_eq!(object.response_header_timeout, None);
+    assert_eq!(object.readiness, Timeout::Default);
+    assert_eq!(object.response_header, Timeout::Default);
+    assert_eq!(object.request, Timeout::Default);
+    assert_eq!(object.kind, ObjectKind::HttpScaledObject);
+    assert_eq!(object.rules.len(), 1);
     assert_eq!(object.container_concurrency, Some(1));
 }
 
@@ -90,7 +93,7 @@ fn headers_timeouts_and_a_named_port_are_read_as_the_add_on_converts_them() {
     let object = read(value).unwrap();
     assert_eq!(object.target.port, PortRef::Name("http".into()));
     assert_eq!(
-        object.rule.headers,
+        object.rules[0].headers,
         vec![
             HeaderMatch {
                 name: "X-Tenant".into(),
@@ -102,8 +105,8 @@ fn headers_timeouts_and_a_named_port_are_read_as_the_add_on_converts_them() {
             },
         ]
     );
-    assert_eq!(object.readiness_timeout, Some(Duration::from_secs(20)));
-    assert_eq!(object.response_header_timeout, None, "0s: the default");
+    assert_eq!(object.readiness, Timeout::After(Duration::from_secs(20)));
+    assert_eq!(object.response_header, Timeout::Default, "0s: the default");
     assert_eq!(
         object.scaling.concurrency,
         Some(100),
@@ -130,18 +133,18 @@ fn a_failovers_wait_is_the_readiness_timeout_over_condition_wait() {
             }
         })
     );
-    assert_eq!(object.readiness_timeout, Some(Duration::from_secs(45)));
+    assert_eq!(object.readiness, Timeout::After(Duration::from_secs(45)));
     value["spec"]["coldStartTimeoutFailoverRef"] = json!({"service": "static", "portName": "http"});
     assert_eq!(
-        read(value.clone()).unwrap().readiness_timeout,
-        Some(DEFAULT_FAILOVER_TIMEOUT),
+        read(value.clone()).unwrap().readiness,
+        Timeout::After(DEFAULT_FAILOVER_TIMEOUT),
         "the CRD's default when the API server did not apply it"
     );
     value["spec"]["coldStartTimeoutFailoverRef"] =
         json!({"service": "static", "port": 80, "timeoutSeconds": 0});
     assert_eq!(
-        read(value).unwrap().readiness_timeout,
-        Some(Duration::from_secs(20)),
+        read(value).unwrap().readiness,
+        Timeout::After(Duration::from_secs(20)),
         "0 leaves conditionWait's"
     );
 }
@@ -258,4 +261,210 @@ fn a_timeout_past_a_year_is_refused_naming_the_field_so_no_deadline_overflows() 
         refused.field,
         "spec.coldStartTimeoutFailoverRef.timeoutSeconds"
     );
+}
+
+/// An InterceptorRoute as the add-on's documentation writes one (0.15), as the API server
+/// serves it: two rules, both metrics, a fallback, a placeholder and every timeout.
+fn served_route() -> serde_json::Value {
+    json!({
+        "apiVersion": "http.keda.sh/v1beta1",
+        "kind": "InterceptorRoute",
+        "metadata": {
+            "name": "chat",
+            "namespace": "apps",
+            "creationTimestamp": "2026-11-29T12:00:00Z",
+            "annotations": {"kactivator.dev/container-concurrency": "4"}
+        },
+        "spec": {
+            "target": {"service": "chat", "portName": "http"},
+            "rules": [
+                {"hosts": ["chat.example.com", "*.chat.example.com"], "paths": [{"value": "/v1"}]},
+                {"headers": [{"name": "X-Model", "value": "llama"}, {"name": "X-Tenant"}]}
+            ],
+            "scalingMetric": {
+                "concurrency": {"targetValue": 8},
+                "requestRate": {"targetValue": 50, "window": "30s", "granularity": "2s"}
+            },
+            "coldStart": {
+                "fallback": {"service": {"name": "static", "port": 80}},
+                "placeholder": {"response": {"statusCode": 503, "body": "warming up"}}
+            },
+            "timeouts": {"readiness": "0s", "request": "10m", "responseHeader": "45s"}
+        }
+    })
+}
+
+fn read_route(value: serde_json::Value) -> Result<RouteObject, ObjectError> {
+    RouteObject::from_json(ObjectKind::InterceptorRoute, &value)
+}
+
+#[test]
+fn an_interceptor_route_reads_with_every_rule_both_metrics_and_its_three_timeouts() {
+    let route = read_route(served_route()).unwrap();
+    assert_eq!(route.kind, ObjectKind::InterceptorRoute);
+    assert_eq!(
+        (route.namespace.as_str(), route.name.as_str()),
+        ("apps", "chat")
+    );
+    assert_eq!(
+        route.rules,
+        [
+            Rule {
+                hosts: vec!["chat.example.com".into(), "*.chat.example.com".into()],
+                paths: vec!["/v1".into()],
+                headers: vec![],
+            },
+            Rule {
+                hosts: vec![],
+                paths: vec![],
+                headers: vec![
+                    HeaderMatch {
+                        name: "X-Model".into(),
+                        value: Some("llama".into())
+                    },
+                    HeaderMatch {
+                        name: "X-Tenant".into(),
+                        value: None
+                    },
+                ],
+            },
+        ]
+    );
+    assert_eq!(
+        route.target,
+        ServiceRef {
+            service: "chat".into(),
+            port: PortRef::Name("http".into())
+        }
+    );
+    assert_eq!(
+        route.failover,
+        Some(Failover {
+            to: ServiceRef {
+                service: "static".into(),
+                port: PortRef::Number(80)
+            }
+        })
+    );
+    assert_eq!(route.scaling.concurrency, Some(8));
+    assert_eq!(route.scaling.rate, Some(50));
+    assert_eq!(route.scaling.target_pending_requests, None);
+    assert_eq!(
+        route.rate,
+        Some(RateWindow {
+            window: Duration::from_secs(30),
+            granularity: Duration::from_secs(2)
+        })
+    );
+    assert_eq!(
+        route.readiness,
+        Timeout::Off,
+        "\"0s\" is off, not the default"
+    );
+    assert_eq!(route.request, Timeout::After(Duration::from_secs(600)));
+    assert_eq!(
+        route.response_header,
+        Timeout::After(Duration::from_secs(45))
+    );
+    assert_eq!(route.container_concurrency, Some(4));
+    assert!(route.placeholder);
+
+    // The least a route can be: a target and one metric; no rules routes nothing.
+    let mut least = served_route();
+    least["spec"] = json!({
+        "target": {"service": "chat", "port": 8080},
+        "scalingMetric": {"requestRate": {"targetValue": 5}}
+    });
+    let route = read_route(least).unwrap();
+    assert!(route.rules.is_empty());
+    assert_eq!(route.failover, None);
+    assert!(!route.placeholder);
+    assert_eq!(
+        (route.scaling.concurrency, route.scaling.rate),
+        (None, Some(5))
+    );
+    assert_eq!(
+        route.rate,
+        Some(RateWindow {
+            window: DEFAULT_RATE_WINDOW,
+            granularity: DEFAULT_RATE_GRANULARITY
+        })
+    );
+    assert_eq!(
+        (route.readiness, route.request, route.response_header),
+        (Timeout::Default, Timeout::Default, Timeout::Default)
+    );
+}
+
+#[test]
+fn interceptor_routes_a_route_cannot_come_from_are_refused_naming_the_field() {
+    let rows: &[(&str, serde_json::Value, &str)] = &[
+        ("/spec/target", json!(null), "spec.target"),
+        ("/spec/target", json!({"service": "x"}), "spec.target"),
+        (
+            "/spec/target",
+            json!({"service": "x", "port": 0}),
+            "spec.target.port",
+        ),
+        ("/spec/scalingMetric", json!(null), "spec.scalingMetric"),
+        ("/spec/scalingMetric", json!({}), "spec.scalingMetric"),
+        (
+            "/spec/scalingMetric",
+            json!({"concurrency": {}}),
+            "spec.scalingMetric.concurrency.targetValue",
+        ),
+        (
+            "/spec/scalingMetric",
+            json!({"concurrency": {"targetValue": 0}}),
+            "spec.scalingMetric.concurrency.targetValue",
+        ),
+        (
+            "/spec/scalingMetric",
+            json!({"requestRate": {"targetValue": 1, "window": "0s"}}),
+            "spec.scalingMetric.requestRate",
+        ),
+        (
+            "/spec/rules",
+            json!([{"paths": [{"value": ""}]}]),
+            "spec.rules[0].paths[0].value",
+        ),
+        (
+            "/spec/rules",
+            json!([{}, {"headers": [{"name": ""}]}]),
+            "spec.rules[1].headers[0].name",
+        ),
+        (
+            "/spec/timeouts",
+            json!({"request": "forever"}),
+            "spec.timeouts.request",
+        ),
+        (
+            "/spec/timeouts",
+            json!({"responseHeader": "9999999999h"}),
+            "spec.timeouts.responseHeader",
+        ),
+        (
+            "/spec/coldStart",
+            json!({"fallback": {"service": {"name": "", "port": 80}}}),
+            "spec.coldStart.fallback.service.name",
+        ),
+        (
+            "/spec/coldStart",
+            json!({"fallback": {"service": {"name": "s"}}}),
+            "spec.coldStart.fallback.service",
+        ),
+        ("/spec/rules", json!({"hosts": []}), "object"),
+    ];
+    for (pointer, replacement, field) in rows {
+        let mut value = served_route();
+        let (parent, key) = pointer.rsplit_once('/').unwrap();
+        value
+            .pointer_mut(parent)
+            .unwrap_or_else(|| panic!("{pointer}"))[key] = replacement.clone();
+        let refused = read_route(value).expect_err(pointer);
+        assert_eq!(
+            &refused.field, field,
+            "{pointer} = {replacement}: {refused}"
+        );
+    }
 }
