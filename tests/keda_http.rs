@@ -517,6 +517,155 @@ fn an_interceptor_route_routes_by_its_rules_over_its_namesake_and_reports_both_m
     );
 }
 
+/// InterceptorRoutes with placeholders as the add-on's documentation writes them: `page` from a
+/// labelled ConfigMap's pages, `inline` with its own body and status, scaling on its rate.
+const PLACEHOLDER_ROUTES: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  namespace: default
+  name: pages
+  labels:
+    http.keda.sh/response-body: \"true\"
+data:
+  index.html: \"<html><p>warming up</p></html>\"
+  style.css: \"p { color: gray }\"
+---
+apiVersion: http.keda.sh/v1beta1
+kind: InterceptorRoute
+metadata:
+  namespace: default
+  name: page
+spec:
+  target:
+    service: app
+    port: 80
+  rules:
+  - hosts: [page.example.com]
+  scalingMetric:
+    concurrency:
+      targetValue: 10
+  coldStart:
+    placeholder:
+      response:
+        bodyFromConfigMap:
+          name: pages
+        headers:
+          Retry-After: \"5\"
+---
+apiVersion: http.keda.sh/v1beta1
+kind: InterceptorRoute
+metadata:
+  namespace: default
+  name: inline
+spec:
+  target:
+    service: app
+    port: 80
+  rules:
+  - hosts: [inline.example.com]
+  scalingMetric:
+    requestRate:
+      targetValue: 10
+  coldStart:
+    placeholder:
+      response:
+        statusCode: 202
+        body: soon
+---
+";
+
+#[test]
+fn a_placeholder_answers_at_once_while_no_endpoint_is_ready_and_still_scales_the_route() {
+    let cluster = Cluster::start();
+    cluster.service("app");
+    cluster.endpoints("app", &[], &[]);
+    cluster.api.apply_yaml(PLACEHOLDER_ROUTES);
+    let (interceptor, scaler) = cluster.interceptor(&[]);
+    let get = |host: &str, path: &str| {
+        let head = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let sent = Instant::now();
+        let response = exchange(interceptor.http, head.as_bytes());
+        assert!(
+            sent.elapsed() < Duration::from_secs(2),
+            "answered at once, not held: {:?}",
+            sent.elapsed()
+        );
+        response
+    };
+
+    // The ConfigMap's page for `/`, its type from the key; the route's own field; no
+    // cold-start field (the add-on sets it only on a pod's response).
+    let index = get("page.example.com", "/");
+    assert_eq!(index.status, 503);
+    assert_eq!(index.text(), "<html><p>warming up</p></html>");
+    assert_eq!(
+        index.header("Content-Type"),
+        Some("text/html; charset=utf-8")
+    );
+    assert_eq!(index.header("Retry-After"), Some("5"));
+    assert_eq!(index.header("X-KEDA-HTTP-Cold-Start"), None);
+    let css = get("page.example.com", "/style.css");
+    assert_eq!(css.text(), "p { color: gray }");
+    assert_eq!(css.header("Content-Type"), Some("text/css; charset=utf-8"));
+    let missing = get("page.example.com", "/favicon.ico");
+    assert_eq!((missing.status, missing.body.len()), (503, 0));
+
+    // An inline body, over HTTP/1 and HTTP/2 alike, sniffed as Go's server sniffs it.
+    let inline = get("inline.example.com", "/");
+    assert_eq!((inline.status, inline.text().as_str()), (202, "soon"));
+    assert_eq!(
+        inline.header("Content-Type"),
+        Some("text/plain; charset=utf-8")
+    );
+    let url = format!("http://{}/", interceptor.http);
+    let (ok, out) = support::curl(&[
+        "--http2-prior-knowledge",
+        "-D",
+        "-",
+        "-H",
+        "Host: inline.example.com",
+        &url,
+    ]);
+    assert!(ok);
+    let out = String::from_utf8_lossy(&out).to_lowercase();
+    assert!(out.starts_with("http/2 202"), "{out}");
+    assert!(
+        out.contains("content-type: text/plain; charset=utf-8"),
+        "{out}"
+    );
+    assert!(out.ends_with("soon"), "{out}");
+
+    // Answered, but counted: KEDA sees the route's rate and scales it.
+    let rt = runtime();
+    let mut client = rt.block_on(keda::connect(scaler)).expect("the scaler");
+    let reference =
+        keda::interceptor_route_ref("default", "inline-so", "inline", &scaler.to_string());
+    assert!(
+        eventually(Duration::from_secs(5), || rt
+            .block_on(client.is_active(reference.clone()))
+            .expect("IsActive")
+            .into_inner()
+            .result),
+        "a request answered by the placeholder is activity: {:?} {:?}",
+        support::admin_get(interceptor.admin, "/queue"),
+        rt.block_on(client.get_metrics(pb::GetMetricsRequest {
+            scaled_object_ref: Some(reference.clone()),
+            metric_name: String::new(),
+        }))
+    );
+
+    // Once a pod is ready, requests go to it.
+    let (ip, pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[ip], &[]);
+    assert!(eventually(Duration::from_secs(10), || get(
+        "page.example.com",
+        "/"
+    )
+    .header("X-Backend")
+        == Some("app-1")));
+    assert!(pod.stats().requests >= 1);
+}
+
 #[test]
 fn four_pods_with_a_limit_of_one_never_serve_two_requests_at_once_under_64_clients() {
     const CLIENTS: usize = 64;

@@ -5,16 +5,17 @@
 //! would be given (`routing::rules`, what every request of the role goes through).
 //!
 //! Input: one JSON line per event. `{"type":"ADDED"|"MODIFIED"|"DELETED","object":{...}}` with
-//! `kind` `HTTPScaledObject`, `InterceptorRoute`, `Service` or `EndpointSlice`; `{"type":"REQUEST","authority":"...",
+//! `kind` `HTTPScaledObject`, `InterceptorRoute`, `Service`, `EndpointSlice` or `ConfigMap`; `{"type":"REQUEST","authority":"...",
 //! "target":"...","headers":[["name","value"],...]}` a request (its strings' bytes as a client
 //! sends them).
 //!
 //! Beyond "no panic": the model sends only what changed (asking again right away gives no op),
 //! every revision it upserts is one of the objects it was last told of, or such an object's
 //! failover, and its ops apply to the state worker's core; a routed request's route is a
-//! declared revision with rules.
+//! declared revision with rules, and its placeholder, if it has one, answers the request's
+//! path (`routing::placeholder`) with the declared status or the add-on's 500.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use kactivator_api::RevisionKey;
@@ -22,6 +23,7 @@ use kactivator_control::keda::model::{Defaults, Model, FAILOVER_SUFFIX};
 use kactivator_control::keda::object::ObjectKind;
 use kactivator_control::pod_state::{Gates, Timestamp};
 use kactivator_control::state::{ControlState, Limits, Op};
+use kactivator_shards::routing::placeholder::Placeholder;
 use kactivator_shards::routing::rules::RuleTable;
 use kactivator_shards::throttle::gate::ProcessQueue;
 use serde_json::Value;
@@ -38,7 +40,7 @@ pub fn keda_http(data: &[u8]) {
     let now = Timestamp::from_epoch_offset(std::time::Duration::from_secs(1));
     let mut objects: BTreeSet<(ObjectKind, String, String)> = BTreeSet::new();
     let mut table: RuleTable<RevisionKey> = RuleTable::default();
-    let mut routed: BTreeSet<RevisionKey> = BTreeSet::new();
+    let mut routed: BTreeMap<RevisionKey, Option<Arc<Placeholder>>> = BTreeMap::new();
     for line in data.split(|&byte| byte == b'\n') {
         let Ok(event) = serde_json::from_slice::<Value>(line) else {
             continue;
@@ -72,6 +74,7 @@ pub fn keda_http(data: &[u8]) {
             }
             (None, Some("Service")) => model.service(namespace, name, present),
             (None, Some("EndpointSlice")) => model.slice(namespace, name, present),
+            (None, Some("ConfigMap")) => model.config_map(namespace, name, present),
             _ => continue,
         }
         let (ops, _refusals) = model.ops();
@@ -103,14 +106,25 @@ pub fn keda_http(data: &[u8]) {
         routed = specs
             .iter()
             .filter(|spec| spec.rules.is_some())
-            .map(|spec| spec.key.clone())
+            .map(|spec| {
+                let placeholder = spec
+                    .cold_start
+                    .as_ref()
+                    .and_then(|cold| cold.placeholder.clone());
+                (spec.key.clone(), placeholder)
+            })
             .collect();
-        assert!(routed.iter().all(|key| revisions.contains(key)));
+        assert!(routed.keys().all(|key| revisions.contains(key)));
     }
 }
 
-/// Routes one request; a route found is a declared revision with rules.
-fn request(table: &RuleTable<RevisionKey>, routed: &BTreeSet<RevisionKey>, event: &Value) {
+/// Routes one request; a route found is a declared revision with rules, and its placeholder
+/// answers it.
+fn request(
+    table: &RuleTable<RevisionKey>,
+    routed: &BTreeMap<RevisionKey, Option<Arc<Placeholder>>>,
+    event: &Value,
+) {
     let authority = event["authority"].as_str().unwrap_or_default();
     let target = event["target"].as_str().unwrap_or("/");
     let headers: Vec<(String, String)> = event["headers"]
@@ -129,6 +143,14 @@ fn request(table: &RuleTable<RevisionKey>, routed: &BTreeSet<RevisionKey>, event
         .map(|(name, value)| (name.as_str(), value.as_str()))
         .collect();
     if let Some(key) = table.route(authority.as_bytes(), target.as_bytes(), &fields[..]) {
-        assert!(routed.contains(key), "{key} is routed to but has no rules");
+        let placeholder = routed
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} is routed to but has no rules"));
+        if let Some(placeholder) = placeholder {
+            match placeholder.respond(target.as_bytes()) {
+                Ok(response) => assert_eq!(response.status, placeholder.status),
+                Err(why) => assert!(!why.0.is_empty()),
+            }
+        }
     }
 }

@@ -94,10 +94,15 @@ impl FleetTally {
         let mut concurrency: BTreeMap<RouteId, i64> = BTreeMap::new();
         let mut increase: BTreeMap<RouteId, i64> = BTreeMap::new();
         for (replica, counts) in replicas {
+            let known = self.seen.contains_key(replica);
             let seen = self.seen.entry(replica.clone()).or_default();
             for (route, count) in counts {
                 *concurrency.entry(route.clone()).or_default() += count.concurrency;
                 let added = match seen.insert(route.clone(), count.requests) {
+                    // A route new to a replica already heard from: its count began at zero with
+                    // the route, so all of it is new (requests in the route's first tick count).
+                    None if known => count.requests,
+                    // A replica's first answer: its counts since it started are the baseline.
                     None => 0,
                     Some(before) if count.requests >= before => count.requests - before,
                     Some(_) => count.requests,

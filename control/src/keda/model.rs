@@ -23,12 +23,14 @@ use serde_json::Value;
 
 use super::counts::RouteId;
 use super::object::{
-    ObjectError, ObjectKind, PortRef, RateWindow, RouteObject, ServiceRef, DEFAULT_FAILOVER_TIMEOUT,
+    ObjectError, ObjectKind, PlaceholderSource, PlaceholderSpec, PortRef, RateWindow, RouteObject,
+    ServiceRef, DEFAULT_FAILOVER_TIMEOUT, RESPONSE_BODY_LABEL,
 };
 use super::scaler::Scaling;
 pub use crate::sources::kubernetes::objects::SLICE_SERVICE_LABEL;
 use crate::sources::kubernetes::objects::{slice_addresses_where, Listing};
 use crate::state::{OmissionScope, Op, RevisionSpec};
+use kactivator_shards::routing::placeholder::{Placeholder, PlaceholderBody};
 
 #[cfg(test)]
 mod tests;
@@ -80,6 +82,7 @@ pub enum Kind {
     Object(ObjectKind),
     Service,
     Slice,
+    ConfigMap,
 }
 
 /// What the external scaler answers from: what each object scales on (a trigger names one by
@@ -102,6 +105,8 @@ pub struct Model {
     services: BTreeMap<(String, String), Vec<ServicePort>>,
     /// EndpointSlices by namespace and name: the Service each names, and the slice itself.
     slices: BTreeMap<(String, String), (String, Value)>,
+    /// ConfigMaps labelled [`RESPONSE_BODY_LABEL`] `"true"` by namespace and name: their data.
+    config_maps: BTreeMap<(String, String), BTreeMap<String, Vec<u8>>>,
     /// Per revision, the spec and the ready pods last sent.
     sent: BTreeMap<RevisionKey, (RevisionSpec, Vec<SocketAddr>)>,
 }
@@ -185,6 +190,31 @@ impl Model {
         }
     }
 
+    /// A ConfigMap added, changed or deleted: kept while it carries [`RESPONSE_BODY_LABEL`]
+    /// `"true"` (the add-on reads no other).
+    pub fn config_map(&mut self, namespace: &str, name: &str, config_map: Option<&Value>) {
+        let id = (namespace.to_owned(), name.to_owned());
+        let labelled = config_map.filter(|config_map| {
+            config_map["metadata"]["labels"][RESPONSE_BODY_LABEL].as_str() == Some("true")
+        });
+        match labelled {
+            Some(config_map) => {
+                let data = config_map["data"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|(key, value)| {
+                        Some((key.clone(), value.as_str()?.as_bytes().to_vec()))
+                    })
+                    .collect();
+                self.config_maps.insert(id, data);
+            }
+            None => {
+                self.config_maps.remove(&id);
+            }
+        }
+    }
+
     /// The namespace and name of every object of `kind` the model has.
     pub fn ids(&self, kind: Kind) -> Vec<(String, String)> {
         match kind {
@@ -196,6 +226,7 @@ impl Model {
                 .collect(),
             Kind::Service => self.services.keys().cloned().collect(),
             Kind::Slice => self.slices.keys().cloned().collect(),
+            Kind::ConfigMap => self.config_maps.keys().cloned().collect(),
         }
     }
 
@@ -268,13 +299,6 @@ impl Model {
                     continue;
                 }
             };
-            if object.placeholder {
-                refusals.push(refuse(
-                    "spec.coldStart.placeholder: not served by kactivator; requests wait for a \
-                     ready endpoint instead"
-                        .into(),
-                ));
-            }
             let Ok(key) = RevisionKey::new(namespace, name) else {
                 refusals.push(refuse("not a valid name".into()));
                 continue;
@@ -286,9 +310,17 @@ impl Model {
             if object.failover.is_some() && wait.is_none() {
                 wait = Some(DEFAULT_FAILOVER_TIMEOUT);
             }
+            let placeholder = object.placeholder.as_ref().map(|spec| {
+                let (placeholder, missing) = self.placeholder(namespace, spec);
+                if let Some(missing) = missing {
+                    refusals.push(refuse(missing));
+                }
+                Arc::new(placeholder)
+            });
             let mut cold_start = ColdStart {
                 wait,
                 failover: None,
+                placeholder,
             };
             if let Some(failover) = &object.failover {
                 let failover_key = RevisionKey::new(namespace, &format!("{name}{FAILOVER_SUFFIX}"));
@@ -331,6 +363,42 @@ impl Model {
         }
         self.sent = wanted;
         (ops, refusals)
+    }
+
+    /// The shards' placeholder of a route in `namespace`, its body the ConfigMap's data now;
+    /// and, when that ConfigMap is missing, what the log says.
+    fn placeholder(
+        &self,
+        namespace: &str,
+        spec: &PlaceholderSpec,
+    ) -> (Placeholder, Option<String>) {
+        let mut missing = None;
+        let body = match &spec.body {
+            PlaceholderSource::Inline(body) => PlaceholderBody::Inline(body.clone().into_bytes()),
+            PlaceholderSource::ConfigMap { name, key } => {
+                let data = self
+                    .config_maps
+                    .get(&(namespace.to_owned(), name.clone()))
+                    .cloned();
+                if data.is_none() {
+                    missing = Some(format!(
+                        "spec.coldStart.placeholder: ConfigMap {namespace}/{name} with the label \
+                         {RESPONSE_BODY_LABEL}=true not found: the placeholder answers 500"
+                    ));
+                }
+                PlaceholderBody::ConfigMap {
+                    name: format!("{namespace}/{name}"),
+                    data,
+                    key: key.clone(),
+                }
+            }
+        };
+        let placeholder = Placeholder {
+            status: spec.status,
+            fields: spec.fields.clone(),
+            body,
+        };
+        (placeholder, missing)
     }
 
     /// One object's spec and ready pods, and what keeps it from having pods (for the log).

@@ -11,6 +11,7 @@ use std::fmt;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kactivator_shards::routing::placeholder::DEFAULT_PLACEHOLDER_STATUS;
 use kactivator_shards::routing::rules::{HeaderMatch, RouteOrder, Rule};
 use kactivator_shards::routing::MAX_TIMEOUT_SECONDS;
 use serde::Deserialize;
@@ -126,10 +127,49 @@ pub struct RouteObject {
     pub response_header: Timeout,
     /// [`CONTAINER_CONCURRENCY_ANNOTATION`]; `None`: unlimited.
     pub container_concurrency: Option<u32>,
-    /// An InterceptorRoute's `coldStart.placeholder`, which kactivator does not serve: its
-    /// requests wait for a ready endpoint instead (the model says so in the log).
-    pub placeholder: bool,
+    /// An InterceptorRoute's `coldStart.placeholder.response`: what a request gets at once
+    /// while the route has no ready endpoint.
+    pub placeholder: Option<PlaceholderSpec>,
 }
+
+/// A placeholder response as a route declares it (`StaticResponse`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlaceholderSpec {
+    /// `statusCode`, 503 when unset.
+    pub status: u16,
+    /// `headers`, in name order.
+    pub fields: Vec<(String, Vec<u8>)>,
+    pub body: PlaceholderSource,
+}
+
+/// Where a placeholder's body comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlaceholderSource {
+    /// `body`; none is an empty body.
+    Inline(String),
+    /// `bodyFromConfigMap`: a ConfigMap of the route's namespace, and its key (`None`: the
+    /// request's path).
+    ConfigMap { name: String, key: Option<String> },
+}
+
+/// The label a ConfigMap needs for a placeholder to read it (`k8s.ResponseBodyLabels`).
+pub const RESPONSE_BODY_LABEL: &str = "http.keda.sh/response-body";
+
+/// The longest inline placeholder body (the CRD's `maxLength`).
+pub const MAX_PLACEHOLDER_BODY: usize = 32 * 1024;
+
+/// Fields a placeholder may not declare: the writer frames the response and dates it.
+const WRITERS_FIELDS: [&str; 9] = [
+    "connection",
+    "content-length",
+    "date",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 /// Why an object cannot be a route: the field, and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -260,7 +300,29 @@ struct PathWire {
 #[serde(rename_all = "camelCase", default)]
 struct ColdStartWire {
     fallback: Option<FallbackWire>,
-    placeholder: Option<serde_json::Value>,
+    placeholder: Option<PlaceholderWire>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct PlaceholderWire {
+    response: Option<StaticResponseWire>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct StaticResponseWire {
+    status_code: Option<i64>,
+    body: Option<String>,
+    body_from_config_map: Option<ConfigMapRefWire>,
+    headers: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct ConfigMapRefWire {
+    name: String,
+    key: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -493,7 +555,7 @@ impl RouteObject {
             request: Timeout::Default,
             response_header,
             container_concurrency: identity.container_concurrency,
-            placeholder: false,
+            placeholder: None,
         })
     }
 
@@ -607,9 +669,78 @@ impl RouteObject {
             request,
             response_header,
             container_concurrency: identity.container_concurrency,
-            placeholder: cold_start.placeholder.is_some(),
+            placeholder: cold_start
+                .placeholder
+                .and_then(|placeholder| placeholder.response)
+                .map(placeholder)
+                .transpose()?,
         })
     }
+}
+
+/// A placeholder's response, as the CRD and Go's server allow it.
+fn placeholder(response: StaticResponseWire) -> Result<PlaceholderSpec, ObjectError> {
+    let field = "spec.coldStart.placeholder.response";
+    let status = match response.status_code {
+        None | Some(0) => DEFAULT_PLACEHOLDER_STATUS,
+        Some(code @ 100..=599) => code as u16,
+        Some(code) => {
+            return Err(error(
+                format!("{field}.statusCode"),
+                format!("{code} is not a status code (100 to 599)"),
+            ))
+        }
+    };
+    let body = match (response.body, response.body_from_config_map) {
+        (Some(_), Some(_)) => {
+            return Err(error(
+                field,
+                "at most one of 'body' or 'bodyFromConfigMap' may be set",
+            ))
+        }
+        (Some(body), None) if body.len() > MAX_PLACEHOLDER_BODY => {
+            return Err(error(
+                format!("{field}.body"),
+                format!(
+                    "{} bytes, more than the {MAX_PLACEHOLDER_BODY} the CRD allows",
+                    body.len()
+                ),
+            ))
+        }
+        (Some(body), None) => PlaceholderSource::Inline(body),
+        (None, None) => PlaceholderSource::Inline(String::new()),
+        (None, Some(config_map)) if config_map.name.is_empty() => {
+            return Err(error(format!("{field}.bodyFromConfigMap.name"), "missing"))
+        }
+        (None, Some(config_map)) => PlaceholderSource::ConfigMap {
+            name: config_map.name,
+            key: config_map.key.filter(|key| !key.is_empty()),
+        },
+    };
+    let mut fields = Vec::new();
+    for (name, value) in response.headers.unwrap_or_default() {
+        let at = || format!("{field}.headers[{name:?}]");
+        if name.is_empty() || !name.bytes().all(is_token_byte) {
+            return Err(error(at(), "not a field name"));
+        }
+        if WRITERS_FIELDS.contains(&name.to_ascii_lowercase().as_str()) {
+            return Err(error(at(), "kactivator writes this field itself"));
+        }
+        if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+            return Err(error(at(), "a value may not hold CR, LF or NUL"));
+        }
+        fields.push((name, value.into_bytes()));
+    }
+    Ok(PlaceholderSpec {
+        status,
+        fields,
+        body,
+    })
+}
+
+/// A byte of a field name (RFC 9110 `tchar`).
+fn is_token_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
 }
 
 /// A Service and exactly one of its port's number and name (the CRD's rule).

@@ -1,7 +1,7 @@
 //! The KEDA HTTP add-on role's source (issue 40): watches on the control thread of the
 //! HTTPScaledObjects (`http.keda.sh/v1alpha1`), the InterceptorRoutes (`http.keda.sh/v1beta1`,
-//! when the server serves them: the add-on's 0.14 and later), the Services and the
-//! EndpointSlices (in every namespace, or the one `KEDA_HTTP_WATCH_NAMESPACE` names, as the
+//! when the server serves them: the add-on's 0.14 and later), the Services, the EndpointSlices
+//! and the ConfigMaps labelled for placeholder bodies (in every namespace, or the one `KEDA_HTTP_WATCH_NAMESPACE` names, as the
 //! add-on's interceptor), their objects through the [`Model`] into state-worker ops, as the
 //! Knative source does. Whether InterceptorRoutes are served is asked once at start: a CRD
 //! installed later is watched after a restart.
@@ -26,7 +26,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::model::{Defaults, Model, Refusal, ScalerView, SLICE_SERVICE_LABEL};
-use super::object::ObjectKind;
+use super::object::{ObjectKind, RESPONSE_BODY_LABEL};
 use crate::config::EndpointsKind;
 use crate::publisher::{until_served, Publisher};
 use crate::sources::kubernetes::backoff::WatchBackoff;
@@ -49,6 +49,7 @@ enum Watch {
     InterceptorRoutes,
     Services,
     EndpointSlices,
+    ConfigMaps,
 }
 
 impl Watch {
@@ -58,6 +59,7 @@ impl Watch {
             Watch::InterceptorRoutes => "http.keda.sh/v1beta1 InterceptorRoutes",
             Watch::Services => "core/v1 Services",
             Watch::EndpointSlices => "discovery.k8s.io EndpointSlices",
+            Watch::ConfigMaps => "core/v1 ConfigMaps labelled http.keda.sh/response-body=true",
         }
     }
 }
@@ -125,7 +127,7 @@ impl KedaSource {
         if self.interceptor_routes {
             watches.push(Watch::InterceptorRoutes);
         }
-        watches.extend([Watch::Services, Watch::EndpointSlices]);
+        watches.extend([Watch::Services, Watch::EndpointSlices, Watch::ConfigMaps]);
         watches
     }
 
@@ -274,6 +276,10 @@ impl KedaSource {
             &GroupVersionKind::gvk("", "v1", "Service"),
             "services",
         );
+        let config_maps = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("", "v1", "ConfigMap"),
+            "configmaps",
+        );
         let slices = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("discovery.k8s.io", self.slices_version, "EndpointSlice"),
             "endpointslices",
@@ -298,6 +304,11 @@ impl KedaSource {
                 watch,
                 api(&slices),
                 watcher::Config::default().labels(SLICE_SERVICE_LABEL),
+            ),
+            Watch::ConfigMaps => watched(
+                watch,
+                api(&config_maps),
+                watcher::Config::default().labels(&format!("{RESPONSE_BODY_LABEL}=true")),
             ),
         }))
         .boxed()
@@ -328,6 +339,7 @@ fn changed(model: &mut Model, watch: Watch, namespace: &str, name: &str, object:
         }
         Watch::Services => model.service(namespace, name, object),
         Watch::EndpointSlices => model.slice(namespace, name, object),
+        Watch::ConfigMaps => model.config_map(namespace, name, object),
     }
 }
 
@@ -353,5 +365,6 @@ fn model_kind(watch: Watch) -> super::model::Kind {
         Watch::InterceptorRoutes => super::model::Kind::Object(ObjectKind::InterceptorRoute),
         Watch::Services => super::model::Kind::Service,
         Watch::EndpointSlices => super::model::Kind::Slice,
+        Watch::ConfigMaps => super::model::Kind::ConfigMap,
     }
 }

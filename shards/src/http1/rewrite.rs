@@ -375,16 +375,13 @@ pub fn write_local_response(response: &Answer<'_>, client: ClientSide, out: &mut
         response.status,
         reason_phrase(response.status)
     );
-    let own_content_type = response
-        .extra_header
-        .is_some_and(|(name, _)| name.eq_ignore_ascii_case("content-type"));
-    if (!response.body.is_empty() || response.error_style) && !own_content_type {
+    if (!response.body.is_empty() || response.error_style) && !response.own_content_type() {
         out.extend_from_slice(b"Content-Type: text/plain; charset=utf-8\r\n");
     }
     if response.error_style {
         out.extend_from_slice(b"X-Content-Type-Options: nosniff\r\n");
     }
-    if let Some((name, value)) = response.extra_header {
+    for (name, value) in response.extra_header.iter().chain(response.fields) {
         put_header(out, name.as_bytes(), value);
     }
     if let Some(revision) = response.identity {
@@ -820,6 +817,7 @@ mod tests {
             extra_header: None,
             error_style: true,
             identity: None,
+            fields: &[],
             wait: None,
         };
         let client = ClientSide {
@@ -852,6 +850,7 @@ mod tests {
             extra_header: Some(("Content-Type", b"application/json")),
             error_style: false,
             identity: None,
+            fields: &[],
             wait: None,
         };
         let client = ClientSide {

@@ -416,10 +416,12 @@ fn send_answer(respond: &mut SendResponse<Bytes>, answer: &Answer<'_>, head_only
     *response.status_mut() =
         http::StatusCode::from_u16(answer.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     let fields = response.headers_mut();
-    fields.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    if !answer.own_content_type() {
+        fields.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+    }
     if answer.error_style {
         fields.insert(
             HeaderName::from_static("x-content-type-options"),
@@ -427,12 +429,12 @@ fn send_answer(respond: &mut SendResponse<Bytes>, answer: &Answer<'_>, head_only
         );
     }
     fields.insert(CONTENT_LENGTH, HeaderValue::from(answer.body.len()));
-    if let Some((name, value)) = answer.extra_header {
+    for (name, value) in answer.extra_header.iter().chain(answer.fields) {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_bytes(value),
         ) {
-            fields.insert(name, value);
+            fields.append(name, value);
         }
     }
     if let Some(revision) = answer.identity {

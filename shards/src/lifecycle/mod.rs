@@ -38,6 +38,7 @@ use crate::request::policy::{Edits, WaitNote};
 use crate::request::retry::may_retry;
 use crate::request::trace::{Decider, Described, Timeline};
 use crate::role::Role;
+use crate::routing::placeholder::{Placeholder, PlaceholderError, PLACEHOLDER_FAILED};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
 use crate::shard::Shard;
@@ -180,6 +181,37 @@ async fn answered<F: Front>(
     }
 }
 
+/// A route's placeholder answers a request while the route has no routable pod
+/// (`routing::placeholder`); one it cannot make is the add-on's 500.
+async fn answer_placeholder<F: Front>(
+    shard: &Shard,
+    front: &mut F,
+    placeholder: &Placeholder,
+    keep_alive: bool,
+) -> Served {
+    shard.stats().local_responses.increment();
+    let (_, path) = front.method_and_path();
+    match placeholder.respond(path.as_bytes()) {
+        Ok(response) => {
+            let answer = Answer {
+                status: response.status,
+                body: response.body,
+                extra_header: None,
+                fields: &response.fields,
+                error_style: false,
+                identity: None,
+                wait: None,
+            };
+            answered(shard, front, &answer, keep_alive).await
+        }
+        Err(PlaceholderError(why)) => {
+            tracing::warn!(request_id = %front.request_id(), "placeholder: {why}");
+            let answer = Answer::error(500, PLACEHOLDER_FAILED.as_bytes());
+            answered(shard, front, &answer, keep_alive).await
+        }
+    }
+}
+
 /// The request path proper.
 async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -> Served {
     let shape = front.shape();
@@ -232,6 +264,12 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
         .filter(|decided| decided.context.sampled)
         .map(|decided| Box::new((decided, Timeline::default())));
     let tally = Tally::arrive(shard, &revision, arrival, marks);
+    if let Some(placeholder) = revision.placeholder_now() {
+        // Counted as it arrives (so the route still scales up), answered at once.
+        let served = answer_placeholder(shard, front, &placeholder, local_keep_alive).await;
+        tally.end(arrival, served.status, None);
+        return served;
+    }
     let mut noted = Noted {
         note: None,
         reached_app: None,
@@ -480,6 +518,7 @@ async fn register<F: Front>(shard: &Rc<Shard>, front: &mut F, shape: Shape) -> S
                     )),
                     error_style: !reply.json,
                     identity: None,
+                    fields: &[],
                     wait: None,
                 };
                 return answered(shard, front, &answer, keep_alive).await;

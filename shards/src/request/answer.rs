@@ -1,6 +1,6 @@
 //! The answers the activator gives itself (probes, unknown revisions, refusals, registrations,
-//! errors), as every front writes them: status, body, at most one extra field, and whether it is
-//! an error in Go's `http.Error` style (`X-Content-Type-Options: nosniff`). Pure.
+//! errors, placeholders), as every front writes them: status, body, extra fields, and whether it
+//! is an error in Go's `http.Error` style (`X-Content-Type-Options: nosniff`). Pure.
 
 use kactivator_api::{messages, RevisionKey};
 
@@ -14,6 +14,9 @@ pub struct Answer<'a> {
     pub body: &'a [u8],
     /// One more field, e.g. the echoed `K-Network-Hash` or a JSON `Content-Type`.
     pub extra_header: Option<(&'a str, &'a [u8])>,
+    /// More fields of the answer's own, in order (a placeholder's, `routing::placeholder`); a
+    /// `Content-Type` among them replaces the plain-text one.
+    pub fields: &'a [(&'a str, &'a [u8])],
     /// An error in Go's `http.Error` style: plain text with `X-Content-Type-Options: nosniff`.
     pub error_style: bool,
     /// The revision answering (`X-Knative-Revision-Namespace`/`-Name`): a queue-proxy's
@@ -33,6 +36,7 @@ impl<'a> Answer<'a> {
             extra_header: None,
             error_style: true,
             identity: None,
+            fields: &[],
             wait: None,
         }
     }
@@ -45,6 +49,7 @@ impl<'a> Answer<'a> {
             extra_header: None,
             error_style: error.go_error_style(),
             identity: None,
+            fields: &[],
             wait: None,
         }
     }
@@ -57,8 +62,17 @@ impl<'a> Answer<'a> {
             extra_header: Some(("Allow", messages::CONNECT_REFUSED_ALLOW.as_bytes())),
             error_style: true,
             identity: None,
+            fields: &[],
             wait: None,
         }
+    }
+
+    /// Whether the answer has a `Content-Type` of its own (else a body goes out as plain text).
+    pub fn own_content_type(&self) -> bool {
+        self.extra_header
+            .iter()
+            .chain(self.fields)
+            .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
     }
 
     /// A request a panic ended before any of its answer was written.

@@ -36,6 +36,7 @@ impl LocalAnswer {
                 .map(|(name, value)| (*name, value.as_slice())),
             error_style: self.error_style,
             identity: self.identity.as_ref(),
+            fields: &[],
             wait: None,
         }
     }

@@ -5,6 +5,7 @@
 //! request never waits on the control thread. Pod trackers are `Arc`s that the control thread
 //! reuses by address across versions: the in-flight count of a pod survives every update.
 
+pub mod placeholder;
 pub mod priority;
 pub mod replica;
 pub mod rules;
@@ -181,7 +182,8 @@ pub struct RevisionRoute {
 }
 
 /// How long a request waits for a route with no routable pod, and where it goes then (KEDA's
-/// HTTP add-on's readiness timeout and `coldStartTimeoutFailoverRef`).
+/// HTTP add-on's readiness timeout and `coldStartTimeoutFailoverRef`), or what answers it at
+/// once instead (its placeholder).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ColdStart {
     /// Longest wait that began without a routable pod; `None`: the request's own deadline.
@@ -189,6 +191,8 @@ pub struct ColdStart {
     /// The route a request that waited that long goes to instead (its pods are the failover
     /// Service's); `None`: it is answered 504.
     pub failover: Option<RevisionKey>,
+    /// A request that arrives while the route has no routable pod is answered this at once.
+    pub placeholder: Option<Arc<placeholder::Placeholder>>,
 }
 
 /// A route's rules and what orders it among routes whose rules tie ([`rules::RuleTable`]).

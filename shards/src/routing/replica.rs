@@ -212,6 +212,12 @@ impl LocalRevision {
         self.route.borrow().cold_start.failover.clone()
     }
 
+    /// The placeholder a request gets at once, when the route has one and no routable pod now.
+    pub fn placeholder_now(&self) -> Option<Arc<crate::routing::placeholder::Placeholder>> {
+        let placeholder = self.route.borrow().cold_start.placeholder.clone()?;
+        (!self.has_routable_pod()).then_some(placeholder)
+    }
+
     /// Whether the revision has a pod that takes requests (a share above zero):
     /// a request that queues without one is waiting for a cold start, not for a busy pod. Read
     /// only when a request queues.

@@ -84,6 +84,29 @@ fn a_route_no_replica_mentions_counts_zero_and_a_gone_route_is_forgotten() {
     assert!(!tally.buckets.contains_key(&other));
 }
 
+/// A route created while requests already arrive: the requests a replica counted for it before
+/// the tally first saw it are new ones (its count began at zero with the route), or a route
+/// that a placeholder answers, whose requests are over at once, would never show a rate.
+#[test]
+fn a_new_routes_first_requests_count_on_a_replica_already_heard_from() {
+    let mut tally = FleetTally::default();
+    let new: RouteId = ("apps".into(), "new".into());
+    let mut both = windows();
+    both.insert(new.clone(), None);
+    tally.observe(at(0), &replicas(&[("a", 0, 100)]), &both);
+    let mut counts = replicas(&[("a", 0, 100)]);
+    counts.get_mut("a").unwrap().insert(
+        new.clone(),
+        ReplicaCount {
+            concurrency: 0,
+            requests: 2,
+        },
+    );
+    let observed = tally.observe(at(1), &counts, &both);
+    assert_eq!(observed[&new].rate, 1.0, "2 over two buckets");
+    assert_eq!(observed[&route()].rate, 0.0);
+}
+
 #[test]
 fn the_queue_json_is_the_add_ons_and_reads_back() {
     let counts = BTreeMap::from([(

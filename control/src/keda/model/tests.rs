@@ -455,19 +455,70 @@ fn a_routes_zero_timeouts_turn_the_process_ones_off_and_a_fallback_waits_30_s_wi
 }
 
 #[test]
-fn a_placeholder_is_said_to_be_unserved_and_the_route_still_routes() {
+fn a_placeholder_goes_to_the_shards_with_its_config_maps_data_as_it_changes() {
     let mut model = Model::new(Defaults::default());
+    model.service("apps", "app-svc", Some(&service(None)));
     model.object(
         IR,
         "apps",
         "app",
         Some(&route(
             "app",
-            json!({"coldStart": {"placeholder": {"response": {"body": "soon"}}}}),
+            json!({"coldStart": {"placeholder": {"response": {
+                "bodyFromConfigMap": {"name": "pages"}, "headers": {"Retry-After": "5"}}}}}),
         )),
     );
+    let placeholder = |ops: &[Op]| {
+        upserts(ops)[0]
+            .cold_start
+            .as_ref()
+            .and_then(|cold| cold.placeholder.clone())
+            .expect("a placeholder")
+    };
     let (ops, refusals) = model.ops();
-    assert_eq!(upserts(&ops).len(), 1);
-    assert_eq!(refusals[0].object, "InterceptorRoute apps/app");
-    assert!(refusals[0].reason.contains("placeholder"), "{refusals:?}");
+    let sent = placeholder(&ops);
+    assert_eq!(sent.status, 503);
+    assert_eq!(sent.fields, [("Retry-After".to_string(), b"5".to_vec())]);
+    assert_eq!(
+        sent.body,
+        PlaceholderBody::ConfigMap {
+            name: "apps/pages".into(),
+            data: None,
+            key: None
+        }
+    );
+    assert!(
+        refusals[0].reason.contains("ConfigMap apps/pages"),
+        "the log says why it answers 500: {refusals:?}"
+    );
+
+    // An unlabelled ConfigMap is not the add-on's to read; a labelled one is, and so are its
+    // changes.
+    let config_map = |labelled: bool, page: &str| {
+        let labels = if labelled {
+            json!({RESPONSE_BODY_LABEL: "true"})
+        } else {
+            json!({})
+        };
+        json!({"metadata": {"namespace": "apps", "name": "pages", "labels": labels},
+               "data": {"index.html": page}})
+    };
+    model.config_map("apps", "pages", Some(&config_map(false, "<p>1</p>")));
+    assert!(model.ops().0.is_empty());
+    model.config_map("apps", "pages", Some(&config_map(true, "<p>1</p>")));
+    let (ops, refusals) = model.ops();
+    assert!(refusals.is_empty(), "{refusals:?}");
+    let sent = placeholder(&ops);
+    let PlaceholderBody::ConfigMap { data, .. } = &sent.body else {
+        panic!("{sent:?}")
+    };
+    assert_eq!(data.as_ref().unwrap()["index.html"], b"<p>1</p>".to_vec());
+    model.config_map("apps", "pages", Some(&config_map(true, "<p>2</p>")));
+    assert_eq!(upserts(&model.ops().0).len(), 1, "a new page is a new spec");
+    model.config_map("apps", "pages", None);
+    let (ops, _) = model.ops();
+    assert!(matches!(
+        &placeholder(&ops).body,
+        PlaceholderBody::ConfigMap { data: None, .. }
+    ));
 }

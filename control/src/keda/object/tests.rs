@@ -287,7 +287,8 @@ fn served_route() -> serde_json::Value {
             },
             "coldStart": {
                 "fallback": {"service": {"name": "static", "port": 80}},
-                "placeholder": {"response": {"statusCode": 503, "body": "warming up"}}
+                "placeholder": {"response": {"statusCode": 202, "body": "warming up",
+                                             "headers": {"Retry-After": "5", "X-Tier": "gold"}}}
             },
             "timeouts": {"readiness": "0s", "request": "10m", "responseHeader": "45s"}
         }
@@ -367,7 +368,17 @@ fn an_interceptor_route_reads_with_every_rule_both_metrics_and_its_three_timeout
         Timeout::After(Duration::from_secs(45))
     );
     assert_eq!(route.container_concurrency, Some(4));
-    assert!(route.placeholder);
+    assert_eq!(
+        route.placeholder,
+        Some(PlaceholderSpec {
+            status: 202,
+            fields: vec![
+                ("Retry-After".into(), b"5".to_vec()),
+                ("X-Tier".into(), b"gold".to_vec())
+            ],
+            body: PlaceholderSource::Inline("warming up".into()),
+        })
+    );
 
     // The least a route can be: a target and one metric; no rules routes nothing.
     let mut least = served_route();
@@ -378,7 +389,7 @@ fn an_interceptor_route_reads_with_every_rule_both_metrics_and_its_three_timeout
     let route = read_route(least).unwrap();
     assert!(route.rules.is_empty());
     assert_eq!(route.failover, None);
-    assert!(!route.placeholder);
+    assert_eq!(route.placeholder, None);
     assert_eq!(
         (route.scaling.concurrency, route.scaling.rate),
         (None, Some(5))
@@ -466,5 +477,60 @@ fn interceptor_routes_a_route_cannot_come_from_are_refused_naming_the_field() {
             &refused.field, field,
             "{pointer} = {replacement}: {refused}"
         );
+    }
+}
+
+#[test]
+fn a_placeholder_takes_the_add_ons_defaults_and_refuses_what_would_break_its_response() {
+    let with = |response: serde_json::Value| {
+        let mut value = served_route();
+        value["spec"]["coldStart"] = json!({"placeholder": {"response": response}});
+        read_route(value)
+    };
+    let least = with(json!({})).unwrap().placeholder.unwrap();
+    assert_eq!(least.status, 503);
+    assert_eq!(least.body, PlaceholderSource::Inline(String::new()));
+    let from_map = with(json!({"bodyFromConfigMap": {"name": "pages"}}))
+        .unwrap()
+        .placeholder
+        .unwrap();
+    assert_eq!(
+        from_map.body,
+        PlaceholderSource::ConfigMap {
+            name: "pages".into(),
+            key: None
+        }
+    );
+    let field = "spec.coldStart.placeholder.response";
+    for (response, refused) in [
+        (json!({"statusCode": 99}), format!("{field}.statusCode")),
+        (json!({"statusCode": 600}), format!("{field}.statusCode")),
+        (
+            json!({"body": "x", "bodyFromConfigMap": {"name": "pages"}}),
+            field.to_string(),
+        ),
+        (
+            json!({"body": "x".repeat(MAX_PLACEHOLDER_BODY + 1)}),
+            format!("{field}.body"),
+        ),
+        (
+            json!({"bodyFromConfigMap": {"name": ""}}),
+            format!("{field}.bodyFromConfigMap.name"),
+        ),
+        (
+            json!({"headers": {"Bad Name": "x"}}),
+            format!("{field}.headers[\"Bad Name\"]"),
+        ),
+        (
+            json!({"headers": {"X-Split": "a\r\nSet-Cookie: stolen"}}),
+            format!("{field}.headers[\"X-Split\"]"),
+        ),
+        (
+            json!({"headers": {"content-length": "5"}}),
+            format!("{field}.headers[\"content-length\"]"),
+        ),
+    ] {
+        let error = with(response.clone()).expect_err(&response.to_string());
+        assert_eq!(error.field, refused, "{response}: {error}");
     }
 }
