@@ -233,6 +233,12 @@ fn an_http_scaled_object_routes_holds_scales_from_zero_and_reports_to_keda() {
         .into_inner();
     assert!(!active.result);
 
+    // The add-on's admin probes, as its chart asks them.
+    for path in ["/livez", "/readyz"] {
+        let answer = support::admin_get(interceptor.admin, path);
+        assert_eq!(answer.map(|(status, _)| status), Some(200), "{path}");
+    }
+
     // A host no object routes: the add-on's 404.
     let unrouted = exchange(interceptor.http, &request("other.example.com", "/"));
     assert_eq!(unrouted.status, 404);

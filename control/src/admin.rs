@@ -144,8 +144,8 @@ async fn handle(
         }
         // Liveness: the control thread answers, its state worker is healthy and every shard
         // thread lives (one that died took its listeners and connections with it: only a
-        // restart brings it back).
-        (&Method::GET, "/healthz") => {
+        // restart brings it back). KEDA's HTTP add-on's chart probes it as `/livez`.
+        (&Method::GET, path) if path == "/healthz" || (state.keda_queue && path == "/livez") => {
             if let Some(shard) = state.readiness.dead_shard() {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
