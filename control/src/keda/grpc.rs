@@ -31,6 +31,7 @@ use super::counts::{parse_queue, FleetTally, ReplicaCount, RouteId};
 use super::object::ObjectKind;
 use super::scaler::{self, MetricValue, RouteCount, Subject, Target};
 use super::source::ScaledRoutes;
+use crate::http_client::KeptConnection;
 
 /// The generated messages and server of `externalscaler.proto`.
 #[allow(clippy::all, missing_docs)]
@@ -104,16 +105,24 @@ pub async fn count(
 ) {
     let mut tally = FleetTally::default();
     let mut last: BTreeMap<SocketAddr, BTreeMap<RouteId, ReplicaCount>> = BTreeMap::new();
+    // One connection kept to each replica listed, not one made per tick.
+    let mut connections: BTreeMap<SocketAddr, KeptConnection> = BTreeMap::new();
     let mut ticks = tokio::time::interval(COUNT_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
         let windows = routes.borrow().windows.clone();
         let listed = peers.borrow().clone();
+        connections.retain(|peer, _| listed.contains(peer));
+        for &peer in &listed {
+            connections
+                .entry(peer)
+                .or_insert_with(|| KeptConnection::new(peer));
+        }
         let answers = futures_util::future::join_all(
-            listed
-                .iter()
-                .map(|&peer| async move { (peer, ask_queue(peer).await) }),
+            connections
+                .iter_mut()
+                .map(|(&peer, connection)| async move { (peer, ask_queue(connection).await) }),
         )
         .await;
         last.retain(|peer, _| listed.contains(peer));
@@ -144,8 +153,10 @@ pub async fn count(
     }
 }
 
-/// One replica's `/queue`.
-async fn ask_queue(peer: SocketAddr) -> Result<BTreeMap<RouteId, ReplicaCount>, String> {
+/// One replica's `/queue`, on the connection kept to it.
+async fn ask_queue(
+    connection: &mut KeptConnection,
+) -> Result<BTreeMap<RouteId, ReplicaCount>, String> {
     let call = crate::http_client::Call {
         method: hyper::Method::GET,
         path: "/queue",
@@ -153,7 +164,9 @@ async fn ask_queue(peer: SocketAddr) -> Result<BTreeMap<RouteId, ReplicaCount>, 
         headers: &[],
         body: bytes::Bytes::new(),
     };
-    let answer = crate::http_client::send(peer, call, QUEUE_BODY_LIMIT, PEER_TIMEOUT).await?;
+    let answer = connection
+        .send(call, QUEUE_BODY_LIMIT, PEER_TIMEOUT)
+        .await?;
     if answer.status != 200 || answer.body_truncated {
         return Err(format!(
             "answered {} ({} bytes)",
