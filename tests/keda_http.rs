@@ -673,6 +673,53 @@ fn a_placeholder_answers_at_once_while_no_endpoint_is_ready_and_still_scales_the
 }
 
 #[test]
+fn the_priority_annotation_serves_a_routes_waiting_requests_by_band() {
+    let cluster = Cluster::start();
+    cluster.service("app");
+    let (ip, pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[ip], &[]);
+    // One request at a time per pod, three bands; clients may lower their band, not raise it.
+    cluster.api.apply_yaml(&app_object(
+        &[],
+        "    kactivator.dev/container-concurrency: \"1\"\n    kactivator.dev/priority: \"bands=3\"",
+        "",
+    ));
+    let (interceptor, _scaler) = cluster.interceptor(&[]);
+    let http = interceptor.http;
+    let send = move |path: &str, band: Option<u8>| {
+        let band = band.map_or(String::new(), |band| format!("K-Priority: {band}\r\n"));
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: app.example.com\r\n{band}Connection: close\r\n\r\n"
+        );
+        std::thread::spawn(move || {
+            let response = exchange(http, head.as_bytes());
+            (response.status, Instant::now())
+        })
+    };
+    let queued =
+        || interceptor.metric_sum("kactivator_revision_queued", &["revision_name=\"app\""]);
+
+    // The pod's one slot is taken; a lowered request waits, then one at the default band.
+    let busy = send("/delay/1500", None);
+    assert!(eventually(Duration::from_secs(5), || pod.stats().in_flight == 1));
+    let low = send("/delay/1", Some(0));
+    assert!(eventually(Duration::from_secs(5), || queued() == 1.0));
+    let normal = send("/delay/1", None);
+    assert!(eventually(Duration::from_secs(5), || queued() == 2.0));
+    let (busy, low, normal) = (
+        busy.join().unwrap(),
+        low.join().unwrap(),
+        normal.join().unwrap(),
+    );
+    assert_eq!((busy.0, low.0, normal.0), (200, 200, 200));
+    assert!(
+        normal.1 < low.1,
+        "the default band is served before the one that arrived first but asked for less"
+    );
+    assert_eq!(pod.stats().max_in_flight, 1);
+}
+
+#[test]
 fn four_pods_with_a_limit_of_one_never_serve_two_requests_at_once_under_64_clients() {
     const CLIENTS: usize = 64;
     const EACH: usize = 5;

@@ -409,6 +409,7 @@ impl Model {
     ) -> (RevisionSpec, Vec<SocketAddr>, Vec<String>) {
         let (mut spec, ready, problems) = self.service_route(key, object, &object.target);
         spec.container_concurrency = object.container_concurrency.unwrap_or(0);
+        spec.priority = object.priority.clone();
         spec.lb_policy = LbPolicy::default_for(spec.container_concurrency);
         spec.rules = Some(Arc::new(RouteRules {
             order: object.order.clone(),

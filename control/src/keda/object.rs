@@ -18,6 +18,8 @@ use serde::Deserialize;
 
 use super::scaler::Scaling;
 use crate::features::parse_duration;
+use crate::sources::kubernetes::objects::priority_policy;
+use kactivator_shards::routing::priority::PriorityPolicy;
 
 #[cfg(test)]
 mod tests;
@@ -25,6 +27,11 @@ mod tests;
 /// The annotation that gives an HTTPScaledObject a per-pod concurrency limit (★; the add-on
 /// has none, #1038). Absent: unlimited, as the add-on.
 pub const CONTAINER_CONCURRENCY_ANNOTATION: &str = "kactivator.dev/container-concurrency";
+/// The annotation that gives a route priority bands and per-tenant fairness among its waiting
+/// requests (★; the add-on has neither): the grammar of the Knative source's
+/// `kactivator.knative.dev/priority` (`sources::kubernetes::objects::priority_policy`). Absent:
+/// off.
+pub const PRIORITY_ANNOTATION: &str = "kactivator.dev/priority";
 /// A failover's wait when its `timeoutSeconds` is unset (the CRD's default).
 pub const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A rate's window and granularity when unset (the CRD's defaults).
@@ -127,6 +134,8 @@ pub struct RouteObject {
     pub response_header: Timeout,
     /// [`CONTAINER_CONCURRENCY_ANNOTATION`]; `None`: unlimited.
     pub container_concurrency: Option<u32>,
+    /// [`PRIORITY_ANNOTATION`]; `None`: one band, first come first served.
+    pub priority: Option<Box<PriorityPolicy>>,
     /// An InterceptorRoute's `coldStart.placeholder.response`: what a request gets at once
     /// while the route has no ready endpoint.
     pub placeholder: Option<PlaceholderSpec>,
@@ -356,6 +365,7 @@ struct Identity {
     name: String,
     order: RouteOrder,
     container_concurrency: Option<u32>,
+    priority: Option<Box<PriorityPolicy>>,
 }
 
 fn identity(metadata: ObjectMeta) -> Result<Identity, ObjectError> {
@@ -367,8 +377,19 @@ fn identity(metadata: ObjectMeta) -> Result<Identity, ObjectError> {
         .name
         .filter(|name| !name.is_empty())
         .ok_or_else(|| error("metadata.name", "missing"))?;
-    let container_concurrency =
-        container_concurrency(metadata.annotations.as_ref().unwrap_or(&BTreeMap::new()))?;
+    let annotations = metadata.annotations.unwrap_or_default();
+    let container_concurrency = container_concurrency(&annotations)?;
+    let priority = match annotations.get(PRIORITY_ANNOTATION) {
+        None => None,
+        Some(value) => priority_policy(value)
+            .map_err(|problem| {
+                error(
+                    format!("metadata.annotations[{PRIORITY_ANNOTATION:?}]"),
+                    problem,
+                )
+            })?
+            .map(Box::new),
+    };
     let created = metadata
         .creation_timestamp
         .map_or(0, |time| time.0.as_second());
@@ -381,6 +402,7 @@ fn identity(metadata: ObjectMeta) -> Result<Identity, ObjectError> {
         namespace,
         name,
         container_concurrency,
+        priority,
     })
 }
 
@@ -555,6 +577,7 @@ impl RouteObject {
             request: Timeout::Default,
             response_header,
             container_concurrency: identity.container_concurrency,
+            priority: identity.priority,
             placeholder: None,
         })
     }
@@ -669,6 +692,7 @@ impl RouteObject {
             request,
             response_header,
             container_concurrency: identity.container_concurrency,
+            priority: identity.priority,
             placeholder: cold_start
                 .placeholder
                 .and_then(|placeholder| placeholder.response)

@@ -195,6 +195,18 @@ fn an_h2c_app_protocol_and_the_concurrency_annotation_shape_the_route() {
     assert_eq!(spec.protocol, Protocol::H2c);
     assert_eq!(spec.container_concurrency, 1);
     assert_eq!(spec.lb_policy, LbPolicy::default_for(1));
+    assert_eq!(spec.priority, None);
+
+    let annotations = json!({"kactivator.dev/priority": "bands=2"});
+    model.object(
+        HSO,
+        "apps",
+        "app",
+        Some(&object("app", json!(8080), annotations)),
+    );
+    let (ops, _) = model.ops();
+    let spec = upserts(&ops)[0];
+    assert_eq!(spec.priority.as_ref().map(|policy| policy.bands), Some(2));
 }
 
 #[test]

@@ -534,3 +534,27 @@ fn a_placeholder_takes_the_add_ons_defaults_and_refuses_what_would_break_its_res
         assert_eq!(error.field, refused, "{response}: {error}");
     }
 }
+
+#[test]
+fn the_priority_annotation_gives_either_kind_bands_in_the_knative_sources_grammar() {
+    let annotation = "bands=3,priority_header=x-priority,priority_header_trusted=true";
+    let mut object = served();
+    object["metadata"]["annotations"]["kactivator.dev/priority"] = json!(annotation);
+    let mut route = served_route();
+    route["metadata"]["annotations"]["kactivator.dev/priority"] = json!(annotation);
+    for read in [read(object).unwrap(), read_route(route).unwrap()] {
+        let policy = read.priority.expect("a policy");
+        assert_eq!(policy.bands, 3);
+        assert_eq!(policy.priority_header, "x-priority");
+        assert!(policy.trusted);
+    }
+    assert_eq!(read(served()).unwrap().priority, None, "absent: off");
+    let mut bad = served();
+    bad["metadata"]["annotations"]["kactivator.dev/priority"] = json!("bands=lots");
+    let refused = read(bad).unwrap_err();
+    assert_eq!(
+        refused.field,
+        "metadata.annotations[\"kactivator.dev/priority\"]"
+    );
+    assert!(refused.problem.contains("bands"), "{refused}");
+}
