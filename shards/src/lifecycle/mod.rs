@@ -265,8 +265,16 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
         .map(|decided| Box::new((decided, Timeline::default())));
     let tally = Tally::arrive(shard, &revision, arrival, marks);
     if let Some(placeholder) = revision.placeholder_now() {
-        // Counted as it arrives (so the route still scales up), answered at once.
-        let served = answer_placeholder(shard, front, &placeholder, local_keep_alive).await;
+        // Counted as it arrives (so the route still scales up), answered at once. Boxed, as a
+        // registration: rare next to proxied requests, its state inline would widen every
+        // request's future.
+        let served = Box::pin(answer_placeholder(
+            shard,
+            front,
+            &placeholder,
+            local_keep_alive,
+        ))
+        .await;
         tally.end(arrival, served.status, None);
         return served;
     }

@@ -188,6 +188,9 @@ pub struct LocalRevision {
     queue: RefCell<LocalQueue>,
     waiters: RefCell<FxHashMap<WaiterId, WaiterSlot>>,
     removed: Cell<bool>,
+    /// The route has a placeholder (`RevisionRoute::cold_start`): what every request asks,
+    /// kept beside the route so the common answer is one load.
+    has_placeholder: Cell<bool>,
     pub counters: Arc<RevisionCounters>,
 }
 
@@ -213,7 +216,17 @@ impl LocalRevision {
     }
 
     /// The placeholder a request gets at once, when the route has one and no routable pod now.
+    /// Every request asks: the common answer (no placeholder) is inline and a few instructions.
+    #[inline]
     pub fn placeholder_now(&self) -> Option<Arc<crate::routing::placeholder::Placeholder>> {
+        if !self.has_placeholder.get() {
+            return None;
+        }
+        self.placeholder_if_no_pod()
+    }
+
+    #[inline(never)]
+    fn placeholder_if_no_pod(&self) -> Option<Arc<crate::routing::placeholder::Placeholder>> {
         let placeholder = self.route.borrow().cold_start.placeholder.clone()?;
         (!self.has_routable_pod()).then_some(placeholder)
     }
@@ -516,6 +529,8 @@ impl LocalRevision {
             priority.map(|policy| policy.bands),
             priority.map_or(0, |policy| policy.default_band),
         );
+        self.has_placeholder
+            .set(route.cold_start.placeholder.is_some());
         *self.route.borrow_mut() = route;
         self.removed.set(false);
     }
@@ -648,6 +663,7 @@ impl Replica {
                             queue: RefCell::new(LocalQueue::new(stats.index)),
                             waiters: RefCell::new(FxHashMap::default()),
                             removed: Cell::new(false),
+                            has_placeholder: Cell::new(false),
                             counters,
                         });
                         revision.apply(route.clone());
