@@ -719,6 +719,69 @@ fn the_priority_annotation_serves_a_routes_waiting_requests_by_band() {
     assert_eq!(pod.stats().max_in_flight, 1);
 }
 
+/// A Service port with `appProtocol: kubernetes.io/h2c` (the add-on's 0.15) whose pod speaks
+/// gRPC only over HTTP/2, and says which protocol each request reached it over: an HTTP/2
+/// client's requests, gRPC included, reach it in h2c.
+#[test]
+fn an_h2c_service_ports_pod_gets_http2_clients_in_h2c_grpc_included() {
+    use kactivator_testkit::grpc;
+    let cluster = Cluster::start();
+    cluster.api.apply_yaml(&keda::service(
+        "default",
+        "app",
+        SERVICE_PORT,
+        POD_PORT,
+        Some("kubernetes.io/h2c"),
+    ));
+    let ip = cluster.net.add_address();
+    let app = cluster
+        .net
+        .inside(|| {
+            grpc::spawn_grpc_on(
+                SocketAddr::new(ip, POD_PORT),
+                BackendConfig::named("app-h2c"),
+            )
+        })
+        .expect("the gRPC pod");
+    cluster.endpoints("app", &[ip], &[]);
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (interceptor, _scaler) = cluster.interceptor(&[]);
+
+    let rt = runtime();
+    let reply = rt
+        .block_on(async {
+            let mut client = grpc::connect(interceptor.http, "app.example.com").await?;
+            let reply = client
+                .unary(grpc::pb::EchoRequest {
+                    payload: "ping".into(),
+                    delay_ms: 0,
+                    reply_bytes: 0,
+                })
+                .await?;
+            Ok::<_, grpc::BoxError>(reply.into_inner())
+        })
+        .expect("a unary call through the interceptor");
+    assert_eq!(reply.backend, "app-h2c");
+    assert_eq!(reply.payload, b"ping".to_vec());
+
+    // Plain HTTP/2 reaches it as HTTP/2, its `:authority` the client's. (An HTTP/1.1 client's
+    // request goes on as HTTP/1.1: requests keep their protocol, README, not yet the add-on's
+    // h2c for every client.)
+    let plain = rt
+        .block_on(grpc::h2c_request(
+            interceptor.http,
+            "app.example.com",
+            hyper::Method::GET,
+            "/",
+            &[],
+        ))
+        .expect("an HTTP/2 request through the interceptor");
+    assert_eq!(plain.status(), 200);
+    assert_eq!(plain.headers()["x-http-version"], "HTTP/2.0");
+    assert_eq!(plain.headers()["x-request-authority"], "app.example.com");
+    assert_eq!(app.stats().requests, 2);
+}
+
 #[test]
 fn four_pods_with_a_limit_of_one_never_serve_two_requests_at_once_under_64_clients() {
     const CLIENTS: usize = 64;
