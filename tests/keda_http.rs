@@ -782,6 +782,46 @@ fn an_h2c_service_ports_pod_gets_http2_clients_in_h2c_grpc_included() {
     assert_eq!(app.stats().requests, 2);
 }
 
+/// IPv6: a pod listed at an IPv6 address (an EndpointSlice of `addressType: IPv6`) is served
+/// there, and a client reaches the role over IPv6; the pod sees the client's IPv6 address in
+/// `X-Forwarded-For`.
+#[test]
+fn a_pod_at_an_ipv6_address_serves_a_client_that_came_over_ipv6() {
+    let cluster = Cluster::start();
+    let net = support::ipv6::Ipv6Net::new();
+    cluster.service("app");
+    let pod = backend::spawn_on(
+        SocketAddr::new(net.host, POD_PORT),
+        BackendConfig::named("app-6"),
+    )
+    .expect("a pod at an IPv6 address");
+    cluster.endpoints("app", &[net.host], &[]);
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (interceptor, _scaler) = cluster.interceptor_at(net.host, free_port(), &[]);
+    assert!(interceptor.http.is_ipv6());
+    let response = exchange(
+        interceptor.http,
+        b"GET /headers HTTP/1.1\r\nHost: app.example.com\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("X-Backend"), Some("app-6"));
+    let seen: serde_json::Value = serde_json::from_slice(&response.body).expect("the app's JSON");
+    let forwarded_for: Vec<&str> = seen["headers"]
+        .as_array()
+        .expect("headers")
+        .iter()
+        .filter(|pair| {
+            pair[0]
+                .as_str()
+                .unwrap()
+                .eq_ignore_ascii_case("x-forwarded-for")
+        })
+        .map(|pair| pair[1].as_str().unwrap())
+        .collect();
+    assert_eq!(forwarded_for, [net.host.to_string()]);
+    assert_eq!(pod.stats().requests, 1);
+}
+
 #[test]
 fn four_pods_with_a_limit_of_one_never_serve_two_requests_at_once_under_64_clients() {
     const CLIENTS: usize = 64;
