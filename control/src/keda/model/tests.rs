@@ -190,9 +190,15 @@ fn an_h2c_app_protocol_and_the_concurrency_annotation_shape_the_route() {
         Some(&object("app", json!(8080), annotations)),
     );
     model.service("apps", "app-svc", Some(&service(Some(H2C_APP_PROTOCOL))));
-    let (ops, _) = model.ops();
+    let (ops, said) = model.ops();
     let spec = upserts(&ops)[0];
     assert_eq!(spec.protocol, Protocol::H2c);
+    assert!(
+        said[0]
+            .reason
+            .contains("HTTP/1.1 client's request goes to them as HTTP/1.1"),
+        "the difference from the add-on is said: {said:?}"
+    );
     assert_eq!(spec.container_concurrency, 1);
     assert_eq!(spec.lb_policy, LbPolicy::default_for(1));
     assert_eq!(spec.priority, None);
