@@ -125,26 +125,22 @@ pub fn queue_proxy_field(name: &[u8]) -> RequestField {
 }
 
 /// What becomes of the field `name` (any case) of a request on its way to a pod under KEDA's
-/// HTTP add-on's edits ([`Edits::Interceptor`]): Go's `ReverseProxy` drops the hop-by-hop
-/// fields and, with a `Rewrite`, every `Forwarded` and `X-Forwarded-*` field before the
-/// rewrite sets its own. `Host` is dropped as a field: the writer writes the request's.
+/// HTTP add-on's edits ([`Edits::Interceptor`]): the queue-proxy's list, but for what Go's
+/// `ReverseProxy` with a `Rewrite` does otherwise: `Forwarded` goes (the rewrite sets its own
+/// `X-Forwarded-*` instead of a shim), and `K-Original-Host` and Knative's revision headers are
+/// fields like any other. `Host` is dropped as a field: the writer writes the request's.
 #[inline]
 pub fn interceptor_field(name: &[u8]) -> RequestField {
-    let is = |known: &str| name_eq(name, known.as_bytes());
-    match name.len() {
-        2 if is("te") => RequestField::Te,
-        4 if is(headers::HOST) => RequestField::Drop,
-        7 if is("trailer") || is("upgrade") => RequestField::Drop,
-        9 if is("forwarded") => RequestField::Drop,
-        10 if is("connection") || is("keep-alive") => RequestField::Drop,
-        15 if is(headers::FORWARDED_FOR) => RequestField::ForwardedFor,
-        16 if is("proxy-connection") => RequestField::Drop,
-        16 if is("x-forwarded-host") => RequestField::ForwardedHost,
-        17 if is("transfer-encoding") => RequestField::Drop,
-        17 if is("x-forwarded-proto") => RequestField::ForwardedProto,
-        18 if is("proxy-authenticate") => RequestField::Drop,
-        19 if is("proxy-authorization") => RequestField::Drop,
-        _ => RequestField::Keep,
+    match queue_proxy_field(name) {
+        RequestField::Forwarded => RequestField::Drop,
+        RequestField::OriginalHost => RequestField::Keep,
+        RequestField::Drop
+            if name_eq(name, headers::REVISION.as_bytes())
+                || name_eq(name, headers::NAMESPACE.as_bytes()) =>
+        {
+            RequestField::Keep
+        }
+        field => field,
     }
 }
 
