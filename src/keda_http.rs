@@ -6,9 +6,11 @@
 //! HTTPScaledObject whose hosts, path prefixes and headers match it, in the add-on's
 //! precedence; it goes straight to one of the route's ready endpoints (its Service's
 //! EndpointSlices), held while there is none; a per-pod concurrency limit from the
-//! `kactivator.dev/container-concurrency` annotation (★). One data port (`KEDA_HTTP_PROXY_PORT`,
-//! HTTP/1.1 and h2c), health and metrics on `KEDA_HTTP_ADMIN_PORT`, KEDA's external scaler and
-//! gRPC health on `KEDA_HTTP_SCALER_PORT`.
+//! `kactivator.dev/container-concurrency` annotation (★). A data port (`KEDA_HTTP_PROXY_PORT`,
+//! HTTP/1.1 and h2c) and, with `KEDA_HTTP_PROXY_TLS_ENABLED`, a TLS port
+//! (`KEDA_HTTP_PROXY_TLS_PORT`) whose requests reach pods over TLS (`keda::tls`); health and
+//! metrics on `KEDA_HTTP_ADMIN_PORT`, KEDA's external scaler and gRPC health on
+//! `KEDA_HTTP_SCALER_PORT`.
 
 use std::net::SocketAddr;
 
@@ -38,6 +40,19 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
         u64::try_from(env.connect_timeout.as_millis()).unwrap_or(u64::MAX);
     let scaler: SocketAddr = reactor::any_address(env.scaler_port);
     let mut setup = RoleSetup::activator(cli);
+    let mut upstream_tls = None;
+    if let Some(proxy_tls) = &env.tls {
+        let tls = kactivator_control::keda::tls::load(proxy_tls)?;
+        config.listen.https = Some(reactor::any_address(proxy_tls.port));
+        tracing::info!(
+            port = proxy_tls.port,
+            certificates = tls.files.certificates.len(),
+            verify_pods = !proxy_tls.skip_verify,
+            "keda-http: TLS port on; its requests reach pods over TLS"
+        );
+        setup.server_tls = Some(tls.files);
+        upstream_tls = Some(tls.upstream);
+    }
     setup.role = Roles::Interceptor(Interceptor {
         cold_start_field: env.cold_start_header,
     });
@@ -71,6 +86,7 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
         defaults: env.defaults,
         scaler,
         peers,
+        upstream_tls,
     });
     tracing::info!(
         proxy = env.proxy_port,

@@ -304,9 +304,10 @@ async fn connect_keda(keda: KedaSetup) -> Result<KedaRun, StartError> {
     let client = informers::client()
         .await
         .map_err(|error| no_kube_config(&error, "keda-http", ""))?;
-    let source = KedaSource::resolve(client, keda.namespace, keda.defaults)
+    let mut source = KedaSource::resolve(client, keda.namespace, keda.defaults)
         .await
         .map_err(StartError::Kubernetes)?;
+    source.upstream_tls = keda.upstream_tls;
     let scaler = reactor::bind_listener(keda.scaler).map_err(|source| StartError::Bind {
         addr: keda.scaler,
         source,
@@ -440,6 +441,8 @@ pub struct KedaSetup {
     pub scaler: std::net::SocketAddr,
     /// Where the other replicas are listed; `None`: this one alone.
     pub peers: Option<kactivator_control::keda::peers::PeerService>,
+    /// How requests that came in over the TLS port reach pods; `None`: no TLS port.
+    pub upstream_tls: Option<Arc<kactivator_control::keda::tls::UpstreamSetting>>,
 }
 
 /// A request log for the shards, and its writer thread, finished once the shards are.
@@ -892,6 +895,7 @@ fn server_files(tls: &ListenTls) -> ServerFiles {
             .iter()
             .map(|files| (files.chain.clone(), files.key.clone()))
             .collect(),
+        default: 0,
         client_ca: tls
             .client_ca
             .clone()

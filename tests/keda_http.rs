@@ -1114,3 +1114,133 @@ fn a_wait_for_a_first_pod_ends_at_the_failover_or_in_a_504() {
         "answered after {waited:?}"
     );
 }
+
+/// curl to `https://<name>:<port><path>` resolved to the TLS port on loopback, trusting `ca`;
+/// `(ok, stdout, stderr)` (the handshake's account, `-v`, is on stderr).
+fn curl_https(
+    port: u16,
+    name: &str,
+    path: &str,
+    ca: &std::path::Path,
+    extra: &[&str],
+) -> (bool, String, String) {
+    let output = std::process::Command::new("curl")
+        .args(["-sS", "-v", "-i", "--max-time", "20"])
+        .args(extra)
+        .arg("--cacert")
+        .arg(ca)
+        .arg("--resolve")
+        .arg(format!("{name}:{port}:127.0.0.1"))
+        .arg(format!("https://{name}:{port}{path}"))
+        .output()
+        .expect("curl is installed");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The add-on's TLS port (`KEDA_HTTP_PROXY_TLS_*`): a client's server name picks a pair of the
+/// certificate store, any other gets the main pair; a request that came over TLS reaches its pod
+/// over TLS (a Go pod, verifying it by `KEDA_HTTP_TLS_CA_DIRS` as `<service>.<namespace>`), and
+/// one that came in plain reaches it in plain TCP, as the add-on's `https://` and `http://`
+/// upstreams do.
+#[test]
+fn the_tls_port_serves_by_name_and_its_requests_reach_pods_over_tls() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    use kactivator_testkit::certs::TestCa;
+    use support::go::{go_peer, Killed};
+
+    let cluster = Cluster::start();
+    let dir = support::scratch_dir();
+    let ca = TestCa::new("keda-tls");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let cas = dir.join("cas");
+    std::fs::create_dir_all(&cas).unwrap();
+    ca.write(&cas, "ca.crt");
+    let (main_cert, main_key) = ca.issue(&["*.example.com"]).write(&dir, "main");
+    let store = dir.join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    ca.issue(&["app.example.com"]).write(&store, "app");
+    let (pod_cert, pod_key) = ca.issue(&["app.default"]).write(&dir, "pod");
+
+    // The pod: Go's net/http serving TLS only, at the pod network's address.
+    let peer = go_peer(&dir);
+    let ip = cluster.net.add_address();
+    let mut pod = Killed(
+        cluster
+            .net
+            .command(peer.to_str().unwrap())
+            .args([
+                "server",
+                pod_cert.to_str().unwrap(),
+                pod_key.to_str().unwrap(),
+            ])
+            .arg(SocketAddr::new(ip, POD_PORT).to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the Go pod"),
+    );
+    let mut line = String::new();
+    BufReader::new(pod.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("listening on"), "{line}");
+    cluster.service("app");
+    cluster.endpoints("app", &[ip], &[]);
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
+
+    let tls_port = free_port();
+    let tls_port_text = tls_port.to_string();
+    let (interceptor, _scaler) = cluster.interceptor(&[
+        ("KEDA_HTTP_PROXY_TLS_ENABLED", "true"),
+        ("KEDA_HTTP_PROXY_TLS_PORT", &tls_port_text),
+        ("KEDA_HTTP_PROXY_TLS_CERT_PATH", main_cert.to_str().unwrap()),
+        ("KEDA_HTTP_PROXY_TLS_KEY_PATH", main_key.to_str().unwrap()),
+        (
+            "KEDA_HTTP_PROXY_TLS_CERT_STORE_PATHS",
+            store.to_str().unwrap(),
+        ),
+        ("KEDA_HTTP_TLS_CA_DIRS", cas.to_str().unwrap()),
+    ]);
+
+    // Each protocol goes on in its own, named by ALPN to the pod (Go speaks HTTP/2 in TLS only
+    // then).
+    for (flag, status_line, inside) in [
+        ("--http2", "http/2 200", "x-http-version: http/2.0"),
+        ("--http1.1", "http/1.1 200", "x-http-version: http/1.1"),
+    ] {
+        let (ok, out, err) = curl_https(tls_port, "app.example.com", "/", &ca_file, &[flag]);
+        assert!(ok, "{err}\n{}", interceptor.stderr());
+        let out = out.to_ascii_lowercase();
+        assert!(out.starts_with(status_line), "{out}");
+        assert!(out.contains("hello from go"), "{out}");
+        assert!(out.contains(inside), "{out}");
+        assert!(out.contains("x-tls-server-name: app.default"), "{out}");
+        assert!(out.contains("x-seen-forwarded-proto: https"), "{out}");
+        assert!(
+            err.contains("matched cert's \"app.example.com\""),
+            "the store's pair for its name: {err}"
+        );
+    }
+
+    // Another name under the main pair's wildcard: the main pair (and no route: the add-on's 404).
+    let (ok, out, err) = curl_https(tls_port, "other.example.com", "/", &ca_file, &[]);
+    assert!(ok, "{err}");
+    assert!(err.contains("matched cert's \"*.example.com\""), "{err}");
+    assert!(out.to_ascii_lowercase().starts_with("http/"), "{out}");
+    assert!(out.contains(" 404"), "{out}");
+
+    // Over the plain port the request goes to the pod in plain TCP, which a TLS-only pod does
+    // not take (Go answers a plain request 400), as the add-on's `http://` upstream finds it.
+    let response = exchange(interceptor.http, &request("app.example.com", "/"));
+    assert_ne!(response.status, 200, "{}", response.text());
+    assert!(
+        !response.text().contains("hello from go"),
+        "{}",
+        response.text()
+    );
+}

@@ -6,42 +6,15 @@ mod support;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use kactivator_testkit::backend::BackendConfig;
 use kactivator_testkit::certs::TestCa;
 use kactivator_testkit::grpc::spawn_grpc_on;
 use kactivator_testkit::ports::free_port;
+use support::go::{go_peer, Killed};
 use support::queue_proxy::{start_with_certs, QueueProxy};
-
-/// Builds the Go peer into `dir` (Go's standard library only).
-fn go_peer(dir: &Path) -> PathBuf {
-    let binary = dir.join("tls_peer");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/go/tls_peer.go");
-    let output = Command::new("go")
-        .args(["build", "-o"])
-        .arg(&binary)
-        .arg(source)
-        .output()
-        .expect("go is installed (scripts/test.sh installs it)");
-    assert!(
-        output.status.success(),
-        "go build: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    binary
-}
-
-/// A child killed on drop.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Our queue-proxy with Knative's certificate for namespace `default` mounted; its TLS port.
 fn queue_proxy(certs: &Path, ca: &TestCa) -> (QueueProxy, u16) {

@@ -14,6 +14,7 @@ pub mod peers;
 pub mod rate;
 pub mod scaler;
 pub mod source;
+pub mod tls;
 
 use std::sync::Arc;
 

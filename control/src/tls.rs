@@ -200,7 +200,19 @@ pub fn server_config(
     alpn: &[String],
     settings: &TlsSettings,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    if identities.is_empty() {
+    server_config_with_default(identities, 0, client_auth, alpn, settings)
+}
+
+/// As [`server_config`], with `identities[default]` for a client that names none or a name no
+/// certificate is valid for (names are still tried in the order given).
+pub fn server_config_with_default(
+    identities: &[Identity],
+    default: usize,
+    client_auth: &ClientAuth,
+    alpn: &[String],
+    settings: &TlsSettings,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    if identities.len() <= default {
         return Err(TlsError::Settings("no certificate to serve".into()));
     }
     let provider = Arc::new(apply(&provider(), settings)?);
@@ -228,6 +240,7 @@ pub fn server_config(
     };
     let mut config = builder.with_cert_resolver(Arc::new(BySni {
         identities: identities.to_vec(),
+        default,
     }));
     config.alpn_protocols = alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     // No session resumption: rustls' session cache and ticket-key rotation sit behind locks that
@@ -242,6 +255,8 @@ pub fn server_config(
 #[derive(Debug)]
 struct BySni {
     identities: Vec<Identity>,
+    /// Served when no identity is valid for the name asked, or none is asked.
+    default: usize,
 }
 
 impl ResolvesServerCert for BySni {
@@ -255,7 +270,7 @@ impl ResolvesServerCert for BySni {
                         .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&name).is_ok())
                 })
             })
-            .unwrap_or(&self.identities[0]);
+            .unwrap_or(&self.identities[self.default]);
         Some(chosen.certified.clone())
     }
 }
@@ -378,6 +393,8 @@ pub struct PodTls {
     /// A DNS name the certificate must carry besides (Knative: `kn-user-<namespace>`).
     pub require_name: Option<String>,
     pub ports: TlsPorts,
+    /// Versions, ALPN and verification beyond the trust and the names.
+    pub profile: ClientProfile,
     /// For dialling a pod.
     pub built: Arc<kactivator_shards::runtime::tls::UpstreamTls>,
     /// For dialling the revision's private Service.
@@ -391,6 +408,7 @@ impl PartialEq for PodTls {
             && self.server_name == other.server_name
             && self.require_name == other.require_name
             && self.ports == other.ports
+            && self.profile == other.profile
     }
 }
 
@@ -417,7 +435,22 @@ impl PodTls {
         server_name: &str,
         require_name: Option<&str>,
     ) -> Result<PodTls, TlsError> {
-        PodTls::build(trust, server_name, require_name, TlsPorts::default())
+        PodTls::build(
+            trust,
+            server_name,
+            require_name,
+            TlsPorts::default(),
+            ClientProfile::default(),
+        )
+    }
+
+    /// As [`PodTls::trusting`], built as `profile` says (KEDA's HTTP add-on's dial).
+    pub fn with_profile(
+        trust: &PodTrust,
+        server_name: &str,
+        profile: ClientProfile,
+    ) -> Result<PodTls, TlsError> {
+        PodTls::build(trust, server_name, None, TlsPorts::default(), profile)
     }
 
     /// The same, dialled on `ports`.
@@ -425,8 +458,10 @@ impl PodTls {
         let at = |port: Option<u16>| {
             Arc::new(kactivator_shards::runtime::tls::UpstreamTls {
                 config: self.built.config.clone(),
+                config_h2: self.built.config_h2.clone(),
                 server_name: self.built.server_name.clone(),
                 port,
+                clients_over_tls_only: self.profile.clients_over_tls_only,
             })
         };
         PodTls {
@@ -441,8 +476,10 @@ impl PodTls {
     /// are dialled over TLS at that very address (standalone `[revisions.tls]`: nothing there
     /// speaks plain). Where TLS goes to another port (Knative's 8112, [`TlsPorts::pod`]) the
     /// listed port is the pod's plain one, probed plain, as upstream's activator probes it.
+    /// A TLS only for clients that came over TLS (KEDA's HTTP add-on) is not the prober's: the
+    /// pod is probed as a plain client's request reaches it.
     pub fn probes_over_tls(&self) -> bool {
-        self.ports.pod.is_none()
+        self.ports.pod.is_none() && !self.profile.clients_over_tls_only
     }
 
     /// What a route dials: the pods, or the revision's private Service.
@@ -459,6 +496,7 @@ impl PodTls {
         server_name: &str,
         require_name: Option<&str>,
         ports: TlsPorts,
+        profile: ClientProfile,
     ) -> Result<PodTls, TlsError> {
         let name = ServerName::try_from(server_name.to_string())
             .map_err(|_| TlsError::Settings(format!("{server_name:?} is not a server name")))?;
@@ -470,6 +508,9 @@ impl PodTls {
             .transpose()?;
         let verifier: Arc<dyn rustls::client::danger::ServerCertVerifier> =
             match (&trust.verifier, required) {
+                _ if profile.skip_verify => Arc::new(AcceptAny {
+                    algorithms: provider().signature_verification_algorithms,
+                }),
                 (Ok(webpki), None) => webpki.clone(),
                 (Ok(webpki), Some(required)) => Arc::new(RequireName {
                     inner: webpki.clone(),
@@ -482,16 +523,32 @@ impl PodTls {
                         .supported_schemes(),
                 }),
             };
-        let config = rustls::ClientConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS13])
+        let (provider, versions) = match &profile.settings {
+            None => (provider(), vec![&rustls::version::TLS13]),
+            Some(settings) => (Arc::new(apply(&provider(), settings)?), versions(settings)),
+        };
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&versions)
             .map_err(|error| TlsError::Settings(error.to_string()))?
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_no_client_auth();
+        // With ALPN, HTTP/1.1 connections offer `http/1.1` and HTTP/2 ones `h2`: which
+        // the pod speaks is then the connection's, not the server's choice.
+        let config_h2 = profile.alpn.then(|| {
+            let mut h2 = config.clone();
+            h2.alpn_protocols = vec![b"h2".to_vec()];
+            Arc::new(h2)
+        });
+        if profile.alpn {
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        }
         let built = Arc::new(kactivator_shards::runtime::tls::UpstreamTls {
             config: Arc::new(config),
+            config_h2,
             server_name: name,
             port: None,
+            clients_over_tls_only: profile.clients_over_tls_only,
         });
         Ok(PodTls {
             ca_pem: trust.id.clone(),
@@ -499,11 +556,30 @@ impl PodTls {
             server_name: server_name.to_string(),
             require_name: require_name.map(str::to_string),
             ports: TlsPorts::default(),
+            profile,
             built_for_service: built.clone(),
             built,
         }
         .with_ports(ports))
     }
+}
+
+/// How a client to pods is built beyond its trust and names. The default is Knative's activator's
+/// dial: TLS 1.3 only, no ALPN (HTTP/2 by prior knowledge inside TLS), certificates verified,
+/// every request over TLS.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientProfile {
+    /// Versions, suites and curves as Go's `tls.Config` takes them; `None`: the default above.
+    pub settings: Option<TlsSettings>,
+    /// ALPN offered: `http/1.1` by HTTP/1.1 connections, `h2` by HTTP/2 ones; `false`: none.
+    pub alpn: bool,
+    /// Any certificate is accepted (Go's `InsecureSkipVerify`); the handshake's signature is
+    /// still checked against the certificate's key, as Go does.
+    pub skip_verify: bool,
+    /// Only a client that came over TLS is sent over TLS ([`UpstreamTls::clients_over_tls_only`]).
+    ///
+    /// [`UpstreamTls::clients_over_tls_only`]: kactivator_shards::runtime::tls::UpstreamTls
+    pub clients_over_tls_only: bool,
 }
 
 /// What pods' certificates must chain to, built once and shared by every revision dialled
@@ -565,6 +641,34 @@ impl PodTrust {
         Ok(PodTrust {
             id: Arc::from(id),
             verifier: Ok(webpki_verifier("the trusted certificates", store)?),
+        })
+    }
+
+    /// These roots, as Go's `CertPool.AppendCertsFromPEM` takes them: one that is not a usable
+    /// anchor is passed over, not an error (a system bundle may hold such); at least one must be
+    /// left.
+    pub fn lenient(
+        roots: Vec<CertificateDer<'static>>,
+        source: &str,
+    ) -> Result<PodTrust, TlsError> {
+        let id: Vec<u8> = roots
+            .iter()
+            .flat_map(|root| {
+                let len = (root.len() as u32).to_be_bytes();
+                len.into_iter().chain(root.iter().copied())
+            })
+            .collect();
+        let mut store = RootCertStore::empty();
+        store.add_parsable_certificates(roots);
+        if store.is_empty() {
+            return Err(TlsError::BadTrust {
+                what: source.to_string(),
+                reason: "no usable CA certificate".into(),
+            });
+        }
+        Ok(PodTrust {
+            id: Arc::from(id),
+            verifier: Ok(webpki_verifier(source, store)?),
         })
     }
 
@@ -632,6 +736,48 @@ impl rustls::client::danger::ServerCertVerifier for TrustNothing {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.schemes.clone()
+    }
+}
+
+/// Accepts every certificate, checking only that the handshake was signed by its key (Go's
+/// `InsecureSkipVerify`, which KEDA's HTTP add-on offers as `KEDA_HTTP_TLS_SKIP_VERIFY`).
+#[derive(Debug)]
+struct AcceptAny {
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
     }
 }
 

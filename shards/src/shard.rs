@@ -191,10 +191,10 @@ impl Shard {
             },
             settings.spans.clone(),
         );
-        let tls_pool = Pool::new(settings.pool, TlsDialer);
+        let tls_pool = Pool::new(settings.pool, TlsDialer { http2: false });
         let tls_h2c = H2cConnections::new(
             settings.pool,
-            TlsDialer,
+            TlsDialer { http2: true },
             settings.h2,
             all_stats.clone(),
             index,

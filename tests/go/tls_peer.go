@@ -5,10 +5,11 @@
 //	    TLS 1.3 minimum, ServerName data-plane.knative.dev, only CA_FILE trusted, the leaf's DNS
 //	    names must hold kn-user-NAMESPACE), sends GET / over HTTP/1.1, prints the status line and
 //	    X-Backend; "tls12" caps the client at TLS 1.2 instead.
-//	go run tls_peer.go server CERT KEY
+//	go run tls_peer.go server CERT KEY [ADDR]
 //	    serves TLS as Knative's queue-proxy does (TLS 1.3 minimum, the pair by GetCertificate,
-//	    net/http's ALPN), answering every request "hello from go" with X-Backend: go; prints
-//	    "listening on ADDR" once it listens on a free loopback port.
+//	    net/http's ALPN), answering every request "hello from go" with X-Backend: go, the
+//	    protocol, the server name the client sent and the X-Forwarded-Proto it got; prints
+//	    "listening on ADDR" once it listens on ADDR, by default a free loopback port.
 package main
 
 import (
@@ -27,7 +28,11 @@ func main() {
 	case "client":
 		client(os.Args[2], os.Args[3], os.Args[4], len(os.Args) > 5 && os.Args[5] == "tls12")
 	case "server":
-		server(os.Args[2], os.Args[3])
+		addr := "127.0.0.1:0"
+		if len(os.Args) > 4 {
+			addr = os.Args[4]
+		}
+		server(os.Args[2], os.Args[3], addr)
 	}
 }
 
@@ -69,10 +74,10 @@ func client(addr, caFile, namespace string, tls12 bool) {
 	fmt.Printf("%s %s\nx-backend: %s\n", response.Proto, response.Status, response.Header.Get("X-Backend"))
 }
 
-func server(certFile, keyFile string) {
+func server(certFile, keyFile, addr string) {
 	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 	check(err)
-	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	listener, err := net.Listen("tcp", addr)
 	check(err)
 	config := &tls.Config{
 		MinVersion: tls.VersionTLS13,
@@ -83,6 +88,8 @@ func server(certFile, keyFile string) {
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Backend", "go")
 		w.Header().Set("X-Http-Version", r.Proto)
+		w.Header().Set("X-Tls-Server-Name", r.TLS.ServerName)
+		w.Header().Set("X-Seen-Forwarded-Proto", r.Header.Get("X-Forwarded-Proto"))
 		fmt.Fprint(w, "hello from go\n")
 	})
 	srv := &http.Server{Handler: handler, TLSConfig: config}

@@ -546,5 +546,6 @@ pub fn raw_pod(
     });
     (addr, accepted)
 }
+pub mod go;
 pub mod ipv6;
 pub mod queue_proxy;

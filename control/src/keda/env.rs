@@ -4,10 +4,13 @@
 //! settings or every bad key out. Keys the add-on has and this role does not act on are named
 //! in [`NOT_ACTED_ON`], and said at start-up when set.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::model::{Defaults, DEFAULT_RESPONSE_HEADER_TIMEOUT};
 use crate::features::parse_duration;
+use crate::tls::settings::{self, KEDA_HTTP};
+use crate::tls::TlsSettings;
 use kactivator_shards::routing::MAX_TIMEOUT_SECONDS;
 // Go's `strconv.ParseBool`, which the add-on's `envconfig` uses too.
 use crate::queue_proxy::env::go_bool;
@@ -24,11 +27,18 @@ pub const DEFAULT_SCALER_PORT: u16 = 9091;
 pub const DEFAULT_SHUTDOWN_DELAY: Duration = Duration::from_secs(5);
 /// `KEDA_HTTP_CONNECT_TIMEOUT` when unset.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// `KEDA_HTTP_PROXY_TLS_PORT` when unset.
+pub const DEFAULT_TLS_PORT: u16 = 8443;
+/// `KEDA_HTTP_PROXY_TLS_CERT_PATH` when unset.
+pub const DEFAULT_TLS_CERT_PATH: &str = "/certs/tls.crt";
+/// `KEDA_HTTP_PROXY_TLS_KEY_PATH` when unset.
+pub const DEFAULT_TLS_KEY_PATH: &str = "/certs/tls.key";
 
 /// Keys of the add-on this role reads and does not act on (yet); each is said at start-up
 /// when set, so that nothing is silently ignored.
-pub const NOT_ACTED_ON: [&str; 8] = [
-    "KEDA_HTTP_PROXY_TLS_ENABLED",
+pub const NOT_ACTED_ON: [&str; 7] = [
+    // Not a key of the add-on's sources here (its TLS port is `KEDA_HTTP_PROXY_TLS_ENABLED`'s);
+    // said, in case a later release reads it.
     "KEDA_HTTP_TLS_ENABLED",
     "KEDA_HTTP_LOG_REQUESTS",
     "KEDA_HTTP_DRAIN_TIMEOUT",
@@ -56,8 +66,35 @@ pub struct KedaEnv {
     /// default), as the add-on's scaler reads them; `None` without a namespace: this replica
     /// answers KEDA with its own counts only.
     pub peers: Option<(String, String, u16)>,
+    /// `KEDA_HTTP_PROXY_TLS_ENABLED`: the TLS port; `None`: off.
+    pub tls: Option<ProxyTls>,
     /// Keys of [`NOT_ACTED_ON`] that are set.
     pub not_acted_on: Vec<&'static str>,
+}
+
+/// The interceptor's TLS port (`interceptor/config/serving.go`, `tls_config.go` and, for the
+/// version, suite and curve keys, 0.16's `config/tls.go`), and how its requests reach pods: over
+/// TLS, as the add-on's `https://` upstream does for them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProxyTls {
+    /// `KEDA_HTTP_PROXY_TLS_PORT`.
+    pub port: u16,
+    /// `KEDA_HTTP_PROXY_TLS_CERT_PATH` and `_KEY_PATH`: the main pair, served when no other is
+    /// valid for the name a client asks for.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// `KEDA_HTTP_PROXY_TLS_CERT_STORE_PATHS`: directories of more pairs, chosen by name.
+    pub store_dirs: Vec<PathBuf>,
+    /// `KEDA_HTTP_TLS_{MIN_VERSION,MAX_VERSION,CIPHER_SUITES,CURVE_PREFERENCES}` (or the
+    /// `KEDA_HTTP_PROXY_TLS_*` names, which win when set); Go's defaults when unset: TLS 1.2
+    /// to 1.3. For both the port and the dial to pods.
+    pub settings: TlsSettings,
+    /// `KEDA_HTTP_TLS_SKIP_VERIFY` (or `KEDA_HTTP_PROXY_TLS_SKIP_VERIFY`): pods' certificates
+    /// are not verified.
+    pub skip_verify: bool,
+    /// `KEDA_HTTP_TLS_CA_DIRS`: directories of PEM CA certificates pods' certificates may
+    /// chain to, besides the system's and the served ones.
+    pub ca_dirs: Vec<PathBuf>,
 }
 
 /// The interceptors' admin Service when `KEDA_HTTP_SCALER_TARGET_ADMIN_SERVICE` is unset (the
@@ -100,6 +137,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
     let admin_port = port("KEDA_HTTP_ADMIN_PORT", DEFAULT_ADMIN_PORT);
     let scaler_port = port("KEDA_HTTP_SCALER_PORT", DEFAULT_SCALER_PORT);
     let peers_port = port("KEDA_HTTP_SCALER_TARGET_ADMIN_PORT", admin_port);
+    let tls_port = port("KEDA_HTTP_PROXY_TLS_PORT", DEFAULT_TLS_PORT);
     let mut duration = |key: &'static str| -> Option<Duration> {
         let text = get(key)?;
         match parse_duration(&text) {
@@ -129,6 +167,47 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
     let condition_wait = duration("KEDA_CONDITION_WAIT_TIMEOUT");
     let shutdown_delay = duration("KEDA_HTTP_SHUTDOWN_DELAY");
     let connect_timeout = duration("KEDA_HTTP_CONNECT_TIMEOUT");
+    let mut boolean = |key: &'static str, default: bool| match get(key) {
+        None => default,
+        Some(text) => go_bool(&text).unwrap_or_else(|| {
+            errors.push((key, format!("{text:?} is not a boolean")));
+            default
+        }),
+    };
+    let tls_enabled = boolean("KEDA_HTTP_PROXY_TLS_ENABLED", false);
+    // The 0.15 name wins when set, as 0.16 reads them.
+    let skip_verify = match get("KEDA_HTTP_PROXY_TLS_SKIP_VERIFY") {
+        Some(_) => boolean("KEDA_HTTP_PROXY_TLS_SKIP_VERIFY", false),
+        None => boolean("KEDA_HTTP_TLS_SKIP_VERIFY", false),
+    };
+    let tls = tls_enabled.then(|| {
+        let settings = tls_settings(&get);
+        errors.extend(settings.problems.iter().cloned());
+        let dirs = |key| {
+            get(key)
+                .map(|text| {
+                    text.split(',')
+                        .map(str::trim)
+                        .filter(|dir| !dir.is_empty())
+                        .map(PathBuf::from)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        ProxyTls {
+            port: tls_port,
+            cert: get("KEDA_HTTP_PROXY_TLS_CERT_PATH")
+                .unwrap_or_else(|| DEFAULT_TLS_CERT_PATH.into())
+                .into(),
+            key: get("KEDA_HTTP_PROXY_TLS_KEY_PATH")
+                .unwrap_or_else(|| DEFAULT_TLS_KEY_PATH.into())
+                .into(),
+            store_dirs: dirs("KEDA_HTTP_PROXY_TLS_CERT_STORE_PATHS"),
+            settings,
+            skip_verify,
+            ca_dirs: dirs("KEDA_HTTP_TLS_CA_DIRS"),
+        }
+    });
     let cold_start_header = match get("KEDA_HTTP_ENABLE_COLD_START_HEADER") {
         None => true,
         Some(text) => match go_bool(&text) {
@@ -171,11 +250,36 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
                 .unwrap_or_else(|| DEFAULT_ADMIN_SERVICE.to_owned());
             (namespace, service, peers_port)
         }),
+        tls,
         not_acted_on: NOT_ACTED_ON
             .iter()
             .copied()
             .filter(|key| get(key).is_some())
             .collect(),
+    })
+}
+
+/// The version, suite and curve keys as the add-on reads them: the 0.15 name
+/// (`KEDA_HTTP_PROXY_TLS_*`) when set, else 0.16's (`KEDA_HTTP_TLS_*`, the names problems are
+/// reported under); a version also as `TLS12`/`TLS13` in any case (0.16's grammar); unset, Go's
+/// server defaults (TLS 1.2 to 1.3), not Knative's TLS 1.3 only.
+fn tls_settings(get: &impl Fn(&str) -> Option<String>) -> TlsSettings {
+    settings::read(KEDA_HTTP, |key| {
+        let old = key.replacen("KEDA_HTTP_TLS_", "KEDA_HTTP_PROXY_TLS_", 1);
+        let value = get(&old).or_else(|| get(key));
+        if key != KEDA_HTTP.min_version && key != KEDA_HTTP.max_version {
+            return value;
+        }
+        match value {
+            // Go's `tls.Config` minimum for a server.
+            None if key == KEDA_HTTP.min_version => Some("1.2".into()),
+            None => None,
+            Some(value) => Some(match value.to_ascii_lowercase().as_str() {
+                "tls12" => "1.2".into(),
+                "tls13" => "1.3".into(),
+                _ => value,
+            }),
+        }
     })
 }
 
@@ -286,6 +390,80 @@ mod tests {
                 "KEDA_HTTP_READINESS_TIMEOUT",
                 "KEDA_HTTP_ENABLE_COLD_START_HEADER"
             ]
+        );
+    }
+
+    #[test]
+    fn the_tls_port_is_read_as_the_add_on_reads_it_and_only_when_on() {
+        let off = parsed(&[("KEDA_HTTP_TLS_MIN_VERSION", "1.1")]).unwrap();
+        assert_eq!(off.tls, None, "off, and its settings not read");
+        let on = parsed(&[("KEDA_HTTP_PROXY_TLS_ENABLED", "true")]).unwrap();
+        let tls = on.tls.expect("on");
+        assert_eq!(tls.port, 8443);
+        assert_eq!(tls.cert, PathBuf::from("/certs/tls.crt"));
+        assert_eq!(tls.key, PathBuf::from("/certs/tls.key"));
+        assert!(tls.store_dirs.is_empty() && tls.ca_dirs.is_empty() && !tls.skip_verify);
+        assert_eq!(
+            tls.settings.min_version,
+            Some(crate::tls::TlsVersion::Tls12),
+            "Go's server minimum, not Knative's 1.3"
+        );
+        let tls = parsed(&[
+            ("KEDA_HTTP_PROXY_TLS_ENABLED", "1"),
+            ("KEDA_HTTP_PROXY_TLS_PORT", "9443"),
+            ("KEDA_HTTP_PROXY_TLS_CERT_STORE_PATHS", "/a, /b,,"),
+            ("KEDA_HTTP_TLS_CA_DIRS", "/cas"),
+            // 0.16's name, and the 0.15 name that wins over it when set.
+            ("KEDA_HTTP_TLS_MIN_VERSION", "1.2"),
+            ("KEDA_HTTP_PROXY_TLS_MIN_VERSION", "TLS13"),
+            ("KEDA_HTTP_TLS_SKIP_VERIFY", "false"),
+            ("KEDA_HTTP_PROXY_TLS_SKIP_VERIFY", "true"),
+        ])
+        .unwrap()
+        .tls
+        .unwrap();
+        assert_eq!(tls.port, 9443);
+        assert_eq!(tls.store_dirs, [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(tls.ca_dirs, [PathBuf::from("/cas")]);
+        assert_eq!(
+            tls.settings.min_version,
+            Some(crate::tls::TlsVersion::Tls13)
+        );
+        assert!(tls.skip_verify);
+        // A maximum of 1.2 leaves Go's default minimum something to serve.
+        let capped = parsed(&[
+            ("KEDA_HTTP_PROXY_TLS_ENABLED", "true"),
+            ("KEDA_HTTP_TLS_MAX_VERSION", "tls12"),
+        ])
+        .unwrap();
+        assert_eq!(
+            capped.tls.unwrap().settings.max_version,
+            Some(crate::tls::TlsVersion::Tls12)
+        );
+    }
+
+    #[test]
+    fn a_bad_tls_value_is_named_by_its_key_when_the_port_is_on() {
+        let errors = parsed(&[
+            ("KEDA_HTTP_PROXY_TLS_ENABLED", "yes"),
+            ("KEDA_HTTP_PROXY_TLS_PORT", "0"),
+        ])
+        .unwrap_err();
+        let keys: Vec<&str> = errors.0.iter().map(|(key, _)| *key).collect();
+        assert_eq!(
+            keys,
+            ["KEDA_HTTP_PROXY_TLS_PORT", "KEDA_HTTP_PROXY_TLS_ENABLED"]
+        );
+        let errors = parsed(&[
+            ("KEDA_HTTP_PROXY_TLS_ENABLED", "true"),
+            ("KEDA_HTTP_TLS_CIPHER_SUITES", "TLS_RSA_WITH_RC4_128_SHA"),
+            ("KEDA_HTTP_PROXY_TLS_MAX_VERSION", "1.4"),
+        ])
+        .unwrap_err();
+        let keys: Vec<&str> = errors.0.iter().map(|(key, _)| *key).collect();
+        assert_eq!(
+            keys,
+            ["KEDA_HTTP_TLS_MAX_VERSION", "KEDA_HTTP_TLS_CIPHER_SUITES"]
         );
     }
 }

@@ -27,9 +27,11 @@ use super::object::{
     ServiceRef, DEFAULT_FAILOVER_TIMEOUT, RESPONSE_BODY_LABEL,
 };
 use super::scaler::Scaling;
+use super::tls::UpstreamSetting;
 pub use crate::sources::kubernetes::objects::SLICE_SERVICE_LABEL;
 use crate::sources::kubernetes::objects::{slice_addresses_where, Listing};
 use crate::state::{OmissionScope, Op, RevisionSpec};
+use crate::tls::PodTls;
 use kactivator_shards::routing::placeholder::{Placeholder, PlaceholderBody};
 
 #[cfg(test)]
@@ -109,6 +111,8 @@ pub struct Model {
     config_maps: BTreeMap<(String, String), BTreeMap<String, Vec<u8>>>,
     /// Per revision, the spec and the ready pods last sent.
     sent: BTreeMap<RevisionKey, (RevisionSpec, Vec<SocketAddr>)>,
+    /// How requests that came in over TLS reach pods; `None`: no TLS port.
+    tls: Option<Arc<UpstreamSetting>>,
 }
 
 /// Why an object routes nothing, for the log: its name and the reason.
@@ -124,6 +128,11 @@ impl Model {
             defaults,
             ..Model::default()
         }
+    }
+
+    /// Requests that came in over the TLS port reach every route's pods as `tls` says.
+    pub fn with_tls(self, tls: Option<Arc<UpstreamSetting>>) -> Model {
+        Model { tls, ..self }
     }
 
     /// An HTTPScaledObject or InterceptorRoute added or changed (`Some`, as the API serves it)
@@ -458,6 +467,7 @@ impl Model {
                 (protocol, ready, port.port)
             }
         };
+        let tls = self.upstream_tls(&key, &namespace, &to.service, &mut problems);
         let response_header = object
             .response_header
             .or(Some(self.defaults.response_header));
@@ -483,11 +493,46 @@ impl Model {
             priority: None,
             serving_port,
             cluster_ip: None,
-            tls: None,
+            tls,
             rules: None,
             cold_start: None,
         };
         (spec, ready, problems)
+    }
+
+    /// The TLS a route to Service `service` reaches its pods with for requests that came in
+    /// over TLS: `<service>.<namespace>` as the server name (the add-on's upstream URL's host).
+    /// The one sent before is kept when nothing it is built from
+    /// changed, so that an event does not build a client configuration per route.
+    fn upstream_tls(
+        &self,
+        key: &RevisionKey,
+        namespace: &str,
+        service: &str,
+        problems: &mut Vec<String>,
+    ) -> Option<Box<PodTls>> {
+        let setting = self.tls.as_ref()?;
+        let server_name = format!("{service}.{namespace}");
+        let profile = setting.profile();
+        let sent = self
+            .sent
+            .get(key)
+            .and_then(|(spec, _)| spec.tls.as_ref())
+            .filter(|tls| tls.server_name == server_name && tls.profile == profile);
+        if let Some(sent) = sent {
+            return Some(sent.clone());
+        }
+        match PodTls::with_profile(&setting.trust, &server_name, profile) {
+            Ok(tls) => Some(Box::new(tls)),
+            Err(error) => {
+                // Not reached with a Service's name (a DNS label) and settings checked at start.
+                problems.push(format!(
+                    "TLS to Service {service}: {error}; requests that came in over TLS go \
+                     to its pods in plain TCP"
+                ));
+                None
+            }
+        }
     }
 
     /// The Service's port the object names, by number or name.

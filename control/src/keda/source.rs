@@ -27,6 +27,7 @@ use tokio::sync::watch;
 
 use super::model::{Defaults, Model, Refusal, ScalerView, SLICE_SERVICE_LABEL};
 use super::object::{ObjectKind, RESPONSE_BODY_LABEL};
+use super::tls::UpstreamSetting;
 use crate::config::EndpointsKind;
 use crate::publisher::{until_served, Publisher};
 use crate::sources::kubernetes::backoff::WatchBackoff;
@@ -74,6 +75,8 @@ pub struct KedaSource {
     /// The server serves InterceptorRoutes (the add-on's CRD, 0.14 and later).
     interceptor_routes: bool,
     pub defaults: Defaults,
+    /// How requests that came in over the TLS port reach pods; `None`: no TLS port.
+    pub upstream_tls: Option<Arc<UpstreamSetting>>,
 }
 
 impl KedaSource {
@@ -118,6 +121,7 @@ impl KedaSource {
             slices_version,
             interceptor_routes,
             defaults,
+            upstream_tls: None,
         })
     }
 
@@ -159,7 +163,7 @@ impl KedaSource {
     ) {
         let mut streams = self.streams();
         let watches = self.watches();
-        let mut model = Model::new(self.defaults);
+        let mut model = Model::new(self.defaults).with_tls(self.upstream_tls.clone());
         // Per watch: its objects while it (re)lists, `None` once listed.
         let mut listing: BTreeMap<Watch, Vec<Value>> = BTreeMap::new();
         let mut listed: BTreeSet<Watch> = BTreeSet::new();

@@ -43,6 +43,7 @@ pub fn tls_asked(dir: &Path) -> Result<bool, CertsError> {
 pub fn server_files(dir: &Path, settings: TlsSettings) -> ServerFiles {
     ServerFiles {
         certificates: vec![(dir.join(CERT_FILE), dir.join(KEY_FILE))],
+        default: 0,
         client_ca: None,
         settings,
         // Go's server, as upstream's queue-proxy.

@@ -15,14 +15,17 @@ use std::time::Duration;
 use kactivator_shards::routing::ShardCommand;
 use rustls::ServerConfig;
 
-use super::{server_config, trust, ClientAuth, Identity, TlsError, TlsSettings};
+use super::{server_config_with_default, trust, ClientAuth, Identity, TlsError, TlsSettings};
 use crate::publisher::Publisher;
 
 /// Where the certificates are and how they are served.
 #[derive(Clone, Debug)]
 pub struct ServerFiles {
-    /// Chain and key of each certificate, in SNI order (the first is the default).
+    /// Chain and key of each certificate, in the order a client's server name (SNI) tries them.
     pub certificates: Vec<(PathBuf, PathBuf)>,
+    /// The index of the one served to a client that names none, or a name none is valid for
+    /// (0 for the file's `[listen.tls]`; the last, the main pair, for KEDA's HTTP add-on).
+    pub default: usize,
     /// CA certificates for clients' certificates, and whether one is required.
     pub client_ca: Option<(PathBuf, bool)>,
     pub settings: TlsSettings,
@@ -76,7 +79,13 @@ impl ServerFiles {
             }
             _ => ClientAuth::None,
         };
-        server_config(&identities, &client_auth, &self.alpn, &self.settings)
+        server_config_with_default(
+            &identities,
+            self.default,
+            &client_auth,
+            &self.alpn,
+            &self.settings,
+        )
     }
 
     /// Reads and builds: the first load, whose failure stops start-up.

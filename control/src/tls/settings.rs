@@ -45,6 +45,15 @@ pub const ACTIVATOR: Keys = Keys {
     curve_preferences: "ACTIVATOR_TLS_CURVE_PREFERENCES",
 };
 
+/// KEDA's HTTP add-on's interceptor (0.16's `KEDA_HTTP_TLS_*` names; `keda::env` reads the
+/// 0.15 names `KEDA_HTTP_PROXY_TLS_*` in their place when set, as the add-on does).
+pub const KEDA_HTTP: Keys = Keys {
+    min_version: "KEDA_HTTP_TLS_MIN_VERSION",
+    max_version: "KEDA_HTTP_TLS_MAX_VERSION",
+    cipher_suites: "KEDA_HTTP_TLS_CIPHER_SUITES",
+    curve_preferences: "KEDA_HTTP_TLS_CURVE_PREFERENCES",
+};
+
 /// The file's `[listen.tls]` (lists there are arrays, joined with commas before reading).
 pub const FILE: Keys = Keys {
     min_version: "listen.tls.min_version",

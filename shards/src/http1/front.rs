@@ -207,7 +207,7 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
                 rewrite::insert_host(&mut conn.request_out, host_at, pod.authority().as_bytes());
             (host_at, len)
         });
-        match pod.tls() {
+        match pod.tls(conn.peer.tls) {
             None => {
                 let upstream = shard
                     .pool

@@ -333,7 +333,7 @@ impl Front for H2Front<'_> {
     ) -> Attempt {
         let addr = pod.tracker.addr;
         // The stream counts on its connection until the exchange ends (`lease` is dropped).
-        let tls = pod.tls();
+        let tls = pod.tls(self.peer.tls);
         let checked_out = match &tls {
             None => shard.h2c.checkout(addr, &(), shard.stats()).await,
             Some(tls) => shard.tls_h2c.checkout(addr, tls, shard.stats()).await,

@@ -60,10 +60,15 @@ impl LocalPod {
         }
     }
 
-    /// The TLS the pod is dialled with; `None`: plain TCP.
+    /// The TLS the pod is dialled with for a client that came over TLS (`secure`) or not;
+    /// `None`: plain TCP.
     #[inline]
-    pub fn tls(&self) -> Option<Rc<UpstreamTls>> {
-        self.tls.borrow().clone()
+    pub fn tls(&self, secure: bool) -> Option<Rc<UpstreamTls>> {
+        self.tls
+            .borrow()
+            .as_ref()
+            .filter(|tls| secure || !tls.clients_over_tls_only)
+            .cloned()
     }
 
     fn set_tls(&self, tls: Option<Rc<UpstreamTls>>) {
@@ -506,8 +511,10 @@ impl LocalRevision {
         let tls = route.upstream_tls.as_ref().map(|tls| {
             Rc::new(UpstreamTls {
                 config: tls.config.clone(),
+                config_h2: tls.config_h2.clone(),
                 server_name: tls.server_name.clone(),
                 port: tls.port,
+                clients_over_tls_only: tls.clients_over_tls_only,
             })
         });
         *self.pods.borrow_mut() = route

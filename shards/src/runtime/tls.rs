@@ -611,12 +611,22 @@ pub async fn connect(
 /// all in `config`) and the name it sends and checks.
 pub struct UpstreamTls {
     pub config: Arc<ClientConfig>,
+    /// The configuration an HTTP/2 connection is dialled with when it is not `config`: the same
+    /// trust and names, ALPN `h2` (KEDA's HTTP add-on's pods, Go servers, speak HTTP/2 inside
+    /// TLS only when ALPN says so, and HTTP/1.1 only when it does not). `None`: `config`
+    /// (Knative's: no ALPN, HTTP/2 by prior knowledge).
+    pub config_h2: Option<Arc<ClientConfig>>,
     /// Sent as SNI and verified against the pod's certificate.
     pub server_name: ServerName<'static>,
     /// The port TLS is dialled on when it is not the listed one: Knative lists a queue-proxy
     /// at its plain serving port (8012/8013, where it is probed) and takes TLS on 8112, and a
     /// private Service at 80 with TLS on 443 (`reference/tls.md` §2.3).
     pub port: Option<u16>,
+    /// Only a request whose client came over TLS is sent over TLS; any other goes to the pod in
+    /// plain TCP (KEDA's HTTP add-on: its TLS port's requests go to `https://`, its plain
+    /// port's to `http://`, `interceptor/middleware/routing.go` L118-133 at v0.15.0). `false`:
+    /// every request (Knative's).
+    pub clients_over_tls_only: bool,
 }
 
 impl UpstreamTls {
@@ -635,14 +645,19 @@ impl std::fmt::Debug for UpstreamTls {
             .field("server_name", &self.server_name)
             .field("alpn", &self.config.alpn_protocols)
             .field("port", &self.port)
+            .field("clients_over_tls_only", &self.clients_over_tls_only)
             .finish()
     }
 }
 
 /// Dials pods over TLS: TCP with Nagle off, then the client handshake with the revision's
-/// settings; the one TLS pool of a shard serves every TLS revision.
+/// settings; a shard's TLS pool (HTTP/1.1) and its TLS HTTP/2 connections each have one, and
+/// serve every TLS revision.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct TlsDialer;
+pub struct TlsDialer {
+    /// For HTTP/2 connections: [`UpstreamTls::config_h2`] where a revision has one.
+    pub http2: bool,
+}
 
 impl Connector for TlsDialer {
     type Stream = ClientTls;
@@ -651,7 +666,11 @@ impl Connector for TlsDialer {
     async fn connect(&self, addr: SocketAddr, target: &UpstreamTls) -> io::Result<ClientTls> {
         let io = TcpStream::connect_addr(target.dial_addr(addr)).await?;
         let _ = io.set_nodelay(true);
-        connect(target.config.clone(), target.server_name.clone(), io).await
+        let config = match (&target.config_h2, self.http2) {
+            (Some(h2), true) => h2.clone(),
+            _ => target.config.clone(),
+        };
+        connect(config, target.server_name.clone(), io).await
     }
 
     fn dial_addr(&self, addr: SocketAddr, target: &UpstreamTls) -> SocketAddr {
