@@ -36,6 +36,11 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
     config.listen.http = reactor::any_address(env.proxy_port);
     config.listen.admin = reactor::any_address(env.admin_port);
     config.proxy.drain_grace_seconds = env.shutdown_delay.as_secs();
+    // The add-on's cap is per pod over the process; a shard keeps its share.
+    let shards = cli.shards.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    config.proxy.max_idle_per_pod = env.max_idle_per_host.div_ceil(shards.max(1));
     config.proxy.connect_timeout_ms =
         u64::try_from(env.connect_timeout.as_millis()).unwrap_or(u64::MAX);
     let scaler: SocketAddr = reactor::any_address(env.scaler_port);
@@ -59,6 +64,7 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
     setup.second_data_port = false;
     setup.finds_autoscaler = false;
     setup.drain_rule = DrainRule::Grace;
+    setup.drain_timeout = env.drain_timeout;
     setup.trace_resource.service_name = "keda-add-ons-http-interceptor".into();
     let me = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());
     let peers = env.peers.map(|(namespace, service, port)| {
@@ -87,6 +93,7 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
         scaler,
         peers,
         upstream_tls,
+        stream_every: env.stream_interval,
     });
     tracing::info!(
         proxy = env.proxy_port,

@@ -316,6 +316,7 @@ async fn connect_keda(keda: KedaSetup) -> Result<KedaRun, StartError> {
         source,
         scaler,
         peers: keda.peers,
+        stream_every: keda.stream_every,
     })
 }
 
@@ -419,6 +420,10 @@ pub struct RoleSetup {
     pub needs: budget::Needs,
     /// What ends the drain's grace period.
     pub drain_rule: DrainRule,
+    /// How long the requests still in flight when the listeners close may take; those left then
+    /// are cut and the process exits (KEDA's HTTP add-on's `KEDA_HTTP_DRAIN_TIMEOUT`). `None`:
+    /// every one finishes (the Knative roles; the pod's termination grace period bounds it).
+    pub drain_timeout: Option<Duration>,
     pub spawn_extra: Option<SpawnExtra>,
     /// Unmap the code start-up ran, [`UNMAP_START_UP_CODE_AFTER`] after the shards start
     /// ([`unmap_start_up_code`]).
@@ -443,6 +448,8 @@ pub struct KedaSetup {
     pub peers: Option<kactivator_control::keda::peers::PeerService>,
     /// How requests that came in over the TLS port reach pods; `None`: no TLS port.
     pub upstream_tls: Option<Arc<kactivator_control::keda::tls::UpstreamSetting>>,
+    /// How often `StreamIsActive` sends.
+    pub stream_every: Duration,
 }
 
 /// A request log for the shards, and its writer thread, finished once the shards are.
@@ -468,6 +475,7 @@ impl RoleSetup {
             request_log: None,
             needs: budget::Needs::activator(),
             drain_rule: DrainRule::Grace,
+            drain_timeout: None,
             spawn_extra: None,
             // One per node, with memory to spare: the pages it would unmap stay in the page
             // cache and are charged to its cgroup all the same (BENCHMARKS.md, "Idle memory and
@@ -762,14 +770,28 @@ pub fn run_as(
     runtime.block_on(control.run(admin_listener))?;
     // The control thread's tasks keep running while the shards finish their requests: answers
     // that wait for the drain (the queue-proxy's `/wait-for-drain`) are written now.
-    runtime.block_on(async move {
+    let drain_timeout = setup.drain_timeout;
+    let cut = runtime.block_on(async move {
         let joined = tokio::task::spawn_blocking(move || {
             for thread in threads {
                 let _ = thread.join();
             }
         });
-        let _ = joined.await;
+        let cut = match drain_timeout {
+            None => {
+                let _ = joined.await;
+                false
+            }
+            Some(limit) => tokio::time::timeout(limit, joined).await.is_err(),
+        };
+        if cut {
+            tracing::warn!(
+                drain_timeout_ms = drain_timeout.unwrap_or_default().as_millis() as u64,
+                "drain timeout: the requests still in flight are cut"
+            );
+        }
         tokio::task::yield_now().await;
+        cut
     });
     // The shards are gone and their last spans sent: the exporters send what is left and stop
     // (each export bounded by its timeout); the role's tasks do their last thing alongside.
@@ -811,6 +833,13 @@ pub fn run_as(
                 REQUEST_LOG_FINISH.as_secs()
             );
         }
+    }
+    if cut {
+        // The shards still hold the requests that were cut: the runtime is not dropped (its
+        // drop would wait for the thread joining them), and the process ends with them.
+        runtime.shutdown_background();
+        tracing::info!("drained at the drain timeout; bye");
+        return Ok(());
     }
     tracing::info!("drained; bye");
     Ok(())

@@ -1244,3 +1244,82 @@ fn the_tls_port_serves_by_name_and_its_requests_reach_pods_over_tls() {
         response.text()
     );
 }
+
+/// `KEDA_HTTP_SCALER_STREAM_INTERVAL_MS` sets how often `StreamIsActive` sends, and
+/// `KEDA_HTTP_DRAIN_TIMEOUT` bounds what is still in flight when the listeners close: past it a
+/// WebSocket is cut and the process exits, as the add-on's `Shutdown` gives up.
+#[test]
+fn the_stream_interval_is_kept_and_the_drain_timeout_cuts_what_is_left_in_flight() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let cluster = Cluster::start();
+    cluster.service("app");
+    let (ip, _pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[ip], &[]);
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (mut interceptor, scaler) = cluster.interceptor(&[
+        ("KEDA_HTTP_SCALER_STREAM_INTERVAL_MS", "50"),
+        ("KEDA_HTTP_SHUTDOWN_DELAY", "0s"),
+        ("KEDA_HTTP_DRAIN_TIMEOUT", "1s"),
+    ]);
+    let rt = runtime();
+    let mut client = rt
+        .block_on(keda::connect(scaler))
+        .expect("the scaler answers");
+    let mut stream = rt
+        .block_on(client.stream_is_active(keda::scaled_object_ref(
+            "default",
+            "app",
+            &scaler.to_string(),
+        )))
+        .expect("StreamIsActive")
+        .into_inner();
+    let started = Instant::now();
+    for _ in 0..20 {
+        rt.block_on(stream.message())
+            .expect("a message")
+            .expect("the stream goes on");
+    }
+    let took = started.elapsed();
+    // Twenty ticks of 50 ms; at the default 200 ms they would take four seconds.
+    assert!(took < Duration::from_millis(2_000), "{took:?}");
+
+    let mut socket = rt.block_on(async {
+        let mut request = format!("ws://{}/ws", interceptor.http)
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("Host", "app.example.com".parse().unwrap());
+        let (mut socket, response) = tokio_tungstenite::connect_async(request)
+            .await
+            .expect("a websocket handshake through the interceptor");
+        assert_eq!(response.status(), 101);
+        socket.send(Message::Text("before".into())).await.unwrap();
+        let echoed = socket.next().await.expect("open").expect("a message");
+        assert_eq!(echoed, Message::Text("before".into()));
+        socket
+    });
+    let signalled = Instant::now();
+    interceptor.send_signal("TERM");
+    let code = interceptor.wait_exit(Duration::from_secs(10));
+    let exited = signalled.elapsed();
+    assert_eq!(code, Some(0), "{}", interceptor.stderr());
+    assert!(
+        exited >= Duration::from_millis(900) && exited < Duration::from_secs(5),
+        "the drain timeout, not at once nor later: {exited:?}"
+    );
+    assert!(
+        interceptor.stderr().contains("drain timeout"),
+        "{}",
+        interceptor.stderr()
+    );
+    let after = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), socket.next())
+            .await
+            .expect("the socket ends with the process")
+    });
+    assert!(!matches!(after, Some(Ok(Message::Text(_)))), "{after:?}");
+}

@@ -30,6 +30,8 @@ pub struct KedaRun {
     pub scaler: std::net::TcpListener,
     /// Where the other replicas are listed; `None`: this one alone.
     pub peers: Option<peers::PeerService>,
+    /// How often `StreamIsActive` sends (`KEDA_HTTP_SCALER_STREAM_INTERVAL_MS`).
+    pub stream_every: std::time::Duration,
 }
 
 impl KedaRun {
@@ -66,7 +68,7 @@ impl KedaRun {
         tokio::spawn(grpc::count(stats, routes.clone(), peers, counts_sender));
         tokio::spawn(grpc::serve(
             listener,
-            grpc::Scaler::new(routes, counts, readiness),
+            grpc::Scaler::new(routes, counts, readiness).streaming_every(self.stream_every),
         ));
         Ok(())
     }

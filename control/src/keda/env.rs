@@ -27,6 +27,13 @@ pub const DEFAULT_SCALER_PORT: u16 = 9091;
 pub const DEFAULT_SHUTDOWN_DELAY: Duration = Duration::from_secs(5);
 /// `KEDA_HTTP_CONNECT_TIMEOUT` when unset.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// `KEDA_HTTP_DRAIN_TIMEOUT` when unset: how long the requests in flight when the listeners
+/// close may take.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// `KEDA_HTTP_SCALER_STREAM_INTERVAL_MS` when unset.
+pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(200);
+/// `KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST` when unset: idle connections kept to one pod.
+pub const DEFAULT_MAX_IDLE_PER_HOST: usize = 200;
 /// `KEDA_HTTP_PROXY_TLS_PORT` when unset.
 pub const DEFAULT_TLS_PORT: u16 = 8443;
 /// `KEDA_HTTP_PROXY_TLS_CERT_PATH` when unset.
@@ -36,16 +43,13 @@ pub const DEFAULT_TLS_KEY_PATH: &str = "/certs/tls.key";
 
 /// Keys of the add-on this role reads and does not act on (yet); each is said at start-up
 /// when set, so that nothing is silently ignored.
-pub const NOT_ACTED_ON: [&str; 7] = [
+pub const NOT_ACTED_ON: [&str; 4] = [
     // Not a key of the add-on's sources here (its TLS port is `KEDA_HTTP_PROXY_TLS_ENABLED`'s);
     // said, in case a later release reads it.
     "KEDA_HTTP_TLS_ENABLED",
     "KEDA_HTTP_LOG_REQUESTS",
-    "KEDA_HTTP_DRAIN_TIMEOUT",
     "KEDA_HTTP_MAX_IDLE_CONNS",
-    "KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST",
     "KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS",
-    "KEDA_HTTP_SCALER_STREAM_INTERVAL_MS",
 ];
 
 /// What the role is configured with.
@@ -60,7 +64,13 @@ pub struct KedaEnv {
     pub cold_start_header: bool,
     pub defaults: Defaults,
     pub shutdown_delay: Duration,
+    /// `KEDA_HTTP_DRAIN_TIMEOUT`; `None` (the add-on's 0): every request in flight finishes.
+    pub drain_timeout: Option<Duration>,
     pub connect_timeout: Duration,
+    /// `KEDA_HTTP_SCALER_STREAM_INTERVAL_MS`: how often `StreamIsActive` sends.
+    pub stream_interval: Duration,
+    /// `KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST`: idle connections kept to one pod (0: none).
+    pub max_idle_per_host: usize,
     /// Where the other replicas are listed: `KEDA_HTTP_SCALER_TARGET_ADMIN_NAMESPACE`,
     /// `_SERVICE` (the add-on's admin Service by default) and `_PORT` (the admin port by
     /// default), as the add-on's scaler reads them; `None` without a namespace: this replica
@@ -167,6 +177,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
     let condition_wait = duration("KEDA_CONDITION_WAIT_TIMEOUT");
     let shutdown_delay = duration("KEDA_HTTP_SHUTDOWN_DELAY");
     let connect_timeout = duration("KEDA_HTTP_CONNECT_TIMEOUT");
+    let drain_timeout = duration("KEDA_HTTP_DRAIN_TIMEOUT");
     let mut boolean = |key: &'static str, default: bool| match get(key) {
         None => default,
         Some(text) => go_bool(&text).unwrap_or_else(|| {
@@ -208,6 +219,30 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
             ca_dirs: dirs("KEDA_HTTP_TLS_CA_DIRS"),
         }
     });
+    let mut count = |key: &'static str, default: u64, least: u64| match get(key) {
+        None => default,
+        Some(text) => match text.trim().parse::<u64>() {
+            Ok(value) if value >= least => value,
+            _ => {
+                errors.push((
+                    key,
+                    format!("{text:?} is not a whole number of at least {least}"),
+                ));
+                default
+            }
+        },
+    };
+    let stream_interval = Duration::from_millis(count(
+        "KEDA_HTTP_SCALER_STREAM_INTERVAL_MS",
+        DEFAULT_STREAM_INTERVAL.as_millis() as u64,
+        // Go's ticker panics at 0.
+        1,
+    ));
+    let max_idle_per_host = count(
+        "KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST",
+        DEFAULT_MAX_IDLE_PER_HOST as u64,
+        0,
+    );
     let cold_start_header = match get("KEDA_HTTP_ENABLE_COLD_START_HEADER") {
         None => true,
         Some(text) => match go_bool(&text) {
@@ -242,6 +277,13 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
                 .or(readiness.filter(|duration| !duration.is_zero())),
         },
         shutdown_delay: shutdown_delay.unwrap_or(DEFAULT_SHUTDOWN_DELAY),
+        drain_timeout: match drain_timeout {
+            None => Some(DEFAULT_DRAIN_TIMEOUT),
+            Some(zero) if zero.is_zero() => None,
+            some => some,
+        },
+        stream_interval,
+        max_idle_per_host: usize::try_from(max_idle_per_host).unwrap_or(usize::MAX),
         connect_timeout: connect_timeout
             .filter(|duration| !duration.is_zero())
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
@@ -307,6 +349,9 @@ mod tests {
         assert!(env.cold_start_header);
         assert_eq!(env.defaults, Defaults::default());
         assert_eq!(env.shutdown_delay, Duration::from_secs(5));
+        assert_eq!(env.drain_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(env.stream_interval, Duration::from_millis(200));
+        assert_eq!(env.max_idle_per_host, 200);
         assert_eq!(
             env.peers, None,
             "one replica unless told where the others are"
@@ -464,6 +509,34 @@ mod tests {
         assert_eq!(
             keys,
             ["KEDA_HTTP_TLS_MAX_VERSION", "KEDA_HTTP_TLS_CIPHER_SUITES"]
+        );
+    }
+
+    #[test]
+    fn drain_timeout_stream_interval_and_idle_cap_are_read_with_their_edges() {
+        let env = parsed(&[
+            ("KEDA_HTTP_DRAIN_TIMEOUT", "0s"),
+            ("KEDA_HTTP_SCALER_STREAM_INTERVAL_MS", "1"),
+            ("KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST", "0"),
+        ])
+        .unwrap();
+        assert_eq!(env.drain_timeout, None, "0: every request finishes");
+        assert_eq!(env.stream_interval, Duration::from_millis(1));
+        assert_eq!(env.max_idle_per_host, 0);
+        let errors = parsed(&[
+            ("KEDA_HTTP_DRAIN_TIMEOUT", "soon"),
+            ("KEDA_HTTP_SCALER_STREAM_INTERVAL_MS", "0"),
+            ("KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST", "-1"),
+        ])
+        .unwrap_err();
+        let keys: Vec<&str> = errors.0.iter().map(|(key, _)| *key).collect();
+        assert_eq!(
+            keys,
+            [
+                "KEDA_HTTP_DRAIN_TIMEOUT",
+                "KEDA_HTTP_SCALER_STREAM_INTERVAL_MS",
+                "KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST"
+            ]
         );
     }
 }

@@ -54,7 +54,8 @@ use health::health_server::{Health, HealthServer};
 /// How often the counts are taken (the add-on's scaler asks its interceptors every 500 ms;
 /// more often here, so that a stream's tick sees an arrival within its own 200 ms).
 pub const COUNT_EVERY: Duration = Duration::from_millis(100);
-/// How often `StreamIsActive` sends (the add-on's `KEDA_HTTP_SCALER_STREAM_INTERVAL_MS`).
+/// How often `StreamIsActive` sends when `KEDA_HTTP_SCALER_STREAM_INTERVAL_MS` is unset (the
+/// add-on's default); also how often a health watch looks.
 pub const STREAM_EVERY: Duration = Duration::from_millis(200);
 /// The counts are stale, and health says so, after this long without a tick (the add-on's
 /// scaler: two ticks without a good poll).
@@ -183,6 +184,8 @@ pub struct Scaler {
     routes: watch::Receiver<ScaledRoutes>,
     counts: watch::Receiver<Counts>,
     readiness: Arc<Readiness>,
+    /// How often `StreamIsActive` sends.
+    stream_every: Duration,
 }
 
 impl Scaler {
@@ -195,6 +198,15 @@ impl Scaler {
             routes,
             counts,
             readiness,
+            stream_every: STREAM_EVERY,
+        }
+    }
+
+    /// `StreamIsActive` sends every `every` (`KEDA_HTTP_SCALER_STREAM_INTERVAL_MS`).
+    pub fn streaming_every(self, every: Duration) -> Scaler {
+        Scaler {
+            stream_every: every,
+            ..self
         }
     }
 
@@ -315,7 +327,7 @@ impl ExternalScaler for Scaler {
         // An unknown subject fails the call itself.
         Scaler::is_active(self, &reference)?;
         let scaler = self.clone();
-        let mut ticks = tokio::time::interval(STREAM_EVERY);
+        let mut ticks = tokio::time::interval(self.stream_every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let activity = stream::unfold(
             (scaler, reference, ticks, false),
