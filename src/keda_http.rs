@@ -35,6 +35,7 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
     let mut config = Config::default();
     config.listen.http = reactor::any_address(env.proxy_port);
     config.listen.admin = reactor::any_address(env.admin_port);
+    config.metrics.component = kactivator_control::config::MetricsComponent::Interceptor;
     config.proxy.drain_grace_seconds = env.shutdown_delay.as_secs();
     // The add-on's cap is per pod over the process; a shard keeps its share.
     let shards = cli.shards.unwrap_or_else(|| {
@@ -65,6 +66,7 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
     setup.finds_autoscaler = false;
     setup.drain_rule = DrainRule::Grace;
     setup.drain_timeout = env.drain_timeout;
+    setup.metrics_port = env.metrics_port.map(reactor::any_address);
     setup.trace_resource.service_name = "keda-add-ons-http-interceptor".into();
     let me = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());
     let peers = env.peers.map(|(namespace, service, port)| {

@@ -420,6 +420,9 @@ pub struct RoleSetup {
     pub needs: budget::Needs,
     /// What ends the drain's grace period.
     pub drain_rule: DrainRule,
+    /// Another port serving what the admin port serves (`/metrics` above all): KEDA's HTTP
+    /// add-on's metrics port. `None`: none.
+    pub metrics_port: Option<std::net::SocketAddr>,
     /// How long the requests still in flight when the listeners close may take; those left then
     /// are cut and the process exits (KEDA's HTTP add-on's `KEDA_HTTP_DRAIN_TIMEOUT`). `None`:
     /// every one finishes (the Knative roles; the pod's termination grace period bounds it).
@@ -476,6 +479,7 @@ impl RoleSetup {
             needs: budget::Needs::activator(),
             drain_rule: DrainRule::Grace,
             drain_timeout: None,
+            metrics_port: None,
             spawn_extra: None,
             // One per node, with memory to spare: the pages it would unmap stay in the page
             // cache and are charged to its cgroup all the same (BENCHMARKS.md, "Idle memory and
@@ -584,6 +588,12 @@ pub fn run_as(
             addr: config.listen.admin,
             source,
         })?;
+    let metrics_listener = setup
+        .metrics_port
+        .map(|addr| {
+            reactor::bind_listener(addr).map_err(|source| StartError::Bind { addr, source })
+        })
+        .transpose()?;
 
     let cluster_domain = config.proxy.cluster_domain.clone().unwrap_or_else(|| {
         detect_cluster_domain(
@@ -767,7 +777,7 @@ pub fn run_as(
     if let Some(watch) = tls_watch {
         runtime.spawn(watch);
     }
-    runtime.block_on(control.run(admin_listener))?;
+    runtime.block_on(control.run_with(admin_listener, metrics_listener))?;
     // The control thread's tasks keep running while the shards finish their requests: answers
     // that wait for the drain (the queue-proxy's `/wait-for-drain`) are written now.
     let drain_timeout = setup.drain_timeout;

@@ -96,10 +96,15 @@ impl Cluster {
         let admin = prepared.admin.to_string();
         let kubeconfig = self.kubeconfig.display().to_string();
         let scaler_port = scaler.port().to_string();
+        // The add-on's metrics port (2223) on a port of its own, unless the test chose one.
+        let metrics_port = free_port().to_string();
         let mut all_env = vec![
             ("KUBECONFIG", kubeconfig.as_str()),
             ("KEDA_HTTP_SCALER_PORT", scaler_port.as_str()),
         ];
+        if !env.iter().any(|(key, _)| *key == "OTEL_PROM_EXPORTER_PORT") {
+            all_env.push(("OTEL_PROM_EXPORTER_PORT", metrics_port.as_str()));
+        }
         all_env.extend_from_slice(env);
         let activator = prepared
             .spawn_args(
@@ -1087,7 +1092,9 @@ fn a_wait_for_a_first_pod_ends_at_the_failover_or_in_a_504() {
         }
         .yaml(),
     );
-    let (interceptor, _scaler) = cluster.interceptor(&[]);
+    let metrics_port = free_port();
+    let (interceptor, _scaler) =
+        cluster.interceptor(&[("OTEL_PROM_EXPORTER_PORT", &metrics_port.to_string())]);
 
     // After its second of waiting, the request goes to the failover Service's pod, and the
     // response carries no cold-start field (the add-on sets none on a failover).
@@ -1112,6 +1119,68 @@ fn a_wait_for_a_first_pod_ends_at_the_failover_or_in_a_504() {
     assert!(
         waited >= Duration::from_secs(1) && waited < Duration::from_secs(5),
         "answered after {waited:?}"
+    );
+    // The add-on's metrics, by route; the failover's request under its route's name.
+    let count = |code: &str, route: &str| {
+        interceptor.metric_sum(
+            "interceptor_request_count_total",
+            &[
+                &format!("code=\"{code}\""),
+                &format!("route_name=\"{route}\""),
+                "route_namespace=\"default\"",
+            ],
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || count("200", "app") == 1.0
+            && count("504", "lonely") == 1.0),
+        "{}",
+        interceptor
+            .metrics()
+            .lines()
+            .filter(|line| line.starts_with("interceptor_") && !line.contains("_bucket"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let metrics: String = interceptor
+        .metrics()
+        .lines()
+        .filter(|line| line.starts_with("interceptor_"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert!(
+        !metrics.contains(":failover"),
+        "a failover is not a route of its own: {metrics}"
+    );
+    assert_eq!(
+        interceptor.metric_sum(
+            "interceptor_request_duration_seconds_count",
+            &["route_name=\"lonely\""]
+        ),
+        1.0
+    );
+    assert!(
+        interceptor.metric_sum(
+            "interceptor_request_duration_seconds_sum",
+            &["route_name=\"lonely\""]
+        ) >= 1.0,
+        "the 504 came after a second: {metrics}"
+    );
+    assert_eq!(
+        interceptor.metric_sum("interceptor_request_concurrency", &["route_name=\"app\""]),
+        0.0
+    );
+    // The same on the add-on's metrics port, where its chart's scraping looks.
+    let (status, page) =
+        support::admin_get(SocketAddr::from(([127, 0, 0, 1], metrics_port)), "/metrics")
+            .expect("the metrics port answers");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains(
+            "interceptor_request_count_total{code=\"504\",route_name=\"lonely\",\
+             route_namespace=\"default\"} 1"
+        ),
+        "{page}"
     );
 }
 

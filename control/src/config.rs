@@ -260,6 +260,8 @@ pub enum MetricsComponent {
     /// The queue-proxy's: `revision_request_*` (1.18), `kn_serving_*` (1.19+).
     /// `queue_depth`: containerConcurrency ≥ 1, so upstream has a breaker and exports its depth.
     QueueProxy { queue_depth: bool },
+    /// KEDA's HTTP add-on's interceptor's: `interceptor_request_*`, by route.
+    Interceptor,
 }
 
 /// What `/metrics` exports.

@@ -230,9 +230,21 @@ impl ControlPlane {
     }
 
     pub async fn run(self, admin_listener: std::net::TcpListener) -> std::io::Result<()> {
-        admin_listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(admin_listener)?;
-        tokio::spawn(admin::serve(listener, self.admin.clone()));
+        self.run_with(admin_listener, None).await
+    }
+
+    /// [`ControlPlane::run`], the admin port's answers served on `also` too (KEDA's HTTP
+    /// add-on's metrics port, 2223, which its chart's scrape configuration points at).
+    pub async fn run_with(
+        self,
+        admin_listener: std::net::TcpListener,
+        also: Option<std::net::TcpListener>,
+    ) -> std::io::Result<()> {
+        for listener in std::iter::once(admin_listener).chain(also) {
+            listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            tokio::spawn(admin::serve(listener, self.admin.clone()));
+        }
         if let Some(task) = self.worker_task {
             // `start` was not called (a caller that loads nothing): the worker runs from here.
             tokio::spawn(task);

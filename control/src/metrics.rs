@@ -41,6 +41,15 @@ impl HistogramTotals {
         self.add_counts(&histogram.count, &histogram.sum_us, &histogram.buckets);
     }
 
+    /// Adds another sum (a route's codes over its revisions).
+    fn add_totals(&mut self, other: &HistogramTotals) {
+        self.count += other.count;
+        self.sum_us += other.sum_us;
+        for (sum, bucket) in self.buckets.iter_mut().zip(&other.buckets) {
+            *sum += bucket;
+        }
+    }
+
     /// Adds one shard's histogram, given as its parts (a response code's slot keeps them
     /// beside its code).
     fn add_counts(&mut self, count: &Counter, sum_us: &Counter, buckets: &[Counter]) {
@@ -222,6 +231,7 @@ pub fn render(
                 render_queue_proxy_otel(&mut out, &revisions, queue_depth);
             }
         }
+        MetricsComponent::Interceptor => render_interceptor(&mut out, &revisions),
     }
     render_queued(&mut out, &revisions, pod_name);
     render_priority(&mut out, &revisions, pod_name);
@@ -303,6 +313,78 @@ fn render_queued(
             "kactivator_revision_queued{{{labels}}} {}",
             totals.queued
         );
+    }
+}
+
+/// KEDA's HTTP add-on's interceptor's request metrics (`interceptor/metrics/instruments.go` at
+/// v0.15.0, as its Prometheus exporter names them): per route (a failover's requests under the
+/// route's name, as the add-on counts them), the requests by response code, their durations, and
+/// the requests held or in flight now. Differences: no `method` label (kactivator counts by code,
+/// not by method), the durations in kactivator's buckets (Knative's, in seconds) rather than
+/// OpenTelemetry's, and requests no route matched are not in them (`kactivator_shard_*` counts
+/// them).
+fn render_interceptor(out: &mut String, revisions: &BTreeMap<(String, String), RevisionTotals>) {
+    use crate::keda::model::FAILOVER_SUFFIX;
+    #[derive(Default)]
+    struct Route {
+        in_flight: u64,
+        codes: BTreeMap<u16, HistogramTotals>,
+    }
+    let mut routes: BTreeMap<(&str, &str), Route> = BTreeMap::new();
+    for totals in revisions.values() {
+        let revision = totals.labels.revision.as_str();
+        let name = revision.strip_suffix(FAILOVER_SUFFIX).unwrap_or(revision);
+        let route = routes
+            .entry((totals.labels.namespace.as_str(), name))
+            .or_default();
+        route.in_flight += totals.in_flight;
+        for ((code, _), code_totals) in &totals.codes {
+            route
+                .codes
+                .entry(*code)
+                .or_default()
+                .add_totals(code_totals);
+        }
+    }
+    let labels = |(namespace, name): &(&str, &str)| {
+        format!(
+            "route_name=\"{}\",route_namespace=\"{}\"",
+            escape(name),
+            escape(namespace)
+        )
+    };
+    out.push_str("# HELP interceptor_request_concurrency Concurrent requests at the interceptor proxy\n# TYPE interceptor_request_concurrency gauge\n");
+    for (route, totals) in &routes {
+        let _ = writeln!(
+            out,
+            "interceptor_request_concurrency{{{}}} {}",
+            labels(route),
+            totals.in_flight
+        );
+    }
+    out.push_str("# HELP interceptor_request_count_total Total requests processed by the interceptor proxy\n# TYPE interceptor_request_count_total counter\n");
+    for (route, totals) in &routes {
+        for (code, histogram) in &totals.codes {
+            let _ = writeln!(
+                out,
+                "interceptor_request_count_total{{code=\"{code}\",{}}} {}",
+                labels(route),
+                histogram.count
+            );
+        }
+    }
+    out.push_str("# HELP interceptor_request_duration_seconds Time from request received to response written\n# TYPE interceptor_request_duration_seconds histogram\n");
+    for (route, totals) in &routes {
+        for (code, histogram) in &totals.codes {
+            let labels = format!("code=\"{code}\",{}", labels(route));
+            write_histogram(
+                out,
+                "interceptor_request_duration_seconds",
+                &labels,
+                histogram,
+                true,
+            );
+        }
     }
 }
 

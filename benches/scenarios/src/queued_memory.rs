@@ -165,9 +165,11 @@ fn run_driver(
         .map(|api| api.admin_kubeconfig().display().to_string())
         .unwrap_or_default();
     let scaler_port = kactivator_testkit::ports::free_port().to_string();
+    let metrics_port = kactivator_testkit::ports::free_port().to_string();
     let keda_env = [
         ("KUBECONFIG", kubeconfig.as_str()),
         ("KEDA_HTTP_SCALER_PORT", scaler_port.as_str()),
+        ("OTEL_PROM_EXPORTER_PORT", metrics_port.as_str()),
         // Held for the whole run, as the file's revision's requests are.
         ("KEDA_HTTP_RESPONSE_HEADER_TIMEOUT", "86400s"),
     ];

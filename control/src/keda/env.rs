@@ -34,6 +34,8 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(200);
 /// `KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST` when unset: idle connections kept to one pod.
 pub const DEFAULT_MAX_IDLE_PER_HOST: usize = 200;
+/// `OTEL_PROM_EXPORTER_PORT` when unset: where the add-on's interceptor serves `/metrics`.
+pub const DEFAULT_METRICS_PORT: u16 = 2223;
 /// `KEDA_HTTP_PROXY_TLS_PORT` when unset.
 pub const DEFAULT_TLS_PORT: u16 = 8443;
 /// `KEDA_HTTP_PROXY_TLS_CERT_PATH` when unset.
@@ -76,6 +78,10 @@ pub struct KedaEnv {
     /// default), as the add-on's scaler reads them; `None` without a namespace: this replica
     /// answers KEDA with its own counts only.
     pub peers: Option<(String, String, u16)>,
+    /// `OTEL_PROM_EXPORTER_PORT` while `OTEL_PROM_EXPORTER_ENABLED` (true): a second port
+    /// serving what the admin port serves, `/metrics` with the add-on's `interceptor_*` among
+    /// them; `None`: off.
+    pub metrics_port: Option<u16>,
     /// `KEDA_HTTP_PROXY_TLS_ENABLED`: the TLS port; `None`: off.
     pub tls: Option<ProxyTls>,
     /// Keys of [`NOT_ACTED_ON`] that are set.
@@ -148,6 +154,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
     let scaler_port = port("KEDA_HTTP_SCALER_PORT", DEFAULT_SCALER_PORT);
     let peers_port = port("KEDA_HTTP_SCALER_TARGET_ADMIN_PORT", admin_port);
     let tls_port = port("KEDA_HTTP_PROXY_TLS_PORT", DEFAULT_TLS_PORT);
+    let metrics_port = port("OTEL_PROM_EXPORTER_PORT", DEFAULT_METRICS_PORT);
     let mut duration = |key: &'static str| -> Option<Duration> {
         let text = get(key)?;
         match parse_duration(&text) {
@@ -186,6 +193,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
         }),
     };
     let tls_enabled = boolean("KEDA_HTTP_PROXY_TLS_ENABLED", false);
+    let metrics_enabled = boolean("OTEL_PROM_EXPORTER_ENABLED", true);
     // The 0.15 name wins when set, as 0.16 reads them.
     let skip_verify = match get("KEDA_HTTP_PROXY_TLS_SKIP_VERIFY") {
         Some(_) => boolean("KEDA_HTTP_PROXY_TLS_SKIP_VERIFY", false),
@@ -292,6 +300,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
                 .unwrap_or_else(|| DEFAULT_ADMIN_SERVICE.to_owned());
             (namespace, service, peers_port)
         }),
+        metrics_port: metrics_enabled.then_some(metrics_port),
         tls,
         not_acted_on: NOT_ACTED_ON
             .iter()
@@ -352,6 +361,9 @@ mod tests {
         assert_eq!(env.drain_timeout, Some(Duration::from_secs(30)));
         assert_eq!(env.stream_interval, Duration::from_millis(200));
         assert_eq!(env.max_idle_per_host, 200);
+        assert_eq!(env.metrics_port, Some(2223));
+        let off = parsed(&[("OTEL_PROM_EXPORTER_ENABLED", "false")]).unwrap();
+        assert_eq!(off.metrics_port, None);
         assert_eq!(
             env.peers, None,
             "one replica unless told where the others are"
