@@ -12,6 +12,7 @@
 #   bash benches/scenarios/run.sh pod-scale --revisions 100 --idle 5 --settle 5 --repetitions 20   # a quick check
 #   bash benches/scenarios/run.sh chaos [--duration-seconds 120] [--warm-up-seconds 60]   # soak: kills, QP flips, config rewrites; 10 min
 #   bash benches/scenarios/run.sh priority                  # issue 27: B's wait behind A's 500, high vs 500 low, throughput on ÷ off; ~4 min
+#   bash benches/scenarios/run.sh keda-load                 # issue 40: keda-http vs activator vs direct, 1 and 64 clients; ~2 min
 #   bash benches/scenarios/run.sh all                       # every implemented scenario
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/scenarios/run.sh ...   # that binary, no build
 #
@@ -32,7 +33,7 @@ usage() {
 scenario=$1
 shift
 case $scenario in
-  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | pod-scale | chaos | priority | all) ;;
+  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | pod-scale | chaos | priority | keda-load | all) ;;
   -h | --help) usage; exit 0 ;;
   *) echo "run.sh: unknown scenario '$scenario'" >&2; usage >&2; exit 2 ;;
 esac
@@ -102,7 +103,8 @@ trap 'exit 143' TERM
 source "$repo/benches/scenarios/build.sh"
 
 # kube-scale runs testkit's kube-apiserver: build it (cached; 3-5 minutes cold) unless it is there.
-if [[ $scenario == kube-scale || $scenario == all ]] && [[ -z ${KACTIVATOR_KUBE_APISERVER:-} ]] &&
+if [[ $scenario == kube-scale || $scenario == keda-load || $scenario == all ]] &&
+  [[ -z ${KACTIVATOR_KUBE_APISERVER:-} ]] &&
   [[ ! -x $target_dir/kube/bin/kube-apiserver ]]; then
   log "no kube-apiserver in $target_dir/kube/bin: building it with scripts/kube-apiserver.sh"
   CARGO_TARGET_DIR=$target_dir bash scripts/kube-apiserver.sh >&2 || die "scripts/kube-apiserver.sh failed"
@@ -183,6 +185,7 @@ if [[ $scenario == all ]]; then
   run_one kube-scale || overall=1
   run_one pod-scale || overall=1
   run_one priority || overall=1
+  run_one keda-load || overall=1
 else
   run_one "$scenario" "$@" || overall=$?
 fi

@@ -12,6 +12,7 @@ mod chaos;
 mod client;
 mod cold_poke;
 mod first_forward;
+mod keda_load;
 mod kube_scale;
 mod pod_scale;
 mod priority;
@@ -154,6 +155,23 @@ enum Scenario {
         /// most the route's queue (10 000).
         #[arg(long)]
         keda: bool,
+    },
+    /// KEDA's HTTP add-on role under load: requests per second and kactivator's CPU per request
+    /// at each client count, against the activator role and the backend alone, one pod on a pod
+    /// network behind a real kube-apiserver (KACTIVATOR_KUBE_APISERVER). Needs root (network
+    /// namespaces).
+    KedaLoad {
+        /// Client counts, comma-separated; each client one keep-alive connection.
+        #[arg(long, value_delimiter = ',', default_value = "1,64")]
+        clients: Vec<usize>,
+        /// Seconds measured per row and round.
+        #[arg(long, default_value_t = 5)]
+        duration: u64,
+        /// Seconds of load before each measured window.
+        #[arg(long, default_value_t = 1)]
+        warmup: u64,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// A revision without a routable pod, one request queued, then the pod's queue-proxy
     /// registers `ready`: time from the registration's first byte to the pod reading the queued
@@ -304,6 +322,26 @@ fn main() -> ExitCode {
                     drivers: cli.drivers,
                     shards: cli.shards,
                 },
+            },
+        ),
+        Scenario::KedaLoad {
+            clients,
+            duration,
+            warmup,
+            rounds,
+        } => keda_load::run(
+            &cli.kactivator,
+            &keda_load::Options {
+                clients,
+                warmup: Duration::from_secs(warmup),
+                duration: Duration::from_secs(duration.max(1)),
+                rounds: rounds.max(1),
+                driver: cli
+                    .drivers
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "io-uring".into()),
+                shards: cli.shards,
             },
         ),
         Scenario::QueuedMemory {
