@@ -66,6 +66,19 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
     setup.finds_autoscaler = false;
     setup.drain_rule = DrainRule::Grace;
     setup.drain_timeout = env.drain_timeout;
+    if env.log_requests {
+        let (sink, writer) = kactivator_shards::request::log::sink::start(
+            std::io::stdout(),
+            kactivator_shards::request::log::sink::DEFAULT_QUEUE_LINES,
+        )
+        .map_err(|error| {
+            StartError::Shard(format!("starting the request log's writer: {error}"))
+        })?;
+        setup.request_log = Some(crate::start::RequestLogSetup {
+            log: std::sync::Arc::new(kactivator_shards::request::log::RequestLog::combined(sink)),
+            writer,
+        });
+    }
     setup.metrics_port = env.metrics_port.map(reactor::any_address);
     setup.trace_resource.service_name = "keda-add-ons-http-interceptor".into();
     let me = std::env::var("POD_IP").ok().and_then(|ip| ip.parse().ok());

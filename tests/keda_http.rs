@@ -802,11 +802,13 @@ fn a_pod_at_an_ipv6_address_serves_a_client_that_came_over_ipv6() {
     .expect("a pod at an IPv6 address");
     cluster.endpoints("app", &[net.host], &[]);
     cluster.api.apply_yaml(&app_object(&[], "", ""));
-    let (interceptor, _scaler) = cluster.interceptor_at(net.host, free_port(), &[]);
+    let (interceptor, _scaler) =
+        cluster.interceptor_at(net.host, free_port(), &[("KEDA_HTTP_LOG_REQUESTS", "true")]);
     assert!(interceptor.http.is_ipv6());
     let response = exchange(
         interceptor.http,
-        b"GET /headers HTTP/1.1\r\nHost: app.example.com\r\nConnection: close\r\n\r\n",
+        b"GET /headers?x=1 HTTP/1.1\r\nHost: app.example.com\r\nUser-Agent: probe/1\r\n\
+          Referer: https://from.example/\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(response.header("X-Backend"), Some("app-6"));
@@ -825,6 +827,22 @@ fn a_pod_at_an_ipv6_address_serves_a_client_that_came_over_ipv6() {
         .collect();
     assert_eq!(forwarded_for, [net.host.to_string()]);
     assert_eq!(pod.stats().requests, 1);
+    // KEDA_HTTP_LOG_REQUESTS: the add-on's combined-format line, the client's IPv6 address first.
+    assert!(
+        eventually(Duration::from_secs(5), || interceptor
+            .stdout()
+            .contains("\"GET /headers HTTP/1.1\" 200 ")),
+        "{}",
+        interceptor.stdout()
+    );
+    let stdout = interceptor.stdout();
+    let line = stdout.lines().next().expect("one line");
+    assert!(line.starts_with(&format!("[{}]:", net.host)), "{line}");
+    assert!(
+        line.ends_with("\"https://from.example/\" \"probe/1\""),
+        "{line}"
+    );
+    assert!(line.contains(" - - ["), "{line}");
 }
 
 #[test]

@@ -192,10 +192,8 @@ impl Activator {
         for (key, value) in env {
             command.env(key, value);
         }
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr);
+        let stdout = std::fs::File::create(self.dir.join("stdout.log")).expect("stdout log");
+        command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
         {
             use std::os::unix::process::CommandExt;
             // SAFETY: the closure runs in the forked child before exec and only calls
@@ -241,6 +239,11 @@ impl Activator {
 
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
+    /// What the process wrote to stdout (the request log, when on).
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stdout.log")).unwrap_or_default()
     }
 
     pub fn metrics(&self) -> String {

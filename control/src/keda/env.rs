@@ -45,11 +45,10 @@ pub const DEFAULT_TLS_KEY_PATH: &str = "/certs/tls.key";
 
 /// Keys of the add-on this role reads and does not act on (yet); each is said at start-up
 /// when set, so that nothing is silently ignored.
-pub const NOT_ACTED_ON: [&str; 4] = [
+pub const NOT_ACTED_ON: [&str; 3] = [
     // Not a key of the add-on's sources here (its TLS port is `KEDA_HTTP_PROXY_TLS_ENABLED`'s);
     // said, in case a later release reads it.
     "KEDA_HTTP_TLS_ENABLED",
-    "KEDA_HTTP_LOG_REQUESTS",
     "KEDA_HTTP_MAX_IDLE_CONNS",
     "KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS",
 ];
@@ -64,6 +63,8 @@ pub struct KedaEnv {
     pub watch_namespace: Option<String>,
     /// `KEDA_HTTP_ENABLE_COLD_START_HEADER`.
     pub cold_start_header: bool,
+    /// `KEDA_HTTP_LOG_REQUESTS`: a combined-format line per request on stdout.
+    pub log_requests: bool,
     pub defaults: Defaults,
     pub shutdown_delay: Duration,
     /// `KEDA_HTTP_DRAIN_TIMEOUT`; `None` (the add-on's 0): every request in flight finishes.
@@ -194,6 +195,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
     };
     let tls_enabled = boolean("KEDA_HTTP_PROXY_TLS_ENABLED", false);
     let metrics_enabled = boolean("OTEL_PROM_EXPORTER_ENABLED", true);
+    let log_requests = boolean("KEDA_HTTP_LOG_REQUESTS", false);
     // The 0.15 name wins when set, as 0.16 reads them.
     let skip_verify = match get("KEDA_HTTP_PROXY_TLS_SKIP_VERIFY") {
         Some(_) => boolean("KEDA_HTTP_PROXY_TLS_SKIP_VERIFY", false),
@@ -277,6 +279,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
         scaler_port,
         watch_namespace: get("KEDA_HTTP_WATCH_NAMESPACE"),
         cold_start_header,
+        log_requests,
         defaults: Defaults {
             request: request.filter(|duration| !duration.is_zero()),
             response_header,
@@ -408,12 +411,14 @@ mod tests {
             ("KEDA_HTTP_WATCH_NAMESPACE", "apps"),
             ("KEDA_HTTP_ENABLE_COLD_START_HEADER", "false"),
             ("KEDA_HTTP_LOG_REQUESTS", "true"),
+            ("KEDA_HTTP_MAX_IDLE_CONNS", "10"),
         ])
         .unwrap();
         assert_eq!(env.defaults.request, None);
         assert_eq!(env.watch_namespace.as_deref(), Some("apps"));
         assert!(!env.cold_start_header);
-        assert_eq!(env.not_acted_on, vec!["KEDA_HTTP_LOG_REQUESTS"]);
+        assert!(env.log_requests);
+        assert_eq!(env.not_acted_on, vec!["KEDA_HTTP_MAX_IDLE_CONNS"]);
     }
 
     #[test]

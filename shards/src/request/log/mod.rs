@@ -27,20 +27,55 @@ use crate::metrics::Counter;
 /// The request log's settings and its way out, shared by every shard.
 #[derive(Debug)]
 pub struct RequestLog {
-    template: Template,
+    format: LineFormat,
     revision: Revision,
     /// Probes are logged too (`SERVING_ENABLE_PROBE_REQUEST_LOG`).
     probes: bool,
     sink: Sink,
 }
 
+/// How a line is made.
+#[derive(Debug)]
+enum LineFormat {
+    /// Knative's: the operator's template.
+    Template(Template),
+    /// KEDA's HTTP add-on's (`KEDA_HTTP_LOG_REQUESTS`, `interceptor/middleware/logging.go` at
+    /// v0.15.0): the combined log format, `<remote> - - [<start>] "<method> <path> <proto>"
+    /// <status> <bytes> "<referer>" "<user agent>"`, the start in UTC as
+    /// `02/Jan/2006:15:04:05 +0000`, the path percent-decoded without its query (Go's
+    /// `URL.Path`). The fields it reads of the head: [`COMBINED_HEADERS`].
+    Combined(HeadersRead),
+}
+
+/// The fields the combined format reads of a request's head.
+const COMBINED_HEADERS: [&str; 2] = ["Referer", "User-Agent"];
+
 impl RequestLog {
     pub fn new(template: Template, revision: Revision, probes: bool, sink: Sink) -> RequestLog {
         RequestLog {
-            template,
+            format: LineFormat::Template(template),
             revision,
             probes,
             sink,
+        }
+    }
+
+    /// KEDA's HTTP add-on's request log: every request (probes too), one combined-format line.
+    pub fn combined(sink: Sink) -> RequestLog {
+        RequestLog {
+            format: LineFormat::Combined(HeadersRead::Names(
+                COMBINED_HEADERS.map(str::to_owned).to_vec(),
+            )),
+            revision: Revision::default(),
+            probes: true,
+            sink,
+        }
+    }
+
+    fn headers_read(&self) -> &HeadersRead {
+        match &self.format {
+            LineFormat::Template(template) => template.headers_read(),
+            LineFormat::Combined(headers) => headers,
         }
     }
 
@@ -71,7 +106,7 @@ impl RequestLog {
         let start = captured.bytes.len();
         line.peer.write_addr(&mut captured.bytes);
         captured.remote = span(start, captured.bytes.len());
-        let wanted = self.template.headers_read();
+        let wanted = self.headers_read();
         if !matches!(wanted, HeadersRead::None) {
             // As received: the template models what Go's server keeps of them.
             each_header(&mut |name, value| {
@@ -123,14 +158,123 @@ impl RequestLog {
             revision: &self.revision,
         };
         let mut line = Vec::with_capacity(captured.bytes.len() + 256);
-        if self.template.render(&input, &mut line).is_err() {
-            line.clear();
-            fallback_line(&input, &mut line);
+        match &self.format {
+            LineFormat::Template(template) => {
+                if template.render(&input, &mut line).is_err() {
+                    line.clear();
+                    fallback_line(&input, &mut line);
+                }
+            }
+            LineFormat::Combined(_) => {
+                let started = std::time::SystemTime::now()
+                    .checked_sub(latency)
+                    .unwrap_or(std::time::UNIX_EPOCH);
+                combined_line(&input, started, &mut line);
+            }
         }
         if !self.sink.send(line) {
             dropped.increment();
         }
     }
+}
+
+/// One combined-format line (see [`LineFormat::Combined`]).
+fn combined_line(input: &Input<'_>, started: std::time::SystemTime, line: &mut Vec<u8>) {
+    use std::io::Write;
+    let request = &input.request;
+    let header = |name: &str| {
+        request
+            .headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name.as_bytes()))
+            .map_or(&[][..], |(_, value)| *value)
+    };
+    let proto = match request.proto {
+        Proto::Http10 => "HTTP/1.0",
+        Proto::Http11 => "HTTP/1.1",
+        Proto::Http2 => "HTTP/2.0",
+    };
+    line.extend_from_slice(request.remote_addr);
+    line.extend_from_slice(b" - - [");
+    let seconds = started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    write_clf_time(seconds, line);
+    line.extend_from_slice(b"] \"");
+    line.extend_from_slice(request.method);
+    line.push(b' ');
+    url_path(request.request_uri, line);
+    let _ = write!(
+        line,
+        " {proto}\" {} {} \"",
+        input.response.code, input.response.size
+    );
+    line.extend_from_slice(header("Referer"));
+    line.extend_from_slice(b"\" \"");
+    line.extend_from_slice(header("User-Agent"));
+    line.push(b'"');
+}
+
+/// Go's `URL.Path` of a request-target: the path of an absolute form, without the query,
+/// percent-decoded (an escape that is not one is kept as it came).
+fn url_path(target: &[u8], out: &mut Vec<u8>) {
+    let mut path = target;
+    if let Some(scheme_end) = path.windows(3).position(|window| window == b"://") {
+        let rest = &path[scheme_end + 3..];
+        path = rest
+            .iter()
+            .position(|&byte| byte == b'/')
+            .map_or(&[][..], |slash| &rest[slash..]);
+    }
+    let path = path.split(|&byte| byte == b'?').next().unwrap_or_default();
+    let hex = |byte: u8| (byte as char).to_digit(16).map(|digit| digit as u8);
+    let mut index = 0;
+    while index < path.len() {
+        let byte = path[index];
+        if byte == b'%' && index + 2 < path.len() {
+            if let (Some(high), Some(low)) = (hex(path[index + 1]), hex(path[index + 2])) {
+                out.push(high << 4 | low);
+                index += 3;
+                continue;
+            }
+        }
+        out.push(byte);
+        index += 1;
+    }
+}
+
+/// `seconds` since the epoch as the combined log format's time, in UTC:
+/// `02/Jan/2006:15:04:05 +0000`.
+fn write_clf_time(seconds: u64, out: &mut Vec<u8>) {
+    use std::io::Write;
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = (seconds / 86_400) as i64;
+    let of_day = seconds % 86_400;
+    // Days to a civil date (Howard Hinnant's `civil_from_days`).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    let _ = write!(
+        out,
+        "{day:02}/{}/{year:04}:{:02}:{:02}:{:02} +0000",
+        MONTHS[(month - 1) as usize],
+        of_day / 3_600,
+        of_day / 60 % 60,
+        of_day % 60
+    );
 }
 
 /// The request line's part of a log line, as a front reads it.
@@ -178,4 +322,77 @@ impl Captured {
 fn span(start: usize, end: usize) -> Range<u32> {
     let narrow = |at: usize| u32::try_from(at).unwrap_or(u32::MAX);
     narrow(start)..narrow(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clf(seconds: u64) -> String {
+        let mut out = Vec::new();
+        write_clf_time(seconds, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_combined_formats_time_is_gos_layout_in_utc() {
+        assert_eq!(clf(0), "01/Jan/1970:00:00:00 +0000");
+        assert_eq!(clf(1_700_000_000), "14/Nov/2023:22:13:20 +0000");
+        // A leap day, and the last second of a year.
+        assert_eq!(clf(951_782_400), "29/Feb/2000:00:00:00 +0000");
+        assert_eq!(clf(1_798_761_599), "31/Dec/2026:23:59:59 +0000");
+    }
+
+    fn path(target: &str) -> String {
+        let mut out = Vec::new();
+        url_path(target.as_bytes(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn the_path_is_gos_url_path() {
+        assert_eq!(path("/a/b?c=d"), "/a/b");
+        assert_eq!(path("/caf%C3%A9%20x"), "/café x");
+        assert_eq!(path("/bad%zz%4"), "/bad%zz%4", "not escapes: as they came");
+        assert_eq!(path("http://example.com/p?q"), "/p");
+        assert_eq!(path("http://example.com"), "");
+        assert_eq!(path("*"), "*");
+    }
+
+    #[test]
+    fn a_combined_line_has_every_field_in_the_add_ons_order() {
+        let headers: Vec<(&[u8], &[u8])> = vec![
+            (b"user-agent", b"curl/8"),
+            (b"Referer", b"https://from.example/"),
+        ];
+        let revision = Revision::default();
+        let input = Input {
+            request: Request {
+                method: b"POST",
+                request_uri: b"/x%2Fy?z",
+                proto: Proto::Http11,
+                content_length: 3,
+                host: b"app.example.com",
+                remote_addr: b"10.0.0.9:51000",
+                headers: &headers,
+            },
+            response: Response {
+                code: 201,
+                size: 17,
+                latency_seconds: 0.5,
+            },
+            revision: &revision,
+        };
+        let mut line = Vec::new();
+        combined_line(
+            &input,
+            std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            &mut line,
+        );
+        assert_eq!(
+            String::from_utf8(line).unwrap(),
+            "10.0.0.9:51000 - - [14/Nov/2023:22:13:20 +0000] \"POST /x/y HTTP/1.1\" 201 17 \
+             \"https://from.example/\" \"curl/8\""
+        );
+    }
 }
