@@ -36,6 +36,15 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
     config.listen.http = reactor::any_address(env.proxy_port);
     config.listen.admin = reactor::any_address(env.admin_port);
     config.metrics.component = kactivator_control::config::MetricsComponent::Interceptor;
+    // No active health checks: the add-on has none (a pod is ready when its EndpointSlice says
+    // so, from the kubelet's own probes), and the prober's check is a Knative queue-proxy's
+    // (`K-Network-Probe: queue`, answered `queue`), which a plain app cannot pass: every new pod
+    // would be probed once, fail and stay quarantined. A pod a shard cannot reach is still
+    // passed over for a moment by that shard (`LocalPod::hold_off`).
+    config.features.insert(
+        kactivator_control::features::POD_QUARANTINE.to_owned(),
+        "disabled".to_owned(),
+    );
     config.proxy.drain_grace_seconds = env.shutdown_delay.as_secs();
     // The add-on's cap is per pod over the process; a shard keeps its share.
     let shards = cli.shards.unwrap_or_else(|| {
