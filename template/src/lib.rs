@@ -148,6 +148,13 @@ impl Template {
     }
 }
 
+/// Go's `URL.Path` of a request-target as its server parses it (`url.ParseRequestURI`, with
+/// the `CONNECT` case): the path without its query, percent-decoded; `None` where Go's server
+/// would have refused the request.
+pub fn url_path(target: &[u8], method: &[u8]) -> Option<Vec<u8>> {
+    url::parse_request_target(target, method).map(|url| url.path.into_owned())
+}
+
 /// Appends the line Knative writes when executing the template fails:
 /// `Invalid request log template: method: %v, response code: %v, latency:
 /// %v, url: %v` and a newline, with Go's formatting of each value.

@@ -203,7 +203,7 @@ fn combined_line(input: &Input<'_>, started: std::time::SystemTime, line: &mut V
     line.extend_from_slice(b"] \"");
     line.extend_from_slice(request.method);
     line.push(b' ');
-    url_path(request.request_uri, line);
+    url_path(request.request_uri, request.method, line);
     let _ = write!(
         line,
         " {proto}\" {} {} \"",
@@ -215,31 +215,18 @@ fn combined_line(input: &Input<'_>, started: std::time::SystemTime, line: &mut V
     line.push(b'"');
 }
 
-/// Go's `URL.Path` of a request-target: the path of an absolute form, without the query,
-/// percent-decoded (an escape that is not one is kept as it came).
-fn url_path(target: &[u8], out: &mut Vec<u8>) {
-    let mut path = target;
-    if let Some(scheme_end) = path.windows(3).position(|window| window == b"://") {
-        let rest = &path[scheme_end + 3..];
-        path = rest
-            .iter()
-            .position(|&byte| byte == b'/')
-            .map_or(&[][..], |slash| &rest[slash..]);
-    }
-    let path = path.split(|&byte| byte == b'?').next().unwrap_or_default();
-    let hex = |byte: u8| (byte as char).to_digit(16).map(|digit| digit as u8);
-    let mut index = 0;
-    while index < path.len() {
-        let byte = path[index];
-        if byte == b'%' && index + 2 < path.len() {
-            if let (Some(high), Some(low)) = (hex(path[index + 1]), hex(path[index + 2])) {
-                out.push(high << 4 | low);
-                index += 3;
-                continue;
-            }
-        }
-        out.push(byte);
-        index += 1;
+/// Go's `URL.Path` of a request-target (the template engine's parser,
+/// [`kactivator_template::url_path`]); a target Go's server would have refused is written as
+/// it came, without its query.
+fn url_path(target: &[u8], method: &[u8], out: &mut Vec<u8>) {
+    match kactivator_template::url_path(target, method) {
+        Some(path) => out.extend_from_slice(&path),
+        None => out.extend_from_slice(
+            target
+                .split(|&byte| byte == b'?')
+                .next()
+                .unwrap_or_default(),
+        ),
     }
 }
 
@@ -250,23 +237,8 @@ fn write_clf_time(seconds: u64, out: &mut Vec<u8>) {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    let days = (seconds / 86_400) as i64;
+    let (year, month, day) = kactivator_h1::date::civil_from_days(seconds / 86_400);
     let of_day = seconds % 86_400;
-    // Days to a civil date (Howard Hinnant's `civil_from_days`).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let shifted_month = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
-    let month = if shifted_month < 10 {
-        shifted_month + 3
-    } else {
-        shifted_month - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
     let _ = write!(
         out,
         "{day:02}/{}/{year:04}:{:02}:{:02}:{:02} +0000",
@@ -345,7 +317,7 @@ mod tests {
 
     fn path(target: &str) -> String {
         let mut out = Vec::new();
-        url_path(target.as_bytes(), &mut out);
+        url_path(target.as_bytes(), b"GET", &mut out);
         String::from_utf8_lossy(&out).into_owned()
     }
 
