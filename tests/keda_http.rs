@@ -144,6 +144,17 @@ impl Cluster {
         ));
     }
 
+    /// Service `app`, one ready pod `app-1` listed in its EndpointSlice, and
+    /// HTTPScaledObject `app` ([`app_object`], no paths, no annotation) routing to it.
+    /// Its address and its backend.
+    fn app_with_a_ready_pod(&self) -> (IpAddr, BackendHandle) {
+        self.service("app");
+        let (ip, pod) = self.pod("app-1");
+        self.endpoints("app", &[ip], &[]);
+        self.api.apply_yaml(&app_object(&[], "", ""));
+        (ip, pod)
+    }
+
     /// The endpoint controller's EndpointSlice of Service `name`.
     fn endpoints(&self, name: &str, ready: &[IpAddr], not_ready: &[IpAddr]) {
         self.api.apply_yaml(&keda::endpoint_slice(
@@ -165,6 +176,22 @@ fn app_object(paths: &[&str], annotations: &str, extra: &str) -> String {
         extra,
     }
     .yaml()
+}
+
+/// A WebSocket to `/ws` of `app.example.com` through the interceptor at `http`.
+async fn websocket(
+    http: SocketAddr,
+) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = format!("ws://{http}/ws").into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("Host", "app.example.com".parse().unwrap());
+    let (socket, response) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("a websocket handshake through the interceptor");
+    assert_eq!(response.status(), 101);
+    socket
 }
 
 fn request(host: &str, path: &str) -> Vec<u8> {
@@ -380,10 +407,7 @@ spec:
 #[test]
 fn an_interceptor_route_routes_by_its_rules_over_its_namesake_and_reports_both_metrics() {
     let cluster = Cluster::start();
-    cluster.service("app");
-    let (ip, pod) = cluster.pod("app-1");
-    cluster.endpoints("app", &[ip], &[]);
-    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (ip, pod) = cluster.app_with_a_ready_pod();
     let (interceptor, scaler) = cluster.interceptor(&[]);
     // Whether a request reaches the pod (any answer of the app's, which says so in
     // `X-Backend`), or gets the add-on's 404.
@@ -893,14 +917,10 @@ fn four_pods_with_a_limit_of_one_never_serve_two_requests_at_once_under_64_clien
 #[test]
 fn a_websocket_stays_open_past_every_timeout_and_counts_while_it_is_open() {
     use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::Message;
 
     let cluster = Cluster::start();
-    cluster.service("app");
-    let (ip, _pod) = cluster.pod("app-1");
-    cluster.endpoints("app", &[ip], &[]);
-    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (_, _pod) = cluster.app_with_a_ready_pod();
     // Both of the add-on's request timeouts at one second; the socket lives for four.
     let (interceptor, scaler) = cluster.interceptor(&[
         ("KEDA_HTTP_REQUEST_TIMEOUT", "1s"),
@@ -911,16 +931,7 @@ fn a_websocket_stays_open_past_every_timeout_and_counts_while_it_is_open() {
         .block_on(keda::connect(scaler))
         .expect("the scaler answers");
     rt.block_on(async {
-        let mut request = format!("ws://{}/ws", interceptor.http)
-            .into_client_request()
-            .unwrap();
-        request
-            .headers_mut()
-            .insert("Host", "app.example.com".parse().unwrap());
-        let (mut socket, response) = tokio_tungstenite::connect_async(request)
-            .await
-            .expect("a websocket handshake through the interceptor");
-        assert_eq!(response.status(), 101);
+        let mut socket = websocket(interceptor.http).await;
         let opened = Instant::now();
         let mut sent = 0;
         while opened.elapsed() < Duration::from_secs(4) {
@@ -1202,8 +1213,8 @@ fn a_wait_for_a_first_pod_ends_at_the_failover_or_in_a_504() {
     );
 }
 
-/// curl to `https://<name>:<port><path>` resolved to the TLS port on loopback, trusting `ca`;
-/// `(ok, stdout, stderr)` (the handshake's account, `-v`, is on stderr).
+/// [`support::curl_https`] with the handshake's account (`-v`, on stderr) and the response's
+/// head (`-i`).
 fn curl_https(
     port: u16,
     name: &str,
@@ -1211,21 +1222,7 @@ fn curl_https(
     ca: &std::path::Path,
     extra: &[&str],
 ) -> (bool, String, String) {
-    let output = std::process::Command::new("curl")
-        .args(["-sS", "-v", "-i", "--max-time", "20"])
-        .args(extra)
-        .arg("--cacert")
-        .arg(ca)
-        .arg("--resolve")
-        .arg(format!("{name}:{port}:127.0.0.1"))
-        .arg(format!("https://{name}:{port}{path}"))
-        .output()
-        .expect("curl is installed");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    support::curl_https(port, name, path, ca, &[&["-v", "-i"], extra].concat())
 }
 
 /// The add-on's TLS port (`KEDA_HTTP_PROXY_TLS_*`): a client's server name picks a pair of the
@@ -1347,14 +1344,10 @@ fn the_tls_port_serves_by_name_and_its_requests_reach_pods_over_tls() {
 #[test]
 fn the_stream_interval_is_kept_and_the_drain_timeout_cuts_what_is_left_in_flight() {
     use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::Message;
 
     let cluster = Cluster::start();
-    cluster.service("app");
-    let (ip, _pod) = cluster.pod("app-1");
-    cluster.endpoints("app", &[ip], &[]);
-    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (_, _pod) = cluster.app_with_a_ready_pod();
     let (mut interceptor, scaler) = cluster.interceptor(&[
         ("KEDA_HTTP_SCALER_STREAM_INTERVAL_MS", "50"),
         ("KEDA_HTTP_SHUTDOWN_DELAY", "0s"),
@@ -1383,16 +1376,7 @@ fn the_stream_interval_is_kept_and_the_drain_timeout_cuts_what_is_left_in_flight
     assert!(took < Duration::from_millis(2_000), "{took:?}");
 
     let mut socket = rt.block_on(async {
-        let mut request = format!("ws://{}/ws", interceptor.http)
-            .into_client_request()
-            .unwrap();
-        request
-            .headers_mut()
-            .insert("Host", "app.example.com".parse().unwrap());
-        let (mut socket, response) = tokio_tungstenite::connect_async(request)
-            .await
-            .expect("a websocket handshake through the interceptor");
-        assert_eq!(response.status(), 101);
+        let mut socket = websocket(interceptor.http).await;
         socket.send(Message::Text("before".into())).await.unwrap();
         let echoed = socket.next().await.expect("open").expect("a message");
         assert_eq!(echoed, Message::Text("before".into()));

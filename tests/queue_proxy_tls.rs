@@ -42,19 +42,7 @@ fn mount(ca: &TestCa, dir: &Path) {
 /// curl to the TLS port as Knative's activator reaches it: name `data-plane.knative.dev`,
 /// trusting `ca`; `(ok, stdout with headers, stderr)`.
 fn curl_tls(port: u16, ca: &Path, extra: &[&str]) -> (bool, String, String) {
-    let output = Command::new("curl")
-        .args(["-sS", "-i", "--max-time", "20", "--cacert"])
-        .arg(ca)
-        .args(["--resolve", &format!("{SERVER_NAME}:{port}:127.0.0.1")])
-        .args(extra)
-        .arg(format!("https://{SERVER_NAME}:{port}/"))
-        .output()
-        .expect("curl is installed");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    support::curl_https(port, SERVER_NAME, "/", ca, &[&["-i"], extra].concat())
 }
 
 #[test]

@@ -58,23 +58,15 @@ fn start(certificates: &[(PathBuf, PathBuf)], tls: &str, proxy: &str) -> Tls {
     }
 }
 
-/// curl to `https://<name>:<port>/` resolved to the TLS port, trusting `ca`; `(ok, stdout,
-/// stderr)`.
+/// curl to `https://<name>:<port>/` resolved to the TLS port, trusting `ca`, naming the
+/// revision; `(ok, stdout, stderr)`.
 fn curl_https(tls: &Tls, name: &str, ca: &Path, extra: &[&str]) -> (bool, String, String) {
-    let port = tls.https.port();
-    let output = Command::new("curl")
-        .args(["-sS", "--max-time", "20", "--cacert"])
-        .arg(ca)
-        .args(["--resolve", &format!("{name}:{port}:127.0.0.1")])
-        .args(ROUTE)
-        .args(extra)
-        .arg(format!("https://{name}:{port}/"))
-        .output()
-        .expect("curl is installed");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
+    support::curl_https(
+        tls.https.port(),
+        name,
+        "/",
+        ca,
+        &[&ROUTE[..], extra].concat(),
     )
 }
 

@@ -399,6 +399,30 @@ pub fn get(name: &str, path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: example.com\r\nKnative-Serving-Namespace: default\r\nKnative-Serving-Revision: {name}\r\n\r\n")
 }
 
+/// curl to `https://<name>:<port><path>`, `name` resolved to loopback, trusting only `ca`, with
+/// `extra` flags; `(exit ok, stdout, stderr)`.
+pub fn curl_https(
+    port: u16,
+    name: &str,
+    path: &str,
+    ca: &std::path::Path,
+    extra: &[&str],
+) -> (bool, String, String) {
+    let output = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--cacert"])
+        .arg(ca)
+        .args(["--resolve", &format!("{name}:{port}:127.0.0.1")])
+        .args(extra)
+        .arg(format!("https://{name}:{port}{path}"))
+        .output()
+        .expect("curl is installed");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// Runs curl with the given arguments; returns (exit ok, stdout).
 pub fn curl(args: &[&str]) -> (bool, Vec<u8>) {
     let output = Command::new("curl")
