@@ -535,12 +535,11 @@ impl PodTls {
             .with_no_client_auth();
         // With ALPN, HTTP/1.1 connections offer `http/1.1` and HTTP/2 ones `h2`: which
         // the pod speaks is then the connection's, not the server's choice.
-        let config_h2 = profile.alpn.then(|| {
+        let mut config_h2 = None;
+        if profile.alpn {
             let mut h2 = config.clone();
             h2.alpn_protocols = vec![b"h2".to_vec()];
-            Arc::new(h2)
-        });
-        if profile.alpn {
+            config_h2 = Some(Arc::new(h2));
             config.alpn_protocols = vec![b"http/1.1".to_vec()];
         }
         let built = Arc::new(kactivator_shards::runtime::tls::UpstreamTls {

@@ -141,27 +141,15 @@ pub fn store_pairs(dirs: &[PathBuf]) -> Result<Vec<(PathBuf, PathBuf)>, TlsError
 /// Every file under `dir`, passing over the kubelet's `..`-named entries of a mounted volume
 /// (its timestamped copy and `..data`; the names themselves link into them).
 fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), TlsError> {
-    let entries = std::fs::read_dir(dir).map_err(|error| {
-        TlsError::Settings(format!(
-            "cannot read the directory {}: {error}",
-            dir.display()
-        ))
-    })?;
+    let entries = std::fs::read_dir(dir).map_err(unreadable("the directory ", dir))?;
     for entry in entries {
-        let entry = entry.map_err(|error| {
-            TlsError::Settings(format!(
-                "cannot read the directory {}: {error}",
-                dir.display()
-            ))
-        })?;
+        let entry = entry.map_err(unreadable("the directory ", dir))?;
         if entry.file_name().to_string_lossy().starts_with("..") {
             continue;
         }
         let path = entry.path();
         // Followed, as a mounted volume's names are links.
-        let metadata = std::fs::metadata(&path).map_err(|error| {
-            TlsError::Settings(format!("cannot read {}: {error}", path.display()))
-        })?;
+        let metadata = std::fs::metadata(&path).map_err(unreadable("", &path))?;
         if metadata.is_dir() {
             walk(&path, files)?;
         } else if metadata.is_file() {
@@ -172,9 +160,14 @@ fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<(), TlsError> {
 }
 
 fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = std::fs::read(path)
-        .map_err(|error| TlsError::Settings(format!("cannot read {}: {error}", path.display())))?;
+    let pem = std::fs::read(path).map_err(unreadable("", path))?;
     certificates(&path.display().to_string(), &pem)
+}
+
+/// The error of a file (or, `what` = `"the directory "`, a directory) that could not be read,
+/// naming it.
+fn unreadable<'a>(what: &'a str, path: &'a Path) -> impl Fn(std::io::Error) -> TlsError + 'a {
+    move |error| TlsError::Settings(format!("cannot read {what}{}: {error}", path.display()))
 }
 
 /// The certificates in the files of a CA directory: every file that holds PEM certificates (a
@@ -185,9 +178,7 @@ fn ca_dir(dir: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     files.sort();
     let mut found = Vec::new();
     for file in files {
-        let pem = std::fs::read(&file).map_err(|error| {
-            TlsError::Settings(format!("cannot read {}: {error}", file.display()))
-        })?;
+        let pem = std::fs::read(&file).map_err(unreadable("", &file))?;
         if let Ok(certs) = certificates(&file.display().to_string(), &pem) {
             found.extend(certs);
         }
