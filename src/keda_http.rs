@@ -46,11 +46,6 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
         "disabled".to_owned(),
     );
     config.proxy.drain_grace_seconds = env.shutdown_delay.as_secs();
-    // The add-on's cap is per pod over the process; a shard keeps its share.
-    let shards = cli.shards.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
-    config.proxy.max_idle_per_pod = env.max_idle_per_host.div_ceil(shards.max(1));
     config.proxy.connect_timeout_ms =
         u64::try_from(env.connect_timeout.as_millis()).unwrap_or(u64::MAX);
     let scaler: SocketAddr = reactor::any_address(env.scaler_port);
@@ -75,6 +70,8 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
     setup.finds_autoscaler = false;
     setup.drain_rule = DrainRule::Grace;
     setup.drain_timeout = env.drain_timeout;
+    // The add-on's cap is per pod over the process; each shard placed keeps its share.
+    setup.idle_per_pod_in_all_shards = Some(env.max_idle_per_host);
     if env.log_requests {
         let (sink, writer) = kactivator_shards::request::log::sink::start(
             std::io::stdout(),

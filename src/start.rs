@@ -423,6 +423,10 @@ pub struct RoleSetup {
     /// Another port serving what the admin port serves (`/metrics` above all): KEDA's HTTP
     /// add-on's metrics port. `None`: none.
     pub metrics_port: Option<std::net::SocketAddr>,
+    /// Idle connections kept per pod by the whole process, shared among the shards placed
+    /// (KEDA's HTTP add-on's `KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST`); `None`: `proxy.max_idle_per_pod`
+    /// per shard, as configured.
+    pub idle_per_pod_in_all_shards: Option<usize>,
     /// How long the requests still in flight when the listeners close may take; those left then
     /// are cut and the process exits (KEDA's HTTP add-on's `KEDA_HTTP_DRAIN_TIMEOUT`). `None`:
     /// every one finishes (the Knative roles; the pod's termination grace period bounds it).
@@ -479,6 +483,7 @@ impl RoleSetup {
             needs: budget::Needs::activator(),
             drain_rule: DrainRule::Grace,
             drain_timeout: None,
+            idle_per_pod_in_all_shards: None,
             metrics_port: None,
             spawn_extra: None,
             // One per node, with memory to spare: the pages it would unmap stay in the page
@@ -535,6 +540,9 @@ pub fn run_as(
         unpinned = placement.unpinned_reason.unwrap_or(""),
         "placement"
     );
+    if let Some(per_pod) = setup.idle_per_pod_in_all_shards {
+        config.proxy.max_idle_per_pod = per_pod.div_ceil(placement.shards.max(1));
+    }
     let queue_ceiling = fit_memory(
         &mut config,
         placement.shards,
