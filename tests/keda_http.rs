@@ -811,6 +811,132 @@ fn an_h2c_service_ports_pod_gets_http2_clients_in_h2c_grpc_included() {
     assert_eq!(app.stats().requests, 2);
 }
 
+/// A pod that speaks only HTTP/2 behind an `appProtocol: kubernetes.io/h2c` port serves
+/// HTTP/1.1 clients too, as behind the add-on: each request reaches it in h2c (the `Host` as
+/// `:authority`), a chunked upload goes up with its trailer and the answer, which has no length,
+/// comes back chunked with the pod's trailers; `Expect: 100-continue` is answered; a HEAD has
+/// no body. A client that leaves while the pod works resets the pod's stream, and the pod's one
+/// slot goes to the next request once the pod has heard, not before (never two at once) and
+/// not only when the abandoned work would have ended.
+#[test]
+fn a_pod_that_speaks_only_http2_serves_http1_clients_in_h2c() {
+    use kactivator_testkit::grpc;
+    use kactivator_testkit::raw_http1::Connection;
+    let cluster = Cluster::start();
+    cluster.api.apply_yaml(&keda::service(
+        "default",
+        "app",
+        SERVICE_PORT,
+        POD_PORT,
+        Some("kubernetes.io/h2c"),
+    ));
+    let ip = cluster.net.add_address();
+    let app = cluster
+        .net
+        .inside(|| {
+            grpc::spawn_grpc_on(
+                SocketAddr::new(ip, POD_PORT),
+                BackendConfig::named("app-h2").http2_only(),
+            )
+        })
+        .expect("the HTTP/2-only pod");
+    cluster.endpoints("app", &[ip], &[]);
+    cluster.api.apply_yaml(&app_object(
+        &[],
+        "    kactivator.dev/container-concurrency: \"1\"",
+        "",
+    ));
+    let (interceptor, _scaler) = cluster.interceptor(&[]);
+    let http = interceptor.http;
+
+    // curl, HTTP/1.1.
+    let (ok, out) = support::curl(&[
+        "--http1.1",
+        "-i",
+        "-H",
+        "Host: app.example.com",
+        &format!("http://{http}/"),
+    ]);
+    let out = String::from_utf8_lossy(&out).to_lowercase();
+    assert!(ok && out.starts_with("http/1.1 200"), "{out}");
+    assert!(out.contains("x-http-version: http/2.0"), "{out}");
+    assert!(
+        out.contains("x-request-authority: app.example.com"),
+        "{out}"
+    );
+    assert!(out.ends_with("hello from app-h2\n"), "{out}");
+
+    // A chunked upload with a trailer; the answer streams back chunked with the pod's trailers.
+    let upload = "POST /echo HTTP/1.1\r\nHost: app.example.com\r\nTransfer-Encoding: chunked\r\n\
+                  Trailer: x-echo-trailer\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\
+                  x-echo-trailer: up\r\n\r\n";
+    let mut connection = Connection::connect(http).expect("a connection");
+    connection.send(upload.as_bytes()).expect("the upload");
+    let echoed = connection.read_response().expect("the echo");
+    assert_eq!(echoed.status, 200);
+    assert!(
+        echoed.chunked(),
+        "no length from the pod: chunked to the client"
+    );
+    assert_eq!(echoed.text(), "hello world");
+    assert_eq!(echoed.trailer("x-echo-bytes"), Some("11"));
+    assert_eq!(echoed.trailer("x-echo-trailer"), Some("up"));
+    assert_eq!(echoed.header("x-http-version"), Some("HTTP/2.0"));
+
+    // The same connection: a body after `100 Continue`, then a HEAD.
+    connection
+        .send(
+            b"POST /echo HTTP/1.1\r\nHost: app.example.com\r\nContent-Length: 4\r\n\
+              Expect: 100-continue\r\n\r\n",
+        )
+        .expect("the head");
+    let interim = connection
+        .read_head()
+        .expect("100 Continue before the body");
+    assert_eq!(interim.status, 100);
+    connection.send(b"ping").expect("the body");
+    let echoed = connection.read_response().expect("the echo");
+    assert_eq!((echoed.status, echoed.text().as_str()), (200, "ping"));
+    connection
+        .send(b"HEAD / HTTP/1.1\r\nHost: app.example.com\r\n\r\n")
+        .expect("a HEAD");
+    let head = connection
+        .read_response_to("HEAD")
+        .expect("the HEAD's answer");
+    assert_eq!((head.status, head.body.len()), (200, 0));
+    assert_eq!(
+        head.header("content-length"),
+        Some("18"),
+        "the GET's length"
+    );
+    let served = app.stats().requests;
+    assert_eq!(served, 4, "every request reached the pod");
+
+    // A client that leaves while the pod works on its request.
+    let mut leaving = std::net::TcpStream::connect(http).expect("a connection");
+    std::io::Write::write_all(
+        &mut leaving,
+        b"GET /sleep?ms=8000 HTTP/1.1\r\nHost: app.example.com\r\n\r\n",
+    )
+    .expect("the request");
+    assert!(
+        eventually(Duration::from_secs(10), || app.stats().in_flight == 1),
+        "the pod works on it"
+    );
+    drop(leaving);
+    let left = Instant::now();
+    let next = exchange(http, &request("app.example.com", "/"));
+    assert_eq!(next.status, 200);
+    assert!(
+        left.elapsed() < Duration::from_secs(6),
+        "the slot came back once the pod heard, not when its work would have ended"
+    );
+    let stats = app.stats();
+    assert_eq!(stats.cancelled, 1, "the pod's stream was reset: {stats:?}");
+    assert_eq!(stats.max_in_flight, 1, "never two at once: {stats:?}");
+    assert_eq!(stats.requests, served + 2);
+}
+
 /// IPv6: a pod listed at an IPv6 address (an EndpointSlice of `addressType: IPv6`) is served
 /// there, and a client reaches the role over IPv6; the pod sees the client's IPv6 address in
 /// `X-Forwarded-For`.

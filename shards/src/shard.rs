@@ -3,10 +3,14 @@
 //! neutral: the fronts (`http1`, `http2`) and the hub that accepts connections build on it.
 
 use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
 
 use crate::metrics::{AllShardStats, ShardStats};
 use crate::request::log::RequestLog;
@@ -20,15 +24,18 @@ use crate::runtime::blocks::Blocks;
 use crate::runtime::control_link::ControlLink;
 use crate::runtime::idle::IdleConnections;
 use crate::runtime::late::Lateness;
+use crate::runtime::race::{race, Either};
 use crate::runtime::readiness::{Health, Readiness};
 use crate::runtime::signal::{BackOfQueue, LocalEvent, LocalNotify};
 use crate::runtime::stream::{ByteStream, Connector, PlainTcp};
-use crate::runtime::tls::{ClientTls, TlsDialer};
+use crate::runtime::tls::{ClientTls, TlsDialer, UpstreamTls};
 use crate::throttle::gate::RevisionGate;
 use crate::tracer::ShardTracer;
-use crate::upstream::h2c::{H2Settings, H2cConnections};
+use crate::upstream::error::UpstreamError;
+use crate::upstream::h2c::{H2Settings, H2cConnections, Lease, Pings, PodStreams};
 use crate::upstream::pool::{IdleConns, Pool, PoolConfig};
 use kactivator_api::{RevisionKey, DEFAULT_CLUSTER_DOMAIN};
+use monoio::time::Instant;
 
 /// Once every listener is closed, how long a connection accepted before that has to send its
 /// first request (it is answered, not closed under it, see `http1::connection`).
@@ -426,6 +433,66 @@ impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.stats().connections_open.decrement();
         self.0.connection_closed.notify_all();
+    }
+}
+
+/// One request's stream to a pod over HTTP/2, but for the sender it is opened with: the
+/// connection it goes on (open already, `reused`, or dialled for it), the pod's address as an
+/// `:authority`, the connection's PINGs, the stream's count there while the [`Lease`] lives,
+/// and which of the shard's two sets the connection is in (h2c or TLS).
+pub(crate) struct PodH2 {
+    pub authority: http::uri::Authority,
+    pub reused: bool,
+    pings: Rc<Pings>,
+    lease: Lease,
+    tls: bool,
+}
+
+impl Shard {
+    /// A stream to the pod at `addr` over HTTP/2: over TLS with `tls` (the pod's
+    /// `LocalPod::tls` for this client), else h2c.
+    pub(crate) async fn h2_stream(
+        &self,
+        addr: SocketAddr,
+        tls: Option<&UpstreamTls>,
+    ) -> Result<(SendRequest<Bytes>, PodH2), UpstreamError> {
+        let (streams, reused, lease) = match tls {
+            None => self.h2c.checkout(addr, &(), self.stats()).await?,
+            Some(tls) => self.tls_h2c.checkout(addr, tls, self.stats()).await?,
+        };
+        let PodStreams {
+            sender,
+            authority,
+            pings,
+        } = streams;
+        let stream = PodH2 {
+            authority,
+            reused,
+            pings,
+            lease,
+            tls: tls.is_some(),
+        };
+        Ok((sender, stream))
+    }
+
+    /// Forgets the connection `stream` went on (it refused the stream, or went away), so that
+    /// the next request to the pod takes another or dials one.
+    pub(crate) fn forget_h2(&self, addr: SocketAddr, stream: &PodH2) {
+        match stream.tls {
+            false => self.h2c.forget(addr, &stream.lease),
+            true => self.tls_h2c.forget(addr, &stream.lease),
+        }
+    }
+
+    /// ★ After a stream the pod was still working on was dropped (which resets it, `CANCEL`):
+    /// returns once the pod has read the reset (`Pings::confirm_written`), so that the slot
+    /// its caller holds goes to no other request while the pod is still busy with this one;
+    /// at `deadline` (the request's) the connection is forgotten instead.
+    pub(crate) async fn settle_reset(&self, addr: SocketAddr, stream: &PodH2, deadline: Instant) {
+        let confirmed = stream.pings.confirm_written();
+        if let Either::Right(()) = race(confirmed, self.alarms.at(deadline)).await {
+            self.forget_h2(addr, stream);
+        }
     }
 }
 

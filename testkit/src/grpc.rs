@@ -1,5 +1,6 @@
 //! A gRPC test backend that speaks HTTP/1.1 and h2c (HTTP/2 with prior knowledge) on one
-//! port, as a Knative queue-proxy does, and an h2c gRPC client for the tests that drive it.
+//! port, as a Knative queue-proxy does (or h2c alone, `BackendConfig::http2_only`), and an h2c
+//! gRPC client for the tests that drive it.
 //!
 //! The backend serves the `Echo` service of `testkit/proto/echo.proto` (generated code in
 //! [`pb`]) with tonic's generated server, but accepts connections with its own hyper-util
@@ -9,7 +10,9 @@
 //! |---|---|
 //! | any, with `K-Network-Probe: queue` | 200 `queue`, counted in [`GrpcStats::probes`] only |
 //! | `content-type: application/grpc…` | the Echo service |
-//! | `GET /` | 200 `hello from <name>\n` |
+//! | `GET /` | 200 `hello from <name>\n` (`HEAD /`: its length, no body) |
+//! | `GET /sleep?ms=N` | the same, N ms later |
+//! | `POST /echo` | 200, the body streamed back without a length, then trailers `x-echo-bytes` (its size) and `x-echo-trailer` (the request's, if it had one) |
 //! | anything else | 404 `no route\n` |
 //!
 //! Every answer carries `X-Backend: <name>`, the revision headers when configured, and
@@ -50,7 +53,7 @@ use bytes::Bytes;
 use futures_util::stream::{self, Stream, StreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -132,6 +135,8 @@ struct Shared {
     extra: Arc<ExtraCounters>,
     echo: EchoServer<EchoService>,
     max_concurrent_streams: Option<u32>,
+    /// HTTP/2 only (`BackendConfig::http2_only`).
+    http2_only: bool,
     /// Lets held calls go ([`HOLD`]).
     releases: tokio::sync::watch::Sender<u64>,
 }
@@ -155,6 +160,7 @@ impl Shared {
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
             max_concurrent_streams: config.max_concurrent_streams,
+            http2_only: config.http2_only,
             releases,
         })
     }
@@ -524,6 +530,7 @@ fn serve_connection(stream: TcpStream, shared: &Arc<Shared>) {
         _open: shared.counters.connection_opened(),
     });
     let max_concurrent_streams = shared.max_concurrent_streams;
+    let http2_only = shared.http2_only;
     let service = service_fn(move |request| {
         let connection = Arc::clone(&connection);
         async move { Ok::<_, Infallible>(handle(request, connection).await) }
@@ -531,7 +538,11 @@ fn serve_connection(stream: TcpStream, shared: &Arc<Shared>) {
     tokio::spawn(async move {
         // The auto builder reads the first bytes: the HTTP/2 preface means h2c with prior
         // knowledge, anything else HTTP/1.1.
+        // Told HTTP/2 only, it takes the preface or nothing.
         let mut builder = auto::Builder::new(TokioExecutor::new());
+        if http2_only {
+            builder = builder.http2_only();
+        }
         builder
             .http2()
             .max_concurrent_streams(max_concurrent_streams);
@@ -632,9 +643,25 @@ async fn grpc(request: Request<Incoming>, shared: &Shared) -> Response<ResponseB
     response.map(|body| body.map_err(BoxError::from).boxed_unsync())
 }
 
-/// The plain HTTP side: the greeting on `/`, 404 elsewhere.
+/// The plain HTTP side: the greeting on `GET /`, the same after a pause on
+/// `GET /sleep?ms=N`, the body streamed back on `POST /echo` (no length, ending in a trailer
+/// `x-echo-bytes` with its size and one `x-echo-trailer` repeating the request's trailer of that
+/// name), 404 elsewhere.
 async fn plain(request: Request<Incoming>, name: &str) -> Response<ResponseBody> {
-    let greeting = request.method() == Method::GET && request.uri().path() == "/";
+    let path = request.uri().path().to_owned();
+    if request.method() == Method::POST && path == "/echo" {
+        return echo_body(request.into_body());
+    }
+    let sleep = (request.method() == Method::GET && path == "/sleep").then(|| {
+        request
+            .uri()
+            .query()
+            .and_then(|query| query.strip_prefix("ms="))
+            .and_then(|ms| ms.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    let head = request.method() == Method::HEAD;
+    let greeting = (request.method() == Method::GET || head) && path == "/";
     // Read to the end even though nothing uses it: an HTTP/1.1 connection whose request
     // body was left unread is closed rather than reused, and tests expect keep-alive.
     let mut body = request.into_body();
@@ -643,11 +670,79 @@ async fn plain(request: Request<Incoming>, name: &str) -> Response<ResponseBody>
             break;
         }
     }
-    if greeting {
-        text(StatusCode::OK, format!("hello from {name}\n"))
+    if let Some(milliseconds) = sleep {
+        sleep_ms(milliseconds).await;
+    }
+    if greeting || sleep.is_some() {
+        let greeting = format!("hello from {name}\n");
+        if head {
+            // The GET's length and no body, as Go's server answers a HEAD (hyper's HTTP/2
+            // server would send the body).
+            let mut response = text(StatusCode::OK, Bytes::new());
+            response
+                .headers_mut()
+                .insert(CONTENT_LENGTH, HeaderValue::from(greeting.len()));
+            return response;
+        }
+        text(StatusCode::OK, greeting)
     } else {
         text(StatusCode::NOT_FOUND, "no route\n")
     }
+}
+
+/// `POST /echo`: the request body's frames back as they come, then the trailers.
+fn echo_body(body: Incoming) -> Response<ResponseBody> {
+    struct Echoing {
+        body: Incoming,
+        bytes: u64,
+        trailer: Option<HeaderValue>,
+        done: bool,
+    }
+    let frames = stream::unfold(
+        Echoing {
+            body,
+            bytes: 0,
+            trailer: None,
+            done: false,
+        },
+        |mut state| async move {
+            if state.done {
+                return None;
+            }
+            loop {
+                match state.body.frame().await {
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(data) => {
+                            state.bytes += data.len() as u64;
+                            return Some((Ok(Frame::data(data)), state));
+                        }
+                        Err(frame) => {
+                            if let Ok(trailers) = frame.into_trailers() {
+                                state.trailer = trailers.get("x-echo-trailer").cloned();
+                            }
+                        }
+                    },
+                    Some(Err(error)) => return Some((Err(BoxError::from(error)), state)),
+                    None => {
+                        let mut trailers = hyper::HeaderMap::new();
+                        trailers.insert("x-echo-bytes", HeaderValue::from(state.bytes));
+                        if let Some(value) = state.trailer.take() {
+                            trailers.insert("x-echo-trailer", value);
+                        }
+                        state.done = true;
+                        return Some((Ok(Frame::trailers(trailers)), state));
+                    }
+                }
+            }
+        },
+    );
+    let body = http_body_util::StreamBody::new(frames).boxed_unsync();
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    response
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ResponseBody> {

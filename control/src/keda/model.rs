@@ -444,14 +444,9 @@ impl Model {
                 (Protocol::Http1, Vec::new(), 0)
             }
             Ok(port) => {
+                // The add-on's: every request goes to such a port in h2c, an HTTP/1.1
+                // client's too (the role's `http1_in_h2c`), but an upgrade.
                 let protocol = if port.app_protocol.as_deref() == Some(H2C_APP_PROTOCOL) {
-                    // Said, not silently different from the add-on (README: not built yet).
-                    problems.push(format!(
-                        "Service {}'s port is {H2C_APP_PROTOCOL}: HTTP/2 clients reach its pods \
-                         in h2c, but an HTTP/1.1 client's request goes to them as HTTP/1.1 (the \
-                         add-on sends every client's in h2c)",
-                        to.service
-                    ));
                     Protocol::H2c
                 } else {
                     Protocol::Http1

@@ -40,7 +40,7 @@ pub(super) const WATCH_LIMIT: usize = 64 * 1024;
 
 /// How far the request side got; the response side reads it to decide how to stop it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SendPhase {
+pub(super) enum SendPhase {
     /// Head or body still going to the pod.
     Body,
     /// Everything sent; waiting a moment before reading ahead on the client.
@@ -405,7 +405,7 @@ async fn relay<C: ByteStream>(
 /// Reads ahead on the client (a body, a pipelined request, or the FIN of a client that gave
 /// up) until cancelled through `cancel`, which loses no byte. True when the client is gone;
 /// false when cancelled or when enough is buffered (reading on would buffer without bound).
-async fn read_ahead<C: ByteStream>(
+pub(super) async fn read_ahead<C: ByteStream>(
     reader: &mut OwnedReadHalf<C>,
     inbuf: &mut InBuf,
     cancel: monoio::io::CancelHandle,

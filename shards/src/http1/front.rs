@@ -14,6 +14,7 @@ use monoio::time::Instant;
 use super::client::{answer_locally, ClientConn, RequestMeta};
 use super::exchange::{exchange, WATCH_LIMIT};
 use super::rewrite::{self, ClientSide, H1Headers};
+use super::to_h2;
 use crate::lifecycle::admission::{ClientWatch, Held};
 use crate::lifecycle::{Attempt, Front, Shape, SmallBody};
 use crate::request::answer::Answer;
@@ -23,6 +24,7 @@ use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::Next;
 use crate::request::policy::{self, Edits, WaitNote};
 use crate::request::trace::Decider;
+use crate::role::Role;
 use crate::routing::replica::LocalPod;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
@@ -207,6 +209,16 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
                 rewrite::insert_host(&mut conn.request_out, host_at, pod.authority().as_bytes());
             (host_at, len)
         });
+        if pod.speaks_h2c() && !meta.upgrade && shard.settings.role.http1_in_h2c() {
+            // Out of line, as the TLS path below.
+            let attempt = Box::pin(to_h2::attempt(shard, conn, pod, meta, deadlines, held)).await;
+            if let (Attempt::Unreached(_) | Attempt::NotTaken { .. }, Some((host_at, len))) =
+                (&attempt, host_line)
+            {
+                rewrite::remove_host(&mut conn.request_out, host_at, len)
+            }
+            return attempt;
+        }
         match pod.tls(conn.peer.tls) {
             None => {
                 let upstream = shard

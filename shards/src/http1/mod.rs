@@ -12,6 +12,7 @@ mod front;
 mod io;
 pub mod reframe;
 pub mod rewrite;
+mod to_h2;
 mod upgrade;
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use crate::runtime::contain;
 use crate::runtime::race::{race, Either};
 use crate::shard::Shard;
 use crate::upstream::error::UpstreamError;
-use crate::upstream::h2c::{h2_failure, Phase};
+use crate::upstream::h2c::{h2_failure, send_all, Phase};
 
 /// An HTTP/2 request's headers as the request path reads them.
 pub(crate) struct H2Headers<'a> {
@@ -332,32 +332,22 @@ impl Front for H2Front<'_> {
         note: Option<&WaitNote>,
     ) -> Attempt {
         let addr = pod.tracker.addr;
-        // The stream counts on its connection until the exchange ends (`lease` is dropped).
+        // The stream counts on its connection until the exchange ends (`stream` is dropped).
         let tls = pod.tls(self.peer.tls);
-        let checked_out = match &tls {
-            None => shard.h2c.checkout(addr, &(), shard.stats()).await,
-            Some(tls) => shard.tls_h2c.checkout(addr, tls, shard.stats()).await,
-        };
-        let (streams, reused, lease) = match checked_out {
+        let (sender, stream) = match shard.h2_stream(addr, tls.as_deref()).await {
             Ok(checked_out) => checked_out,
             Err(error) => return Attempt::Unreached(error),
-        };
-        // A connection that refused a new stream is forgotten by the set it came from.
-        let forget = |lease: &_| match &tls {
-            None => shard.h2c.forget(addr, lease),
-            Some(_) => shard.tls_h2c.forget(addr, lease),
         };
         // The request goes to `h2` by value (no copy of its header map per request); the rare
         // attempt that the pod did not take rebuilds it from the client's request below.
         let mut outbound = std::mem::replace(&mut self.outbound, Request::new(()));
         address_to(
             &mut outbound,
-            self.authority.clone().unwrap_or(streams.authority),
+            self.authority
+                .clone()
+                .unwrap_or_else(|| stream.authority.clone()),
         );
-        let pod_side = PodSide {
-            addr,
-            sender: streams.sender,
-        };
+        let pod_side = PodSide { addr, sender };
         let client = ClientSide {
             body: &mut self.body,
             respond: self.respond,
@@ -373,19 +363,13 @@ impl Front for H2Front<'_> {
                         ..
                     }
                 ) {
-                    // ★ The exchange dropped the pod's stream, which resets it (CANCEL). The
-                    // slot stays held until the pod has read that reset, within the request's
-                    // deadline: a waiter is never handed a pod still busy with this call.
-                    let confirmed = streams.pings.confirm_written();
-                    if let Either::Right(()) =
-                        race(confirmed, shard.alarms.at(deadlines.total)).await
-                    {
-                        forget(&lease);
-                    }
+                    // ★ The exchange dropped the pod's stream, which resets it (CANCEL): the
+                    // slot stays held until the pod has read that reset.
+                    shard.settle_reset(addr, &stream, deadlines.total).await;
                 }
                 Attempt::Ended {
                     ended,
-                    fresh: !reused,
+                    fresh: !stream.reused,
                 }
             }
             Exchanged::NotTaken { error, replayable } => {
@@ -393,7 +377,7 @@ impl Front for H2Front<'_> {
                 self.outbound =
                     outbound_request(&self.parts, &self.peer, self.edits, again.as_mut()).0;
                 // The connection went away under us: the next stream gets another one.
-                forget(&lease);
+                shard.forget_h2(addr, &stream);
                 Attempt::NotTaken { error, replayable }
             }
         }
@@ -993,28 +977,6 @@ async fn relay_response(
         None => to_client.send_data(Bytes::new(), true),
     };
     sent.map_err(|_| Cut::ClientGone)
-}
-
-/// Sends `data` as the peer's window allows, waiting for window as needed.
-async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), h2::Error> {
-    while !data.is_empty() {
-        send.reserve_capacity(data.len());
-        let granted = poll_fn(|cx| match send.capacity() {
-            0 => send.poll_capacity(cx),
-            available => Poll::Ready(Some(Ok(available))),
-        })
-        .await;
-        match granted {
-            Some(Ok(0)) => continue,
-            Some(Ok(available)) => {
-                let chunk = data.split_to(available.min(data.len()));
-                send.send_data(chunk, false)?;
-            }
-            Some(Err(error)) => return Err(error),
-            None => return Err(h2::Error::from(Reason::CANCEL)),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -105,4 +105,11 @@ impl Role for Interceptor {
             _ => error.body(),
         }
     }
+
+    /// The add-on sends every request to an `appProtocol: kubernetes.io/h2c` port in h2c,
+    /// whatever its client spoke (`reference/keda-http-add-on.md` §4.6): a pod behind one may
+    /// speak nothing else.
+    fn http1_in_h2c(&self) -> bool {
+        true
+    }
 }

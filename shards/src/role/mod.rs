@@ -75,6 +75,12 @@ pub trait Role: Send + Sync + std::fmt::Debug {
     /// The pod could not be reached for the request (before the path reports it and tries
     /// again or fails): what the role learns from that.
     fn unreached(&self, _error: &UpstreamError) {}
+
+    /// Whether an HTTP/1 client's request to a pod whose revision speaks h2c goes to it in
+    /// HTTP/2 (false: every request keeps its client's protocol, as Knative's transports do).
+    fn http1_in_h2c(&self) -> bool {
+        false
+    }
 }
 
 /// The role a shard plays: one of the roles this binary has.
@@ -149,6 +155,11 @@ impl Role for Roles {
 
     fn unreached(&self, error: &UpstreamError) {
         each_role!(self, role => role.unreached(error))
+    }
+
+    #[inline]
+    fn http1_in_h2c(&self) -> bool {
+        each_role!(self, role => role.http1_in_h2c())
     }
 }
 

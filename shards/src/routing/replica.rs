@@ -16,7 +16,7 @@ use rustc_hash::{FxHashMap, FxHasher};
 use crate::fields::RequestHeaders;
 use crate::metrics::{Counter, RevisionCounters, ShardStats};
 use crate::routing::rules::RuleTable;
-use crate::routing::{PodTracker, RevisionRoute, RoutingUpdate};
+use crate::routing::{PodTracker, Protocol, RevisionRoute, RoutingUpdate};
 use crate::runtime::tls::{ClientTls, UpstreamTls};
 use crate::throttle::gate::{
     Admission, Class, Effect, LocalQueue, Placement, QueueLimits, RevisionGate, WaiterId,
@@ -42,6 +42,9 @@ pub struct LocalPod {
     /// How the pod is reached over TLS, or plain TCP (`None`): its revision's current setting,
     /// kept shard-local so a request takes it without touching a counter other shards share.
     tls: RefCell<Option<Rc<UpstreamTls>>>,
+    /// Its revision's pods speak h2c (`RevisionRoute::protocol`), kept beside `tls` for the
+    /// same reason.
+    h2c: Cell<bool>,
     /// This shard's idle keep-alive connections to the pod, plain and TLS: found with the pod,
     /// with no lookup by address, and closed when the shard stops routing to it.
     pub idle_plain: IdleConns<monoio::net::TcpStream>,
@@ -55,6 +58,7 @@ impl LocalPod {
             tracker,
             held_off: Cell::new(false),
             tls: RefCell::new(None),
+            h2c: Cell::new(false),
             idle_plain: IdleConns::default(),
             idle_tls: IdleConns::default(),
         }
@@ -71,8 +75,16 @@ impl LocalPod {
             .cloned()
     }
 
-    fn set_tls(&self, tls: Option<Rc<UpstreamTls>>) {
+    /// Whether the pod's revision speaks h2c.
+    #[inline]
+    pub fn speaks_h2c(&self) -> bool {
+        self.h2c.get()
+    }
+
+    /// How the pod is reached, as its revision's route says: over TLS or not, in h2c or not.
+    fn set_upstream(&self, tls: Option<Rc<UpstreamTls>>, h2c: bool) {
         *self.tls.borrow_mut() = tls;
+        self.h2c.set(h2c);
     }
 
     /// The pod's address as an authority: `ip:port`.
@@ -370,7 +382,10 @@ impl LocalRevision {
             // The pod left this shard's view meanwhile; the slot is still real.
             .unwrap_or_else(|| {
                 let pod = LocalPod::new(tracker);
-                pod.set_tls(self.tls.borrow().clone());
+                pod.set_upstream(
+                    self.tls.borrow().clone(),
+                    self.route.borrow().protocol == Protocol::H2c,
+                );
                 Rc::new(pod)
             });
         if pod.is_held_off() {
@@ -524,7 +539,7 @@ impl LocalRevision {
                 let pod = kept
                     .remove(&Arc::as_ptr(tracker))
                     .unwrap_or_else(|| Rc::new(LocalPod::new(tracker.clone())));
-                pod.set_tls(tls.clone());
+                pod.set_upstream(tls.clone(), route.protocol == Protocol::H2c);
                 pod
             })
             .collect();

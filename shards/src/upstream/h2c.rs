@@ -13,11 +13,14 @@
 //! own: a cold burst of N streams opens one connection, not N.
 
 use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::task::Poll;
 
 use bytes::Bytes;
 use h2::client::SendRequest;
+use h2::{Reason, SendStream};
 use monoio::io::IntoPollIo;
 use monoio::time::Instant;
 use rustc_hash::FxHashMap;
@@ -484,6 +487,31 @@ impl<C: Connector> Drop for Settle<'_, C> {
         *self.dial.result.borrow_mut() = self.result.take();
         self.dial.done.set();
     }
+}
+
+/// Sends `data` as the peer's window allows, waiting for window as needed.
+pub(crate) async fn send_all(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
+) -> Result<(), h2::Error> {
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let granted = poll_fn(|cx| match send.capacity() {
+            0 => send.poll_capacity(cx),
+            available => Poll::Ready(Some(Ok(available))),
+        })
+        .await;
+        match granted {
+            Some(Ok(0)) => continue,
+            Some(Ok(available)) => {
+                let chunk = data.split_to(available.min(data.len()));
+                send.send_data(chunk, false)?;
+            }
+            Some(Err(error)) => return Err(error),
+            None => return Err(h2::Error::from(Reason::CANCEL)),
+        }
+    }
+    Ok(())
 }
 
 /// Where an HTTP/2 failure with a pod happened.

@@ -85,6 +85,10 @@ pub struct BackendConfig {
     /// The `SETTINGS_MAX_CONCURRENT_STREAMS` an HTTP/2 server advertises (the gRPC backend);
     /// `None`: hyper's default (200).
     pub max_concurrent_streams: Option<u32>,
+    /// The gRPC backend speaks only HTTP/2 (h2c with prior knowledge): an HTTP/1.1 request
+    /// ends its connection unanswered, as a Go server behind `h2c.NewHandler` without an
+    /// HTTP/1 handler, or a gRPC server, would. Off: HTTP/1.1 and h2c on one port.
+    pub http2_only: bool,
 }
 
 impl BackendConfig {
@@ -96,7 +100,14 @@ impl BackendConfig {
             revision_namespace: None,
             keeps_working: false,
             max_concurrent_streams: None,
+            http2_only: false,
         }
+    }
+
+    /// A gRPC backend that speaks only HTTP/2 (see `http2_only`).
+    pub fn http2_only(mut self) -> Self {
+        self.http2_only = true;
+        self
     }
 
     /// An HTTP/2 server that allows `streams` streams per connection (the gRPC backend).

@@ -45,6 +45,7 @@ fn main() -> ExitCode {
         revision_namespace: arguments.revision_namespace,
         keeps_working: false,
         max_concurrent_streams: None,
+        http2_only: false,
     };
     let served = if arguments.grpc {
         run_grpc_until_signal(arguments.listen, config, announce)
