@@ -28,6 +28,16 @@ const SERVICE_PORT: u16 = 80;
 /// The add-on's namespace, where deploy/keda-http/ installs the role.
 const KEDA_NAMESPACE: &str = "keda";
 
+/// Which of the add-on's CRDs a test's API server has.
+enum Crds {
+    /// v0.15.0's HTTPScaledObject and InterceptorRoute.
+    Current,
+    /// The HTTPScaledObject alone, as before 0.14.
+    Before0_14,
+    /// v0.15.0's, the InterceptorRoute with 0.16's cold-start cap fields.
+    ColdStartCap0_16,
+}
+
 /// An API server with the add-on's CRDs and the role's RBAC, and a pod network.
 struct Cluster {
     api: ApiServer,
@@ -38,16 +48,16 @@ struct Cluster {
 
 impl Cluster {
     fn start() -> Cluster {
-        Cluster::start_with(true)
+        Cluster::start_with(Crds::Current)
     }
 
-    /// [`Cluster::start`]; without the InterceptorRoute CRD unless `interceptor_routes`.
-    fn start_with(interceptor_routes: bool) -> Cluster {
+    /// [`Cluster::start`] with the add-on's CRDs of `crds`.
+    fn start_with(crds: Crds) -> Cluster {
         let api = ApiServer::start();
-        if interceptor_routes {
-            api.install_keda_http_crds();
-        } else {
-            api.install_http_scaled_object_crd();
+        match crds {
+            Crds::Current => api.install_keda_http_crds(),
+            Crds::Before0_14 => api.install_http_scaled_object_crd(),
+            Crds::ColdStartCap0_16 => api.install_keda_http_crds_with_0_16_cold_start(),
         }
         api.apply_yaml(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {KEDA_NAMESPACE}\n"
@@ -228,7 +238,7 @@ async fn metric(
 #[test]
 fn an_http_scaled_object_routes_holds_scales_from_zero_and_reports_to_keda() {
     // An add-on before 0.14: no InterceptorRoutes served, and the role runs on without them.
-    let cluster = Cluster::start_with(false);
+    let cluster = Cluster::start_with(Crds::Before0_14);
     cluster.service("app");
     cluster.endpoints("app", &[], &[]);
     cluster.api.apply_yaml(&app_object(&[], "", ""));
@@ -935,6 +945,116 @@ fn a_pod_that_speaks_only_http2_serves_http1_clients_in_h2c() {
     assert_eq!(stats.cancelled, 1, "the pod's stream was reset: {stats:?}");
     assert_eq!(stats.max_in_flight, 1, "never two at once: {stats:?}");
     assert_eq!(stats.requests, served + 2);
+}
+
+/// The add-on 0.16's cold-start cap from the environment
+/// (`KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS`): while the route has no ready endpoint it holds
+/// that many requests, turns the next away with the add-on's 503 and counts it in
+/// `interceptor_cold_start_rejections_total`; the held ones reach the pod once it is ready.
+#[test]
+fn the_cold_start_cap_holds_that_many_and_turns_the_rest_away_with_the_add_ons_503() {
+    let cluster = Cluster::start();
+    cluster.service("app");
+    let (ip, pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[], &[ip]);
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (interceptor, _scaler) =
+        cluster.interceptor(&[("KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS", "2")]);
+    let http = interceptor.http;
+    let held: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || exchange(http, &request("app.example.com", "/"))))
+        .collect();
+    let route = ["route_name=\"app\""];
+    assert!(
+        eventually(Duration::from_secs(10), || interceptor
+            .metric_sum("interceptor_request_concurrency", &route)
+            == 2.0),
+        "two requests held"
+    );
+    let turned_away = exchange(http, &request("app.example.com", "/"));
+    assert_eq!(turned_away.status, 503);
+    assert_eq!(turned_away.text(), "too many pending requests\n");
+    assert_eq!(
+        interceptor.metric_sum("interceptor_cold_start_rejections_total", &route),
+        1.0
+    );
+    assert_eq!(pod.stats().requests, 0, "nothing reached the pod yet");
+    cluster.endpoints("app", &[ip], &[]);
+    for client in held {
+        let response = client.join().expect("a held client");
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    assert_eq!(pod.stats().requests, 2);
+}
+
+/// The add-on 0.16's `coldStart.maxPendingRequests` with `overflow: Placeholder` on an
+/// InterceptorRoute (its CRD with 0.16's fields): while no endpoint is ready the route holds
+/// that many requests, and only the next gets the placeholder; the held ones reach the pod.
+#[test]
+fn a_cold_start_cap_with_overflow_placeholder_holds_first_and_gives_the_rest_the_placeholder() {
+    let cluster = Cluster::start_with(Crds::ColdStartCap0_16);
+    cluster.service("app");
+    let (ip, pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[], &[ip]);
+    cluster.api.apply_yaml(
+        "apiVersion: http.keda.sh/v1beta1
+kind: InterceptorRoute
+metadata:
+  namespace: default
+  name: capped
+spec:
+  target:
+    service: app
+    port: 80
+  rules:
+  - hosts: [capped.example.com]
+  scalingMetric:
+    concurrency:
+      targetValue: 10
+  coldStart:
+    maxPendingRequests: 1
+    overflow: Placeholder
+    placeholder:
+      response:
+        body: busy warming up
+",
+    );
+    let stored = cluster.api.kubectl([
+        "get",
+        "interceptorroute",
+        "capped",
+        "-o",
+        "jsonpath={.spec.coldStart.maxPendingRequests}",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&stored.stdout),
+        "1",
+        "the API server kept the 0.16 field"
+    );
+    let (interceptor, _scaler) = cluster.interceptor(&[]);
+    let http = interceptor.http;
+    let held = std::thread::spawn(move || exchange(http, &request("capped.example.com", "/")));
+    let route = ["route_name=\"capped\""];
+    assert!(
+        eventually(Duration::from_secs(10), || interceptor
+            .metric_sum("interceptor_request_concurrency", &route)
+            == 1.0),
+        "the first request is held, not answered by the placeholder"
+    );
+    let overflow = exchange(http, &request("capped.example.com", "/"));
+    assert_eq!(
+        (overflow.status, overflow.text().as_str()),
+        (503, "busy warming up")
+    );
+    assert_eq!(
+        interceptor.metric_sum("interceptor_cold_start_rejections_total", &route),
+        1.0
+    );
+    cluster.endpoints("app", &[ip], &[]);
+    let held = held.join().expect("the held client");
+    assert_eq!(held.status, 200);
+    assert_eq!(held.header("X-Backend"), Some("app-1"));
+    assert_eq!(pod.stats().requests, 1);
 }
 
 /// IPv6: a pod listed at an IPv6 address (an EndpointSlice of `addressType: IPv6`) is served

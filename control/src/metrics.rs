@@ -146,6 +146,8 @@ struct RevisionTotals {
     /// Requests in flight in the activator now (queued included).
     in_flight: u64,
     queued: u64,
+    /// Requests a full queue turned away.
+    rejected: u64,
 }
 
 /// The control plane's registry of its own metrics, rendered after the shards' on `/metrics`;
@@ -259,6 +261,7 @@ fn revision_totals(stats: &AllShardStats) -> BTreeMap<(String, String), Revision
             totals.labels = block.labels.clone();
             totals.in_flight += block.load.in_flight();
             totals.queued += block.queued.get();
+            totals.rejected += block.rejected.get();
             if let Some(waits) = block.waits() {
                 totals.slot_waits.add(&waits.slot);
                 totals.cold_start_waits.add(&waits.cold_start);
@@ -328,6 +331,7 @@ fn render_interceptor(out: &mut String, revisions: &BTreeMap<(String, String), R
     #[derive(Default)]
     struct Route {
         in_flight: u64,
+        rejected: u64,
         codes: BTreeMap<u16, HistogramTotals>,
     }
     let mut routes: BTreeMap<(&str, &str), Route> = BTreeMap::new();
@@ -338,6 +342,7 @@ fn render_interceptor(out: &mut String, revisions: &BTreeMap<(String, String), R
             .entry((totals.labels.namespace.as_str(), name))
             .or_default();
         route.in_flight += totals.in_flight;
+        route.rejected += totals.rejected;
         for ((code, _), code_totals) in &totals.codes {
             route
                 .codes
@@ -372,6 +377,16 @@ fn render_interceptor(out: &mut String, revisions: &BTreeMap<(String, String), R
                 histogram.count
             );
         }
+    }
+    // 0.16's: a request beyond the route's cold-start cap (ours: turned away by its full queue).
+    out.push_str("# HELP interceptor_cold_start_rejections_total Requests rejected because the route's pending request limit was reached\n# TYPE interceptor_cold_start_rejections_total counter\n");
+    for (route, totals) in &routes {
+        let _ = writeln!(
+            out,
+            "interceptor_cold_start_rejections_total{{{}}} {}",
+            labels(route),
+            totals.rejected
+        );
     }
     out.push_str("# HELP interceptor_request_duration_seconds Time from request received to response written\n# TYPE interceptor_request_duration_seconds histogram\n");
     for (route, totals) in &routes {

@@ -341,6 +341,20 @@ impl ApiServer {
         );
     }
 
+    /// The add-on's CRDs, the InterceptorRoute one with 0.16's cold-start cap
+    /// ([`crate::keda::interceptor_route_crd_with_0_16_cold_start`]).
+    pub fn install_keda_http_crds_with_0_16_cold_start(&self) {
+        self.install_http_scaled_object_crd();
+        self.kubectl_with_input(
+            ["apply", "--validate=false", "-f", "-"],
+            &crate::keda::interceptor_route_crd_with_0_16_cold_start(),
+        );
+        self.install_crd(
+            "interceptorroutes.http.keda.sh",
+            "interceptorroutes.http.keda.sh",
+        );
+    }
+
     /// Installs only the HTTPScaledObject CRD, as the add-on before 0.14 had.
     pub fn install_http_scaled_object_crd(&self) {
         // The CRD carries CEL rules (`x-kubernetes-validations`: exactly one of `port` and

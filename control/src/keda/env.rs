@@ -45,12 +45,11 @@ pub const DEFAULT_TLS_KEY_PATH: &str = "/certs/tls.key";
 
 /// Keys of the add-on this role reads and does not act on (yet); each is said at start-up
 /// when set, so that nothing is silently ignored.
-pub const NOT_ACTED_ON: [&str; 3] = [
+pub const NOT_ACTED_ON: [&str; 2] = [
     // Not a key of the add-on's sources here (its TLS port is `KEDA_HTTP_PROXY_TLS_ENABLED`'s);
     // said, in case a later release reads it.
     "KEDA_HTTP_TLS_ENABLED",
     "KEDA_HTTP_MAX_IDLE_CONNS",
-    "KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS",
 ];
 
 /// What the role is configured with.
@@ -253,6 +252,9 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
         DEFAULT_MAX_IDLE_PER_HOST as u64,
         0,
     );
+    // 0.16's (the chart's `interceptor.coldStart.maxPendingRequests`); 0: unlimited there, the
+    // route's own bound here.
+    let max_pending = count("KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS", 0, 0);
     let cold_start_header = match get("KEDA_HTTP_ENABLE_COLD_START_HEADER") {
         None => true,
         Some(text) => match go_bool(&text) {
@@ -286,6 +288,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
             readiness: condition_wait
                 .filter(|duration| !duration.is_zero())
                 .or(readiness.filter(|duration| !duration.is_zero())),
+            max_pending: (max_pending > 0).then(|| u32::try_from(max_pending).unwrap_or(u32::MAX)),
         },
         shutdown_delay: shutdown_delay.unwrap_or(DEFAULT_SHUTDOWN_DELAY),
         drain_timeout: match drain_timeout {
@@ -555,5 +558,24 @@ mod tests {
                 "KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST"
             ]
         );
+    }
+
+    #[test]
+    fn the_cold_start_cap_is_read_with_its_edges() {
+        let cap = |value: &str| {
+            parsed(&[("KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS", value)])
+                .map(|env| env.defaults.max_pending)
+        };
+        assert_eq!(parsed(&[]).unwrap().defaults.max_pending, None);
+        assert_eq!(
+            cap("0").unwrap(),
+            None,
+            "the add-on's unlimited: the route's own bound"
+        );
+        assert_eq!(cap("25").unwrap(), Some(25));
+        assert_eq!(cap("99999999999").unwrap(), Some(u32::MAX));
+        let refused = cap("-1").unwrap_err();
+        assert_eq!(refused.0[0].0, "KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS");
+        assert!(cap("many").is_err());
     }
 }

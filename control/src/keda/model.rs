@@ -23,8 +23,8 @@ use serde_json::Value;
 
 use super::counts::RouteId;
 use super::object::{
-    ObjectError, ObjectKind, PlaceholderSource, PlaceholderSpec, PortRef, RateWindow, RouteObject,
-    ServiceRef, DEFAULT_FAILOVER_TIMEOUT, RESPONSE_BODY_LABEL,
+    ObjectError, ObjectKind, Overflow, PlaceholderSource, PlaceholderSpec, PortRef, RateWindow,
+    RouteObject, ServiceRef, DEFAULT_FAILOVER_TIMEOUT, RESPONSE_BODY_LABEL,
 };
 use super::scaler::Scaling;
 use super::tls::UpstreamSetting;
@@ -55,6 +55,10 @@ pub struct Defaults {
     /// `KEDA_HTTP_READINESS_TIMEOUT`: the longest wait for a route's first ready endpoint;
     /// `None` (the add-on's 0): the request's own deadline.
     pub readiness: Option<Duration>,
+    /// `KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS` (0.16): the most requests held for a route
+    /// on this replica when its object sets none; `None` (the add-on's 0, unlimited): the
+    /// route's queue bound, [`DEFAULT_QUEUE_DEPTH`] (★ never unbounded).
+    pub max_pending: Option<u32>,
 }
 
 /// The add-on's response-header timeout when its environment sets none (0.14 and later).
@@ -66,6 +70,7 @@ impl Default for Defaults {
             request: None,
             response_header: DEFAULT_RESPONSE_HEADER_TIMEOUT,
             readiness: None,
+            max_pending: None,
         }
     }
 }
@@ -326,10 +331,21 @@ impl Model {
                 }
                 Arc::new(placeholder)
             });
+            // The add-on 0.16's cold-start cap (#1733) is the route's queue bound; with an
+            // explicit one and `overflow: Placeholder`, requests wait up to it and only those
+            // turned away get the placeholder.
+            spec.queue_depth = object
+                .max_pending
+                .or(self.defaults.max_pending)
+                .unwrap_or(DEFAULT_QUEUE_DEPTH);
+            let hold_before_placeholder = placeholder.is_some()
+                && object.max_pending.is_some()
+                && object.overflow == Overflow::Placeholder;
             let mut cold_start = ColdStart {
                 wait,
                 failover: None,
                 placeholder,
+                hold_before_placeholder,
             };
             if let Some(failover) = &object.failover {
                 let failover_key = RevisionKey::new(namespace, &format!("{name}{FAILOVER_SUFFIX}"));

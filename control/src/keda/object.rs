@@ -139,6 +139,25 @@ pub struct RouteObject {
     /// An InterceptorRoute's `coldStart.placeholder.response`: what a request gets at once
     /// while the route has no ready endpoint.
     pub placeholder: Option<PlaceholderSpec>,
+    /// An InterceptorRoute's `coldStart.maxPendingRequests` (the add-on 0.16's, at least 1):
+    /// the most requests held for it on this replica; `None`: the role's default
+    /// (`KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS`).
+    pub max_pending: Option<u32>,
+    /// An InterceptorRoute's `coldStart.overflow` (0.16): what a request beyond
+    /// `max_pending` gets.
+    pub overflow: Overflow,
+}
+
+/// What a request that finds its route's held requests at their limit gets (`coldStart.overflow`,
+/// the add-on 0.16's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Overflow {
+    /// A 503 (`Reject`, the default).
+    #[default]
+    Reject,
+    /// The route's placeholder (`Placeholder`); with an explicit `maxPendingRequests`, requests
+    /// are then held up to the limit instead of getting the placeholder at once.
+    Placeholder,
 }
 
 /// A placeholder response as a route declares it (`StaticResponse`).
@@ -310,6 +329,9 @@ struct PathWire {
 struct ColdStartWire {
     fallback: Option<FallbackWire>,
     placeholder: Option<PlaceholderWire>,
+    /// 0.16 (#1733); a 0.15 CRD prunes it.
+    max_pending_requests: Option<i64>,
+    overflow: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -579,6 +601,8 @@ impl RouteObject {
             container_concurrency: identity.container_concurrency,
             priority: identity.priority,
             placeholder: None,
+            max_pending: None,
+            overflow: Overflow::Reject,
         })
     }
 
@@ -663,6 +687,30 @@ impl RouteObject {
         )?;
 
         let cold_start = spec.cold_start.unwrap_or_default();
+        let max_pending = match cold_start.max_pending_requests {
+            None => None,
+            Some(limit) => Some(
+                u32::try_from(limit)
+                    .ok()
+                    .filter(|limit| *limit >= 1)
+                    .ok_or_else(|| {
+                        error(
+                            "spec.coldStart.maxPendingRequests",
+                            format!("{limit}: at least 1, at most {}", u32::MAX),
+                        )
+                    })?,
+            ),
+        };
+        let overflow = match cold_start.overflow.as_deref() {
+            None | Some("Reject") => Overflow::Reject,
+            Some("Placeholder") => Overflow::Placeholder,
+            Some(other) => {
+                return Err(error(
+                    "spec.coldStart.overflow",
+                    format!("{other:?}: Reject or Placeholder"),
+                ))
+            }
+        };
         let failover = match cold_start.fallback.and_then(|fallback| fallback.service) {
             None => None,
             Some(service) if service.name.is_empty() => {
@@ -698,6 +746,8 @@ impl RouteObject {
                 .and_then(|placeholder| placeholder.response)
                 .map(placeholder)
                 .transpose()?,
+            max_pending,
+            overflow,
         })
     }
 }

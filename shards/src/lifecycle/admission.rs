@@ -65,7 +65,10 @@ pub(crate) async fn acquire<W: ClientWatch>(
     shard.deliver(revision, outbox);
     match admission {
         Admission::Proceed(pod) => Ok(pod),
-        Admission::Rejected => Err(RequestError::QueueFull),
+        Admission::Rejected => {
+            revision.counters.rejected.increment();
+            Err(RequestError::QueueFull)
+        }
         // Displacing: another shard is asked to shed a lower band's waiter for this request;
         // it waits for that answer as for its slot.
         Admission::Queued(id) | Admission::Displacing(id) => {
@@ -101,12 +104,16 @@ pub(crate) async fn acquire<W: ClientWatch>(
                 Waited::Removed => Err(RequestError::RevisionGone),
                 Waited::Shed => {
                     shard.stats().shed.increment();
+                    revision.counters.rejected.increment();
                     if let Some(band) = band {
                         band.shed.increment();
                     }
                     Err(RequestError::QueueFull)
                 }
-                Waited::Refused => Err(RequestError::QueueFull),
+                Waited::Refused => {
+                    revision.counters.rejected.increment();
+                    Err(RequestError::QueueFull)
+                }
                 Waited::TimedOut => Err(RequestError::TimedOut),
                 Waited::ClientGone => {
                     shard.stats().client_aborts.increment();

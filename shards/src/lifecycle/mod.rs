@@ -296,17 +296,39 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
     let mut failure = None;
-    let served = match conclude(shape.request, ended) {
-        Concluded::Done {
-            status,
-            body_bytes,
-            next,
-        } => Served {
+    let concluded = conclude(shape.request, ended);
+    // Turned away by a full queue while the route holds requests before its placeholder: the
+    // placeholder instead of the 503.
+    let overflow = match &concluded {
+        Concluded::Answer {
+            error: RequestError::QueueFull,
+            ..
+        } => revision.placeholder_on_overflow(),
+        _ => None,
+    };
+    let served = match (concluded, overflow) {
+        (Concluded::Answer { keep_alive, .. }, Some(placeholder)) => {
+            Box::pin(answer_placeholder(
+                shard,
+                front,
+                &placeholder,
+                keep_alive && !draining(),
+            ))
+            .await
+        }
+        (
+            Concluded::Done {
+                status,
+                body_bytes,
+                next,
+            },
+            _,
+        ) => Served {
             next,
             status,
             body_bytes,
         },
-        Concluded::Answer { error, keep_alive } => {
+        (Concluded::Answer { error, keep_alive }, None) => {
             tracing::debug!(
                 request_id = %front.request_id(),
                 status = error.status(),

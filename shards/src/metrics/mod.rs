@@ -565,6 +565,9 @@ pub struct RevisionCounters {
     pub proxied: Load,
     /// Requests of this revision waiting in this shard's queue for a pod slot.
     pub queued: Gauge,
+    /// Requests the revision's full queue turned away (shed by a higher band included): KEDA's
+    /// add-on 0.16 counts its own (`interceptor_cold_start_rejections_total`).
+    pub rejected: Counter,
     /// Allocated by the shard's first wait for the revision, as `slots` are: most revisions
     /// never queue on most shards.
     waits: OnceLock<Box<WaitHistograms>>,
@@ -588,6 +591,7 @@ impl RevisionCounters {
             load: Load::default(),
             proxied: Load::default(),
             queued: Gauge::default(),
+            rejected: Counter::default(),
             waits: OnceLock::new(),
             priority: OnceLock::new(),
             reported: AtomicBool::new(!reporting),

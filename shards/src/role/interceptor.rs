@@ -20,6 +20,10 @@ use crate::routing::replica::{LocalRevision, Replica};
 /// The body of the add-on's 404 when no route matches (`http.Error` with the status text).
 pub const NOT_FOUND: &str = "Not Found\n";
 
+/// The body of the add-on 0.16's 503 for a request beyond its route's cold-start cap (ours: for
+/// one the route's full queue turns away).
+pub const TOO_MANY_PENDING: &str = "too many pending requests\n";
+
 /// The interceptor role.
 #[derive(Clone, Copy, Debug)]
 pub struct Interceptor {
@@ -95,10 +99,11 @@ impl Role for Interceptor {
         false
     }
 
-    /// The add-on's errors are Go's `http.Error` with the status text; a full queue (ours: the
-    /// add-on's is unbounded) keeps its own words.
+    /// The add-on's errors are Go's `http.Error` with the status text; a full queue is its
+    /// 0.16 cold-start cap's 503 (`reference/keda-http-add-on.md` §4.10).
     fn error_body<'e>(&self, error: &'e RequestError) -> Cow<'e, [u8]> {
         match error {
+            RequestError::QueueFull => Cow::Borrowed(TOO_MANY_PENDING.as_bytes()),
             RequestError::TimedOut => Cow::Borrowed(b"Gateway Timeout\n"),
             RequestError::Upstream(_) => Cow::Borrowed(b"Bad Gateway\n"),
             RequestError::RevisionGone => Cow::Borrowed(b"Service Unavailable\n"),

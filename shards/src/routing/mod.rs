@@ -191,8 +191,14 @@ pub struct ColdStart {
     /// The route a request that waited that long goes to instead (its pods are the failover
     /// Service's); `None`: it is answered 504.
     pub failover: Option<RevisionKey>,
-    /// A request that arrives while the route has no routable pod is answered this at once.
+    /// A request that arrives while the route has no routable pod is answered this at once
+    /// (but see `hold_before_placeholder`).
     pub placeholder: Option<Arc<placeholder::Placeholder>>,
+    /// With a placeholder: requests wait for a pod as any, up to the route's queue bound, and
+    /// the placeholder answers only those a full queue turns away while there is no routable
+    /// pod (KEDA's add-on 0.16: `overflow: Placeholder` with an explicit
+    /// `maxPendingRequests`).
+    pub hold_before_placeholder: bool,
 }
 
 /// A route's rules and what orders it among routes whose rules tie ([`rules::RuleTable`]).

@@ -232,8 +232,9 @@ impl LocalRevision {
         self.route.borrow().cold_start.failover.clone()
     }
 
-    /// The placeholder a request gets at once, when the route has one and no routable pod now.
-    /// Every request asks: the common answer (no placeholder) is inline and a few instructions.
+    /// The placeholder a request gets at once, when the route has one, does not hold requests
+    /// before it (`ColdStart::hold_before_placeholder`), and has no routable pod now. Every
+    /// request asks: the common answer (no placeholder) is inline and a few instructions.
     #[inline]
     pub fn placeholder_now(&self) -> Option<Arc<crate::routing::placeholder::Placeholder>> {
         if !self.has_placeholder.get() {
@@ -246,6 +247,15 @@ impl LocalRevision {
     fn placeholder_if_no_pod(&self) -> Option<Arc<crate::routing::placeholder::Placeholder>> {
         let placeholder = self.route.borrow().cold_start.placeholder.clone()?;
         (!self.has_routable_pod()).then_some(placeholder)
+    }
+
+    /// The placeholder a request the full queue turned away gets instead of a 503, when the
+    /// route holds requests before its placeholder and has no routable pod now.
+    pub fn placeholder_on_overflow(&self) -> Option<Arc<crate::routing::placeholder::Placeholder>> {
+        if !self.route.borrow().cold_start.hold_before_placeholder {
+            return None;
+        }
+        self.placeholder_if_no_pod()
     }
 
     /// Whether the revision has a pod that takes requests (a share above zero):
@@ -551,8 +561,9 @@ impl LocalRevision {
             priority.map(|policy| policy.bands),
             priority.map_or(0, |policy| policy.default_band),
         );
-        self.has_placeholder
-            .set(route.cold_start.placeholder.is_some());
+        self.has_placeholder.set(
+            route.cold_start.placeholder.is_some() && !route.cold_start.hold_before_placeholder,
+        );
         *self.route.borrow_mut() = route;
         self.removed.set(false);
     }
@@ -725,4 +736,94 @@ fn hash_key(key: &str) -> u64 {
     let mut hasher = FxHasher::default();
     key.hash(&mut hasher);
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::routing::placeholder::{Placeholder, PlaceholderBody};
+    use crate::routing::{ColdStart, LbPolicy, RevisionLabels, Timeouts};
+
+    /// Route `default/app` with `pods` (one slot each), `protocol` and `cold_start`.
+    fn route(pods: usize, protocol: Protocol, cold_start: ColdStart) -> RoutingUpdate {
+        let pods = (0..pods)
+            .map(|index| {
+                let addr = SocketAddr::from(([10, 0, 0, 1 + index as u8], 8080));
+                Arc::new(PodTracker::new(addr, 1))
+            })
+            .collect();
+        RoutingUpdate::Upsert {
+            version: 1,
+            route: Arc::new(RevisionRoute {
+                key: RevisionKey::new("default", "app").unwrap(),
+                labels: RevisionLabels::default(),
+                container_concurrency: 1,
+                protocol,
+                timeouts: Timeouts::default(),
+                lb_policy: LbPolicy::FirstAvailable,
+                pods,
+                gate: Arc::new(RevisionGate::new(1)),
+                queue_depth: 2,
+                priority: None,
+                upstream_tls: None,
+                rules: None,
+                cold_start,
+            }),
+        }
+    }
+
+    fn placeholder() -> Option<Arc<Placeholder>> {
+        Some(Arc::new(Placeholder {
+            status: 503,
+            fields: Vec::new(),
+            body: PlaceholderBody::Inline(b"warming up".to_vec()),
+        }))
+    }
+
+    fn revision(update: RoutingUpdate) -> Rc<LocalRevision> {
+        let replica = Replica::default();
+        let stats = ShardStats::new(0);
+        replica.apply(update, &stats, false);
+        replica.get("default/app").expect("the route")
+    }
+
+    #[test]
+    fn a_placeholder_answers_at_once_or_only_what_a_full_queue_turns_away() {
+        let at_once = ColdStart {
+            placeholder: placeholder(),
+            ..ColdStart::default()
+        };
+        let cold = revision(route(0, Protocol::Http1, at_once.clone()));
+        assert!(cold.placeholder_now().is_some(), "no pod: at once");
+        assert!(cold.placeholder_on_overflow().is_none());
+        let warm = revision(route(1, Protocol::Http1, at_once));
+        assert!(warm.placeholder_now().is_none(), "a pod: proxied");
+
+        let behind = ColdStart {
+            placeholder: placeholder(),
+            hold_before_placeholder: true,
+            ..ColdStart::default()
+        };
+        let cold = revision(route(0, Protocol::Http1, behind.clone()));
+        assert!(cold.placeholder_now().is_none(), "held for a pod first");
+        assert!(
+            cold.placeholder_on_overflow().is_some(),
+            "the overflow gets it"
+        );
+        let warm = revision(route(1, Protocol::Http1, behind));
+        assert!(
+            warm.placeholder_on_overflow().is_none(),
+            "a full queue with a pod is a 503"
+        );
+    }
+
+    #[test]
+    fn a_routes_pods_know_whether_it_speaks_h2c() {
+        let h2c = revision(route(2, Protocol::H2c, ColdStart::default()));
+        assert!(h2c.pods.borrow().iter().all(|pod| pod.speaks_h2c()));
+        let http1 = revision(route(2, Protocol::Http1, ColdStart::default()));
+        assert!(http1.pods.borrow().iter().all(|pod| !pod.speaks_h2c()));
+    }
 }

@@ -258,6 +258,7 @@ fn the_process_timeouts_apply_unless_the_object_sets_its_own() {
         request: Some(Duration::from_secs(40)),
         response_header: Duration::from_secs(20),
         readiness: Some(Duration::from_secs(7)),
+        max_pending: None,
     };
     let mut model = Model::new(defaults);
     let mut own = object("app", json!(8080), json!({}));
@@ -408,6 +409,7 @@ fn a_routes_zero_timeouts_turn_the_process_ones_off_and_a_fallback_waits_30_s_wi
         request: Some(Duration::from_secs(40)),
         response_header: Duration::from_secs(20),
         readiness: Some(Duration::from_secs(7)),
+        max_pending: None,
     };
     let mut model = Model::new(defaults);
     model.object(
@@ -534,4 +536,77 @@ fn a_placeholder_goes_to_the_shards_with_its_config_maps_data_as_it_changes() {
         &placeholder(&ops).body,
         PlaceholderBody::ConfigMap { data: None, .. }
     ));
+}
+
+/// The add-on 0.16's cold-start cap is the route's queue bound: the object's own, else the
+/// process's (`KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS`), else ours; a placeholder waits
+/// behind it only with an explicit cap and `overflow: Placeholder`.
+#[test]
+fn the_cold_start_cap_bounds_the_routes_queue_and_may_put_the_placeholder_behind_it() {
+    let spec_of = |defaults: Defaults, cold_start: Value| {
+        let mut model = Model::new(defaults);
+        model.service("apps", "app-svc", Some(&service(None)));
+        model.object(
+            IR,
+            "apps",
+            "app",
+            Some(&route("app", json!({"coldStart": cold_start}))),
+        );
+        let (ops, _) = model.ops();
+        let spec = upserts(&ops)[0].clone();
+        (
+            spec.queue_depth,
+            spec.cold_start
+                .as_ref()
+                .is_some_and(|cold| cold.hold_before_placeholder),
+        )
+    };
+    let process = Defaults {
+        max_pending: Some(40),
+        ..Defaults::default()
+    };
+    let placeholder = json!({"response": {"body": "warming up"}});
+    assert_eq!(
+        spec_of(Defaults::default(), json!({})),
+        (DEFAULT_QUEUE_DEPTH, false),
+        "unset everywhere (the add-on's unlimited): our bound"
+    );
+    assert_eq!(spec_of(process, json!({})), (40, false));
+    assert_eq!(
+        spec_of(process, json!({"maxPendingRequests": 3})),
+        (3, false),
+        "the object's own wins"
+    );
+    assert_eq!(
+        spec_of(
+            process,
+            json!({"maxPendingRequests": 3, "overflow": "Placeholder", "placeholder": placeholder})
+        ),
+        (3, true),
+        "held up to the cap, the placeholder for the rest"
+    );
+    assert_eq!(
+        spec_of(
+            process,
+            json!({"overflow": "Placeholder", "placeholder": placeholder})
+        ),
+        (40, false),
+        "the process's cap alone: the placeholder answers at once"
+    );
+    assert_eq!(
+        spec_of(
+            process,
+            json!({"maxPendingRequests": 3, "placeholder": placeholder})
+        ),
+        (3, false),
+        "overflow Reject: the placeholder answers at once"
+    );
+    assert_eq!(
+        spec_of(
+            process,
+            json!({"maxPendingRequests": 3, "overflow": "Placeholder"})
+        ),
+        (3, false),
+        "no placeholder to give: a 503"
+    );
 }

@@ -464,6 +464,26 @@ fn interceptor_routes_a_route_cannot_come_from_are_refused_naming_the_field() {
             json!({"fallback": {"service": {"name": "s"}}}),
             "spec.coldStart.fallback.service",
         ),
+        (
+            "/spec/coldStart",
+            json!({"maxPendingRequests": 0}),
+            "spec.coldStart.maxPendingRequests",
+        ),
+        (
+            "/spec/coldStart",
+            json!({"maxPendingRequests": -3}),
+            "spec.coldStart.maxPendingRequests",
+        ),
+        (
+            "/spec/coldStart",
+            json!({"maxPendingRequests": 4_294_967_296_i64}),
+            "spec.coldStart.maxPendingRequests",
+        ),
+        (
+            "/spec/coldStart",
+            json!({"overflow": "Drop"}),
+            "spec.coldStart.overflow",
+        ),
         ("/spec/rules", json!({"hosts": []}), "object"),
     ];
     for (pointer, replacement, field) in rows {
@@ -557,4 +577,26 @@ fn the_priority_annotation_gives_either_kind_bands_in_the_knative_sources_gramma
         "metadata.annotations[\"kactivator.dev/priority\"]"
     );
     assert!(refused.problem.contains("bands"), "{refused}");
+}
+
+/// The add-on 0.16's cold-start cap (#1733), as its CRD writes it: absent from a 0.15 object,
+/// read from a 0.16 one, `Reject` by default.
+#[test]
+fn the_cold_start_cap_and_its_overflow_read_as_0_16_writes_them() {
+    let old = read_route(served_route()).unwrap();
+    assert_eq!((old.max_pending, old.overflow), (None, Overflow::Reject));
+    let mut value = served_route();
+    value["spec"]["coldStart"]["maxPendingRequests"] = json!(25);
+    let capped = read_route(value.clone()).unwrap();
+    assert_eq!(
+        (capped.max_pending, capped.overflow),
+        (Some(25), Overflow::Reject)
+    );
+    value["spec"]["coldStart"]["overflow"] = json!("Placeholder");
+    value["spec"]["coldStart"]["maxPendingRequests"] = json!(u32::MAX);
+    let placeholder = read_route(value).unwrap();
+    assert_eq!(
+        (placeholder.max_pending, placeholder.overflow),
+        (Some(u32::MAX), Overflow::Placeholder)
+    );
 }
