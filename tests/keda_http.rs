@@ -34,8 +34,9 @@ enum Crds {
     Current,
     /// The HTTPScaledObject alone, as before 0.14.
     Before0_14,
-    /// v0.15.0's, the InterceptorRoute with 0.16's cold-start cap fields.
-    ColdStartCap0_16,
+    /// The InterceptorRoute as 0.16 declares `staticRoutes` and the cold-start cap (the add-on's
+    /// `main` after v0.15.0, with #1733's two fields).
+    V0_16,
 }
 
 /// An API server with the add-on's CRDs and the role's RBAC, and a pod network.
@@ -57,7 +58,7 @@ impl Cluster {
         match crds {
             Crds::Current => api.install_keda_http_crds(),
             Crds::Before0_14 => api.install_http_scaled_object_crd(),
-            Crds::ColdStartCap0_16 => api.install_keda_http_crds_with_0_16_cold_start(),
+            Crds::V0_16 => api.install_keda_http_crds_0_16(),
         }
         api.apply_yaml(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {KEDA_NAMESPACE}\n"
@@ -992,7 +993,7 @@ fn the_cold_start_cap_holds_that_many_and_turns_the_rest_away_with_the_add_ons_5
 /// that many requests, and only the next gets the placeholder; the held ones reach the pod.
 #[test]
 fn a_cold_start_cap_with_overflow_placeholder_holds_first_and_gives_the_rest_the_placeholder() {
-    let cluster = Cluster::start_with(Crds::ColdStartCap0_16);
+    let cluster = Cluster::start_with(Crds::V0_16);
     cluster.service("app");
     let (ip, pod) = cluster.pod("app-1");
     cluster.endpoints("app", &[], &[ip]);
@@ -1055,6 +1056,109 @@ spec:
     assert_eq!(held.status, 200);
     assert_eq!(held.header("X-Backend"), Some("app-1"));
     assert_eq!(pod.stats().requests, 1);
+}
+
+/// 0.16's `staticRoutes` on an InterceptorRoute (the add-on's `main` CRD): a request one of
+/// them matches is never counted, so it never scales the route, and never held: `Always`
+/// answers it whatever the pods, `WhenUnavailable` (the default, by path or by a header) while
+/// no endpoint is ready and sends it to a pod once one is; other requests of the route are
+/// counted and proxied as ever.
+#[test]
+fn static_routes_answer_or_pass_without_counting_and_never_scale_the_route() {
+    let cluster = Cluster::start_with(Crds::V0_16);
+    cluster.service("app");
+    let (ip, pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[], &[ip]);
+    cluster.api.apply_yaml(
+        "apiVersion: http.keda.sh/v1beta1
+kind: InterceptorRoute
+metadata:
+  namespace: default
+  name: site
+spec:
+  target:
+    service: app
+    port: 80
+  rules:
+  - hosts: [site.example.com]
+  scalingMetric:
+    requestRate:
+      targetValue: 10
+  staticRoutes:
+  - rules:
+    - paths: [{value: /healthz}]
+    response:
+      body: ok
+    responseMode: Always
+  - rules:
+    - paths: [{value: /favicon.ico}]
+    - headers: [{name: X-Probe}]
+    response:
+      statusCode: 204
+",
+    );
+    let (interceptor, scaler) = cluster.interceptor(&[]);
+    let get = |path: &str, extra: &str| {
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: site.example.com\r\n{extra}Connection: close\r\n\r\n"
+        );
+        exchange(interceptor.http, head.as_bytes())
+    };
+    let rt = runtime();
+    let mut client = rt.block_on(keda::connect(scaler)).expect("the scaler");
+    let reference = keda::interceptor_route_ref("default", "site-so", "site", &scaler.to_string());
+    let mut active = || {
+        rt.block_on(client.is_active(reference.clone()))
+            .expect("IsActive")
+            .into_inner()
+            .result
+    };
+
+    // No endpoint ready: every static route answers, at once.
+    let health = get("/healthz", "");
+    assert_eq!((health.status, health.text().as_str()), (200, "ok"));
+    let icon = get("/favicon.ico", "");
+    assert_eq!((icon.status, icon.body.len()), (204, 0));
+    let probe = get("/", "X-Probe: 1\r\n");
+    assert_eq!(probe.status, 204, "the second rule: a header");
+    // Counted, the three would make the route's rate, and so the route, active.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!active(), "static routes never scale the route");
+
+    // A ready endpoint: `Always` still answers; `WhenUnavailable` goes to the pod, uncounted.
+    cluster.endpoints("app", &[ip], &[]);
+    assert!(
+        eventually(Duration::from_secs(10), || get("/favicon.ico", "")
+            .header("X-Backend")
+            == Some("app-1")),
+        "the pod answers once it is ready"
+    );
+    let health = get("/healthz", "");
+    assert_eq!((health.status, health.text().as_str()), (200, "ok"));
+    assert_eq!(health.header("X-Backend"), None);
+    let served_static = pod.stats().requests;
+    assert!(served_static >= 1);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!active(), "still nothing counted");
+    let route = ["route_name=\"site\""];
+    assert_eq!(
+        interceptor.metric_sum("interceptor_request_count_total", &route),
+        0.0
+    );
+
+    // Any other request of the route is counted and proxied.
+    let page = get("/", "");
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("X-Backend"), Some("app-1"));
+    assert!(
+        eventually(Duration::from_secs(5), &mut active),
+        "a counted request makes the route active"
+    );
+    assert_eq!(
+        interceptor.metric_sum("interceptor_request_count_total", &route),
+        1.0
+    );
+    assert_eq!(pod.stats().requests, served_static + 1);
 }
 
 /// IPv6: a pod listed at an IPv6 address (an EndpointSlice of `addressType: IPv6`) is served

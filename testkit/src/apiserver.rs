@@ -341,13 +341,13 @@ impl ApiServer {
         );
     }
 
-    /// The add-on's CRDs, the InterceptorRoute one with 0.16's cold-start cap
-    /// ([`crate::keda::interceptor_route_crd_with_0_16_cold_start`]).
-    pub fn install_keda_http_crds_with_0_16_cold_start(&self) {
+    /// The add-on's CRDs, the InterceptorRoute one as 0.16 declares it
+    /// ([`crate::keda::interceptor_route_crd_0_16`]).
+    pub fn install_keda_http_crds_0_16(&self) {
         self.install_http_scaled_object_crd();
         self.kubectl_with_input(
             ["apply", "--validate=false", "-f", "-"],
-            &crate::keda::interceptor_route_crd_with_0_16_cold_start(),
+            &crate::keda::interceptor_route_crd_0_16(),
         );
         self.install_crd(
             "interceptorroutes.http.keda.sh",

@@ -49,19 +49,25 @@ pub const HTTP_SCALED_OBJECT_CRD: &str =
 pub const INTERCEPTOR_ROUTE_CRD: &str =
     include_str!("../k8s/keda-http-add-on/http.keda.sh_interceptorroutes.yaml");
 
-/// [`INTERCEPTOR_ROUTE_CRD`] with the two `coldStart` fields the add-on 0.16 adds (#1733):
-/// `maxPendingRequests`, an int32 of at least 1, and `overflow`, `Reject` or `Placeholder`,
-/// declared as the 0.16 chart's CRD declares them (kedacore/charts#908). 0.16's own CRD is in
-/// none of the add-on's sources this repository has (its `main` stops before #1733), and the
-/// API server prunes fields a CRD does not declare, so a test of those fields installs this.
-pub fn interceptor_route_crd_with_0_16_cold_start() -> String {
+/// The add-on's InterceptorRoute CRD from its `main` branch after v0.15.0 (59b2f6a1,
+/// 2026-06-28), the first with 0.16's `staticRoutes` (#1689).
+pub const INTERCEPTOR_ROUTE_CRD_MAIN: &str =
+    include_str!("../k8s/keda-http-add-on/main/http.keda.sh_interceptorroutes.yaml");
+
+/// The InterceptorRoute CRD as 0.16 declares what kactivator reads of it:
+/// [`INTERCEPTOR_ROUTE_CRD_MAIN`] (`staticRoutes`) with the two `coldStart` fields of #1733
+/// added, `maxPendingRequests`, an int32 of at least 1, and `overflow`, `Reject` or
+/// `Placeholder`, as the 0.16 chart's CRD declares them (kedacore/charts#908). 0.16's own CRD
+/// is in none of the add-on's sources this repository has (its `main` stops before #1733), and
+/// the API server prunes fields a CRD does not declare.
+pub fn interceptor_route_crd_0_16() -> String {
     const AT: &str = "              coldStart:\n                description: Cold start behavior when scaling from zero.\n                properties:\n";
     const ADDED: &str = "                  maxPendingRequests:\n                    format: int32\n                    minimum: 1\n                    type: integer\n                  overflow:\n                    enum:\n                    - Reject\n                    - Placeholder\n                    type: string\n";
     assert!(
-        INTERCEPTOR_ROUTE_CRD.contains(AT),
-        "the 0.15 CRD's coldStart properties"
+        INTERCEPTOR_ROUTE_CRD_MAIN.contains(AT),
+        "the CRD's coldStart properties"
     );
-    INTERCEPTOR_ROUTE_CRD.replacen(AT, &format!("{AT}{ADDED}"), 1)
+    INTERCEPTOR_ROUTE_CRD_MAIN.replacen(AT, &format!("{AT}{ADDED}"), 1)
 }
 
 /// A client of the scaler at `addr`, connected.

@@ -32,7 +32,7 @@ pub use crate::sources::kubernetes::objects::SLICE_SERVICE_LABEL;
 use crate::sources::kubernetes::objects::{slice_addresses_where, Listing};
 use crate::state::{OmissionScope, Op, RevisionSpec};
 use crate::tls::PodTls;
-use kactivator_shards::routing::placeholder::{Placeholder, PlaceholderBody};
+use kactivator_shards::routing::placeholder::{Placeholder, PlaceholderBody, StaticRoute};
 
 #[cfg(test)]
 mod tests;
@@ -325,7 +325,8 @@ impl Model {
                 wait = Some(DEFAULT_FAILOVER_TIMEOUT);
             }
             let placeholder = object.placeholder.as_ref().map(|spec| {
-                let (placeholder, missing) = self.placeholder(namespace, spec);
+                let (placeholder, missing) =
+                    self.placeholder(namespace, spec, "spec.coldStart.placeholder");
                 if let Some(missing) = missing {
                     refusals.push(refuse(missing));
                 }
@@ -390,12 +391,14 @@ impl Model {
         (ops, refusals)
     }
 
-    /// The shards' placeholder of a route in `namespace`, its body the ConfigMap's data now;
-    /// and, when that ConfigMap is missing, what the log says.
+    /// The shards' placeholder of a route in `namespace` (or one of its static routes'
+    /// responses; `field` names which), its body the ConfigMap's data now; and, when that
+    /// ConfigMap is missing, what the log says.
     fn placeholder(
         &self,
         namespace: &str,
         spec: &PlaceholderSpec,
+        field: &str,
     ) -> (Placeholder, Option<String>) {
         let mut missing = None;
         let body = match &spec.body {
@@ -407,8 +410,8 @@ impl Model {
                     .cloned();
                 if data.is_none() {
                     missing = Some(format!(
-                        "spec.coldStart.placeholder: ConfigMap {namespace}/{name} with the label \
-                         {RESPONSE_BODY_LABEL}=true not found: the placeholder answers 500"
+                        "{field}: ConfigMap {namespace}/{name} with the label \
+                         {RESPONSE_BODY_LABEL}=true not found: it answers 500"
                     ));
                 }
                 PlaceholderBody::ConfigMap {
@@ -432,13 +435,30 @@ impl Model {
         key: RevisionKey,
         object: &RouteObject,
     ) -> (RevisionSpec, Vec<SocketAddr>, Vec<String>) {
-        let (mut spec, ready, problems) = self.service_route(key, object, &object.target);
+        let namespace = key.namespace().to_owned();
+        let (mut spec, ready, mut problems) = self.service_route(key, object, &object.target);
         spec.container_concurrency = object.container_concurrency.unwrap_or(0);
         spec.priority = object.priority.clone();
         spec.lb_policy = LbPolicy::default_for(spec.container_concurrency);
+        let statics = object
+            .static_routes
+            .iter()
+            .enumerate()
+            .map(|(index, route)| {
+                let field = format!("spec.staticRoutes[{index}].response");
+                let (response, missing) = self.placeholder(&namespace, &route.response, &field);
+                problems.extend(missing);
+                StaticRoute {
+                    rules: route.rules.clone(),
+                    response: Arc::new(response),
+                    always: route.always,
+                }
+            })
+            .collect();
         spec.rules = Some(Arc::new(RouteRules {
             order: object.order.clone(),
             rules: object.rules.clone(),
+            statics,
         }));
         (spec, ready, problems)
     }

@@ -146,7 +146,24 @@ pub struct RouteObject {
     /// An InterceptorRoute's `coldStart.overflow` (0.16): what a request beyond
     /// `max_pending` gets.
     pub overflow: Overflow,
+    /// An InterceptorRoute's `staticRoutes` (0.16), in order.
+    pub static_routes: Vec<StaticRouteSpec>,
 }
+
+/// One static route as a route declares it (`StaticRoute`): requests of the route one of its
+/// rules matches are not counted and get its response (when `always`, or while the route has no
+/// ready endpoint).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaticRouteSpec {
+    pub rules: Vec<Rule>,
+    pub response: PlaceholderSpec,
+    /// `responseMode: Always`; false: `WhenUnavailable` (the default).
+    pub always: bool,
+}
+
+/// A static route's status when its response sets none (`http.StatusOK` in the add-on's
+/// `StaticRouting`).
+pub const STATIC_ROUTE_STATUS: u16 = 200;
 
 /// What a request that finds its route's held requests at their limit gets (`coldStart.overflow`,
 /// the add-on 0.16's).
@@ -309,6 +326,16 @@ struct RouteSpecWire {
     timeouts: Option<RouteTimeoutsWire>,
     rules: Option<Vec<RuleWire>>,
     scaling_metric: Option<ScalingMetricWire>,
+    /// 0.16 (#1622, #1689); a 0.15 CRD prunes it.
+    static_routes: Option<Vec<StaticRouteWire>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct StaticRouteWire {
+    rules: Option<Vec<RuleWire>>,
+    response: Option<StaticResponseWire>,
+    response_mode: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -603,6 +630,7 @@ impl RouteObject {
             placeholder: None,
             max_pending: None,
             overflow: Overflow::Reject,
+            static_routes: Vec::new(),
         })
     }
 
@@ -620,29 +648,14 @@ impl RouteObject {
             .unwrap_or_default()
             .into_iter()
             .enumerate()
-            .map(|(index, rule)| {
-                let field = format!("spec.rules[{index}]");
-                let paths = rule
-                    .paths
-                    .unwrap_or_default()
-                    .into_iter()
-                    .enumerate()
-                    .map(|(at, path)| {
-                        if path.value.is_empty() {
-                            return Err(error(format!("{field}.paths[{at}].value"), "empty"));
-                        }
-                        Ok(path.value)
-                    })
-                    .collect::<Result<_, _>>()?;
-                Ok(Rule {
-                    hosts: rule.hosts.unwrap_or_default(),
-                    paths,
-                    headers: header_matches(
-                        &format!("{field}.headers"),
-                        rule.headers.unwrap_or_default(),
-                    )?,
-                })
-            })
+            .map(|(index, rule)| routing_rule(&format!("spec.rules[{index}]"), rule))
+            .collect::<Result<Vec<_>, ObjectError>>()?;
+        let static_routes = spec
+            .static_routes
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(index, route)| static_route(&format!("spec.staticRoutes[{index}]"), route))
             .collect::<Result<Vec<_>, ObjectError>>()?;
 
         // Both metrics may be set: KEDA takes the larger replica count.
@@ -748,15 +761,85 @@ impl RouteObject {
                 .transpose()?,
             max_pending,
             overflow,
+            static_routes,
         })
     }
 }
 
+/// One `RoutingRule` (`field` names it in a refusal).
+fn routing_rule(field: &str, rule: RuleWire) -> Result<Rule, ObjectError> {
+    let paths = rule
+        .paths
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(at, path)| {
+            if path.value.is_empty() {
+                return Err(error(format!("{field}.paths[{at}].value"), "empty"));
+            }
+            Ok(path.value)
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Rule {
+        hosts: rule.hosts.unwrap_or_default(),
+        paths,
+        headers: header_matches(
+            &format!("{field}.headers"),
+            rule.headers.unwrap_or_default(),
+        )?,
+    })
+}
+
+/// One static route (0.16's `staticRoutes[]`): at least one rule, its response (200 unless it
+/// says), its mode.
+fn static_route(field: &str, route: StaticRouteWire) -> Result<StaticRouteSpec, ObjectError> {
+    let rules = route.rules.unwrap_or_default();
+    if rules.is_empty() {
+        return Err(error(format!("{field}.rules"), "at least one rule"));
+    }
+    let rules = rules
+        .into_iter()
+        .enumerate()
+        .map(|(index, rule)| routing_rule(&format!("{field}.rules[{index}]"), rule))
+        .collect::<Result<Vec<_>, ObjectError>>()?;
+    let response = route
+        .response
+        .ok_or_else(|| error(format!("{field}.response"), "missing"))?;
+    let response = static_response(&format!("{field}.response"), response, STATIC_ROUTE_STATUS)?;
+    let always = match route.response_mode.as_deref() {
+        None | Some("") | Some("WhenUnavailable") => false,
+        Some("Always") => true,
+        Some(other) => {
+            return Err(error(
+                format!("{field}.responseMode"),
+                format!("{other:?}: Always or WhenUnavailable"),
+            ))
+        }
+    };
+    Ok(StaticRouteSpec {
+        rules,
+        response,
+        always,
+    })
+}
+
 /// A placeholder's response, as the CRD and Go's server allow it.
 fn placeholder(response: StaticResponseWire) -> Result<PlaceholderSpec, ObjectError> {
-    let field = "spec.coldStart.placeholder.response";
+    static_response(
+        "spec.coldStart.placeholder.response",
+        response,
+        DEFAULT_PLACEHOLDER_STATUS,
+    )
+}
+
+/// A `StaticResponse` (`field` names it), its status `default_status` when unset.
+fn static_response(
+    field: &str,
+    response: StaticResponseWire,
+    default_status: u16,
+) -> Result<PlaceholderSpec, ObjectError> {
     let status = match response.status_code {
-        None | Some(0) => DEFAULT_PLACEHOLDER_STATUS,
+        None | Some(0) => default_status,
         Some(code @ 100..=599) => code as u16,
         Some(code) => {
             return Err(error(

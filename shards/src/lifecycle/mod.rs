@@ -256,6 +256,7 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
     // Read before `prepare`, which lets go of the fields; the default class without a policy.
     let class = revision.classify(&front.headers(), &shard.stats().priority_invalid);
     let marks = role.marks(&front.headers(), &revision.counters);
+    let static_route = revision.static_route(&front.headers());
     // A sampled request keeps its decision and timeline in a box of its own: one pointer in
     // every request's state, one branch per step while none is sampled.
     let mut traced = shard
@@ -263,8 +264,22 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
         .decide(|trace| front.prepare(role.edits(), trace))
         .filter(|decided| decided.context.sampled)
         .map(|decided| Box::new((decided, Timeline::default())));
-    let tally = Tally::arrive(shard, &revision, arrival, marks);
-    if let Some(placeholder) = revision.placeholder_now() {
+    // A static route's request is neither counted (it never scales the route) nor held: its
+    // response when it answers always or no pod could take the request, else straight on.
+    let tally = match static_route {
+        None => Some(Tally::arrive(shard, &revision, arrival, marks)),
+        Some(matched) if matched.always || !revision.has_routable_pod() => {
+            return Box::pin(answer_placeholder(
+                shard,
+                front,
+                &matched.response,
+                local_keep_alive,
+            ))
+            .await;
+        }
+        Some(_) => None,
+    };
+    if let (Some(placeholder), Some(_)) = (revision.placeholder_now(), &tally) {
         // Counted as it arrives (so the route still scales up), answered at once. Boxed, as a
         // registration: rare next to proxied requests, its state inline would widen every
         // request's future.
@@ -275,7 +290,9 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
             local_keep_alive,
         ))
         .await;
-        tally.end(arrival, served.status, None);
+        if let Some(tally) = tally {
+            tally.end(arrival, served.status, None);
+        }
         return served;
     }
     let mut noted = Noted {
@@ -347,7 +364,9 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
             answered(shard, front, &answer, keep_alive && !draining()).await
         }
     };
-    tally.end(arrival, served.status, reached_app);
+    if let Some(tally) = tally {
+        tally.end(arrival, served.status, reached_app);
+    }
     if let Some(traced) = traced {
         let (decided, timeline) = *traced;
         let (method, path) = front.method_and_path();

@@ -206,6 +206,8 @@ pub struct ColdStart {
 pub struct RouteRules {
     pub order: rules::RouteOrder,
     pub rules: Vec<rules::Rule>,
+    /// Its static routes, in order ([`placeholder::StaticRoute`]).
+    pub statics: Vec<placeholder::StaticRoute>,
 }
 
 /// One change to the routing table.

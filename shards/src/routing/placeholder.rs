@@ -12,8 +12,27 @@
 //! * The fields are the declared ones; a ConfigMap value's `Content-Type` comes from its key's
 //!   extension (Go's `mime.TypeByExtension`) unless one is declared; otherwise a non-empty body
 //!   gets the type Go's server sniffs for text and HTML, as the add-on's `ResponseWriter` would.
+//!
+//! The same response answers a route's static routes (0.16's `staticRoutes`, [`StaticRoute`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::routing::rules::Rule;
+
+/// One of a route's static routes (KEDA's add-on 0.16, `staticRoutes` of an InterceptorRoute,
+/// `interceptor/middleware/static_route.go` on its `main`): a request of the route that one of
+/// its `rules` matches ([`Rule::matches`]; the first static route that matches wins) is not
+/// counted, so it never scales the route, and is never held: it gets `response` (the add-on's
+/// default status there is 200) when `always`, or when the route has no routable pod; else it
+/// goes to a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaticRoute {
+    pub rules: Vec<Rule>,
+    pub response: Arc<Placeholder>,
+    /// `responseMode: Always`; false: `WhenUnavailable`, the default.
+    pub always: bool,
+}
 
 /// A route's placeholder response.
 #[derive(Clone, Debug, PartialEq, Eq)]

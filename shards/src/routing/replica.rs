@@ -190,6 +190,13 @@ pub enum Ungranted {
     Refused,
 }
 
+/// A static route a request matched: what it answers, and whether always
+/// (`placeholder::StaticRoute`).
+pub struct StaticMatch {
+    pub response: Arc<crate::routing::placeholder::Placeholder>,
+    pub always: bool,
+}
+
 /// One revision as seen by one shard. Survives route updates: waiters, the load balancer's
 /// state and counters stay.
 #[derive(Debug)]
@@ -208,6 +215,8 @@ pub struct LocalRevision {
     /// The route has a placeholder (`RevisionRoute::cold_start`): what every request asks,
     /// kept beside the route so the common answer is one load.
     has_placeholder: Cell<bool>,
+    /// The route has static routes (`RouteRules::statics`), kept as `has_placeholder` is.
+    has_statics: Cell<bool>,
     pub counters: Arc<RevisionCounters>,
 }
 
@@ -247,6 +256,36 @@ impl LocalRevision {
     fn placeholder_if_no_pod(&self) -> Option<Arc<crate::routing::placeholder::Placeholder>> {
         let placeholder = self.route.borrow().cold_start.placeholder.clone()?;
         (!self.has_routable_pod()).then_some(placeholder)
+    }
+
+    /// The first of the route's static routes that a request with these fields matches, if
+    /// any. Every request asks: the common answer (none) is inline and one load.
+    #[inline]
+    pub fn static_route<H: RequestHeaders + ?Sized>(&self, fields: &H) -> Option<StaticMatch> {
+        if !self.has_statics.get() {
+            return None;
+        }
+        self.first_static_route(fields)
+    }
+
+    #[inline(never)]
+    fn first_static_route<H: RequestHeaders + ?Sized>(&self, fields: &H) -> Option<StaticMatch> {
+        let route = self.route.borrow();
+        let statics = &route.rules.as_deref()?.statics;
+        let authority = fields.authority().unwrap_or_default();
+        let target = fields.target();
+        statics
+            .iter()
+            .find(|route| {
+                route
+                    .rules
+                    .iter()
+                    .any(|rule| rule.matches(authority, target, fields))
+            })
+            .map(|route| StaticMatch {
+                response: route.response.clone(),
+                always: route.always,
+            })
     }
 
     /// The placeholder a request the full queue turned away gets instead of a 503, when the
@@ -564,6 +603,12 @@ impl LocalRevision {
         self.has_placeholder.set(
             route.cold_start.placeholder.is_some() && !route.cold_start.hold_before_placeholder,
         );
+        self.has_statics.set(
+            route
+                .rules
+                .as_ref()
+                .is_some_and(|rules| !rules.statics.is_empty()),
+        );
         *self.route.borrow_mut() = route;
         self.removed.set(false);
     }
@@ -697,6 +742,7 @@ impl Replica {
                             waiters: RefCell::new(FxHashMap::default()),
                             removed: Cell::new(false),
                             has_placeholder: Cell::new(false),
+                            has_statics: Cell::new(false),
                             counters,
                         });
                         revision.apply(route.clone());
@@ -825,5 +871,57 @@ mod tests {
         assert!(h2c.pods.borrow().iter().all(|pod| pod.speaks_h2c()));
         let http1 = revision(route(2, Protocol::Http1, ColdStart::default()));
         assert!(http1.pods.borrow().iter().all(|pod| !pod.speaks_h2c()));
+    }
+
+    #[test]
+    fn the_first_static_route_a_request_matches_is_the_one() {
+        use crate::routing::placeholder::StaticRoute;
+        use crate::routing::rules::{RouteOrder, Rule};
+        use crate::routing::RouteRules;
+        let statics = |paths: &[(&str, bool)]| {
+            paths
+                .iter()
+                .map(|(path, always)| StaticRoute {
+                    rules: vec![Rule {
+                        paths: vec![path.to_string()],
+                        ..Rule::default()
+                    }],
+                    response: placeholder().unwrap(),
+                    always: *always,
+                })
+                .collect()
+        };
+        let with = |statics| {
+            let RoutingUpdate::Upsert { route, .. } =
+                route(1, Protocol::Http1, ColdStart::default())
+            else {
+                unreachable!()
+            };
+            let mut route = Arc::into_inner(route).unwrap();
+            route.rules = Some(Arc::new(RouteRules {
+                order: RouteOrder {
+                    created: 0,
+                    namespace: "default".into(),
+                    name: "app".into(),
+                },
+                rules: vec![Rule::default()],
+                statics,
+            }));
+            revision(RoutingUpdate::Upsert {
+                version: 1,
+                route: Arc::new(route),
+            })
+        };
+        let request = |path: &'static str| [("Host", "a.example.com"), (":path", path)];
+        let none = with(Vec::new());
+        assert!(none.static_route(&request("/healthz")[..]).is_none());
+        let two = with(statics(&[("/healthz", true), ("/", false)]));
+        let matched = |path| two.static_route(&request(path)[..]).map(|m| m.always);
+        assert_eq!(
+            matched("/healthz/live"),
+            Some(true),
+            "the first that matches"
+        );
+        assert_eq!(matched("/other"), Some(false));
     }
 }

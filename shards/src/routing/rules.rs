@@ -40,6 +40,51 @@ pub struct Rule {
     pub headers: Vec<HeaderMatch>,
 }
 
+impl Rule {
+    /// Whether a request addressed to `authority` with target `target` and these fields
+    /// matches the rule on its own, as the add-on's `MatchRoutingRule` decides for a static
+    /// route (`pkg/routing/match.go` on its `main`, 0.16): an empty field matches anything; a
+    /// host is `*` or empty (any host), `*.<suffix>` (any name under it, at any depth, not the
+    /// suffix itself) or the host name exactly, without the request's port; a path is a prefix
+    /// of the request's path on whole segments, slashes around either ignored (empty or `/`:
+    /// any path); every header matches.
+    pub fn matches<H: RequestHeaders + ?Sized>(
+        &self,
+        authority: &[u8],
+        target: &[u8],
+        headers: &H,
+    ) -> bool {
+        let host = host_name(authority);
+        let host_matches = self.hosts.is_empty()
+            || self.hosts.iter().any(|rule| match rule.as_str() {
+                "" | "*" => true,
+                rule => match rule.strip_prefix('*') {
+                    Some(suffix) if suffix.starts_with('.') => host.ends_with(suffix.as_bytes()),
+                    _ => host == rule.as_bytes(),
+                },
+            });
+        if !host_matches {
+            return false;
+        }
+        if !self.paths.is_empty() {
+            let path = request_path(target);
+            let path = trim_slashes(&path);
+            let path_matches = self.paths.iter().any(|prefix| {
+                let prefix = trim_slashes(prefix.as_bytes());
+                prefix.is_empty()
+                    || path == prefix
+                    || (path.starts_with(prefix) && path.get(prefix.len()) == Some(&b'/'))
+            });
+            if !path_matches {
+                return false;
+            }
+        }
+        self.headers
+            .iter()
+            .all(|header| headers.has(&header.name, header.value.as_deref().map(str::as_bytes)))
+    }
+}
+
 /// What orders two routes whose rules match the same host, prefix and number of headers: the
 /// older first (`created`, seconds since the epoch as the API server stamps it), then
 /// namespace and name, descending.

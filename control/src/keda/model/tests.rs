@@ -610,3 +610,46 @@ fn the_cold_start_cap_bounds_the_routes_queue_and_may_put_the_placeholder_behind
         "no placeholder to give: a 503"
     );
 }
+
+/// A route's static routes go to the shards with its rules, their responses' ConfigMap data
+/// filled in as a placeholder's is, and a missing ConfigMap said.
+#[test]
+fn static_routes_go_to_the_shards_with_the_routes_rules() {
+    let mut model = Model::new(Defaults::default());
+    model.service("apps", "app-svc", Some(&service(None)));
+    model.object(
+        IR,
+        "apps",
+        "app",
+        Some(&route(
+            "app",
+            json!({"staticRoutes": [
+                {"rules": [{"paths": [{"value": "/healthz"}]}], "response": {"body": "ok"},
+                 "responseMode": "Always"},
+                {"rules": [{"paths": [{"value": "/docs"}]}],
+                 "response": {"bodyFromConfigMap": {"name": "docs"}}},
+            ]}),
+        )),
+    );
+    let (ops, said) = model.ops();
+    let rules = upserts(&ops)[0].rules.clone().expect("rules");
+    assert_eq!(rules.rules.len(), 2, "the route's own rules are untouched");
+    assert_eq!(rules.statics.len(), 2);
+    assert!(rules.statics[0].always);
+    assert_eq!(rules.statics[0].response.status, 200);
+    assert_eq!(
+        rules.statics[0].response.body,
+        PlaceholderBody::Inline(b"ok".to_vec())
+    );
+    assert!(!rules.statics[1].always);
+    assert!(
+        said.iter().any(|said| said
+            .reason
+            .contains("spec.staticRoutes[1].response: ConfigMap apps/docs")),
+        "{said:?}"
+    );
+    assert!(matches!(
+        &rules.statics[1].response.body,
+        PlaceholderBody::ConfigMap { data: None, .. }
+    ));
+}

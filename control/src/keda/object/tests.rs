@@ -484,6 +484,32 @@ fn interceptor_routes_a_route_cannot_come_from_are_refused_naming_the_field() {
             json!({"overflow": "Drop"}),
             "spec.coldStart.overflow",
         ),
+        (
+            "/spec/staticRoutes",
+            json!([{"response": {}}]),
+            "spec.staticRoutes[0].rules",
+        ),
+        (
+            "/spec/staticRoutes",
+            json!([{"rules": [{}]}]),
+            "spec.staticRoutes[0].response",
+        ),
+        (
+            "/spec/staticRoutes",
+            json!([{"rules": [{}], "response": {}}, {"rules": [{}], "response": {},
+                    "responseMode": "Sometimes"}]),
+            "spec.staticRoutes[1].responseMode",
+        ),
+        (
+            "/spec/staticRoutes",
+            json!([{"rules": [{"paths": [{"value": ""}]}], "response": {}}]),
+            "spec.staticRoutes[0].rules[0].paths[0].value",
+        ),
+        (
+            "/spec/staticRoutes",
+            json!([{"rules": [{}], "response": {"statusCode": 42}}]),
+            "spec.staticRoutes[0].response.statusCode",
+        ),
         ("/spec/rules", json!({"hosts": []}), "object"),
     ];
     for (pointer, replacement, field) in rows {
@@ -598,5 +624,37 @@ fn the_cold_start_cap_and_its_overflow_read_as_0_16_writes_them() {
     assert_eq!(
         (placeholder.max_pending, placeholder.overflow),
         (Some(u32::MAX), Overflow::Placeholder)
+    );
+}
+
+/// 0.16's static routes (#1689), as the add-on's `main` CRD writes them: in order, each with its
+/// rules, its response (200 unless it says) and its mode (`WhenUnavailable` unless it says).
+#[test]
+fn static_routes_read_in_order_with_the_add_ons_defaults() {
+    assert_eq!(read_route(served_route()).unwrap().static_routes, []);
+    let mut value = served_route();
+    value["spec"]["staticRoutes"] = json!([
+        {"rules": [{"paths": [{"value": "/healthz"}]}], "response": {"body": "ok"},
+         "responseMode": "Always"},
+        {"rules": [{"hosts": ["*.example.com"]}, {"headers": [{"name": "X-Probe"}]}],
+         "response": {"statusCode": 204, "headers": {"Cache-Control": "no-store"}}},
+    ]);
+    let statics = read_route(value).unwrap().static_routes;
+    assert_eq!(statics.len(), 2);
+    assert_eq!(statics[0].rules[0].paths, ["/healthz"]);
+    assert!(statics[0].always);
+    assert_eq!(statics[0].response.status, STATIC_ROUTE_STATUS);
+    assert_eq!(
+        statics[0].response.body,
+        PlaceholderSource::Inline("ok".into())
+    );
+    assert!(!statics[1].always, "WhenUnavailable by default");
+    assert_eq!(statics[1].rules.len(), 2);
+    assert_eq!(statics[1].rules[0].hosts, ["*.example.com"]);
+    assert_eq!(&*statics[1].rules[1].headers[0].name, "X-Probe");
+    assert_eq!(statics[1].response.status, 204);
+    assert_eq!(
+        statics[1].response.fields,
+        [("Cache-Control".to_string(), b"no-store".to_vec())]
     );
 }

@@ -489,3 +489,153 @@ fn an_empty_table_routes_nothing() {
     assert!(t.is_empty());
     assert_eq!(lookup(&t, "example.com", "/", &[]), None);
 }
+
+/// The add-on's `pkg/routing/match_test.go` (its `main`, 0.16), row for row: one rule on its
+/// own, as a static route is matched.
+#[test]
+fn one_rule_matches_a_request_as_the_add_ons_match_routing_rule() {
+    /// A rule, the request's host, path and fields, and whether it matches.
+    type Row = (
+        Rule,
+        &'static str,
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        bool,
+    );
+    let header = Some("header-value");
+    let rows: &[Row] = &[
+        (rule(&[], &[], &[]), "any.host", "/anything", &[], true),
+        (rule(&[], &["/healthz"], &[]), "", "/healthz", &[], true),
+        (rule(&[], &["/healthz"], &[]), "", "/other", &[], false),
+        (
+            rule(&["example.com"], &[], &[]),
+            "example.com",
+            "/",
+            &[],
+            true,
+        ),
+        (
+            rule(&["example.com"], &[], &[]),
+            "example.org",
+            "/",
+            &[],
+            false,
+        ),
+        (
+            rule(&[], &[], &[("Custom-Header", header)]),
+            "",
+            "/",
+            &[("Custom-Header", "header-value")],
+            true,
+        ),
+        (
+            rule(&[], &[], &[("Custom-Header", header)]),
+            "",
+            "/",
+            &[("Custom-Header", "not matching")],
+            false,
+        ),
+        (
+            rule(
+                &["app.example.com"],
+                &["/api"],
+                &[("Custom-Header", header)],
+            ),
+            "app.example.com",
+            "/api/v1",
+            &[("Custom-Header", "header-value")],
+            true,
+        ),
+        // RequestHost: the port goes.
+        (
+            rule(&["example.com"], &[], &[]),
+            "example.com:8080",
+            "/",
+            &[],
+            true,
+        ),
+    ];
+    for (rule, host, path, headers, want) in rows {
+        assert_eq!(
+            rule.matches(host.as_bytes(), path.as_bytes(), *headers),
+            *want,
+            "{rule:?} {host} {path} {headers:?}"
+        );
+    }
+
+    // MatchAnyHost.
+    for (host, hosts, want) in [
+        ("a.com", &["a.com"][..], true),
+        ("b.com", &["a.com"], false),
+        ("x.a.com", &["*.a.com"], true),
+        ("a.com", &["*.a.com"], false),
+        ("x.y.a.com", &["*.a.com"], true),
+        ("anything", &["*"], true),
+        ("anything", &[""], true),
+        ("a.com", &["a.com", "b.com"], true),
+        ("b.com", &["a.com", "b.com"], true),
+        ("c.com", &["a.com", "b.com"], false),
+    ] {
+        let matched = rule(hosts, &[], &[]).matches(host.as_bytes(), b"/", &[][..]);
+        assert_eq!(matched, want, "{host} {hosts:?}");
+    }
+
+    // MatchAnyPath.
+    for (path, paths, want) in [
+        ("/healthz", &["/healthz"][..], true),
+        ("/api/v1", &["/api"], true),
+        ("/healthz", &["/health"], false),
+        ("/anything", &["/"], true),
+        ("/healthz", &["/healthz/"], true),
+        ("/readyz", &["/healthz", "/readyz"], true),
+        ("/other", &["/healthz", "/readyz"], false),
+        ("/healthz/", &["/healthz"], true),
+        ("/anything", &[""], true),
+    ] {
+        let matched = rule(&[], paths, &[]).matches(b"a", path.as_bytes(), &[][..]);
+        assert_eq!(matched, want, "{path} {paths:?}");
+    }
+
+    // MatchHeaders: every matcher, a key-only one by presence.
+    let both = rule(
+        &[],
+        &[],
+        &[
+            ("Required-Header", Some("expected")),
+            ("Key-Only-Header", None),
+        ],
+    );
+    for (headers, want) in [
+        (
+            &[
+                ("Required-Header", "expected"),
+                ("Key-Only-Header", "any-value"),
+            ][..],
+            true,
+        ),
+        (&[("Key-Only-Header", "any-value")], false),
+        (&[("Required-Header", "expected")], false),
+        (
+            &[
+                ("Required-Header", "wrong"),
+                ("Key-Only-Header", "any-value"),
+            ],
+            false,
+        ),
+        (
+            &[("Required-Header", "expected"), ("Key-Only-Header", "")],
+            true,
+        ),
+        (&[], false),
+        (
+            &[
+                ("Required-Header", "expected"),
+                ("Key-Only-Header", "any-value"),
+                ("Extra-Header", "extra"),
+            ],
+            true,
+        ),
+    ] {
+        assert_eq!(both.matches(b"a", b"/", headers), want, "{headers:?}");
+    }
+}
