@@ -384,6 +384,33 @@ fn an_http_scaled_object_routes_holds_scales_from_zero_and_reports_to_keda() {
         gone.expect_err("no such object").code(),
         tonic::Code::NotFound
     );
+
+    // The add-on upgraded under a running role: its InterceptorRoute CRD is installed, and an
+    // InterceptorRoute routes without a restart.
+    cluster.api.install_keda_http_crds();
+    cluster.api.apply_yaml(
+        "apiVersion: http.keda.sh/v1beta1
+kind: InterceptorRoute
+metadata:
+  namespace: default
+  name: later
+spec:
+  target:
+    service: app
+    port: 80
+  rules:
+  - hosts: [app.example.com]
+  scalingMetric:
+    concurrency:
+      targetValue: 10
+",
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            exchange(interceptor.http, &request("app.example.com", "/")).status == 200
+        }),
+        "the InterceptorRoute routes once its CRD is served"
+    );
 }
 
 /// InterceptorRoute `app` (the add-on's 0.14 and later) as a user writes one: two rules (a host

@@ -3,8 +3,9 @@
 //! when the server serves them: the add-on's 0.14 and later), the Services, the EndpointSlices
 //! and the ConfigMaps labelled for placeholder bodies (in every namespace, or the one `KEDA_HTTP_WATCH_NAMESPACE` names, as the
 //! add-on's interceptor), their objects through the [`Model`] into state-worker ops, as the
-//! Knative source does. Whether InterceptorRoutes are served is asked once at start: a CRD
-//! installed later is watched after a restart.
+//! Knative source does. Whether InterceptorRoutes are served is asked at start and, while they
+//! are not, again every [`ROUTES_CRD_CHECK_EVERY`]: a CRD installed later is watched from then
+//! on, without a restart.
 //!
 //! Start-up: once every watch has listed, the first view goes to the worker as one batch, and
 //! readiness is told once every shard serves it (the add-on's `/readyz` waits for its first
@@ -42,6 +43,27 @@ pub type ScaledRoutes = Arc<ScalerView>;
 
 /// The API group and version of InterceptorRoutes.
 const INTERCEPTOR_ROUTES_VERSION: &str = "http.keda.sh/v1beta1";
+
+/// How often a server that serves no InterceptorRoutes is asked again (one discovery GET each
+/// time, only while they are not served).
+pub const ROUTES_CRD_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether the server serves InterceptorRoutes (the add-on's CRD, 0.14 and later).
+async fn serves_interceptor_routes(client: &Client) -> Result<bool, String> {
+    match client
+        .list_api_group_resources(INTERCEPTOR_ROUTES_VERSION)
+        .await
+    {
+        Ok(list) => Ok(list
+            .resources
+            .iter()
+            .any(|resource| resource.name == "interceptorroutes")),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(error) => Err(format!(
+            "cannot ask the API server for {INTERCEPTOR_ROUTES_VERSION}: {error}"
+        )),
+    }
+}
 
 /// The watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -93,26 +115,13 @@ impl KedaSource {
                 return Err("the API server serves no discovery.k8s.io EndpointSlices".into())
             }
         };
-        let interceptor_routes = match client
-            .list_api_group_resources(INTERCEPTOR_ROUTES_VERSION)
-            .await
-        {
-            Ok(list) => list
-                .resources
-                .iter()
-                .any(|resource| resource.name == "interceptorroutes"),
-            Err(kube::Error::Api(status)) if status.code == 404 => false,
-            Err(error) => {
-                return Err(format!(
-                    "cannot ask the API server for {INTERCEPTOR_ROUTES_VERSION}: {error}"
-                ))
-            }
-        };
+        let interceptor_routes = serves_interceptor_routes(&client).await?;
         if !interceptor_routes {
             tracing::info!(
                 "keda-http: the API server serves no {INTERCEPTOR_ROUTES_VERSION} \
-                 InterceptorRoutes (the add-on's CRD before 0.14): HTTPScaledObjects only; \
-                 restart once the CRD is installed to watch them"
+                 InterceptorRoutes (the add-on's CRD before 0.14): HTTPScaledObjects only, \
+                 InterceptorRoutes too once the CRD is installed (asked every {:?})",
+                ROUTES_CRD_CHECK_EVERY
             );
         }
         Ok(KedaSource {
@@ -161,8 +170,10 @@ impl KedaSource {
         stats: AllShardStats,
         routes: watch::Sender<ScaledRoutes>,
     ) {
-        let mut streams = self.streams();
-        let watches = self.watches();
+        let mut watches = self.watches();
+        let mut streams = stream::select_all(watches.iter().map(|&watch| self.stream(watch)));
+        let mut routes_crd_check = tokio::time::interval(ROUTES_CRD_CHECK_EVERY);
+        routes_crd_check.tick().await;
         let mut model = Model::new(self.defaults).with_tls(self.upstream_tls.clone());
         // Per watch: its objects while it (re)lists, `None` once listed.
         let mut listing: BTreeMap<Watch, Vec<Value>> = BTreeMap::new();
@@ -178,6 +189,21 @@ impl KedaSource {
                     Some(next) => next,
                     None => return,
                 },
+                _ = routes_crd_check.tick(), if !watches.contains(&Watch::InterceptorRoutes) => {
+                    match serves_interceptor_routes(&self.client).await {
+                        Ok(true) => {
+                            tracing::info!(
+                                "keda-http: the API server serves {INTERCEPTOR_ROUTES_VERSION} \
+                                 InterceptorRoutes now: watching them"
+                            );
+                            watches.push(Watch::InterceptorRoutes);
+                            streams.push(self.stream(Watch::InterceptorRoutes));
+                        }
+                        Ok(false) => {}
+                        Err(error) => tracing::debug!("keda-http: {error}"),
+                    }
+                    continue;
+                }
                 _ = progress.tick(), if !synced => {
                     for &watch in &watches {
                         if !listed.contains(&watch) {
@@ -218,7 +244,9 @@ impl KedaSource {
                     continue;
                 }
             }
-            if listed.len() < watches.len() {
+            // The first view waits for every watch; a watch added later (the InterceptorRoutes
+            // CRD installed) brings its objects in when it has listed (`relisted`).
+            if !synced && listed.len() < watches.len() {
                 continue;
             }
             let (ops, refusals) = model.ops();
@@ -266,56 +294,61 @@ impl KedaSource {
         }
     }
 
-    /// The watches, merged.
-    fn streams(&self) -> BoxStream<'static, (Watch, Result<Event<DynamicObject>, watcher::Error>)> {
-        let objects = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("http.keda.sh", "v1alpha1", "HTTPScaledObject"),
-            "httpscaledobjects",
-        );
-        let routes = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("http.keda.sh", "v1beta1", "InterceptorRoute"),
-            "interceptorroutes",
-        );
-        let services = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("", "v1", "Service"),
-            "services",
-        );
-        let config_maps = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("", "v1", "ConfigMap"),
-            "configmaps",
-        );
-        let slices = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("discovery.k8s.io", self.slices_version, "EndpointSlice"),
-            "endpointslices",
-        );
-        let api = |resource: &ApiResource| match &self.namespace {
-            Some(namespace) => {
-                Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, resource)
-            }
-            None => Api::<DynamicObject>::all_with(self.client.clone(), resource),
+    /// One watch's events.
+    fn stream(
+        &self,
+        watch: Watch,
+    ) -> BoxStream<'static, (Watch, Result<Event<DynamicObject>, watcher::Error>)> {
+        let resource = |group: &str, version: &str, kind: &str, plural: &str| {
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
         };
-        let watched = |watch: Watch, api: Api<DynamicObject>, config: watcher::Config| {
-            watcher::watcher(api, config)
-                .backoff(WatchBackoff::new())
-                .map(move |event| (watch, event))
-                .boxed()
-        };
-        stream::select_all(self.watches().into_iter().map(|watch| match watch {
-            Watch::HttpScaledObjects => watched(watch, api(&objects), watcher::Config::default()),
-            Watch::InterceptorRoutes => watched(watch, api(&routes), watcher::Config::default()),
-            Watch::Services => watched(watch, api(&services), watcher::Config::default()),
-            Watch::EndpointSlices => watched(
-                watch,
-                api(&slices),
+        let (resource, config) = match watch {
+            Watch::HttpScaledObjects => (
+                resource(
+                    "http.keda.sh",
+                    "v1alpha1",
+                    "HTTPScaledObject",
+                    "httpscaledobjects",
+                ),
+                watcher::Config::default(),
+            ),
+            Watch::InterceptorRoutes => (
+                resource(
+                    "http.keda.sh",
+                    "v1beta1",
+                    "InterceptorRoute",
+                    "interceptorroutes",
+                ),
+                watcher::Config::default(),
+            ),
+            Watch::Services => (
+                resource("", "v1", "Service", "services"),
+                watcher::Config::default(),
+            ),
+            Watch::EndpointSlices => (
+                resource(
+                    "discovery.k8s.io",
+                    self.slices_version,
+                    "EndpointSlice",
+                    "endpointslices",
+                ),
                 watcher::Config::default().labels(SLICE_SERVICE_LABEL),
             ),
-            Watch::ConfigMaps => watched(
-                watch,
-                api(&config_maps),
+            Watch::ConfigMaps => (
+                resource("", "v1", "ConfigMap", "configmaps"),
                 watcher::Config::default().labels(&format!("{RESPONSE_BODY_LABEL}=true")),
             ),
-        }))
-        .boxed()
+        };
+        let api = match &self.namespace {
+            Some(namespace) => {
+                Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &resource)
+            }
+            None => Api::<DynamicObject>::all_with(self.client.clone(), &resource),
+        };
+        watcher::watcher(api, config)
+            .backoff(WatchBackoff::new())
+            .map(move |event| (watch, event))
+            .boxed()
     }
 }
 
