@@ -70,8 +70,10 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
     setup.finds_autoscaler = false;
     setup.drain_rule = DrainRule::Grace;
     setup.drain_timeout = env.drain_timeout;
-    // The add-on's cap is per pod over the process; each shard placed keeps its share.
+    // The add-on's caps are over the process (per pod, and over every pod); each shard placed
+    // keeps its share.
     setup.idle_per_pod_in_all_shards = Some(env.max_idle_per_host);
+    setup.idle_in_all_shards = env.max_idle;
     if env.log_requests {
         let (sink, writer) = kactivator_shards::request::log::sink::start(
             std::io::stdout(),

@@ -133,6 +133,7 @@ pub fn run(cli: &Cli, args: &QueueProxyArgs) -> Result<(), StartError> {
         drain_rule: DrainRule::QuietPeriod,
         drain_timeout: None,
         idle_per_pod_in_all_shards: None,
+        idle_in_all_shards: None,
         metrics_port: None,
         unmap_start_up_code: args.unmap_start_up_code,
         server_tls,

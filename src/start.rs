@@ -427,6 +427,9 @@ pub struct RoleSetup {
     /// (KEDA's HTTP add-on's `KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST`); `None`: `proxy.max_idle_per_pod`
     /// per shard, as configured.
     pub idle_per_pod_in_all_shards: Option<usize>,
+    /// Idle HTTP/1 connections kept by the whole process over every pod, shared among the
+    /// shards placed (KEDA's HTTP add-on's `KEDA_HTTP_MAX_IDLE_CONNS`); `None`: no such cap.
+    pub idle_in_all_shards: Option<usize>,
     /// How long the requests still in flight when the listeners close may take; those left then
     /// are cut and the process exits (KEDA's HTTP add-on's `KEDA_HTTP_DRAIN_TIMEOUT`). `None`:
     /// every one finishes (the Knative roles; the pod's termination grace period bounds it).
@@ -484,6 +487,7 @@ impl RoleSetup {
             drain_rule: DrainRule::Grace,
             drain_timeout: None,
             idle_per_pod_in_all_shards: None,
+            idle_in_all_shards: None,
             metrics_port: None,
             spawn_extra: None,
             // One per node, with memory to spare: the pages it would unmap stay in the page
@@ -632,6 +636,9 @@ pub fn run_as(
             idle_timeout: Duration::from_secs(config.proxy.upstream_idle_timeout_seconds),
             max_idle_per_pod: config.proxy.max_idle_per_pod,
             connect_timeout: Duration::from_millis(config.proxy.connect_timeout_ms),
+            max_idle_per_shard: setup
+                .idle_in_all_shards
+                .map(|all| all.div_ceil(placement.shards.max(1))),
         },
         stop: Arc::default(),
         max_connections: config.proxy.max_connections_per_shard,

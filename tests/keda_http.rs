@@ -1188,6 +1188,50 @@ spec:
     assert_eq!(pod.stats().requests, served_static + 1);
 }
 
+/// `KEDA_HTTP_MAX_IDLE_CONNS`, the add-on's cap on idle connections over every pod: a peak
+/// opens more, and once they have sat idle past the surplus timeout the oldest close until the
+/// process keeps no more than the cap (shared among the shards), while each pod's own cap
+/// would have kept them all.
+#[test]
+fn the_process_wide_idle_cap_closes_the_oldest_surplus_once_idle() {
+    const CAP: u64 = 2;
+    let cluster = Cluster::start();
+    cluster.service("app");
+    let pods: Vec<(IpAddr, BackendHandle)> = (0..3)
+        .map(|index| cluster.pod(&format!("app-{index}")))
+        .collect();
+    let ips: Vec<IpAddr> = pods.iter().map(|(ip, _)| *ip).collect();
+    cluster.endpoints("app", &ips, &[]);
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (interceptor, _scaler) = cluster.interceptor(&[
+        ("KEDA_HTTP_MAX_IDLE_CONNS", &CAP.to_string()),
+        ("KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST", "100"),
+    ]);
+    let http = interceptor.http;
+    let clients: Vec<_> = (0..12)
+        .map(|_| {
+            std::thread::spawn(move || exchange(http, &request("app.example.com", "/delay/200")))
+        })
+        .collect();
+    for client in clients {
+        assert_eq!(client.join().expect("a client").status, 200);
+    }
+    let open = || -> u64 {
+        pods.iter()
+            .map(|(_, pod)| pod.stats().connections_open)
+            .sum()
+    };
+    let peak = open();
+    assert!(peak > CAP, "the peak left {peak} connections open");
+    // The surplus timeout (10 s), then a sweep (every 5 s).
+    assert!(
+        eventually(Duration::from_secs(25), || open() <= CAP),
+        "{} idle connections left over a cap of {CAP}",
+        open()
+    );
+    assert!(open() >= 1, "the cap keeps what it allows: {}", open());
+}
+
 /// IPv6: a pod listed at an IPv6 address (an EndpointSlice of `addressType: IPv6`) is served
 /// there, and a client reaches the role over IPv6; the pod sees the client's IPv6 address in
 /// `X-Forwarded-For`.

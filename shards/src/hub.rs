@@ -145,6 +145,9 @@ async fn run(
                 sweep_shard.pool.sweep(&pod.idle_plain, now);
                 sweep_shard.tls_pool.sweep(&pod.idle_tls, now);
             });
+            if let Some(cap) = sweep_shard.settings.pool.max_idle_per_shard {
+                sweep_shard.trim_idle_over(cap, now);
+            }
             sweep_shard.h2c.sweep();
             sweep_shard.tls_h2c.sweep();
             memory::trim_if_released();

@@ -198,6 +198,7 @@ impl Shard {
             },
             settings.spans.clone(),
         );
+        let replica = Replica::new(settings.role.http1_in_h2c());
         let tls_pool = Pool::new(settings.pool, TlsDialer { http2: false });
         let tls_h2c = H2cConnections::new(
             settings.pool,
@@ -210,7 +211,7 @@ impl Shard {
             index,
             settings,
             all_stats,
-            replica: Replica::default(),
+            replica,
             pool,
             h2c,
             tls_pool,
@@ -433,6 +434,30 @@ impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.stats().connections_open.decrement();
         self.0.connection_closed.notify_all();
+    }
+}
+
+impl Shard {
+    /// Closes the idle HTTP/1 connections beyond `cap` over every pod and kind, the oldest of
+    /// all first, as [`crate::upstream::pool::over_cap`] decides.
+    pub(crate) fn trim_idle_over(&self, cap: usize, now: std::time::Instant) {
+        let mut ages: Vec<Vec<Duration>> = Vec::new();
+        // Each pod's plain then TLS list, in the order the second walk below takes them.
+        self.replica.for_each_pod(|pod| {
+            ages.push(pod.idle_plain.ages(now));
+            ages.push(pod.idle_tls.ages(now));
+        });
+        let held: usize = ages.iter().map(Vec::len).sum();
+        if held <= cap {
+            return;
+        }
+        let lists: Vec<&[Duration]> = ages.iter().map(Vec::as_slice).collect();
+        let closing = crate::upstream::pool::over_cap(&lists, cap);
+        let mut closing = closing.into_iter();
+        self.replica.for_each_pod(|pod| {
+            pod.idle_plain.close_oldest(closing.next().unwrap_or(0));
+            pod.idle_tls.close_oldest(closing.next().unwrap_or(0));
+        });
     }
 }
 

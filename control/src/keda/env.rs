@@ -34,6 +34,9 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(200);
 /// `KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST` when unset: idle connections kept to one pod.
 pub const DEFAULT_MAX_IDLE_PER_HOST: usize = 200;
+/// `KEDA_HTTP_MAX_IDLE_CONNS` when unset: idle connections kept over every pod (Go's
+/// `MaxIdleConns` in the add-on's transport).
+pub const DEFAULT_MAX_IDLE: usize = 1000;
 /// `OTEL_PROM_EXPORTER_PORT` when unset: where the add-on's interceptor serves `/metrics`.
 pub const DEFAULT_METRICS_PORT: u16 = 2223;
 /// `KEDA_HTTP_PROXY_TLS_PORT` when unset.
@@ -45,11 +48,10 @@ pub const DEFAULT_TLS_KEY_PATH: &str = "/certs/tls.key";
 
 /// Keys of the add-on this role reads and does not act on (yet); each is said at start-up
 /// when set, so that nothing is silently ignored.
-pub const NOT_ACTED_ON: [&str; 2] = [
+pub const NOT_ACTED_ON: [&str; 1] = [
     // Not a key of the add-on's sources here (its TLS port is `KEDA_HTTP_PROXY_TLS_ENABLED`'s);
     // said, in case a later release reads it.
     "KEDA_HTTP_TLS_ENABLED",
-    "KEDA_HTTP_MAX_IDLE_CONNS",
 ];
 
 /// What the role is configured with.
@@ -73,6 +75,9 @@ pub struct KedaEnv {
     pub stream_interval: Duration,
     /// `KEDA_HTTP_MAX_IDLE_CONNS_PER_HOST`: idle connections kept to one pod (0: none).
     pub max_idle_per_host: usize,
+    /// `KEDA_HTTP_MAX_IDLE_CONNS`: idle connections kept over every pod; `None` (0, Go's "no
+    /// limit"): no cap but each pod's.
+    pub max_idle: Option<usize>,
     /// Where the other replicas are listed: `KEDA_HTTP_SCALER_TARGET_ADMIN_NAMESPACE`,
     /// `_SERVICE` (the add-on's admin Service by default) and `_PORT` (the admin port by
     /// default), as the add-on's scaler reads them; `None` without a namespace: this replica
@@ -252,6 +257,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
         DEFAULT_MAX_IDLE_PER_HOST as u64,
         0,
     );
+    let max_idle = count("KEDA_HTTP_MAX_IDLE_CONNS", DEFAULT_MAX_IDLE as u64, 0);
     // 0.16's (the chart's `interceptor.coldStart.maxPendingRequests`); 0: unlimited there, the
     // route's own bound here.
     let max_pending = count("KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS", 0, 0);
@@ -298,6 +304,7 @@ pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<KedaEnv, EnvErrors>
         },
         stream_interval,
         max_idle_per_host: usize::try_from(max_idle_per_host).unwrap_or(usize::MAX),
+        max_idle: (max_idle > 0).then(|| usize::try_from(max_idle).unwrap_or(usize::MAX)),
         connect_timeout: connect_timeout
             .filter(|duration| !duration.is_zero())
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
@@ -415,13 +422,15 @@ mod tests {
             ("KEDA_HTTP_ENABLE_COLD_START_HEADER", "false"),
             ("KEDA_HTTP_LOG_REQUESTS", "true"),
             ("KEDA_HTTP_MAX_IDLE_CONNS", "10"),
+            ("KEDA_HTTP_TLS_ENABLED", "true"),
         ])
         .unwrap();
         assert_eq!(env.defaults.request, None);
         assert_eq!(env.watch_namespace.as_deref(), Some("apps"));
         assert!(!env.cold_start_header);
         assert!(env.log_requests);
-        assert_eq!(env.not_acted_on, vec!["KEDA_HTTP_MAX_IDLE_CONNS"]);
+        assert_eq!(env.max_idle, Some(10));
+        assert_eq!(env.not_acted_on, vec!["KEDA_HTTP_TLS_ENABLED"]);
     }
 
     #[test]
@@ -543,6 +552,9 @@ mod tests {
         assert_eq!(env.drain_timeout, None, "0: every request finishes");
         assert_eq!(env.stream_interval, Duration::from_millis(1));
         assert_eq!(env.max_idle_per_host, 0);
+        assert_eq!(parsed(&[]).unwrap().max_idle, Some(DEFAULT_MAX_IDLE));
+        let no_cap = parsed(&[("KEDA_HTTP_MAX_IDLE_CONNS", "0")]).unwrap();
+        assert_eq!(no_cap.max_idle, None, "Go's 0: no limit");
         let errors = parsed(&[
             ("KEDA_HTTP_DRAIN_TIMEOUT", "soon"),
             ("KEDA_HTTP_SCALER_STREAM_INTERVAL_MS", "0"),

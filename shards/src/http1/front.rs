@@ -24,7 +24,6 @@ use crate::request::log::{Captured, RequestLine, RequestLog};
 use crate::request::outcome::Next;
 use crate::request::policy::{self, Edits, WaitNote};
 use crate::request::trace::Decider;
-use crate::role::Role;
 use crate::routing::replica::LocalPod;
 use crate::runtime::buffer::InBuf;
 use crate::runtime::race::{race, Either};
@@ -196,6 +195,10 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
         held: &mut Option<Held<'_>>,
         note: Option<&WaitNote>,
     ) -> Attempt {
+        if pod.takes_http1_in_h2c() && !self.meta.upgrade {
+            // Out of line and boxed, as the TLS path below.
+            return Box::pin(attempt_in_h2(self, shard, pod, deadlines, held, note)).await;
+        }
         let addr = pod.tracker.addr;
         let conn = &mut *self.conn;
         let meta = RequestMeta {
@@ -209,16 +212,6 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
                 rewrite::insert_host(&mut conn.request_out, host_at, pod.authority().as_bytes());
             (host_at, len)
         });
-        if pod.speaks_h2c() && !meta.upgrade && shard.settings.role.http1_in_h2c() {
-            // Out of line, as the TLS path below.
-            let attempt = Box::pin(to_h2::attempt(shard, conn, pod, meta, deadlines, held)).await;
-            if let (Attempt::Unreached(_) | Attempt::NotTaken { .. }, Some((host_at, len))) =
-                (&attempt, host_line)
-            {
-                rewrite::remove_host(&mut conn.request_out, host_at, len)
-            }
-            return attempt;
-        }
         match pod.tls(conn.peer.tls) {
             None => {
                 let upstream = shard
@@ -237,6 +230,36 @@ impl<S: ByteStream> Front for H1Front<'_, S> {
             }
         }
     }
+}
+
+/// An attempt on a pod that takes HTTP/1 clients' requests in HTTP/2
+/// (`LocalPod::takes_http1_in_h2c`; not an upgrade, which HTTP/2 cannot carry as asked).
+#[inline(never)]
+async fn attempt_in_h2<S: ByteStream>(
+    front: &mut H1Front<'_, S>,
+    shard: &Rc<Shard>,
+    pod: &Rc<LocalPod>,
+    deadlines: &Deadlines,
+    held: &mut Option<Held<'_>>,
+    note: Option<&WaitNote>,
+) -> Attempt {
+    let conn = &mut *front.conn;
+    let meta = RequestMeta {
+        note: note.copied(),
+        ..front.meta
+    };
+    let host_line = front.host_at.map(|host_at| {
+        let len = rewrite::insert_host(&mut conn.request_out, host_at, pod.authority().as_bytes());
+        (host_at, len)
+    });
+    let attempt = to_h2::attempt(shard, conn, pod, meta, deadlines, held).await;
+    if let (Attempt::Unreached(_) | Attempt::NotTaken { .. }, Some((host_at, len))) =
+        (&attempt, host_line)
+    {
+        // Nothing reached the pod: the head goes back as it was before this pod's Host.
+        rewrite::remove_host(&mut conn.request_out, host_at, len)
+    }
+    attempt
 }
 
 /// An attempt on a pod reached over TLS.

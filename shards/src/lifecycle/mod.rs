@@ -37,7 +37,7 @@ use crate::request::outcome::{
 use crate::request::policy::{Edits, WaitNote};
 use crate::request::retry::may_retry;
 use crate::request::trace::{Decider, Described, Timeline};
-use crate::role::Role;
+use crate::role::{Marks, Role};
 use crate::routing::placeholder::{Placeholder, PlaceholderError, PLACEHOLDER_FAILED};
 use crate::routing::replica::{LocalPod, LocalRevision};
 use crate::runtime::control_link::EvidenceKind;
@@ -212,6 +212,41 @@ async fn answer_placeholder<F: Front>(
     }
 }
 
+/// Answers a request that ended in `error` with an answer of the activator's own (the role's
+/// body, and the note of its waits), or, when a full queue turned it away while its route holds
+/// requests before its placeholder, with the placeholder instead of the 503. Also what a span
+/// says of the failure, when `traced`.
+async fn answer_failure<F: Front>(
+    shard: &Shard,
+    front: &mut F,
+    revision: &LocalRevision,
+    error: RequestError,
+    note: Option<WaitNote>,
+    keep_alive: bool,
+    traced: bool,
+) -> (Served, Option<String>) {
+    if let RequestError::QueueFull = error {
+        if let Some(placeholder) = revision.placeholder_on_overflow() {
+            let served = answer_placeholder(shard, front, &placeholder, keep_alive).await;
+            return (served, None);
+        }
+    }
+    tracing::debug!(
+        request_id = %front.request_id(),
+        status = error.status(),
+        fault = error.fault().label(),
+        "answered by the activator: {error}"
+    );
+    let failure = traced.then(|| error.to_string());
+    let body = shard.settings.role.error_body(&error);
+    let note = note.and_then(WaitNote::for_error);
+    let answer = Answer {
+        wait: note.as_ref(),
+        ..Answer::of_error(&error, &body)
+    };
+    (answered(shard, front, &answer, keep_alive).await, failure)
+}
+
 /// The request path proper.
 async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -> Served {
     let shape = front.shape();
@@ -264,25 +299,25 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
         .decide(|trace| front.prepare(role.edits(), trace))
         .filter(|decided| decided.context.sampled)
         .map(|decided| Box::new((decided, Timeline::default())));
-    // A static route's request is neither counted (it never scales the route) nor held: its
-    // response when it answers always or no pod could take the request, else straight on.
-    let tally = match static_route {
-        None => Some(Tally::arrive(shard, &revision, arrival, marks)),
+    // What answers the request at once, if anything: its route's placeholder while the route
+    // has no routable pod (the request still counted, so the route scales up), or a static
+    // route's response. A static route's request is neither counted (it never scales the
+    // route) nor held; when it is not answered here it goes straight on.
+    let at_once = match &static_route {
+        None => revision.placeholder_now(),
         Some(matched) if matched.always || !revision.has_routable_pod() => {
-            return Box::pin(answer_placeholder(
-                shard,
-                front,
-                &matched.response,
-                local_keep_alive,
-            ))
-            .await;
+            Some(matched.response.clone())
         }
         Some(_) => None,
     };
-    if let (Some(placeholder), Some(_)) = (revision.placeholder_now(), &tally) {
-        // Counted as it arrives (so the route still scales up), answered at once. Boxed, as a
-        // registration: rare next to proxied requests, its state inline would widen every
-        // request's future.
+    let marks = Marks {
+        uncounted: static_route.is_some(),
+        ..marks
+    };
+    let tally = Tally::arrive(shard, &revision, arrival, marks);
+    if let Some(placeholder) = at_once {
+        // Boxed, as a registration: rare next to proxied requests, its state inline would
+        // widen every request's future.
         let served = Box::pin(answer_placeholder(
             shard,
             front,
@@ -290,9 +325,7 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
             local_keep_alive,
         ))
         .await;
-        if let Some(tally) = tally {
-            tally.end(arrival, served.status, None);
-        }
+        tally.end(arrival, served.status, None);
         return served;
     }
     let mut noted = Noted {
@@ -313,60 +346,34 @@ async fn respond<F: Front>(shard: &Rc<Shard>, front: &mut F, arrival: Instant) -
     // An answer of the activator's own is written here, once the request's own state is gone:
     // this keeps the error path's write out of the (long-lived) waiting state.
     let mut failure = None;
-    let concluded = conclude(shape.request, ended);
-    // Turned away by a full queue while the route holds requests before its placeholder: the
-    // placeholder instead of the 503.
-    let overflow = match &concluded {
-        Concluded::Answer {
-            error: RequestError::QueueFull,
-            ..
-        } => revision.placeholder_on_overflow(),
-        _ => None,
-    };
-    let served = match (concluded, overflow) {
-        (Concluded::Answer { keep_alive, .. }, Some(placeholder)) => {
-            Box::pin(answer_placeholder(
-                shard,
-                front,
-                &placeholder,
-                keep_alive && !draining(),
-            ))
-            .await
-        }
-        (
-            Concluded::Done {
-                status,
-                body_bytes,
-                next,
-            },
-            _,
-        ) => Served {
+    let served = match conclude(shape.request, ended) {
+        Concluded::Done {
+            status,
+            body_bytes,
+            next,
+        } => Served {
             next,
             status,
             body_bytes,
         },
-        (Concluded::Answer { error, keep_alive }, None) => {
-            tracing::debug!(
-                request_id = %front.request_id(),
-                status = error.status(),
-                fault = error.fault().label(),
-                "answered by the activator: {error}"
-            );
-            if traced.is_some() {
-                failure = Some(error.to_string());
-            }
-            let body = role.error_body(&error);
-            let note = note.and_then(WaitNote::for_error);
-            let answer = Answer {
-                wait: note.as_ref(),
-                ..Answer::of_error(&error, &body)
-            };
-            answered(shard, front, &answer, keep_alive && !draining()).await
+        // Out of line and boxed: rare next to a relayed response, and inline it would widen
+        // every request's path.
+        Concluded::Answer { error, keep_alive } => {
+            let (served, why) = Box::pin(answer_failure(
+                shard,
+                front,
+                &revision,
+                error,
+                note,
+                keep_alive && !draining(),
+                traced.is_some(),
+            ))
+            .await;
+            failure = why;
+            served
         }
     };
-    if let Some(tally) = tally {
-        tally.end(arrival, served.status, reached_app);
-    }
+    tally.end(arrival, served.status, reached_app);
     if let Some(traced) = traced {
         let (decided, timeline) = *traced;
         let (method, path) = front.method_and_path();

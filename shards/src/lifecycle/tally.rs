@@ -13,7 +13,8 @@ use crate::role::Marks;
 use crate::routing::replica::LocalRevision;
 use crate::shard::Shard;
 
-/// A request counted as arrived; [`Tally::end`] counts it out.
+/// A request counted as arrived; [`Tally::end`] counts it out. One its role marked
+/// `uncounted` is in no counter from arrival to end.
 pub(crate) struct Tally {
     counters: Arc<RevisionCounters>,
     arrived_us: u64,
@@ -34,6 +35,13 @@ impl Tally {
     ) -> Tally {
         let counters = revision.counters.clone();
         let arrived_us = micros_since_start(arrival.into_std());
+        if marks.uncounted {
+            return Tally {
+                counters,
+                arrived_us,
+                marks,
+            };
+        }
         if let Some(before) = counters.arrive(arrived_us) {
             shard
                 .control
@@ -55,6 +63,9 @@ impl Tally {
     /// that never got that far.
     #[inline]
     pub(crate) fn end(self, arrival: Instant, status: u16, reached_app: Option<Instant>) {
+        if self.marks.uncounted {
+            return;
+        }
         let latency_us = arrival.elapsed().as_micros() as u64;
         let departed_us = self.arrived_us + latency_us;
         self.counters.load.depart(departed_us);

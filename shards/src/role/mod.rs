@@ -170,6 +170,9 @@ pub struct Marks {
     pub proxied: bool,
     /// Counted under this route tag.
     pub route_tag: RouteTag,
+    /// Not counted at all: a static route's request (KEDA's add-on 0.16), which never scales
+    /// its route and is in no request metric.
+    pub uncounted: bool,
 }
 
 #[cfg(test)]

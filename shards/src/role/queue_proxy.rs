@@ -79,6 +79,7 @@ impl Role for QueueProxy {
                 fields.get(headers::ROUTE_TAG),
                 fields.get(headers::DEFAULT_ROUTE),
             )),
+            uncounted: false,
         }
     }
 

@@ -42,9 +42,10 @@ pub struct LocalPod {
     /// How the pod is reached over TLS, or plain TCP (`None`): its revision's current setting,
     /// kept shard-local so a request takes it without touching a counter other shards share.
     tls: RefCell<Option<Rc<UpstreamTls>>>,
-    /// Its revision's pods speak h2c (`RevisionRoute::protocol`), kept beside `tls` for the
-    /// same reason.
-    h2c: Cell<bool>,
+    /// An HTTP/1 client's request goes to it in HTTP/2: its revision speaks h2c
+    /// (`RevisionRoute::protocol`) and the shard's role sends such requests there in h2c
+    /// (`Role::http1_in_h2c`). Kept beside `tls` for the same reason.
+    http1_in_h2c: Cell<bool>,
     /// This shard's idle keep-alive connections to the pod, plain and TLS: found with the pod,
     /// with no lookup by address, and closed when the shard stops routing to it.
     pub idle_plain: IdleConns<monoio::net::TcpStream>,
@@ -58,7 +59,7 @@ impl LocalPod {
             tracker,
             held_off: Cell::new(false),
             tls: RefCell::new(None),
-            h2c: Cell::new(false),
+            http1_in_h2c: Cell::new(false),
             idle_plain: IdleConns::default(),
             idle_tls: IdleConns::default(),
         }
@@ -75,16 +76,16 @@ impl LocalPod {
             .cloned()
     }
 
-    /// Whether the pod's revision speaks h2c.
+    /// Whether an HTTP/1 client's request goes to the pod in HTTP/2.
     #[inline]
-    pub fn speaks_h2c(&self) -> bool {
-        self.h2c.get()
+    pub fn takes_http1_in_h2c(&self) -> bool {
+        self.http1_in_h2c.get()
     }
 
-    /// How the pod is reached, as its revision's route says: over TLS or not, in h2c or not.
-    fn set_upstream(&self, tls: Option<Rc<UpstreamTls>>, h2c: bool) {
+    /// How the pod is reached: over TLS or not, and whether HTTP/1 requests go in h2c.
+    fn set_upstream(&self, tls: Option<Rc<UpstreamTls>>, http1_in_h2c: bool) {
         *self.tls.borrow_mut() = tls;
-        self.h2c.set(h2c);
+        self.http1_in_h2c.set(http1_in_h2c);
     }
 
     /// The pod's address as an authority: `ip:port`.
@@ -217,6 +218,9 @@ pub struct LocalRevision {
     has_placeholder: Cell<bool>,
     /// The route has static routes (`RouteRules::statics`), kept as `has_placeholder` is.
     has_statics: Cell<bool>,
+    /// The shard's role sends HTTP/1 requests to pods that speak h2c in h2c
+    /// ([`Replica::new`]).
+    http1_in_h2c: bool,
     pub counters: Arc<RevisionCounters>,
 }
 
@@ -239,6 +243,11 @@ impl LocalRevision {
     /// The route a request goes to once its wait for a first pod ran out, if any.
     pub fn failover(&self) -> Option<RevisionKey> {
         self.route.borrow().cold_start.failover.clone()
+    }
+
+    /// Whether HTTP/1 requests go to the revision's pods in h2c now.
+    fn http1_in_h2c(&self) -> bool {
+        self.http1_in_h2c && self.route.borrow().protocol == Protocol::H2c
     }
 
     /// The placeholder a request gets at once, when the route has one, does not hold requests
@@ -431,10 +440,7 @@ impl LocalRevision {
             // The pod left this shard's view meanwhile; the slot is still real.
             .unwrap_or_else(|| {
                 let pod = LocalPod::new(tracker);
-                pod.set_upstream(
-                    self.tls.borrow().clone(),
-                    self.route.borrow().protocol == Protocol::H2c,
-                );
+                pod.set_upstream(self.tls.borrow().clone(), self.http1_in_h2c());
                 Rc::new(pod)
             });
         if pod.is_held_off() {
@@ -572,6 +578,7 @@ impl LocalRevision {
             .drain(..)
             .map(|pod| (Arc::as_ptr(&pod.tracker), pod))
             .collect();
+        let http1_in_h2c = self.http1_in_h2c && route.protocol == Protocol::H2c;
         let tls = route.upstream_tls.as_ref().map(|tls| {
             Rc::new(UpstreamTls {
                 config: tls.config.clone(),
@@ -588,7 +595,7 @@ impl LocalRevision {
                 let pod = kept
                     .remove(&Arc::as_ptr(tracker))
                     .unwrap_or_else(|| Rc::new(LocalPod::new(tracker.clone())));
-                pod.set_upstream(tls.clone(), route.protocol == Protocol::H2c);
+                pod.set_upstream(tls.clone(), http1_in_h2c);
                 pod
             })
             .collect();
@@ -641,9 +648,21 @@ pub struct Replica {
     /// The routes that have rules ([`RevisionRoute::rules`]), for a role that routes by them;
     /// built again whenever a route's rules change or such a route goes.
     rules: RefCell<RuleTable<RevisionKey>>,
+    /// The shard's role sends an HTTP/1 client's request to a pod that speaks h2c in h2c
+    /// (`Role::http1_in_h2c`): its pods say so (`LocalPod::takes_http1_in_h2c`).
+    http1_in_h2c: bool,
 }
 
 impl Replica {
+    /// A shard's empty table; `http1_in_h2c`: its role sends HTTP/1 requests to pods that speak
+    /// h2c in h2c.
+    pub fn new(http1_in_h2c: bool) -> Replica {
+        Replica {
+            http1_in_h2c,
+            ..Replica::default()
+        }
+    }
+
     /// Calls `each` with every pod the shard routes to (the idle connections' sweep and the
     /// drain's close).
     pub fn for_each_pod(&self, mut each: impl FnMut(&LocalPod)) {
@@ -743,6 +762,7 @@ impl Replica {
                             removed: Cell::new(false),
                             has_placeholder: Cell::new(false),
                             has_statics: Cell::new(false),
+                            http1_in_h2c: self.http1_in_h2c,
                             counters,
                         });
                         revision.apply(route.clone());
@@ -829,7 +849,10 @@ mod tests {
     }
 
     fn revision(update: RoutingUpdate) -> Rc<LocalRevision> {
-        let replica = Replica::default();
+        revision_in(Replica::default(), update)
+    }
+
+    fn revision_in(replica: Replica, update: RoutingUpdate) -> Rc<LocalRevision> {
         let stats = ShardStats::new(0);
         replica.apply(update, &stats, false);
         replica.get("default/app").expect("the route")
@@ -866,11 +889,22 @@ mod tests {
     }
 
     #[test]
-    fn a_routes_pods_know_whether_it_speaks_h2c() {
-        let h2c = revision(route(2, Protocol::H2c, ColdStart::default()));
-        assert!(h2c.pods.borrow().iter().all(|pod| pod.speaks_h2c()));
-        let http1 = revision(route(2, Protocol::Http1, ColdStart::default()));
-        assert!(http1.pods.borrow().iter().all(|pod| !pod.speaks_h2c()));
+    fn http1_requests_go_in_h2c_only_to_an_h2c_routes_pods_and_only_if_the_role_says() {
+        let takes = |role: bool, protocol| {
+            let revision =
+                revision_in(Replica::new(role), route(2, protocol, ColdStart::default()));
+            let pods = revision.pods.borrow();
+            assert!(pods
+                .iter()
+                .all(|pod| pod.takes_http1_in_h2c() == pods[0].takes_http1_in_h2c()));
+            pods[0].takes_http1_in_h2c()
+        };
+        assert!(takes(true, Protocol::H2c));
+        assert!(!takes(true, Protocol::Http1));
+        assert!(
+            !takes(false, Protocol::H2c),
+            "Knative's roles keep the client's protocol"
+        );
     }
 
     #[test]

@@ -90,6 +90,10 @@ pub struct PoolConfig {
     pub max_idle_per_pod: usize,
     /// Longest time a dial may take. Default: [`DEFAULT_CONNECT_TIMEOUT`] (5 s).
     pub connect_timeout: Duration,
+    /// Idle HTTP/1 connections (plain and TLS, every pod together) the shard keeps for the
+    /// whole idle timeout; beyond it, the oldest go once idle past [`SURPLUS_IDLE_TIMEOUT`]
+    /// ([`over_cap`]). `None` (the default): no cap beyond each pod's.
+    pub max_idle_per_shard: Option<usize>,
 }
 
 impl Default for PoolConfig {
@@ -98,6 +102,7 @@ impl Default for PoolConfig {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_idle_per_pod: DEFAULT_MAX_IDLE_PER_POD,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_idle_per_shard: None,
         }
     }
 }
@@ -175,6 +180,49 @@ impl<S: ByteStream> IdleConns<S> {
     pub fn is_empty(&self) -> bool {
         self.conns.borrow().is_empty()
     }
+
+    /// How long each has been idle at `now`, oldest first.
+    pub fn ages(&self, now: Instant) -> Vec<Duration> {
+        self.conns
+            .borrow()
+            .iter()
+            .map(|conn| now.duration_since(conn.idle_since))
+            .collect()
+    }
+
+    /// Closes the `count` that have been idle longest.
+    pub fn close_oldest(&self, count: usize) {
+        let mut conns = self.conns.borrow_mut();
+        let count = count.min(conns.len());
+        conns.drain(..count);
+    }
+}
+
+/// How many of each list's idle connections a shard-wide cap of `cap` closes (`lists`: each
+/// pod's and kind's idle ages, oldest first): while more than `cap` remain over all lists, the
+/// oldest of all, if idle past [`SURPLUS_IDLE_TIMEOUT`]. Go's transport closes the least
+/// recently used connection as soon as one beyond `MaxIdleConns` comes back; ★ as for each
+/// pod's cap, a peak that comes back within the surplus timeout finds its connections open.
+pub fn over_cap(lists: &[&[Duration]], cap: usize) -> Vec<usize> {
+    let mut closing = vec![0; lists.len()];
+    let held: usize = lists.iter().map(|ages| ages.len()).sum();
+    let mut surplus = held.saturating_sub(cap);
+    while surplus > 0 {
+        // The list whose oldest remaining connection is the oldest of all.
+        let oldest = lists
+            .iter()
+            .enumerate()
+            .filter_map(|(list, ages)| ages.get(closing[list]).map(|age| (*age, list)))
+            .max();
+        match oldest {
+            Some((age, list)) if age >= SURPLUS_IDLE_TIMEOUT => {
+                closing[list] += 1;
+                surplus -= 1;
+            }
+            _ => break,
+        }
+    }
+    closing
 }
 
 /// What dials a shard's pod connections of one kind, and the rules their idle ones are kept by.
@@ -304,6 +352,7 @@ mod tests {
 
     fn config(max_idle_per_pod: usize) -> PoolConfig {
         PoolConfig {
+            max_idle_per_shard: None,
             max_idle_per_pod,
             ..PoolConfig::default()
         }
@@ -311,6 +360,31 @@ mod tests {
 
     fn secs(ages: &[u64]) -> impl ExactSizeIterator<Item = Duration> + '_ {
         ages.iter().map(|&age| Duration::from_secs(age))
+    }
+
+    #[test]
+    fn a_shard_wide_cap_closes_the_oldest_of_all_once_past_the_surplus_timeout() {
+        let pod_a = [
+            Duration::from_secs(60),
+            Duration::from_secs(30),
+            Duration::ZERO,
+        ];
+        let pod_b = [Duration::from_secs(45), Duration::from_secs(11)];
+        let pod_c = [Duration::from_secs(5)];
+        let lists: [&[Duration]; 3] = [&pod_a, &pod_b, &pod_c];
+        assert_eq!(over_cap(&lists, 6), [0, 0, 0], "within the cap");
+        assert_eq!(
+            over_cap(&lists, 4),
+            [1, 1, 0],
+            "the two oldest of all: 60 s and 45 s"
+        );
+        assert_eq!(
+            over_cap(&lists, 1),
+            [2, 2, 0],
+            "never one idle under the surplus timeout (0 s, 5 s), whatever the cap"
+        );
+        assert_eq!(over_cap(&lists, 0), [2, 2, 0]);
+        assert_eq!(over_cap(&[], 0), Vec::<usize>::new());
     }
 
     #[test]
