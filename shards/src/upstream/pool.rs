@@ -206,21 +206,21 @@ impl<S: ByteStream> IdleConns<S> {
 pub fn over_cap(lists: &[&[Duration]], cap: usize) -> Vec<usize> {
     let mut closing = vec![0; lists.len()];
     let held: usize = lists.iter().map(|ages| ages.len()).sum();
-    let mut surplus = held.saturating_sub(cap);
-    while surplus > 0 {
-        // The list whose oldest remaining connection is the oldest of all.
-        let oldest = lists
-            .iter()
-            .enumerate()
-            .filter_map(|(list, ages)| ages.get(closing[list]).map(|age| (*age, list)))
-            .max();
-        match oldest {
-            Some((age, list)) if age >= SURPLUS_IDLE_TIMEOUT => {
-                closing[list] += 1;
-                surplus -= 1;
-            }
-            _ => break,
-        }
+    let surplus = held.saturating_sub(cap);
+    if surplus == 0 {
+        return closing;
+    }
+    // The oldest of all, wherever they are: each list is oldest first, so the ones taken from
+    // a list are always its first ones (and among equal ages, which ones does not matter).
+    let mut all: Vec<(Duration, usize)> = lists
+        .iter()
+        .enumerate()
+        .flat_map(|(list, ages)| ages.iter().map(move |age| (*age, list)))
+        .filter(|(age, _)| *age >= SURPLUS_IDLE_TIMEOUT)
+        .collect();
+    all.sort_unstable_by_key(|&(age, _)| std::cmp::Reverse(age));
+    for (_, list) in all.into_iter().take(surplus) {
+        closing[list] += 1;
     }
     closing
 }
@@ -385,6 +385,12 @@ mod tests {
         );
         assert_eq!(over_cap(&lists, 0), [2, 2, 0]);
         assert_eq!(over_cap(&[], 0), Vec::<usize>::new());
+        // Equal ages: any of them, as many as the surplus.
+        let tied = [Duration::from_secs(20); 2];
+        let one = [Duration::from_secs(20)];
+        let closing = over_cap(&[&tied, &one], 1);
+        assert_eq!(closing.iter().sum::<usize>(), 2);
+        assert!(closing[0] <= 2 && closing[1] <= 1);
     }
 
     #[test]
