@@ -44,7 +44,7 @@ use crate::runtime::race::{race, Either};
 use crate::runtime::stream::ByteStream;
 use crate::shard::Shard;
 use crate::upstream::error::UpstreamError;
-use crate::upstream::h2c::{h2_failure, send_all, Phase};
+use crate::upstream::h2c::{h2_failure, send_all, Cut, Phase};
 
 /// HTTP/1's own fields, which an HTTP/2 request does not carry: hop-by-hop or framing (RFC 9113
 /// §8.2.2); `Host` becomes `:authority`.
@@ -198,19 +198,23 @@ enum Upload {
     PodGone,
 }
 
+/// A failure that left no work on the pod to tell of (its stream ended, or it never answered).
+fn failed(error: RequestError, request_complete: bool) -> Exchanged {
+    Exchanged::Ended {
+        ended: Ended::Failed {
+            error,
+            request_complete,
+        },
+        reset: false,
+    }
+}
+
 /// The pod's side of an exchange.
 struct PodSide {
     addr: SocketAddr,
     sender: SendRequest<Bytes>,
     /// The client waits for `100 Continue` before its body.
     continue_first: bool,
-}
-
-/// Why the response could not be relayed to its end.
-enum Cut {
-    ClientGone,
-    Pod(UpstreamError),
-    TimedOut,
 }
 
 /// One exchange: `request` on a new stream, the client's body up while the pod's response
@@ -348,13 +352,7 @@ async fn exchange<S: ByteStream>(
             }
             let error = h2_failure(addr, &error, Phase::Receive);
             tracing::warn!(request_id = %request_id, pod = %addr, class = error.class(), "{error}");
-            return Exchanged::Ended {
-                ended: Ended::Failed {
-                    error: error.into(),
-                    request_complete: request_complete(),
-                },
-                reset: false,
-            };
+            return failed(error.into(), request_complete());
         }
         Head::ClientLeft => {
             return match sent {
@@ -376,13 +374,7 @@ async fn exchange<S: ByteStream>(
         }
         Head::TimedOut => {
             tracing::warn!(request_id = %request_id, pod = %addr, "activator request timeout");
-            return Exchanged::Ended {
-                ended: Ended::Failed {
-                    error: RequestError::TimedOut,
-                    request_complete: request_complete(),
-                },
-                reset: false,
-            };
+            return failed(RequestError::TimedOut, request_complete());
         }
     };
 
@@ -398,13 +390,7 @@ async fn exchange<S: ByteStream>(
             reason: error.to_string(),
         };
         tracing::warn!(request_id = %request_id, pod = %addr, class = error.class(), "{error}");
-        return Exchanged::Ended {
-            ended: Ended::Failed {
-                error: error.into(),
-                request_complete: request_complete(),
-            },
-            reset: false,
-        };
+        return failed(error.into(), request_complete());
     }
     let framing = client_framing(response_head.body, meta.version);
     let with_body = response_head.body != BodyKind::Empty;

@@ -41,7 +41,7 @@ use crate::runtime::contain;
 use crate::runtime::race::{race, Either};
 use crate::shard::Shard;
 use crate::upstream::error::UpstreamError;
-use crate::upstream::h2c::{h2_failure, send_all, Phase};
+use crate::upstream::h2c::{h2_failure, send_all, Cut, Phase};
 
 /// An HTTP/2 request's headers as the request path reads them.
 pub(crate) struct H2Headers<'a> {
@@ -843,13 +843,6 @@ fn add_note(fields: &mut HeaderMap, note: &WaitNote) {
             fields.append(name, value);
         }
     });
-}
-
-/// Why the response could not be relayed to its end.
-enum Cut {
-    ClientGone,
-    Pod(UpstreamError),
-    TimedOut,
 }
 
 /// Ends a response the pod did not finish: a gRPC client gets `UNAVAILABLE` in trailers (what

@@ -514,6 +514,13 @@ pub(crate) async fn send_all(
     Ok(())
 }
 
+/// Why a pod's HTTP/2 response could not be relayed to its end (either front's client).
+pub(crate) enum Cut {
+    ClientGone,
+    Pod(UpstreamError),
+    TimedOut,
+}
+
 /// Where an HTTP/2 failure with a pod happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
