@@ -166,6 +166,27 @@ impl Cluster {
         (ip, pod)
     }
 
+    /// Service `app` whose port is `appProtocol: kubernetes.io/h2c`, and one ready pod behind
+    /// it, the gRPC test backend configured by `config`.
+    fn h2c_app(&self, config: BackendConfig) -> kactivator_testkit::grpc::GrpcHandle {
+        self.api.apply_yaml(&keda::service(
+            "default",
+            "app",
+            SERVICE_PORT,
+            POD_PORT,
+            Some("kubernetes.io/h2c"),
+        ));
+        let ip = self.net.add_address();
+        let app = self
+            .net
+            .inside(|| {
+                kactivator_testkit::grpc::spawn_grpc_on(SocketAddr::new(ip, POD_PORT), config)
+            })
+            .expect("the h2c pod");
+        self.endpoints("app", &[ip], &[]);
+        app
+    }
+
     /// The endpoint controller's EndpointSlice of Service `name`.
     fn endpoints(&self, name: &str, ready: &[IpAddr], not_ready: &[IpAddr]) {
         self.api.apply_yaml(&keda::endpoint_slice(
@@ -793,24 +814,7 @@ fn the_priority_annotation_serves_a_routes_waiting_requests_by_band() {
 fn an_h2c_service_ports_pod_gets_http2_clients_in_h2c_grpc_included() {
     use kactivator_testkit::grpc;
     let cluster = Cluster::start();
-    cluster.api.apply_yaml(&keda::service(
-        "default",
-        "app",
-        SERVICE_PORT,
-        POD_PORT,
-        Some("kubernetes.io/h2c"),
-    ));
-    let ip = cluster.net.add_address();
-    let app = cluster
-        .net
-        .inside(|| {
-            grpc::spawn_grpc_on(
-                SocketAddr::new(ip, POD_PORT),
-                BackendConfig::named("app-h2c"),
-            )
-        })
-        .expect("the gRPC pod");
-    cluster.endpoints("app", &[ip], &[]);
+    let app = cluster.h2c_app(BackendConfig::named("app-h2c"));
     cluster.api.apply_yaml(&app_object(&[], "", ""));
     let (interceptor, _scaler) = cluster.interceptor(&[]);
 
@@ -858,27 +862,9 @@ fn an_h2c_service_ports_pod_gets_http2_clients_in_h2c_grpc_included() {
 /// not only when the abandoned work would have ended.
 #[test]
 fn a_pod_that_speaks_only_http2_serves_http1_clients_in_h2c() {
-    use kactivator_testkit::grpc;
     use kactivator_testkit::raw_http1::Connection;
     let cluster = Cluster::start();
-    cluster.api.apply_yaml(&keda::service(
-        "default",
-        "app",
-        SERVICE_PORT,
-        POD_PORT,
-        Some("kubernetes.io/h2c"),
-    ));
-    let ip = cluster.net.add_address();
-    let app = cluster
-        .net
-        .inside(|| {
-            grpc::spawn_grpc_on(
-                SocketAddr::new(ip, POD_PORT),
-                BackendConfig::named("app-h2").http2_only(),
-            )
-        })
-        .expect("the HTTP/2-only pod");
-    cluster.endpoints("app", &[ip], &[]);
+    let app = cluster.h2c_app(BackendConfig::named("app-h2").http2_only());
     cluster.api.apply_yaml(&app_object(
         &[],
         "    kactivator.dev/container-concurrency: \"1\"",
