@@ -43,6 +43,7 @@ impl KedaRun {
         readiness: Arc<Readiness>,
         publisher: Publisher,
         stats: AllShardStats,
+        registry: &crate::metrics::Registry,
     ) -> std::io::Result<()> {
         self.scaler.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(self.scaler)?;
@@ -64,6 +65,7 @@ impl KedaRun {
             publisher,
             stats.clone(),
             routes_sender,
+            crate::sources::kubernetes::informers::event_apply_histogram(registry),
         ));
         tokio::spawn(grpc::count(stats, routes.clone(), peers, counts_sender));
         tokio::spawn(grpc::serve(

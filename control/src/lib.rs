@@ -308,6 +308,7 @@ impl ControlPlane {
                 self.admin.readiness.clone(),
                 self.publisher.clone(),
                 self.admin.stats.clone(),
+                &self.admin.registry,
             )?;
         }
         self.admin.ready.store(true, Ordering::Release);

@@ -161,7 +161,8 @@ impl KedaSource {
     }
 
     /// Runs the watches until the process ends: the worker gets the ops, `routes` what the
-    /// scaler answers for, `readiness` the first sync.
+    /// scaler answers for, `readiness` the first sync; `applied` times each event after it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn run(
         self,
         worker: WorkerHandle,
@@ -169,6 +170,7 @@ impl KedaSource {
         publisher: Publisher,
         stats: AllShardStats,
         routes: watch::Sender<ScaledRoutes>,
+        applied: prometheus::Histogram,
     ) {
         let mut watches = self.watches();
         let mut streams = stream::select_all(watches.iter().map(|&watch| self.stream(watch)));
@@ -215,6 +217,7 @@ impl KedaSource {
                     continue;
                 }
             };
+            let arrived = std::time::Instant::now();
             match event {
                 Ok(Event::Init) => {
                     listing.insert(watch, Vec::new());
@@ -268,6 +271,9 @@ impl KedaSource {
                 if let Err(error) = worker.apply(Op::Batch(ops)).await {
                     tracing::error!("keda-http: the state worker refused a change: {error}");
                 }
+            }
+            if synced {
+                applied.observe(arrived.elapsed().as_secs_f64());
             }
             if !synced {
                 synced = true;

@@ -686,23 +686,29 @@ impl KubeMetrics {
                 "Probes of listed pods not confirmed yet, by result",
                 &["result"],
             ),
-            applied: metrics::register(
-                registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "kactivator_kubernetes_event_apply_seconds",
-                        "From a watch event's arrival to its ops applied by the state worker \
-                         and the resulting updates sent to every shard",
-                    )
-                    .buckets(vec![
-                        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25,
-                        1.0,
-                    ]),
-                )
-                .expect("valid metric"),
-            ),
+            applied: event_apply_histogram(registry),
         }
     }
+}
+
+/// `kactivator_kubernetes_event_apply_seconds`: from a watch event's arrival to its ops applied
+/// and sent to every shard. Both Kubernetes sources (Knative's objects, KEDA's HTTP add-on's)
+/// observe it.
+pub fn event_apply_histogram(registry: &Registry) -> Histogram {
+    metrics::register(
+        registry,
+        Histogram::with_opts(
+            HistogramOpts::new(
+                "kactivator_kubernetes_event_apply_seconds",
+                "From a watch event's arrival to its ops applied by the state worker \
+                 and the resulting updates sent to every shard",
+            )
+            .buckets(vec![
+                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0,
+            ]),
+        )
+        .expect("valid metric"),
+    )
 }
 
 /// One watch's bookkeeping.
