@@ -3,7 +3,9 @@
 //! and name (an InterceptorRoute's over an HTTPScaledObject's, as the add-on's routing table
 //! has it), routed by its rules; its pods the ready endpoints of its target Service's
 //! EndpointSlices at the Service port it names. Sans-IO: the informers hand it objects as JSON, it answers the
-//! ops that bring the state worker to its view, only for what changed.
+//! ops that bring the state worker to its view, only for what changed. Each event marks the
+//! routes built from what it changed, and only those are built again: an event costs the
+//! routes it touches, not every route of the cluster.
 //!
 //! Requests go straight to the pods (the add-on 0.16's direct pod routing, its chart's
 //! default): that is what lets a per-pod concurrency limit be kept. A Service port with
@@ -32,7 +34,9 @@ pub use crate::sources::kubernetes::objects::SLICE_SERVICE_LABEL;
 use crate::sources::kubernetes::objects::{slice_addresses_where, Listing};
 use crate::state::{OmissionScope, Op, RevisionSpec};
 use crate::tls::PodTls;
-use kactivator_shards::routing::placeholder::{Placeholder, PlaceholderBody, StaticRoute};
+use kactivator_shards::routing::placeholder::{
+    ConfigMapData, Placeholder, PlaceholderBody, StaticRoute,
+};
 
 #[cfg(test)]
 mod tests;
@@ -110,14 +114,48 @@ pub struct Model {
     objects: BTreeMap<(ObjectKind, String, String), Result<RouteObject, ObjectError>>,
     /// Services by namespace and name: their ports.
     services: BTreeMap<(String, String), Vec<ServicePort>>,
-    /// EndpointSlices by namespace and name: the Service each names, and the slice itself.
-    slices: BTreeMap<(String, String), (String, Value)>,
-    /// ConfigMaps labelled [`RESPONSE_BODY_LABEL`] `"true"` by namespace and name: their data.
-    config_maps: BTreeMap<(String, String), BTreeMap<String, Vec<u8>>>,
+    /// EndpointSlices by namespace and the Service each names, then by the slice's name: what
+    /// routing reads of each ([`trimmed_slice`]).
+    slices: BTreeMap<(String, String), BTreeMap<String, Value>>,
+    /// The Service each EndpointSlice names, by the slice's namespace and name.
+    slice_services: BTreeMap<(String, String), String>,
+    /// ConfigMaps labelled [`RESPONSE_BODY_LABEL`] `"true"` by namespace and name: their data,
+    /// shared by every placeholder and static response that names it.
+    config_maps: BTreeMap<(String, String), ConfigMapData>,
     /// Per revision, the spec and the ready pods last sent.
-    sent: BTreeMap<RevisionKey, (RevisionSpec, Vec<SocketAddr>)>,
+    sent: BTreeMap<RevisionKey, Sent>,
+    /// The routes (by namespace and name) that something they are built from changed since
+    /// the last [`Model::ops`]: only those are built again.
+    dirty: BTreeSet<(String, String)>,
+    /// Per route, why it routes nothing or less than it should, as last built.
+    refusals: BTreeMap<(String, String), Vec<Refusal>>,
+    /// An object changed since the last [`Model::changed_scaler_view`].
+    scaling_changed: bool,
     /// How requests that came in over TLS reach pods; `None`: no TLS port.
     tls: Option<Arc<UpstreamSetting>>,
+}
+
+/// A revision's spec and ready pods, as sent to the state worker.
+type Sent = (RevisionSpec, Vec<SocketAddr>);
+
+/// What routing reads of an EndpointSlice: its ports' names and numbers and its endpoints'
+/// addresses and readiness, at the same indices (a problem names them); the rest (metadata,
+/// topology, hints, target references) is dropped, and a change to it changes nothing.
+fn trimmed_slice(slice: &Value) -> Value {
+    let each = |field: &str, keep: fn(&Value) -> Value| match slice[field].as_array() {
+        Some(items) => Value::Array(items.iter().map(keep).collect()),
+        None => Value::Null,
+    };
+    serde_json::json!({
+        "ports": each("ports", |port| serde_json::json!({
+            "name": port["name"],
+            "port": port["port"],
+        })),
+        "endpoints": each("endpoints", |endpoint| serde_json::json!({
+            "addresses": endpoint["addresses"],
+            "conditions": {"ready": endpoint["conditions"]["ready"]},
+        })),
+    })
 }
 
 /// Why an object routes nothing, for the log: its name and the reason.
@@ -150,15 +188,40 @@ impl Model {
         object: Option<&Value>,
     ) {
         let id = (kind, namespace.to_owned(), name.to_owned());
-        match object {
-            Some(object) => {
-                self.objects
-                    .insert(id, RouteObject::from_json(kind, object));
+        let read = object.map(|object| RouteObject::from_json(kind, object));
+        if self.objects.get(&id) == read.as_ref() {
+            return;
+        }
+        match read {
+            Some(read) => {
+                self.objects.insert(id, read);
             }
             None => {
                 self.objects.remove(&id);
             }
         }
+        self.dirty.insert((namespace.to_owned(), name.to_owned()));
+        self.scaling_changed = true;
+    }
+
+    /// Marks the routes of `namespace` that `uses` says are built from what changed.
+    fn routes_using(&mut self, namespace: &str, uses: impl Fn(&RouteObject) -> bool) {
+        let using = self.objects.iter().filter_map(|((_, of, name), object)| {
+            let object = object.as_ref().ok()?;
+            (of == namespace && uses(object)).then(|| (of.clone(), name.clone()))
+        });
+        self.dirty.extend(using.collect::<Vec<_>>());
+    }
+
+    /// Marks the routes to Service `namespace/service` (as their target or failover).
+    fn routes_to(&mut self, namespace: &str, service: &str) {
+        self.routes_using(namespace, |object| {
+            object.target.service == service
+                || object
+                    .failover
+                    .as_ref()
+                    .is_some_and(|failover| failover.to.service == service)
+        });
     }
 
     /// A Service added, changed or deleted.
@@ -177,30 +240,56 @@ impl Model {
                             app_protocol: port["appProtocol"].as_str().map(str::to_owned),
                         })
                     })
-                    .collect();
+                    .collect::<Vec<_>>();
+                if self.services.get(&id) == Some(&ports) {
+                    return;
+                }
                 self.services.insert(id, ports);
             }
             None => {
-                self.services.remove(&id);
+                if self.services.remove(&id).is_none() {
+                    return;
+                }
             }
         }
+        self.routes_to(namespace, name);
     }
 
-    /// An EndpointSlice added, changed or deleted.
+    /// An EndpointSlice added, changed or deleted. One that names no Service is not kept.
     pub fn slice(&mut self, namespace: &str, name: &str, slice: Option<&Value>) {
         let id = (namespace.to_owned(), name.to_owned());
-        match slice {
-            Some(slice) => {
-                let Some(service) = slice["metadata"]["labels"][SLICE_SERVICE_LABEL].as_str()
-                else {
-                    self.slices.remove(&id);
-                    return;
-                };
-                self.slices.insert(id, (service.to_owned(), slice.clone()));
+        let read = slice.and_then(|slice| {
+            let service = slice["metadata"]["labels"][SLICE_SERVICE_LABEL].as_str()?;
+            Some((service.to_owned(), trimmed_slice(slice)))
+        });
+        let before = self.slice_services.get(&id).cloned();
+        if let (Some(before), Some((service, trimmed))) = (&before, &read) {
+            let kept = self
+                .slices
+                .get(&(namespace.to_owned(), before.clone()))
+                .and_then(|slices| slices.get(name));
+            if before == service && kept == Some(trimmed) {
+                return;
             }
-            None => {
-                self.slices.remove(&id);
+        }
+        if let Some(before) = before {
+            self.slice_services.remove(&id);
+            let of_service = (namespace.to_owned(), before);
+            if let Some(slices) = self.slices.get_mut(&of_service) {
+                slices.remove(name);
+                if slices.is_empty() {
+                    self.slices.remove(&of_service);
+                }
             }
+            self.routes_to(namespace, &of_service.1);
+        }
+        if let Some((service, trimmed)) = read {
+            self.slice_services.insert(id, service.clone());
+            self.slices
+                .entry((namespace.to_owned(), service.clone()))
+                .or_default()
+                .insert(name.to_owned(), trimmed);
+            self.routes_to(namespace, &service);
         }
     }
 
@@ -220,13 +309,26 @@ impl Model {
                     .filter_map(|(key, value)| {
                         Some((key.clone(), value.as_str()?.as_bytes().to_vec()))
                     })
-                    .collect();
-                self.config_maps.insert(id, data);
+                    .collect::<BTreeMap<_, _>>();
+                if self.config_maps.get(&id).is_some_and(|kept| **kept == data) {
+                    return;
+                }
+                self.config_maps.insert(id, Arc::new(data));
             }
             None => {
-                self.config_maps.remove(&id);
+                if self.config_maps.remove(&id).is_none() {
+                    return;
+                }
             }
         }
+        let names = |spec: &PlaceholderSpec| matches!(&spec.body, PlaceholderSource::ConfigMap { name: of, .. } if of == name);
+        self.routes_using(namespace, |object| {
+            object.placeholder.as_ref().is_some_and(names)
+                || object
+                    .static_routes
+                    .iter()
+                    .any(|route| names(&route.response))
+        });
     }
 
     /// The namespace and name of every object of `kind` the model has.
@@ -239,7 +341,7 @@ impl Model {
                 .map(|(_, namespace, name)| (namespace.clone(), name.clone()))
                 .collect(),
             Kind::Service => self.services.keys().cloned().collect(),
-            Kind::Slice => self.slices.keys().cloned().collect(),
+            Kind::Slice => self.slice_services.keys().cloned().collect(),
             Kind::ConfigMap => self.config_maps.keys().cloned().collect(),
         }
     }
@@ -281,114 +383,158 @@ impl Model {
         }
     }
 
+    /// [`Model::scaler_view`] when an object changed since it was last asked.
+    pub fn changed_scaler_view(&mut self) -> Option<ScalerView> {
+        std::mem::take(&mut self.scaling_changed).then(|| self.scaler_view())
+    }
+
     /// The ops that bring the state worker from what it was last sent to the current view, and
-    /// the objects that route nothing and why (every time: the caller says what is new).
+    /// what is newly wrong: the objects that route nothing, or less than they should, and why,
+    /// each said once while it stays so ([`Model::refusals`] has them all). Only the routes
+    /// that something they are built from changed since the last call are built again.
     pub fn ops(&mut self) -> (Vec<Op>, Vec<Refusal>) {
-        let mut ops = Vec::new();
+        let mut removed = Vec::new();
+        let mut changed = Vec::new();
+        let mut said = Vec::new();
+        for route in std::mem::take(&mut self.dirty) {
+            let (wanted, refusals) = self.build(&route.0, &route.1);
+            let before = [route.1.clone(), format!("{}{FAILOVER_SUFFIX}", route.1)]
+                .into_iter()
+                .filter_map(|name| RevisionKey::new(&route.0, &name).ok());
+            for key in before {
+                if !wanted.iter().any(|(wanted, _)| *wanted == key)
+                    && self.sent.remove(&key).is_some()
+                {
+                    removed.push(Op::RemoveRevision { revision: key });
+                }
+            }
+            for (key, (spec, ready)) in wanted {
+                let before = self.sent.get(&key);
+                if before.is_none_or(|(sent, _)| *sent != spec) {
+                    changed.push(Op::UpsertRevision(spec.clone()));
+                }
+                if before.is_none_or(|(_, sent)| *sent != ready) {
+                    changed.push(Op::SetEndpoints {
+                        revision: key.clone(),
+                        ready: ready.clone(),
+                        scope: OmissionScope::AllPods,
+                    });
+                }
+                self.sent.insert(key, (spec, ready));
+            }
+            let known = self.refusals.remove(&route).unwrap_or_default();
+            said.extend(
+                refusals
+                    .iter()
+                    .filter(|refusal| !known.contains(refusal))
+                    .cloned(),
+            );
+            if !refusals.is_empty() {
+                self.refusals.insert(route, refusals);
+            }
+        }
+        removed.extend(changed);
+        (removed, said)
+    }
+
+    /// Every object that routes nothing, or less than it should, and why.
+    pub fn refusals(&self) -> impl Iterator<Item = &Refusal> {
+        self.refusals.values().flatten()
+    }
+
+    /// The revisions of the route `namespace/name` (its own, and its failover's) with their
+    /// ready pods, from whichever object routes it (an InterceptorRoute over an
+    /// HTTPScaledObject), and what keeps it from routing as declared.
+    fn build(&self, namespace: &str, name: &str) -> (Vec<(RevisionKey, Sent)>, Vec<Refusal>) {
+        let mut wanted = Vec::new();
         let mut refusals = Vec::new();
-        let mut wanted: BTreeMap<RevisionKey, (RevisionSpec, Vec<SocketAddr>)> = BTreeMap::new();
-        for ((kind, namespace, name), object) in &self.objects {
-            let refuse = |reason: String| Refusal {
-                object: format!("{} {namespace}/{name}", kind.describe()),
-                reason,
-            };
-            if *kind == ObjectKind::HttpScaledObject
-                && self.objects.contains_key(&(
-                    ObjectKind::InterceptorRoute,
-                    namespace.clone(),
-                    name.clone(),
-                ))
-            {
-                refusals.push(refuse(
-                    "the InterceptorRoute of the same name routes instead (the add-on's \
-                     precedence)"
-                        .into(),
-                ));
-                continue;
-            }
-            let object = match object {
-                Ok(object) => object,
-                Err(error) => {
-                    refusals.push(refuse(error.to_string()));
-                    continue;
-                }
-            };
-            let Ok(key) = RevisionKey::new(namespace, name) else {
-                refusals.push(refuse("not a valid name".into()));
-                continue;
-            };
-            let (mut spec, ready, problems) = self.route(key.clone(), object);
-            refusals.extend(problems.into_iter().map(refuse));
-            // A failover with no readiness timeout waits 30 s (`endpoint_resolver.go` L16).
-            let mut wait = object.readiness.or(self.defaults.readiness);
-            if object.failover.is_some() && wait.is_none() {
-                wait = Some(DEFAULT_FAILOVER_TIMEOUT);
-            }
-            let placeholder = object.placeholder.as_ref().map(|spec| {
-                let (placeholder, missing) =
-                    self.placeholder(namespace, spec, "spec.coldStart.placeholder");
-                if let Some(missing) = missing {
-                    refusals.push(refuse(missing));
-                }
-                Arc::new(placeholder)
-            });
-            // The add-on 0.16's cold-start cap (#1733) is the route's queue bound; with an
-            // explicit one and `overflow: Placeholder`, requests wait up to it and only those
-            // turned away get the placeholder.
-            spec.queue_depth = object
-                .max_pending
-                .or(self.defaults.max_pending)
-                .unwrap_or(DEFAULT_QUEUE_DEPTH);
-            let hold_before_placeholder = placeholder.is_some()
-                && object.max_pending.is_some()
-                && object.overflow == Overflow::Placeholder;
-            let mut cold_start = ColdStart {
-                wait,
-                failover: None,
-                placeholder,
-                hold_before_placeholder,
-            };
-            if let Some(failover) = &object.failover {
-                let failover_key = RevisionKey::new(namespace, &format!("{name}{FAILOVER_SUFFIX}"));
-                if let Ok(failover_key) = failover_key {
-                    let (failover_spec, failover_ready, problems) =
-                        self.service_route(failover_key.clone(), object, &failover.to);
-                    refusals.extend(
-                        problems
-                            .into_iter()
-                            .map(|problem| refuse(format!("failover: {problem}"))),
-                    );
-                    cold_start.failover = Some(failover_key.clone());
-                    wanted.insert(failover_key, (failover_spec, failover_ready));
-                }
-            }
-            if cold_start != ColdStart::default() {
-                spec.cold_start = Some(Box::new(cold_start));
-            }
-            wanted.insert(key, (spec, ready));
+        let of = |kind: ObjectKind| {
+            self.objects
+                .get(&(kind, namespace.to_owned(), name.to_owned()))
+                .map(|object| (kind, object))
+        };
+        let route = of(ObjectKind::InterceptorRoute);
+        let shadowed = route
+            .is_some()
+            .then(|| of(ObjectKind::HttpScaledObject))
+            .flatten();
+        let Some((kind, object)) = route.or_else(|| of(ObjectKind::HttpScaledObject)) else {
+            return (wanted, refusals);
+        };
+        let refuse = |kind: ObjectKind, reason: String| Refusal {
+            object: format!("{} {namespace}/{name}", kind.describe()),
+            reason,
+        };
+        if shadowed.is_some() {
+            refusals.push(refuse(
+                ObjectKind::HttpScaledObject,
+                "the InterceptorRoute of the same name routes instead (the add-on's \
+                 precedence)"
+                    .into(),
+            ));
         }
-        for key in self.sent.keys() {
-            if !wanted.contains_key(key) {
-                ops.push(Op::RemoveRevision {
-                    revision: key.clone(),
-                });
+        let object = match object {
+            Ok(object) => object,
+            Err(error) => {
+                refusals.push(refuse(kind, error.to_string()));
+                return (wanted, refusals);
+            }
+        };
+        let Ok(key) = RevisionKey::new(namespace, name) else {
+            refusals.push(refuse(kind, "not a valid name".into()));
+            return (wanted, refusals);
+        };
+        let (mut spec, ready, problems) = self.route(key.clone(), object);
+        refusals.extend(problems.into_iter().map(|problem| refuse(kind, problem)));
+        // A failover with no readiness timeout waits 30 s (`endpoint_resolver.go` L16).
+        let mut wait = object.readiness.or(self.defaults.readiness);
+        if object.failover.is_some() && wait.is_none() {
+            wait = Some(DEFAULT_FAILOVER_TIMEOUT);
+        }
+        let placeholder = object.placeholder.as_ref().map(|spec| {
+            let (placeholder, missing) =
+                self.placeholder(namespace, spec, "spec.coldStart.placeholder");
+            if let Some(missing) = missing {
+                refusals.push(refuse(kind, missing));
+            }
+            Arc::new(placeholder)
+        });
+        // The add-on 0.16's cold-start cap (#1733) is the route's queue bound; with an
+        // explicit one and `overflow: Placeholder`, requests wait up to it and only those
+        // turned away get the placeholder.
+        spec.queue_depth = object
+            .max_pending
+            .or(self.defaults.max_pending)
+            .unwrap_or(DEFAULT_QUEUE_DEPTH);
+        let hold_before_placeholder = placeholder.is_some()
+            && object.max_pending.is_some()
+            && object.overflow == Overflow::Placeholder;
+        let mut cold_start = ColdStart {
+            wait,
+            failover: None,
+            placeholder,
+            hold_before_placeholder,
+        };
+        if let Some(failover) = &object.failover {
+            let failover_key = RevisionKey::new(namespace, &format!("{name}{FAILOVER_SUFFIX}"));
+            if let Ok(failover_key) = failover_key {
+                let (failover_spec, failover_ready, problems) =
+                    self.service_route(failover_key.clone(), object, &failover.to);
+                refusals.extend(
+                    problems
+                        .into_iter()
+                        .map(|problem| refuse(kind, format!("failover: {problem}"))),
+                );
+                cold_start.failover = Some(failover_key.clone());
+                wanted.push((failover_key, (failover_spec, failover_ready)));
             }
         }
-        for (key, (spec, ready)) in &wanted {
-            let before = self.sent.get(key);
-            if before.is_none_or(|(sent, _)| sent != spec) {
-                ops.push(Op::UpsertRevision(spec.clone()));
-            }
-            if before.is_none_or(|(_, sent)| sent != ready) {
-                ops.push(Op::SetEndpoints {
-                    revision: key.clone(),
-                    ready: ready.clone(),
-                    scope: OmissionScope::AllPods,
-                });
-            }
+        if cold_start != ColdStart::default() {
+            spec.cold_start = Some(Box::new(cold_start));
         }
-        self.sent = wanted;
-        (ops, refusals)
+        wanted.push((key, (spec, ready)));
+        wanted.sort_by(|(one, _), (other, _)| one.cmp(other));
+        (wanted, refusals)
     }
 
     /// The shards' placeholder of a route in `namespace` (or one of its static routes'
@@ -597,11 +743,10 @@ impl Model {
         let mut listing = Listing::default();
         let slices = self
             .slices
-            .iter()
-            .filter(|((slice_namespace, _), (slice_service, _))| {
-                slice_namespace == namespace && slice_service == service
-            });
-        for (_, (_, slice)) in slices {
+            .get(&(namespace.to_owned(), service.to_owned()))
+            .into_iter()
+            .flatten();
+        for (_, slice) in slices {
             let part =
                 slice_addresses_where(slice, |name| name.unwrap_or_default() == port.name.as_str());
             listing.addresses.merge(&part.addresses);

@@ -26,7 +26,7 @@ use kube::Client;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::model::{Defaults, Model, Refusal, ScalerView, SLICE_SERVICE_LABEL};
+use super::model::{Defaults, Model, ScalerView, SLICE_SERVICE_LABEL};
 use super::object::{ObjectKind, RESPONSE_BODY_LABEL};
 use super::tls::UpstreamSetting;
 use crate::config::EndpointsKind;
@@ -182,7 +182,6 @@ impl KedaSource {
         let mut listed: BTreeSet<Watch> = BTreeSet::new();
         let mut errors: BTreeMap<Watch, String> = BTreeMap::new();
         let mut synced = false;
-        let mut refused: Vec<Refusal> = Vec::new();
         let mut progress = tokio::time::interval(PROGRESS_EVERY);
         progress.tick().await;
         loop {
@@ -254,19 +253,17 @@ impl KedaSource {
             }
             let (ops, refusals) = model.ops();
             for refusal in &refusals {
-                if !refused.contains(refusal) {
-                    tracing::warn!("keda-http: {}: {}", refusal.object, refusal.reason);
-                }
+                tracing::warn!("keda-http: {}: {}", refusal.object, refusal.reason);
             }
-            refused = refusals;
-            routes.send_if_modified(|current| {
-                let next = model.scaler_view();
-                let changed = **current != next;
-                if changed {
-                    *current = Arc::new(next);
-                }
-                changed
-            });
+            if let Some(next) = model.changed_scaler_view() {
+                routes.send_if_modified(|current| {
+                    let changed = **current != next;
+                    if changed {
+                        *current = Arc::new(next);
+                    }
+                    changed
+                });
+            }
             if !ops.is_empty() {
                 if let Err(error) = worker.apply(Op::Batch(ops)).await {
                     tracing::error!("keda-http: the state worker refused a change: {error}");
@@ -388,10 +385,11 @@ fn changed(model: &mut Model, watch: Watch, namespace: &str, name: &str, object:
 
 /// A watch listed (again): what it listed replaces what it had.
 fn relisted(model: &mut Model, watch: Watch, objects: &[Value]) {
+    let listed: BTreeSet<(String, String)> = objects.iter().map(id).collect();
     let gone: Vec<(String, String)> = model
         .ids(model_kind(watch))
         .into_iter()
-        .filter(|seen| !objects.iter().any(|object| id(object) == *seen))
+        .filter(|seen| !listed.contains(seen))
         .collect();
     for (namespace, name) in gone {
         changed(model, watch, &namespace, &name, None);

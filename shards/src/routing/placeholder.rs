@@ -54,10 +54,13 @@ pub enum PlaceholderBody {
     /// request's path).
     ConfigMap {
         name: String,
-        data: Option<BTreeMap<String, Vec<u8>>>,
+        data: Option<ConfigMapData>,
         key: Option<String>,
     },
 }
+
+/// A ConfigMap's data by key, shared by every response that reads it.
+pub type ConfigMapData = Arc<BTreeMap<String, Vec<u8>>>;
 
 /// The status a placeholder answers with when its route sets none.
 pub const DEFAULT_PLACEHOLDER_STATUS: u16 = 503;
@@ -246,10 +249,12 @@ mod tests {
             body: PlaceholderBody::ConfigMap {
                 name: "apps/pages".into(),
                 data: data.map(|pairs| {
-                    pairs
-                        .iter()
-                        .map(|(key, value)| (key.to_string(), value.as_bytes().to_vec()))
-                        .collect()
+                    Arc::new(
+                        pairs
+                            .iter()
+                            .map(|(key, value)| (key.to_string(), value.as_bytes().to_vec()))
+                            .collect(),
+                    )
                 }),
                 key: key.map(str::to_owned),
             },
