@@ -474,7 +474,10 @@ pub fn percentile(sorted: &[u32], p: f64) -> u64 {
         return 0;
     };
     for &value in sorted {
-        histogram.saturating_record(u64::from(value));
+        // `record`, not `saturating_record`: a fresh histogram tracks up to 2 047 and only
+        // `record` resizes it; `saturating_record` clamps a larger value to the current top (2).
+        // A u32 is always within what it can grow to.
+        let _ = histogram.record(u64::from(value));
     }
     if histogram.is_empty() {
         return 0;
@@ -517,6 +520,24 @@ mod tests {
         assert_eq!(percentile(&values, 100.0), 100);
         assert_eq!(percentile(&[7], 99.0), 7);
         assert_eq!(percentile(&[], 50.0), 0);
+        // Above 2 047 (the fresh histogram's range): within 0.1 %, not clamped.
+        let large = [1500, 1800, 2100, 2500, 3000, 41_000, 4_000_000];
+        let within = |got: u64, want: u64| got.abs_diff(want) * 1000 <= want;
+        assert!(
+            within(percentile(&large, 50.0), 2500),
+            "{}",
+            percentile(&large, 50.0)
+        );
+        assert!(
+            within(percentile(&large, 80.0), 41_000),
+            "{}",
+            percentile(&large, 80.0)
+        );
+        assert!(
+            within(percentile(&large, 100.0), 4_000_000),
+            "{}",
+            percentile(&large, 100.0)
+        );
     }
 
     #[test]
