@@ -13,6 +13,7 @@
 #   bash benches/scenarios/run.sh chaos [--duration-seconds 120] [--warm-up-seconds 60]   # soak: kills, QP flips, config rewrites; 10 min
 #   bash benches/scenarios/run.sh priority                  # issue 27: B's wait behind A's 500, high vs 500 low, throughput on ÷ off; ~4 min
 #   bash benches/scenarios/run.sh keda-load                 # issue 40: keda-http vs activator vs direct, 1 and 64 clients; ~2 min
+#   bash benches/scenarios/run.sh keda-scale [--routes 5000] # keda-http watching 1 000 routes × 10 pods: sync, RSS, event → applied, CPU per event
 #   bash benches/scenarios/run.sh all                       # every implemented scenario
 #   KACTIVATOR_BIN=/path/to/kactivator bash benches/scenarios/run.sh ...   # that binary, no build
 #
@@ -26,14 +27,15 @@ set -euo pipefail
 {
 
 usage() {
-  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  # The comment block at the top, up to the first line that is not a comment.
+  sed -n '2,/^[^#]/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 (($#)) || { usage >&2; exit 2; }
 scenario=$1
 shift
 case $scenario in
-  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | pod-scale | chaos | priority | keda-load | all) ;;
+  scarcity | queued-memory | routable-first-forward | cold-poke | kube-scale | pod-scale | chaos | priority | keda-load | keda-scale | all) ;;
   -h | --help) usage; exit 0 ;;
   *) echo "run.sh: unknown scenario '$scenario'" >&2; usage >&2; exit 2 ;;
 esac
@@ -102,8 +104,9 @@ trap 'exit 143' TERM
 # shellcheck source=benches/scenarios/build.sh
 source "$repo/benches/scenarios/build.sh"
 
-# kube-scale runs testkit's kube-apiserver: build it (cached; 3-5 minutes cold) unless it is there.
-if [[ $scenario == kube-scale || $scenario == keda-load || $scenario == all ]] &&
+# kube-scale, keda-load and keda-scale run testkit's kube-apiserver: build it (cached; 3-5 minutes
+# cold) unless it is there.
+if [[ $scenario == kube-scale || $scenario == keda-load || $scenario == keda-scale || $scenario == all ]] &&
   [[ -z ${KACTIVATOR_KUBE_APISERVER:-} ]] &&
   [[ ! -x $target_dir/kube/bin/kube-apiserver ]]; then
   log "no kube-apiserver in $target_dir/kube/bin: building it with scripts/kube-apiserver.sh"
@@ -147,7 +150,8 @@ run_one() {
     echo
     echo "- host: $(uname -r), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo); RLIMIT_NOFILE $(ulimit -Sn)/$(ulimit -Hn); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)')"
-    echo "- kactivator: $kactivator_bin"
+    # The binary's own commit: with KACTIVATOR_BIN it need not be the checkout's.
+    echo "- kactivator: $kactivator_bin ($("$kactivator_bin" --version 2>/dev/null | head -n 1 || echo 'no --version'))"
     echo "- command: $scenarios_bin --kactivator $kactivator_bin ${SCENARIO_ARGS:-} $name $*"
   } | tee "$results"
   before=$(cpu_snapshot)
@@ -186,6 +190,7 @@ if [[ $scenario == all ]]; then
   run_one pod-scale || overall=1
   run_one priority || overall=1
   run_one keda-load || overall=1
+  run_one keda-scale || overall=1
 else
   run_one "$scenario" "$@" || overall=$?
 fi

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use kactivator_testkit::apiserver::ApiServer;
 use kactivator_testkit::backend::{self, BackendConfig, BackendHandle};
-use kactivator_testkit::keda;
 use kactivator_testkit::podnet::PodNet;
 use kactivator_testkit::ports::free_port;
 
@@ -80,9 +79,7 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
     let pod: BackendHandle = net
         .inside(|| backend::spawn_on(pod_addr, BackendConfig::named("pod")))
         .map_err(|e| format!("the pod's backend at {pod_addr}: {e}"))?;
-    let api = crate::kube_scale::guarded("a kube-apiserver with an HTTPScaledObject", || {
-        cluster(ip)
-    })?;
+    let api = crate::kube::guarded("a kube-apiserver with an HTTPScaledObject", || cluster(ip))?;
     let kubeconfig = api.admin_kubeconfig().display().to_string();
     let scaler_port = free_port().to_string();
     let metrics_port = free_port().to_string();
@@ -92,23 +89,24 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
         ("OTEL_PROM_EXPORTER_PORT", metrics_port.as_str()),
         ("KACTIVATOR_LOG", "warn"),
     ];
-    let launch = |args: &'static [&'static str], env: &[(&str, &str)], revisions: &str, tag: &str| {
-        let dir = scratch.path().join(tag);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        Activator::start(&Launch {
-            binary,
-            driver: &options.driver,
-            shards: options.shards,
-            http_ip: "127.0.0.1",
-            proxy: "",
-            features: "\"activator.pod-quarantine\" = \"disabled\"",
-            tables: "",
-            revisions,
-            dir: &dir,
-            args,
-            env,
-        })
-    };
+    let launch =
+        |args: &'static [&'static str], env: &[(&str, &str)], revisions: &str, tag: &str| {
+            let dir = scratch.path().join(tag);
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            Activator::start(&Launch {
+                binary,
+                driver: &options.driver,
+                shards: options.shards,
+                http_ip: "127.0.0.1",
+                proxy: "",
+                features: "\"activator.pod-quarantine\" = \"disabled\"",
+                tables: "",
+                revisions,
+                dir: &dir,
+                args,
+                env,
+            })
+        };
     let activator = launch(&[], &[], &revision(ROUTE, &[pod_addr], ""), "activator")
         .map_err(|e| format!("kactivator (activator role): {e}"))?;
     let keda_role = launch(&["keda-http"], &keda_env, "", "keda")
@@ -159,27 +157,13 @@ pub fn run(binary: &Path, options: &Options) -> Result<(String, bool), String> {
 fn cluster(ip: IpAddr) -> ApiServer {
     let api = ApiServer::start();
     api.install_keda_http_crds();
-    api.apply_yaml(&keda::service("default", ROUTE, 80, POD_PORT, None));
-    api.apply_yaml(&keda::endpoint_slice(
-        "v1beta1",
-        "default",
+    api.apply_yaml(&crate::kube::keda_route_yaml(
         ROUTE,
+        HOST,
         &[ip],
-        &[],
         POD_PORT,
+        "",
     ));
-    api.apply_yaml(
-        &keda::HttpScaledObject {
-            name: ROUTE,
-            hosts: &[HOST],
-            paths: &[],
-            service: ROUTE,
-            port: 80,
-            annotations: "",
-            extra: "",
-        }
-        .yaml(),
-    );
     api
 }
 

@@ -13,6 +13,8 @@ mod client;
 mod cold_poke;
 mod first_forward;
 mod keda_load;
+mod keda_scale;
+mod kube;
 mod kube_scale;
 mod pod_scale;
 mod priority;
@@ -214,6 +216,39 @@ enum Scenario {
         #[arg(long, default_value_t = 600)]
         sync_timeout: u64,
     },
+    /// KEDA's HTTP add-on role's control plane at scale: a real kube-apiserver
+    /// (KACTIVATOR_KUBE_APISERVER) with ROUTES routes (Service, EndpointSlice with PODS ready
+    /// endpoints, HTTPScaledObject) and `kactivator keda-http` watching it as its
+    /// ServiceAccount: object creation, initial sync, RSS, watch event → applied latency of
+    /// CHANGES single-endpoint changes under background churn, and kactivator's CPU per event.
+    KedaScale {
+        #[arg(long, default_value_t = 1000)]
+        routes: usize,
+        /// Ready endpoints in each route's EndpointSlice.
+        #[arg(long, default_value_t = 10)]
+        pods: usize,
+        /// Single-endpoint changes measured, one at a time.
+        #[arg(long, default_value_t = 200)]
+        changes: usize,
+        /// Patches per second to other routes' EndpointSlices while the changes are made.
+        #[arg(long, default_value_t = 20.0)]
+        churn_per_second: f64,
+        /// Routes per `kubectl create -f -` (three objects each).
+        #[arg(long, default_value_t = 250)]
+        chunk: usize,
+        /// `kubectl create` processes at once.
+        #[arg(long, default_value_t = 2)]
+        create_workers: usize,
+        /// Milliseconds between two measured changes.
+        #[arg(long, default_value_t = 50)]
+        gap_ms: u64,
+        /// Seconds kactivator may take from start to `/readyz` 200.
+        #[arg(long, default_value_t = 600)]
+        sync_timeout: u64,
+        /// Seconds of idle CPU measured before the changes (set against their CPU).
+        #[arg(long, default_value_t = 5)]
+        idle: u64,
+    },
     /// REVISIONS × PODS pods from the file, each at its own loopback address, one listener
     /// answering their probes: load time, RSS, idle CPU and probes with quarantine on and off,
     /// registration → forwarded p50/p99, new pod → first probe.
@@ -399,6 +434,37 @@ fn main() -> ExitCode {
                 shards: cli.shards,
             },
         ),
+        Scenario::KedaScale {
+            routes,
+            pods,
+            changes,
+            churn_per_second,
+            chunk,
+            create_workers,
+            gap_ms,
+            sync_timeout,
+            idle,
+        } => keda_scale::run(
+            &cli.kactivator,
+            &keda_scale::Options {
+                routes: routes.max(1),
+                pods: pods.max(1),
+                changes,
+                churn_per_second,
+                chunk: chunk.max(1),
+                create_workers: create_workers.max(1),
+                gap: Duration::from_millis(gap_ms),
+                sync_timeout: Duration::from_secs(sync_timeout),
+                idle: Duration::from_secs(idle.max(1)),
+                driver: cli
+                    .drivers
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| "io-uring".into()),
+                // The deployment's two shards unless SCENARIO_ARGS say otherwise.
+                shards: cli.shards.unwrap_or(2),
+            },
+        ),
         Scenario::PodScale {
             revisions,
             pods,
@@ -497,6 +563,11 @@ pub fn median(mut values: Vec<f64>) -> f64 {
     } else {
         (values[mid - 1] + values[mid]) / 2.0
     }
+}
+
+/// KiB as `12.3 MiB`.
+pub fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
 /// Microseconds as `850 µs` or `12.34 ms`.

@@ -59,31 +59,16 @@ const KEDA_HOST: &str = "queued.example.com";
 /// An API server with the add-on's CRD, a Service with an empty EndpointSlice, and an
 /// HTTPScaledObject [`REVISION`] routing [`KEDA_HOST`] to it.
 fn keda_cluster() -> Result<kactivator_testkit::apiserver::ApiServer, String> {
-    use kactivator_testkit::keda;
-    crate::kube_scale::guarded("a kube-apiserver with an HTTPScaledObject", || {
+    crate::kube::guarded("a kube-apiserver with an HTTPScaledObject", || {
         let api = kactivator_testkit::apiserver::ApiServer::start();
         api.install_keda_http_crds();
-        api.apply_yaml(&keda::service("default", REVISION, 80, 8080, None));
-        api.apply_yaml(&keda::endpoint_slice(
-            "v1beta1",
-            "default",
+        api.apply_yaml(&crate::kube::keda_route_yaml(
             REVISION,
-            &[],
+            KEDA_HOST,
             &[],
             8080,
+            "    kactivator.dev/container-concurrency: \"1\"",
         ));
-        api.apply_yaml(
-            &keda::HttpScaledObject {
-                name: REVISION,
-                hosts: &[KEDA_HOST],
-                paths: &[],
-                service: REVISION,
-                port: 80,
-                annotations: "    kactivator.dev/container-concurrency: \"1\"",
-                extra: "",
-            }
-            .yaml(),
-        );
         api
     })
 }
