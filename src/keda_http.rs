@@ -50,6 +50,9 @@ pub fn run(cli: &Cli) -> Result<(), StartError> {
         u64::try_from(env.connect_timeout.as_millis()).unwrap_or(u64::MAX);
     let scaler: SocketAddr = reactor::any_address(env.scaler_port);
     let mut setup = RoleSetup::activator(cli);
+    // Its own footprint, not the activator's: under the add-on's chart limit (64 MiB) the
+    // activator's reserve would leave nothing and the pod would crash-loop.
+    setup.needs = kactivator_control::budget::Needs::keda_http();
     let mut upstream_tls = None;
     if let Some(proxy_tls) = &env.tls {
         let tls = kactivator_control::keda::tls::load(proxy_tls)?;

@@ -1001,6 +1001,63 @@ fn the_cold_start_cap_holds_that_many_and_turns_the_rest_away_with_the_add_ons_5
     assert_eq!(pod.stats().requests, 2);
 }
 
+/// The add-on's chart gives its interceptor a 64 MiB memory limit (kedacore/charts
+/// `http-add-on/values.yaml`, `interceptor.resources.limits.memory`). Review finding: the role
+/// kept the activator's 64 MiB out of its budget, found no room for any connection and exited:
+/// a drop-in that crash-loops under the limit it replaces. Under that limit it now starts,
+/// says the budget it fitted, holds 300 requests of a route at zero and serves every one once
+/// a pod is ready, resident under the limit.
+#[test]
+fn under_the_add_on_charts_64_mib_limit_it_starts_holds_and_serves_every_request() {
+    const LIMIT: u64 = 64 << 20;
+    const CLIENTS: usize = 300;
+    let cluster = Cluster::start();
+    cluster.service("app");
+    let (ip, pod) = cluster.pod("app-1");
+    cluster.endpoints("app", &[], &[ip]);
+    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (interceptor, _scaler) =
+        cluster.interceptor_prepared(Activator::prepare("", "").with_memory_limit(LIMIT), &[]);
+    let budget = interceptor
+        .stderr()
+        .lines()
+        .find(|line| line.contains("memory budget"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no budget line: {}", interceptor.stderr()));
+    assert!(budget.contains("limit=64 MiB"), "{budget}");
+    let http = interceptor.http;
+    let held: Vec<_> = (0..CLIENTS)
+        .map(|_| std::thread::spawn(move || exchange(http, &request("app.example.com", "/"))))
+        .collect();
+    let route = ["route_name=\"app\""];
+    assert!(
+        eventually(Duration::from_secs(20), || interceptor
+            .metric_sum("interceptor_request_concurrency", &route)
+            == CLIENTS as f64),
+        "{CLIENTS} requests held: {}",
+        interceptor.metric_sum("interceptor_request_concurrency", &route)
+    );
+    let held_kib = interceptor.rss_kib();
+    cluster.endpoints("app", &[ip], &[]);
+    let statuses: Vec<u16> = held
+        .into_iter()
+        .map(|client| client.join().expect("a held client").status)
+        .collect();
+    assert!(
+        statuses.iter().all(|status| *status == 200),
+        "{:?}",
+        statuses
+            .iter()
+            .filter(|status| **status != 200)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(pod.stats().requests, CLIENTS as u64);
+    assert!(
+        held_kib * 1024 < LIMIT,
+        "resident {held_kib} KiB with {CLIENTS} held"
+    );
+}
+
 /// The add-on 0.16's `coldStart.maxPendingRequests` with `overflow: Placeholder` on an
 /// InterceptorRoute (its CRD with 0.16's fields): while no endpoint is ready the route holds
 /// that many requests, and only the next gets the placeholder; the held ones reach the pod.

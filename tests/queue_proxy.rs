@@ -783,7 +783,7 @@ fn under_a_32_mib_limit_it_starts_and_admits_its_whole_breaker() {
 /// than answering 503 to requests the breaker promised to hold.
 #[test]
 fn a_limit_too_small_for_its_breaker_is_refused_naming_containerconcurrency() {
-    let output = support::queue_proxy::under_memory_limit(32 << 20)
+    let output = support::under_memory_limit(32 << 20)
         .arg("queue-proxy")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())

@@ -12,7 +12,7 @@
 //! [`Budget::queue_ceiling`] is the most it may be raised to.
 //!
 //! Each role says what it needs ([`Needs`]): what it keeps out of the caps' budget, and the
-//! least each cap may be. The activator keeps 64 MiB back; the queue-proxy, a sidecar with a
+//! least each cap may be. The activator keeps 64 MiB back, KEDA's HTTP add-on role 24 MiB; the queue-proxy, a sidecar with a
 //! footprint of 3 MiB, keeps 8 MiB back, and its breaker (containerConcurrency in flight and
 //! ten times that waiting) must always be admitted: derived caps never go below that, and a
 //! limit that cannot hold it is refused at start, naming what asked for it.
@@ -36,6 +36,12 @@ pub const QUEUED_REQUEST_BYTES: u64 = 2 * 1024;
 /// The activator keeps this out of the caps' budget: the binary, the runtimes, the control
 /// plane's state and caches, request bodies in flight.
 pub const RESERVED_BYTES: u64 = 64 << 20;
+/// KEDA's HTTP add-on role keeps this out of the caps' budget: its idle footprint is 15 MiB
+/// (BENCHMARKS.md, "Memory idle and with 10 000 held requests"), and its view of the cluster grows with the
+/// routes and slices it watches (BENCHMARKS.md, "KEDA role's control plane at scale"). Under
+/// the add-on's own chart limit for its interceptor, 64 MiB, that leaves room for thousands of
+/// held requests.
+pub const KEDA_HTTP_RESERVED_BYTES: u64 = 24 << 20;
 /// The queue-proxy keeps this out of the caps' budget: its idle footprint is 2.6 to 2.9 MiB
 /// (BENCHMARKS.md, "The queue-proxy's footprint"), plus request bodies in flight.
 pub const QUEUE_PROXY_RESERVED_BYTES: u64 = 8 << 20;
@@ -54,8 +60,17 @@ pub struct Needs {
 impl Needs {
     /// The activator's: 64 MiB reserved, no floor.
     pub fn activator() -> Needs {
+        Needs::reserving(RESERVED_BYTES)
+    }
+
+    /// KEDA's HTTP add-on role's: [`KEDA_HTTP_RESERVED_BYTES`] reserved, no floor.
+    pub fn keda_http() -> Needs {
+        Needs::reserving(KEDA_HTTP_RESERVED_BYTES)
+    }
+
+    fn reserving(reserved: u64) -> Needs {
         Needs {
-            reserved: RESERVED_BYTES,
+            reserved,
             floor: Caps {
                 max_connections_per_shard: 0,
                 max_pending_heads_per_shard: 0,
@@ -299,6 +314,41 @@ mod tests {
             let room = (limit * MIB - RESERVED_BYTES) / 100 * CAPS_PERCENT;
             assert!(budget.worst <= room, "{limit} MiB on {shards}");
         }
+    }
+
+    /// Review finding: the KEDA role kept the activator's 64 MiB back, so under the add-on's
+    /// own chart limit for its interceptor (64 MiB) nothing was left and it refused to start.
+    /// With its own reserve every cap has room, down to 32 MiB on 2 shards.
+    #[test]
+    fn the_keda_role_fits_under_the_add_ons_chart_limit_and_half_of_it() {
+        for (limit, shards) in [(64, 2), (64, 4), (32, 2)] {
+            let budget = fit(
+                &ProxySettings::default(),
+                shards,
+                Some(limit * MIB),
+                &Needs::keda_http(),
+            )
+            .unwrap_or_else(|error| panic!("{limit} MiB on {shards}: {error}"));
+            let caps = budget.caps;
+            assert!(
+                caps.max_connections_per_shard * shards >= 100
+                    && caps.max_pending_heads_per_shard >= 4
+                    && caps.max_queued_requests >= 500,
+                "{limit} MiB on {shards}: {caps:?}"
+            );
+            let room = (limit * MIB - KEDA_HTTP_RESERVED_BYTES) / 100 * CAPS_PERCENT;
+            assert!(budget.worst <= room, "{limit} MiB on {shards}");
+        }
+        assert!(
+            fit(
+                &ProxySettings::default(),
+                2,
+                Some(64 * MIB),
+                &Needs::activator()
+            )
+            .is_err(),
+            "the activator's reserve takes all of 64 MiB"
+        );
     }
 
     #[test]

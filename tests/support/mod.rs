@@ -21,6 +21,8 @@ static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 /// A running kactivator process, killed on drop.
 pub struct Activator {
     child: Option<Child>,
+    /// The cgroup memory limit the process is shown ([`under_memory_limit`]), if any.
+    memory_limit: Option<u64>,
     pub http: SocketAddr,
     /// The second data port (upstream's h2c port; both serve HTTP/1.1 and h2c).
     pub http2: SocketAddr,
@@ -92,6 +94,13 @@ impl Activator {
         activator
     }
 
+    /// A prepared activator that will see a cgroup memory limit of `limit` bytes, as a
+    /// container's limit shows ([`under_memory_limit`]).
+    pub fn with_memory_limit(mut self, limit: u64) -> Activator {
+        self.memory_limit = Some(limit);
+        self
+    }
+
     /// Starts a prepared activator with 2 shards and waits until it is ready.
     pub fn launch(mut self) -> Activator {
         self.spawn_with(&["--shards", "2"], &[], false);
@@ -144,6 +153,7 @@ impl Activator {
         let config_path = dir.join("kactivator.toml");
         let activator = Activator {
             child: None,
+            memory_limit: None,
             http,
             http2,
             admin,
@@ -183,7 +193,10 @@ impl Activator {
 
     fn spawn_with(&mut self, args: &[&str], env: &[(&str, &str)], refuse_io_uring: bool) {
         let stderr = std::fs::File::create(self.dir.join("stderr.log")).expect("stderr log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_kactivator"));
+        let mut command = match self.memory_limit {
+            Some(limit) => under_memory_limit(limit),
+            None => Command::new(env!("CARGO_BIN_EXE_kactivator")),
+        };
         command
             .arg("--config")
             .arg(&self.config_path)
@@ -573,6 +586,38 @@ pub fn raw_pod(
     });
     (addr, accepted)
 }
+/// A command that runs the binary (its arguments follow) seeing a cgroup memory limit of
+/// `limit` bytes, as a container's limit shows: in a mount namespace of its own, a tmpfs over
+/// `/sys/fs/cgroup` holds the files the binary reads at its cgroup's path (v2's `memory.max`,
+/// v1's `memory.limit_in_bytes`). Nothing on the host changes; the shell execs the binary, so
+/// the child's pid is the binary's.
+pub fn under_memory_limit(limit: u64) -> Command {
+    const SHOW_LIMIT: &str = r#"limit=$1; shift
+mount -t tmpfs cgroup-for-test /sys/fs/cgroup || exit 97
+while IFS=: read -r _ controllers path; do
+  case "$controllers" in
+    "") mkdir -p "/sys/fs/cgroup$path" && echo "$limit" > "/sys/fs/cgroup$path/memory.max" ;;
+    *memory*) mkdir -p "/sys/fs/cgroup/memory$path" &&
+      echo "$limit" > "/sys/fs/cgroup/memory$path/memory.limit_in_bytes" ;;
+  esac
+done < /proc/self/cgroup
+exec "$@""#;
+    let mut command = Command::new("unshare");
+    command
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            SHOW_LIMIT,
+            "sh",
+        ])
+        .arg(limit.to_string())
+        .arg(env!("CARGO_BIN_EXE_kactivator"));
+    command
+}
+
 pub mod go;
 pub mod ipv6;
 pub mod queue_proxy;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kactivator_testkit::ports::free_port;
 
-use super::{admin_get, eventually, exchange, scratch_dir, Response};
+use super::{admin_get, eventually, exchange, scratch_dir, under_memory_limit, Response};
 
 /// The pod name the environment gives the queue-proxy.
 pub const POD: &str = "hello-00001-deployment-7d9f";
@@ -263,38 +263,6 @@ impl Drop for QueueProxy {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A command that runs the binary (its arguments follow) seeing a cgroup memory limit of
-/// `limit` bytes, as a container's limit shows: in a mount namespace of its own, a tmpfs over
-/// `/sys/fs/cgroup` holds the files the binary reads at its cgroup's path (v2's `memory.max`,
-/// v1's `memory.limit_in_bytes`). Nothing on the host changes; the shell execs the binary, so
-/// the child's pid is the binary's.
-pub fn under_memory_limit(limit: u64) -> Command {
-    const SHOW_LIMIT: &str = r#"limit=$1; shift
-mount -t tmpfs cgroup-for-test /sys/fs/cgroup || exit 97
-while IFS=: read -r _ controllers path; do
-  case "$controllers" in
-    "") mkdir -p "/sys/fs/cgroup$path" && echo "$limit" > "/sys/fs/cgroup$path/memory.max" ;;
-    *memory*) mkdir -p "/sys/fs/cgroup/memory$path" &&
-      echo "$limit" > "/sys/fs/cgroup/memory$path/memory.limit_in_bytes" ;;
-  esac
-done < /proc/self/cgroup
-exec "$@""#;
-    let mut command = Command::new("unshare");
-    command
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            SHOW_LIMIT,
-            "sh",
-        ])
-        .arg(limit.to_string())
-        .arg(env!("CARGO_BIN_EXE_kactivator"));
-    command
 }
 
 /// The queue-proxy with Knative's environment for a user container on `user_port` and `certs`
