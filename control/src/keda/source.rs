@@ -11,7 +11,8 @@
 //! readiness is told once every shard serves it (the add-on's `/readyz` waits for its first
 //! sync too). Until then a line every few seconds says which watches are still listing and why.
 //! A watch that fails is retried with a short backoff while the shards keep serving the last
-//! snapshot; a relist replaces what that watch had listed.
+//! snapshot; a relist replaces what that watch had listed, each object going into the model as
+//! it is listed (a large cluster's list is never held whole).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -177,8 +178,10 @@ impl KedaSource {
         let mut routes_crd_check = tokio::time::interval(ROUTES_CRD_CHECK_EVERY);
         routes_crd_check.tick().await;
         let mut model = Model::new(self.defaults).with_tls(self.upstream_tls.clone());
-        // Per watch: its objects while it (re)lists, `None` once listed.
-        let mut listing: BTreeMap<Watch, Vec<Value>> = BTreeMap::new();
+        // Per watch while it (re)lists: the objects listed so far, by namespace and name. Each
+        // goes into the model as it comes (the list of a large cluster is never held whole);
+        // once listed, what it had and did not list is gone.
+        let mut listing: BTreeMap<Watch, BTreeSet<(String, String)>> = BTreeMap::new();
         let mut listed: BTreeSet<Watch> = BTreeSet::new();
         let mut errors: BTreeMap<Watch, String> = BTreeMap::new();
         let mut synced = false;
@@ -219,14 +222,17 @@ impl KedaSource {
             let arrived = std::time::Instant::now();
             match event {
                 Ok(Event::Init) => {
-                    listing.insert(watch, Vec::new());
+                    listing.insert(watch, BTreeSet::new());
                 }
                 Ok(Event::InitApply(object)) => {
-                    listing.entry(watch).or_default().push(value(object));
+                    let object = value(object);
+                    let (namespace, name) = id(&object);
+                    changed(&mut model, watch, &namespace, &name, Some(&object));
+                    listing.entry(watch).or_default().insert((namespace, name));
                 }
                 Ok(Event::InitDone) => {
-                    let objects = listing.remove(&watch).unwrap_or_default();
-                    relisted(&mut model, watch, &objects);
+                    let seen = listing.remove(&watch).unwrap_or_default();
+                    forget_unlisted(&mut model, watch, &seen);
                     listed.insert(watch);
                     errors.remove(&watch);
                 }
@@ -247,7 +253,7 @@ impl KedaSource {
                 }
             }
             // The first view waits for every watch; a watch added later (the InterceptorRoutes
-            // CRD installed) brings its objects in when it has listed (`relisted`).
+            // CRD installed) brings its objects in as it lists them.
             if !synced && listed.len() < watches.len() {
                 continue;
             }
@@ -383,9 +389,8 @@ fn changed(model: &mut Model, watch: Watch, namespace: &str, name: &str, object:
     }
 }
 
-/// A watch listed (again): what it listed replaces what it had.
-fn relisted(model: &mut Model, watch: Watch, objects: &[Value]) {
-    let listed: BTreeSet<(String, String)> = objects.iter().map(id).collect();
+/// A watch listed (again): what it had and did not list is gone.
+fn forget_unlisted(model: &mut Model, watch: Watch, listed: &BTreeSet<(String, String)>) {
     let gone: Vec<(String, String)> = model
         .ids(model_kind(watch))
         .into_iter()
@@ -393,10 +398,6 @@ fn relisted(model: &mut Model, watch: Watch, objects: &[Value]) {
         .collect();
     for (namespace, name) in gone {
         changed(model, watch, &namespace, &name, None);
-    }
-    for object in objects {
-        let (namespace, name) = id(object);
-        changed(model, watch, &namespace, &name, Some(object));
     }
 }
 
