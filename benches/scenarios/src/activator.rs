@@ -186,6 +186,24 @@ impl Activator {
         Ok(body)
     }
 
+    /// The whole `/metrics` text, waiting up to `read_timeout` for the answer (a process busy
+    /// with a backlog of watch events may take longer than [`Activator::metrics`]' 10 s).
+    pub fn metrics_within(&self, read_timeout: Duration) -> Result<String, String> {
+        let (status, body) = request(
+            self.admin,
+            "GET",
+            "/metrics",
+            "",
+            "",
+            (Duration::from_secs(1), read_timeout),
+        )
+        .map_err(|e| format!("scraping {}/metrics: {e}", self.admin))?;
+        if status != 200 {
+            return Err(format!("{}/metrics answered {status}", self.admin));
+        }
+        Ok(body)
+    }
+
     /// Sum of a metric's samples whose label set contains every `labels` fragment.
     pub fn metric_sum(&self, name: &str, labels: &[&str]) -> Result<f64, String> {
         Ok(sum_of(&self.metrics()?, name, labels))
@@ -224,6 +242,36 @@ impl Activator {
         // SAFETY: sysconf only reads a system constant.
         let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
         Ok(Duration::from_millis((user + system) * 1000 / per_second))
+    }
+
+    /// CPU time (user + system) of each of the process's threads so far: (name, time), from
+    /// `/proc/<pid>/task/<tid>/{comm,stat}`. Threads that exit in between are skipped.
+    pub fn thread_cpu_times(&self) -> Result<Vec<(String, Duration)>, String> {
+        let dir = format!("/proc/{}/task", self.pid());
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("reading {dir}: {e}"))?;
+        // SAFETY: sysconf only reads a system constant.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let mut threads = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let (Ok(name), Ok(stat)) = (
+                std::fs::read_to_string(path.join("comm")),
+                std::fs::read_to_string(path.join("stat")),
+            ) else {
+                continue;
+            };
+            let fields: Vec<&str> = stat
+                .rsplit_once(") ")
+                .map_or(Vec::new(), |(_, rest)| rest.split(' ').collect());
+            let ticks = |index: usize| fields.get(index).and_then(|f| f.parse::<u64>().ok());
+            if let (Some(user), Some(system)) = (ticks(11), ticks(12)) {
+                threads.push((
+                    name.trim().to_owned(),
+                    Duration::from_millis((user + system) * 1000 / per_second),
+                ));
+            }
+        }
+        Ok(threads)
     }
 
     /// Asks for a clean exit (`POST /quitquitquit`); kills the process if it is still there

@@ -37,6 +37,15 @@ const GAUGE_TIMEOUT: Duration = Duration::from_secs(10);
 const SETTLE_PAUSE: Duration = Duration::from_secs(1);
 /// Every route's ready pods, as the shell exports them.
 const ROUTABLE_GAUGE: &str = "kactivator_revision_routable_pods";
+/// How long a `/metrics` scrape may take: a process working through a backlog of watch events
+/// answers late.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(120);
+/// The shards are quiet once their threads use at most this much CPU, together, in one
+/// [`QUIET_SLICE`].
+const QUIET_CPU: Duration = Duration::from_millis(50);
+const QUIET_SLICE: Duration = Duration::from_secs(1);
+/// The shards' threads' names start with this.
+const SHARD_THREAD: &str = "shard-";
 
 pub struct Options {
     pub routes: usize,
@@ -55,6 +64,8 @@ pub struct Options {
     pub sync_timeout: Duration,
     /// The window of idle CPU measured before the changes.
     pub idle: Duration,
+    /// How long the shards may stay busy after `/readyz` before the idle window starts anyway.
+    pub quiet_timeout: Duration,
     pub driver: String,
     pub shards: usize,
 }
@@ -87,30 +98,67 @@ fn replace_endpoint(
     )
 }
 
+/// CPU time so far of the shard threads and of all the others (the control thread, the
+/// state worker, the runtimes' pools).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Split {
+    shards: Duration,
+    rest: Duration,
+}
+
+impl Split {
+    fn of(activator: &Activator) -> Result<Split, String> {
+        let mut split = Split::default();
+        for (name, time) in activator.thread_cpu_times()? {
+            if name.starts_with(SHARD_THREAD) {
+                split.shards += time;
+            } else {
+                split.rest += time;
+            }
+        }
+        Ok(split)
+    }
+
+    fn since(self, earlier: Split) -> Split {
+        Split {
+            shards: self.shards.saturating_sub(earlier.shards),
+            rest: self.rest.saturating_sub(earlier.rest),
+        }
+    }
+}
+
 /// The run's figures.
 struct Measured {
     sync: Duration,
     /// kactivator's CPU time from start to `/readyz` 200.
     sync_cpu: Duration,
+    /// From `/readyz` 200 to the start of the first quiet slice of the shards, and whether
+    /// that was the first slice looked at (then they may have been quiet earlier); `None`: not
+    /// quiet within [`Options::quiet_timeout`]. And the shards' CPU in between.
+    shards_busy: Option<(Duration, bool)>,
+    shards_busy_cpu: Duration,
     rss_synced_kib: u64,
-    /// After the first `/metrics` scrape, which renders every route's series.
-    rss_scraped_kib: u64,
+    /// Once the shards were quiet (after at least one `/metrics` scrape, which renders every
+    /// route's series).
+    rss_quiet_kib: u64,
     rss_end_kib: u64,
-    /// Size and time of that scrape.
+    /// Size and time of the first scrape.
     scrape_bytes: usize,
     scrape: Duration,
     /// The routable-pods gauges' sum once it settled (or at the timeout).
     routable: f64,
-    /// kactivator's CPU over [`Options::idle`] with nothing changing.
-    idle_cpu: Duration,
+    /// kactivator's CPU over [`Options::idle`] with nothing changing, by thread kind.
+    idle_cpu: Split,
     /// The measured changes and the churn.
     changed: Changed,
     /// The histogram's observations since just before the first change, once every change
     /// was counted (or the settle timeout).
     applied: Buckets,
     /// kactivator's CPU from just before the first change until every change was counted
-    /// (at least [`SETTLE_PAUSE`] after the last), and that window's length.
+    /// (at least [`SETTLE_PAUSE`] after the last): the process's (`/proc/<pid>/stat`) and by
+    /// thread kind; and that window's length.
     window_cpu: Duration,
+    window_split: Split,
     window: Duration,
     notes: Vec<String>,
 }
@@ -181,7 +229,9 @@ fn measure(
     let mut activator = Activator::spawn(&launch)?;
     activator.wait_ready(options.sync_timeout)?;
     let sync = started.elapsed();
+    let ready_at = Instant::now();
     let sync_cpu = activator.cpu_time()?;
+    let split_at_ready = Split::of(&activator)?;
     eprintln!(
         "[keda-scale] ready after {:.2} s ({:.2} s of CPU)",
         sync.as_secs_f64(),
@@ -198,11 +248,9 @@ fn measure(
     let mut first_scrape = None;
     let routable = loop {
         let scrape_started = Instant::now();
-        let metrics = activator.metrics()?;
+        let metrics = activator.metrics_within(SCRAPE_TIMEOUT)?;
         let scrape = scrape_started.elapsed();
-        if first_scrape.is_none() {
-            first_scrape = Some((metrics.len(), scrape, activator.memory_kib()?.rss));
-        }
+        first_scrape.get_or_insert((metrics.len(), scrape));
         let routable = activator::sum_of(&metrics, ROUTABLE_GAUGE, &[]);
         if routable == expected {
             break routable;
@@ -216,36 +264,58 @@ fn measure(
         }
         std::thread::sleep(Duration::from_millis(250));
     };
-    let (scrape_bytes, scrape, rss_scraped_kib) = first_scrape.expect("the loop scrapes");
+    let (scrape_bytes, scrape) = first_scrape.expect("the loop scrapes");
+
+    // The shards may still be working on the first view after /readyz: wait until a slice
+    // in which they are quiet, so that neither the idle window nor the changes pay for it.
+    let shards_busy = wait_shards_quiet(&activator, ready_at, options.quiet_timeout)?;
+    let shards_busy_cpu = Split::of(&activator)?.since(split_at_ready).shards;
+    if shards_busy.is_none() {
+        notes.push(format!(
+            "the shards were still busy {:?} after /readyz; the idle window and the changes \
+             started anyway",
+            options.quiet_timeout
+        ));
+    }
+    let rss_quiet_kib = activator.memory_kib()?.rss;
     eprintln!(
-        "[keda-scale] RSS {} MiB, {} MiB after one /metrics scrape ({:.1} MB in {})",
+        "[keda-scale] RSS {} MiB 2 s after /readyz, {} MiB once the shards were quiet ({}); \
+         one /metrics: {:.1} MB in {}",
         rss_synced_kib / 1024,
-        rss_scraped_kib / 1024,
+        rss_quiet_kib / 1024,
+        shards_busy.map_or("not within the timeout".into(), |busy| format!(
+            "{} s after /readyz, {:.1} s of their CPU",
+            describe_busy(busy),
+            shards_busy_cpu.as_secs_f64()
+        )),
         scrape_bytes as f64 / 1e6,
         fmt_us(scrape.as_micros() as u64)
     );
 
     // What the process burns with nothing to do (timers, the scaler's counting task), to set
     // against the change window's CPU.
-    let idle_before = activator.cpu_time()?;
+    let idle_before = Split::of(&activator)?;
     std::thread::sleep(options.idle);
-    let idle_cpu = activator.cpu_time()?.saturating_sub(idle_before);
+    let idle_cpu = Split::of(&activator)?.since(idle_before);
 
     // The measured changes go to one half of the routes, the churn to the other, so the two
     // never patch the same slice. Addresses for changes follow the ones the objects have.
     let measured: Vec<usize> = creation.items.iter().copied().step_by(2).collect();
     let others: Vec<usize> = creation.items.iter().copied().skip(1).step_by(2).collect();
     let fresh = AtomicU64::new((options.routes * options.pods) as u64);
-    let before = Buckets::parse(&activator.metrics()?, APPLY_HISTOGRAM)?;
+    let before = Buckets::parse(&activator.metrics_within(SCRAPE_TIMEOUT)?, APPLY_HISTOGRAM)?;
     eprintln!(
-        "[keda-scale] idle CPU {} ms over {} s; {} changes at {} ms gaps, churn {}/s",
-        idle_cpu.as_millis(),
+        "[keda-scale] idle CPU {} ms over {} s (shards {} ms); {} changes at {} ms gaps, churn \
+         {}/s",
+        (idle_cpu.shards + idle_cpu.rest).as_millis(),
         options.idle.as_secs(),
+        idle_cpu.shards.as_millis(),
         options.changes,
         options.gap.as_millis(),
         options.churn_per_second
     );
     let cpu_before = activator.cpu_time()?;
+    let split_before = Split::of(&activator)?;
     let window_started = Instant::now();
     let changed = ChangeWindow {
         tag: "keda-scale",
@@ -268,22 +338,24 @@ fn measure(
     std::thread::sleep(SETTLE_PAUSE);
     let deadline = Instant::now() + kube::SETTLE_TIMEOUT;
     let mut extra_scrapes = 0;
-    let (window_cpu, window, applied) = loop {
+    let (window_cpu, window_split, window, applied) = loop {
         let cpu = activator.cpu_time()?.saturating_sub(cpu_before);
+        let split = Split::of(&activator)?.since(split_before);
         let window = window_started.elapsed();
-        let counted = Buckets::parse(&activator.metrics()?, APPLY_HISTOGRAM)?.since(&before)?;
+        let counted = Buckets::parse(&activator.metrics_within(SCRAPE_TIMEOUT)?, APPLY_HISTOGRAM)?
+            .since(&before)?;
         if counted.count() >= made as f64 || Instant::now() > deadline {
-            break (cpu, window, counted);
+            break (cpu, split, window, counted);
         }
         extra_scrapes += 1;
         std::thread::sleep(Duration::from_secs(1));
     };
     if extra_scrapes > 0 {
         notes.push(format!(
-            "the events were applied {extra_scrapes} s after the first look ({:?} after the \
-             last change): a backlog; the CPU window stayed open until then and holds \
-             {extra_scrapes} `/metrics` renders of {:.1} MB",
-            SETTLE_PAUSE,
+            "the events were all applied only {:.1} s after the last change (a backlog: \
+             {extra_scrapes} more looks, a second apart); the CPU window stayed open until then \
+             and holds those {extra_scrapes} `/metrics` renders of {:.1} MB",
+            window.as_secs_f64() - changed.seconds,
             scrape_bytes as f64 / 1e6
         ));
     }
@@ -307,8 +379,10 @@ fn measure(
     Ok(Measured {
         sync,
         sync_cpu,
+        shards_busy,
+        shards_busy_cpu,
         rss_synced_kib,
-        rss_scraped_kib,
+        rss_quiet_kib,
         rss_end_kib,
         scrape_bytes,
         scrape,
@@ -317,24 +391,64 @@ fn measure(
         changed,
         applied,
         window_cpu,
+        window_split,
         window,
         notes,
     })
 }
 
-/// CPU per event: the whole window's, and net of what the process burns idle over as long.
-fn cpu_per_event(measured: &Measured, idle: Duration) -> Option<(Duration, Duration)> {
+/// Waits for a [`QUIET_SLICE`] in which the shard threads use at most [`QUIET_CPU`]; returns
+/// how long after `ready_at` that slice began and whether it was the first, `None` after
+/// `timeout`.
+fn wait_shards_quiet(
+    activator: &Activator,
+    ready_at: Instant,
+    timeout: Duration,
+) -> Result<Option<(Duration, bool)>, String> {
+    let deadline = Instant::now() + timeout;
+    let mut slice_start = (Instant::now(), Split::of(activator)?.shards);
+    let mut first = true;
+    loop {
+        std::thread::sleep(QUIET_SLICE);
+        let now = (Instant::now(), Split::of(activator)?.shards);
+        if now.1.saturating_sub(slice_start.1) <= QUIET_CPU {
+            return Ok(Some((slice_start.0 - ready_at, first)));
+        }
+        first = false;
+        if now.0 > deadline {
+            return Ok(None);
+        }
+        slice_start = now;
+    }
+}
+
+/// `2.0` or, when the first slice looked at was already quiet, `≤ 2.0`.
+fn describe_busy((busy, first): (Duration, bool)) -> String {
+    format!("{}{:.1}", if first { "≤ " } else { "" }, busy.as_secs_f64())
+}
+
+/// CPU per event: the whole window's (the process's), the shards' part of it, and the whole
+/// net of what the process burns idle over as long.
+struct PerEvent {
+    gross: Duration,
+    shards: Duration,
+    net: Duration,
+}
+
+fn per_event(measured: &Measured, idle: Duration) -> Option<PerEvent> {
     let events = measured.applied.count();
     if events <= 0.0 {
         return None;
     }
+    let idle_total = measured.idle_cpu.shards + measured.idle_cpu.rest;
+    let idle_rate = idle_total.as_secs_f64() / idle.as_secs_f64().max(1e-9);
     let gross = measured.window_cpu.as_secs_f64();
-    let idle_rate = measured.idle_cpu.as_secs_f64() / idle.as_secs_f64().max(1e-9);
     let net = (gross - idle_rate * measured.window.as_secs_f64()).max(0.0);
-    Some((
-        Duration::from_secs_f64(gross / events),
-        Duration::from_secs_f64(net / events),
-    ))
+    Some(PerEvent {
+        gross: Duration::from_secs_f64(gross / events),
+        shards: Duration::from_secs_f64(measured.window_split.shards.as_secs_f64() / events),
+        net: Duration::from_secs_f64(net / events),
+    })
 }
 
 fn report(creation: &Creation, measured: &Measured, options: &Options) -> (String, bool) {
@@ -365,9 +479,34 @@ fn report(creation: &Creation, measured: &Measured, options: &Options) -> (Strin
         options.chunk,
         options.create_workers,
     ));
-    let applied = &measured.applied;
-    let cpu = cpu_per_event(measured, options.idle);
     let ms = |duration: Duration| format!("{:.3} ms", duration.as_secs_f64() * 1e3);
+    let idle_total = measured.idle_cpu.shards + measured.idle_cpu.rest;
+    report.push_str(
+        "| routes | pods | create | start → /readyz 200 | its CPU | shards busy after /readyz \
+         | their CPU | RSS 2 s after /readyz | once the shards are quiet | at end | idle CPU |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    report.push_str(&format!(
+        "| {routes} | {} | {:.1} s | {:.2} s | {:.2} s | {} | {:.2} s | {} | {} | {} | {:.1} % of \
+         a core |\n\n",
+        options.pods,
+        creation.elapsed.as_secs_f64(),
+        measured.sync.as_secs_f64(),
+        measured.sync_cpu.as_secs_f64(),
+        measured
+            .shards_busy
+            .map_or(format!("> {:?}", options.quiet_timeout), |busy| format!(
+                "{} s",
+                describe_busy(busy)
+            )),
+        measured.shards_busy_cpu.as_secs_f64(),
+        mib(measured.rss_synced_kib),
+        mib(measured.rss_quiet_kib),
+        mib(measured.rss_end_kib),
+        idle_total.as_secs_f64() * 100.0 / options.idle.as_secs_f64(),
+    ));
+    let applied = &measured.applied;
+    let cpu = per_event(measured, options.idle);
     let quantile = |q: f64| {
         format!(
             "{} (≈ {})",
@@ -376,21 +515,11 @@ fn report(creation: &Creation, measured: &Measured, options: &Options) -> (Strin
         )
     };
     report.push_str(
-        "| routes | pods | create | start → /readyz 200 | its CPU | RSS 2 s after | after one \
-         /metrics | at end | events | apply p50 | apply p99 | ≤ 1 ms | mean | **CPU per event** \
-         | net of idle | net per route |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| events | apply p50 | apply p99 | ≤ 1 ms | mean | **CPU per event** | of it the shards' \
+         | net of idle | net per route |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     report.push_str(&format!(
-        "| {routes} | {} | {:.1} s | {:.2} s | {:.2} s | {} | {} | {} | {} | {} | {} | {} | {} | \
-         **{}** | {} | {} |\n",
-        options.pods,
-        creation.elapsed.as_secs_f64(),
-        measured.sync.as_secs_f64(),
-        measured.sync_cpu.as_secs_f64(),
-        mib(measured.rss_synced_kib),
-        mib(measured.rss_scraped_kib),
-        mib(measured.rss_end_kib),
+        "| {} | {} | {} | {} | {} | **{}** | {} | {} | {} |\n",
         applied.count(),
         quantile(0.5),
         quantile(0.99),
@@ -398,20 +527,30 @@ fn report(creation: &Creation, measured: &Measured, options: &Options) -> (Strin
             .share_within(0.001)
             .map_or("–".into(), |share| format!("{:.1} %", share * 100.0)),
         applied.describe_mean(),
-        cpu.map_or("–".into(), |(gross, _)| ms(gross)),
-        cpu.map_or("–".into(), |(_, net)| ms(net)),
-        cpu.map_or("–".into(), |(_, net)| format!(
-            "{:.0} ns",
-            net.as_secs_f64() * 1e9 / routes as f64
+        cpu.as_ref().map_or("–".into(), |cpu| ms(cpu.gross)),
+        cpu.as_ref().map_or("–".into(), |cpu| ms(cpu.shards)),
+        cpu.as_ref().map_or("–".into(), |cpu| ms(cpu.net)),
+        cpu.as_ref().map_or("–".into(), |cpu| format!(
+            "{:.1} µs",
+            cpu.net.as_secs_f64() * 1e6 / routes as f64
         )),
     ));
     report.push_str(&format!(
-        "\nRSS is `VmRSS` {} s after `/readyz` answered 200, again after the first `/metrics` \
-         scrape ({:.1} MB in {}; every route's series), and at the end. \"its CPU\" is \
-         kactivator's user + system time up to `/readyz` 200.\n",
+        "\n\"its CPU\" is kactivator's user + system time up to `/readyz` 200. \"shards busy \
+         after /readyz\": from `/readyz` 200 to the first {:?} slice in which the shard threads \
+         (`{SHARD_THREAD}*`) used at most {:?} of CPU together, with their CPU in between (≤: \
+         already quiet at the first look); the idle window and the changes wait for it. RSS \
+         is `VmRSS` {} s after `/readyz` answered 200, once the shards are quiet (after a first `/metrics` scrape: {:.1} MB in {}; every \
+         route's series), and at the end. \"idle CPU\": the process's, over {} s with nothing \
+         changing, after the shards were quiet ({} ms, of it {} ms the shards').\n",
+        QUIET_SLICE,
+        QUIET_CPU,
         AFTER_READY.as_secs(),
         measured.scrape_bytes as f64 / 1e6,
         fmt_us(measured.scrape.as_micros() as u64),
+        options.idle.as_secs(),
+        idle_total.as_millis(),
+        measured.idle_cpu.shards.as_millis(),
     ));
     report.push_str(&format!(
         "\nLatency is kactivator's own histogram `{APPLY_HISTOGRAM}`, which the KEDA source \
@@ -422,26 +561,24 @@ fn report(creation: &Creation, measured: &Measured, options: &Options) -> (Strin
          `histogram_quantile`). \"events\" counts every event applied: the measured changes and \
          the churn.\n"
     ));
-    let changed = &measured.changed;
     report.push_str(&format!(
-        "\nCPU per event: kactivator's user + system time (`/proc/<pid>/stat`), all threads, \
-         from just before the first change until the histogram had counted every change, at \
-         least {} s after the last ({:.1} s, {} ms of CPU), divided by the {} events it \
-         counted. \"net of idle\" first takes off what the process used over as long with \
-         nothing changing ({} ms in a {} s window before the changes); \"net per route\" \
-         divides that by the {routes} routes: the cost of a model that recomputes every route \
-         on every event, if it is linear. While the CPU per event is above the pace of the \
-         events (one every {:.1} ms here), the control thread falls behind: an event then \
-         waits in its watch stream, and that wait is not in the histogram, which starts when \
-         the source takes the event.\n",
+        "\nCPU per event: kactivator's user + system time (`/proc/<pid>/stat`, all threads) from \
+         just before the first change until the histogram had counted every change, at least {} \
+         s after the last ({:.1} s, {} ms of CPU, {} ms of it the shards'), divided by the {} \
+         events it counted. \"net of idle\" first takes off what the process used over as long \
+         with nothing changing; \"net per route\" divides that by the {routes} routes: the \
+         cost of a model that recomputes every route on every event, if it is linear. While the \
+         CPU per event is above the pace of the events (one every {:.1} ms here), the control \
+         thread falls behind: an event then waits in its watch stream, and that wait is not in \
+         the histogram, which starts when the source takes the event.\n",
         SETTLE_PAUSE.as_secs(),
         measured.window.as_secs_f64(),
         measured.window_cpu.as_millis(),
-        measured.applied.count(),
-        measured.idle_cpu.as_millis(),
-        options.idle.as_secs(),
+        measured.window_split.shards.as_millis(),
+        applied.count(),
         measured.changed.seconds * 1e3 / measured.changed.made().max(1) as f64,
     ));
+    let changed = &measured.changed;
     report.push_str(&format!(
         "\n- {} single-endpoint changes (a JSON patch replacing one endpoint's address in a \
          route's EndpointSlice), one at a time, {} ms apart, through `kubectl proxy` (API round \

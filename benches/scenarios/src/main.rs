@@ -248,6 +248,10 @@ enum Scenario {
         /// Seconds of idle CPU measured before the changes (set against their CPU).
         #[arg(long, default_value_t = 5)]
         idle: u64,
+        /// Seconds the shards may stay busy after `/readyz` before the idle window and the
+        /// changes start anyway.
+        #[arg(long, default_value_t = 600)]
+        quiet_timeout: u64,
     },
     /// REVISIONS × PODS pods from the file, each at its own loopback address, one listener
     /// answering their probes: load time, RSS, idle CPU and probes with quarantine on and off,
@@ -444,6 +448,7 @@ fn main() -> ExitCode {
             gap_ms,
             sync_timeout,
             idle,
+            quiet_timeout,
         } => keda_scale::run(
             &cli.kactivator,
             &keda_scale::Options {
@@ -456,6 +461,7 @@ fn main() -> ExitCode {
                 gap: Duration::from_millis(gap_ms),
                 sync_timeout: Duration::from_secs(sync_timeout),
                 idle: Duration::from_secs(idle.max(1)),
+                quiet_timeout: Duration::from_secs(quiet_timeout),
                 driver: cli
                     .drivers
                     .first()
