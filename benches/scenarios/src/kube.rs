@@ -25,8 +25,9 @@ use crate::fmt_us;
 pub const APPLY_HISTOGRAM: &str = "kactivator_kubernetes_event_apply_seconds";
 /// The first pod address is 10.200.0.0; addresses count up from there.
 const FIRST_POD_OCTET: u8 = 200;
-/// How long the histogram may take to count every change made, once they are all made: a
-/// control thread that takes longer per event than the changes' pace works through a backlog.
+/// How long the histogram may take to count every change made, once they are all made (in
+/// keda-scale: to count one more); a control thread that takes longer per event than the
+/// changes' pace works through a backlog.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Runs `f`, turning a panic (the testkit panics with an explanation) into an error.
