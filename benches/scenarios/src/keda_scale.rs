@@ -369,10 +369,23 @@ fn measure(
     if extra_scrapes > 0 {
         notes.push(format!(
             "a backlog: every event was counted by {:.1} s after the last change ({extra_scrapes} \
-             more looks, {BACKLOG_LOOK:?} apart); the CPU window stayed open until then and holds \
-             those {extra_scrapes} `/metrics` renders of {:.1} MB",
+             more looks, at least {BACKLOG_LOOK:?} apart: a busy process answers a scrape late); \
+             the CPU window stayed open until then and holds those {extra_scrapes} `/metrics` \
+             renders of {:.1} MB",
             window.as_secs_f64() - changed.seconds,
             scrape_bytes as f64 / 1e6
+        ));
+    }
+    // Above ~90 % of a core outside the shards, the control thread had no slack: CPU per event
+    // is then the window over the events it got through, the idle tasks' share included.
+    let busy = window_split.rest.as_secs_f64() / window.as_secs_f64().max(1e-9);
+    if busy >= 0.9 {
+        notes.push(format!(
+            "saturated: the threads other than the shards used {:.0} % of a core over the \
+             window, so the control thread had no slack and the events queued behind one \
+             another; for the cost of one event on its own, pace the changes below it (e.g. \
+             `--changes 60 --churn-per-second 0 --gap-ms 1000`)",
+            busy * 100.0
         ));
     }
     if applied.count() != made as f64 {
