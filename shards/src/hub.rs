@@ -107,10 +107,16 @@ async fn run(
     while let Ok(command) = commands.try_recv() {
         shard.apply(command);
     }
+    shard.replica.settle_rules();
     let command_shard = shard.clone();
     monoio::spawn(async move {
         while let Ok(command) = commands.recv_async().await {
             command_shard.apply(command);
+            // The rest of a batch is applied before the rule table is built again, once.
+            while let Ok(command) = commands.try_recv() {
+                command_shard.apply(command);
+            }
+            command_shard.replica.settle_rules();
         }
         // The control thread is gone: nothing will ever update routing again; stop cleanly.
         command_shard.apply(ShardCommand::StopAccepting);

@@ -646,8 +646,12 @@ pub struct Replica {
     /// Where `find` spells the key, so that a connection keeps no key of its own.
     scratch: RefCell<String>,
     /// The routes that have rules ([`RevisionRoute::rules`]), for a role that routes by them;
-    /// built again whenever a route's rules change or such a route goes.
+    /// built again once a route's rules changed or such a route went ([`Replica::settle_rules`]).
     rules: RefCell<RuleTable<RevisionKey>>,
+    /// A route's rules changed since the table was built: it is built again once the updates
+    /// at hand are applied, not once per update (a first view of thousands of routes would
+    /// build it thousands of times).
+    rules_stale: Cell<bool>,
     /// The shard's role sends an HTTP/1 client's request to a pod that speaks h2c in h2c
     /// (`Role::http1_in_h2c`): its pods say so (`LocalPod::takes_http1_in_h2c`).
     http1_in_h2c: bool,
@@ -691,6 +695,7 @@ impl Replica {
         &self,
         fields: &H,
     ) -> Option<Rc<LocalRevision>> {
+        self.settle_rules();
         let rules = self.rules.borrow();
         let key = rules.route(
             fields.authority().unwrap_or_default(),
@@ -698,6 +703,15 @@ impl Replica {
             fields,
         )?;
         self.get(key.as_str())
+    }
+
+    /// Builds the rule table again if a route's rules changed since it was built. The shard
+    /// calls it once it has applied the updates at hand; a lookup calls it too, so that no
+    /// request sees a stale table whoever applied the updates.
+    pub fn settle_rules(&self) {
+        if self.rules_stale.replace(false) {
+            self.rebuild_rules();
+        }
     }
 
     /// Builds the rule table again from every route that has rules.
@@ -773,7 +787,7 @@ impl Replica {
                     }
                 };
                 if rules_changed {
-                    self.rebuild_rules();
+                    self.rules_stale.set(true);
                 }
                 // New pods or capacity may serve requests already waiting.
                 let outbox = revision.dispatch();
@@ -784,7 +798,7 @@ impl Replica {
                 if let Some(revision) = removed {
                     revision.remove();
                     if revision.route.borrow().rules.is_some() {
-                        self.rebuild_rules();
+                        self.rules_stale.set(true);
                     }
                 }
             }
