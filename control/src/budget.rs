@@ -37,10 +37,11 @@ pub const QUEUED_REQUEST_BYTES: u64 = 2 * 1024;
 /// plane's state and caches, request bodies in flight.
 pub const RESERVED_BYTES: u64 = 64 << 20;
 /// KEDA's HTTP add-on role keeps this out of the caps' budget: its idle footprint is 15 MiB
-/// (BENCHMARKS.md, "Memory idle and with 10 000 held requests"), and its view of the cluster grows with the
-/// routes and slices it watches (BENCHMARKS.md, "KEDA role's control plane at scale"). Under
-/// the add-on's own chart limit for its interceptor, 64 MiB, that leaves room for thousands of
-/// held requests.
+/// (BENCHMARKS.md, "Memory idle and with 10 000 held requests"), and its view of the cluster
+/// grows with the routes it serves, about 32 KiB per route of 10 pods (BENCHMARKS.md, "KEDA
+/// role's control plane at scale": 53 MiB at 1 000 routes): the reserve covers a few hundred
+/// routes. Under the add-on's own chart limit for its interceptor, 64 MiB, that leaves room
+/// for thousands of held requests; a cluster with more routes needs a larger limit.
 pub const KEDA_HTTP_RESERVED_BYTES: u64 = 24 << 20;
 /// The queue-proxy keeps this out of the caps' budget: its idle footprint is 2.6 to 2.9 MiB
 /// (BENCHMARKS.md, "The queue-proxy's footprint"), plus request bodies in flight.
