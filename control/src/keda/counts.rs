@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use rustc_hash::FxHashMap;
+
 use super::object::{RateWindow, DEFAULT_RATE_GRANULARITY, DEFAULT_RATE_WINDOW};
 use super::rate::RequestBuckets;
 use super::scaler::RouteCount;
@@ -72,33 +74,60 @@ pub struct ReplicaCount {
     pub requests: u64,
 }
 
-/// Every replica's last request counts, and every route's buckets.
+/// Every replica's last request counts, and every route's buckets. Hashed by route, not
+/// ordered: a tick looks up every route of every replica, and thousands of routes in ordered
+/// maps cost more in name comparisons than the counting itself.
 #[derive(Debug, Default)]
 pub struct FleetTally {
     /// By replica, then route: the request count last seen.
-    seen: BTreeMap<String, BTreeMap<RouteId, u64>>,
-    buckets: BTreeMap<RouteId, RequestBuckets>,
+    seen: BTreeMap<String, FxHashMap<RouteId, u64>>,
+    buckets: FxHashMap<RouteId, RequestBuckets>,
+}
+
+/// The entries of `counts` whose route is among `windows`' (both ordered by route): one walk
+/// over the two, no lookup.
+fn among<'a, V, W>(
+    counts: &'a BTreeMap<RouteId, V>,
+    windows: &'a BTreeMap<RouteId, W>,
+) -> impl Iterator<Item = (&'a RouteId, &'a V)> {
+    let mut routes = windows.keys().peekable();
+    counts.iter().filter(move |(route, _)| {
+        while routes.next_if(|window| window < route).is_some() {}
+        routes.peek() == Some(route)
+    })
 }
 
 impl FleetTally {
     /// Takes in what every replica answered at `now` (time since the Unix epoch), by replica;
-    /// `windows`: each route's rate window (`None`: the add-on's default). Returns each route's
-    /// fleet-wide count. A replica that did not answer is left out of `replicas`, and its last
-    /// counts are kept for when it answers again.
-    pub fn observe(
+    /// `windows`: each route's rate window (`None`: the add-on's default); a replica's counts
+    /// of a route not among them are passed over. Returns each route's fleet-wide count. A
+    /// replica that did not answer is left out of `replicas`, and its last counts are kept for
+    /// when it answers again.
+    pub fn observe<'a, R: AsRef<str>>(
         &mut self,
         now: Duration,
-        replicas: &BTreeMap<String, BTreeMap<RouteId, ReplicaCount>>,
+        replicas: impl IntoIterator<Item = (R, &'a BTreeMap<RouteId, ReplicaCount>)>,
         windows: &BTreeMap<RouteId, Option<RateWindow>>,
     ) -> BTreeMap<RouteId, RouteCount> {
-        let mut concurrency: BTreeMap<RouteId, i64> = BTreeMap::new();
-        let mut increase: BTreeMap<RouteId, i64> = BTreeMap::new();
+        // Keyed by the replicas' own route names: a tick allocates no name but its answer's.
+        let mut concurrency: FxHashMap<&RouteId, i64> = FxHashMap::default();
+        let mut increase: FxHashMap<&RouteId, i64> = FxHashMap::default();
         for (replica, counts) in replicas {
+            let replica = replica.as_ref();
             let known = self.seen.contains_key(replica);
-            let seen = self.seen.entry(replica.clone()).or_default();
-            for (route, count) in counts {
-                *concurrency.entry(route.clone()).or_default() += count.concurrency;
-                let added = match seen.insert(route.clone(), count.requests) {
+            let seen = match self.seen.get_mut(replica) {
+                Some(seen) => seen,
+                None => self.seen.entry(replica.to_owned()).or_default(),
+            };
+            let mut routes = 0;
+            for (route, count) in among(counts, windows) {
+                routes += 1;
+                *concurrency.entry(route).or_default() += count.concurrency;
+                let before = match seen.get_mut(route) {
+                    Some(last) => Some(std::mem::replace(last, count.requests)),
+                    None => seen.insert(route.clone(), count.requests),
+                };
+                let added = match before {
                     // A route new to a replica already heard from: its count began at zero with
                     // the route, so all of it is new (requests in the route's first tick count).
                     None if known => count.requests,
@@ -107,49 +136,49 @@ impl FleetTally {
                     Some(before) if count.requests >= before => count.requests - before,
                     Some(_) => count.requests,
                 };
-                *increase.entry(route.clone()).or_default() +=
-                    i64::try_from(added).unwrap_or(i64::MAX);
+                if added != 0 {
+                    *increase.entry(route).or_default() += i64::try_from(added).unwrap_or(i64::MAX);
+                }
             }
-            seen.retain(|route, _| counts.contains_key(route));
+            // What it no longer counts (or is no longer routed) is forgotten.
+            if seen.len() != routes {
+                seen.retain(|route, _| counts.contains_key(route) && windows.contains_key(route));
+            }
         }
-        self.buckets.retain(|route, _| windows.contains_key(route));
-        let mut out = BTreeMap::new();
+        let mut out = Vec::with_capacity(windows.len());
+        let mut with_buckets = 0;
         for (route, window) in windows {
             let window = window.unwrap_or(RateWindow {
                 window: DEFAULT_RATE_WINDOW,
                 granularity: DEFAULT_RATE_GRANULARITY,
             });
-            let buckets = self.buckets.entry(route.clone());
-            let buckets = match buckets {
-                std::collections::btree_map::Entry::Occupied(entry)
-                    if entry.get().window() == window.window
-                        && entry.get().granularity() == window.granularity =>
-                {
-                    entry.into_mut()
-                }
-                entry => {
-                    let Ok(fresh) = RequestBuckets::new(window.window, window.granularity) else {
-                        // The object's window was refused where it was read.
-                        continue;
-                    };
-                    match entry {
-                        std::collections::btree_map::Entry::Occupied(mut entry) => {
-                            entry.insert(fresh);
-                            entry.into_mut()
-                        }
-                        std::collections::btree_map::Entry::Vacant(entry) => entry.insert(fresh),
-                    }
-                }
+            let fits = |kept: &RequestBuckets| {
+                kept.window() == window.window && kept.granularity() == window.granularity
             };
+            if !self.buckets.get(route).is_some_and(fits) {
+                let Ok(fresh) = RequestBuckets::new(window.window, window.granularity) else {
+                    // The object's window was refused where it was read.
+                    continue;
+                };
+                self.buckets.insert(route.clone(), fresh);
+            }
+            let buckets = self.buckets.get_mut(route).expect("kept or just made");
+            with_buckets += 1;
             buckets.record(now, increase.get(route).copied().unwrap_or(0));
-            out.insert(
+            out.push((
                 route.clone(),
                 RouteCount {
                     concurrency: concurrency.get(route).copied().unwrap_or(0),
                     rate: buckets.window_average(now),
                 },
-            );
+            ));
         }
-        out
+        // A route no longer routed keeps no buckets (it has some while it is, but a refused
+        // window's).
+        if self.buckets.len() > with_buckets {
+            self.buckets.retain(|route, _| windows.contains_key(route));
+        }
+        // In route order already: built in one pass, with no search.
+        out.into_iter().collect()
     }
 }

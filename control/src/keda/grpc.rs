@@ -23,6 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use kactivator_api::grpc_health::{HealthCheckRequest, HealthCheckResponse, ServingStatus};
 use kactivator_shards::metrics::{micros_since_start, AllShardStats};
 use kactivator_shards::runtime::readiness::Readiness;
+use rustc_hash::FxHashMap;
 use tokio::sync::watch;
 use tonic::codegen::Service;
 use tonic::{Request, Response, Status};
@@ -74,20 +75,22 @@ pub struct Counts {
 /// pod) and those since start (the add-on interceptor's `/queue` answer).
 pub fn local_counts(stats: &AllShardStats) -> BTreeMap<RouteId, ReplicaCount> {
     let now_us = micros_since_start(Instant::now());
-    let mut counts: BTreeMap<RouteId, ReplicaCount> = BTreeMap::new();
-    for shard in stats.iter() {
-        for revision in shard.revisions() {
-            let load = revision.load.read(now_us);
-            let route = (
-                revision.labels.namespace.clone(),
-                revision.labels.revision.clone(),
-            );
-            let count = counts.entry(route).or_default();
-            count.concurrency += i64::try_from(load.in_flight).unwrap_or(i64::MAX);
-            count.requests = count.requests.wrapping_add(load.arrivals);
-        }
+    let revisions: Vec<_> = stats.iter().map(|shard| shard.revisions()).collect();
+    // Summed by the revisions' own names, hashed: one name allocated per route, not per shard.
+    let mut counts: FxHashMap<(&str, &str), ReplicaCount> = FxHashMap::default();
+    for revision in revisions.iter().flatten() {
+        let load = revision.load.read(now_us);
+        let labels = &revision.labels;
+        let count = counts
+            .entry((labels.namespace.as_str(), labels.revision.as_str()))
+            .or_default();
+        count.concurrency += i64::try_from(load.in_flight).unwrap_or(i64::MAX);
+        count.requests = count.requests.wrapping_add(load.arrivals);
     }
     counts
+        .into_iter()
+        .map(|((namespace, name), count)| ((namespace.to_owned(), name.to_owned()), count))
+        .collect()
 }
 
 /// How long a replica has to answer `/queue` before this tick goes on without it.
@@ -112,7 +115,7 @@ pub async fn count(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let windows = routes.borrow().windows.clone();
+        let view = routes.borrow().clone();
         let listed = peers.borrow().clone();
         connections.retain(|peer, _| listed.contains(peer));
         for &peer in &listed {
@@ -135,18 +138,15 @@ pub async fn count(
                 Err(error) => tracing::debug!(%peer, "keda-http: /queue: {error}"),
             }
         }
-        let mut replicas: BTreeMap<String, BTreeMap<RouteId, ReplicaCount>> = last
+        let own = local_counts(&stats);
+        let replicas = last
             .iter()
-            .map(|(peer, counts)| (peer.to_string(), counts.clone()))
-            .collect();
-        replicas.insert(SELF.to_owned(), local_counts(&stats));
-        for counts in replicas.values_mut() {
-            counts.retain(|route, _| windows.contains_key(route));
-        }
+            .map(|(peer, counts)| (peer.to_string(), counts))
+            .chain(std::iter::once((SELF.to_owned(), &own)));
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
-        let by_route = tally.observe(now, &replicas, &windows);
+        let by_route = tally.observe(now, replicas, &view.windows);
         counts.send_replace(Counts {
             by_route: Arc::new(by_route),
             taken: Instant::now(),

@@ -126,3 +126,59 @@ fn the_queue_json_is_the_add_ons_and_reads_back() {
             .is_empty()
     );
 }
+
+/// A replica's counts of routes not routed (yet, or any more) are passed over: they are not
+/// in the answer, and a route that becomes routed later counts, from a replica already heard
+/// from, every request it had as new, as a route new to that replica does.
+#[test]
+fn counts_of_routes_not_routed_are_passed_over_until_they_are() {
+    let other: RouteId = ("apps".into(), "other".into());
+    let mut tally = FleetTally::default();
+    let answer = |app: u64, other_requests: u64| {
+        BTreeMap::from([(
+            "a".to_string(),
+            BTreeMap::from([
+                (
+                    route(),
+                    ReplicaCount {
+                        concurrency: 1,
+                        requests: app,
+                    },
+                ),
+                (
+                    other.clone(),
+                    ReplicaCount {
+                        concurrency: 4,
+                        requests: other_requests,
+                    },
+                ),
+            ]),
+        )])
+    };
+    let counts = tally.observe(at(0), &answer(10, 30), &windows());
+    assert_eq!(counts.keys().collect::<Vec<_>>(), [&route()]);
+    assert_eq!(counts[&route()].concurrency, 1);
+    let both = BTreeMap::from([(route(), None), (other.clone(), None)]);
+    let counts = tally.observe(at(1), &answer(10, 30), &both);
+    assert_eq!(counts[&other].concurrency, 4);
+    assert_eq!(counts[&other].rate, 30.0, "all of its 30 are new");
+    assert_eq!(counts[&route()].rate, 0.0);
+}
+
+/// [`among`] keeps, in order, exactly the routes both maps have, whichever holds more.
+#[test]
+fn among_walks_both_maps_once_keeping_the_routes_they_share() {
+    let id = |name: &str| -> RouteId { ("ns".into(), name.into()) };
+    let counts: BTreeMap<RouteId, u8> = ["a", "c", "d", "f", "z"]
+        .iter()
+        .map(|name| (id(name), 0))
+        .collect();
+    let windows: BTreeMap<RouteId, ()> = ["b", "c", "f", "g", "y", "z"]
+        .iter()
+        .map(|name| (id(name), ()))
+        .collect();
+    let kept: Vec<&RouteId> = among(&counts, &windows).map(|(route, _)| route).collect();
+    assert_eq!(kept, [&id("c"), &id("f"), &id("z")]);
+    assert_eq!(among(&counts, &BTreeMap::<RouteId, ()>::new()).count(), 0);
+    assert_eq!(among(&BTreeMap::<RouteId, u8>::new(), &windows).count(), 0);
+}
