@@ -210,7 +210,7 @@ impl Model {
             let object = object.as_ref().ok()?;
             (of == namespace && uses(object)).then(|| (of.clone(), name.clone()))
         });
-        self.dirty.extend(using.collect::<Vec<_>>());
+        self.dirty.extend(using);
     }
 
     /// Marks the routes to Service `namespace/service` (as their target or failover).
