@@ -166,6 +166,15 @@ impl Cluster {
         (ip, pod)
     }
 
+    /// [`Cluster::app_with_a_ready_pod`] with its pod listed not ready: the route at zero.
+    fn app_with_a_pod_not_ready(&self) -> (IpAddr, BackendHandle) {
+        self.service("app");
+        let (ip, pod) = self.pod("app-1");
+        self.endpoints("app", &[], &[ip]);
+        self.api.apply_yaml(&app_object(&[], "", ""));
+        (ip, pod)
+    }
+
     /// Service `app` whose port is `appProtocol: kubernetes.io/h2c`, and one ready pod behind
     /// it, the gRPC test backend configured by `config`.
     fn h2c_app(&self, config: BackendConfig) -> kactivator_testkit::grpc::GrpcHandle {
@@ -968,10 +977,7 @@ fn a_pod_that_speaks_only_http2_serves_http1_clients_in_h2c() {
 #[test]
 fn the_cold_start_cap_holds_that_many_and_turns_the_rest_away_with_the_add_ons_503() {
     let cluster = Cluster::start();
-    cluster.service("app");
-    let (ip, pod) = cluster.pod("app-1");
-    cluster.endpoints("app", &[], &[ip]);
-    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (ip, pod) = cluster.app_with_a_pod_not_ready();
     let (interceptor, _scaler) =
         cluster.interceptor(&[("KEDA_HTTP_COLD_START_MAX_PENDING_REQUESTS", "2")]);
     let http = interceptor.http;
@@ -1012,18 +1018,10 @@ fn under_the_add_on_charts_64_mib_limit_it_starts_holds_and_serves_every_request
     const LIMIT: u64 = 64 << 20;
     const CLIENTS: usize = 300;
     let cluster = Cluster::start();
-    cluster.service("app");
-    let (ip, pod) = cluster.pod("app-1");
-    cluster.endpoints("app", &[], &[ip]);
-    cluster.api.apply_yaml(&app_object(&[], "", ""));
+    let (ip, pod) = cluster.app_with_a_pod_not_ready();
     let (interceptor, _scaler) =
         cluster.interceptor_prepared(Activator::prepare("", "").with_memory_limit(LIMIT), &[]);
-    let budget = interceptor
-        .stderr()
-        .lines()
-        .find(|line| line.contains("memory budget"))
-        .map(str::to_string)
-        .unwrap_or_else(|| panic!("no budget line: {}", interceptor.stderr()));
+    let budget = support::memory_budget_line(&interceptor.stderr());
     assert!(budget.contains("limit=64 MiB"), "{budget}");
     let http = interceptor.http;
     let held: Vec<_> = (0..CLIENTS)

@@ -729,12 +729,7 @@ fn under_a_32_mib_limit_it_starts_and_admits_its_whole_breaker() {
         &["--drain-grace-seconds", "1"],
         LIMIT,
     );
-    let budget = proxy
-        .stderr()
-        .lines()
-        .find(|line| line.contains("memory budget"))
-        .map(str::to_string)
-        .unwrap_or_else(|| panic!("no budget line: {}", proxy.stderr()));
+    let budget = support::memory_budget_line(&proxy.stderr());
     assert!(budget.contains("limit=32 MiB"), "{budget}");
     assert!(eventually(Duration::from_secs(5), || proxy
         .health_check("kube-probe/1.30")

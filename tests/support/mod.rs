@@ -586,6 +586,15 @@ pub fn raw_pod(
     });
     (addr, accepted)
 }
+/// The `memory budget` line of a process's log: the caps start-up fitted to its memory limit.
+pub fn memory_budget_line(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find(|line| line.contains("memory budget"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no budget line: {stderr}"))
+}
+
 /// A command that runs the binary (its arguments follow) seeing a cgroup memory limit of
 /// `limit` bytes, as a container's limit shows: in a mount namespace of its own, a tmpfs over
 /// `/sys/fs/cgroup` holds the files the binary reads at its cgroup's path (v2's `memory.max`,
