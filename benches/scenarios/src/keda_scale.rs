@@ -388,19 +388,7 @@ fn measure(
             busy * 100.0
         ));
     }
-    if applied.count() != made as f64 {
-        notes.push(format!(
-            "the histogram counted {} events for {made} patches",
-            applied.count()
-        ));
-    }
-    if changed.churn_failed > 0 {
-        notes.push(format!(
-            "{} churn patches failed; the first: {}",
-            changed.churn_failed,
-            changed.churn_error.clone().unwrap_or_default()
-        ));
-    }
+    notes.extend(changed.shortfalls(applied.count()));
     let rss_end_kib = activator.memory_kib()?.rss;
     if let Some(trouble) = activator.stop() {
         notes.push(trouble);

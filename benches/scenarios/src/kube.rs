@@ -329,6 +329,26 @@ impl Changed {
     pub fn made(&self) -> u64 {
         self.round_trips_us.len() as u64 + self.churned - self.churn_failed
     }
+
+    /// What the report says went short: fewer events counted (`counted`, the histogram's)
+    /// than changes made, and churn patches that failed.
+    pub fn shortfalls(&self, counted: f64) -> Vec<String> {
+        let made = self.made();
+        let mut notes = Vec::new();
+        if counted != made as f64 {
+            notes.push(format!(
+                "the histogram counted {counted} events for {made} patches"
+            ));
+        }
+        if self.churn_failed > 0 {
+            notes.push(format!(
+                "{} churn patches failed; the first: {}",
+                self.churn_failed,
+                self.churn_error.clone().unwrap_or_default()
+            ));
+        }
+        notes
+    }
 }
 
 impl ChangeWindow<'_> {
@@ -517,13 +537,11 @@ impl Buckets {
         (self.count() > 0.0).then(|| self.cumulative[index] / self.count())
     }
 
-    /// The `q` quantile (0..1) as Prometheus' `histogram_quantile` estimates it: linear
-    /// interpolation inside the bucket that holds the rank, from the bucket below's bound (0
-    /// for the first). In the +Inf bucket the answer is only "above the last finite bound".
-    pub fn quantile(&self, q: f64) -> Quantile {
+    /// The bucket that holds the `q` quantile's rank, and the rank; `None` when empty.
+    fn rank(&self, q: f64) -> Option<(usize, f64)> {
         let total = self.count();
         if total <= 0.0 {
-            return Quantile::Empty;
+            return None;
         }
         let rank = q * total;
         let index = self
@@ -531,6 +549,16 @@ impl Buckets {
             .iter()
             .position(|count| *count >= rank)
             .unwrap_or(self.cumulative.len() - 1);
+        Some((index, rank))
+    }
+
+    /// The `q` quantile (0..1) as Prometheus' `histogram_quantile` estimates it: linear
+    /// interpolation inside the bucket that holds the rank, from the bucket below's bound (0
+    /// for the first). In the +Inf bucket the answer is only "above the last finite bound".
+    pub fn quantile(&self, q: f64) -> Quantile {
+        let Some((index, rank)) = self.rank(q) else {
+            return Quantile::Empty;
+        };
         let upper = self.bounds[index];
         let (lower, below) = match index {
             0 => (0.0, 0.0),
@@ -551,16 +579,7 @@ impl Buckets {
     /// The bucket that holds the `q` quantile's rank: (the bound below, its own bound), the
     /// bounds themselves rather than an interpolation inside them; `None` when empty.
     pub fn quantile_bucket(&self, q: f64) -> Option<(f64, f64)> {
-        let total = self.count();
-        if total <= 0.0 {
-            return None;
-        }
-        let rank = q * total;
-        let index = self
-            .cumulative
-            .iter()
-            .position(|count| *count >= rank)
-            .unwrap_or(self.cumulative.len() - 1);
+        let (index, _) = self.rank(q)?;
         let lower = if index == 0 {
             0.0
         } else {

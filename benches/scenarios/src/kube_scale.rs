@@ -297,20 +297,11 @@ fn measure(
     // Every patch is one watch event and one observation; wait until all are counted.
     let made = changed.made();
     let applied = wait_counted(&activator, &before, made)?;
-    let mut notes = Vec::new();
-    if applied.count() != made as f64 {
-        notes.push(format!(
-            "{driver}: the histogram counted {} events for {made} patches",
-            applied.count()
-        ));
-    }
-    if changed.churn_failed > 0 {
-        notes.push(format!(
-            "{driver}: {} churn patches failed; the first: {}",
-            changed.churn_failed,
-            changed.churn_error.clone().unwrap_or_default()
-        ));
-    }
+    let mut notes: Vec<String> = changed
+        .shortfalls(applied.count())
+        .into_iter()
+        .map(|note| format!("{driver}: {note}"))
+        .collect();
     let rss_end_kib = activator.memory_kib()?.rss;
     if let Some(trouble) = activator.stop() {
         notes.push(trouble);
